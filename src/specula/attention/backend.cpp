@@ -1,0 +1,55 @@
+// AttentionBackend's shared pieces: forward() dispatch, the default CUDA-graph hooks, and the
+// registry of built-in backends (an explicit list: no static-initialisation tricks that a
+// static library link could silently drop).
+#include "specula/attention/backend.h"
+
+#include <cmath>
+
+#include "specula/attention/cpu/cpu_backend.h"
+#include "specula/attention/hybrid_backend.h"
+#include "specula/core/error.h"
+
+namespace specula {
+
+float AttentionLayer::effective_scaling() const {
+  return scaling != 0.0f ? scaling : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+void AttentionBackend::forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& out, const AttentionLayer& layer,
+                               const ForwardBatch& batch, const ForwardOptions& options) {
+  switch (batch.forward_mode) {
+    case ForwardMode::IDLE: return;
+    case ForwardMode::DECODE: forward_decode(q, k, v, out, layer, batch, options); return;
+    default: forward_extend(q, k, v, out, layer, batch, options); return;
+  }
+}
+
+void AttentionBackend::init_cuda_graph_state(int, int) {
+  SPECULA_CHECK(false, "attention backend '{}' does not support CUDA graphs", name());
+}
+void AttentionBackend::init_forward_metadata_capture_cuda_graph(const ForwardBatch&) {
+  SPECULA_CHECK(false, "attention backend '{}' does not support CUDA graphs", name());
+}
+void AttentionBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch&) {
+  SPECULA_CHECK(false, "attention backend '{}' does not support CUDA graphs", name());
+}
+
+std::vector<std::string> attention_backend_names() { return {"cpu", "hybrid"}; }
+
+std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name,
+                                                         const AttentionBackendOptions& options) {
+  if (name == "cpu") return std::make_unique<CpuAttentionBackend>(options);
+  if (name == "hybrid") {
+    SPECULA_CHECK(options.prefill_backend != "hybrid" && options.decode_backend != "hybrid",
+                  "a hybrid backend cannot contain another hybrid backend");
+    return std::make_unique<HybridAttentionBackend>(make_attention_backend(options.prefill_backend, options),
+                                                    make_attention_backend(options.decode_backend, options),
+                                                    options.speculative_attention_mode);
+  }
+  SPECULA_CHECK(false, "attention backend '{}' is not known; known: {}", name,
+                fmt::join(attention_backend_names(), ", "));
+  return nullptr;
+}
+
+}  // namespace specula

@@ -1,0 +1,105 @@
+// The attention backend interface (SGLang's AttentionBackend) and the registry.
+//
+// A backend is created once per model (make_attention_backend), checks every layer it will
+// serve at start-up (check_layer), builds per-step metadata once in init_forward_metadata, and
+// then every layer calls forward(). Backends write the layer's new K/V into the KV pool at
+// batch.out_cache_loc (unless told not to) and attend over the paged cache.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "specula/batch/forward_batch.h"
+#include "specula/core/tensor.h"
+
+namespace specula {
+
+class ThreadPool;
+
+enum class AttentionType : uint8_t {
+  DECODER,       // causal
+  ENCODER_ONLY,  // non-causal over the whole sequence (encoders, vision towers)
+};
+
+// Per-layer facts (SGLang's RadixAttention fields).
+struct AttentionLayer {
+  int layer_id = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int v_head_dim = 0;        // 0 means head_dim
+  float scaling = 0.0f;      // softmax scale; 0 means 1/sqrt(head_dim)
+  float logit_cap = 0.0f;    // > 0: scores become logit_cap * tanh(score / logit_cap)
+  // window_left: a query at KV index p sees keys j >= p - sliding_window_size; -1: no window.
+  int sliding_window_size = -1;
+  // Local chunked attention (Llama-4 iRoPE layers): the query sees only keys of its own chunk of
+  // the backend's attention_chunk_size tokens.
+  bool use_local_attention = false;
+  AttentionType attn_type = AttentionType::DECODER;
+  // Attention sinks (gpt-oss): one learned logit per query head that joins the softmax
+  // denominator without contributing a value. [num_q_heads] or empty.
+  std::vector<float> sinks;
+
+  int effective_v_head_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  float effective_scaling() const;
+};
+
+struct ForwardOptions {
+  bool save_kv_cache = true;  // write k/v into the pool at out_cache_loc first
+  // f32 [num_tokens, num_q_heads]: the natural-log sum of exp(scores) of each output row (sinks
+  // included). Left undefined when not wanted.
+  TensorView lse;
+};
+
+struct AttentionBackendOptions {
+  Device device = Device::cpu();
+  int page_size = 1;
+  int attention_chunk_size = 0;       // for layers with use_local_attention
+  ThreadPool* thread_pool = nullptr;  // CPU backend; nullptr means the default pool
+  // "hybrid": the backend for prefill/extend and the one for decode.
+  std::string prefill_backend = "cpu";
+  std::string decode_backend = "cpu";
+  // "hybrid": which side serves TARGET_VERIFY and DRAFT_EXTEND ("prefill" or "decode").
+  std::string speculative_attention_mode = "prefill";
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  virtual std::string_view name() const = 0;
+
+  // Throws specula::Error, listing what the layer asks for and what the backend supports, if
+  // this backend cannot serve the layer with these dtypes. Called at start-up for every layer.
+  virtual void check_layer(const AttentionLayer& layer, DType q_dtype, DType kv_dtype) const = 0;
+
+  virtual void init_forward_metadata(const ForwardBatch& batch) = 0;
+
+  // q [num_tokens, num_q_heads, head_dim]; k, v [num_tokens, num_kv_heads, head_dim|v_head_dim]
+  // (ignored when !save_kv_cache); out [num_tokens, num_q_heads, v_head_dim].
+  virtual void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const AttentionLayer& layer,
+                              const ForwardBatch& batch, const ForwardOptions& options) = 0;
+  virtual void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const AttentionLayer& layer,
+                              const ForwardBatch& batch, const ForwardOptions& options) = 0;
+  // Dispatches on batch.forward_mode (IDLE does nothing).
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options = {});
+
+  // CUDA-graph hooks: fixed buffers allocated once, updated in place before each replay.
+  // Backends without graph support throw specula::Error naming themselves.
+  virtual void init_cuda_graph_state(int max_bs, int max_num_tokens);
+  virtual void init_forward_metadata_capture_cuda_graph(const ForwardBatch& batch);
+  virtual void init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch);
+  virtual int cuda_graph_seq_len_fill_value() const { return 1; }
+};
+
+// Names: "cpu", "hybrid" (options.prefill_backend + options.decode_backend), and "cuda" in
+// CUDA builds. Throws specula::Error listing the known names for anything else.
+std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name,
+                                                         const AttentionBackendOptions& options);
+std::vector<std::string> attention_backend_names();
+
+}  // namespace specula

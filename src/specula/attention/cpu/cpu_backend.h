@@ -1,0 +1,70 @@
+// CpuAttentionBackend: the CPU implementation of AttentionBackend, and the oracle every other
+// backend is tested against. It supports every variant: causal and non-causal varlen extend
+// with cached prefix, decode, MHA/GQA/MQA, head_dim 64/80/96/128/256, any power-of-two page
+// size, sliding window, local chunked attention, logit soft-cap, sinks, custom scale, TARGET_VERIFY
+// tree masks, LSE output and an fp8 e4m3 cache with descale.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "specula/attention/backend.h"
+#include "specula/attention/cpu/tile_kernel.h"
+#include "specula/attention/metadata.h"
+
+namespace specula {
+
+// The one selection function for CPU attention: answers "supported?" (an empty reason) and
+// "which kernel?" for a layer, so start-up checks and the run path cannot drift apart.
+struct CpuKernelChoice {
+  std::string unsupported_reason;  // empty when supported
+  CpuIsa isa = CpuIsa::generic;
+};
+CpuKernelChoice select_cpu_attention_kernel(const AttentionLayer& layer, DType q_dtype, DType kv_dtype,
+                                            int page_size, CpuIsa preferred_isa);
+
+class CpuAttentionBackend final : public AttentionBackend {
+ public:
+  explicit CpuAttentionBackend(const AttentionBackendOptions& options);
+
+  std::string_view name() const override { return "cpu"; }
+  void check_layer(const AttentionLayer& layer, DType q_dtype, DType kv_dtype) const override;
+  void init_forward_metadata(const ForwardBatch& batch) override;
+  void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const AttentionLayer& layer, const ForwardBatch& batch,
+                      const ForwardOptions& options) override;
+  void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const AttentionLayer& layer, const ForwardBatch& batch,
+                      const ForwardOptions& options) override;
+
+  // Forces the portable kernel (tests run both); by default the best one for this processor,
+  // or SPECULA_CPU_ISA=generic|avx512 from the environment.
+  void set_isa(CpuIsa isa) { isa_ = isa; }
+  CpuIsa isa() const { return isa_; }
+
+ private:
+  struct Metadata {
+    ForwardMode mode = ForwardMode::IDLE;
+    const ForwardBatch* batch = nullptr;
+    PageTable page_table;
+    std::vector<CpuAttentionSeq> seqs;        // one per request
+    std::vector<int32_t> local_page_storage;  // block_table_local
+    std::vector<CpuAttentionSeq> local_seqs;  // one per local-attention virtual request
+    // Plans depend on the head layout; built on first use in the step, keyed by
+    // (num_q_heads, num_kv_heads, local), and reused by every later layer.
+    std::map<std::tuple<int, int, bool>, CpuAttentionPlan> plans;
+  };
+
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options);
+
+  AttentionBackendOptions options_;
+  ThreadPool* pool_;
+  CpuIsa isa_;
+  Metadata metadata_;
+  std::vector<CpuAttentionScratch> scratch_;
+};
+
+}  // namespace specula

@@ -1,0 +1,290 @@
+// The CPU attention kernel body, written as plain lane loops that the compiler vectorises. It is
+// compiled once per instruction set: tile_kernel_generic.cpp (baseline x86-64 / any CPU) and
+// tile_kernel_avx512.cpp (-mavx512*), each defining SPECULA_CPU_ISA_NS before including this.
+//
+// Layout inside one work item (W lanes = rows = query token x query head):
+//   qt [head_dim][W]   queries, pre-multiplied by the softmax scale
+//   kf [kTileKeys][head_dim], vf [kTileKeys][v_head_dim]   one K/V tile converted to f32
+//   s  [kTileKeys][W]  scores, then probabilities of the tile
+//   ot [v_head_dim][W] output accumulator
+// Every inner loop runs over the W lanes, so there is no horizontal reduction anywhere.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "specula/attention/cpu/tile_kernel.h"
+
+#ifndef SPECULA_CPU_ISA_NS
+#error "define SPECULA_CPU_ISA_NS before including tile_kernel_impl.h"
+#endif
+
+namespace specula::SPECULA_CPU_ISA_NS {
+namespace {
+
+constexpr int kTileKeys = 32;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp(x) to ~2 ulp, branch-free so lane loops vectorise; exactly 0 for x < -87 (masked scores
+// are -inf and must contribute exactly nothing).
+inline float fast_exp(float x) {
+  const float xc = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  // Cody-Waite: ln2 split so n * kLn2Hi is exact.
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return x < -87.0f ? 0.0f : p * two_n;
+}
+
+// f16 -> f32 without branches: shifting the exponent/mantissa into float position and scaling
+// by 2^112 is exact for normal and subnormal halves; inf/NaN are patched in.
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;
+  const float magnitude = std::bit_cast<float>(em << 13) * 0x1p112f;
+  const uint32_t special = 0x7f800000u | ((em & 0x3ffu) << 13);
+  const uint32_t bits = em >= 0x7c00u ? special : std::bit_cast<uint32_t>(magnitude);
+  return std::bit_cast<float>(bits | sign);
+}
+
+// Converts n contiguous cache elements to f32 times `descale`.
+inline void load_row(const void* src, DType dtype, int n, float descale, float* dst) {
+  switch (dtype) {
+    case DType::f32: {
+      const auto* s = static_cast<const float*>(src);
+      for (int i = 0; i < n; ++i) dst[i] = s[i] * descale;
+      return;
+    }
+    case DType::bf16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(static_cast<uint32_t>(s[i]) << 16) * descale;
+      return;
+    }
+    case DType::f16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int i = 0; i < n; ++i) dst[i] = half_to_float(s[i]) * descale;
+      return;
+    }
+    default: {  // fp8: 256-entry table
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (int i = 0; i < n; ++i) dst[i] = load_as_float(s, dtype, static_cast<size_t>(i)) * descale;
+      return;
+    }
+  }
+}
+
+template <int W>
+void attend(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const CpuWorkItem& item,
+            CpuAttentionScratch& scratch) {
+  const int D = p.head_dim;
+  const int Dv = p.v_head_dim;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int rows = item.q_count * item.num_heads;
+
+  const size_t need = static_cast<size_t>(D * W + kTileKeys * D + kTileKeys * Dv + kTileKeys * W + Dv * W);
+  if (scratch.buffer.size() < need) scratch.buffer.resize(need);
+  float* qt = scratch.buffer.data();
+  float* kf = qt + D * W;
+  float* vf = kf + kTileKeys * D;
+  float* s = vf + kTileKeys * Dv;
+  float* ot = s + kTileKeys * W;
+
+  // Row r: query token q_begin + r / num_heads, query head kv_head * group + head_begin + r % num_heads.
+  int pos[W];
+  int head[W];
+  int token[W];
+  for (int r = 0; r < W; ++r) {
+    const int rr = std::min(r, rows - 1);  // padding lanes mirror the last real row
+    token[r] = seq.q_start + item.q_begin + rr / item.num_heads;
+    head[r] = item.kv_head * group + item.head_begin + rr % item.num_heads;
+    pos[r] = seq.q_kv_offset + item.q_begin + rr / item.num_heads;
+  }
+  for (int r = 0; r < W; ++r) {
+    const size_t base = static_cast<size_t>(token[r] * p.q_stride_token + head[r] * p.q_stride_head);
+    for (int d = 0; d < D; ++d) {
+      qt[d * W + r] = r < rows ? load_as_float(p.q, p.q_dtype, base + static_cast<size_t>(d)) * p.scale : 0.0f;
+    }
+  }
+  std::fill(ot, ot + Dv * W, 0.0f);
+  float m[W];
+  float l[W];
+  for (int r = 0; r < W; ++r) {
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+  }
+
+  const int pos_min = seq.q_kv_offset + item.q_begin;
+  const int pos_max = pos_min + item.q_count - 1;
+  const bool custom = p.custom_mask != nullptr;
+  const bool causal = p.causal && !custom;
+  const int kv_end = causal ? std::min(seq.kv_len, pos_max + 1) : seq.kv_len;
+  const int kv_begin = p.window_left >= 0 ? std::max(0, pos_min - p.window_left) : 0;
+  // Keys in [full_lo, full_hi) are visible to every row: no per-element mask there.
+  const int full_hi = causal ? pos_min + 1 : seq.kv_len;
+  const int full_lo = p.window_left >= 0 ? pos_max - p.window_left : 0;
+  const int64_t kv_row = static_cast<int64_t>(p.num_kv_heads);
+  const char* k_base = static_cast<const char*>(p.k_cache);
+  const char* v_base = static_cast<const char*>(p.v_cache);
+  const size_t kv_elem = dtype_size(p.kv_dtype);
+
+  for (int j0 = kv_begin; j0 < kv_end; j0 += kTileKeys) {
+    const int n = std::min(kTileKeys, kv_end - j0);
+    for (int jj = 0; jj < n; ++jj) {
+      const int j = j0 + jj;
+      const int64_t slot = static_cast<int64_t>(seq.pages[j / p.page_size]) * p.page_size + j % p.page_size;
+      const int64_t row = slot * kv_row + item.kv_head;
+      load_row(k_base + static_cast<size_t>(row * D) * kv_elem, p.kv_dtype, D, p.k_descale, kf + jj * D);
+      load_row(v_base + static_cast<size_t>(row * Dv) * kv_elem, p.kv_dtype, Dv, p.v_descale, vf + jj * Dv);
+    }
+
+    // s[jj][:] = K[jj] . Q^T, four keys at a time so each qt row load feeds four FMAs.
+    int jj = 0;
+    for (; jj + 4 <= n; jj += 4) {
+      float a0[W] = {}, a1[W] = {}, a2[W] = {}, a3[W] = {};
+      const float* k0 = kf + jj * D;
+      for (int d = 0; d < D; ++d) {
+        const float* q = qt + d * W;
+        const float b0 = k0[d], b1 = k0[D + d], b2 = k0[2 * D + d], b3 = k0[3 * D + d];
+        for (int w = 0; w < W; ++w) {
+          a0[w] += b0 * q[w];
+          a1[w] += b1 * q[w];
+          a2[w] += b2 * q[w];
+          a3[w] += b3 * q[w];
+        }
+      }
+      std::memcpy(s + jj * W, a0, sizeof(a0));
+      std::memcpy(s + (jj + 1) * W, a1, sizeof(a1));
+      std::memcpy(s + (jj + 2) * W, a2, sizeof(a2));
+      std::memcpy(s + (jj + 3) * W, a3, sizeof(a3));
+    }
+    for (; jj < n; ++jj) {
+      float a[W] = {};
+      const float* k = kf + jj * D;
+      for (int d = 0; d < D; ++d) {
+        const float* q = qt + d * W;
+        for (int w = 0; w < W; ++w) a[w] += k[d] * q[w];
+      }
+      std::memcpy(s + jj * W, a, sizeof(a));
+    }
+
+    if (p.logit_cap > 0.0f) {
+      const float cap = p.logit_cap;
+      const float inv_cap = 1.0f / cap;
+      for (int i = 0; i < n * W; ++i) s[i] = cap * std::tanh(s[i] * inv_cap);
+    }
+    if (!(j0 >= full_lo && j0 + n <= full_hi && !custom)) {
+      for (int t = 0; t < n; ++t) {
+        const int j = j0 + t;
+        for (int r = 0; r < W; ++r) {
+          bool visible = (!causal || j <= pos[r]) && (p.window_left < 0 || j >= pos[r] - p.window_left);
+          if (custom) {
+            const int64_t qi = pos[r] - seq.q_kv_offset;
+            visible = visible && p.custom_mask[seq.mask_offset + qi * seq.kv_len + j] != 0;
+          }
+          if (!visible) s[t * W + r] = kNegInf;
+        }
+      }
+    }
+
+    // Online softmax update, lane by lane.
+    float m_new[W];
+    for (int w = 0; w < W; ++w) m_new[w] = m[w];
+    for (int t = 0; t < n; ++t) {
+      for (int w = 0; w < W; ++w) m_new[w] = std::max(m_new[w], s[t * W + w]);
+    }
+    float m_use[W];
+    float alpha[W];
+    for (int w = 0; w < W; ++w) {
+      // A row that has seen only masked keys keeps max -inf; subtracting 0 instead avoids
+      // -inf - -inf = NaN, and its probabilities stay exactly 0.
+      m_use[w] = m_new[w] == kNegInf ? 0.0f : m_new[w];
+      alpha[w] = fast_exp(m[w] - m_use[w]);
+      m[w] = m_new[w];
+    }
+    for (int w = 0; w < W; ++w) l[w] *= alpha[w];
+    for (int dv = 0; dv < Dv; ++dv) {
+      for (int w = 0; w < W; ++w) ot[dv * W + w] *= alpha[w];
+    }
+    for (int t = 0; t < n; ++t) {
+      for (int w = 0; w < W; ++w) {
+        const float e = fast_exp(s[t * W + w] - m_use[w]);
+        s[t * W + w] = e;
+        l[w] += e;
+      }
+    }
+
+    // ot[dv][:] += sum_t vf[t][dv] * s[t][:], four output columns at a time.
+    int dv = 0;
+    for (; dv + 4 <= Dv; dv += 4) {
+      float o0[W], o1[W], o2[W], o3[W];
+      std::memcpy(o0, ot + dv * W, sizeof(o0));
+      std::memcpy(o1, ot + (dv + 1) * W, sizeof(o1));
+      std::memcpy(o2, ot + (dv + 2) * W, sizeof(o2));
+      std::memcpy(o3, ot + (dv + 3) * W, sizeof(o3));
+      for (int t = 0; t < n; ++t) {
+        const float* pr = s + t * W;
+        const float* v = vf + t * Dv + dv;
+        const float c0 = v[0], c1 = v[1], c2 = v[2], c3 = v[3];
+        for (int w = 0; w < W; ++w) {
+          o0[w] += c0 * pr[w];
+          o1[w] += c1 * pr[w];
+          o2[w] += c2 * pr[w];
+          o3[w] += c3 * pr[w];
+        }
+      }
+      std::memcpy(ot + dv * W, o0, sizeof(o0));
+      std::memcpy(ot + (dv + 1) * W, o1, sizeof(o1));
+      std::memcpy(ot + (dv + 2) * W, o2, sizeof(o2));
+      std::memcpy(ot + (dv + 3) * W, o3, sizeof(o3));
+    }
+    for (; dv < Dv; ++dv) {
+      for (int t = 0; t < n; ++t) {
+        const float c = vf[t * Dv + dv];
+        for (int w = 0; w < W; ++w) ot[dv * W + w] += c * s[t * W + w];
+      }
+    }
+  }
+
+  // Normalise; a sink joins the denominator only.
+  for (int r = 0; r < rows; ++r) {
+    float m_final = m[r];
+    float l_final = l[r];
+    if (p.sinks != nullptr) {
+      const float sink = p.sinks[head[r]];
+      m_final = std::max(m[r], sink);
+      l_final = (m[r] == kNegInf ? 0.0f : l[r] * std::exp(m[r] - m_final)) + std::exp(sink - m_final);
+    }
+    const float factor = l_final > 0.0f ? (m[r] == kNegInf ? 0.0f : std::exp(m[r] - m_final) / l_final) : 0.0f;
+    const size_t base = static_cast<size_t>(token[r] * p.out_stride_token + head[r] * p.out_stride_head);
+    for (int d = 0; d < Dv; ++d) {
+      store_from_float(p.out, p.out_dtype, base + static_cast<size_t>(d), ot[d * W + r] * factor);
+    }
+    if (p.lse != nullptr) {
+      p.lse[token[r] * p.lse_stride_token + head[r]] = l_final > 0.0f ? m_final + std::log(l_final) : kNegInf;
+    }
+  }
+}
+
+}  // namespace
+
+void run_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const CpuWorkItem& item, int lanes,
+              CpuAttentionScratch& scratch) {
+  if (lanes == 8) {
+    attend<8>(p, seq, item, scratch);
+  } else {
+    attend<16>(p, seq, item, scratch);
+  }
+}
+
+}  // namespace specula::SPECULA_CPU_ISA_NS

@@ -1,0 +1,168 @@
+// `specula bench attention`: the CPU run uses shapes sized for a small machine; the figures are
+// per layer (one attention call), with KV bandwidth for decode and FLOP rate for prefill.
+#include "specula/cli/bench_attention.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "specula/cli/attention_bench_case.h"
+#include "specula/core/thread_pool.h"
+
+namespace specula {
+
+namespace {
+
+struct Options {
+  std::string device = "cpu";
+  std::string json_path;
+  std::string kv_dtype = "bf16";
+  std::string filter;
+  int threads = 0;
+  double min_seconds = 0.3;
+};
+
+std::vector<AttentionBenchCase> cpu_cases(DType kv_dtype) {
+  auto decode = [&](std::string name, int bs, int seq_len, int page_size) {
+    AttentionBenchCase c;
+    c.name = std::move(name);
+    c.mode = ForwardMode::DECODE;
+    c.batch_size = bs;
+    c.prefix_len = seq_len - 1;
+    c.page_size = page_size;
+    c.kv_dtype = kv_dtype;
+    return c;
+  };
+  auto prefill = [&](std::string name, int bs, int prefix, int extend, int head_dim, bool causal) {
+    AttentionBenchCase c;
+    c.name = std::move(name);
+    c.mode = ForwardMode::EXTEND;
+    c.batch_size = bs;
+    c.prefix_len = prefix;
+    c.extend_len = extend;
+    c.head_dim = head_dim;
+    c.causal = causal;
+    c.kv_dtype = kv_dtype;
+    return c;
+  };
+  return {
+      decode("decode B=1 L=8192 p16", 1, 8192, 16),
+      decode("decode B=16 L=2048 p16", 16, 2048, 16),
+      decode("decode B=16 L=2048 p64", 16, 2048, 64),
+      decode("decode B=64 L=512 p16", 64, 512, 16),
+      prefill("prefill causal hd128 S=2048", 1, 0, 2048, 128, true),
+      prefill("prefill noncausal hd128 S=1024", 1, 0, 1024, 128, false),
+      prefill("prefill causal hd64 S=2048", 1, 0, 2048, 64, true),
+      prefill("extend prefix=4096 +512 hd128", 1, 4096, 512, 128, true),
+  };
+}
+
+struct Result {
+  AttentionBenchCase c;
+  double seconds = 0;  // per call
+  int iterations = 0;
+  int64_t query_tokens = 0;
+  double kv_gbps = 0;
+  double gflops = 0;
+};
+
+Result time_case(const AttentionBenchCase& c, AttentionBackend& backend, double min_seconds) {
+  AttentionBenchSetup setup(c, backend);
+  setup.init_metadata();
+  setup.run_layer();  // warm-up: page in the cache, grow scratch
+  using clock = std::chrono::steady_clock;
+  int iterations = 0;
+  const auto start = clock::now();
+  double elapsed = 0;
+  do {
+    setup.run_layer();
+    ++iterations;
+    elapsed = std::chrono::duration<double>(clock::now() - start).count();
+  } while (elapsed < min_seconds);
+  Result r;
+  r.c = c;
+  r.iterations = iterations;
+  r.seconds = elapsed / iterations;
+  r.query_tokens = setup.num_query_tokens();
+  r.kv_gbps = setup.kv_bytes_read() / r.seconds / 1e9;
+  r.gflops = setup.attention_flops() / r.seconds / 1e9;
+  return r;
+}
+
+int run(const Options& o) {
+  const Device device = parse_device(o.device);
+  SPECULA_CHECK(device.is_cpu() || cuda_available(),
+                "--device {}: this build or machine has no CUDA device (build with nvcc, run on a GPU)", o.device);
+  const DType kv_dtype = parse_dtype(o.kv_dtype);
+  std::unique_ptr<ThreadPool> own_pool;
+  AttentionBackendOptions bo;
+  bo.device = device;
+  if (o.threads > 0) {
+    own_pool = std::make_unique<ThreadPool>(o.threads);
+    bo.thread_pool = own_pool.get();
+  }
+  const int threads = own_pool ? own_pool->num_threads() : default_thread_pool().num_threads();
+  const std::string backend_name = device.is_cpu() ? "cpu" : "cuda";
+
+  std::vector<Result> results;
+  for (const AttentionBenchCase& c : cpu_cases(kv_dtype)) {
+    if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
+    bo.page_size = c.page_size;
+    auto backend = make_attention_backend(backend_name, bo);
+    results.push_back(time_case(c, *backend, o.min_seconds));
+  }
+
+  fmt::print("specula bench attention  device={} backend={} threads={} kv_dtype={}\n", device.str(), backend_name,
+             threads, dtype_name(kv_dtype));
+  fmt::print("heads: 32 query / 8 KV, one layer per call\n\n");
+  fmt::print("{:<32} {:>10} {:>14} {:>12} {:>10}\n", "case", "ms/call", "query tok/s", "KV GB/s", "GFLOP/s");
+  for (const Result& r : results) {
+    fmt::print("{:<32} {:>10.3f} {:>14.0f} {:>12.2f} {:>10.1f}\n", r.c.name, r.seconds * 1e3,
+               static_cast<double>(r.query_tokens) / r.seconds, r.kv_gbps, r.gflops);
+  }
+  if (!o.json_path.empty()) {
+    nlohmann::json j;
+    j["device"] = device.str();
+    j["backend"] = backend_name;
+    j["threads"] = threads;
+    j["kv_dtype"] = dtype_name(kv_dtype);
+    for (const Result& r : results) {
+      j["results"].push_back({{"case", r.c.name},
+                              {"mode", forward_mode_name(r.c.mode)},
+                              {"batch_size", r.c.batch_size},
+                              {"prefix_len", r.c.prefix_len},
+                              {"extend_len", r.c.extend_len},
+                              {"head_dim", r.c.head_dim},
+                              {"page_size", r.c.page_size},
+                              {"causal", r.c.causal},
+                              {"seconds_per_call", r.seconds},
+                              {"iterations", r.iterations},
+                              {"query_tokens_per_second", static_cast<double>(r.query_tokens) / r.seconds},
+                              {"kv_gbytes_per_second", r.kv_gbps},
+                              {"gflops", r.gflops}});
+    }
+    std::ofstream(o.json_path) << j.dump(2) << "\n";
+    fmt::print("\nwrote {}\n", o.json_path);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_attention_command(CLI::App& bench) {
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand("attention", "Benchmark the attention backend on decode and prefill shapes");
+  cmd->add_option("--device", options->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--json", options->json_path, "Also write the results as JSON to this file");
+  cmd->add_option("--kv-dtype", options->kv_dtype, "KV cache dtype: bf16, f16, f32, fp8_e4m3")->capture_default_str();
+  cmd->add_option("--threads", options->threads, "CPU threads (default: SPECULA_NUM_THREADS or all cores)");
+  cmd->add_option("--filter", options->filter, "Run only cases whose name contains this text");
+  cmd->add_option("--min-seconds", options->min_seconds, "Minimum timed seconds per case")->capture_default_str();
+  cmd->callback([options] { run(*options); });
+}
+
+}  // namespace specula

@@ -1,0 +1,52 @@
+// device_memory.h over the CUDA runtime.
+#include <cuda_runtime_api.h>
+
+#include "specula/core/cuda_check.h"
+#include "specula/core/device_memory.h"
+
+namespace specula {
+
+namespace {
+void select(Device device) {
+  SPECULA_CHECK(device.is_cuda(), "expected a CUDA device, got {}", device.str());
+  const int count = cuda_device_count();
+  SPECULA_CHECK(device.index < count, "device {} is not present; this machine has {} CUDA device(s)",
+                device.str(), count);
+  CUDA_CHECK(cudaSetDevice(device.index));
+}
+}  // namespace
+
+void* device_malloc(size_t bytes, Device device) {
+  select(device);
+  void* p = nullptr;
+  const cudaError_t status = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  SPECULA_CHECK(status == cudaSuccess, "out of memory on {} allocating {} bytes ({})", device.str(),
+                bytes, cudaGetErrorString(status));
+  return p;
+}
+
+void device_free(void* ptr, Device device) {
+  // Called from destructors: never throws; a failure here means the context is already gone.
+  cudaSetDevice(device.index);
+  cudaFree(ptr);
+}
+
+void device_memset_zero(void* ptr, size_t bytes, Device device) {
+  select(device);
+  CUDA_CHECK(cudaMemset(ptr, 0, bytes));
+}
+
+void device_memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (dst_device.is_cuda()) select(dst_device); else select(src_device);
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return 0;
+  return count;
+}
+
+bool cuda_available() { return cuda_device_count() > 0; }
+
+}  // namespace specula
