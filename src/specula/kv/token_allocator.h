@@ -24,7 +24,7 @@ class PagedTokenAllocator {
   int64_t total_slots() const { return (num_pages_ + 1) * page_size_; }
   int64_t available_size() const { return num_free_pages() * page_size_; }  // in tokens
   int64_t num_free_pages() const {
-    return static_cast<int64_t>(free_pages_.size() + released_pages_.size());
+    return static_cast<int64_t>(free_pages_.size() - free_head_ + released_pages_.size());
   }
 
   // Slots of num_tokens / page_size whole pages; num_tokens must be a multiple of page_size.

@@ -1,0 +1,295 @@
+// AttentionHarness implementation.
+#include "attention/attention_harness.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <type_traits>
+
+#include "attention/reference_attention.h"
+#include "specula/kv/token_allocator.h"
+
+namespace specula::testing {
+
+namespace {
+std::vector<float> random_rounded(size_t n, DType dtype, std::mt19937_64& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) {
+    float raw = dist(rng);
+    uint8_t buf[4];
+    store_from_float(buf, dtype, 0, raw);
+    x = load_as_float(buf, dtype, 0);
+  }
+  return v;
+}
+}  // namespace
+
+AttentionHarness::AttentionHarness(const HarnessConfig& config, uint64_t seed) : config_(config) {
+  std::mt19937_64 rng(seed);
+  auto& c = config_;
+  if (c.v_head_dim == 0) c.v_head_dim = c.head_dim;
+  layer_.layer_id = 1;  // not 0: catches code that ignores the layer index
+  layer_.num_q_heads = c.num_q_heads;
+  layer_.num_kv_heads = c.num_kv_heads;
+  layer_.head_dim = c.head_dim;
+  layer_.v_head_dim = c.v_head_dim;
+  layer_.scaling = c.scaling;
+  layer_.logit_cap = c.logit_cap;
+  layer_.sliding_window_size = c.window_left;
+  layer_.use_local_attention = c.chunk_size > 0;
+  layer_.attn_type = c.causal ? AttentionType::DECODER : AttentionType::ENCODER_ONLY;
+  if (c.sinks) {
+    std::normal_distribution<float> dist(0.5f, 1.5f);
+    for (int h = 0; h < c.num_q_heads; ++h) layer_.sinks.push_back(dist(rng));
+  }
+
+  const int n = static_cast<int>(c.requests.size());
+  int64_t total_pages = 0;
+  int max_len = 1;
+  for (const auto& r : c.requests) {
+    total_pages += (r.prefix_len + r.extend_len + c.page_size - 1) / c.page_size + 1;
+    max_len = std::max(max_len, r.prefix_len + r.extend_len);
+  }
+  // Spare pages so slots of different requests interleave after the shuffle.
+  PagedTokenAllocator allocator((total_pages + 3) * c.page_size, c.page_size);
+  kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator.total_slots(), 2, c.num_kv_heads, c.head_dim,
+                                                      c.v_head_dim, c.kv_dtype, Device::cpu()});
+  kv_pool_->set_kv_scales(layer_.layer_id, c.k_scale, c.v_scale);
+  req_pool_ = std::make_unique<ReqToTokenPool>(n + 3, max_len);
+
+  auto all = allocator.alloc(allocator.num_pages() * c.page_size);
+  std::vector<int32_t> pages;
+  for (size_t i = 0; i < all->size(); i += static_cast<size_t>(c.page_size)) pages.push_back((*all)[i] / c.page_size);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  size_t next_page = 0;
+
+  for (int r = 0; r < n; ++r) {
+    const auto& spec = c.requests[static_cast<size_t>(r)];
+    const int len = spec.prefix_len + spec.extend_len;
+    std::vector<int32_t> slots(static_cast<size_t>(len));
+    int32_t page = 0;
+    for (int t = 0; t < len; ++t) {
+      if (t % c.page_size == 0) page = pages[next_page++];
+      slots[static_cast<size_t>(t)] = page * c.page_size + t % c.page_size;
+    }
+    // Request r uses request slot r + 2: the table's rows are not the batch indices.
+    req_pool_->write(r + 2, 0, slots);
+    token_slots_.push_back(slots);
+
+    // The cached prefix goes in through set_kv_buffer, as an earlier step would have put it.
+    if (spec.prefix_len > 0) {
+      const auto kp = random_rounded(static_cast<size_t>(spec.prefix_len) * c.num_kv_heads * c.head_dim, DType::f32, rng);
+      const auto vp = random_rounded(static_cast<size_t>(spec.prefix_len) * c.num_kv_heads * c.v_head_dim, DType::f32, rng);
+      kv_pool_->set_kv_buffer(layer_.layer_id, std::span<const int32_t>(slots.data(), static_cast<size_t>(spec.prefix_len)),
+                              TensorView(const_cast<float*>(kp.data()), DType::f32, {spec.prefix_len, c.num_kv_heads, c.head_dim}),
+                              TensorView(const_cast<float*>(vp.data()), DType::f32, {spec.prefix_len, c.num_kv_heads, c.v_head_dim}));
+    }
+    new_q_.push_back(random_rounded(static_cast<size_t>(spec.extend_len) * c.num_q_heads * c.head_dim, c.q_dtype, rng));
+    new_k_.push_back(random_rounded(static_cast<size_t>(spec.extend_len) * c.num_kv_heads * c.head_dim, c.q_dtype, rng));
+    new_v_.push_back(random_rounded(static_cast<size_t>(spec.extend_len) * c.num_kv_heads * c.v_head_dim, c.q_dtype, rng));
+
+    if (c.tree_mask) {
+      // Draft token 0 is the root; every other token hangs under a random earlier one. A token
+      // sees the whole prefix, its ancestors and itself.
+      const int m = spec.extend_len;
+      std::vector<int> parent(static_cast<size_t>(m), -1);
+      for (int i = 1; i < m; ++i) parent[static_cast<size_t>(i)] = static_cast<int>(rng() % static_cast<uint64_t>(i));
+      std::vector<uint8_t> mask(static_cast<size_t>(m) * len, 0);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < spec.prefix_len; ++j) mask[static_cast<size_t>(i) * len + j] = 1;
+        for (int a = i; a >= 0; a = parent[static_cast<size_t>(a)]) mask[static_cast<size_t>(i) * len + spec.prefix_len + a] = 1;
+      }
+      if (c.hide_first_draft_row) std::fill(mask.begin(), mask.begin() + len, 0);
+      tree_masks_.push_back(std::move(mask));
+    }
+  }
+}
+
+AttentionBackendOptions AttentionHarness::backend_options() const {
+  AttentionBackendOptions o;
+  o.page_size = config_.page_size;
+  o.attention_chunk_size = config_.chunk_size;
+  return o;
+}
+
+std::vector<int> AttentionHarness::all_requests() const {
+  std::vector<int> r(config_.requests.size());
+  std::iota(r.begin(), r.end(), 0);
+  return r;
+}
+
+ForwardBatch AttentionHarness::make_batch(const std::vector<int>& requests) const {
+  ForwardBatch b;
+  b.forward_mode = config_.mode;
+  b.batch_size = static_cast<int>(requests.size());
+  b.req_to_token_pool = req_pool_.get();
+  b.token_to_kv_pool = kv_pool_.get();
+  if (config_.mode == ForwardMode::TARGET_VERIFY) {
+    b.spec_info = std::make_shared<SpecInfo>();
+    b.spec_info->num_draft_tokens = config_.requests.at(static_cast<size_t>(requests.at(0))).extend_len;
+  }
+  for (int r : requests) {
+    const auto& spec = config_.requests[static_cast<size_t>(r)];
+    b.req_pool_indices.push_back(r + 2);
+    const int len = spec.prefix_len + spec.extend_len;
+    if (config_.mode == ForwardMode::TARGET_VERIFY) {
+      b.seq_lens.push_back(spec.prefix_len);
+      if (config_.tree_mask) {
+        const auto& m = tree_masks_[static_cast<size_t>(r)];
+        b.spec_info->custom_mask.insert(b.spec_info->custom_mask.end(), m.begin(), m.end());
+      }
+    } else {
+      b.seq_lens.push_back(len);
+    }
+    if (config_.mode != ForwardMode::DECODE && config_.mode != ForwardMode::TARGET_VERIFY) {
+      b.extend_prefix_lens.push_back(spec.prefix_len);
+      b.extend_seq_lens.push_back(spec.extend_len);
+    }
+    for (int t = spec.prefix_len; t < len; ++t) {
+      b.out_cache_loc.push_back(token_slots_[static_cast<size_t>(r)][static_cast<size_t>(t)]);
+      b.positions.push_back(t);
+    }
+  }
+  return b;
+}
+
+AttentionResult AttentionHarness::run(AttentionBackend& backend, const std::vector<int>& only) {
+  const std::vector<int> requests = only.empty() ? all_requests() : only;
+  const ForwardBatch batch = make_batch(requests);
+  const auto& c = config_;
+  const int64_t n = batch.num_tokens();
+  Buffer q(c.q_dtype, {n, c.num_q_heads, c.head_dim});
+  Buffer k(c.q_dtype, {n, c.num_kv_heads, c.head_dim});
+  Buffer v(c.q_dtype, {n, c.num_kv_heads, c.v_head_dim});
+  Buffer out(c.q_dtype, {n, c.num_q_heads, c.v_head_dim});
+  Buffer lse(DType::f32, {n, c.num_q_heads});
+  int64_t row = 0;
+  for (int r : requests) {
+    auto put = [&](const std::vector<float>& src, const Buffer& dst, int64_t row_elems) {
+      convert_from_float(src.data(), static_cast<char*>(dst.data()) + row * row_elems * static_cast<int64_t>(dtype_size(dst.dtype())),
+                         dst.dtype(), src.size());
+    };
+    put(new_q_[static_cast<size_t>(r)], q, c.num_q_heads * c.head_dim);
+    put(new_k_[static_cast<size_t>(r)], k, c.num_kv_heads * c.head_dim);
+    put(new_v_[static_cast<size_t>(r)], v, c.num_kv_heads * c.v_head_dim);
+    row += c.requests[static_cast<size_t>(r)].extend_len;
+  }
+  // Poison the outputs: a row the backend forgets to write cannot pass.
+  for (int64_t i = 0; i < out.numel(); ++i) store_from_float(out.data(), out.dtype(), static_cast<size_t>(i), NAN);
+  for (int64_t i = 0; i < lse.numel(); ++i) lse.data_as<float>()[i] = NAN;
+
+  backend.check_layer(layer_, c.q_dtype, c.kv_dtype);
+  backend.init_forward_metadata(batch);
+  ForwardOptions options;
+  options.lse = lse;
+  backend.forward(q, k, v, out, layer_, batch, options);
+
+  AttentionResult result;
+  result.out.resize(static_cast<size_t>(out.numel()));
+  for (size_t i = 0; i < result.out.size(); ++i) result.out[i] = load_as_float(out.data(), out.dtype(), i);
+  result.lse.assign(lse.data_as<float>(), lse.data_as<float>() + lse.numel());
+  return result;
+}
+
+template <typename T>
+AttentionResult AttentionHarness::reference(const std::vector<int>& only) const {
+  const std::vector<int> requests = only.empty() ? all_requests() : only;
+  const auto& c = config_;
+  ReferenceLayer rl;
+  rl.num_q_heads = c.num_q_heads;
+  rl.num_kv_heads = c.num_kv_heads;
+  rl.head_dim = c.head_dim;
+  rl.v_head_dim = c.v_head_dim;
+  rl.scale = layer_.effective_scaling();
+  rl.logit_cap = c.logit_cap;
+  rl.sinks = layer_.sinks;
+  MaskRules rules;
+  rules.causal = c.causal && !c.tree_mask;
+  rules.window_left = c.window_left;
+  rules.chunk_size = c.chunk_size;
+  const bool fp8 = c.kv_dtype == DType::fp8_e4m3;
+
+  AttentionResult result;
+  for (int r : requests) {
+    const auto& spec = c.requests[static_cast<size_t>(r)];
+    const int len = spec.prefix_len + spec.extend_len;
+    // K/V straight from the pool's storage, token by token through req_to_token (not pages).
+    std::vector<double> k(static_cast<size_t>(len) * c.num_kv_heads * c.head_dim);
+    std::vector<double> v(static_cast<size_t>(len) * c.num_kv_heads * c.v_head_dim);
+    const int32_t* row = req_pool_->row(r + 2);
+    // The new tokens' K/V as the backend will have stored them (rounded to the cache dtype).
+    MHAKVPool staged(KVPoolConfig{static_cast<int64_t>(len), 1, c.num_kv_heads, c.head_dim, c.v_head_dim, c.kv_dtype, Device::cpu()});
+    staged.set_kv_scales(0, c.k_scale, c.v_scale);
+    for (int t = 0; t < len; ++t) {
+      const bool is_new = t >= spec.prefix_len;
+      const TensorView kb = is_new ? staged.k_buffer(0) : kv_pool_->k_buffer(layer_.layer_id);
+      const TensorView vb = is_new ? staged.v_buffer(0) : kv_pool_->v_buffer(layer_.layer_id);
+      if (is_new) {
+        const int i = t - spec.prefix_len;
+        const std::vector<int32_t> loc{t};
+        const auto& nk = new_k_[static_cast<size_t>(r)];
+        const auto& nv = new_v_[static_cast<size_t>(r)];
+        staged.set_kv_buffer(0, loc,
+                             TensorView(const_cast<float*>(nk.data()) + static_cast<size_t>(i) * c.num_kv_heads * c.head_dim, DType::f32, {1, c.num_kv_heads, c.head_dim}),
+                             TensorView(const_cast<float*>(nv.data()) + static_cast<size_t>(i) * c.num_kv_heads * c.v_head_dim, DType::f32, {1, c.num_kv_heads, c.v_head_dim}));
+      }
+      const int64_t slot = is_new ? t : row[t];
+      for (int e = 0; e < c.num_kv_heads * c.head_dim; ++e) {
+        k[static_cast<size_t>(t) * c.num_kv_heads * c.head_dim + e] =
+            static_cast<double>(load_as_float(kb.data(), c.kv_dtype, static_cast<size_t>(slot * c.num_kv_heads * c.head_dim + e))) * (fp8 ? c.k_scale : 1.0);
+      }
+      for (int e = 0; e < c.num_kv_heads * c.v_head_dim; ++e) {
+        v[static_cast<size_t>(t) * c.num_kv_heads * c.v_head_dim + e] =
+            static_cast<double>(load_as_float(vb.data(), c.kv_dtype, static_cast<size_t>(slot * c.num_kv_heads * c.v_head_dim + e))) * (fp8 ? c.v_scale : 1.0);
+      }
+    }
+    const auto& nq = new_q_[static_cast<size_t>(r)];
+    std::vector<double> q(nq.begin(), nq.end());
+    const std::vector<uint8_t> custom = c.tree_mask ? tree_masks_[static_cast<size_t>(r)] : std::vector<uint8_t>{};
+    const auto mask = reference_mask(rules, spec.extend_len, len, spec.prefix_len, custom);
+    std::vector<double> out, lse;
+    reference_attention<T>(rl, q, k, v, mask, spec.extend_len, len, out, lse);
+    for (double x : out) {
+      uint8_t buf[4];
+      store_from_float(buf, c.q_dtype, 0, static_cast<float>(x));
+      result.out.push_back(std::is_same_v<T, double> ? x : load_as_float(buf, c.q_dtype, 0));
+    }
+    result.lse.insert(result.lse.end(), lse.begin(), lse.end());
+  }
+  return result;
+}
+
+template AttentionResult AttentionHarness::reference<double>(const std::vector<int>&) const;
+template AttentionResult AttentionHarness::reference<float>(const std::vector<int>&) const;
+
+void expect_close_to_reference(const AttentionResult& got, const AttentionResult& truth, const AttentionResult& naive,
+                               double atol, const char* what) {
+  ASSERT_EQ(got.out.size(), truth.out.size()) << what;
+  double err_got = 0, err_naive = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < truth.out.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got.out[i])) << what << ": output " << i << " is " << got.out[i];
+    const double e = std::fabs(got.out[i] - truth.out[i]);
+    if (e > err_got) {
+      err_got = e;
+      worst = i;
+    }
+    err_naive = std::max(err_naive, std::fabs(naive.out[i] - truth.out[i]));
+  }
+  EXPECT_LE(err_got, 2 * err_naive + atol) << what << ": max error " << err_got << " at " << worst << " (got "
+                                           << got.out[worst] << ", want " << truth.out[worst] << "), naive error "
+                                           << err_naive;
+  double lse_err = 0, lse_naive = 0;
+  for (size_t i = 0; i < truth.lse.size(); ++i) {
+    ASSERT_EQ(std::isinf(got.lse[i]), std::isinf(truth.lse[i])) << what << ": -inf LSE mismatch at " << i;
+    if (std::isinf(truth.lse[i])) continue;
+    lse_err = std::max(lse_err, std::fabs(got.lse[i] - truth.lse[i]));
+    lse_naive = std::max(lse_naive, std::fabs(naive.lse[i] - truth.lse[i]));
+  }
+  EXPECT_LE(lse_err, 2 * lse_naive + 1e-4) << what << ": LSE error";
+}
+
+}  // namespace specula::testing

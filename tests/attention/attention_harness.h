@@ -1,0 +1,83 @@
+// A test harness for attention backends: builds a paged KV cache (shuffled pages) with a
+// random cached prefix per request, a ForwardBatch for the chosen mode, random q/k/v for the
+// new tokens, runs a backend, and computes the naive references for the same inputs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "specula/attention/backend.h"
+#include "specula/kv/mha_kv_pool.h"
+#include "specula/kv/req_to_token_pool.h"
+
+namespace specula::testing {
+
+struct RequestSpec {
+  int prefix_len = 0;  // cached tokens (DECODE: seq_len - 1; TARGET_VERIFY: committed tokens)
+  int extend_len = 1;  // new tokens (DECODE: 1; TARGET_VERIFY: num_draft_tokens)
+};
+
+struct HarnessConfig {
+  ForwardMode mode = ForwardMode::EXTEND;
+  std::vector<RequestSpec> requests;
+  int num_q_heads = 8;
+  int num_kv_heads = 2;
+  int head_dim = 64;
+  int v_head_dim = 0;
+  int page_size = 1;
+  DType q_dtype = DType::f32;  // q, k, v and output
+  DType kv_dtype = DType::f32;
+  float scaling = 0.0f;
+  float logit_cap = 0.0f;
+  int window_left = -1;
+  bool causal = true;
+  bool sinks = false;
+  int chunk_size = 0;  // > 0: local attention layer with this attention_chunk_size
+  bool tree_mask = false;  // TARGET_VERIFY with random EAGLE-style tree masks
+  bool hide_first_draft_row = false;  // tree masks: draft token 0 sees nothing at all
+  float k_scale = 1.0f;  // fp8 pools
+  float v_scale = 1.0f;
+};
+
+struct AttentionResult {
+  std::vector<double> out;  // [num_tokens, num_q_heads, v_head_dim], decoded to double
+  std::vector<double> lse;  // [num_tokens, num_q_heads]
+};
+
+class AttentionHarness {
+ public:
+  AttentionHarness(const HarnessConfig& config, uint64_t seed);
+
+  const HarnessConfig& config() const { return config_; }
+  const AttentionLayer& layer() const { return layer_; }
+  AttentionBackendOptions backend_options() const;
+
+  // Runs the backend on the whole batch (or only the listed requests, as their own batch).
+  AttentionResult run(AttentionBackend& backend, const std::vector<int>& only = {});
+  // The naive reference in precision T, over the same requests; output rounded to the output
+  // dtype as a real implementation of that precision would.
+  template <typename T>
+  AttentionResult reference(const std::vector<int>& only = {}) const;
+
+  std::vector<int> all_requests() const;
+
+ private:
+  ForwardBatch make_batch(const std::vector<int>& requests) const;
+
+  HarnessConfig config_;
+  AttentionLayer layer_;
+  std::unique_ptr<ReqToTokenPool> req_pool_;
+  std::unique_ptr<MHAKVPool> kv_pool_;
+  std::vector<std::vector<int32_t>> token_slots_;   // per request: slot of every token
+  std::vector<std::vector<float>> new_q_, new_k_, new_v_;  // per request, already rounded to q_dtype
+  std::vector<std::vector<uint8_t>> tree_masks_;    // per request [extend_len, prefix + extend]
+};
+
+// Asserts the backend's error is within 2x the naive same-precision reference's error plus
+// atol (FlashAttention's rule), that -inf LSE positions match, and LSEs agree.
+void expect_close_to_reference(const AttentionResult& got, const AttentionResult& truth,
+                               const AttentionResult& naive, double atol, const char* what);
+
+}  // namespace specula::testing

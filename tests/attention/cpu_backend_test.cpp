@@ -1,0 +1,314 @@
+// The CPU backend against the naive float64 reference, one test per variant, on randomized
+// shapes, lengths and page sizes with fresh random inputs each run (the seed is printed on
+// failure). Every case runs with the kernel for this processor and with the portable one.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "attention/attention_harness.h"
+#include "specula/attention/cpu/cpu_backend.h"
+
+namespace specula::testing {
+namespace {
+
+uint64_t fresh_seed() {
+  static std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
+}
+
+double atol_for(DType out_dtype) { return out_dtype == DType::f32 ? 2e-5 : 1e-3; }
+
+// Runs the harness on both kernels and checks each against the reference.
+void check_against_reference(const HarnessConfig& config, const char* what) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << what << " seed=" << seed);
+  AttentionHarness h(config, seed);
+  const AttentionResult truth = h.reference<double>();
+  const AttentionResult naive = h.reference<float>();
+  for (CpuIsa isa : {best_cpu_isa(), CpuIsa::generic}) {
+    SCOPED_TRACE(cpu_isa_name(isa));
+    CpuAttentionBackend backend(h.backend_options());
+    backend.set_isa(isa);
+    expect_close_to_reference(h.run(backend), truth, naive, atol_for(config.q_dtype), what);
+  }
+}
+
+std::vector<RequestSpec> random_requests(std::mt19937& rng, int count, int max_prefix, int max_extend, ForwardMode mode) {
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < count; ++i) {
+    RequestSpec r;
+    r.prefix_len = static_cast<int>(rng() % static_cast<unsigned>(max_prefix + 1));
+    r.extend_len = mode == ForwardMode::DECODE ? 1 : 1 + static_cast<int>(rng() % static_cast<unsigned>(max_extend));
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+std::mt19937 rng_for_shapes() { return std::mt19937(static_cast<uint32_t>(fresh_seed())); }
+
+TEST(CpuAttention, ExtendWithPrefixMha) {
+  auto rng = rng_for_shapes();
+  HarnessConfig c;
+  c.requests = random_requests(rng, 3, 70, 40, ForwardMode::EXTEND);
+  c.num_q_heads = 4;
+  c.num_kv_heads = 4;
+  check_against_reference(c, "extend MHA");
+}
+
+TEST(CpuAttention, DecodeMha) {
+  auto rng = rng_for_shapes();
+  HarnessConfig c;
+  c.mode = ForwardMode::DECODE;
+  c.requests = random_requests(rng, 5, 300, 1, ForwardMode::DECODE);
+  c.requests[0].prefix_len = 0;  // a one-token sequence
+  c.num_q_heads = 4;
+  c.num_kv_heads = 4;
+  check_against_reference(c, "decode MHA");
+}
+
+TEST(CpuAttention, Gqa) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+    for (auto [hq, hk] : {std::pair{8, 2}, std::pair{12, 4}, std::pair{32, 8}, std::pair{6, 2}}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 3, 90, 20, mode);
+      c.num_q_heads = hq;
+      c.num_kv_heads = hk;
+      c.page_size = 16;
+      check_against_reference(c, "GQA");
+    }
+  }
+}
+
+TEST(CpuAttention, Mqa) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+    for (int hq : {1, 8, 20, 40}) {  // 40 > 16 lanes: the group splits across work items
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 2, 60, 9, mode);
+      c.num_q_heads = hq;
+      c.num_kv_heads = 1;
+      check_against_reference(c, "MQA");
+    }
+  }
+}
+
+TEST(CpuAttention, HeadDims) {
+  auto rng = rng_for_shapes();
+  for (int d : {64, 80, 96, 128, 256}) {
+    for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 2, 50, 20, mode);
+      c.head_dim = d;
+      c.num_q_heads = 4;
+      c.num_kv_heads = 2;
+      check_against_reference(c, "head_dim");
+    }
+  }
+  HarnessConfig c;  // different K and V head dims
+  c.requests = random_requests(rng, 2, 40, 10, ForwardMode::EXTEND);
+  c.head_dim = 128;
+  c.v_head_dim = 64;
+  check_against_reference(c, "head_dim 128 / v_head_dim 64");
+}
+
+TEST(CpuAttention, PageSize) {
+  auto rng = rng_for_shapes();
+  for (int ps : {1, 2, 16, 64, 128}) {
+    for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 3, 200, 70, mode);
+      c.page_size = ps;
+      check_against_reference(c, "page_size");
+    }
+  }
+}
+
+TEST(CpuAttention, NonCausal) {
+  auto rng = rng_for_shapes();
+  for (int ps : {1, 16}) {
+    HarnessConfig c;
+    c.requests = random_requests(rng, 4, 0, 90, ForwardMode::EXTEND);  // encoder: no prefix
+    c.requests.push_back({33, 17});                                     // and one with a prefix
+    c.causal = false;
+    c.page_size = ps;
+    check_against_reference(c, "non-causal varlen");
+  }
+}
+
+TEST(CpuAttention, SlidingWindow) {
+  auto rng = rng_for_shapes();
+  for (int window : {0, 1, 7, 32, 100}) {
+    for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 3, 150, 60, mode);
+      c.window_left = window;
+      c.page_size = window % 2 ? 16 : 1;
+      check_against_reference(c, "sliding window");
+    }
+  }
+}
+
+TEST(CpuAttention, LocalAttention) {
+  auto rng = rng_for_shapes();
+  for (auto [chunk, ps] : {std::pair{4, 1}, std::pair{16, 16}, std::pair{32, 16}, std::pair{64, 64}, std::pair{8, 2}}) {
+    for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 3, 130, 50, mode);
+      c.requests.push_back({120, mode == ForwardMode::DECODE ? 1 : 70});  // longest: chunks smaller than it
+      c.chunk_size = chunk;
+      c.page_size = ps;
+      check_against_reference(c, "local attention");
+    }
+  }
+}
+
+TEST(CpuAttention, SoftCap) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+    HarnessConfig c;
+    c.mode = mode;
+    c.requests = random_requests(rng, 3, 80, 30, mode);
+    c.logit_cap = 1.5f;
+    c.scaling = 0.4f;  // scores well beyond the cap, so capping changes the result
+    check_against_reference(c, "soft-cap");
+  }
+}
+
+TEST(CpuAttention, Sinks) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+    HarnessConfig c;
+    c.mode = mode;
+    c.requests = random_requests(rng, 3, 80, 30, mode);
+    c.sinks = true;
+    c.window_left = 16;  // gpt-oss pairs sinks with sliding windows
+    check_against_reference(c, "sinks");
+  }
+}
+
+TEST(CpuAttention, CustomScale) {
+  auto rng = rng_for_shapes();
+  HarnessConfig c;
+  c.requests = random_requests(rng, 2, 40, 20, ForwardMode::EXTEND);
+  c.scaling = 0.0371f;
+  check_against_reference(c, "custom scale");
+}
+
+TEST(CpuAttention, TreeMask) {
+  auto rng = rng_for_shapes();
+  for (int draft : {1, 4, 8, 33}) {
+    for (int ps : {1, 16}) {
+      HarnessConfig c;
+      c.mode = ForwardMode::TARGET_VERIFY;
+      c.requests = random_requests(rng, 3, 90, 1, ForwardMode::DECODE);
+      for (auto& r : c.requests) r.extend_len = draft;
+      c.tree_mask = true;
+      c.page_size = ps;
+      check_against_reference(c, "tree mask");
+    }
+  }
+}
+
+TEST(CpuAttention, TargetVerifyChainIsCausal) {
+  auto rng = rng_for_shapes();
+  HarnessConfig c;
+  c.mode = ForwardMode::TARGET_VERIFY;
+  c.requests = random_requests(rng, 3, 90, 1, ForwardMode::DECODE);
+  for (auto& r : c.requests) r.extend_len = 4;
+  check_against_reference(c, "verify without a tree mask");
+}
+
+TEST(CpuAttention, MixedAndDraftExtendModes) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::MIXED, ForwardMode::DRAFT_EXTEND}) {
+    HarnessConfig c;
+    c.mode = mode;
+    c.requests = random_requests(rng, 4, 60, 20, ForwardMode::EXTEND);
+    c.requests[1].extend_len = 1;  // a decoding request inside a mixed batch
+    check_against_reference(c, forward_mode_name(mode).data());
+  }
+}
+
+TEST(CpuAttention, Fp8Kv) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+    HarnessConfig c;
+    c.mode = mode;
+    c.requests = random_requests(rng, 3, 100, 30, mode);
+    c.kv_dtype = DType::fp8_e4m3;
+    c.q_dtype = DType::bf16;
+    c.k_scale = 0.02f;  // values ~N(0,1) become ~50: the middle of e4m3's range
+    c.v_scale = 0.5f;
+    c.page_size = 16;
+    check_against_reference(c, "fp8 KV");
+  }
+}
+
+TEST(CpuAttention, Bf16AndF16) {
+  auto rng = rng_for_shapes();
+  for (DType d : {DType::bf16, DType::f16}) {
+    for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 3, 100, 30, mode);
+      c.kv_dtype = d;
+      c.q_dtype = d;
+      c.page_size = 16;
+      check_against_reference(c, dtype_name(d).data());
+    }
+  }
+}
+
+TEST(CpuAttention, RowsThatSeeNothingGiveZeroAndMinusInfLse) {
+  // A tree mask whose first draft row is all zero: that query sees no key at all.
+  for (bool sinks : {false, true}) {
+    HarnessConfig c;
+    c.mode = ForwardMode::TARGET_VERIFY;
+    c.requests = {{0, 3}, {21, 3}};
+    c.tree_mask = true;
+    c.hide_first_draft_row = true;
+    c.sinks = sinks;
+    check_against_reference(c, sinks ? "empty rows with sinks" : "empty rows");
+    AttentionHarness h(c, fresh_seed());
+    CpuAttentionBackend backend(h.backend_options());
+    const AttentionResult got = h.run(backend);
+    for (int hq = 0; hq < c.num_q_heads; ++hq) {
+      EXPECT_EQ(std::isinf(got.lse[static_cast<size_t>(hq)]), !sinks);  // token 0 of request 0
+      EXPECT_EQ(got.out[static_cast<size_t>(hq * c.head_dim)], 0.0);
+    }
+  }
+}
+
+TEST(CpuAttention, BatchedEqualsPerRequest) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+    HarnessConfig c;
+    c.mode = mode;
+    c.requests = random_requests(rng, 5, 120, 40, mode);
+    c.page_size = 16;
+    c.q_dtype = DType::bf16;
+    c.kv_dtype = DType::bf16;
+    AttentionHarness h(c, fresh_seed());
+    CpuAttentionBackend backend(h.backend_options());
+    const AttentionResult batched = h.run(backend);
+    const int hq = c.num_q_heads, dv = c.head_dim;
+    size_t offset = 0;
+    for (int r = 0; r < static_cast<int>(c.requests.size()); ++r) {
+      const AttentionResult alone = h.run(backend, {r});
+      for (size_t i = 0; i < alone.out.size(); ++i) {
+        ASSERT_EQ(alone.out[i], batched.out[offset + i]) << "request " << r << " element " << i;
+      }
+      offset += static_cast<size_t>(c.requests[static_cast<size_t>(r)].extend_len) * hq * dv;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specula::testing
