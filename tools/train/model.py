@@ -38,6 +38,17 @@ class LlamaShape:
         return asdict(self)
 
 
+def deterministic_setup():
+    """Make training and evaluation repeatable on the GPU."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    # cuDNN's fused attention backward is non-deterministic unless
+    # deterministic mode raises errors; leave attention to flash attention.
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def eagle3_aux_layers(num_layers: int):
     """Residual-stream inputs of these target layers feed EAGLE-3 (SGLang's
     default [2, L//2, L-3]; index i = the stream entering layer i, i.e. HF

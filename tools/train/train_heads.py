@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import st_io  # noqa: E402
 from data import Batches, load_split  # noqa: E402
 from model import (PAD, Eagle3Head, EagleHead, LlamaShape, Target,  # noqa: E402
-                   count_params, eagle3_aux_layers, target_features)
+                   count_params, deterministic_setup, eagle3_aux_layers,
+                   target_features)
 
 
 def parse():
@@ -176,8 +177,7 @@ def export_tensors(head):
 def main():
     a = parse()
     device = torch.device(a.device)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    deterministic_setup()
     target_log = a.target_log or str(Path(a.target).with_name("train_log.json"))
     target = load_target(a.target, target_log, device)
     aux = eagle3_aux_layers(target.cfg.num_hidden_layers)

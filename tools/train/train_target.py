@@ -30,7 +30,7 @@ import torch.nn.functional as F  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import st_io  # noqa: E402
 from data import Batches, evaluate, load_split, val_windows  # noqa: E402
-from model import LlamaShape, Target, count_params  # noqa: E402
+from model import LlamaShape, Target, count_params, deterministic_setup  # noqa: E402
 
 
 def parse():
@@ -139,9 +139,7 @@ def train(a, shape, device, train_stream, val_w, steps, log_every=100, save=True
 def main():
     a = parse()
     device = torch.device(a.device)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    deterministic_setup()
     shape = LlamaShape(**{k: getattr(a, k) for k in LlamaShape().to_dict()})
 
     t_load = time.time()
