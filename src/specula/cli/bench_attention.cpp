@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "specula/cli/attention_bench_case.h"
+#include "specula/cli/cpu_ceilings.h"
 #include "specula/core/thread_pool.h"
 
 namespace specula {
@@ -108,6 +109,9 @@ int run(const Options& o) {
   const int threads = own_pool ? own_pool->num_threads() : default_thread_pool().num_threads();
   const std::string backend_name = device.is_cpu() ? "cpu" : "cuda";
 
+  ThreadPool& pool = own_pool ? *own_pool : default_thread_pool();
+  const CpuCeilings ceilings = measure_cpu_ceilings(pool);
+
   std::vector<Result> results;
   for (const AttentionBenchCase& c : cpu_cases(kv_dtype)) {
     if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
@@ -118,11 +122,17 @@ int run(const Options& o) {
 
   fmt::print("specula bench attention  device={} backend={} threads={} kv_dtype={}\n", device.str(), backend_name,
              threads, dtype_name(kv_dtype));
-  fmt::print("heads: 32 query / 8 KV, one layer per call\n\n");
-  fmt::print("{:<32} {:>10} {:>14} {:>12} {:>10}\n", "case", "ms/call", "query tok/s", "KV GB/s", "GFLOP/s");
+  fmt::print("ceilings measured now: copy {:.1f} GB/s (read + written), sgemm {:.1f} GFLOP/s (OpenBLAS f32)\n",
+             ceilings.copy_gbps, ceilings.sgemm_gflops);
+  fmt::print("heads: 32 query / 8 KV, head_dim 128 unless named, one layer per call\n\n");
+  fmt::print("{:<32} {:>9} {:>12} {:>9} {:>8} {:>9} {:>8}\n", "case", "ms/call", "query tok/s", "KV GB/s", "of copy",
+             "GFLOP/s", "of gemm");
   for (const Result& r : results) {
-    fmt::print("{:<32} {:>10.3f} {:>14.0f} {:>12.2f} {:>10.1f}\n", r.c.name, r.seconds * 1e3,
-               static_cast<double>(r.query_tokens) / r.seconds, r.kv_gbps, r.gflops);
+    const bool decode = r.c.mode == ForwardMode::DECODE;
+    fmt::print("{:<32} {:>9.3f} {:>12.0f} {:>9.2f} {:>8} {:>9.1f} {:>8}\n", r.c.name, r.seconds * 1e3,
+               static_cast<double>(r.query_tokens) / r.seconds, r.kv_gbps,
+               decode ? fmt::format("{:.0f}%", 100 * r.kv_gbps / ceilings.copy_gbps) : "",
+               r.gflops, decode ? "" : fmt::format("{:.0f}%", 100 * r.gflops / ceilings.sgemm_gflops));
   }
   if (!o.json_path.empty()) {
     nlohmann::json j;
@@ -130,6 +140,7 @@ int run(const Options& o) {
     j["backend"] = backend_name;
     j["threads"] = threads;
     j["kv_dtype"] = dtype_name(kv_dtype);
+    j["ceilings"] = {{"copy_gbytes_per_second", ceilings.copy_gbps}, {"sgemm_gflops", ceilings.sgemm_gflops}};
     for (const Result& r : results) {
       j["results"].push_back({{"case", r.c.name},
                               {"mode", forward_mode_name(r.c.mode)},
