@@ -83,6 +83,16 @@ inline float half_to_float(uint16_t h) {
   return std::bit_cast<float>(bits | sign);
 }
 
+// fp8 e4m3fn -> f32, the same trick: exponent and mantissa move into float position and 2^120
+// rebiases (exact for normals and subnormals); 0x7f/0xff are NaN.
+inline float e4m3_to_float(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t em = b & 0x7fu;
+  const float magnitude = std::bit_cast<float>(em << 20) * 0x1p120f;
+  const uint32_t bits = em == 0x7fu ? 0x7fc00000u : std::bit_cast<uint32_t>(magnitude);
+  return std::bit_cast<float>(bits | sign);
+}
+
 // Converts n contiguous cache elements to f32 times `descale`.
 inline void load_row(const void* src, DType dtype, int n, float descale, float* dst) {
   switch (dtype) {
@@ -101,9 +111,13 @@ inline void load_row(const void* src, DType dtype, int n, float descale, float* 
       for (int i = 0; i < n; ++i) dst[i] = half_to_float(s[i]) * descale;
       return;
     }
-    default: {  // fp8: 256-entry table
+    case DType::fp8_e4m3: {
       const auto* s = static_cast<const uint8_t*>(src);
-      for (int i = 0; i < n; ++i) dst[i] = load_as_float(s, dtype, static_cast<size_t>(i)) * descale;
+      for (int i = 0; i < n; ++i) dst[i] = e4m3_to_float(s[i]) * descale;
+      return;
+    }
+    default: {
+      for (int i = 0; i < n; ++i) dst[i] = load_as_float(src, dtype, static_cast<size_t>(i)) * descale;
       return;
     }
   }
