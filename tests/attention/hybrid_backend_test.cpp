@@ -26,31 +26,61 @@ TEST(AttentionRegistry, MakesCpuAndListsNames) {
   EXPECT_THROW(make_attention_backend("cpu", o), Error);
 }
 
-TEST(HybridBackend, RoutesByModeAndMatchesTheSideItPicks) {
-  AttentionBackendOptions o;
-  auto hybrid_ptr = make_attention_backend("hybrid", o);
-  auto& hybrid = dynamic_cast<HybridAttentionBackend&>(*hybrid_ptr);
-  EXPECT_EQ(&hybrid.select(ForwardMode::DECODE), &hybrid.decode_backend());
-  EXPECT_EQ(&hybrid.select(ForwardMode::EXTEND), &hybrid.prefill_backend());
-  EXPECT_EQ(&hybrid.select(ForwardMode::MIXED), &hybrid.prefill_backend());
-  EXPECT_EQ(&hybrid.select(ForwardMode::TARGET_VERIFY), &hybrid.prefill_backend());
-  o.speculative_attention_mode = "decode";
-  auto spec_on_decode = make_attention_backend("hybrid", o);
-  auto& h2 = dynamic_cast<HybridAttentionBackend&>(*spec_on_decode);
-  EXPECT_EQ(&h2.select(ForwardMode::TARGET_VERIFY), &h2.decode_backend());
-  EXPECT_EQ(&h2.select(ForwardMode::DRAFT_EXTEND), &h2.decode_backend());
+// Records which calls reach it.
+class RecordingBackend final : public AttentionBackend {
+ public:
+  std::string_view name() const override { return "recording"; }
+  void check_layer(const AttentionLayer&, DType, DType) const override { ++checks; }
+  void init_forward_metadata(const ForwardBatch&) override { ++inits; }
+  void forward_extend(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const AttentionLayer&,
+                      const ForwardBatch&, const ForwardOptions&) override { ++extends; }
+  void forward_decode(const TensorView&, const TensorView&, const TensorView&, const TensorView&, const AttentionLayer&,
+                      const ForwardBatch&, const ForwardOptions&) override { ++decodes; }
+  mutable int checks = 0;
+  int inits = 0, extends = 0, decodes = 0;
+};
 
+TEST(HybridBackend, RoutesEachModeToItsSide) {
+  for (const char* spec_mode : {"prefill", "decode"}) {
+    auto prefill_owner = std::make_unique<RecordingBackend>();
+    auto decode_owner = std::make_unique<RecordingBackend>();
+    RecordingBackend& prefill = *prefill_owner;
+    RecordingBackend& decode = *decode_owner;
+    HybridAttentionBackend hybrid(std::move(prefill_owner), std::move(decode_owner), spec_mode);
+    const bool spec_on_decode = std::string_view(spec_mode) == "decode";
+    hybrid.check_layer(AttentionLayer{}, DType::bf16, DType::bf16);
+    EXPECT_EQ(prefill.checks, 1);
+    EXPECT_EQ(decode.checks, 1);
+    for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::MIXED, ForwardMode::DECODE, ForwardMode::TARGET_VERIFY,
+                             ForwardMode::DRAFT_EXTEND}) {
+      ForwardBatch batch;
+      batch.forward_mode = mode;
+      const int p0 = prefill.inits + prefill.extends + prefill.decodes;
+      const int d0 = decode.inits + decode.extends + decode.decodes;
+      hybrid.init_forward_metadata(batch);
+      hybrid.forward({}, {}, {}, {}, AttentionLayer{}, batch);
+      const bool to_decode = mode == ForwardMode::DECODE ||
+                             (spec_on_decode && (mode == ForwardMode::TARGET_VERIFY || mode == ForwardMode::DRAFT_EXTEND));
+      EXPECT_EQ(prefill.inits + prefill.extends + prefill.decodes - p0, to_decode ? 0 : 2) << forward_mode_name(mode);
+      EXPECT_EQ(decode.inits + decode.extends + decode.decodes - d0, to_decode ? 2 : 0) << forward_mode_name(mode);
+    }
+    EXPECT_EQ(decode.decodes, 1);
+    EXPECT_EQ(prefill.decodes, 0);
+  }
+}
+
+TEST(HybridBackend, CpuHybridMatchesCpuAndHasNoGraphs) {
+  AttentionBackendOptions o;
+  auto hybrid = make_attention_backend("hybrid", o);
   for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
     HarnessConfig c;
     c.mode = mode;
     c.requests = {{30, mode == ForwardMode::DECODE ? 1 : 9}, {4, mode == ForwardMode::DECODE ? 1 : 20}};
     AttentionHarness h(c, 99);
     auto direct = make_attention_backend("cpu", o);
-    const auto a = h.run(hybrid);
-    const auto b = h.run(*direct);
-    EXPECT_EQ(a.out, b.out);
-    EXPECT_THROW(hybrid.init_cuda_graph_state(8, 64), Error);  // neither side has graphs
+    EXPECT_EQ(h.run(*hybrid).out, h.run(*direct).out);
   }
+  EXPECT_THROW(hybrid->init_cuda_graph_state(8, 64), Error);
 }
 
 }  // namespace

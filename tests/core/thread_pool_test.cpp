@@ -37,11 +37,31 @@ TEST(ThreadPool, ExceptionReachesCaller) {
   EXPECT_EQ(count.load(), 50);  // the pool still works after an exception
 }
 
-TEST(ThreadPool, NestedParallelForRunsInline) {
-  ThreadPool pool(2);
+TEST(ThreadPool, NestedParallelForRunsInlineUnderTheSameIndex) {
+  ThreadPool pool(3);
   std::atomic<int> total{0};
-  pool.parallel_for(8, [&](int64_t, int) { pool.parallel_for(5, [&](int64_t, int) { total.fetch_add(1); }); });
+  std::atomic<int> index_mismatch{0};
+  pool.parallel_for(8, [&](int64_t, int outer) {
+    pool.parallel_for(5, [&](int64_t, int inner) {
+      total.fetch_add(1);
+      if (inner != outer) index_mismatch.fetch_add(1);
+    });
+  });
   EXPECT_EQ(total.load(), 40);
+  EXPECT_EQ(index_mismatch.load(), 0);
+}
+
+TEST(ThreadPool, NoTwoRunningItemsShareAThreadIndex) {
+  ThreadPool pool(4);
+  std::vector<std::atomic<int>> in_use(4);
+  std::atomic<int> clashes{0};
+  pool.parallel_for(400, [&](int64_t, int t) {
+    if (in_use[static_cast<size_t>(t)].fetch_add(1) != 0) clashes.fetch_add(1);
+    volatile double x = 0;
+    for (int i = 0; i < 2000; ++i) x = x + i;
+    in_use[static_cast<size_t>(t)].fetch_sub(1);
+  });
+  EXPECT_EQ(clashes.load(), 0);
 }
 
 TEST(ThreadPool, RejectsZeroThreads) { EXPECT_THROW(ThreadPool(0), Error); }

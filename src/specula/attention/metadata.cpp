@@ -27,8 +27,12 @@ PageTable build_page_table(const ReqToTokenPool& pool, std::span<const int32_t> 
     const int32_t* tokens = pool.row(req_pool_indices[i]);
     const int32_t num_pages = (kv_lens[i] + page_size - 1) / page_size;
     for (int32_t p = 0; p < num_pages; ++p) {
-      table.pages[i * static_cast<size_t>(table.max_pages) + static_cast<size_t>(p)] =
-          tokens[p * page_size] / page_size;
+      const int32_t slot = tokens[p * page_size];
+      // The first token of every page sits at the start of a real page (page 0 is padding).
+      SPECULA_CHECK(slot >= page_size && slot % page_size == 0,
+                    "request {}: token {} is at KV slot {}, which does not start a page of {} slots "
+                    "(or lies in the reserved page 0)", i, p * page_size, slot, page_size);
+      table.pages[i * static_cast<size_t>(table.max_pages) + static_cast<size_t>(p)] = slot / page_size;
     }
   }
   return table;
@@ -52,7 +56,7 @@ LocalAttentionBatches make_local_attention_virtual_batches(int attn_chunk_size,
   LocalAttentionBatches out;
   if (batch_size == 0) return out;
 
-  const int32_t max_seq_len = *std::max_element(seq_lens.begin(), seq_lens.end());
+  const int32_t max_seq_len = std::max(1, *std::max_element(seq_lens.begin(), seq_lens.end()));
   const int32_t max_seq_len_paged = (max_seq_len + page_size - 1) / page_size * page_size;
   const int32_t chunk = std::max(page_size, std::min(attn_chunk_size, max_seq_len_paged));
   out.attn_chunk_size = chunk;
@@ -61,8 +65,9 @@ LocalAttentionBatches make_local_attention_virtual_batches(int attn_chunk_size,
   for (size_t b = 0; b < batch_size; ++b) {
     const int32_t q_len = query_start_loc[b + 1] - query_start_loc[b];
     const int32_t k_len = seq_lens[b];
-    SPECULA_CHECK(q_len >= 1 && q_len <= k_len,
-                  "request {}: local attention needs 1 <= q_len ({}) <= seq_len ({})", b, q_len, k_len);
+    SPECULA_CHECK(q_len >= 0 && q_len <= k_len,
+                  "request {}: local attention needs 0 <= q_len ({}) <= seq_len ({})", b, q_len, k_len);
+    if (q_len == 0) continue;  // nothing to attend for this request in this step
     // Queries that fall in the chunk holding the first query, then whole chunks; the key range
     // of a virtual request is its chunk up to its last query.
     const int32_t first_q_pos = k_len - q_len;

@@ -102,6 +102,8 @@ int run(const Options& o) {
   std::unique_ptr<ThreadPool> own_pool;
   AttentionBackendOptions bo;
   bo.device = device;
+  SPECULA_CHECK(o.threads >= 0, "--threads {} is not valid; expected a positive count (0: default)", o.threads);
+  SPECULA_CHECK(o.min_seconds >= 0, "--min-seconds {} is not valid; expected >= 0", o.min_seconds);
   if (o.threads > 0) {
     own_pool = std::make_unique<ThreadPool>(o.threads);
     bo.thread_pool = own_pool.get();
@@ -156,7 +158,9 @@ int run(const Options& o) {
                               {"kv_gbytes_per_second", r.kv_gbps},
                               {"gflops", r.gflops}});
     }
-    std::ofstream(o.json_path) << j.dump(2) << "\n";
+    std::ofstream file(o.json_path);
+    file << j.dump(2) << "\n";
+    SPECULA_CHECK(file.good(), "--json {}: cannot write the file", o.json_path);
     fmt::print("\nwrote {}\n", o.json_path);
   }
   return 0;

@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
   } catch (const specula::Error& e) {
     std::fprintf(stderr, "specula: error: %s\n", e.what());
     return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "specula: internal error: %s\n", e.what());
+    return 1;
   }
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "specula/core/error.h"
 
@@ -148,6 +149,18 @@ const std::array<float, 256>& e5m2_table() {
   return table;
 }
 
+// float -> integer without undefined behaviour: NaN gives 0, out-of-range values saturate.
+template <typename T>
+T saturate(float value) {
+  if (std::isnan(value)) return 0;
+  constexpr double lo = static_cast<double>(std::numeric_limits<T>::min());
+  constexpr double hi = static_cast<double>(std::numeric_limits<T>::max());
+  const double v = static_cast<double>(value);
+  if (v <= lo) return std::numeric_limits<T>::min();
+  if (v >= hi) return std::numeric_limits<T>::max();
+  return static_cast<T>(v);
+}
+
 }  // namespace
 
 uint16_t float_to_f16_bits(float value) { return static_cast<uint16_t>(F16::encode(value)); }
@@ -186,9 +199,9 @@ void store_from_float(void* data, DType dtype, size_t index, float value) {
     case DType::bf16: static_cast<uint16_t*>(data)[index] = float_to_bf16_bits(value); return;
     case DType::fp8_e4m3: static_cast<uint8_t*>(data)[index] = float_to_fp8_e4m3_bits(value); return;
     case DType::fp8_e5m2: static_cast<uint8_t*>(data)[index] = float_to_fp8_e5m2_bits(value); return;
-    case DType::i32: static_cast<int32_t*>(data)[index] = static_cast<int32_t>(value); return;
-    case DType::i64: static_cast<int64_t*>(data)[index] = static_cast<int64_t>(value); return;
-    case DType::u8: static_cast<uint8_t*>(data)[index] = static_cast<uint8_t>(value); return;
+    case DType::i32: static_cast<int32_t*>(data)[index] = saturate<int32_t>(value); return;
+    case DType::i64: static_cast<int64_t*>(data)[index] = saturate<int64_t>(value); return;
+    case DType::u8: static_cast<uint8_t*>(data)[index] = saturate<uint8_t>(value); return;
   }
 }
 

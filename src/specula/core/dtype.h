@@ -59,7 +59,7 @@ inline float to_float(float v) { return v; }
 // Reads element `index` of a buffer of `dtype` as float (integers convert by value).
 float load_as_float(const void* data, DType dtype, size_t index);
 // Writes `value` as element `index` of a buffer of `dtype` (round-to-nearest-even for floats;
-// integers truncate toward zero).
+// integers truncate toward zero and saturate, NaN becomes 0).
 void store_from_float(void* data, DType dtype, size_t index, float value);
 
 // Bulk conversions, used on hot paths (cache writes, test set-up).

@@ -85,8 +85,14 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(DType dtype, Shape shape, Device device = Device::cpu());
-  Buffer(Buffer&&) noexcept = default;
-  Buffer& operator=(Buffer&&) noexcept = default;
+  // A moved-from Buffer is empty: its view no longer points at the storage it gave away.
+  Buffer(Buffer&& other) noexcept : storage_(std::move(other.storage_)), view_(other.view_) { other.view_ = {}; }
+  Buffer& operator=(Buffer&& other) noexcept {
+    storage_ = std::move(other.storage_);
+    view_ = other.view_;
+    other.view_ = {};
+    return *this;
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 

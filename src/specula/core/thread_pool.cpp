@@ -10,7 +10,11 @@
 namespace specula {
 
 namespace {
-thread_local bool t_inside_pool = false;
+// The pool whose item this thread is running (if any) and this thread's index in it: a nested
+// parallel_for on the same pool runs inline under the same index, so per-thread scratch stays
+// private to one thread.
+thread_local const ThreadPool* t_pool = nullptr;
+thread_local int t_index = 0;
 }
 
 ThreadPool::ThreadPool(int num_threads) {
@@ -43,7 +47,8 @@ void ThreadPool::run_items(int thread_index) {
 }
 
 void ThreadPool::worker_loop(int thread_index) {
-  t_inside_pool = true;
+  t_pool = this;
+  t_index = thread_index;
   uint64_t seen_generation = 0;
   for (;;) {
     {
@@ -62,7 +67,11 @@ void ThreadPool::worker_loop(int thread_index) {
 
 void ThreadPool::parallel_for(int64_t num_items, const std::function<void(int64_t, int)>& fn) {
   if (num_items <= 0) return;
-  if (workers_.empty() || num_items == 1 || t_inside_pool) {
+  if (t_pool == this) {
+    for (int64_t i = 0; i < num_items; ++i) fn(i, t_index);
+    return;
+  }
+  if (workers_.empty() || num_items == 1) {
     for (int64_t i = 0; i < num_items; ++i) fn(i, 0);
     return;
   }
@@ -77,9 +86,13 @@ void ThreadPool::parallel_for(int64_t num_items, const std::function<void(int64_
     ++generation_;
   }
   wake_.notify_all();
-  t_inside_pool = true;
+  const ThreadPool* outer_pool = t_pool;
+  const int outer_index = t_index;
+  t_pool = this;
+  t_index = 0;
   run_items(0);
-  t_inside_pool = false;
+  t_pool = outer_pool;
+  t_index = outer_index;
   std::exception_ptr error;
   {
     std::unique_lock lock(mutex_);
@@ -93,9 +106,10 @@ void ThreadPool::parallel_for(int64_t num_items, const std::function<void(int64_
 ThreadPool& default_thread_pool() {
   static ThreadPool pool([] {
     if (const char* env = std::getenv("SPECULA_NUM_THREADS")) {
-      const int n = std::atoi(env);
-      SPECULA_CHECK(n >= 1, "SPECULA_NUM_THREADS='{}' is not valid; expected a positive integer", env);
-      return n;
+      char* end = nullptr;
+      const long n = std::strtol(env, &end, 10);
+      SPECULA_CHECK(end != env && *end == '\0' && n >= 1 && n <= 4096, "SPECULA_NUM_THREADS='{}' is not valid; expected a positive integer", env);
+      return static_cast<int>(n);
     }
     const unsigned hw = std::thread::hardware_concurrency();
     return hw == 0 ? 1 : static_cast<int>(hw);

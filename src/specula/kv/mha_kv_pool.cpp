@@ -18,6 +18,8 @@ MHAKVPool::MHAKVPool(const KVPoolConfig& config) : config_(config) {
                 "KV pool sizes must be positive: num_slots {}, num_layers {}, num_kv_heads {}, "
                 "head_dim {}, v_head_dim {}", config_.num_slots, config_.num_layers,
                 config_.num_kv_heads, config_.head_dim, config_.v_head_dim);
+  SPECULA_CHECK(config_.num_slots <= INT32_MAX, "KV pool of {} slots exceeds the 32-bit slot range",
+                config_.num_slots);
   for (int l = 0; l < config_.num_layers; ++l) {
     k_.emplace_back(d, Shape{config_.num_slots, config_.num_kv_heads, config_.head_dim}, config_.device);
     v_.emplace_back(d, Shape{config_.num_slots, config_.num_kv_heads, config_.v_head_dim}, config_.device);
@@ -74,7 +76,6 @@ void write_rows(const TensorView& cache, std::span<const int32_t> loc, const Ten
   const size_t elem = dtype_size(cache.dtype());
   const size_t src_elem = dtype_size(src.dtype());
   const bool quantise = cache.dtype() == DType::fp8_e4m3;
-  const float inv_scale = 1.0f / scale;
   std::vector<float> tmp(static_cast<size_t>(row));
   for (size_t i = 0; i < loc.size(); ++i) {
     const char* src_row = static_cast<const char*>(src.data()) + static_cast<int64_t>(i) * src.stride(0) * static_cast<int64_t>(src_elem);
@@ -85,7 +86,7 @@ void write_rows(const TensorView& cache, std::span<const int32_t> loc, const Ten
     }
     convert_to_float(src_row, src.dtype(), tmp.data(), static_cast<size_t>(row));
     if (quantise) {
-      for (float& x : tmp) x = std::clamp(x * inv_scale, -kFp8E4m3Max, kFp8E4m3Max);
+      for (float& x : tmp) x = std::clamp(x / scale, -kFp8E4m3Max, kFp8E4m3Max);
     }
     convert_from_float(tmp.data(), dst, cache.dtype(), static_cast<size_t>(row));
   }
@@ -101,6 +102,7 @@ void MHAKVPool::set_kv_buffer(int layer_id, std::span<const int32_t> loc, const 
   check_shape(k, {n, config_.num_kv_heads, config_.head_dim}, "set_kv_buffer k");
   check_shape(v, {n, config_.num_kv_heads, config_.v_head_dim}, "set_kv_buffer v");
   for (const TensorView* t : {&k, &v}) {
+    check_device(*t, Device::cpu(), "set_kv_buffer input");
     SPECULA_CHECK(t->dtype() == DType::f32 || t->dtype() == DType::bf16 || t->dtype() == DType::f16,
                   "set_kv_buffer input dtype {} is not supported; supported: f32, bf16, f16",
                   dtype_name(t->dtype()));

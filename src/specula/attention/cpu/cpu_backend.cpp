@@ -96,6 +96,7 @@ void CpuAttentionBackend::check_layer(const AttentionLayer& layer, DType q_dtype
                 layer.layer_id, choice.unsupported_reason);
   SPECULA_CHECK(!layer.use_local_attention || options_.attention_chunk_size > 0,
                 "layer {} uses local attention but the backend has no attention_chunk_size", layer.layer_id);
+  layouts_.insert({layer.num_q_heads, layer.num_kv_heads, layer.use_local_attention});
 }
 
 void CpuAttentionBackend::init_forward_metadata(const ForwardBatch& batch) {
@@ -103,6 +104,7 @@ void CpuAttentionBackend::init_forward_metadata(const ForwardBatch& batch) {
   Metadata md;
   md.mode = batch.forward_mode;
   md.batch = &batch;
+  md.num_tokens = batch.num_tokens();
   if (batch.forward_mode == ForwardMode::IDLE || batch.batch_size == 0) {
     metadata_ = std::move(md);
     return;
@@ -150,6 +152,11 @@ void CpuAttentionBackend::init_forward_metadata(const ForwardBatch& batch) {
                                0});
     }
   }
+  for (const HeadLayout& layout : layouts_) {
+    const auto& [num_q_heads, num_kv_heads, local] = layout;
+    if (local && options_.attention_chunk_size == 0) continue;
+    md.plans.emplace(layout, plan_cpu_attention(local ? md.local_seqs : md.seqs, num_q_heads, num_kv_heads));
+  }
   metadata_ = std::move(md);
 }
 
@@ -171,8 +178,10 @@ void CpuAttentionBackend::forward_decode(const TensorView& q, const TensorView& 
 
 void CpuAttentionBackend::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                               const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options) {
-  SPECULA_CHECK(metadata_.batch == &batch && metadata_.mode == batch.forward_mode,
+  SPECULA_CHECK(metadata_.batch == &batch && metadata_.mode == batch.forward_mode &&
+                    metadata_.num_tokens == batch.num_tokens(),
                 "init_forward_metadata was not called for this batch before forward");
+  if (batch.batch_size == 0) return;
   MHAKVPool& pool = *batch.token_to_kv_pool;
   check_layer(layer, q.dtype(), pool.dtype());
   const int64_t n = batch.num_tokens();
@@ -232,11 +241,10 @@ void CpuAttentionBackend::run(const TensorView& q, const TensorView& k, const Te
   p.sinks = layer.sinks.empty() ? nullptr : layer.sinks.data();
   p.custom_mask = custom ? batch.spec_info->custom_mask.data() : nullptr;
 
-  const auto key = std::make_tuple(layer.num_q_heads, layer.num_kv_heads, local);
-  auto it = metadata_.plans.find(key);
-  if (it == metadata_.plans.end()) {
-    it = metadata_.plans.emplace(key, plan_cpu_attention(seqs, layer.num_q_heads, layer.num_kv_heads)).first;
-  }
+  const auto it = metadata_.plans.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, local});
+  SPECULA_CHECK(it != metadata_.plans.end(),
+                "layer {} ({} query / {} KV heads) was not passed to check_layer before init_forward_metadata",
+                layer.layer_id, layer.num_q_heads, layer.num_kv_heads);
   run_cpu_attention(isa_, p, seqs, it->second, scratch_, *pool_);
 }
 

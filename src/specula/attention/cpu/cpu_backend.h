@@ -6,6 +6,8 @@
 #pragma once
 
 #include <map>
+#include <set>
+#include <tuple>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +47,8 @@ class CpuAttentionBackend final : public AttentionBackend {
   CpuIsa isa() const { return isa_; }
 
  private:
+  using HeadLayout = std::tuple<int, int, bool>;
+
   struct Metadata {
     ForwardMode mode = ForwardMode::IDLE;
     const ForwardBatch* batch = nullptr;
@@ -52,9 +56,10 @@ class CpuAttentionBackend final : public AttentionBackend {
     std::vector<CpuAttentionSeq> seqs;        // one per request
     std::vector<int32_t> local_page_storage;  // block_table_local
     std::vector<CpuAttentionSeq> local_seqs;  // one per local-attention virtual request
-    // Plans depend on the head layout; built on first use in the step, keyed by
-    // (num_q_heads, num_kv_heads, local), and reused by every later layer.
-    std::map<std::tuple<int, int, bool>, CpuAttentionPlan> plans;
+    int64_t num_tokens = 0;
+    // One plan per head layout (num_q_heads, num_kv_heads, local) that check_layer has seen,
+    // built here once per step and shared by every layer with that layout.
+    std::map<HeadLayout, CpuAttentionPlan> plans;
   };
 
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -64,6 +69,8 @@ class CpuAttentionBackend final : public AttentionBackend {
   ThreadPool* pool_;
   CpuIsa isa_;
   Metadata metadata_;
+  // Head layouts of the layers this backend serves, recorded by check_layer at start-up.
+  mutable std::set<HeadLayout> layouts_;
   std::vector<CpuAttentionScratch> scratch_;
 };
 

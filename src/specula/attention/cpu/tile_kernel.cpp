@@ -58,6 +58,10 @@ void run_cpu_attention(CpuIsa isa, const CpuAttentionParams& params, std::span<c
   SPECULA_CHECK(isa == CpuIsa::generic || best_cpu_isa() == CpuIsa::avx512,
                 "the avx512 CPU kernel was requested but this processor lacks AVX-512");
   if (scratch.size() < static_cast<size_t>(pool.num_threads())) scratch.resize(static_cast<size_t>(pool.num_threads()));
+  const size_t need = cpu_attention_scratch_floats(params.head_dim, params.v_head_dim, plan.lanes);
+  for (auto& s : scratch) {
+    if (s.buffer.size() < need) s.buffer.resize(need);
+  }
   auto* run_item = isa == CpuIsa::avx512 ? &cpu_avx512::run_item : &cpu_generic::run_item;
   pool.parallel_for(static_cast<int64_t>(plan.items.size()), [&](int64_t i, int thread) {
     const CpuWorkItem& item = plan.items[static_cast<size_t>(i)];

@@ -74,10 +74,19 @@ struct CpuAttentionPlan {
 // evenly.
 CpuAttentionPlan plan_cpu_attention(std::span<const CpuAttentionSeq> seqs, int num_q_heads, int num_kv_heads);
 
-// Per-thread scratch, grown on demand and reused across calls.
+// Keys per K/V tile of the online softmax.
+inline constexpr int kCpuTileKeys = 32;
+
+// Per-thread scratch, sized by run_cpu_attention before the kernel runs (the kernel itself never
+// allocates: the AVX-512 translation unit must not instantiate library templates, whose weak
+// copies the linker could pick for callers on processors without AVX-512).
 struct CpuAttentionScratch {
   std::vector<float> buffer;
 };
+inline size_t cpu_attention_scratch_floats(int head_dim, int v_head_dim, int lanes) {
+  return static_cast<size_t>(head_dim * lanes + kCpuTileKeys * head_dim + kCpuTileKeys * v_head_dim +
+                             kCpuTileKeys * lanes + v_head_dim * lanes);
+}
 
 enum class CpuIsa : uint8_t { generic, avx512 };
 CpuIsa best_cpu_isa();              // avx512 when the processor has AVX-512F

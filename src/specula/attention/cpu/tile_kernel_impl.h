@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "specula/attention/cpu/tile_kernel.h"
+#include "specula/core/error.h"
 
 #ifndef SPECULA_CPU_ISA_NS
 #error "define SPECULA_CPU_ISA_NS before including tile_kernel_impl.h"
@@ -25,7 +26,7 @@
 namespace specula::SPECULA_CPU_ISA_NS {
 namespace {
 
-constexpr int kTileKeys = 32;
+constexpr int kTileKeys = kCpuTileKeys;
 
 // W floats as one value (GCC/Clang vector extension): each lane loop below is then exactly one
 // vector instruction per step on AVX-512 (W = 16: one zmm; W = 8: one ymm) and a short sequence
@@ -55,8 +56,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // exp(x) to ~2 ulp, branch-free so lane loops vectorise; exactly 0 for x < -87 (masked scores
 // are -inf and must contribute exactly nothing).
+// NaN propagates (a NaN score must show up in the output, as in the reference).
 inline float fast_exp(float x) {
-  const float xc = std::min(std::max(x, -87.0f), 88.0f);
+  const float xc = x > -87.0f ? (x < 88.0f ? x : 88.0f) : -87.0f;  // NaN -> -87: no UB below
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   // Cody-Waite: ln2 split so n * kLn2Hi is exact.
   const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
@@ -69,7 +71,8 @@ inline float fast_exp(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x < -87.0f ? 0.0f : p * two_n;
+  const float result = x < -87.0f ? 0.0f : p * two_n;
+  return x != x ? x : result;
 }
 
 // f16 -> f32 without branches: shifting the exponent/mantissa into float position and scaling
@@ -131,8 +134,9 @@ void attend(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const CpuWo
   const int group = p.num_q_heads / p.num_kv_heads;
   const int rows = item.q_count * item.num_heads;
 
-  const size_t need = static_cast<size_t>(D * W + kTileKeys * D + kTileKeys * Dv + kTileKeys * W + Dv * W);
-  if (scratch.buffer.size() < need) scratch.buffer.resize(need);
+  // Preconditions the planner and run_cpu_attention establish.
+  SPECULA_ASSERT(rows >= 1 && rows <= W);
+  SPECULA_ASSERT(scratch.buffer.size() >= cpu_attention_scratch_floats(D, Dv, W));
   float* qt = scratch.buffer.data();
   float* kf = qt + D * W;
   float* vf = kf + kTileKeys * D;
@@ -155,7 +159,7 @@ void attend(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const CpuWo
       qt[d * W + r] = r < rows ? load_as_float(p.q, p.q_dtype, base + static_cast<size_t>(d)) * p.scale : 0.0f;
     }
   }
-  std::fill(ot, ot + Dv * W, 0.0f);
+  for (int i = 0; i < Dv * W; ++i) ot[i] = 0.0f;
   float m[W];
   float l[W];
   for (int r = 0; r < W; ++r) {
