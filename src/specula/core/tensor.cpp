@@ -4,9 +4,15 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <sys/mman.h>
+
 #include "specula/core/device_memory.h"
 
 namespace specula {
+
+namespace {
+constexpr size_t kHugePageBytes = size_t{2} << 20;
+}  // namespace
 
 Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
 
@@ -124,10 +130,14 @@ Buffer::Buffer(DType dtype, Shape shape, Device device) {
   const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   void* p = nullptr;
   if (device.is_cpu()) {
-    // aligned_alloc needs a size that is a multiple of the alignment; never zero so that an
-    // empty Buffer still has a distinct, valid pointer.
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    // Large buffers (KV caches, weights) are 2 MiB aligned and asked to be backed by huge
+    // pages: attention reads KV rows scattered over pages, and with 4 KiB pages nearly every
+    // row is a TLB miss. aligned_alloc needs a size that is a multiple of the alignment; never
+    // zero, so that an empty Buffer still has a distinct, valid pointer.
+    const size_t alignment = bytes >= kHugePageBytes ? kHugePageBytes : 64;
+    const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+    if (p != nullptr && alignment == kHugePageBytes) madvise(p, rounded, MADV_HUGEPAGE);
     SPECULA_CHECK(p != nullptr, "out of host memory allocating {} bytes for {}{}", bytes,
                   dtype_name(dtype), shape.str());
   } else {

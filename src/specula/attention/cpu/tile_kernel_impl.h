@@ -189,6 +189,17 @@ void attend(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const CpuWo
       const int64_t row = slot * kv_row + item.kv_head;
       load_row(k_base + static_cast<size_t>(row * D) * kv_elem, p.kv_dtype, D, p.k_descale, kf + jj * D);
       load_row(v_base + static_cast<size_t>(row * Dv) * kv_elem, p.kv_dtype, Dv, p.v_descale, vf + jj * Dv);
+      // Rows of one KV head are num_kv_heads rows apart and pages are scattered, so the hardware
+      // prefetcher cannot see the stream: ask for the same key of the next tile now.
+      const int ahead = j + kTileKeys;
+      if (ahead < kv_end) {
+        const int64_t slot_a = static_cast<int64_t>(seq.pages[ahead / p.page_size]) * p.page_size + ahead % p.page_size;
+        const int64_t row_a = slot_a * kv_row + item.kv_head;
+        const char* ka = k_base + static_cast<size_t>(row_a * D) * kv_elem;
+        const char* va = v_base + static_cast<size_t>(row_a * Dv) * kv_elem;
+        for (size_t off = 0; off < static_cast<size_t>(D) * kv_elem; off += 64) __builtin_prefetch(ka + off);
+        for (size_t off = 0; off < static_cast<size_t>(Dv) * kv_elem; off += 64) __builtin_prefetch(va + off);
+      }
     }
 
     // s[jj][:] = K[jj] . Q^T, four keys at a time so each qt row load feeds four FMAs.
