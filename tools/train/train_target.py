@@ -38,7 +38,7 @@ def parse():
     ap.add_argument("--corpus", default=".corpus")
     ap.add_argument("--out", default=".ckpt/target")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=3600)
+    ap.add_argument("--steps", type=int, default=8200)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=3e-3)
