@@ -25,7 +25,9 @@ TEST_P(Allocator, ExtendFillsLastPageThenNewPages) {
   std::vector<int32_t> r0(first->begin(), first->begin() + len0);
   for (int t = 0; t < len0; ++t) {
     EXPECT_EQ(r0[static_cast<size_t>(t)] % ps, t % ps) << "token " << t << " not at its page offset";
-    if (t % ps != 0) EXPECT_EQ(r0[static_cast<size_t>(t)], r0[static_cast<size_t>(t - 1)] + 1);
+    if (t % ps != 0) {
+      EXPECT_EQ(r0[static_cast<size_t>(t)], r0[static_cast<size_t>(t - 1)] + 1);
+    }
     EXPECT_GE(r0[static_cast<size_t>(t)], ps) << "page 0 is reserved";
   }
   // Extend request 0 by 1.5 pages from its partially filled last page.
@@ -38,7 +40,9 @@ TEST_P(Allocator, ExtendFillsLastPageThenNewPages) {
     const int t = len0 + i;
     const int32_t slot = (*second)[static_cast<size_t>(i)];
     EXPECT_EQ(slot % ps, t % ps);
-    if (t % ps != 0) EXPECT_EQ(slot, prev + 1) << "token " << t << " must continue its page";
+    if (t % ps != 0) {
+      EXPECT_EQ(slot, prev + 1) << "token " << t << " must continue its page";
+    }
     prev = slot;
   }
 }

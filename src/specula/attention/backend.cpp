@@ -6,6 +6,9 @@
 #include <cmath>
 
 #include "specula/attention/cpu/cpu_backend.h"
+#ifdef SPECULA_HAS_CUDA
+#include "specula/attention/cuda/cuda_backend.h"
+#endif
 #include "specula/attention/hybrid_backend.h"
 #include "specula/core/error.h"
 
@@ -35,11 +38,20 @@ void AttentionBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatc
   SPECULA_CHECK(false, "attention backend '{}' does not support CUDA graphs", name());
 }
 
-std::vector<std::string> attention_backend_names() { return {"cpu", "hybrid"}; }
+std::vector<std::string> attention_backend_names() {
+#ifdef SPECULA_HAS_CUDA
+  return {"cpu", "cuda", "hybrid"};
+#else
+  return {"cpu", "hybrid"};
+#endif
+}
 
 std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name,
                                                          const AttentionBackendOptions& options) {
   if (name == "cpu") return std::make_unique<CpuAttentionBackend>(options);
+#ifdef SPECULA_HAS_CUDA
+  if (name == "cuda") return std::make_unique<CudaAttentionBackend>(options);
+#endif
   if (name == "hybrid") {
     SPECULA_CHECK(options.prefill_backend != "hybrid" && options.decode_backend != "hybrid",
                   "a hybrid backend cannot contain another hybrid backend");

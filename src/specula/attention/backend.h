@@ -63,6 +63,10 @@ struct AttentionBackendOptions {
   std::string decode_backend = "cpu";
   // "hybrid": which side serves TARGET_VERIFY and DRAFT_EXTEND ("prefill" or "decode").
   std::string speculative_attention_mode = "prefill";
+  // "cuda": the cudaStream_t to run on (nullptr: the legacy default stream; CUDA-graph capture
+  // needs a real stream) and the longest context a request may have (sizes graph buffers).
+  void* cuda_stream = nullptr;
+  int max_context_len = 0;
 };
 
 class AttentionBackend {

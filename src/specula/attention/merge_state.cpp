@@ -6,10 +6,15 @@
 #include <limits>
 #include <vector>
 
+#ifdef SPECULA_HAS_CUDA
+#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/attention/cuda/kernels/merge_state.h"
+#endif
+
 namespace specula {
 
 void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
-                 const TensorView& v_out, const TensorView& s_out) {
+                 const TensorView& v_out, const TensorView& s_out, void* cuda_stream) {
   SPECULA_CHECK(v_a.rank() == 3, "merge_state: v_a {} must be [num_tokens, num_heads, head_dim]", v_a.str());
   const int64_t n = v_a.size(0), h = v_a.size(1), d = v_a.size(2);
   check_shape(v_b, v_a.shape(), "merge_state v_b");
@@ -19,11 +24,31 @@ void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView&
     check_dtype(*s, DType::f32, "merge_state lse");
     SPECULA_CHECK(s->is_contiguous(), "merge_state lse {} must be contiguous", s->str());
   }
+  const Device device = v_a.device();
+  for (const TensorView* t : {&v_b, &v_out, &s_a, &s_b, &s_out}) check_device(*t, device, "merge_state input");
   for (const TensorView* v : {&v_a, &v_b, &v_out}) {
-    SPECULA_CHECK(v->is_contiguous() && v->device().is_cpu(), "merge_state: {} must be contiguous on cpu", v->str());
+    SPECULA_CHECK(v->is_contiguous() && v->dtype() == v_a.dtype(), "merge_state: {} must be contiguous and of one dtype",
+                  v->str());
     SPECULA_CHECK(v->dtype() == DType::f32 || v->dtype() == DType::bf16 || v->dtype() == DType::f16,
                   "merge_state value dtype {} is not supported; supported: f32, bf16, f16", dtype_name(v->dtype()));
   }
+  if (device.is_cuda()) {
+#ifdef SPECULA_HAS_CUDA
+    cuda_kernels::MergeStateParams p{};
+    p.v_a = v_a.data();
+    p.s_a = s_a.data_as<const float>();
+    p.v_b = v_b.data();
+    p.s_b = s_b.data_as<const float>();
+    p.v_out = v_out.data();
+    p.s_out = s_out.data_as<float>();
+    p.dtype = v_a.dtype() == DType::f32 ? cuda_kernels::kF32 : v_a.dtype() == DType::f16 ? cuda_kernels::kF16 : cuda_kernels::kBF16;
+    p.num_rows = n * h;
+    p.head_dim = static_cast<int32_t>(d);
+    cuda_kernels::launch_merge_state(p, static_cast<cudaStream_t>(cuda_stream));
+    return;
+#endif
+  }
+  (void)cuda_stream;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   std::vector<float> a(static_cast<size_t>(d)), b(static_cast<size_t>(d));
   for (int64_t row = 0; row < n * h; ++row) {

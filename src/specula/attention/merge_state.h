@@ -11,7 +11,8 @@
 
 namespace specula {
 
+// All six on the CPU, or all on one CUDA device (runs on cuda_stream, a cudaStream_t).
 void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b, const TensorView& s_b,
-                 const TensorView& v_out, const TensorView& s_out);
+                 const TensorView& v_out, const TensorView& s_out, void* cuda_stream = nullptr);
 
 }  // namespace specula

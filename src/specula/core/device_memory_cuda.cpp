@@ -3,6 +3,7 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/device_memory.h"
+#include "specula/core/error.h"
 
 namespace specula {
 

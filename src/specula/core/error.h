@@ -5,31 +5,17 @@
 
 #include <fmt/format.h>
 
-#include <stdexcept>
 #include <string>
 
-namespace specula {
+#include "specula/core/error_base.h"
 
-// Thrown for bad input or an unsupported request; what() is one line naming the value and what
-// is allowed.
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
-};
-
-namespace detail {
-[[noreturn]] void throw_check_failure(const char* file, int line, const std::string& message);
-[[noreturn]] void assert_failure(const char* file, int line, const char* condition,
-                                 const std::string& message);
-
+namespace specula::detail {
 inline std::string format_message() { return {}; }
 template <typename... Args>
 std::string format_message(fmt::format_string<Args...> format, Args&&... args) {
   return fmt::format(format, std::forward<Args>(args)...);
 }
-}  // namespace detail
-
-}  // namespace specula
+}  // namespace specula::detail
 
 // SPECULA_CHECK(cond, "head_dim {} is not supported; supported: {}", head_dim, list)
 #define SPECULA_CHECK(cond, ...)                                                               \

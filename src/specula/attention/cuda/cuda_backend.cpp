@@ -1,0 +1,486 @@
+// CudaAttentionBackend: host-side planning once per step (sequence descriptors, page table,
+// prefill work items, local-attention virtual batches, decode split counts), uploads into
+// device buffers that grow on demand (and are frozen in CUDA-graph mode so captured kernels
+// keep valid pointers), the KV write, and the kernel launches.
+#include "specula/attention/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "specula/attention/cuda/kernels/attention_params.h"
+#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/core/cuda_check.h"
+#include "specula/core/error.h"
+#include "specula/kv/cuda/set_kv_buffer.h"
+#include "specula/kv/mha_kv_pool.h"
+#include "specula/kv/req_to_token_pool.h"
+
+namespace specula {
+
+namespace {
+
+namespace ck = cuda_kernels;
+
+constexpr int kSupportedHeadDims[] = {64, 80, 96, 128, 256};
+constexpr int kMaxDecodeHeads = 8;  // query heads per decode block (decode.cu)
+
+int dtype_code(DType d) {
+  switch (d) {
+    case DType::f32: return ck::kF32;
+    case DType::f16: return ck::kF16;
+    case DType::bf16: return ck::kBF16;
+    case DType::fp8_e4m3: return ck::kFp8E4m3;
+    default: return -1;
+  }
+}
+
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, int32_t>) return DType::i32;
+  if constexpr (std::is_same_v<T, int64_t>) return DType::i64;
+  if constexpr (std::is_same_v<T, uint8_t>) return DType::u8;
+  return DType::f32;
+}
+
+// A device array that grows on demand; once frozen (CUDA-graph mode) it never moves.
+template <typename T>
+class DeviceArray {
+ public:
+  T* data() const { return buffer_.data_as<T>(); }
+  void reserve(size_t n, Device device) {
+    if (n <= capacity_ && buffer_.data() != nullptr) return;
+    SPECULA_CHECK(!frozen_, "CUDA-graph metadata needs {} entries but was sized for {} at init_cuda_graph_state", n,
+                  capacity_);
+    buffer_ = Buffer(dtype_of<T>(), {static_cast<int64_t>(std::max<size_t>(n, 1))}, device);
+    capacity_ = std::max<size_t>(n, 1);
+  }
+  void upload(const std::vector<T>& host, Device device, cudaStream_t stream) {
+    reserve(host.size(), device);
+    if (!host.empty()) {
+      CUDA_CHECK(cudaMemcpyAsync(data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+    }
+  }
+  void freeze() { frozen_ = true; }
+
+ private:
+  Buffer buffer_;
+  size_t capacity_ = 0;
+  bool frozen_ = false;
+};
+
+int head_blocks(int num_q_heads, int num_kv_heads) {
+  const int group = num_q_heads / num_kv_heads;
+  const int heads = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxDecodeHeads;
+  return (group + heads - 1) / heads;
+}
+
+}  // namespace
+
+std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType q_dtype, DType kv_dtype, int page_size) {
+  if (std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), layer.head_dim) == std::end(kSupportedHeadDims)) {
+    return fmt::format("head_dim {} is not supported; supported: {}", layer.head_dim, fmt::join(kSupportedHeadDims, ", "));
+  }
+  if (layer.effective_v_head_dim() != layer.head_dim) {
+    return fmt::format("v_head_dim {} differs from head_dim {}; the cuda backend needs them equal",
+                       layer.effective_v_head_dim(), layer.head_dim);
+  }
+  if (layer.num_q_heads < 1 || layer.num_kv_heads < 1 || layer.num_q_heads % layer.num_kv_heads != 0) {
+    return fmt::format("num_q_heads {} must be a positive multiple of num_kv_heads {}", layer.num_q_heads,
+                       layer.num_kv_heads);
+  }
+  if (q_dtype != DType::bf16 && q_dtype != DType::f16) {
+    return fmt::format("query dtype {} is not supported; supported: bf16, f16", dtype_name(q_dtype));
+  }
+  if (kv_dtype != DType::bf16 && kv_dtype != DType::f16 && kv_dtype != DType::fp8_e4m3) {
+    return fmt::format("KV cache dtype {} is not supported; supported: bf16, f16, fp8_e4m3", dtype_name(kv_dtype));
+  }
+  if (page_size < 1 || (page_size & (page_size - 1)) != 0) {
+    return fmt::format("page_size {} is not supported; it must be a power of two >= 1", page_size);
+  }
+  if (!layer.sinks.empty() && static_cast<int>(layer.sinks.size()) != layer.num_q_heads) {
+    return fmt::format("sinks has {} entries; expected one per query head ({})", layer.sinks.size(), layer.num_q_heads);
+  }
+  if (layer.sliding_window_size < -1) {
+    return fmt::format("sliding_window_size {} is not valid; expected -1 (none) or >= 0", layer.sliding_window_size);
+  }
+  if (layer.logit_cap < 0.0f) return fmt::format("logit_cap {} must be >= 0", layer.logit_cap);
+  return {};
+}
+
+int choose_decode_splits(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms) {
+  const int64_t blocks = static_cast<int64_t>(batch_size) * kv_head_blocks;
+  if (blocks <= 0 || blocks >= num_sms) return 1;
+  const int64_t want = (2 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
+  const int64_t by_length = std::max<int64_t>(1, (max_kv_len + 255) / 256);
+  return static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, 64));
+}
+
+struct CudaAttentionBackend::State {
+  Device device;
+  cudaStream_t stream = nullptr;
+
+  ForwardMode mode = ForwardMode::IDLE;
+  const ForwardBatch* batch = nullptr;
+  int64_t num_tokens = 0;
+  int num_seqs = 0;
+  int page_table_stride = 0;
+  int max_kv_len = 0;
+  int num_items = 0;
+  int local_num_seqs = 0;
+  int local_stride = 0;
+  int local_num_items = 0;
+  bool has_custom_mask = false;
+  std::map<HeadLayout, int> splits;
+
+  // Per-step arrays every mode uses: one set for eager steps (grows freely) and one for CUDA
+  // graphs (sized once, frozen, so captured kernels keep valid pointers).
+  struct StepArrays {
+    DeviceArray<int32_t> cu_q, kv_lens, pages, out_loc;
+    DeviceArray<float> partial_out, partial_lse;
+  };
+  StepArrays eager;
+  StepArrays graph;
+  StepArrays* active = &eager;
+  DeviceArray<int32_t> items, local_cu_q, local_kv_lens, local_pages, local_items;
+  DeviceArray<int64_t> mask_offsets;
+  DeviceArray<uint8_t> custom_mask;
+  // Sinks per layer id, uploaded once (and again only if the values change).
+  std::map<int, std::pair<std::vector<float>, Buffer>> sinks;
+
+  bool graph_mode = false;
+  int graph_max_bs = 0;
+  int graph_pages_stride = 0;
+  int max_q_heads = 0;
+  int max_head_dim = 0;
+};
+
+CudaAttentionBackend::CudaAttentionBackend(const AttentionBackendOptions& options)
+    : options_(options), state_(new State) {
+  SPECULA_CHECK(options.device.is_cuda(), "the cuda attention backend needs a CUDA device, not {}",
+                options.device.str());
+  SPECULA_CHECK(cuda_available(), "the cuda attention backend was requested, but no CUDA device is visible");
+  SPECULA_CHECK(options.page_size >= 1 && (options.page_size & (options.page_size - 1)) == 0,
+                "page_size {} is not valid; it must be a power of two >= 1", options.page_size);
+  SPECULA_CHECK(options.attention_chunk_size == 0 || options.attention_chunk_size % options.page_size == 0,
+                "attention_chunk_size {} is not valid; it must be a multiple of page_size {}",
+                options.attention_chunk_size, options.page_size);
+  state_->device = options.device;
+  state_->stream = static_cast<cudaStream_t>(options.cuda_stream);
+  CUDA_CHECK(cudaSetDevice(options.device.index));
+  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options.device.index));
+}
+
+CudaAttentionBackend::~CudaAttentionBackend() { delete state_; }
+
+void CudaAttentionBackend::check_layer(const AttentionLayer& layer, DType q_dtype, DType kv_dtype) const {
+  const std::string reason = cuda_attention_unsupported_reason(layer, q_dtype, kv_dtype, options_.page_size);
+  SPECULA_CHECK(reason.empty(), "cuda attention backend cannot serve layer {}: {}", layer.layer_id, reason);
+  SPECULA_CHECK(!layer.use_local_attention || options_.attention_chunk_size > 0,
+                "layer {} uses local attention but the backend has no attention_chunk_size", layer.layer_id);
+  layouts_.insert({layer.num_q_heads, layer.num_kv_heads, layer.use_local_attention});
+  state_->max_q_heads = std::max(state_->max_q_heads, layer.num_q_heads);
+  state_->max_head_dim = std::max(state_->max_head_dim, layer.head_dim);
+}
+
+void CudaAttentionBackend::init_forward_metadata(const ForwardBatch& batch) { build_metadata(batch, false); }
+
+void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph) {
+  State& st = *state_;
+  batch.validate();
+  SPECULA_CHECK(!graph || batch.forward_mode == ForwardMode::DECODE,
+                "CUDA graphs of the cuda attention backend cover DECODE steps; got {}", forward_mode_name(batch.forward_mode));
+  st.active = graph ? &st.graph : &st.eager;
+  State::StepArrays& arrays = *st.active;
+  st.mode = batch.forward_mode;
+  st.batch = &batch;
+  st.num_tokens = batch.num_tokens();
+  st.num_seqs = batch.batch_size;
+  st.num_items = 0;
+  st.local_num_seqs = 0;
+  st.local_num_items = 0;
+  st.has_custom_mask = false;
+  st.splits.clear();
+  if (batch.forward_mode == ForwardMode::IDLE || batch.batch_size == 0) return;
+  SPECULA_CHECK(batch.req_to_token_pool != nullptr && batch.token_to_kv_pool != nullptr,
+                "the batch has no req_to_token_pool or KV pool");
+  SPECULA_CHECK(batch.token_to_kv_pool->config().device == options_.device, "the KV pool is on {}, the backend on {}",
+                batch.token_to_kv_pool->config().device.str(), options_.device.str());
+
+  const int bs = batch.batch_size;
+  const int page_size = options_.page_size;
+  std::vector<int32_t> kv_lens(static_cast<size_t>(bs)), q_lens(static_cast<size_t>(bs));
+  for (int i = 0; i < bs; ++i) {
+    kv_lens[static_cast<size_t>(i)] = batch.kv_len(i);
+    q_lens[static_cast<size_t>(i)] = batch.query_len(i);
+  }
+  st.max_kv_len = *std::max_element(kv_lens.begin(), kv_lens.end());
+  const PageTable table = build_page_table(*batch.req_to_token_pool, batch.req_pool_indices, kv_lens, page_size);
+  const int64_t num_slots = batch.token_to_kv_pool->num_slots();
+  for (int32_t page : table.pages) {
+    SPECULA_CHECK(page >= 0 && (static_cast<int64_t>(page) + 1) * page_size <= num_slots,
+                  "page id {} lies outside the KV pool of {} slots", page, num_slots);
+  }
+  std::vector<int32_t> pages;
+  if (graph) {
+    SPECULA_CHECK(bs <= st.graph_max_bs, "batch of {} exceeds the CUDA-graph max_bs {}", bs, st.graph_max_bs);
+    SPECULA_CHECK(table.max_pages <= st.graph_pages_stride,
+                  "a request of {} tokens exceeds max_context_len {} given for CUDA graphs", st.max_kv_len,
+                  options_.max_context_len);
+    st.page_table_stride = st.graph_pages_stride;
+    pages.assign(static_cast<size_t>(bs) * st.page_table_stride, 0);
+    for (int i = 0; i < bs; ++i) {
+      std::copy(table.row(i), table.row(i) + table.max_pages, pages.begin() + static_cast<int64_t>(i) * st.page_table_stride);
+    }
+  } else {
+    st.page_table_stride = table.max_pages;
+    pages = table.pages;
+  }
+  const std::vector<int32_t> cu_q = cumulative_lens(q_lens);
+  arrays.cu_q.upload(cu_q, st.device, st.stream);
+  arrays.kv_lens.upload(kv_lens, st.device, st.stream);
+  arrays.pages.upload(pages, st.device, st.stream);
+  arrays.out_loc.upload(batch.out_cache_loc, st.device, st.stream);
+
+  if (batch.forward_mode == ForwardMode::DECODE) {
+    const int len_for_plan = graph ? options_.max_context_len : st.max_kv_len;
+    int max_splits = 1;
+    for (const HeadLayout& layout : layouts_) {
+      const auto& [hq, hkv, local] = layout;
+      const int splits = choose_decode_splits(bs, hkv * head_blocks(hq, hkv), len_for_plan, num_sms_);
+      st.splits[layout] = splits;
+      max_splits = std::max(max_splits, splits);
+    }
+    if (max_splits > 1) {
+      const size_t rows = static_cast<size_t>(max_splits) * static_cast<size_t>(st.num_tokens) * st.max_q_heads;
+      arrays.partial_lse.reserve(rows, st.device);
+      arrays.partial_out.reserve(rows * st.max_head_dim, st.device);
+    }
+    return;
+  }
+
+  // Extend-like modes: tiles of kPrefillTileRows query rows.
+  std::vector<int32_t> items;
+  for (int i = 0; i < bs; ++i) {
+    for (int q = 0; q < q_lens[static_cast<size_t>(i)]; q += ck::kPrefillTileRows) {
+      items.push_back(i);
+      items.push_back(q);
+    }
+  }
+  st.num_items = static_cast<int>(items.size() / 2);
+  st.items.upload(items, st.device, st.stream);
+  if (batch.forward_mode == ForwardMode::TARGET_VERIFY && !batch.spec_info->custom_mask.empty()) {
+    std::vector<int64_t> offsets(static_cast<size_t>(bs));
+    int64_t offset = 0;
+    for (int i = 0; i < bs; ++i) {
+      offsets[static_cast<size_t>(i)] = offset;
+      offset += static_cast<int64_t>(q_lens[static_cast<size_t>(i)]) * kv_lens[static_cast<size_t>(i)];
+    }
+    st.mask_offsets.upload(offsets, st.device, st.stream);
+    st.custom_mask.upload(batch.spec_info->custom_mask, st.device, st.stream);
+    st.has_custom_mask = true;
+  }
+  if (options_.attention_chunk_size > 0) {
+    const LocalAttentionBatches local = make_local_attention_virtual_batches(
+        options_.attention_chunk_size, cu_q, kv_lens, table.pages, table.max_pages, page_size);
+    std::vector<int32_t> local_items;
+    for (int v = 0; v < local.num_virtual(); ++v) {
+      for (int q = 0; q < local.seqlens_q_local[static_cast<size_t>(v)]; q += ck::kPrefillTileRows) {
+        local_items.push_back(v);
+        local_items.push_back(q);
+      }
+    }
+    st.local_num_seqs = local.num_virtual();
+    st.local_stride = local.pages_per_local_batch;
+    st.local_num_items = static_cast<int>(local_items.size() / 2);
+    st.local_cu_q.upload(local.cu_seqlens_q_local, st.device, st.stream);
+    st.local_kv_lens.upload(local.seqlens_k_local, st.device, st.stream);
+    st.local_pages.upload(local.block_table_local, st.device, st.stream);
+    st.local_items.upload(local_items, st.device, st.stream);
+  }
+}
+
+void CudaAttentionBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                                          const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
+                                          const ForwardOptions& options) {
+  SPECULA_CHECK(is_extend_like(batch.forward_mode), "forward_extend called for a {} batch",
+                forward_mode_name(batch.forward_mode));
+  run(q, k, v, out, layer, batch, options);
+}
+
+void CudaAttentionBackend::forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                                          const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
+                                          const ForwardOptions& options) {
+  SPECULA_CHECK(batch.forward_mode == ForwardMode::DECODE, "forward_decode called for a {} batch",
+                forward_mode_name(batch.forward_mode));
+  run(q, k, v, out, layer, batch, options);
+}
+
+void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                               const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options) {
+  State& st = *state_;
+  SPECULA_CHECK(st.batch == &batch && st.mode == batch.forward_mode && st.num_tokens == batch.num_tokens(),
+                "init_forward_metadata was not called for this batch before forward");
+  if (batch.batch_size == 0 || st.num_tokens == 0) return;
+  MHAKVPool& pool = *batch.token_to_kv_pool;
+  check_layer(layer, q.dtype(), pool.dtype());
+  const int64_t n = st.num_tokens;
+  check_shape(q, {n, layer.num_q_heads, layer.head_dim}, "q");
+  check_shape(out, {n, layer.num_q_heads, layer.head_dim}, "attention output");
+  check_dtype(out, q.dtype(), "attention output");
+  for (const TensorView* t : {&q, &out}) {
+    check_device(*t, options_.device, "q / attention output");
+    SPECULA_CHECK(t->stride(2) == 1 && t->stride(1) % 8 == 0 && t->stride(0) % 8 == 0,
+                  "{} needs contiguous head_dim and strides that are multiples of 8", t->str());
+  }
+  SPECULA_CHECK(pool.config().num_kv_heads == layer.num_kv_heads && pool.config().head_dim == layer.head_dim,
+                "layer {} has {} KV heads of dim {}, but the KV pool holds {} heads of dim {}", layer.layer_id,
+                layer.num_kv_heads, layer.head_dim, pool.config().num_kv_heads, pool.config().head_dim);
+  if (options.lse.defined()) {
+    check_shape(options.lse, {n, layer.num_q_heads}, "lse");
+    check_dtype(options.lse, DType::f32, "lse");
+    check_device(options.lse, options_.device, "lse");
+    SPECULA_CHECK(options.lse.stride(1) == 1, "lse {} needs contiguous heads", options.lse.str());
+  }
+  const bool fp8 = pool.dtype() == DType::fp8_e4m3;
+  if (options.save_kv_cache) {
+    for (const TensorView* t : {&k, &v}) {
+      check_shape(*t, {n, layer.num_kv_heads, layer.head_dim}, "k / v");
+      check_device(*t, options_.device, "k / v");
+      SPECULA_CHECK(t->stride(2) == 1 && t->stride(1) == layer.head_dim, "k / v {} needs contiguous rows", t->str());
+    }
+    ck::SetKVParams kv{};
+    kv.k = k.data();
+    kv.v = v.data();
+    kv.k_stride = k.stride(0);
+    kv.v_stride = v.stride(0);
+    kv.src_dtype = dtype_code(k.dtype());
+    SPECULA_CHECK(k.dtype() == v.dtype() && (kv.src_dtype == ck::kF32 || kv.src_dtype == ck::kF16 || kv.src_dtype == ck::kBF16),
+                  "k / v dtype {} / {} is not supported; supported: f32, f16, bf16", dtype_name(k.dtype()),
+                  dtype_name(v.dtype()));
+    kv.k_cache = pool.k_buffer(layer.layer_id).data();
+    kv.v_cache = pool.v_buffer(layer.layer_id).data();
+    kv.cache_dtype = dtype_code(pool.dtype());
+    kv.loc = st.active->out_loc.data();
+    kv.num_tokens = n;
+    kv.row_k = layer.num_kv_heads * layer.head_dim;
+    kv.row_v = kv.row_k;
+    kv.k_scale = pool.k_scale(layer.layer_id);
+    kv.v_scale = pool.v_scale(layer.layer_id);
+    ck::launch_set_kv_buffer(kv, st.stream);
+  }
+
+  const bool local = layer.use_local_attention;
+  const bool decode = batch.forward_mode == ForwardMode::DECODE;
+  SPECULA_CHECK(!(local && st.has_custom_mask), "layer {}: local attention with a tree mask is not supported",
+                layer.layer_id);
+  ck::AttentionParams p{};
+  p.q = q.data();
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.out = out.data();
+  p.out_stride_token = out.stride(0);
+  p.out_stride_head = out.stride(1);
+  p.lse = options.lse.defined() ? options.lse.data_as<float>() : nullptr;
+  p.lse_stride_token = options.lse.defined() ? options.lse.stride(0) : 0;
+  p.io_dtype = dtype_code(q.dtype());
+  p.k_cache = pool.k_buffer(layer.layer_id).data();
+  p.v_cache = pool.v_buffer(layer.layer_id).data();
+  p.kv_dtype = dtype_code(pool.dtype());
+  p.k_descale = fp8 ? pool.k_scale(layer.layer_id) : 1.0f;
+  p.v_descale = fp8 ? pool.v_scale(layer.layer_id) : 1.0f;
+  p.num_q_heads = layer.num_q_heads;
+  p.num_kv_heads = layer.num_kv_heads;
+  p.head_dim = layer.head_dim;
+  p.v_head_dim = layer.head_dim;
+  p.page_size = options_.page_size;
+  p.scale = layer.effective_scaling();
+  p.logit_cap = layer.logit_cap;
+  p.window_left = layer.sliding_window_size;
+  p.causal = layer.attn_type == AttentionType::DECODER ? 1 : 0;
+  p.chunk_size = (decode && local) ? options_.attention_chunk_size : 0;
+  p.sinks = nullptr;
+  if (!layer.sinks.empty()) {
+    auto& [values, buffer] = st.sinks[layer.layer_id];
+    if (values != layer.sinks) {
+      values = layer.sinks;
+      buffer = Buffer(DType::f32, {layer.num_q_heads}, options_.device);
+      copy(buffer, TensorView(values.data(), DType::f32, {layer.num_q_heads}));
+    }
+    p.sinks = buffer.data_as<const float>();
+  }
+  p.custom_mask = st.has_custom_mask ? st.custom_mask.data() : nullptr;
+  p.mask_offsets = st.has_custom_mask ? st.mask_offsets.data() : nullptr;
+  if (local && !decode) {
+    p.num_seqs = st.local_num_seqs;
+    p.cu_seqlens_q = st.local_cu_q.data();
+    p.seq_lens_k = st.local_kv_lens.data();
+    p.page_table = st.local_pages.data();
+    p.page_table_stride = st.local_stride;
+  } else {
+    p.num_seqs = st.num_seqs;
+    p.cu_seqlens_q = st.active->cu_q.data();
+    p.seq_lens_k = st.active->kv_lens.data();
+    p.page_table = st.active->pages.data();
+    p.page_table_stride = st.page_table_stride;
+  }
+
+  if (decode) {
+    const auto it = st.splits.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, local});
+    SPECULA_CHECK(it != st.splits.end(),
+                  "layer {} ({} query / {} KV heads) was not passed to check_layer before init_forward_metadata",
+                  layer.layer_id, layer.num_q_heads, layer.num_kv_heads);
+    ck::DecodeSplit split{};
+    split.num_splits = it->second;
+    split.partial_out = it->second > 1 ? st.active->partial_out.data() : nullptr;
+    split.partial_lse = it->second > 1 ? st.active->partial_lse.data() : nullptr;
+    split.num_tokens = n;
+    ck::launch_decode(p, split, st.stream);
+  } else {
+    ck::PrefillWork work{};
+    work.items = local ? st.local_items.data() : st.items.data();
+    work.num_items = local ? st.local_num_items : st.num_items;
+    ck::launch_prefill(p, work, st.stream);
+  }
+}
+
+void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
+  State& st = *state_;
+  SPECULA_CHECK(max_bs >= 1 && max_num_tokens >= max_bs, "init_cuda_graph_state({}, {}): need 1 <= max_bs <= max_num_tokens",
+                max_bs, max_num_tokens);
+  SPECULA_CHECK(options_.max_context_len > 0, "CUDA graphs need AttentionBackendOptions::max_context_len");
+  SPECULA_CHECK(!layouts_.empty(), "init_cuda_graph_state needs every layer passed to check_layer first");
+  st.graph_max_bs = max_bs;
+  st.graph_pages_stride = (options_.max_context_len + options_.page_size - 1) / options_.page_size;
+  State::StepArrays& g = st.graph;
+  g.cu_q.reserve(static_cast<size_t>(max_bs) + 1, st.device);
+  g.kv_lens.reserve(static_cast<size_t>(max_bs), st.device);
+  g.pages.reserve(static_cast<size_t>(max_bs) * st.graph_pages_stride, st.device);
+  g.out_loc.reserve(static_cast<size_t>(max_num_tokens), st.device);
+  size_t rows = 1;
+  for (int bs = 1; bs <= max_bs; ++bs) {
+    for (const HeadLayout& layout : layouts_) {
+      const auto& [hq, hkv, local] = layout;
+      const int splits = choose_decode_splits(bs, hkv * head_blocks(hq, hkv), options_.max_context_len, num_sms_);
+      if (splits > 1) rows = std::max(rows, static_cast<size_t>(splits) * bs * st.max_q_heads);
+    }
+  }
+  g.partial_lse.reserve(rows, st.device);
+  g.partial_out.reserve(rows * st.max_head_dim, st.device);
+  for (auto* a : {&g.cu_q, &g.kv_lens, &g.pages, &g.out_loc}) a->freeze();
+  g.partial_lse.freeze();
+  g.partial_out.freeze();
+  st.graph_mode = true;
+}
+
+void CudaAttentionBackend::init_forward_metadata_capture_cuda_graph(const ForwardBatch& batch) {
+  SPECULA_CHECK(state_->graph_mode, "call init_cuda_graph_state before capturing");
+  build_metadata(batch, true);
+}
+
+void CudaAttentionBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch) {
+  SPECULA_CHECK(state_->graph_mode, "call init_cuda_graph_state before replaying");
+  build_metadata(batch, true);
+}
+
+}  // namespace specula

@@ -1,0 +1,64 @@
+// CudaAttentionBackend: the AttentionBackend for NVIDIA Hopper GPUs. Same variants as the CPU
+// backend (its oracle), with q / output in bf16 or f16 and a bf16, f16 or fp8-e4m3 paged cache:
+// extend with cached prefix, decode (split-KV), causal and non-causal varlen, MHA/GQA/MQA,
+// head_dim 64/80/96/128/256, any power-of-two page size, sliding window, local chunked
+// attention, soft-cap, sinks, custom scale, TARGET_VERIFY tree masks, LSE output, fp8 descale;
+// and the CUDA-graph hooks for decode.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "specula/attention/backend.h"
+#include "specula/attention/metadata.h"
+
+namespace specula {
+
+// The one selection function for CUDA attention: "supported?" (empty reason) for a layer.
+std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType q_dtype, DType kv_dtype,
+                                              int page_size);
+
+// Decode split heuristic: enough (sequence, KV-head block, split) blocks to fill the GPU twice
+// over, never splitting when the batch already fills it, never below 256 keys per split.
+int choose_decode_splits(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms);
+
+class CudaAttentionBackend final : public AttentionBackend {
+ public:
+  explicit CudaAttentionBackend(const AttentionBackendOptions& options);
+  ~CudaAttentionBackend() override;
+
+  std::string_view name() const override { return "cuda"; }
+  void check_layer(const AttentionLayer& layer, DType q_dtype, DType kv_dtype) const override;
+  void init_forward_metadata(const ForwardBatch& batch) override;
+  void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const AttentionLayer& layer, const ForwardBatch& batch,
+                      const ForwardOptions& options) override;
+  void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                      const AttentionLayer& layer, const ForwardBatch& batch,
+                      const ForwardOptions& options) override;
+
+  void init_cuda_graph_state(int max_bs, int max_num_tokens) override;
+  void init_forward_metadata_capture_cuda_graph(const ForwardBatch& batch) override;
+  void init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch) override;
+  int cuda_graph_seq_len_fill_value() const override { return 1; }
+
+  int num_sms() const { return num_sms_; }
+
+ private:
+  struct State;  // device buffers and the host plan (cuda_backend.cpp)
+  using HeadLayout = std::tuple<int, int, bool>;  // (num_q_heads, num_kv_heads, local)
+
+  void build_metadata(const ForwardBatch& batch, bool graph);
+  void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+           const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options);
+
+  AttentionBackendOptions options_;
+  int num_sms_ = 0;
+  mutable std::set<HeadLayout> layouts_;
+  State* state_;
+};
+
+}  // namespace specula

@@ -1,0 +1,75 @@
+// Params of the CUDA attention kernels: raw device pointers with their shapes, plain ints and
+// floats. Built once per step by the backend (pointers into its metadata buffers) and per layer
+// (tensor pointers and the layer's facts).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace specula::cuda_kernels {
+
+struct AttentionParams {
+  const void* q;             // [num_tokens, num_q_heads, head_dim], io dtype
+  int64_t q_stride_token;    // elements
+  int64_t q_stride_head;
+  void* out;                 // [num_tokens, num_q_heads, v_head_dim], io dtype
+  int64_t out_stride_token;
+  int64_t out_stride_head;
+  float* lse;                // [num_tokens, num_q_heads] natural log, or nullptr
+  int64_t lse_stride_token;
+  int32_t io_dtype;          // DTypeCode of q and out: kBF16 or kF16
+
+  const void* k_cache;       // [num_slots, num_kv_heads, head_dim]
+  const void* v_cache;       // [num_slots, num_kv_heads, v_head_dim]
+  int32_t kv_dtype;          // DTypeCode: kBF16, kF16 or kFp8E4m3
+  float k_descale;           // multiplies every K (V) element read; 1 unless fp8
+  float v_descale;
+
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  int32_t v_head_dim;
+  int32_t page_size;
+
+  float scale;               // softmax scale on q.k
+  float logit_cap;           // > 0: cap * tanh(s / cap)
+  int32_t window_left;       // -1: none; else keys j >= pos - window_left
+  int32_t causal;            // 1: key j visible to the query at KV index pos iff j <= pos
+  int32_t chunk_size;        // decode only: > 0 restricts keys to the query's local chunk
+  const float* sinks;        // [num_q_heads] or nullptr
+  const uint8_t* custom_mask;  // nullptr, or per sequence [q_len, kv_len] at mask_offsets[seq]
+
+  int32_t num_seqs;
+  const int32_t* cu_seqlens_q;  // [num_seqs + 1] query rows of each sequence
+  const int32_t* seq_lens_k;    // [num_seqs] KV length of each sequence (queries are its last rows)
+  const int32_t* page_table;    // [num_seqs, page_table_stride] page ids
+  int32_t page_table_stride;
+  const int64_t* mask_offsets;  // [num_seqs] or nullptr
+};
+
+// Split-KV decode: every (sequence, KV head) is cut into num_splits key ranges computed in the
+// kernel from the sequence's length, so one plan (num_splits) serves any lengths: what a CUDA
+// graph needs. With num_splits > 1 the partial results go to the workspace and a combine kernel
+// merges them.
+struct DecodeSplit {
+  int32_t num_splits;
+  float* partial_out;  // [num_splits, num_tokens, num_q_heads, v_head_dim]
+  float* partial_lse;  // [num_splits, num_tokens, num_q_heads]
+  int64_t num_tokens;
+};
+
+void launch_decode(const AttentionParams& params, const DecodeSplit& split, cudaStream_t stream);
+
+// Prefill / extend / verify: work items of 64 query rows of one sequence, built by the backend.
+struct PrefillWork {
+  const int32_t* items;  // [num_items, 2]: (sequence, first query row of the tile)
+  int32_t num_items;
+};
+
+void launch_prefill(const AttentionParams& params, const PrefillWork& work, cudaStream_t stream);
+
+// Query rows per prefill work item.
+inline constexpr int kPrefillTileRows = 64;
+
+}  // namespace specula::cuda_kernels

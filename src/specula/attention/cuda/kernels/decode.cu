@@ -1,0 +1,308 @@
+// Split-KV decode (flash-decoding) over a paged KV cache.
+//
+// Grid: (num_splits, num_kv_heads x head_blocks, num_seqs); 128 threads. A block serves up to
+// kHeads query heads of one KV head (GQA heads packed: each K/V row is read once for all of
+// them) over one key range. Lanes are grouped in "subgroups" of LPK lanes; a subgroup owns one
+// key at a time and each lane holds 8 consecutive elements of that key's row (16-byte loads for
+// 16-bit caches), so a warp works on 32 / LPK keys at once, kUnroll deep to keep loads in
+// flight. Scores use exp2 with log2(e) folded into q. Subgroups are merged through shared
+// memory; with several splits a second kernel (combine) merges the splits.
+#include "specula/attention/cuda/kernels/attention_params.h"
+#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/attention/cuda/kernels/io.cuh"
+#include <type_traits>
+
+#include "specula/core/cuda_check.h"
+
+namespace specula::cuda_kernels {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kEpl = 8;     // elements per lane per row
+constexpr int kUnroll = 4;  // keys per subgroup per iteration, loaded before any is used
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// 8 consecutive cache elements -> float.
+template <typename KV>
+__device__ __forceinline__ void load8(const KV* src, float (&dst)[kEpl]);
+
+template <>
+__device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* src, float (&dst)[kEpl]) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    dst[2 * i] = __uint_as_float(words[i] << 16);
+    dst[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+template <>
+__device__ __forceinline__ void load8<__half>(const __half* src, float (&dst)[kEpl]) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+    dst[2 * i] = f.x;
+    dst[2 * i + 1] = f.y;
+  }
+}
+
+template <>
+__device__ __forceinline__ void load8<__nv_fp8_e4m3>(const __nv_fp8_e4m3* src, float (&dst)[kEpl]) {
+  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src));
+  const uint32_t words[2] = {raw.x, raw.y};
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      __nv_fp8_e4m3 v;
+      v.__x = static_cast<__nv_fp8_storage_t>((words[w] >> (8 * b)) & 0xffu);
+      dst[4 * w + b] = static_cast<float>(v);
+    }
+  }
+}
+
+template <typename KV, int LPK, int kHeads>
+__global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams p, const DecodeSplit split) {
+  constexpr int kSubPerWarp = 32 / LPK;
+  constexpr int kSubgroups = (kThreads / 32) * kSubPerWarp;
+  constexpr int kRowWidth = LPK * kEpl;
+  __shared__ float sm_m[kSubgroups][kHeads];
+  __shared__ float sm_l[kSubgroups][kHeads];
+  __shared__ float sm_o[kSubgroups][kHeads][kRowWidth];
+
+  const int seq = blockIdx.z;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int head_blocks = (group + kHeads - 1) / kHeads;
+  const int kv_head = blockIdx.y / head_blocks;
+  const int head_block = blockIdx.y % head_blocks;
+  const int head0 = kv_head * group + head_block * kHeads;
+  const int num_heads = min(kHeads, group - head_block * kHeads);
+  const int64_t token = p.cu_seqlens_q[seq];
+  const int kv_len = p.seq_lens_k[seq];
+  const int pos = kv_len - 1;
+  int kv_start = 0;
+  if (p.window_left >= 0) kv_start = max(0, pos - p.window_left);
+  if (p.chunk_size > 0) kv_start = max(kv_start, pos / p.chunk_size * p.chunk_size);
+  const int per_split = (kv_len - kv_start + split.num_splits - 1) / split.num_splits;
+  const int begin = kv_start + blockIdx.x * per_split;
+  const int end = min(kv_len, begin + per_split);
+
+  const int lane = threadIdx.x & 31;
+  const int subgroup = (threadIdx.x >> 5) * kSubPerWarp + lane / LPK;
+  const int d0 = (lane % LPK) * kEpl;
+  const bool k_lane = d0 < p.head_dim;
+  const bool v_lane = d0 < p.v_head_dim;
+  const bool capped = p.logit_cap > 0.0f;
+
+  // q pre-multiplied by the scale, the K descale and (without soft-cap) log2(e).
+  float q[kHeads][kEpl];
+  const float q_mul = p.scale * p.k_descale * (capped ? 1.0f : kLog2e);
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) {
+      q[h][e] = (h < num_heads && k_lane)
+                    ? load_io(p.q, p.io_dtype, token * p.q_stride_token + (head0 + h) * p.q_stride_head + d0 + e) * q_mul
+                    : 0.0f;
+    }
+  }
+  float m[kHeads], l[kHeads], o[kHeads][kEpl];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    m[h] = kNegInf;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) o[h][e] = 0.0f;
+  }
+
+  const int32_t* pages = p.page_table + static_cast<int64_t>(seq) * p.page_table_stride;
+  const KV* k_cache = static_cast<const KV*>(p.k_cache);
+  const KV* v_cache = static_cast<const KV*>(p.v_cache);
+  for (int base = begin; base < end; base += kSubgroups * kUnroll) {
+    float kf[kUnroll][kEpl], vf[kUnroll][kEpl];
+    bool valid[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = base + u * kSubgroups + subgroup;
+      valid[u] = j < end;
+      const int64_t slot = valid[u] ? static_cast<int64_t>(pages[j / p.page_size]) * p.page_size + j % p.page_size : 0;
+      const int64_t row = slot * p.num_kv_heads + kv_head;
+      if (valid[u] && k_lane) {
+        load8<KV>(k_cache + row * p.head_dim + d0, kf[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) kf[u][e] = 0.0f;
+      }
+      if (valid[u] && v_lane) {
+        load8<KV>(v_cache + row * p.v_head_dim + d0, vf[u]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) vf[u][e] = 0.0f;
+      }
+    }
+    float s[kUnroll][kHeads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) dot = fmaf(q[h][e], kf[u][e], dot);
+#pragma unroll
+        for (int off = LPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        if (capped) dot = p.logit_cap * tanhf(dot / p.logit_cap) * kLog2e;
+        s[u][h] = valid[u] ? dot : kNegInf;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      float m_new = m[h];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) m_new = fmaxf(m_new, s[u][h]);
+      if (m_new == kNegInf) continue;  // nothing visible yet for this subgroup
+      const float alpha = exp2f(m[h] - m_new);  // m = -inf gives 0
+      l[h] *= alpha;
+#pragma unroll
+      for (int e = 0; e < kEpl; ++e) o[h][e] *= alpha;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float pu = exp2f(s[u][h] - m_new);
+        l[h] += pu;
+#pragma unroll
+        for (int e = 0; e < kEpl; ++e) o[h][e] = fmaf(pu, vf[u][e], o[h][e]);
+      }
+      m[h] = m_new;
+    }
+  }
+
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    if (lane % LPK == 0) {
+      sm_m[subgroup][h] = m[h];
+      sm_l[subgroup][h] = l[h];
+    }
+#pragma unroll
+    for (int e = 0; e < kEpl; ++e) sm_o[subgroup][h][d0 + e] = o[h][e];
+  }
+  __syncthreads();
+
+  for (int idx = threadIdx.x; idx < num_heads * p.v_head_dim; idx += kThreads) {
+    const int h = idx / p.v_head_dim;
+    const int d = idx % p.v_head_dim;
+    float mx = kNegInf;
+    for (int g = 0; g < kSubgroups; ++g) mx = fmaxf(mx, sm_m[g][h]);
+    float sum_l = 0.0f, sum_o = 0.0f;
+    if (mx != kNegInf) {
+      for (int g = 0; g < kSubgroups; ++g) {
+        const float w = exp2f(sm_m[g][h] - mx);
+        sum_l += w * sm_l[g][h];
+        sum_o += w * sm_o[g][h][d];
+      }
+    }
+    // Natural-log LSE of this key range (m is in log2 units).
+    const float lse = sum_l > 0.0f ? (mx + log2f(sum_l)) * kLn2 : kNegInf;
+    const float o_norm = sum_l > 0.0f ? sum_o / sum_l : 0.0f;
+    const int head = head0 + h;
+    if (split.num_splits == 1) {
+      float total = lse;
+      float out_scale = 1.0f;
+      if (p.sinks != nullptr) {
+        const float sink = p.sinks[head];
+        const float mm = fmaxf(lse, sink);
+        total = mm + logf((lse == kNegInf ? 0.0f : expf(lse - mm)) + expf(sink - mm));
+        out_scale = lse == kNegInf ? 0.0f : expf(lse - total);
+      }
+      store_io(p.out, p.io_dtype, token * p.out_stride_token + head * p.out_stride_head + d,
+               o_norm * out_scale * p.v_descale);
+      if (p.lse != nullptr && d == 0) p.lse[token * p.lse_stride_token + head] = total;
+    } else {
+      const int64_t row = (static_cast<int64_t>(blockIdx.x) * split.num_tokens + token) * p.num_q_heads + head;
+      split.partial_out[row * p.v_head_dim + d] = o_norm;
+      if (d == 0) split.partial_lse[row] = lse;
+    }
+  }
+}
+
+// Merges the splits of one (token, head): grid (num_tokens, num_q_heads).
+__global__ void combine_kernel(const AttentionParams p, const DecodeSplit split) {
+  const int64_t token = blockIdx.x;
+  const int head = blockIdx.y;
+  float mx = kNegInf;
+  for (int s = 0; s < split.num_splits; ++s) {
+    mx = fmaxf(mx, split.partial_lse[(s * split.num_tokens + token) * p.num_q_heads + head]);
+  }
+  const float sink = p.sinks != nullptr ? p.sinks[head] : kNegInf;
+  const float mm = fmaxf(mx, sink);
+  float denom = 0.0f;
+  if (mm != kNegInf) {
+    for (int s = 0; s < split.num_splits; ++s) {
+      const float lse = split.partial_lse[(s * split.num_tokens + token) * p.num_q_heads + head];
+      if (lse != kNegInf) denom += expf(lse - mm);
+    }
+    if (p.sinks != nullptr) denom += expf(sink - mm);
+  }
+  for (int d = threadIdx.x; d < p.v_head_dim; d += blockDim.x) {
+    float acc = 0.0f;
+    if (denom > 0.0f) {
+      for (int s = 0; s < split.num_splits; ++s) {
+        const int64_t row = (s * split.num_tokens + token) * p.num_q_heads + head;
+        const float lse = split.partial_lse[row];
+        if (lse != kNegInf) acc += expf(lse - mm) * split.partial_out[row * p.v_head_dim + d];
+      }
+      acc /= denom;
+    }
+    store_io(p.out, p.io_dtype, token * p.out_stride_token + head * p.out_stride_head + d, acc * p.v_descale);
+  }
+  if (p.lse != nullptr && threadIdx.x == 0) {
+    p.lse[token * p.lse_stride_token + head] = denom > 0.0f ? mm + logf(denom) : kNegInf;
+  }
+}
+
+template <typename KV, int LPK>
+void launch_heads(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  auto run = [&](auto heads_tag) {
+    constexpr int kHeads = decltype(heads_tag)::value;
+    const int head_blocks = (group + kHeads - 1) / kHeads;
+    const dim3 grid(split.num_splits, p.num_kv_heads * head_blocks, p.num_seqs);
+    decode_kernel<KV, LPK, kHeads><<<grid, kThreads, 0, stream>>>(p, split);
+  };
+  if (group <= 1) run(std::integral_constant<int, 1>{});
+  else if (group <= 2) run(std::integral_constant<int, 2>{});
+  else if (group <= 4) run(std::integral_constant<int, 4>{});
+  else run(std::integral_constant<int, 8>{});
+}
+
+template <typename KV>
+void launch_for_kv(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  const int width = p.head_dim > p.v_head_dim ? p.head_dim : p.v_head_dim;
+  if (width <= 64) launch_heads<KV, 8>(p, split, stream);
+  else if (width <= 128) launch_heads<KV, 16>(p, split, stream);
+  else launch_heads<KV, 32>(p, split, stream);
+}
+
+}  // namespace
+
+void launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  if (p.num_seqs == 0) return;
+  SPECULA_REQUIRE(p.head_dim % kEpl == 0 && p.v_head_dim % kEpl == 0 && p.head_dim <= 256 && p.v_head_dim <= 256,
+                  "decode: head_dim " + std::to_string(p.head_dim) + " / v_head_dim " + std::to_string(p.v_head_dim) +
+                      " must be multiples of 8 up to 256");
+  switch (p.kv_dtype) {
+    case kBF16: launch_for_kv<__nv_bfloat16>(p, split, stream); break;
+    case kF16: launch_for_kv<__half>(p, split, stream); break;
+    case kFp8E4m3: launch_for_kv<__nv_fp8_e4m3>(p, split, stream); break;
+    default: SPECULA_REQUIRE(false, "decode: KV dtype code " + std::to_string(p.kv_dtype) + " is not supported");
+  }
+  CUDA_CHECK(cudaGetLastError());
+  if (split.num_splits > 1) {
+    combine_kernel<<<dim3(static_cast<unsigned>(split.num_tokens), p.num_q_heads), 128, 0, stream>>>(p, split);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+}  // namespace specula::cuda_kernels

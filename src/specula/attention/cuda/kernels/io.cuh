@@ -1,0 +1,30 @@
+// Loads and stores of query/output elements, whose dtype (bf16 or f16) is a run-time code: a
+// branch per element is far cheaper than doubling every kernel's instantiations.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "specula/attention/cuda/kernels/dtype_codes.h"
+
+namespace specula::cuda_kernels {
+
+__device__ __forceinline__ float load_io(const void* base, int32_t dtype, int64_t index) {
+  return dtype == kBF16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index])
+                        : __half2float(static_cast<const __half*>(base)[index]);
+}
+
+__device__ __forceinline__ void store_io(void* base, int32_t dtype, int64_t index, float value) {
+  if (dtype == kBF16) {
+    static_cast<__nv_bfloat16*>(base)[index] = __float2bfloat16_rn(value);
+  } else {
+    static_cast<__half*>(base)[index] = __float2half_rn(value);
+  }
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+}  // namespace specula::cuda_kernels
