@@ -157,8 +157,27 @@ ForwardBatch AttentionHarness::make_batch(const std::vector<int>& requests) cons
 }
 
 AttentionResult AttentionHarness::run(AttentionBackend& backend, const std::vector<int>& only) {
+  return run_with(backend, *kv_pool_, Device::cpu(), only);
+}
+
+AttentionResult AttentionHarness::run_on_device(AttentionBackend& backend, Device device, const std::vector<int>& only) {
+  if (device.is_cpu()) return run(backend, only);
+  KVPoolConfig config = kv_pool_->config();
+  config.device = device;
+  MHAKVPool mirror(config);
+  for (int l = 0; l < config.num_layers; ++l) {
+    copy(mirror.k_buffer(l), kv_pool_->k_buffer(l));
+    copy(mirror.v_buffer(l), kv_pool_->v_buffer(l));
+    mirror.set_kv_scales(l, kv_pool_->k_scale(l), kv_pool_->v_scale(l));
+  }
+  return run_with(backend, mirror, device, only);
+}
+
+AttentionResult AttentionHarness::run_with(AttentionBackend& backend, MHAKVPool& pool, Device device,
+                                           const std::vector<int>& only) {
   const std::vector<int> requests = only.empty() ? all_requests() : only;
-  const ForwardBatch batch = make_batch(requests);
+  ForwardBatch batch = make_batch(requests);
+  batch.token_to_kv_pool = &pool;
   const auto& c = config_;
   const int64_t n = batch.num_tokens();
   Buffer q(c.q_dtype, {n, c.num_q_heads, c.head_dim});
@@ -181,11 +200,35 @@ AttentionResult AttentionHarness::run(AttentionBackend& backend, const std::vect
   for (int64_t i = 0; i < out.numel(); ++i) store_from_float(out.data(), out.dtype(), static_cast<size_t>(i), NAN);
   for (int64_t i = 0; i < lse.numel(); ++i) lse.data_as<float>()[i] = NAN;
 
+  Buffer dq, dk, dv, dout, dlse;
+  TensorView qv = q, kv = k, vv = v, outv = out, lsev = lse;
+  if (device.is_cuda()) {
+    dq = Buffer(q.dtype(), q.shape(), device);
+    dk = Buffer(k.dtype(), k.shape(), device);
+    dv = Buffer(v.dtype(), v.shape(), device);
+    dout = Buffer(out.dtype(), out.shape(), device);
+    dlse = Buffer(DType::f32, lse.shape(), device);
+    copy(dq, q);
+    copy(dk, k);
+    copy(dv, v);
+    copy(dout, out);
+    copy(dlse, lse);
+    qv = dq;
+    kv = dk;
+    vv = dv;
+    outv = dout;
+    lsev = dlse;
+  }
+
   backend.check_layer(layer_, c.q_dtype, c.kv_dtype);
   backend.init_forward_metadata(batch);
   ForwardOptions options;
-  options.lse = lse;
-  backend.forward(q, k, v, out, layer_, batch, options);
+  options.lse = lsev;
+  backend.forward(qv, kv, vv, outv, layer_, batch, options);
+  if (device.is_cuda()) {
+    copy(out, dout);  // synchronous: also waits for the kernels
+    copy(lse, dlse);
+  }
 
   AttentionResult result;
   result.out.resize(static_cast<size_t>(out.numel()));
@@ -195,7 +238,7 @@ AttentionResult AttentionHarness::run(AttentionBackend& backend, const std::vect
 }
 
 template <typename T>
-AttentionResult AttentionHarness::reference(const std::vector<int>& only) const {
+AttentionResult AttentionHarness::reference(const std::vector<int>& only, bool round_probs) const {
   const std::vector<int> requests = only.empty() ? all_requests() : only;
   const auto& c = config_;
   ReferenceLayer rl;
@@ -253,7 +296,7 @@ AttentionResult AttentionHarness::reference(const std::vector<int>& only) const 
     const std::vector<uint8_t> custom = c.tree_mask ? tree_masks_[static_cast<size_t>(r)] : std::vector<uint8_t>{};
     const auto mask = reference_mask(rules, spec.extend_len, len, spec.prefix_len, custom);
     std::vector<double> out, lse;
-    reference_attention<T>(rl, q, k, v, mask, spec.extend_len, len, out, lse);
+    reference_attention<T>(rl, q, k, v, mask, spec.extend_len, len, out, lse, round_probs);
     for (double x : out) {
       uint8_t buf[4];
       store_from_float(buf, c.q_dtype, 0, static_cast<float>(x));
@@ -264,8 +307,8 @@ AttentionResult AttentionHarness::reference(const std::vector<int>& only) const 
   return result;
 }
 
-template AttentionResult AttentionHarness::reference<double>(const std::vector<int>&) const;
-template AttentionResult AttentionHarness::reference<float>(const std::vector<int>&) const;
+template AttentionResult AttentionHarness::reference<double>(const std::vector<int>&, bool) const;
+template AttentionResult AttentionHarness::reference<float>(const std::vector<int>&, bool) const;
 
 void expect_close_to_reference(const AttentionResult& got, const AttentionResult& truth, const AttentionResult& naive,
                                double atol, const char* what) {

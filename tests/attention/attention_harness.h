@@ -59,12 +59,16 @@ class AttentionHarness {
   // The naive reference in precision T, over the same requests; output rounded to the output
   // dtype as a real implementation of that precision would.
   template <typename T>
-  AttentionResult reference(const std::vector<int>& only = {}) const;
+  AttentionResult reference(const std::vector<int>& only = {}, bool round_probs = false) const;
+  // Runs a backend on `device`: the KV pool (prefix included) is mirrored there first, the
+  // inputs uploaded, the outputs fetched back. CPU devices use run().
+  AttentionResult run_on_device(AttentionBackend& backend, Device device, const std::vector<int>& only = {});
 
   std::vector<int> all_requests() const;
 
  private:
   ForwardBatch make_batch(const std::vector<int>& requests) const;
+  AttentionResult run_with(AttentionBackend& backend, MHAKVPool& pool, Device device, const std::vector<int>& only);
 
   HarnessConfig config_;
   AttentionLayer layer_;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "specula/core/dtype.h"
+
 namespace specula::testing {
 
 std::vector<uint8_t> reference_mask(const MaskRules& rules, int q_len, int kv_len, int q_kv_offset,
@@ -27,7 +29,7 @@ std::vector<uint8_t> reference_mask(const MaskRules& rules, int q_len, int kv_le
 template <typename T>
 void reference_attention(const ReferenceLayer& layer, const std::vector<double>& q, const std::vector<double>& k,
                          const std::vector<double>& v, const std::vector<uint8_t>& mask, int q_len, int kv_len,
-                         std::vector<double>& out, std::vector<double>& lse) {
+                         std::vector<double>& out, std::vector<double>& lse, bool round_probs) {
   const int H = layer.num_q_heads, Hk = layer.num_kv_heads, D = layer.head_dim, Dv = layer.v_head_dim;
   const int group = H / Hk;
   out.assign(static_cast<size_t>(q_len) * H * Dv, 0.0);
@@ -57,8 +59,9 @@ void reference_attention(const ReferenceLayer& layer, const std::vector<double>&
       std::vector<T> acc(static_cast<size_t>(Dv), T(0));
       for (int j = 0; j < kv_len; ++j) {
         if (!mask[static_cast<size_t>(i) * kv_len + j]) continue;
-        const T p = std::exp(scores[static_cast<size_t>(j)] - m);
-        denom += p;
+        const T p_exact = std::exp(scores[static_cast<size_t>(j)] - m);
+        denom += p_exact;
+        const T p = round_probs ? static_cast<T>(bf16_bits_to_float(float_to_bf16_bits(static_cast<float>(p_exact)))) : p_exact;
         for (int d = 0; d < Dv; ++d) acc[static_cast<size_t>(d)] += p * static_cast<T>(v[(static_cast<size_t>(j) * Hk + kh) * Dv + d]);
       }
       for (int d = 0; d < Dv; ++d) {
@@ -71,9 +74,9 @@ void reference_attention(const ReferenceLayer& layer, const std::vector<double>&
 
 template void reference_attention<double>(const ReferenceLayer&, const std::vector<double>&, const std::vector<double>&,
                                           const std::vector<double>&, const std::vector<uint8_t>&, int, int,
-                                          std::vector<double>&, std::vector<double>&);
+                                          std::vector<double>&, std::vector<double>&, bool);
 template void reference_attention<float>(const ReferenceLayer&, const std::vector<double>&, const std::vector<double>&,
                                          const std::vector<double>&, const std::vector<uint8_t>&, int, int,
-                                         std::vector<double>&, std::vector<double>&);
+                                         std::vector<double>&, std::vector<double>&, bool);
 
 }  // namespace specula::testing

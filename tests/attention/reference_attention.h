@@ -32,9 +32,12 @@ std::vector<uint8_t> reference_mask(const MaskRules& rules, int q_len, int kv_le
 // q: [q_len, num_q_heads, head_dim]; k: [kv_len, num_kv_heads, head_dim];
 // v: [kv_len, num_kv_heads, v_head_dim]; out: [q_len, num_q_heads, v_head_dim]; lse:
 // [q_len, num_q_heads] (natural log, sinks included; -inf for rows that see nothing).
+// round_probs: when true, each unnormalised probability is rounded to bf16 before it multiplies
+// V, as a tensor-core implementation of bf16 attention does (FlashAttention's tests compare
+// against such a same-precision reference).
 template <typename T>
 void reference_attention(const ReferenceLayer& layer, const std::vector<double>& q, const std::vector<double>& k,
                          const std::vector<double>& v, const std::vector<uint8_t>& mask, int q_len, int kv_len,
-                         std::vector<double>& out, std::vector<double>& lse);
+                         std::vector<double>& out, std::vector<double>& lse, bool round_probs = false);
 
 }  // namespace specula::testing

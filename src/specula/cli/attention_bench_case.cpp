@@ -9,15 +9,31 @@
 namespace specula {
 
 namespace {
+// Random normal values; on a GPU a random block of up to 4 Mi elements is tiled over the tensor
+// (a gigabyte cache would take minutes to fill element by element on one host core, and the
+// values do not change the memory traffic being measured).
 void fill_random(const TensorView& t, std::mt19937_64& rng, float scale) {
   std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> tmp(static_cast<size_t>(t.numel()));
+  const int64_t block = t.device().is_cpu() ? t.numel() : std::min<int64_t>(t.numel(), int64_t{4} << 20);
+  std::vector<float> tmp(static_cast<size_t>(block));
   for (float& x : tmp) x = dist(rng);
-  convert_from_float(tmp.data(), t.data(), t.dtype(), tmp.size());
+  if (t.device().is_cpu()) {
+    convert_from_float(tmp.data(), t.data(), t.dtype(), tmp.size());
+    return;
+  }
+  Buffer host(t.dtype(), {block});
+  convert_from_float(tmp.data(), host.data(), t.dtype(), tmp.size());
+  const size_t elem = dtype_size(t.dtype());
+  for (int64_t done = 0; done < t.numel(); done += block) {
+    const int64_t count = std::min(block, t.numel() - done);
+    copy(TensorView(static_cast<char*>(t.data()) + done * static_cast<int64_t>(elem), t.dtype(), {count}, t.device()),
+         host.view().slice(0, count));
+  }
 }
 }  // namespace
 
-AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionBackend& backend, uint64_t seed)
+AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionBackend& backend, Device device,
+                                         uint64_t seed)
     : case_(c), backend_(backend) {
   SPECULA_CHECK(c.mode == ForwardMode::DECODE || c.mode == ForwardMode::EXTEND,
                 "bench case '{}': mode must be DECODE or EXTEND", c.name);
@@ -35,7 +51,7 @@ AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionB
 
   PagedTokenAllocator allocator(static_cast<int64_t>(bs) * pages_per_req * c.page_size, c.page_size);
   kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator.total_slots(), 1, c.num_kv_heads, c.head_dim,
-                                                      c.head_dim, c.kv_dtype, Device::cpu()});
+                                                      c.head_dim, c.kv_dtype, device});
   req_pool_ = std::make_unique<ReqToTokenPool>(bs, seq_len);
   // Pages in shuffled order, so reads are as scattered as in a long-running server.
   auto slots = allocator.alloc(allocator.num_pages() * c.page_size);
@@ -69,10 +85,10 @@ AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionB
   fill_random(kv_pool_->v_buffer(0), rng, 1.0f);
 
   const int64_t n = batch_.num_tokens();
-  q_ = Buffer(c.q_dtype, {n, c.num_q_heads, c.head_dim});
-  k_ = Buffer(c.q_dtype, {n, c.num_kv_heads, c.head_dim});
-  v_ = Buffer(c.q_dtype, {n, c.num_kv_heads, c.head_dim});
-  out_ = Buffer(c.q_dtype, {n, c.num_q_heads, c.head_dim});
+  q_ = Buffer(c.q_dtype, {n, c.num_q_heads, c.head_dim}, device);
+  k_ = Buffer(c.q_dtype, {n, c.num_kv_heads, c.head_dim}, device);
+  v_ = Buffer(c.q_dtype, {n, c.num_kv_heads, c.head_dim}, device);
+  out_ = Buffer(c.q_dtype, {n, c.num_q_heads, c.head_dim}, device);
   fill_random(q_, rng, 1.0f);
   fill_random(k_, rng, 1.0f);
   fill_random(v_, rng, 1.0f);

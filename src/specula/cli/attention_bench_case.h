@@ -31,8 +31,10 @@ struct AttentionBenchCase {
 
 class AttentionBenchSetup {
  public:
-  // Builds the pool and batch on the host; `backend` must be built for case.page_size.
-  AttentionBenchSetup(const AttentionBenchCase& c, AttentionBackend& backend, uint64_t seed = 1234);
+  // Builds the pool and buffers on `device` (the batch on the host); `backend` must be built for
+  // case.page_size and that device.
+  AttentionBenchSetup(const AttentionBenchCase& c, AttentionBackend& backend, Device device = Device::cpu(),
+                      uint64_t seed = 1234);
 
   void init_metadata();  // once per step
   void run_layer();      // one layer's attention (the KV is already in the cache)

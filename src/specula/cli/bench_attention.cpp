@@ -14,6 +14,11 @@
 #include "specula/cli/cpu_ceilings.h"
 #include "specula/core/thread_pool.h"
 
+#ifdef SPECULA_HAS_CUDA
+#include "specula/cli/cuda_ceilings.h"
+#include "specula/cli/cuda_timing.h"
+#endif
+
 namespace specula {
 
 namespace {
@@ -62,6 +67,47 @@ std::vector<AttentionBenchCase> cpu_cases(DType kv_dtype) {
   };
 }
 
+// The GPU shapes: decode with 32 query / 8 KV heads, head_dim 128, paged bf16 KV;
+// prefill with 32 heads (MHA), B=2, S=8192; an extend over a paged prefix.
+std::vector<AttentionBenchCase> cuda_cases(DType kv_dtype) {
+  std::vector<AttentionBenchCase> cases;
+  for (int ps : {16, 64}) {
+    for (auto [bs, len] : {std::pair{1, 32768}, std::pair{64, 4096}, std::pair{256, 1024}}) {
+      AttentionBenchCase c;
+      c.name = fmt::format("decode B={} L={} p{}", bs, len, ps);
+      c.mode = ForwardMode::DECODE;
+      c.batch_size = bs;
+      c.prefix_len = len - 1;
+      c.page_size = ps;
+      c.kv_dtype = kv_dtype;
+      cases.push_back(c);
+    }
+  }
+  for (int hd : {64, 128}) {
+    for (bool causal : {true, false}) {
+      AttentionBenchCase c;
+      c.name = fmt::format("prefill {} hd{} B=2 S=8192", causal ? "causal" : "noncausal", hd);
+      c.mode = ForwardMode::EXTEND;
+      c.batch_size = 2;
+      c.extend_len = 8192;
+      c.head_dim = hd;
+      c.num_kv_heads = 32;
+      c.causal = causal;
+      c.kv_dtype = kv_dtype;
+      cases.push_back(c);
+    }
+  }
+  AttentionBenchCase e;
+  e.name = "extend prefix=8192 +1024 B=2 p16";
+  e.mode = ForwardMode::EXTEND;
+  e.batch_size = 2;
+  e.prefix_len = 8192;
+  e.extend_len = 1024;
+  e.kv_dtype = kv_dtype;
+  cases.push_back(e);
+  return cases;
+}
+
 struct Result {
   AttentionBenchCase c;
   double seconds = 0;  // per call
@@ -71,8 +117,21 @@ struct Result {
   double gflops = 0;
 };
 
-Result time_case(const AttentionBenchCase& c, AttentionBackend& backend, double min_seconds) {
-  AttentionBenchSetup setup(c, backend);
+Result time_case(const AttentionBenchCase& c, AttentionBackend& backend, double min_seconds, Device device) {
+  AttentionBenchSetup setup(c, backend, device);
+#ifdef SPECULA_HAS_CUDA
+  if (device.is_cuda()) {
+    setup.init_metadata();
+    Result r;
+    r.c = c;
+    r.iterations = 30;
+    r.seconds = cuda_median_seconds([&] { setup.run_layer(); }, r.iterations, 3);
+    r.query_tokens = setup.num_query_tokens();
+    r.kv_gbps = setup.kv_bytes_read() / r.seconds / 1e9;
+    r.gflops = setup.attention_flops() / r.seconds / 1e9;
+    return r;
+  }
+#endif
   setup.init_metadata();
   setup.run_layer();  // warm-up: page in the cache, grow scratch
   using clock = std::chrono::steady_clock;
@@ -111,30 +170,49 @@ int run(const Options& o) {
   const int threads = own_pool ? own_pool->num_threads() : default_thread_pool().num_threads();
   const std::string backend_name = device.is_cpu() ? "cpu" : "cuda";
 
-  ThreadPool& pool = own_pool ? *own_pool : default_thread_pool();
-  const CpuCeilings ceilings = measure_cpu_ceilings(pool);
+  // Ceilings in GB/s and GFLOP/s, whatever the device.
+  double copy_ceiling = 0, flop_ceiling = 0;
+  std::string ceiling_line;
+  if (device.is_cpu()) {
+    ThreadPool& pool = own_pool ? *own_pool : default_thread_pool();
+    const CpuCeilings ceilings = measure_cpu_ceilings(pool);
+    copy_ceiling = ceilings.copy_gbps;
+    flop_ceiling = ceilings.sgemm_gflops;
+    ceiling_line = fmt::format("copy {:.1f} GB/s (read + written), sgemm {:.1f} GFLOP/s (OpenBLAS f32)", copy_ceiling,
+                               flop_ceiling);
+  } else {
+#ifdef SPECULA_HAS_CUDA
+    const CudaCeilings ceilings = measure_cuda_ceilings(device);
+    copy_ceiling = ceilings.copy_tbps * 1e3;
+    flop_ceiling = ceilings.gemm_tflops * 1e3;
+    ceiling_line = fmt::format("{}: device copy {:.2f} TB/s (read + written), bf16 cuBLAS GEMM {:.0f} TFLOP/s",
+                               ceilings.device_name, ceilings.copy_tbps, ceilings.gemm_tflops);
+#endif
+  }
 
   std::vector<Result> results;
-  for (const AttentionBenchCase& c : cpu_cases(kv_dtype)) {
+  for (const AttentionBenchCase& c : device.is_cpu() ? cpu_cases(kv_dtype) : cuda_cases(kv_dtype)) {
     if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
     bo.page_size = c.page_size;
     auto backend = make_attention_backend(backend_name, bo);
-    results.push_back(time_case(c, *backend, o.min_seconds));
+    results.push_back(time_case(c, *backend, o.min_seconds, device));
   }
 
+  const bool gpu = device.is_cuda();
+  const double unit = gpu ? 1e3 : 1.0;  // GPU figures in TB/s and TFLOP/s
   fmt::print("specula bench attention  device={} backend={} threads={} kv_dtype={}\n", device.str(), backend_name,
              threads, dtype_name(kv_dtype));
-  fmt::print("ceilings measured now: copy {:.1f} GB/s (read + written), sgemm {:.1f} GFLOP/s (OpenBLAS f32)\n",
-             ceilings.copy_gbps, ceilings.sgemm_gflops);
-  fmt::print("heads: 32 query / 8 KV, head_dim 128 unless named, one layer per call\n\n");
-  fmt::print("{:<32} {:>9} {:>12} {:>9} {:>8} {:>9} {:>8}\n", "case", "ms/call", "query tok/s", "KV GB/s", "of copy",
-             "GFLOP/s", "of gemm");
+  fmt::print("ceilings measured now: {}\n", ceiling_line);
+  fmt::print("one layer per call; decode: 32 query / 8 KV heads, head_dim 128{}\n\n",
+             gpu ? "; prefill: 32 heads (MHA)" : "; prefill: 32 query / 8 KV heads");
+  fmt::print("{:<34} {:>9} {:>12} {:>9} {:>8} {:>9} {:>8}\n", "case", "ms/call", "query tok/s",
+             gpu ? "KV TB/s" : "KV GB/s", "of copy", gpu ? "TFLOP/s" : "GFLOP/s", "of gemm");
   for (const Result& r : results) {
     const bool decode = r.c.mode == ForwardMode::DECODE;
-    fmt::print("{:<32} {:>9.3f} {:>12.0f} {:>9.2f} {:>8} {:>9.1f} {:>8}\n", r.c.name, r.seconds * 1e3,
-               static_cast<double>(r.query_tokens) / r.seconds, r.kv_gbps,
-               decode ? fmt::format("{:.0f}%", 100 * r.kv_gbps / ceilings.copy_gbps) : "",
-               r.gflops, decode ? "" : fmt::format("{:.0f}%", 100 * r.gflops / ceilings.sgemm_gflops));
+    fmt::print("{:<34} {:>9.3f} {:>12.0f} {:>9.2f} {:>8} {:>9.1f} {:>8}\n", r.c.name, r.seconds * 1e3,
+               static_cast<double>(r.query_tokens) / r.seconds, r.kv_gbps / unit,
+               decode ? fmt::format("{:.0f}%", 100 * r.kv_gbps / copy_ceiling) : "", r.gflops / unit,
+               decode ? "" : fmt::format("{:.0f}%", 100 * r.gflops / flop_ceiling));
   }
   if (!o.json_path.empty()) {
     nlohmann::json j;
@@ -142,7 +220,7 @@ int run(const Options& o) {
     j["backend"] = backend_name;
     j["threads"] = threads;
     j["kv_dtype"] = dtype_name(kv_dtype);
-    j["ceilings"] = {{"copy_gbytes_per_second", ceilings.copy_gbps}, {"sgemm_gflops", ceilings.sgemm_gflops}};
+    j["ceilings"] = {{"copy_gbytes_per_second", copy_ceiling}, {"gemm_gflops", flop_ceiling}, {"what", ceiling_line}};
     for (const Result& r : results) {
       j["results"].push_back({{"case", r.c.name},
                               {"mode", forward_mode_name(r.c.mode)},

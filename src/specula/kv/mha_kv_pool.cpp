@@ -6,6 +6,11 @@
 #include <cmath>
 #include <cstring>
 
+#ifdef SPECULA_HAS_CUDA
+#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/kv/cuda/set_kv_buffer.h"
+#endif
+
 namespace specula {
 
 MHAKVPool::MHAKVPool(const KVPoolConfig& config) : config_(config) {
@@ -115,6 +120,50 @@ void MHAKVPool::set_kv_buffer(int layer_id, std::span<const int32_t> loc, const 
   }
   write_rows(k_[static_cast<size_t>(layer_id)].view(), loc, k, k_scale(layer_id));
   write_rows(v_[static_cast<size_t>(layer_id)].view(), loc, v, v_scale(layer_id));
+}
+
+void MHAKVPool::set_kv_buffer(int layer_id, const TensorView& loc, const TensorView& k, const TensorView& v,
+                              void* cuda_stream) {
+  check_layer(layer_id);
+  SPECULA_CHECK(config_.device.is_cuda(), "this set_kv_buffer is for CUDA pools; the pool is on {}", config_.device.str());
+  const int64_t n = loc.numel();
+  check_dtype(loc, DType::i32, "set_kv_buffer loc");
+  check_shape(k, {n, config_.num_kv_heads, config_.head_dim}, "set_kv_buffer k");
+  check_shape(v, {n, config_.num_kv_heads, config_.v_head_dim}, "set_kv_buffer v");
+  for (const TensorView* t : {&loc, &k, &v}) check_device(*t, config_.device, "set_kv_buffer input");
+  SPECULA_CHECK(k.dtype() == v.dtype() && (k.dtype() == DType::f32 || k.dtype() == DType::bf16 || k.dtype() == DType::f16),
+                "set_kv_buffer input dtype {} / {} is not supported; supported: f32, bf16, f16", dtype_name(k.dtype()),
+                dtype_name(v.dtype()));
+  SPECULA_CHECK(k.stride(2) == 1 && k.stride(1) == config_.head_dim && v.stride(2) == 1 && v.stride(1) == config_.v_head_dim,
+                "set_kv_buffer inputs {} / {} need contiguous rows", k.str(), v.str());
+#ifdef SPECULA_HAS_CUDA
+  auto code = [](DType d) {
+    switch (d) {
+      case DType::f32: return cuda_kernels::kF32;
+      case DType::f16: return cuda_kernels::kF16;
+      case DType::bf16: return cuda_kernels::kBF16;
+      default: return cuda_kernels::kFp8E4m3;
+    }
+  };
+  cuda_kernels::SetKVParams p{};
+  p.k = k.data();
+  p.v = v.data();
+  p.k_stride = k.stride(0);
+  p.v_stride = v.stride(0);
+  p.src_dtype = code(k.dtype());
+  p.k_cache = k_buffer(layer_id).data();
+  p.v_cache = v_buffer(layer_id).data();
+  p.cache_dtype = code(config_.dtype);
+  p.loc = loc.data_as<const int32_t>();
+  p.num_tokens = n;
+  p.row_k = config_.num_kv_heads * config_.head_dim;
+  p.row_v = config_.num_kv_heads * config_.v_head_dim;
+  p.k_scale = k_scale(layer_id);
+  p.v_scale = v_scale(layer_id);
+  cuda_kernels::launch_set_kv_buffer(p, static_cast<cudaStream_t>(cuda_stream));
+#else
+  (void)cuda_stream;
+#endif
 }
 
 }  // namespace specula

@@ -42,6 +42,9 @@ class MHAKVPool {
   // Writes k [n, num_kv_heads, head_dim] and v [n, num_kv_heads, v_head_dim] (f32, f16 or bf16)
   // to slots loc[0..n) of a layer, converting to the pool's dtype with round-to-nearest-even.
   void set_kv_buffer(int layer_id, std::span<const int32_t> loc, const TensorView& k, const TensorView& v);
+  // The same for a pool on a CUDA device: loc is an i32 device tensor [n], k and v device
+  // tensors; runs on cuda_stream (a cudaStream_t; nullptr: the default stream), no sync.
+  void set_kv_buffer(int layer_id, const TensorView& loc, const TensorView& k, const TensorView& v, void* cuda_stream);
 
   size_t bytes_per_token() const;  // all layers, K and V
 

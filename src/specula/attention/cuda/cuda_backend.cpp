@@ -12,7 +12,6 @@
 #include "specula/attention/cuda/kernels/dtype_codes.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
-#include "specula/kv/cuda/set_kv_buffer.h"
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/kv/req_to_token_pool.h"
 
@@ -344,30 +343,8 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
   }
   const bool fp8 = pool.dtype() == DType::fp8_e4m3;
   if (options.save_kv_cache) {
-    for (const TensorView* t : {&k, &v}) {
-      check_shape(*t, {n, layer.num_kv_heads, layer.head_dim}, "k / v");
-      check_device(*t, options_.device, "k / v");
-      SPECULA_CHECK(t->stride(2) == 1 && t->stride(1) == layer.head_dim, "k / v {} needs contiguous rows", t->str());
-    }
-    ck::SetKVParams kv{};
-    kv.k = k.data();
-    kv.v = v.data();
-    kv.k_stride = k.stride(0);
-    kv.v_stride = v.stride(0);
-    kv.src_dtype = dtype_code(k.dtype());
-    SPECULA_CHECK(k.dtype() == v.dtype() && (kv.src_dtype == ck::kF32 || kv.src_dtype == ck::kF16 || kv.src_dtype == ck::kBF16),
-                  "k / v dtype {} / {} is not supported; supported: f32, f16, bf16", dtype_name(k.dtype()),
-                  dtype_name(v.dtype()));
-    kv.k_cache = pool.k_buffer(layer.layer_id).data();
-    kv.v_cache = pool.v_buffer(layer.layer_id).data();
-    kv.cache_dtype = dtype_code(pool.dtype());
-    kv.loc = st.active->out_loc.data();
-    kv.num_tokens = n;
-    kv.row_k = layer.num_kv_heads * layer.head_dim;
-    kv.row_v = kv.row_k;
-    kv.k_scale = pool.k_scale(layer.layer_id);
-    kv.v_scale = pool.v_scale(layer.layer_id);
-    ck::launch_set_kv_buffer(kv, st.stream);
+    const TensorView loc(st.active->out_loc.data(), DType::i32, {n}, options_.device);
+    pool.set_kv_buffer(layer.layer_id, loc, k, v, st.stream);
   }
 
   const bool local = layer.use_local_attention;

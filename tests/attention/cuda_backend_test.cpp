@@ -1,0 +1,459 @@
+// The CUDA backend against the float64 reference (and the CPU backend), every variant, on
+// randomized shapes with fresh inputs. Built in every CUDA build; skipped where no GPU is
+// visible (CI), run on the device machine.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <random>
+
+#include "attention/attention_harness.h"
+#include "specula/attention/cpu/cpu_backend.h"
+#include "specula/attention/cuda/cuda_backend.h"
+#include "specula/attention/merge_state.h"
+#include "specula/core/cuda_check.h"
+#include "specula/kv/mha_kv_pool.h"
+
+namespace specula::testing {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
+
+uint64_t fresh_seed() {
+  static std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
+}
+
+std::mt19937 rng_for_shapes() { return std::mt19937(static_cast<uint32_t>(fresh_seed())); }
+
+std::vector<RequestSpec> random_requests(std::mt19937& rng, int count, int max_prefix, int max_extend, ForwardMode mode) {
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < count; ++i) {
+    RequestSpec r;
+    r.prefix_len = static_cast<int>(rng() % static_cast<unsigned>(max_prefix + 1));
+    r.extend_len = mode == ForwardMode::DECODE ? 1 : 1 + static_cast<int>(rng() % static_cast<unsigned>(max_extend));
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+// CUDA output against the f64 truth, within 2x the error of a same-precision naive reference
+// (bf16 probabilities, output rounded to the io dtype) plus atol.
+void check_cuda(HarnessConfig c, const char* what) {
+  if (c.q_dtype == DType::f32) c.q_dtype = DType::bf16;
+  if (c.kv_dtype == DType::f32) c.kv_dtype = c.q_dtype;
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(::testing::Message() << what << " seed=" << seed);
+  AttentionHarness h(c, seed);
+  AttentionBackendOptions o = h.backend_options();
+  o.device = Device::cuda(0);
+  CudaAttentionBackend backend(o);
+  const AttentionResult got = h.run_on_device(backend, Device::cuda(0));
+  expect_close_to_reference(got, h.reference<double>(), h.reference<float>({}, true), 2e-3, what);
+}
+
+class CudaAttention : public ::testing::Test {
+ protected:
+  void SetUp() override { REQUIRE_GPU(); }
+};
+
+TEST_F(CudaAttention, DecodeGqaAndMha) {
+  auto rng = rng_for_shapes();
+  for (auto [hq, hk] : {std::pair{8, 8}, std::pair{32, 8}, std::pair{12, 4}, std::pair{16, 2}, std::pair{6, 2}}) {
+    HarnessConfig c;
+    c.mode = ForwardMode::DECODE;
+    c.requests = random_requests(rng, 5, 700, 1, ForwardMode::DECODE);
+    c.num_q_heads = hq;
+    c.num_kv_heads = hk;
+    c.page_size = 16;
+    check_cuda(c, "decode GQA");
+  }
+}
+
+TEST_F(CudaAttention, DecodeSplitKvLongSequence) {
+  HarnessConfig c;
+  c.mode = ForwardMode::DECODE;
+  c.requests = {{6000, 1}, {3, 1}};
+  c.num_q_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 128;
+  c.page_size = 64;
+  check_cuda(c, "decode split-KV");
+  EXPECT_GT(choose_decode_splits(2, 2, 6001, 132), 1);
+  EXPECT_EQ(choose_decode_splits(64, 8, 4096, 132), 1) << "a full batch must not split";
+}
+
+TEST_F(CudaAttention, Mqa) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+    for (int hq : {1, 8, 20}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 3, 200, 90, mode);
+      c.num_q_heads = hq;
+      c.num_kv_heads = 1;
+      check_cuda(c, "MQA");
+    }
+  }
+}
+
+TEST_F(CudaAttention, HeadDims) {
+  auto rng = rng_for_shapes();
+  for (int d : {64, 80, 96, 128, 256}) {
+    for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 3, 150, 140, mode);
+      c.head_dim = d;
+      c.num_q_heads = 8;
+      c.num_kv_heads = 2;
+      c.page_size = 16;
+      check_cuda(c, "head_dim");
+    }
+  }
+}
+
+TEST_F(CudaAttention, PageSize) {
+  auto rng = rng_for_shapes();
+  for (int ps : {1, 16, 64}) {
+    for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 4, 300, 150, mode);
+      c.page_size = ps;
+      check_cuda(c, "page_size");
+    }
+  }
+}
+
+TEST_F(CudaAttention, ExtendWithPrefixAndNonCausal) {
+  auto rng = rng_for_shapes();
+  for (bool causal : {true, false}) {
+    HarnessConfig c;
+    c.requests = random_requests(rng, 4, 300, 200, ForwardMode::EXTEND);
+    c.requests.push_back({0, 130});
+    c.causal = causal;
+    c.page_size = 16;
+    check_cuda(c, causal ? "extend causal" : "NonCausal");
+  }
+}
+
+TEST_F(CudaAttention, SlidingWindow) {
+  auto rng = rng_for_shapes();
+  for (int window : {0, 5, 64, 200}) {
+    for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 3, 400, 150, mode);
+      c.window_left = window;
+      c.page_size = 16;
+      check_cuda(c, "sliding window");
+    }
+  }
+}
+
+TEST_F(CudaAttention, LocalAttention) {
+  auto rng = rng_for_shapes();
+  for (auto [chunk, ps] : {std::pair{64, 16}, std::pair{128, 64}, std::pair{16, 1}}) {
+    for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+      HarnessConfig c;
+      c.mode = mode;
+      c.requests = random_requests(rng, 3, 300, 150, mode);
+      c.requests.push_back({290, mode == ForwardMode::DECODE ? 1 : 140});
+      c.chunk_size = chunk;
+      c.page_size = ps;
+      check_cuda(c, "local attention");
+    }
+  }
+}
+
+TEST_F(CudaAttention, SoftCapSinksAndCustomScale) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+    HarnessConfig c;
+    c.mode = mode;
+    c.requests = random_requests(rng, 3, 200, 100, mode);
+    c.logit_cap = 1.5f;
+    c.scaling = 0.4f;
+    check_cuda(c, "SoftCap");
+    HarnessConfig s;
+    s.mode = mode;
+    s.requests = random_requests(rng, 3, 200, 100, mode);
+    s.sinks = true;
+    s.window_left = 32;
+    s.scaling = 0.0371f;
+    check_cuda(s, "Sinks");
+  }
+}
+
+TEST_F(CudaAttention, TreeMask) {
+  auto rng = rng_for_shapes();
+  for (int draft : {1, 8, 33, 64}) {
+    HarnessConfig c;
+    c.mode = ForwardMode::TARGET_VERIFY;
+    c.requests = random_requests(rng, 3, 300, 1, ForwardMode::DECODE);
+    for (auto& r : c.requests) r.extend_len = draft;
+    c.tree_mask = true;
+    c.page_size = 16;
+    check_cuda(c, "TreeMask");
+  }
+  HarnessConfig empty;
+  empty.mode = ForwardMode::TARGET_VERIFY;
+  empty.requests = {{0, 3}, {21, 3}};
+  empty.tree_mask = true;
+  empty.hide_first_draft_row = true;
+  check_cuda(empty, "tree mask with a row that sees nothing");
+}
+
+TEST_F(CudaAttention, MixedAndDraftExtend) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::MIXED, ForwardMode::DRAFT_EXTEND, ForwardMode::TARGET_VERIFY}) {
+    HarnessConfig c;
+    c.mode = mode;
+    c.requests = random_requests(rng, 4, 100, 20, ForwardMode::EXTEND);
+    if (mode == ForwardMode::TARGET_VERIFY) {
+      for (auto& r : c.requests) r.extend_len = 4;
+    } else {
+      c.requests[1].extend_len = 1;
+    }
+    check_cuda(c, forward_mode_name(mode).data());
+  }
+}
+
+TEST_F(CudaAttention, Fp8KvAndF16) {
+  auto rng = rng_for_shapes();
+  for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
+    HarnessConfig c;
+    c.mode = mode;
+    c.requests = random_requests(rng, 3, 300, 120, mode);
+    c.kv_dtype = DType::fp8_e4m3;
+    c.k_scale = 0.0213f;
+    c.v_scale = 0.37f;
+    c.page_size = 16;
+    check_cuda(c, "Fp8Kv");
+    HarnessConfig h;
+    h.mode = mode;
+    h.requests = random_requests(rng, 3, 300, 120, mode);
+    h.q_dtype = DType::f16;
+    h.kv_dtype = DType::f16;
+    check_cuda(h, "f16");
+  }
+}
+
+TEST_F(CudaAttention, PrefillBatchedEqualsPerRequestBitwise) {
+  auto rng = rng_for_shapes();
+  HarnessConfig c;
+  c.requests = random_requests(rng, 4, 200, 150, ForwardMode::EXTEND);
+  c.q_dtype = DType::bf16;
+  c.kv_dtype = DType::bf16;
+  c.page_size = 16;
+  AttentionHarness h(c, fresh_seed());
+  AttentionBackendOptions o = h.backend_options();
+  o.device = Device::cuda(0);
+  CudaAttentionBackend backend(o);
+  const AttentionResult batched = h.run_on_device(backend, o.device);
+  size_t offset = 0;
+  for (int r = 0; r < static_cast<int>(c.requests.size()); ++r) {
+    const AttentionResult alone = h.run_on_device(backend, o.device, {r});
+    for (size_t i = 0; i < alone.out.size(); ++i) ASSERT_EQ(alone.out[i], batched.out[offset + i]) << "request " << r;
+    offset += alone.out.size();
+  }
+}
+
+TEST_F(CudaAttention, KvWriteMatchesHostBitForBit) {
+  for (DType dtype : {DType::bf16, DType::f16, DType::fp8_e4m3}) {
+    const KVPoolConfig host_cfg{64, 1, 2, 64, 64, dtype, Device::cpu()};
+    KVPoolConfig dev_cfg = host_cfg;
+    dev_cfg.device = Device::cuda(0);
+    MHAKVPool host(host_cfg), dev(dev_cfg);
+    host.set_kv_scales(0, 0.37f, 0.0213f);
+    dev.set_kv_scales(0, 0.37f, 0.0213f);
+    std::mt19937 rng(static_cast<uint32_t>(fresh_seed()));
+    std::normal_distribution<float> dist(0.0f, 3.0f);
+    const int n = 9;
+    Buffer k(DType::f32, {n, 2, 64}), v(DType::f32, {n, 2, 64});
+    for (int i = 0; i < k.numel(); ++i) {
+      k.data_as<float>()[i] = dist(rng);
+      v.data_as<float>()[i] = dist(rng) * 40.0f;  // some saturate in fp8
+    }
+    std::vector<int32_t> loc{3, 60, 7, 8, 9, 33, 34, 12, 50};
+    host.set_kv_buffer(0, loc, k, v);
+    // The backend's write path, through a one-layer decode-free extend.
+    Buffer dk(DType::f32, k.shape(), Device::cuda(0)), dv(DType::f32, v.shape(), Device::cuda(0));
+    Buffer dloc(DType::i32, {n}, Device::cuda(0));
+    copy(dk, k);
+    copy(dv, v);
+    copy(dloc, TensorView(loc.data(), DType::i32, {n}));
+    dev.set_kv_buffer(0, dloc, dk, dv, nullptr);
+    for (auto [hb, db] : {std::pair{host.k_buffer(0), dev.k_buffer(0)}, std::pair{host.v_buffer(0), dev.v_buffer(0)}}) {
+      Buffer back(db.dtype(), db.shape());
+      copy(back, db);
+      ASSERT_EQ(std::memcmp(back.data(), hb.data(), hb.nbytes()), 0) << dtype_name(dtype);
+    }
+  }
+}
+
+TEST_F(CudaAttention, MergeStateMatchesCpu) {
+  std::mt19937 rng(static_cast<uint32_t>(fresh_seed()));
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  const int n = 37, h = 5, d = 128;
+  Buffer va(DType::bf16, {n, h, d}), vb(DType::bf16, {n, h, d}), sa(DType::f32, {n, h}), sb(DType::f32, {n, h});
+  for (int i = 0; i < va.numel(); ++i) {
+    store_from_float(va.data(), DType::bf16, static_cast<size_t>(i), dist(rng));
+    store_from_float(vb.data(), DType::bf16, static_cast<size_t>(i), dist(rng));
+  }
+  for (int i = 0; i < n * h; ++i) {
+    sa.data_as<float>()[i] = i % 7 == 0 ? -INFINITY : dist(rng);
+    sb.data_as<float>()[i] = i % 11 == 0 ? -INFINITY : dist(rng);
+  }
+  Buffer vo(DType::bf16, {n, h, d}), so(DType::f32, {n, h});
+  merge_state(va, sa, vb, sb, vo, so);
+  auto up = [](const Buffer& b) {
+    Buffer d(b.dtype(), b.shape(), Device::cuda(0));
+    copy(d, b);
+    return d;
+  };
+  Buffer dva = up(va), dvb = up(vb), dsa = up(sa), dsb = up(sb);
+  Buffer dvo(DType::bf16, {n, h, d}, Device::cuda(0)), dso(DType::f32, {n, h}, Device::cuda(0));
+  merge_state(dva, dsa, dvb, dsb, dvo, dso);
+  Buffer gvo(DType::bf16, {n, h, d}), gso(DType::f32, {n, h});
+  copy(gvo, dvo);
+  copy(gso, dso);
+  for (int i = 0; i < n * h; ++i) {
+    const float want = so.data_as<float>()[i], got = gso.data_as<float>()[i];
+    if (std::isinf(want)) {
+      EXPECT_EQ(got, want);
+    } else {
+      EXPECT_NEAR(got, want, 1e-5f);
+    }
+  }
+  for (int64_t i = 0; i < vo.numel(); ++i) {
+    const float want = load_as_float(vo.data(), DType::bf16, static_cast<size_t>(i));
+    const float got = load_as_float(gvo.data(), DType::bf16, static_cast<size_t>(i));
+    ASSERT_NEAR(got, want, std::fabs(want) * 8e-3f + 1e-6f) << i;
+  }
+}
+
+// Capture one decode step in a CUDA graph, replay it with other lengths and contents, and match
+// the eager results.
+TEST_F(CudaAttention, CudaGraphReplayMatchesEager) {
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const int bs = 4, hq = 32, hk = 8, d = 128, max_context = 4096, ps = 16;
+  AttentionBackendOptions o;
+  o.device = Device::cuda(0);
+  o.page_size = ps;
+  o.cuda_stream = stream;
+  o.max_context_len = max_context;
+  CudaAttentionBackend graph_backend(o);
+  CudaAttentionBackend eager_backend(o);
+  AttentionLayer layer;
+  layer.num_q_heads = hq;
+  layer.num_kv_heads = hk;
+  layer.head_dim = d;
+  graph_backend.check_layer(layer, DType::bf16, DType::bf16);
+  eager_backend.check_layer(layer, DType::bf16, DType::bf16);
+  graph_backend.init_cuda_graph_state(bs, bs);
+
+  const int64_t pages = bs * (max_context / ps) + 1;
+  MHAKVPool pool(KVPoolConfig{pages * ps, 1, hk, d, d, DType::bf16, o.device});
+  ReqToTokenPool req_pool(bs, max_context);
+  std::mt19937 rng(static_cast<uint32_t>(fresh_seed()));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  {
+    std::vector<float> host(static_cast<size_t>(pool.k_buffer(0).numel()));
+    Buffer tmp(DType::bf16, pool.k_buffer(0).shape());
+    for (float& x : host) x = dist(rng);
+    convert_from_float(host.data(), tmp.data(), DType::bf16, host.size());
+    copy(pool.k_buffer(0), tmp);
+    for (float& x : host) x = dist(rng);
+    convert_from_float(host.data(), tmp.data(), DType::bf16, host.size());
+    copy(pool.v_buffer(0), tmp);
+  }
+  Buffer q(DType::bf16, {bs, hq, d}, o.device), out_graph(DType::bf16, {bs, hq, d}, o.device);
+  Buffer out_eager(DType::bf16, {bs, hq, d}, o.device);
+  Buffer qh(DType::bf16, {bs, hq, d});
+
+  auto make_batch = [&](const std::vector<int32_t>& lens) {
+    ForwardBatch b;
+    b.forward_mode = ForwardMode::DECODE;
+    b.batch_size = bs;
+    b.req_to_token_pool = &req_pool;
+    b.token_to_kv_pool = &pool;
+    std::vector<int32_t> page_order(static_cast<size_t>(pages - 1));
+    for (size_t i = 0; i < page_order.size(); ++i) page_order[i] = static_cast<int32_t>(i + 1);
+    std::shuffle(page_order.begin(), page_order.end(), rng);
+    for (int r = 0; r < bs; ++r) {
+      std::vector<int32_t> tokens(static_cast<size_t>(lens[static_cast<size_t>(r)]));
+      for (int t = 0; t < lens[static_cast<size_t>(r)]; ++t) {
+        tokens[static_cast<size_t>(t)] = page_order[static_cast<size_t>(r * (max_context / ps) + t / ps)] * ps + t % ps;
+      }
+      req_pool.write(r, 0, tokens);
+      b.req_pool_indices.push_back(r);
+      b.seq_lens.push_back(lens[static_cast<size_t>(r)]);
+      b.out_cache_loc.push_back(tokens.back());
+    }
+    return b;
+  };
+  auto fresh_q = [&] {
+    std::vector<float> host(static_cast<size_t>(qh.numel()));
+    for (float& x : host) x = dist(rng);
+    convert_from_float(host.data(), qh.data(), DType::bf16, host.size());
+    copy(q, qh);
+  };
+  ForwardOptions no_write;
+  no_write.save_kv_cache = false;
+
+  ForwardBatch capture_batch = make_batch({100, 2000, 7, 4096});
+  fresh_q();
+  graph_backend.init_forward_metadata_capture_cuda_graph(capture_batch);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  graph_backend.forward(q, {}, {}, out_graph, layer, capture_batch, no_write);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  for (const auto& lens : {std::vector<int32_t>{1, 1, 1, 1}, std::vector<int32_t>{3000, 17, 4096, 256},
+                           std::vector<int32_t>{100, 2000, 7, 4096}}) {
+    ForwardBatch b = make_batch(lens);
+    fresh_q();
+    graph_backend.init_forward_metadata_replay_cuda_graph(b);
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    eager_backend.init_forward_metadata(b);
+    eager_backend.forward(q, {}, {}, out_eager, layer, b, no_write);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    Buffer g(DType::bf16, out_graph.shape()), e(DType::bf16, out_eager.shape());
+    copy(g, out_graph);
+    copy(e, out_eager);
+    double max_diff = 0;
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      const double a = load_as_float(g.data(), DType::bf16, static_cast<size_t>(i));
+      const double c = load_as_float(e.data(), DType::bf16, static_cast<size_t>(i));
+      ASSERT_TRUE(std::isfinite(a)) << i;
+      max_diff = std::max(max_diff, std::fabs(a - c));
+    }
+    // Same kernels and inputs; the split count may differ (graphs plan for max_context_len).
+    EXPECT_LT(max_diff, 2e-2) << "lens " << lens[0] << "," << lens[1] << "," << lens[2] << "," << lens[3];
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST(CudaAttentionErrors, UnsupportedIsClearAtCheck) {
+  AttentionLayer layer;
+  layer.num_q_heads = 8;
+  layer.num_kv_heads = 2;
+  layer.head_dim = 72;
+  EXPECT_NE(cuda_attention_unsupported_reason(layer, DType::bf16, DType::bf16, 16).find("head_dim 72"), std::string::npos);
+  layer.head_dim = 128;
+  EXPECT_NE(cuda_attention_unsupported_reason(layer, DType::f32, DType::bf16, 16).find("query dtype f32"), std::string::npos);
+  EXPECT_TRUE(cuda_attention_unsupported_reason(layer, DType::bf16, DType::fp8_e4m3, 64).empty());
+}
+
+}  // namespace
+}  // namespace specula::testing
