@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds specula on a GPU machine (Release, sm_90a) and runs, in order: the CUDA attention tests,
+# the attention benchmark against the device's measured ceilings, and the CUDA tests under
+# compute-sanitizer memcheck. Logs and the benchmark JSON go to $OUT (default /tmp/specula-out);
+# a short summary is printed last.
+set -uo pipefail
+out=${OUT:-/tmp/specula-out}
+mkdir -p "$out"
+build=build/device
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_BENCH=OFF \
+     -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1; then
+  tail -40 "$out/configure.log"
+  exit 1
+fi
+if ! cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1; then
+  grep -E "error" -A6 "$out/build.log" | head -80
+  exit 1
+fi
+
+"$build/tests/cuda_attention_test" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$out/cuda_test.log" 2>&1
+test_rc=$?
+grep -E "^\[  (FAILED|PASSED) |Failure|error|seed=" "$out/cuda_test.log" | head -60
+
+"$build/bin/specula" bench attention --device cuda --json "$out/bench.json" >"$out/bench.log" 2>&1
+bench_rc=$?
+
+timeout "${MEMCHECK_SECONDS:-240}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+  "$build/tests/cuda_attention_test" --gtest_brief=1 >"$out/memcheck.log" 2>&1
+memcheck_rc=$?
+
+echo "== summary =="
+echo "cuda_attention_test rc=$test_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/cuda_test.log" | tr '\n' ' ')"
+echo "memcheck rc=$memcheck_rc (124 = timed out): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
+echo "bench rc=$bench_rc"
+cat "$out/bench.log"
