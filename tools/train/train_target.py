@@ -82,6 +82,7 @@ class LossOf(torch.nn.Module):
 def build(a, shape, device):
     model = Target(shape)
     model.init_weights(a.seed)
+    model.onehot_embed = True
     model.to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed_tokens" not in n]
     rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed_tokens" not in n)]
