@@ -14,8 +14,8 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_
   tail -40 "$out/configure.log"
   exit 1
 fi
-if ! cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1; then
-  grep -E "error" -A6 "$out/build.log" | head -80
+if ! cmake --build "$build" -j "$(nproc)" -- -k 0 >"$out/build.log" 2>&1; then
+  grep -E "error" -A4 "$out/build.log" | grep -v "^--$" | head -120
   exit 1
 fi
 

@@ -1,6 +1,7 @@
 // AttentionHarness implementation.
 #include "attention/attention_harness.h"
 
+#include <cstdint>
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -3,6 +3,9 @@
 // static library link could silently drop).
 #include "specula/attention/backend.h"
 
+#include <memory>
+#include <string>
+#include <vector>
 #include <cmath>
 
 #include "specula/attention/cpu/cpu_backend.h"

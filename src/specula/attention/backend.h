@@ -6,6 +6,7 @@
 // batch.out_cache_loc (unless told not to) and attend over the paged cache.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>

@@ -1,4 +1,8 @@
 // HybridAttentionBackend: routing by forward mode.
+
+#include <memory>
+#include <utility>
+
 #include "specula/attention/hybrid_backend.h"
 
 #include "specula/core/error.h"

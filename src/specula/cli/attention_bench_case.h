@@ -3,6 +3,7 @@
 // random queries, and the figures a report needs (bytes of KV read, FLOPs).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <random>
 #include <string>

@@ -2,6 +2,9 @@
 // per layer (one attention call), with KV bandwidth for decode and FLOP rate for prefill.
 #include "specula/cli/bench_attention.h"
 
+#include <string>
+#include <utility>
+#include <vector>
 #include <fmt/format.h>
 
 #include <chrono>

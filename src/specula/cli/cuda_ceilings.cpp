@@ -1,6 +1,8 @@
 // GPU ceilings: a 2 GiB device-to-device copy and an 8192^3 bf16 cuBLAS GEMM.
 #include "specula/cli/cuda_ceilings.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 

@@ -1,6 +1,7 @@
 // Device naming and parsing.
 #include "specula/core/device.h"
 
+#include <string>
 #include <charconv>
 
 #include "specula/core/error.h"

@@ -2,6 +2,7 @@
 // every call site.
 #include "specula/core/error.h"
 
+#include <string>
 #include <cstdio>
 #include <cstdlib>
 

@@ -3,6 +3,7 @@
 // (64-byte aligned, for AVX-512) or device memory (cudaMalloc) and hand out views.
 #pragma once
 
+#include <utility>
 #include <array>
 #include <cstddef>
 #include <cstdint>

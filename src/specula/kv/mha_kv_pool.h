@@ -5,6 +5,7 @@
 // ("descale").
 #pragma once
 
+#include <span>
 #include <cstdint>
 #include <vector>
 

@@ -5,6 +5,7 @@
 // tree masks, LSE output and an fp8 e4m3 cache with descale.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <set>
 #include <tuple>

@@ -10,6 +10,7 @@
 // Every inner loop runs over the W lanes, so there is no horizontal reduction anywhere.
 #pragma once
 
+#include <cstdint>
 #include <algorithm>
 #include <bit>
 #include <cmath>

@@ -4,6 +4,11 @@
 // keep valid pointers), the KV write, and the kernel launches.
 #include "specula/attention/cuda/cuda_backend.h"
 
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
