@@ -61,7 +61,8 @@ struct DecodeSplit {
 
 void launch_decode(const AttentionParams& params, const DecodeSplit& split, cudaStream_t stream);
 
-// Prefill / extend / verify: work items of 64 query rows of one sequence, built by the backend.
+// Prefill / extend / verify: work items of kPrefillTileRows query rows of one sequence, built by
+// the backend.
 struct PrefillWork {
   const int32_t* items;  // [num_items, 2]: (sequence, first query row of the tile)
   int32_t num_items;
@@ -70,6 +71,6 @@ struct PrefillWork {
 void launch_prefill(const AttentionParams& params, const PrefillWork& work, cudaStream_t stream);
 
 // Query rows per prefill work item.
-inline constexpr int kPrefillTileRows = 64;
+inline constexpr int kPrefillTileRows = 128;
 
 }  // namespace specula::cuda_kernels

@@ -20,16 +20,30 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kEpl = 8;     // elements per lane per row
-constexpr int kUnroll = 4;  // keys per subgroup per iteration, loaded before any is used
+constexpr int kUnroll = 8;  // keys per subgroup per iteration, loaded before any is used
 constexpr float kNegInf = -__builtin_huge_valf();
 
-// 8 consecutive cache elements -> float.
+// 8 consecutive cache elements, kept packed in registers until used (16 bytes for 16-bit
+// caches, 8 for fp8), so many keys' loads can be in flight per thread.
 template <typename KV>
-__device__ __forceinline__ void load8(const KV* src, float (&dst)[kEpl]);
+struct Raw8 {
+  using type = uint4;
+};
+template <>
+struct Raw8<__nv_fp8_e4m3> {
+  using type = uint2;
+};
+
+template <typename KV>
+__device__ __forceinline__ typename Raw8<KV>::type load_raw8(const KV* src) {
+  return __ldg(reinterpret_cast<const typename Raw8<KV>::type*>(src));
+}
+
+template <typename KV>
+__device__ __forceinline__ void unpack8(const typename Raw8<KV>::type& raw, float (&dst)[kEpl]);
 
 template <>
-__device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* src, float (&dst)[kEpl]) {
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
+__device__ __forceinline__ void unpack8<__nv_bfloat16>(const uint4& raw, float (&dst)[kEpl]) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -39,8 +53,7 @@ __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16* src, f
 }
 
 template <>
-__device__ __forceinline__ void load8<__half>(const __half* src, float (&dst)[kEpl]) {
-  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(src));
+__device__ __forceinline__ void unpack8<__half>(const uint4& raw, float (&dst)[kEpl]) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -51,8 +64,7 @@ __device__ __forceinline__ void load8<__half>(const __half* src, float (&dst)[kE
 }
 
 template <>
-__device__ __forceinline__ void load8<__nv_fp8_e4m3>(const __nv_fp8_e4m3* src, float (&dst)[kEpl]) {
-  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src));
+__device__ __forceinline__ void unpack8<__nv_fp8_e4m3>(const uint2& raw, float (&dst)[kEpl]) {
   const uint32_t words[2] = {raw.x, raw.y};
 #pragma unroll
   for (int w = 0; w < 2; ++w) {
@@ -123,7 +135,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams 
   const KV* k_cache = static_cast<const KV*>(p.k_cache);
   const KV* v_cache = static_cast<const KV*>(p.v_cache);
   for (int base = begin; base < end; base += kSubgroups * kUnroll) {
-    float kf[kUnroll][kEpl], vf[kUnroll][kEpl];
+    using Raw = typename Raw8<KV>::type;
+    Raw k_raw[kUnroll], v_raw[kUnroll];
     bool valid[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -131,27 +144,19 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams 
       valid[u] = j < end;
       const int64_t slot = valid[u] ? static_cast<int64_t>(pages[j / p.page_size]) * p.page_size + j % p.page_size : 0;
       const int64_t row = slot * p.num_kv_heads + kv_head;
-      if (valid[u] && k_lane) {
-        load8<KV>(k_cache + row * p.head_dim + d0, kf[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) kf[u][e] = 0.0f;
-      }
-      if (valid[u] && v_lane) {
-        load8<KV>(v_cache + row * p.v_head_dim + d0, vf[u]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) vf[u][e] = 0.0f;
-      }
+      k_raw[u] = (valid[u] && k_lane) ? load_raw8<KV>(k_cache + row * p.head_dim + d0) : Raw{};
+      v_raw[u] = (valid[u] && v_lane) ? load_raw8<KV>(v_cache + row * p.v_head_dim + d0) : Raw{};
     }
     float s[kUnroll][kHeads];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
+      float kf[kEpl];
+      unpack8<KV>(k_raw[u], kf);
 #pragma unroll
       for (int h = 0; h < kHeads; ++h) {
         float dot = 0.0f;
 #pragma unroll
-        for (int e = 0; e < kEpl; ++e) dot = fmaf(q[h][e], kf[u][e], dot);
+        for (int e = 0; e < kEpl; ++e) dot = fmaf(q[h][e], kf[e], dot);
 #pragma unroll
         for (int off = LPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
         if (capped) dot = p.logit_cap * tanhf(dot / p.logit_cap) * kLog2e;
@@ -172,8 +177,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams 
       for (int u = 0; u < kUnroll; ++u) {
         const float pu = exp2f(s[u][h] - m_new);
         l[h] += pu;
+        float vf[kEpl];
+        unpack8<KV>(v_raw[u], vf);
 #pragma unroll
-        for (int e = 0; e < kEpl; ++e) o[h][e] = fmaf(pu, vf[u][e], o[h][e]);
+        for (int e = 0; e < kEpl; ++e) o[h][e] = fmaf(pu, vf[e], o[h][e]);
       }
       m[h] = m_new;
     }

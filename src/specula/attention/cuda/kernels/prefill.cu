@@ -1,8 +1,8 @@
 // Prefill / extend / verify attention over a paged KV cache on tensor cores (FlashAttention-2
 // structure on mma.sync; a later wgmma + TMA mainloop replaces mainloop() below).
 //
-// Grid: (work items, num_q_heads); 128 threads = 4 warps, each owning 16 of the tile's 64 query
-// rows. Per K/V tile of kKeys keys: S = Q K^T in registers, scale / soft-cap / masks, online
+// Grid: (work items, num_q_heads); 256 threads = 8 warps, each owning 16 of the tile's 128
+// query rows. Per K/V tile of kKeys keys: S = Q K^T in registers, scale / soft-cap / masks, online
 // softmax in log2 units, P (rounded to the operand type) times V accumulated in registers.
 // K/V tiles are gathered page by page into padded shared-memory rows (row stride head_dim + 8
 // elements keeps ldmatrix conflict-free), double-buffered with cp.async when the cache has the
@@ -21,7 +21,8 @@ namespace specula::cuda_kernels {
 namespace {
 
 constexpr float kNegInf = -__builtin_huge_valf();
-constexpr int kThreads = 128;
+// 16 query rows per warp; kPrefillTileRows / 16 warps share each K/V tile.
+constexpr int kThreads = kPrefillTileRows * 2;
 
 template <typename T, typename KV, int D>
 struct Traits {
@@ -31,6 +32,9 @@ struct Traits {
   static constexpr int kChunks = D / 8;  // 16-byte chunks of a row
   static constexpr bool kDirect = std::is_same_v<T, KV>;
   static constexpr size_t kSmemBytes = sizeof(T) * static_cast<size_t>(kStride) * (kRows + 4 * kKeys);
+  // Q fragments live in registers for head_dim <= 128 (D / 4 registers); wider heads re-read
+  // them from shared memory each tile to stay clear of spills.
+  static constexpr bool kQInRegisters = D <= 128;
 };
 
 // Eight cache elements -> eight operand elements packed in 16 bytes (conversion path).
@@ -139,6 +143,8 @@ struct Prefill {
     float l[2] = {0.0f, 0.0f};
     const float score_mul = p.scale * p.k_descale;
     const bool capped = p.logit_cap > 0.0f;
+    uint32_t q_frag[Tr::kQInRegisters ? D / 16 : 1][4];
+    bool q_loaded = false;
 
     for (int tile = tile_first; tile < tile_last; ++tile) {
       const int buf = (tile - tile_first) & 1;
@@ -153,6 +159,15 @@ struct Prefill {
       __syncthreads();
       const T* k_tile = sK + buf * kKeys * kStride;
       const T* v_tile = sV + buf * kKeys * kStride;
+      if constexpr (Tr::kQInRegisters) {
+        if (!q_loaded) {
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) {
+            ldmatrix_x4(q_frag[ks], sQ + (warp * 16 + (lane & 15)) * kStride + ks * 16 + (lane >> 4) * 8);
+          }
+          q_loaded = true;
+        }
+      }
 
       // S = Q K^T for this warp's 16 rows.
       float s[kKeys / 8][4];
@@ -160,8 +175,11 @@ struct Prefill {
       for (int nt = 0; nt < kKeys / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t a[4];
-        ldmatrix_x4(a, sQ + (warp * 16 + (lane & 15)) * kStride + ks * 16 + (lane >> 4) * 8);
+        uint32_t a_smem[4];
+        if constexpr (!Tr::kQInRegisters) {
+          ldmatrix_x4(a_smem, sQ + (warp * 16 + (lane & 15)) * kStride + ks * 16 + (lane >> 4) * 8);
+        }
+        const uint32_t(&a)[4] = Tr::kQInRegisters ? q_frag[Tr::kQInRegisters ? ks : 0] : a_smem;
 #pragma unroll
         for (int np = 0; np < kKeys / 16; ++np) {
           uint32_t b[4];
