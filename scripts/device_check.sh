@@ -35,3 +35,15 @@ echo "cuda_attention_test rc=$test_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0
 echo "memcheck rc=$memcheck_rc (124 = timed out): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
 echo "bench rc=$bench_rc"
 cat "$out/bench.log"
+
+# Optional: hardware counters of one decode and one prefill launch (NCU=1).
+if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+  timeout 200 ncu --clock-control none --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
+    -k regex:decode_kernel -c 1 "$build/bin/specula" bench attention --device cuda --filter "decode B=64 L=4096 p16" \
+    >"$out/ncu_decode.log" 2>&1
+  timeout 200 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+    -k regex:prefill_kernel -c 1 "$build/bin/specula" bench attention --device cuda --filter "prefill causal hd128" \
+    >"$out/ncu_prefill.log" 2>&1
+  grep -E "Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Duration|L1/TEX Hit|L2 Hit" \
+    "$out/ncu_decode.log" "$out/ncu_prefill.log" | head -60
+fi

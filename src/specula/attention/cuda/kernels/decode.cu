@@ -20,7 +20,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kEpl = 8;     // elements per lane per row
-constexpr int kUnroll = 8;  // keys per subgroup per iteration, loaded before any is used
+constexpr int kUnroll = 4;  // keys per subgroup per iteration, loaded before any is used
 constexpr float kNegInf = -__builtin_huge_valf();
 
 // 8 consecutive cache elements, kept packed in registers until used (16 bytes for 16-bit

@@ -1,7 +1,7 @@
 // Prefill / extend / verify attention over a paged KV cache on tensor cores (FlashAttention-2
 // structure on mma.sync; a later wgmma + TMA mainloop replaces mainloop() below).
 //
-// Grid: (work items, num_q_heads); 256 threads = 8 warps, each owning 16 of the tile's 128
+// Grid: (work items, num_q_heads); 128 threads = 4 warps, each owning 16 of the tile's 64
 // query rows. Per K/V tile of kKeys keys: S = Q K^T in registers, scale / soft-cap / masks, online
 // softmax in log2 units, P (rounded to the operand type) times V accumulated in registers.
 // K/V tiles are gathered page by page into padded shared-memory rows (row stride head_dim + 8
