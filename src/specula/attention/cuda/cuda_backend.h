@@ -21,7 +21,7 @@ namespace specula {
 std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType q_dtype, DType kv_dtype,
                                               int page_size);
 
-// Decode split heuristic: about eight (sequence, KV-head block, split) blocks per multiprocessor,
+// Decode split heuristic: about two (sequence, KV-head block, split) blocks per multiprocessor,
 // never splitting when the batch already fills the GPU, never below 256 keys per split.
 int choose_decode_splits(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms);
 
