@@ -311,6 +311,22 @@ AttentionResult AttentionHarness::reference(const std::vector<int>& only, bool r
 template AttentionResult AttentionHarness::reference<double>(const std::vector<int>&, bool) const;
 template AttentionResult AttentionHarness::reference<float>(const std::vector<int>&, bool) const;
 
+uint64_t fresh_seed() {
+  static std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
+}
+
+std::vector<RequestSpec> random_requests(std::mt19937& rng, int count, int max_prefix, int max_extend, ForwardMode mode) {
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < count; ++i) {
+    RequestSpec r;
+    r.prefix_len = static_cast<int>(rng() % static_cast<unsigned>(max_prefix + 1));
+    r.extend_len = mode == ForwardMode::DECODE ? 1 : 1 + static_cast<int>(rng() % static_cast<unsigned>(max_extend));
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
 void expect_close_to_reference(const AttentionResult& got, const AttentionResult& truth, const AttentionResult& naive,
                                double atol, const char* what) {
   ASSERT_EQ(got.out.size(), truth.out.size()) << what;

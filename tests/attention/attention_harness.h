@@ -79,6 +79,11 @@ class AttentionHarness {
   std::vector<std::vector<uint8_t>> tree_masks_;    // per request [extend_len, prefix + extend]
 };
 
+// A fresh 64-bit seed per call (tests print it on failure), and `count` requests with random
+// prefix lengths in [0, max_prefix] and extend lengths in [1, max_extend] (1 for DECODE).
+uint64_t fresh_seed();
+std::vector<RequestSpec> random_requests(std::mt19937& rng, int count, int max_prefix, int max_extend, ForwardMode mode);
+
 // Asserts the backend's error is within 2x the naive same-precision reference's error plus
 // atol (FlashAttention's rule), that -inf LSE positions match, and LSEs agree.
 void expect_close_to_reference(const AttentionResult& got, const AttentionResult& truth,

@@ -11,11 +11,6 @@
 namespace specula::testing {
 namespace {
 
-uint64_t fresh_seed() {
-  static std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) | rd();
-}
-
 double atol_for(DType out_dtype) { return out_dtype == DType::f32 ? 2e-5 : 1e-3; }
 
 // Runs the harness on both kernels and checks each against the reference.
@@ -31,17 +26,6 @@ void check_against_reference(const HarnessConfig& config, const char* what) {
     backend.set_isa(isa);
     expect_close_to_reference(h.run(backend), truth, naive, atol_for(config.q_dtype), what);
   }
-}
-
-std::vector<RequestSpec> random_requests(std::mt19937& rng, int count, int max_prefix, int max_extend, ForwardMode mode) {
-  std::vector<RequestSpec> reqs;
-  for (int i = 0; i < count; ++i) {
-    RequestSpec r;
-    r.prefix_len = static_cast<int>(rng() % static_cast<unsigned>(max_prefix + 1));
-    r.extend_len = mode == ForwardMode::DECODE ? 1 : 1 + static_cast<int>(rng() % static_cast<unsigned>(max_extend));
-    reqs.push_back(r);
-  }
-  return reqs;
 }
 
 std::mt19937 rng_for_shapes() { return std::mt19937(static_cast<uint32_t>(fresh_seed())); }

@@ -21,23 +21,7 @@ namespace {
 #define REQUIRE_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
 
-uint64_t fresh_seed() {
-  static std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) | rd();
-}
-
 std::mt19937 rng_for_shapes() { return std::mt19937(static_cast<uint32_t>(fresh_seed())); }
-
-std::vector<RequestSpec> random_requests(std::mt19937& rng, int count, int max_prefix, int max_extend, ForwardMode mode) {
-  std::vector<RequestSpec> reqs;
-  for (int i = 0; i < count; ++i) {
-    RequestSpec r;
-    r.prefix_len = static_cast<int>(rng() % static_cast<unsigned>(max_prefix + 1));
-    r.extend_len = mode == ForwardMode::DECODE ? 1 : 1 + static_cast<int>(rng() % static_cast<unsigned>(max_extend));
-    reqs.push_back(r);
-  }
-  return reqs;
-}
 
 // CUDA output against the f64 truth, within 2x the error of a same-precision naive reference
 // (bf16 probabilities, output rounded to the io dtype) plus atol.

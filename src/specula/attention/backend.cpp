@@ -21,6 +21,21 @@ float AttentionLayer::effective_scaling() const {
   return scaling != 0.0f ? scaling : 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
 
+std::string common_layer_problem(const AttentionLayer& layer) {
+  if (layer.num_q_heads < 1 || layer.num_kv_heads < 1 || layer.num_q_heads % layer.num_kv_heads != 0) {
+    return fmt::format("num_q_heads {} must be a positive multiple of num_kv_heads {}", layer.num_q_heads,
+                       layer.num_kv_heads);
+  }
+  if (!layer.sinks.empty() && static_cast<int>(layer.sinks.size()) != layer.num_q_heads) {
+    return fmt::format("sinks has {} entries; expected one per query head ({})", layer.sinks.size(), layer.num_q_heads);
+  }
+  if (layer.sliding_window_size < -1) {
+    return fmt::format("sliding_window_size {} is not valid; expected -1 (none) or >= 0", layer.sliding_window_size);
+  }
+  if (!(layer.logit_cap >= 0.0f)) return fmt::format("logit_cap {} must be >= 0", layer.logit_cap);
+  return {};
+}
+
 void AttentionBackend::forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const AttentionLayer& layer,
                                const ForwardBatch& batch, const ForwardOptions& options) {

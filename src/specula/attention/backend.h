@@ -101,6 +101,10 @@ class AttentionBackend {
   virtual int cuda_graph_seq_len_fill_value() const { return 1; }
 };
 
+// Checks every backend shares (head counts, sinks, window, soft-cap); returns the reason a layer
+// is malformed, or an empty string. Backend selection functions call it first.
+std::string common_layer_problem(const AttentionLayer& layer);
+
 // Names: "cpu", "hybrid" (options.prefill_backend + options.decode_backend), and "cuda" in
 // CUDA builds. Throws specula::Error listing the known names for anything else.
 std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name,

@@ -52,10 +52,7 @@ CpuKernelChoice select_cpu_attention_kernel(const AttentionLayer& layer, DType q
     return fail(fmt::format("v_head_dim {} is not supported; supported: {}", layer.effective_v_head_dim(),
                             fmt::join(kSupportedHeadDims, ", ")));
   }
-  if (layer.num_q_heads < 1 || layer.num_kv_heads < 1 || layer.num_q_heads % layer.num_kv_heads != 0) {
-    return fail(fmt::format("num_q_heads {} must be a positive multiple of num_kv_heads {}", layer.num_q_heads,
-                            layer.num_kv_heads));
-  }
+  if (std::string problem = common_layer_problem(layer); !problem.empty()) return fail(std::move(problem));
   if (q_dtype != DType::f32 && q_dtype != DType::bf16 && q_dtype != DType::f16) {
     return fail(fmt::format("query dtype {} is not supported; supported: f32, bf16, f16", dtype_name(q_dtype)));
   }
@@ -66,15 +63,6 @@ CpuKernelChoice select_cpu_attention_kernel(const AttentionLayer& layer, DType q
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) {
     return fail(fmt::format("page_size {} is not supported; it must be a power of two >= 1", page_size));
   }
-  if (!layer.sinks.empty() && static_cast<int>(layer.sinks.size()) != layer.num_q_heads) {
-    return fail(fmt::format("sinks has {} entries; expected one per query head ({})", layer.sinks.size(),
-                            layer.num_q_heads));
-  }
-  if (layer.sliding_window_size < -1) {
-    return fail(fmt::format("sliding_window_size {} is not valid; expected -1 (none) or >= 0",
-                            layer.sliding_window_size));
-  }
-  if (layer.logit_cap < 0.0f) return fail(fmt::format("logit_cap {} must be >= 0", layer.logit_cap));
   return choice;
 }
 

@@ -89,10 +89,7 @@ std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType
     return fmt::format("v_head_dim {} differs from head_dim {}; the cuda backend needs them equal",
                        layer.effective_v_head_dim(), layer.head_dim);
   }
-  if (layer.num_q_heads < 1 || layer.num_kv_heads < 1 || layer.num_q_heads % layer.num_kv_heads != 0) {
-    return fmt::format("num_q_heads {} must be a positive multiple of num_kv_heads {}", layer.num_q_heads,
-                       layer.num_kv_heads);
-  }
+  if (std::string problem = common_layer_problem(layer); !problem.empty()) return problem;
   if (q_dtype != DType::bf16 && q_dtype != DType::f16) {
     return fmt::format("query dtype {} is not supported; supported: bf16, f16", dtype_name(q_dtype));
   }
@@ -102,13 +99,6 @@ std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) {
     return fmt::format("page_size {} is not supported; it must be a power of two >= 1", page_size);
   }
-  if (!layer.sinks.empty() && static_cast<int>(layer.sinks.size()) != layer.num_q_heads) {
-    return fmt::format("sinks has {} entries; expected one per query head ({})", layer.sinks.size(), layer.num_q_heads);
-  }
-  if (layer.sliding_window_size < -1) {
-    return fmt::format("sliding_window_size {} is not valid; expected -1 (none) or >= 0", layer.sliding_window_size);
-  }
-  if (layer.logit_cap < 0.0f) return fmt::format("logit_cap {} must be >= 0", layer.logit_cap);
   return {};
 }
 

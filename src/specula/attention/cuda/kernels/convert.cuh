@@ -36,6 +36,20 @@ __device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float v) {
   return __nv_fp8_e4m3(fminf(fmaxf(v, -448.0f), 448.0f));
 }
 
+// Eight packed fp8 e4m3 values (8 bytes, lowest byte first) -> float, exactly.
+__device__ __forceinline__ void fp8x8_to_float(const uint2& raw, float (&dst)[8]) {
+  const uint32_t words[2] = {raw.x, raw.y};
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      __nv_fp8_e4m3 v;
+      v.__x = static_cast<__nv_fp8_storage_t>((words[w] >> (8 * b)) & 0xffu);
+      dst[4 * w + b] = static_cast<float>(v);
+    }
+  }
+}
+
 // Two floats -> one packed 32-bit register of the 16-bit MMA type.
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);

@@ -65,16 +65,7 @@ __device__ __forceinline__ void unpack8<__half>(const uint4& raw, float (&dst)[k
 
 template <>
 __device__ __forceinline__ void unpack8<__nv_fp8_e4m3>(const uint2& raw, float (&dst)[kEpl]) {
-  const uint32_t words[2] = {raw.x, raw.y};
-#pragma unroll
-  for (int w = 0; w < 2; ++w) {
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      __nv_fp8_e4m3 v;
-      v.__x = static_cast<__nv_fp8_storage_t>((words[w] >> (8 * b)) & 0xffu);
-      dst[4 * w + b] = static_cast<float>(v);
-    }
-  }
+  fp8x8_to_float(raw, dst);
 }
 
 template <typename KV, int LPK, int kHeads>

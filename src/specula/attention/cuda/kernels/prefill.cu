@@ -42,17 +42,7 @@ template <typename T, typename KV>
 __device__ __forceinline__ uint4 load_convert8(const KV* src) {
   float f[8];
   if constexpr (sizeof(KV) == 1) {
-    const uint2 raw = *reinterpret_cast<const uint2*>(src);
-    const uint32_t words[2] = {raw.x, raw.y};
-#pragma unroll
-    for (int w = 0; w < 2; ++w) {
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        __nv_fp8_e4m3 v;
-        v.__x = static_cast<__nv_fp8_storage_t>((words[w] >> (8 * b)) & 0xffu);
-        f[4 * w + b] = static_cast<float>(v);
-      }
-    }
+    fp8x8_to_float(*reinterpret_cast<const uint2*>(src), f);
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) f[i] = to_float(src[i]);
