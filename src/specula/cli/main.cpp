@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "specula/cli/bench_attention.h"
+#include "specula/cli/generate.h"
 #include "specula/core/error.h"
 
 namespace {
@@ -26,7 +27,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", fmt::format("specula {}", SPECULA_VERSION));
   app.require_subcommand(1);
 
-  add_pending(app, "generate", "Generate text with a model", "model loading and the runtime");
+  specula::add_generate_command(app);
   add_pending(app, "serve", "Serve an OpenAI-compatible HTTP API", "the serving runtime and HTTP server");
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);

@@ -1,0 +1,124 @@
+// config.json parsing with nlohmann::json; every missing or bad field is reported by name.
+#include "specula/model/config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "specula/core/error.h"
+
+namespace specula {
+
+namespace {
+
+using json = nlohmann::json;
+
+int require_int(const json& j, const char* key, int min_value) {
+  SPECULA_CHECK(j.contains(key) && j[key].is_number_integer(), "config.json: '{}' is missing or not an integer", key);
+  const int64_t v = j[key].get<int64_t>();
+  SPECULA_CHECK(v >= min_value && v <= INT32_MAX, "config.json: '{}' = {} is out of range (at least {})", key, v,
+                min_value);
+  return static_cast<int>(v);
+}
+
+double number_or(const json& j, const char* key, double fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  SPECULA_CHECK(j[key].is_number(), "config.json: '{}' must be a number", key);
+  return j[key].get<double>();
+}
+
+}  // namespace
+
+const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM"};
+  return names;
+}
+
+ModelConfig parse_model_config(const std::string& json_text) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    SPECULA_CHECK(false, "config.json is not valid JSON: {}", e.what());
+  }
+  SPECULA_CHECK(j.is_object(), "config.json must hold a JSON object");
+  ModelConfig c;
+  SPECULA_CHECK(j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+                    j["architectures"][0].is_string(),
+                "config.json: 'architectures' is missing");
+  c.architecture = j["architectures"][0].get<std::string>();
+  const auto& supported = supported_architectures();
+  SPECULA_CHECK(std::find(supported.begin(), supported.end(), c.architecture) != supported.end(),
+                "architecture '{}' is not supported; supported: {}", c.architecture, fmt::join(supported, ", "));
+  c.model_type = j.value("model_type", "");
+  c.vocab_size = require_int(j, "vocab_size", 1);
+  c.hidden_size = require_int(j, "hidden_size", 1);
+  c.intermediate_size = require_int(j, "intermediate_size", 1);
+  c.num_hidden_layers = require_int(j, "num_hidden_layers", 1);
+  c.num_attention_heads = require_int(j, "num_attention_heads", 1);
+  c.num_key_value_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                              ? require_int(j, "num_key_value_heads", 1)
+                              : c.num_attention_heads;
+  SPECULA_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
+                "config.json: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                c.num_attention_heads, c.num_key_value_heads);
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+    c.head_dim = require_int(j, "head_dim", 1);
+  } else {
+    SPECULA_CHECK(c.hidden_size % c.num_attention_heads == 0,
+                  "config.json: hidden_size {} is not divisible by num_attention_heads {}", c.hidden_size,
+                  c.num_attention_heads);
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  SPECULA_CHECK(c.head_dim % 2 == 0, "config.json: head_dim {} must be even for RoPE", c.head_dim);
+  c.max_position_embeddings = j.contains("max_position_embeddings") ? require_int(j, "max_position_embeddings", 1) : 4096;
+  c.rms_norm_eps = number_or(j, "rms_norm_eps", 1e-6);
+  c.rope_theta = number_or(j, "rope_theta", 10000.0);
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  c.attention_bias = j.value("attention_bias", false);
+  if (j.contains("sliding_window") && j["sliding_window"].is_number_integer()) c.sliding_window = j["sliding_window"].get<int>();
+  c.torch_dtype = j.value("torch_dtype", std::string("bfloat16"));
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int>();
+  if (j.contains("eos_token_id")) {
+    const json& e = j["eos_token_id"];
+    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int>());
+    if (e.is_array()) {
+      for (const json& x : e) {
+        SPECULA_CHECK(x.is_number_integer(), "config.json: 'eos_token_id' entries must be integers");
+        c.eos_token_ids.push_back(x.get<int>());
+      }
+    }
+  }
+  const json* rs = nullptr;
+  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rs = &j["rope_scaling"];
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rs = &j["rope_parameters"];
+  if (rs != nullptr) {
+    const json& r = *rs;
+    c.rope_scaling.type = r.value("rope_type", r.value("type", std::string("default")));
+    c.rope_scaling.factor = number_or(r, "factor", 1.0);
+    c.rope_scaling.low_freq_factor = number_or(r, "low_freq_factor", 1.0);
+    c.rope_scaling.high_freq_factor = number_or(r, "high_freq_factor", 4.0);
+    c.rope_scaling.original_max_position_embeddings =
+        static_cast<int>(number_or(r, "original_max_position_embeddings", c.max_position_embeddings));
+    if (r.contains("rope_theta")) c.rope_theta = number_or(r, "rope_theta", c.rope_theta);
+    static const char* kTypes[] = {"default", "linear", "llama3"};
+    SPECULA_CHECK(std::find(std::begin(kTypes), std::end(kTypes), c.rope_scaling.type) != std::end(kTypes),
+                  "config.json: rope scaling type '{}' is not supported; supported: default, linear, llama3",
+                  c.rope_scaling.type);
+  }
+  return c;
+}
+
+ModelConfig load_model_config(const std::filesystem::path& model_dir) {
+  const auto path = model_dir / "config.json";
+  std::ifstream in(path);
+  SPECULA_CHECK(in.good(), "cannot read {}: is '{}' a Hugging Face model folder?", path.string(), model_dir.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_model_config(text.str());
+}
+
+}  // namespace specula

@@ -1,0 +1,49 @@
+// ModelConfig: the fields of a Hugging Face config.json that specula's Llama-family models use,
+// read and checked once at load. Unsupported architectures and malformed values are one clear
+// error naming the field and what is allowed.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace specula {
+
+struct RopeScaling {
+  std::string type = "default";  // default, linear, llama3
+  double factor = 1.0;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  int original_max_position_embeddings = 0;
+};
+
+struct ModelConfig {
+  std::string architecture;  // e.g. LlamaForCausalLM
+  std::string model_type;
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int head_dim = 0;
+  int max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  int sliding_window = -1;  // Mistral: window of this many tokens; -1 none
+  int bos_token_id = -1;
+  std::vector<int> eos_token_ids;
+  std::string torch_dtype = "bfloat16";
+};
+
+// Architectures this build can run.
+const std::vector<std::string>& supported_architectures();
+
+ModelConfig parse_model_config(const std::string& json_text);
+ModelConfig load_model_config(const std::filesystem::path& model_dir);
+
+}  // namespace specula

@@ -1,0 +1,177 @@
+// LlamaModel on the CPU. The arithmetic follows Hugging Face's LlamaForCausalLM in float32:
+// RMSNorm computes in f32 and scales by the weight; RoPE rotates halves (rotate_half) with
+// inverse frequencies 1 / theta^(2i/d) computed in f32; SiLU-gated MLP.
+#include "specula/model/llama.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "specula/core/error.h"
+
+namespace specula {
+
+namespace {
+
+std::vector<float> to_f32(const TensorView& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  convert_to_float(t.data(), t.dtype(), out.data(), out.size());
+  return out;
+}
+
+// y[n, out] = x[n, in] * w[out, in]^T
+void linear(const float* x, const std::vector<float>& w, float* y, int64_t n, int in, int out) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), out, in, 1.0f, x, in, w.data(), in, 0.0f, y,
+              out);
+}
+
+void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t n, int hidden, float eps) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * hidden;
+    float sum = 0.0f;
+    for (int i = 0; i < hidden; ++i) sum += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(hidden) + eps);
+    for (int i = 0; i < hidden; ++i) y[r * hidden + i] = w[static_cast<size_t>(i)] * (xr[i] * inv);
+  }
+}
+
+// Llama-3 frequency scaling: long wavelengths are divided by `factor`, short ones kept, and the
+// band between blended (Hugging Face's _compute_llama3_parameters).
+void apply_llama3_scaling(std::vector<float>& inv_freq, const RopeScaling& s) {
+  const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+  const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+  for (float& f : inv_freq) {
+    const double wavelen = 2.0 * M_PI / f;
+    if (wavelen > low_wavelen) {
+      f = static_cast<float>(f / s.factor);
+    } else if (wavelen >= high_wavelen) {
+      const double smooth =
+          (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = static_cast<float>((1.0 - smooth) * f / s.factor + smooth * f);
+    }
+  }
+}
+
+}  // namespace
+
+LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c) {
+  const int64_t h = c.hidden_size, q_out = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
+  const int64_t kv_out = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
+  SPECULA_CHECK(!c.attention_bias, "attention_bias is not supported by the Llama implementation yet");
+  embed_ = to_f32(ckpt.get("model.embed_tokens.weight", {c.vocab_size, h}));
+  final_norm_ = to_f32(ckpt.get("model.norm.weight", {h}));
+  if (!c.tie_word_embeddings) lm_head_ = to_f32(ckpt.get("lm_head.weight", {c.vocab_size, h}));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer layer;
+    layer.input_norm = to_f32(ckpt.get(p + "input_layernorm.weight", {h}));
+    layer.post_norm = to_f32(ckpt.get(p + "post_attention_layernorm.weight", {h}));
+    layer.wq = to_f32(ckpt.get(p + "self_attn.q_proj.weight", {q_out, h}));
+    layer.wk = to_f32(ckpt.get(p + "self_attn.k_proj.weight", {kv_out, h}));
+    layer.wv = to_f32(ckpt.get(p + "self_attn.v_proj.weight", {kv_out, h}));
+    layer.wo = to_f32(ckpt.get(p + "self_attn.o_proj.weight", {h, q_out}));
+    layer.w_gate = to_f32(ckpt.get(p + "mlp.gate_proj.weight", {c.intermediate_size, h}));
+    layer.w_up = to_f32(ckpt.get(p + "mlp.up_proj.weight", {c.intermediate_size, h}));
+    layer.w_down = to_f32(ckpt.get(p + "mlp.down_proj.weight", {h, c.intermediate_size}));
+    layers_.push_back(std::move(layer));
+
+    AttentionLayer a;
+    a.layer_id = l;
+    a.num_q_heads = c.num_attention_heads;
+    a.num_kv_heads = c.num_key_value_heads;
+    a.head_dim = c.head_dim;
+    // Mistral's window of W tokens lets a query see itself and W - 1 earlier keys.
+    a.sliding_window_size = c.sliding_window > 0 ? c.sliding_window - 1 : -1;
+    attention_layers_.push_back(a);
+  }
+  const int half = c.head_dim / 2;
+  inv_freq_.resize(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
+    inv_freq_[static_cast<size_t>(i)] = 1.0f / std::pow(static_cast<float>(c.rope_theta), exponent);
+  }
+  if (c.rope_scaling.type == "linear") {
+    for (float& f : inv_freq_) f = static_cast<float>(f / c.rope_scaling.factor);
+  } else if (c.rope_scaling.type == "llama3") {
+    apply_llama3_scaling(inv_freq_, c.rope_scaling);
+  }
+}
+
+void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens) {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.num_tokens();
+  const int hidden = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
+                "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
+  std::vector<float> x(static_cast<size_t>(n * hidden)), xn(x.size());
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = batch.input_ids[static_cast<size_t>(t)];
+    SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+    std::copy_n(embed_.begin() + static_cast<int64_t>(id) * hidden, hidden, x.begin() + t * hidden);
+  }
+  Buffer q(DType::f32, {n, Hq, D}), k(DType::f32, {n, Hkv, D}), v(DType::f32, {n, Hkv, D}), attn(DType::f32, {n, Hq, D});
+  std::vector<float> o(x.size()), gate(static_cast<size_t>(n * c.intermediate_size)), up(gate.size());
+  // cos/sin per token and frequency, computed in f32 as Hugging Face does.
+  std::vector<float> cos_t(static_cast<size_t>(n * (D / 2))), sin_t(cos_t.size());
+  for (int64_t t = 0; t < n; ++t) {
+    const float pos = static_cast<float>(batch.positions[static_cast<size_t>(t)]);
+    for (int i = 0; i < D / 2; ++i) {
+      const float angle = pos * inv_freq_[static_cast<size_t>(i)];
+      cos_t[static_cast<size_t>(t * (D / 2) + i)] = std::cos(angle);
+      sin_t[static_cast<size_t>(t * (D / 2) + i)] = std::sin(angle);
+    }
+  }
+  auto rope = [&](float* data, int heads) {
+    for (int64_t t = 0; t < n; ++t) {
+      for (int hd = 0; hd < heads; ++hd) {
+        float* v0 = data + (t * heads + hd) * D;
+        for (int i = 0; i < D / 2; ++i) {
+          const float cs = cos_t[static_cast<size_t>(t * (D / 2) + i)], sn = sin_t[static_cast<size_t>(t * (D / 2) + i)];
+          const float a = v0[i], b = v0[i + D / 2];
+          v0[i] = a * cs - b * sn;
+          v0[i + D / 2] = b * cs + a * sn;
+        }
+      }
+    }
+  };
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& w = layers_[l];
+    rms_norm(x.data(), w.input_norm, xn.data(), n, hidden, eps);
+    linear(xn.data(), w.wq, q.data_as<float>(), n, hidden, Hq * D);
+    linear(xn.data(), w.wk, k.data_as<float>(), n, hidden, Hkv * D);
+    linear(xn.data(), w.wv, v.data_as<float>(), n, hidden, Hkv * D);
+    rope(q.data_as<float>(), Hq);
+    rope(k.data_as<float>(), Hkv);
+    backend.forward(q, k, v, attn, attention_layers_[l], batch);
+    linear(attn.data_as<float>(), w.wo, o.data(), n, Hq * D, hidden);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    rms_norm(x.data(), w.post_norm, xn.data(), n, hidden, eps);
+    linear(xn.data(), w.w_gate, gate.data(), n, hidden, c.intermediate_size);
+    linear(xn.data(), w.w_up, up.data(), n, hidden, c.intermediate_size);
+    for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    linear(gate.data(), w.w_down, o.data(), n, c.intermediate_size, hidden);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+  }
+  // Final norm and lm_head on the rows whose logits are wanted.
+  std::vector<int64_t> rows;
+  if (all_tokens) {
+    for (int64_t t = 0; t < n; ++t) rows.push_back(t);
+  } else {
+    int64_t end = 0;
+    for (int r = 0; r < batch.batch_size; ++r) {
+      end += batch.query_len(r);
+      rows.push_back(end - 1);
+    }
+  }
+  std::vector<float> selected(rows.size() * static_cast<size_t>(hidden));
+  for (size_t r = 0; r < rows.size(); ++r) {
+    rms_norm(x.data() + rows[r] * hidden, final_norm_, selected.data() + r * static_cast<size_t>(hidden), 1, hidden, eps);
+  }
+  logits.resize(rows.size() * static_cast<size_t>(c.vocab_size));
+  linear(selected.data(), lm_head_.empty() ? embed_ : lm_head_, logits.data(), static_cast<int64_t>(rows.size()), hidden,
+         c.vocab_size);
+}
+
+}  // namespace specula

@@ -1,0 +1,43 @@
+// LlamaModel: the Llama-family decoder (RMSNorm, RoPE, grouped-query attention through an
+// AttentionBackend over the paged KV cache, SwiGLU MLP) on the CPU: weights held as f32 (converted
+// from the checkpoint once), matrix products through OpenBLAS.
+#pragma once
+
+#include <vector>
+
+#include "specula/attention/backend.h"
+#include "specula/model/config.h"
+#include "specula/model/safetensors.h"
+
+namespace specula {
+
+class LlamaModel {
+ public:
+  LlamaModel(const ModelConfig& config, const Checkpoint& checkpoint);
+
+  const ModelConfig& config() const { return config_; }
+  // One AttentionLayer per decoder layer (for backend checks and KV pool sizing).
+  const std::vector<AttentionLayer>& attention_layers() const { return attention_layers_; }
+
+  // Runs the batch (its input_ids / positions / KV slots); writes f32 logits of the last token of
+  // each request ([batch_size, vocab_size]) or, with all_tokens, of every token
+  // ([num_tokens, vocab_size]). The backend's metadata must be initialised for this batch.
+  void forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens = false);
+
+ private:
+  struct Layer {
+    std::vector<float> input_norm, post_norm;       // [hidden]
+    std::vector<float> wq, wk, wv, wo;              // [out, in] row-major
+    std::vector<float> w_gate, w_up, w_down;
+  };
+
+  ModelConfig config_;
+  std::vector<float> embed_;      // [vocab, hidden]
+  std::vector<float> final_norm_; // [hidden]
+  std::vector<float> lm_head_;    // [vocab, hidden] (empty when tied: embed_ is used)
+  std::vector<Layer> layers_;
+  std::vector<AttentionLayer> attention_layers_;
+  std::vector<float> inv_freq_;   // [head_dim / 2]
+};
+
+}  // namespace specula

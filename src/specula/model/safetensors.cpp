@@ -1,0 +1,152 @@
+// Safetensors parsing: 8-byte little-endian header length, a JSON header of
+// {name: {dtype, shape, data_offsets}}, then the data. Mapped read-only with mmap.
+#include "specula/model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "specula/core/error.h"
+
+namespace specula {
+
+namespace {
+
+using json = nlohmann::json;
+
+DType safetensors_dtype(const std::string& name, const std::string& file, const std::string& tensor) {
+  if (name == "F32") return DType::f32;
+  if (name == "F16") return DType::f16;
+  if (name == "BF16") return DType::bf16;
+  if (name == "F8_E4M3") return DType::fp8_e4m3;
+  if (name == "F8_E5M2") return DType::fp8_e5m2;
+  if (name == "I32") return DType::i32;
+  if (name == "I64") return DType::i64;
+  if (name == "U8" || name == "BOOL") return DType::u8;
+  SPECULA_CHECK(false, "{}: tensor '{}' has dtype {}, which specula does not read (supported: F32, F16, BF16, "
+                "F8_E4M3, F8_E5M2, I32, I64, U8, BOOL)", file, tensor, name);
+  return DType::f32;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
+  const std::string file = path.string();
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  SPECULA_CHECK(fd >= 0, "cannot open {}: {}", file, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    SPECULA_CHECK(false, "cannot stat {}", file);
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ < 8) {
+    ::close(fd);
+    SPECULA_CHECK(false, "{} is {} bytes: too short to be a safetensors file", file, size_);
+  }
+  mapping_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  SPECULA_CHECK(mapping_ != MAP_FAILED, "cannot map {}: {}", file, std::strerror(errno));
+  try {
+    const auto* bytes = static_cast<const uint8_t*>(mapping_);
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+    SPECULA_CHECK(header_len <= size_ - 8, "{}: header length {} exceeds the file size {} (truncated or not "
+                  "safetensors)", file, header_len, size_);
+    json header;
+    try {
+      header = json::parse(std::string(reinterpret_cast<const char*>(bytes + 8), header_len));
+    } catch (const json::parse_error& e) {
+      SPECULA_CHECK(false, "{}: the header is not valid JSON ({})", file, e.what());
+    }
+    SPECULA_CHECK(header.is_object(), "{}: the header is not a JSON object", file);
+    const size_t data_start = 8 + header_len;
+    const size_t data_size = size_ - data_start;
+    for (const auto& [name, info] : header.items()) {
+      if (name == "__metadata__") continue;
+      SPECULA_CHECK(info.is_object() && info.contains("dtype") && info.contains("shape") && info.contains("data_offsets"),
+                    "{}: tensor '{}' lacks dtype, shape or data_offsets", file, name);
+      const DType dtype = safetensors_dtype(info["dtype"].get<std::string>(), file, name);
+      std::vector<int64_t> dims;
+      for (const auto& d : info["shape"]) {
+        SPECULA_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, "{}: tensor '{}' has a bad shape", file, name);
+        dims.push_back(d.get<int64_t>());
+      }
+      const auto& off = info["data_offsets"];
+      SPECULA_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+                    "{}: tensor '{}' has bad data_offsets", file, name);
+      const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+      const Shape shape(std::span<const int64_t>(dims.data(), dims.size()));
+      const uint64_t expected = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
+      SPECULA_CHECK(begin <= end && end <= data_size, "{}: tensor '{}' spans bytes [{}, {}) but the data section has {} "
+                    "(truncated file?)", file, name, begin, end, data_size);
+      SPECULA_CHECK(end - begin == expected, "{}: tensor '{}' of shape {} {} needs {} bytes, its range holds {}", file,
+                    name, shape.str(), dtype_name(dtype), expected, end - begin);
+      tensors_.emplace(name, TensorView(const_cast<uint8_t*>(bytes + data_start + begin), dtype, shape));
+    }
+  } catch (...) {
+    ::munmap(mapping_, size_);
+    mapping_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (mapping_ != nullptr) ::munmap(mapping_, size_);
+}
+
+Checkpoint::Checkpoint(const std::filesystem::path& model_dir) {
+  const auto single = model_dir / "model.safetensors";
+  const auto index = model_dir / "model.safetensors.index.json";
+  std::vector<std::filesystem::path> shards;
+  if (std::filesystem::exists(index)) {
+    std::ifstream in(index);
+    std::stringstream text;
+    text << in.rdbuf();
+    json j;
+    try {
+      j = json::parse(text.str());
+    } catch (const json::parse_error& e) {
+      SPECULA_CHECK(false, "{} is not valid JSON: {}", index.string(), e.what());
+    }
+    SPECULA_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "{} has no weight_map", index.string());
+    std::vector<std::string> names;
+    for (const auto& [tensor, shard] : j["weight_map"].items()) names.push_back(shard.get<std::string>());
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+    for (const auto& n : names) shards.push_back(model_dir / n);
+  } else {
+    SPECULA_CHECK(std::filesystem::exists(single), "{} holds neither model.safetensors nor model.safetensors.index.json",
+                  model_dir.string());
+    shards.push_back(single);
+  }
+  for (const auto& shard : shards) {
+    files_.push_back(std::make_unique<SafetensorsFile>(shard));
+    for (const auto& [name, view] : files_.back()->tensors()) {
+      SPECULA_CHECK(tensors_.emplace(name, view).second, "tensor '{}' appears in two shards", name);
+    }
+  }
+}
+
+TensorView Checkpoint::get(const std::string& name, const Shape& expected_shape) const {
+  const auto it = tensors_.find(name);
+  SPECULA_CHECK(it != tensors_.end(), "the checkpoint has no tensor '{}'", name);
+  SPECULA_CHECK(it->second.shape() == expected_shape, "tensor '{}' has shape {}; the config needs {}", name,
+                it->second.shape().str(), expected_shape.str());
+  return it->second;
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, view] : tensors_) out.push_back(name);
+  return out;
+}
+
+}  // namespace specula

@@ -1,0 +1,71 @@
+// Generator: one request at a time through the full engine path (ReqToTokenPool, paged
+// allocator, KV pool, attention backend, model, sampler): prefill as an EXTEND step, then one
+// DECODE step per token. The serving runtime (continuous batching) replaces it in a later issue.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "specula/attention/backend.h"
+#include "specula/kv/mha_kv_pool.h"
+#include "specula/kv/req_to_token_pool.h"
+#include "specula/kv/token_allocator.h"
+#include "specula/model/llama.h"
+#include "specula/model/tokenizer.h"
+#include "specula/runtime/sampler.h"
+
+namespace specula {
+
+struct GeneratorOptions {
+  std::string attention_backend = "cpu";
+  int page_size = 16;
+  DType kv_dtype = DType::f32;
+  int max_context_len = 0;  // 0: the model's max_position_embeddings
+};
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt_ids;
+  SamplingParams sampling;
+  int max_new_tokens = 128;
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
+};
+
+struct GenerateResult {
+  std::vector<int32_t> output_ids;
+  std::string finish_reason;  // "stop" (EOS / stop token) or "length"
+  double time_to_first_token_s = 0;
+  double decode_tokens_per_s = 0;
+};
+
+class Generator {
+ public:
+  Generator(const std::filesystem::path& model_dir, const GeneratorOptions& options);
+
+  const ModelConfig& config() const { return model_->config(); }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+
+  // on_token (optional) sees every generated id as it is produced.
+  GenerateResult generate(const GenerateRequest& request, const std::function<void(int32_t)>& on_token = {});
+
+  // Logits of every prompt position (f32, [prompt_len, vocab]); for tests against reference dumps.
+  std::vector<float> prompt_logits(const std::vector<int32_t>& prompt_ids);
+
+ private:
+  // Points the batch at this generator's pools, plans the step and runs the model.
+  void run_step(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens);
+
+  GeneratorOptions options_;
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<AttentionBackend> backend_;
+  std::unique_ptr<ReqToTokenPool> req_pool_;
+  std::unique_ptr<PagedTokenAllocator> allocator_;
+  std::unique_ptr<MHAKVPool> kv_pool_;
+};
+
+}  // namespace specula

@@ -1,0 +1,66 @@
+// Sampler implementation: filters apply in the order top-k, top-p, min-p (as in SGLang), each on
+// the temperature-scaled distribution.
+#include "specula/runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "specula/core/error.h"
+
+namespace specula {
+
+void SamplingParams::validate() const {
+  SPECULA_CHECK(temperature >= 0.0f && std::isfinite(temperature), "temperature {} is not valid; expected >= 0",
+                temperature);
+  SPECULA_CHECK(top_k >= 0, "top_k {} is not valid; expected >= 0 (0: no limit)", top_k);
+  SPECULA_CHECK(top_p > 0.0f && top_p <= 1.0f, "top_p {} is not valid; expected 0 < top_p <= 1", top_p);
+  SPECULA_CHECK(min_p >= 0.0f && min_p < 1.0f, "min_p {} is not valid; expected 0 <= min_p < 1", min_p);
+}
+
+int32_t argmax(std::span<const float> logits) {
+  SPECULA_CHECK(!logits.empty(), "argmax of no logits");
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) { params_.validate(); }
+
+int32_t Sampler::sample(std::span<const float> logits) {
+  if (params_.temperature == 0.0f) return argmax(logits);
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+  size_t keep = order.size();
+  if (params_.top_k > 0) keep = std::min(keep, static_cast<size_t>(params_.top_k));
+  const float top = logits[static_cast<size_t>(order[0])];
+  std::vector<double> probs(keep);
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    probs[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(order[i])]) - top) / params_.temperature);
+    sum += probs[i];
+  }
+  for (double& p : probs) p /= sum;
+  if (params_.top_p < 1.0f) {
+    double cumulative = 0;
+    size_t cut = keep;
+    for (size_t i = 0; i < keep; ++i) {
+      cumulative += probs[i];
+      if (cumulative >= params_.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+  }
+  if (params_.min_p > 0.0f) {
+    const double threshold = probs[0] * params_.min_p;
+    size_t cut = 1;
+    while (cut < keep && probs[cut] >= threshold) ++cut;
+    keep = cut;
+  }
+  std::discrete_distribution<size_t> pick(probs.begin(), probs.begin() + static_cast<int64_t>(keep));
+  return order[pick(rng_)];
+}
+
+}  // namespace specula

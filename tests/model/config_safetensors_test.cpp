@@ -1,0 +1,98 @@
+// config.json and safetensors loading: good files load with the right values; unsupported or
+// corrupt ones give one clear error naming the field, file or tensor.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "specula/core/error.h"
+#include "specula/model/config.h"
+#include "specula/model/safetensors.h"
+
+namespace specula {
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ModelConfig, ParsesLlamaWithLlama3Rope) {
+  const ModelConfig c = parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 128256,
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "tie_word_embeddings": false})");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int>{128001, 128008, 128009}));
+}
+
+TEST(ModelConfig, ErrorsNameTheProblem) {
+  EXPECT_NE(error_of([] { parse_model_config(R"({"architectures": ["GPT2LMHeadModel"]})"); })
+                .find("architecture 'GPT2LMHeadModel' is not supported; supported: LlamaForCausalLM"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10})"); })
+                .find("'hidden_size' is missing"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_model_config("{oops"); }).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of([] { load_model_config("/nonexistent/model"); }).find("/nonexistent/model"), std::string::npos);
+}
+
+class Safetensors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("specula_st_" + std::to_string(std::random_device{}()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void write(const std::string& header, const std::string& data, size_t cut = 0) {
+    std::string bytes(8, '\0');
+    uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+    bytes += header + data;
+    if (cut > 0) bytes.resize(bytes.size() - cut);
+    std::ofstream(dir_ / "model.safetensors", std::ios::binary) << bytes;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(Safetensors, ReadsValuesAndChecksShapes) {
+  float values[6] = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -0.5f};
+  write(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}, "__metadata__": {"a": "b"}})",
+        std::string(reinterpret_cast<char*>(values), 24));
+  Checkpoint ckpt(dir_);
+  const TensorView w = ckpt.get("w", {2, 3});
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(w.data_as<float>()[i], values[i]);
+  EXPECT_NE(error_of([&] { ckpt.get("w", {3, 2}); }).find("tensor 'w' has shape [2, 3]; the config needs [3, 2]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ckpt.get("missing", {1}); }).find("no tensor 'missing'"), std::string::npos);
+}
+
+TEST_F(Safetensors, CorruptOrTruncatedFilesAreClearErrors) {
+  const std::string data(24, '\x01');
+  write(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}})", data, 8);
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("truncated"), std::string::npos);
+  write(R"({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 24]}})", data);
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("needs 16 bytes"), std::string::npos);
+  write(R"({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}})", data);
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("dtype Q4"), std::string::npos);
+  write("{not json", data);
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("not valid JSON"), std::string::npos);
+  std::ofstream(dir_ / "model.safetensors", std::ios::binary) << std::string("\xff\xff\xff\xff\xff\xff\x00\x00{}", 10);
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("exceeds the file size"), std::string::npos);
+  std::filesystem::remove(dir_ / "model.safetensors");
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("neither model.safetensors"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace specula

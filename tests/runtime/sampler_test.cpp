@@ -1,0 +1,62 @@
+// Sampler: greedy is argmax; a seed makes sampling reproducible; top-k / top-p / min-p restrict
+// the support; temperature sampling follows the softmax (frequency check); bad values are named.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "specula/core/error.h"
+#include "specula/runtime/sampler.h"
+
+namespace specula {
+namespace {
+
+TEST(Sampler, GreedyAndFilters) {
+  const std::vector<float> logits{0.1f, 2.5f, -1.0f, 2.4f, 0.0f};
+  EXPECT_EQ(Sampler(SamplingParams{}).sample(logits), 1);
+  SamplingParams top1{1.0f, 1, 1.0f, 0.0f, 7};
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(Sampler(top1).sample(logits), 1);
+  SamplingParams nucleus{1.0f, 0, 0.3f, 0.0f, 7};  // the top token alone has p > 0.3
+  Sampler s(nucleus);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(s.sample(logits), 1);
+  SamplingParams top2{1.0f, 2, 1.0f, 0.0f, 9};
+  Sampler s2(top2);
+  for (int i = 0; i < 200; ++i) {
+    const int t = s2.sample(logits);
+    EXPECT_TRUE(t == 1 || t == 3);
+  }
+  SamplingParams minp{1.0f, 0, 1.0f, 0.5f, 3};  // keeps tokens with p >= 0.5 * p_max: ids 1 and 3
+  Sampler s3(minp);
+  for (int i = 0; i < 200; ++i) {
+    const int t = s3.sample(logits);
+    EXPECT_TRUE(t == 1 || t == 3);
+  }
+}
+
+TEST(Sampler, SeededAndFollowsTheSoftmax) {
+  const std::vector<float> logits{1.0f, 0.0f, -1.0f, 0.5f};
+  SamplingParams p{0.7f, 0, 1.0f, 0.0f, 1234};
+  Sampler a(p), b(p);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
+  std::vector<double> expected(4);
+  double z = 0;
+  for (size_t i = 0; i < 4; ++i) z += expected[i] = std::exp(logits[i] / 0.7);
+  std::vector<int> counts(4, 0);
+  const int n = 40000;
+  Sampler c(p);
+  for (int i = 0; i < n; ++i) ++counts[static_cast<size_t>(c.sample(logits))];
+  for (size_t i = 0; i < 4; ++i) {
+    const double pi = expected[i] / z;
+    EXPECT_NEAR(counts[i] / static_cast<double>(n), pi, 4 * std::sqrt(pi * (1 - pi) / n)) << "token " << i;
+  }
+}
+
+TEST(Sampler, BadValuesAreNamed) {
+  EXPECT_THROW(Sampler(SamplingParams{-1.0f, 0, 1.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler(SamplingParams{1.0f, -3, 1.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, 0.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, 1.0f, 1.0f, 0}), Error);
+}
+
+}  // namespace
+}  // namespace specula
