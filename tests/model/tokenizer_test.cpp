@@ -70,15 +70,79 @@ TEST(Tokenizer, HandMadeBpeAppliesMergesByRank) {
 }
 
 TEST(Tokenizer, UnsupportedFormatsAreNamed) {
-  const std::string regex = R"({"model": {"type": "BPE", "vocab": {}}, "pre_tokenizer": {"type": "Split"}})";
+  const std::string other = R"({"model": {"type": "BPE", "vocab": {}}, "pre_tokenizer": {"type": "Whitespace"}})";
   try {
-    Tokenizer::from_json(regex);
+    Tokenizer::from_json(other);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not supported yet; supported: ByteLevel"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pre_tokenizer 'Whitespace' is not supported; supported: ByteLevel"),
+              std::string::npos) << e.what();
   }
   EXPECT_THROW(Tokenizer::from_json(R"({"model": {"type": "Unigram"}})"), Error);
   EXPECT_THROW(Tokenizer::from_json("{not json"), Error);
+}
+
+// GPT-2 style: ByteLevel with its regex splits "Hello world!" into "Hello", " world", "!";
+// the space becomes "Ġ" and merges build whole words.
+TEST(Tokenizer, ByteLevelWithGpt2Regex) {
+  const std::string json = R"({
+    "model": {"type": "BPE",
+              "vocab": {"H": 0, "e": 1, "l": 2, "o": 3, "Ġ": 4, "w": 5, "r": 6, "d": 7, "!": 8, "1": 9, "2": 10,
+                        "He": 11, "ll": 12, "Hell": 13, "Hello": 14, "Ġw": 15, "or": 16, "Ġwor": 17, "Ġworl": 18,
+                        "Ġworld": 19, "12": 20},
+              "merges": ["H e", "l l", "He ll", "Hell o", "Ġ w", "o r", "Ġw or", "Ġwor l", "Ġworl d", "1 2"]},
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+    "decoder": {"type": "ByteLevel"}
+  })";
+  const Tokenizer t = Tokenizer::from_json(json);
+  EXPECT_EQ(t.encode("Hello world!"), (std::vector<int32_t>{14, 19, 8}));
+  // "!" and "12" are separate regex pieces, so "!1" never merges across them.
+  EXPECT_EQ(t.encode("Hello!12"), (std::vector<int32_t>{14, 8, 20}));
+  EXPECT_EQ(t.decode(std::vector<int32_t>{14, 19, 8}), "Hello world!");
+}
+
+// Llama-3 style: a Split regex isolates digit runs of at most three before ByteLevel.
+TEST(Tokenizer, SplitRegexIsolatesDigitGroups) {
+  const std::string json = R"({
+    "model": {"type": "BPE", "vocab": {"1": 0, "2": 1, "3": 2, "4": 3, "5": 4, "12": 5, "123": 6, "45": 7, "a": 8},
+              "merges": ["1 2", "12 3", "4 5"]},
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": false},
+      {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}
+  })";
+  const Tokenizer t = Tokenizer::from_json(json);
+  EXPECT_EQ(t.encode("12345"), (std::vector<int32_t>{6, 7}));
+  EXPECT_EQ(t.encode("a12345a"), (std::vector<int32_t>{8, 6, 7, 8}));
+}
+
+// SentencePiece style (Llama-2): "▁" prepended and replacing spaces, BPE over characters,
+// unknown characters as <0xXX> byte tokens, the decoder restoring spaces and dropping the first.
+TEST(Tokenizer, SentencePieceStyleWithByteFallback) {
+  const std::string json = R"({
+    "normalizer": {"type": "Sequence", "normalizers": [
+      {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+    "pre_tokenizer": null,
+    "model": {"type": "BPE", "byte_fallback": true, "unk_token": "<unk>",
+              "vocab": {"<unk>": 0, "<s>": 1, "<0x0A>": 2, "<0xC3>": 3, "<0xA9>": 4, "▁": 5, "H": 6, "i": 7,
+                        "▁H": 8, "▁Hi": 9, "t": 10, "▁t": 11, "h": 12, "▁th": 13, "e": 14, "▁the": 15},
+              "merges": ["▁ H", "▁H i", "▁ t", "▁t h", "▁th e"]},
+    "added_tokens": [{"id": 1, "content": "<s>", "special": true}, {"id": 0, "content": "<unk>", "special": true}],
+    "post_processor": {"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+      "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+    "decoder": {"type": "Sequence", "decoders": [
+      {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+  })";
+  const Tokenizer t = Tokenizer::from_json(json);
+  // "Hi the\né" -> "▁Hi▁the\né": ▁Hi, ▁the, then \n and é through byte fallback.
+  const std::vector<int32_t> ids{1, 9, 15, 2, 3, 4};
+  EXPECT_EQ(t.encode("Hi the\n\xC3\xA9"), ids);
+  EXPECT_EQ(t.decode(ids), "Hi the\n\xC3\xA9");
+  Tokenizer::Stream stream(t);
+  std::string streamed;
+  for (int32_t id : ids) streamed += stream.push(id);
+  EXPECT_EQ(streamed + stream.finish(), "Hi the\n\xC3\xA9");
 }
 
 }  // namespace

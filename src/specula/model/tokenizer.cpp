@@ -2,6 +2,7 @@
 #include "specula/model/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <fstream>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <sstream>
 
 #include "specula/core/error.h"
+#include "specula/model/regex.h"
 
 namespace specula {
 
@@ -84,6 +86,28 @@ std::string sanitize_utf8(const std::string& bytes) {
   return out;
 }
 
+constexpr const char* kSpaceMark = "\xE2\x96\x81";  // U+2581 "▁"
+// The GPT-2 / ByteLevel(use_regex) pre-tokenizer pattern.
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string replace_all(std::string text, std::string_view from, std::string_view to) {
+  size_t pos = 0;
+  while ((pos = text.find(from, pos)) != std::string::npos) {
+    text.replace(pos, from.size(), to);
+    pos += to.size();
+  }
+  return text;
+}
+
+// "<0x41>" -> 0x41, anything else -> -1.
+int byte_token_value(const std::string& token) {
+  if (token.size() != 6 || token.compare(0, 3, "<0x") != 0 || token[5] != '>') return -1;
+  const auto hex = [](char ch) { return std::isxdigit(static_cast<unsigned char>(ch)) ? std::stoi(std::string(1, ch), nullptr, 16) : -1; };
+  const int hi = hex(token[3]), lo = hex(token[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
 }  // namespace
 
 const std::string& byte_to_unicode(uint8_t byte) { return byte_alphabet()[byte]; }
@@ -108,14 +132,62 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
   const json& model = j["model"];
   const std::string type = model.value("type", "");
   SPECULA_CHECK(type == "BPE", "tokenizer.json: model type '{}' is not supported; supported: BPE", type);
-  const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
-  const bool byte_level = pre.is_object() && pre.value("type", "") == "ByteLevel" && !pre.value("use_regex", true);
-  SPECULA_CHECK(byte_level, "tokenizer.json: pre_tokenizer {} is not supported yet; supported: ByteLevel with "
-                "use_regex false (regex pre-tokenizers and SentencePiece-style tokenizers come later)",
-                pre.is_null() ? std::string("null") : pre.dump().substr(0, 120));
-  t.add_prefix_space_ = pre.value("add_prefix_space", false);
-  SPECULA_CHECK(!j.contains("normalizer") || j["normalizer"].is_null(),
-                "tokenizer.json: normalizers are not supported yet; this file has {}", j["normalizer"].dump().substr(0, 120));
+
+  // Pre-tokenizer: ByteLevel, Split (Isolated), Metaspace, or a Sequence of them.
+  bool saw_byte_level = false;
+  auto read_pre = [&](const json& p, auto& self) -> void {
+    if (p.is_null()) return;
+    const std::string kind = p.value("type", "");
+    if (kind == "Sequence") {
+      for (const json& step : p["pretokenizers"]) self(step, self);
+    } else if (kind == "ByteLevel") {
+      saw_byte_level = true;
+      t.add_prefix_space_ = p.value("add_prefix_space", false);
+      if (p.value("use_regex", true)) t.splits_.push_back(std::make_shared<Regex>(kGpt2Pattern));
+    } else if (kind == "Split") {
+      const std::string behavior = p.value("behavior", "");
+      SPECULA_CHECK(behavior == "Isolated" && !p.value("invert", false),
+                    "tokenizer.json: Split behavior '{}' is not supported; supported: Isolated", behavior);
+      SPECULA_CHECK(p["pattern"].contains("Regex"), "tokenizer.json: Split patterns must be Regex");
+      t.splits_.push_back(std::make_shared<Regex>(p["pattern"]["Regex"].get<std::string>()));
+    } else if (kind == "Metaspace") {
+      t.style_ = Style::sentencepiece;
+      t.replace_spaces_ = true;
+      const std::string scheme = p.value("prepend_scheme", p.value("add_prefix_space", true) ? "always" : "never");
+      if (scheme != "never") t.space_prepend_ = kSpaceMark;
+      t.prepend_first_only_ = scheme == "first";
+    } else {
+      SPECULA_CHECK(false, "tokenizer.json: pre_tokenizer '{}' is not supported; supported: ByteLevel, Split, "
+                    "Metaspace, Sequence", kind);
+    }
+  };
+  if (j.contains("pre_tokenizer")) read_pre(j["pre_tokenizer"], read_pre);
+  // Normalizer: none, or SentencePiece's Prepend("▁") + Replace(" ", "▁").
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+    const json& n = j["normalizer"];
+    std::vector<json> steps;
+    if (n.value("type", "") == "Sequence") {
+      for (const json& s : n["normalizers"]) steps.push_back(s);
+    } else {
+      steps.push_back(n);
+    }
+    for (const json& s : steps) {
+      const std::string kind = s.value("type", "");
+      if (kind == "Prepend") {
+        t.space_prepend_ = s["prepend"].get<std::string>();
+      } else if (kind == "Replace" && s["pattern"].contains("String") && s["pattern"]["String"] == " " &&
+                 s["content"] == kSpaceMark) {
+        t.replace_spaces_ = true;
+      } else {
+        SPECULA_CHECK(false, "tokenizer.json: normalizer {} is not supported; supported: Prepend, Replace(' ' -> '▁')",
+                      s.dump().substr(0, 120));
+      }
+    }
+    t.style_ = Style::sentencepiece;
+  }
+  SPECULA_CHECK(!(saw_byte_level && t.style_ == Style::sentencepiece),
+                "tokenizer.json mixes ByteLevel with SentencePiece-style normalisation");
+  t.byte_fallback_ = model.value("byte_fallback", false);
 
   SPECULA_CHECK(model.contains("vocab") && model["vocab"].is_object(), "tokenizer.json: model has no vocab");
   for (const auto& [token, id] : model["vocab"].items()) {
@@ -124,6 +196,10 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
     if (t.id_to_token_.size() <= i) t.id_to_token_.resize(i + 1);
     t.id_to_token_[i] = token;
     t.token_to_id_[token] = static_cast<int32_t>(i);
+  }
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    const auto it = t.token_to_id_.find(model["unk_token"].get<std::string>());
+    if (it != t.token_to_id_.end()) t.unk_id_ = it->second;
   }
   int rank = 0;
   if (model.contains("merges")) {
@@ -156,18 +232,48 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
   }
   if (j.contains("post_processor") && j["post_processor"].is_object()) {
     const json& pp = j["post_processor"];
-    const std::string pp_type = pp.value("type", "");
-    if (pp_type == "TemplateProcessing") {
-      for (const auto& piece : pp["single"]) {
-        if (piece.contains("Sequence")) break;  // only a prefix of special tokens is read
-        const std::string name = piece["SpecialToken"]["id"].get<std::string>();
-        const auto it = pp["special_tokens"].find(name);
-        SPECULA_CHECK(it != pp["special_tokens"].end(), "tokenizer.json: template token '{}' is undefined", name);
-        for (const auto& id : (*it)["ids"]) t.prefix_ids_.push_back(id.get<int32_t>());
-      }
+    std::vector<json> steps;
+    if (pp.value("type", "") == "Sequence") {
+      for (const json& s : pp["processors"]) steps.push_back(s);
     } else {
-      SPECULA_CHECK(pp_type == "ByteLevel", "tokenizer.json: post_processor '{}' is not supported; supported: "
-                    "TemplateProcessing, ByteLevel", pp_type);
+      steps.push_back(pp);
+    }
+    for (const json& step : steps) {
+      const std::string pp_type = step.value("type", "");
+      if (pp_type == "TemplateProcessing") {
+        for (const auto& piece : step["single"]) {
+          if (piece.contains("Sequence")) break;  // only a prefix of special tokens is read
+          const std::string name = piece["SpecialToken"]["id"].get<std::string>();
+          const auto it = step["special_tokens"].find(name);
+          SPECULA_CHECK(it != step["special_tokens"].end(), "tokenizer.json: template token '{}' is undefined", name);
+          for (const auto& id : (*it)["ids"]) t.prefix_ids_.push_back(id.get<int32_t>());
+        }
+      } else {
+        SPECULA_CHECK(pp_type == "ByteLevel", "tokenizer.json: post_processor '{}' is not supported; supported: "
+                      "TemplateProcessing, ByteLevel, Sequence", pp_type);
+      }
+    }
+  }
+  // Decoder: ByteLevel, Metaspace, or Sequence of Replace / ByteFallback / Fuse / Strip.
+  if (j.contains("decoder") && j["decoder"].is_object()) {
+    const json& d = j["decoder"];
+    std::vector<json> steps;
+    if (d.value("type", "") == "Sequence") {
+      for (const json& s : d["decoders"]) steps.push_back(s);
+    } else {
+      steps.push_back(d);
+    }
+    for (const json& s : steps) {
+      const std::string kind = s.value("type", "");
+      if (kind == "Strip") {
+        t.strip_leading_space_ = s.value("start", 0) > 0;
+      } else if (kind == "Metaspace") {
+        t.strip_leading_space_ = s.value("prepend_scheme", std::string("always")) != "never";
+      } else {
+        SPECULA_CHECK(kind == "ByteLevel" || kind == "Replace" || kind == "ByteFallback" || kind == "Fuse",
+                      "tokenizer.json: decoder '{}' is not supported; supported: ByteLevel, Metaspace, Replace, "
+                      "ByteFallback, Fuse, Strip", kind);
+      }
     }
   }
   for (size_t i = 0; i < t.id_to_token_.size(); ++i) {
@@ -182,9 +288,45 @@ std::optional<int32_t> Tokenizer::token_to_id(const std::string& token) const {
   return it->second;
 }
 
-std::vector<int32_t> Tokenizer::bpe(std::string_view bytes) const {
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view segment, bool first_segment) const {
+  std::string text(segment);
+  if (style_ == Style::sentencepiece) {
+    if (replace_spaces_) text = replace_all(text, " ", kSpaceMark);
+    if (!space_prepend_.empty() && (!prepend_first_only_ || first_segment) && text.rfind(space_prepend_, 0) != 0) {
+      text = space_prepend_ + text;
+    }
+  } else if (add_prefix_space_ && first_segment && !text.empty() && text[0] != ' ') {
+    text = " " + text;
+  }
+  std::vector<std::string> pieces{text};
+  for (const auto& regex : splits_) {
+    std::vector<std::string> next;
+    for (const std::string& piece : pieces) {
+      size_t last = 0;
+      for (const auto& [b, e] : regex->find_all(piece)) {
+        if (b > last) next.push_back(piece.substr(last, b - last));
+        next.push_back(piece.substr(b, e - b));
+        last = e;
+      }
+      if (last < piece.size()) next.push_back(piece.substr(last));
+    }
+    pieces = std::move(next);
+  }
+  return pieces;
+}
+
+std::vector<int32_t> Tokenizer::bpe(std::string_view piece) const {
+  // Initial symbols: byte stand-ins (byte level) or UTF-8 characters (SentencePiece style).
   std::vector<std::string> symbols;
-  for (unsigned char b : bytes) symbols.push_back(byte_alphabet()[b]);
+  if (style_ == Style::byte_level) {
+    for (unsigned char b : piece) symbols.push_back(byte_alphabet()[b]);
+  } else {
+    for (size_t i = 0; i < piece.size();) {
+      const size_t n = std::min(utf8_length(static_cast<unsigned char>(piece[i])), piece.size() - i);
+      symbols.emplace_back(piece.substr(i, n));
+      i += n;
+    }
+  }
   // Repeatedly merge the adjacent pair with the lowest rank.
   for (;;) {
     int best_rank = std::numeric_limits<int>::max();
@@ -203,8 +345,18 @@ std::vector<int32_t> Tokenizer::bpe(std::string_view bytes) const {
   std::vector<int32_t> ids;
   for (const auto& s : symbols) {
     const auto it = token_to_id_.find(s);
-    SPECULA_CHECK(it != token_to_id_.end(), "the tokenizer has no token for the byte-level piece '{}'", s);
-    ids.push_back(it->second);
+    if (it != token_to_id_.end()) {
+      ids.push_back(it->second);
+    } else if (byte_fallback_) {
+      for (unsigned char b : s) {
+        const auto bt = token_to_id_.find(fmt::format("<0x{:02X}>", b));
+        SPECULA_CHECK(bt != token_to_id_.end(), "the tokenizer has byte_fallback but no token <0x{:02X}>", b);
+        ids.push_back(bt->second);
+      }
+    } else {
+      SPECULA_CHECK(unk_id_ >= 0, "the tokenizer has no token for the piece '{}' and no unk_token", s);
+      ids.push_back(unk_id_);
+    }
   }
   return ids;
 }
@@ -212,14 +364,15 @@ std::vector<int32_t> Tokenizer::bpe(std::string_view bytes) const {
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   std::vector<int32_t> ids = add_special_tokens ? prefix_ids_ : std::vector<int32_t>{};
   std::string segment;
+  bool first = true;
   auto flush = [&] {
     if (segment.empty()) return;
-    const std::string piece = add_prefix_space_ && ids.size() == (add_special_tokens ? prefix_ids_.size() : 0)
-                                  ? " " + segment
-                                  : segment;
-    const auto part = bpe(piece);
-    ids.insert(ids.end(), part.begin(), part.end());
+    for (const std::string& piece : pre_tokenize(segment, first)) {
+      const auto part = bpe(piece);
+      ids.insert(ids.end(), part.begin(), part.end());
+    }
     segment.clear();
+    first = false;
   };
   size_t i = 0;
   while (i < text.size()) {
@@ -239,11 +392,20 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   return ids;
 }
 
-std::string Tokenizer::token_bytes(int32_t id) const {
+std::string Tokenizer::token_bytes(int32_t id, bool first) const {
   SPECULA_CHECK(id >= 0 && static_cast<size_t>(id) < id_to_token_.size(), "token id {} is out of range [0, {})", id,
                 id_to_token_.size());
   const std::string& token = id_to_token_[static_cast<size_t>(id)];
   if (added_ids_.count(id) != 0) return token;  // added tokens are literal text
+  if (style_ == Style::sentencepiece) {
+    if (byte_fallback_) {
+      const int byte = byte_token_value(token);
+      if (byte >= 0) return std::string(1, static_cast<char>(byte));
+    }
+    std::string text = replace_all(token, kSpaceMark, " ");
+    if (first && strip_leading_space_ && !text.empty() && text[0] == ' ') text.erase(0, 1);
+    return text;
+  }
   std::string bytes;
   const auto& table = unicode_to_byte();
   size_t i = 0;
@@ -259,16 +421,19 @@ std::string Tokenizer::token_bytes(int32_t id) const {
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   std::string bytes;
+  bool first = true;
   for (int32_t id : ids) {
     if (skip_special_tokens && is_special(id)) continue;
-    bytes += token_bytes(id);
+    bytes += token_bytes(id, first);
+    first = false;
   }
   return sanitize_utf8(bytes);
 }
 
 std::string Tokenizer::Stream::push(int32_t id) {
   if (tokenizer_.is_special(id)) return {};
-  pending_ += tokenizer_.token_bytes(id);
+  pending_ += tokenizer_.token_bytes(id, !started_);
+  started_ = true;
   // Emit everything up to the last position where a complete UTF-8 sequence ends.
   size_t complete = 0;
   size_t i = 0;

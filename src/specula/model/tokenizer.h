@@ -1,18 +1,26 @@
-// Tokenizer: Hugging Face tokenizer.json for byte-level BPE (GPT-2 style byte alphabet), with
-// added/special tokens, a BOS template, and decoding that streams only complete UTF-8. The
-// pre-tokenizer regexes of Llama-3 / Qwen2 and the SentencePiece style are not read yet: such
-// files are refused with a message naming what is supported.
+// Tokenizer: Hugging Face tokenizer.json with a BPE model, in the two styles LLMs ship:
+//  - byte-level (GPT-2, Llama-3, Qwen2, the shipped byte model): regex Split pre-tokenizers
+//    and/or ByteLevel (optionally with the GPT-2 regex), every byte mapped to a printable
+//    stand-in, BPE merges over those;
+//  - SentencePiece-style (Llama-2, Mistral): a Prepend/Replace normalizer or a Metaspace
+//    pre-tokenizer turning spaces into "▁", BPE over characters, unknown characters falling
+//    back to <0xXX> byte tokens.
+// Added/special tokens are matched in the text first; a template post-processor adds the BOS;
+// decoding streams only complete UTF-8.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "specula/model/regex.h"
 
 namespace specula {
 
@@ -45,20 +53,33 @@ class Tokenizer {
    private:
     const Tokenizer& tokenizer_;
     std::string pending_;
+    bool started_ = false;
   };
 
  private:
-  // Raw bytes of one token (byte-level tokens map back to bytes; added tokens to their text).
-  std::string token_bytes(int32_t id) const;
-  std::vector<int32_t> bpe(std::string_view bytes) const;
+  enum class Style { byte_level, sentencepiece };
 
-  std::vector<std::string> id_to_token_;                 // the vocabulary's strings
+  std::vector<std::string> pre_tokenize(std::string_view segment, bool first_segment) const;
+  std::vector<int32_t> bpe(std::string_view piece) const;
+  // Raw bytes a token stands for; `first` marks the first token of the output (Strip decoders).
+  std::string token_bytes(int32_t id, bool first) const;
+
+  Style style_ = Style::byte_level;
+  std::vector<std::shared_ptr<const Regex>> splits_;  // Split pre-tokenizers (Isolated), in order
+  bool add_prefix_space_ = false;                     // ByteLevel
+  std::string space_prepend_;                         // SentencePiece: "▁" normaliser/Metaspace prefix
+  bool prepend_first_only_ = false;                   // Metaspace prepend_scheme "first"
+  bool replace_spaces_ = false;                       // SentencePiece: " " -> "▁"
+  bool byte_fallback_ = false;
+  int32_t unk_id_ = -1;
+  bool strip_leading_space_ = false;                  // decoder drops the first " "
+
+  std::vector<std::string> id_to_token_;
   std::unordered_map<std::string, int32_t> token_to_id_;
   std::map<std::pair<std::string, std::string>, int> merge_rank_;
-  std::vector<std::pair<std::string, int32_t>> added_;   // content, id (longest first)
-  std::unordered_map<int32_t, bool> added_ids_;          // added token id -> special
-  std::vector<int32_t> prefix_ids_;                      // post-processor prefix, e.g. BOS
-  bool add_prefix_space_ = false;
+  std::vector<std::pair<std::string, int32_t>> added_;  // content, id (longest first)
+  std::unordered_map<int32_t, bool> added_ids_;         // added token id -> special
+  std::vector<int32_t> prefix_ids_;                     // post-processor prefix, e.g. BOS
 };
 
 // The GPT-2 byte-to-unicode alphabet: the UTF-8 string of the code point standing for a byte.
