@@ -108,5 +108,21 @@ TEST(ShippedModel, StopsAtEosAndFreesItsCache) {
   EXPECT_THROW(gen.generate(too_long), Error);
 }
 
+TEST(ShippedModel, StopStringsCutTheTextAndStreamNothingPastThem) {
+  Generator gen(kSource / "models/specula-byte-6m", GeneratorOptions{});
+  // The reference continuation of the first prompt is " is to be a single statement of the
+  // statement.  The\nquick brown "; "statement." first appears at its second "statement".
+  GenerateRequest r;
+  r.prompt_ids = gen.tokenizer().encode("The quick brown fox");
+  r.max_new_tokens = 64;
+  r.stop_strings = {"statement.", "never appears"};
+  std::string streamed;
+  const GenerateResult result = gen.generate(r, [&](std::string_view t) { streamed += t; });
+  EXPECT_EQ(result.text, " is to be a single statement of the ");
+  EXPECT_EQ(streamed, result.text);
+  EXPECT_EQ(result.finish_reason, "stop");
+  EXPECT_EQ(gen.tokenizer().decode(result.output_ids), " is to be a single statement of the statement.");
+}
+
 }  // namespace
 }  // namespace specula

@@ -51,11 +51,45 @@ TEST(Sampler, SeededAndFollowsTheSoftmax) {
   }
 }
 
+TEST(Sampler, PenaltiesFollowSglangSemantics) {
+  // Greedy with a repetition penalty: token 1 (logit 2.5, in the prompt) becomes 2.5 / 2 = 1.25,
+  // below token 3 (2.4).
+  SamplingParams rep;
+  rep.repetition_penalty = 2.0f;
+  Sampler a(rep);
+  a.observe_prompt(std::vector<int32_t>{1});
+  const std::vector<float> logits{0.1f, 2.5f, -1.0f, 2.4f, 0.0f};
+  EXPECT_EQ(a.sample(logits), 3);
+  // Negative logits are multiplied: token 2 at -1.0 in the history falls to -2.0.
+  SamplingParams rep2;
+  rep2.repetition_penalty = 2.0f;
+  Sampler b(rep2);
+  b.observe_prompt(std::vector<int32_t>{0, 1, 3, 4});
+  const std::vector<float> neg{-0.9f, -0.5f, -0.95f, -0.6f, -0.7f};
+  EXPECT_EQ(b.sample(neg), 2) << "-0.95 is not in the history and stays; the others double below it";
+  // Frequency penalty counts output occurrences only: after one token 1, 2.5 - 0.2 < 2.4.
+  SamplingParams freq;
+  freq.frequency_penalty = 0.2f;
+  Sampler c(freq);
+  c.observe_prompt(std::vector<int32_t>{3});  // prompt tokens are not penalised by frequency
+  EXPECT_EQ(c.sample(logits), 1);
+  EXPECT_EQ(c.sample(logits), 3);
+  // Presence penalty: once, however often the token occurred.
+  SamplingParams pres;
+  pres.presence_penalty = 0.05f;
+  Sampler d(pres);
+  EXPECT_EQ(d.sample(logits), 1);
+  EXPECT_EQ(d.sample(logits), 1) << "2.5 - 0.05 still beats 2.4";
+}
+
 TEST(Sampler, BadValuesAreNamed) {
   EXPECT_THROW(Sampler(SamplingParams{-1.0f, 0, 1.0f, 0.0f, 0}), Error);
   EXPECT_THROW(Sampler(SamplingParams{1.0f, -3, 1.0f, 0.0f, 0}), Error);
   EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, 0.0f, 0.0f, 0}), Error);
   EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, 1.0f, 1.0f, 0}), Error);
+  SamplingParams bad;
+  bad.repetition_penalty = 0.0f;
+  EXPECT_THROW(Sampler{bad}, Error);
 }
 
 }  // namespace

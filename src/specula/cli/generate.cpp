@@ -30,6 +30,11 @@ struct Options {
   uint64_t seed = 0;
   bool ignore_eos = false;
   bool json = false;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
   std::string device = "cpu";
   std::string attention_backend = "cpu";
   int page_size = 16;
@@ -95,10 +100,13 @@ void run(const Options& o) {
   request.sampling.min_p = o.min_p;
   request.sampling.seed = o.seed;
 
-  Tokenizer::Stream stream(generator.tokenizer());
-  const GenerateResult result = generator.generate(request, [&](int32_t id) {
+  request.stop_strings = o.stop;
+  request.stop_token_ids = o.stop_token_ids;
+  request.sampling.repetition_penalty = o.repetition_penalty;
+  request.sampling.frequency_penalty = o.frequency_penalty;
+  request.sampling.presence_penalty = o.presence_penalty;
+  const GenerateResult result = generator.generate(request, [&](std::string_view text) {
     if (o.json) return;
-    const std::string text = stream.push(id);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   });
@@ -106,14 +114,12 @@ void run(const Options& o) {
     nlohmann::json j;
     j["prompt_ids"] = request.prompt_ids;
     j["output_ids"] = result.output_ids;
-    j["text"] = generator.tokenizer().decode(result.output_ids);
+    j["text"] = result.text;
     j["finish_reason"] = result.finish_reason;
     j["time_to_first_token_s"] = result.time_to_first_token_s;
     j["decode_tokens_per_s"] = result.decode_tokens_per_s;
     fmt::print("{}\n", j.dump());
   } else {
-    const std::string rest = stream.finish();
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
     fmt::print("\n");
   }
 }
@@ -133,6 +139,14 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--min-p", o->min_p, "Drop tokens below min_p x the top probability")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past the end-of-sequence token");
+  cmd->add_option("--stop", o->stop, "Stop when the text contains this string (repeatable)");
+  cmd->add_option("--stop-token-ids", o->stop_token_ids, "Stop at these token ids")->delimiter(',');
+  cmd->add_option("--repetition-penalty", o->repetition_penalty, "> 1 discourages repeating prompt/output tokens")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", o->frequency_penalty, "Per-occurrence penalty on output tokens")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", o->presence_penalty, "Penalty on tokens already in the output")
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of streaming text");
   cmd->add_option("--device", o->device, "cpu")->capture_default_str();
   cmd->add_option("--attention-backend", o->attention_backend, "Attention backend name")->capture_default_str();

@@ -81,7 +81,7 @@ std::vector<float> Generator::prompt_logits(const std::vector<int32_t>& prompt_i
   return logits;
 }
 
-GenerateResult Generator::generate(const GenerateRequest& request, const std::function<void(int32_t)>& on_token) {
+GenerateResult Generator::generate(const GenerateRequest& request, const std::function<void(std::string_view)>& on_text) {
   const ModelConfig& c = model_->config();
   const auto prompt_len = static_cast<int32_t>(request.prompt_ids.size());
   SPECULA_CHECK(prompt_len >= 1, "the prompt is empty");
@@ -92,6 +92,27 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
     SPECULA_CHECK(id >= 0 && id < c.vocab_size, "prompt token id {} is out of range [0, {})", id, c.vocab_size);
   }
   Sampler sampler(request.sampling);
+  sampler.observe_prompt(request.prompt_ids);
+  size_t longest_stop = 0;
+  for (const std::string& s : request.stop_strings) {
+    SPECULA_CHECK(!s.empty(), "stop strings must not be empty");
+    longest_stop = std::max(longest_stop, s.size());
+  }
+  Tokenizer::Stream stream(*tokenizer_);
+  size_t emitted = 0;  // bytes of result.text already passed to on_text
+  // Passes on the text that can no longer change: all of it at the end, otherwise all but the
+  // last (longest stop - 1) bytes, backed up to a UTF-8 character boundary.
+  auto emit = [&](GenerateResult& r, bool final) {
+    size_t safe = r.text.size();
+    if (!final && longest_stop > 1) {
+      safe = r.text.size() > longest_stop - 1 ? r.text.size() - (longest_stop - 1) : 0;
+      while (safe > emitted && safe < r.text.size() && (static_cast<unsigned char>(r.text[safe]) & 0xC0) == 0x80) --safe;
+    }
+    if (safe > emitted) {
+      if (on_text) on_text(std::string_view(r.text).substr(emitted, safe - emitted));
+      emitted = safe;
+    }
+  };
   std::vector<int32_t> stop_ids = request.stop_token_ids;
   if (!request.ignore_eos) stop_ids.insert(stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
 
@@ -107,6 +128,18 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
   result.finish_reason = "length";
   const int max_new = std::min(request.max_new_tokens, options_.max_context_len - prompt_len);
   if (max_new == 0) return result;
+  // Appends a token's text; true when a stop string now appears (the text is cut before it).
+  auto add_text = [&](int32_t token) {
+    const size_t before = result.text.size();
+    result.text += stream.push(token);
+    if (longest_stop == 0) return false;
+    const size_t from = before > longest_stop ? before - longest_stop : 0;
+    size_t cut = std::string::npos;
+    for (const std::string& s : request.stop_strings) cut = std::min(cut, result.text.find(s, from));
+    if (cut == std::string::npos) return false;
+    result.text.resize(cut);
+    return true;
+  };
   ForwardBatch batch = prefill_batch(request.prompt_ids, guard.slot, *slots);
   std::vector<float> logits;
   run_step(batch, logits, false);
@@ -119,11 +152,12 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
       result.time_to_first_token_s = std::chrono::duration<double>(clock::now() - start).count();
       decode_start = clock::now();
     }
-    if (on_token) on_token(token);
-    if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+    const bool stop_token = std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
+    if (add_text(token) || stop_token) {
       result.finish_reason = "stop";
       break;
     }
+    emit(result, false);
     if (step + 1 == max_new) break;
     // The new token goes into the cache at position seq_len.
     auto slot = allocator_->alloc_decode(std::vector<int32_t>{seq_len + 1}, std::vector<int32_t>{guard.kv_slots.back()});
@@ -141,6 +175,8 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
     run_step(d, logits, false);
     ++seq_len;
   }
+  if (result.finish_reason == "length") result.text += stream.finish();
+  emit(result, true);
   const double decode_s = std::chrono::duration<double>(clock::now() - decode_start).count();
   if (result.output_ids.size() > 1 && decode_s > 0) {
     result.decode_tokens_per_s = static_cast<double>(result.output_ids.size() - 1) / decode_s;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "specula/attention/backend.h"
@@ -32,11 +33,13 @@ struct GenerateRequest {
   int max_new_tokens = 128;
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
+  std::vector<std::string> stop_strings;  // generation ends where the text first contains one
 };
 
 struct GenerateResult {
   std::vector<int32_t> output_ids;
-  std::string finish_reason;  // "stop" (EOS / stop token) or "length"
+  std::string text;           // decoded output, cut before a stop string
+  std::string finish_reason;  // "stop" (EOS / stop token / stop string) or "length"
   double time_to_first_token_s = 0;
   double decode_tokens_per_s = 0;
 };
@@ -48,8 +51,9 @@ class Generator {
   const ModelConfig& config() const { return model_->config(); }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
 
-  // on_token (optional) sees every generated id as it is produced.
-  GenerateResult generate(const GenerateRequest& request, const std::function<void(int32_t)>& on_token = {});
+  // on_text (optional) receives the output text as it becomes final: complete UTF-8 only, and
+  // never a tail that could still turn out to begin a stop string.
+  GenerateResult generate(const GenerateRequest& request, const std::function<void(std::string_view)>& on_text = {});
 
   // Logits of every prompt position (f32, [prompt_len, vocab]); for tests against reference dumps.
   std::vector<float> prompt_logits(const std::vector<int32_t>& prompt_ids);

@@ -17,6 +17,10 @@ void SamplingParams::validate() const {
   SPECULA_CHECK(top_k >= 0, "top_k {} is not valid; expected >= 0 (0: no limit)", top_k);
   SPECULA_CHECK(top_p > 0.0f && top_p <= 1.0f, "top_p {} is not valid; expected 0 < top_p <= 1", top_p);
   SPECULA_CHECK(min_p >= 0.0f && min_p < 1.0f, "min_p {} is not valid; expected 0 <= min_p < 1", min_p);
+  SPECULA_CHECK(repetition_penalty > 0.0f && std::isfinite(repetition_penalty),
+                "repetition_penalty {} is not valid; expected > 0 (1: off)", repetition_penalty);
+  SPECULA_CHECK(std::isfinite(frequency_penalty) && std::isfinite(presence_penalty),
+                "frequency_penalty {} / presence_penalty {} must be finite", frequency_penalty, presence_penalty);
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -26,7 +30,32 @@ int32_t argmax(std::span<const float> logits) {
 
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) { params_.validate(); }
 
-int32_t Sampler::sample(std::span<const float> logits) {
+void Sampler::observe_prompt(std::span<const int32_t> prompt_ids) { seen_.insert(prompt_ids.begin(), prompt_ids.end()); }
+
+int32_t Sampler::sample(std::span<const float> raw_logits) {
+  std::span<const float> logits = raw_logits;
+  const bool penalize = params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
+                        params_.presence_penalty != 0.0f;
+  if (penalize) {
+    work_.assign(raw_logits.begin(), raw_logits.end());
+    for (int32_t id : seen_) {
+      if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
+      float& x = work_[static_cast<size_t>(id)];
+      x = x > 0.0f ? x / params_.repetition_penalty : x * params_.repetition_penalty;
+    }
+    for (const auto& [id, count] : output_counts_) {
+      if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
+      work_[static_cast<size_t>(id)] -= params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+    }
+    logits = work_;
+  }
+  const int32_t token = pick(logits);
+  seen_.insert(token);
+  ++output_counts_[token];
+  return token;
+}
+
+int32_t Sampler::pick(std::span<const float> logits) {
   if (params_.temperature == 0.0f) return argmax(logits);
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
@@ -59,8 +88,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
     while (cut < keep && probs[cut] >= threshold) ++cut;
     keep = cut;
   }
-  std::discrete_distribution<size_t> pick(probs.begin(), probs.begin() + static_cast<int64_t>(keep));
-  return order[pick(rng_)];
+  std::discrete_distribution<size_t> draw(probs.begin(), probs.begin() + static_cast<int64_t>(keep));
+  return order[draw(rng_)];
 }
 
 }  // namespace specula

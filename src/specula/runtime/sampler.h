@@ -1,11 +1,16 @@
-// Sampler: picks the next token from a row of logits. temperature 0 is greedy (argmax, lowest id
-// on ties); otherwise softmax(logits / temperature) restricted by top-k, top-p (nucleus) and
-// min-p, drawn from a generator seeded per request so runs are reproducible.
+// Sampler: picks the next token from a row of logits. Penalties first (SGLang's semantics:
+// repetition over prompt and output, HF-style divide/multiply; frequency and presence over the
+// output only), then temperature 0 is greedy (argmax, lowest id on ties); otherwise
+// softmax(logits / temperature) restricted by top-k, top-p (nucleus) and min-p, drawn from a
+// generator seeded per request so runs are reproducible.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <span>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 namespace specula {
 
@@ -15,6 +20,9 @@ struct SamplingParams {
   float top_p = 1.0f;  // 1: no limit
   float min_p = 0.0f;  // 0: no limit
   uint64_t seed = 0;
+  float repetition_penalty = 1.0f;  // > 1 discourages tokens seen in prompt or output
+  float frequency_penalty = 0.0f;   // subtracted once per earlier occurrence in the output
+  float presence_penalty = 0.0f;    // subtracted once if the token occurred in the output
 
   // Throws specula::Error naming the bad value.
   void validate() const;
@@ -23,11 +31,18 @@ struct SamplingParams {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
+  void observe_prompt(std::span<const int32_t> prompt_ids);
+  // Picks a token and records it as output (for the penalties).
   int32_t sample(std::span<const float> logits);
 
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
+  std::unordered_set<int32_t> seen_;                // prompt and output
+  std::unordered_map<int32_t, int> output_counts_;  // output only
+  std::vector<float> work_;
+
+  int32_t pick(std::span<const float> logits);
 };
 
 int32_t argmax(std::span<const float> logits);
