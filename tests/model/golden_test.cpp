@@ -21,8 +21,9 @@ nlohmann::json load_fixture() {
 
 TEST(ShippedModel, LogitsMatchPyTorch) {
   Generator gen(kSource / "models/specula-byte-6m", GeneratorOptions{});
+  const nlohmann::json fixture = load_fixture();
   const int vocab = gen.config().vocab_size;
-  for (const auto& p : load_fixture()["prompts"]) {
+  for (const auto& p : fixture["prompts"]) {
     const auto ids = p["ids"].get<std::vector<int32_t>>();
     SCOPED_TRACE(p["prompt"].get<std::string>());
     ASSERT_EQ(gen.tokenizer().encode(p["prompt"].get<std::string>()), ids);
@@ -51,7 +52,8 @@ TEST(ShippedModel, LogitsMatchPyTorch) {
 
 TEST(ShippedModel, GreedyContinuationIsIdentical) {
   Generator gen(kSource / "models/specula-byte-6m", GeneratorOptions{});
-  for (const auto& p : load_fixture()["prompts"]) {
+  const nlohmann::json fixture = load_fixture();
+  for (const auto& p : fixture["prompts"]) {
     GenerateRequest r;
     r.prompt_ids = p["ids"].get<std::vector<int32_t>>();
     r.max_new_tokens = 64;
@@ -69,7 +71,8 @@ TEST(ShippedModel, PagedBf16CacheKeepsGreedyTokens) {
   o.page_size = 64;
   o.kv_dtype = DType::bf16;
   Generator gen(kSource / "models/specula-byte-6m", o);
-  for (const auto& p : load_fixture()["prompts"]) {
+  const nlohmann::json fixture = load_fixture();
+  for (const auto& p : fixture["prompts"]) {
     const auto margins = p["greedy_margins"].get<std::vector<double>>();
     const auto expected = p["greedy_ids"].get<std::vector<int32_t>>();
     size_t safe = 0;

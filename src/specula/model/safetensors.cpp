@@ -89,7 +89,14 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
                     "(truncated file?)", file, name, begin, end, data_size);
       SPECULA_CHECK(end - begin == expected, "{}: tensor '{}' of shape {} {} needs {} bytes, its range holds {}", file,
                     name, shape.str(), dtype_name(dtype), expected, end - begin);
-      tensors_.emplace(name, TensorView(const_cast<uint8_t*>(bytes + data_start + begin), dtype, shape));
+      const uint8_t* data = bytes + data_start + begin;
+      if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) != 0) {
+        aligned_copies_.emplace_back(dtype, shape);
+        std::memcpy(aligned_copies_.back().data(), data, expected);
+        tensors_.emplace(name, aligned_copies_.back().view());
+      } else {
+        tensors_.emplace(name, TensorView(const_cast<uint8_t*>(data), dtype, shape));
+      }
     }
   } catch (...) {
     ::munmap(mapping_, size_);

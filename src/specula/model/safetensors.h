@@ -30,6 +30,9 @@ class SafetensorsFile {
   void* mapping_ = nullptr;
   size_t size_ = 0;
   std::map<std::string, TensorView> tensors_;
+  // Tensors whose bytes in the file are not aligned to their element size (an unpadded header)
+  // are copied here, so every view can be read through a typed pointer.
+  std::vector<Buffer> aligned_copies_;
 };
 
 class Checkpoint {
