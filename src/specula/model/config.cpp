@@ -33,7 +33,8 @@ double number_or(const json& j, const char* key, double fallback) {
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM"};
+  static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                                 "Qwen3ForCausalLM"};
   return names;
 }
 
@@ -78,8 +79,17 @@ ModelConfig parse_model_config(const std::string& json_text) {
   c.rms_norm_eps = number_or(j, "rms_norm_eps", 1e-6);
   c.rope_theta = number_or(j, "rope_theta", 10000.0);
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  c.attention_bias = j.value("attention_bias", false);
-  if (j.contains("sliding_window") && j["sliding_window"].is_number_integer()) c.sliding_window = j["sliding_window"].get<int>();
+  c.attention_bias = c.architecture == "Qwen2ForCausalLM" || j.value("attention_bias", false);
+  c.qk_norm = c.architecture == "Qwen3ForCausalLM";
+  int window = -1;
+  if (j.contains("sliding_window") && j["sliding_window"].is_number_integer()) window = j["sliding_window"].get<int>();
+  SPECULA_CHECK(window == -1 || window >= 1, "config.json: sliding_window {} must be positive or null", window);
+  const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM";
+  const bool use_window = qwen ? j.value("use_sliding_window", false) : c.architecture == "MistralForCausalLM";
+  const int first_window_layer = qwen && j.contains("max_window_layers") ? j["max_window_layers"].get<int>() : 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    c.layer_sliding_window.push_back(use_window && l >= first_window_layer ? window : -1);
+  }
   c.torch_dtype = j.value("torch_dtype", std::string("bfloat16"));
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int>();
   if (j.contains("eos_token_id")) {

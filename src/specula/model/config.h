@@ -33,8 +33,11 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;
-  int sliding_window = -1;  // Mistral: window of this many tokens; -1 none
+  bool attention_bias = false;  // q/k/v projections have biases (Qwen2)
+  bool qk_norm = false;         // RMSNorm over head_dim on q and k before RoPE (Qwen3)
+  // Per layer: a sliding window of this many tokens (the query included), or -1 for full
+  // attention (Mistral: every layer; Qwen2: only with use_sliding_window, from max_window_layers on).
+  std::vector<int> layer_sliding_window;
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
   std::string torch_dtype = "bfloat16";

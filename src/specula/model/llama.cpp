@@ -26,6 +26,14 @@ void linear(const float* x, const std::vector<float>& w, float* y, int64_t n, in
               out);
 }
 
+void add_bias(float* y, const std::vector<float>& bias, int64_t n) {
+  const auto width = static_cast<int64_t>(bias.size());
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < width; ++i) y[r * width + i] += bias[static_cast<size_t>(i)];
+  }
+}
+
+// In place is allowed (y == x): each row's scale is computed before the row is written.
 void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t n, int hidden, float eps) {
   for (int64_t r = 0; r < n; ++r) {
     const float* xr = x + r * hidden;
@@ -58,7 +66,6 @@ void apply_llama3_scaling(std::vector<float>& inv_freq, const RopeScaling& s) {
 LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c) {
   const int64_t h = c.hidden_size, q_out = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t kv_out = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
-  SPECULA_CHECK(!c.attention_bias, "attention_bias is not supported by the Llama implementation yet");
   embed_ = to_f32(ckpt.get("model.embed_tokens.weight", {c.vocab_size, h}));
   final_norm_ = to_f32(ckpt.get("model.norm.weight", {h}));
   if (!c.tie_word_embeddings) lm_head_ = to_f32(ckpt.get("lm_head.weight", {c.vocab_size, h}));
@@ -71,6 +78,15 @@ LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c
     layer.wk = to_f32(ckpt.get(p + "self_attn.k_proj.weight", {kv_out, h}));
     layer.wv = to_f32(ckpt.get(p + "self_attn.v_proj.weight", {kv_out, h}));
     layer.wo = to_f32(ckpt.get(p + "self_attn.o_proj.weight", {h, q_out}));
+    if (c.attention_bias) {
+      layer.bq = to_f32(ckpt.get(p + "self_attn.q_proj.bias", {q_out}));
+      layer.bk = to_f32(ckpt.get(p + "self_attn.k_proj.bias", {kv_out}));
+      layer.bv = to_f32(ckpt.get(p + "self_attn.v_proj.bias", {kv_out}));
+    }
+    if (c.qk_norm) {
+      layer.q_norm = to_f32(ckpt.get(p + "self_attn.q_norm.weight", {c.head_dim}));
+      layer.k_norm = to_f32(ckpt.get(p + "self_attn.k_norm.weight", {c.head_dim}));
+    }
     layer.w_gate = to_f32(ckpt.get(p + "mlp.gate_proj.weight", {c.intermediate_size, h}));
     layer.w_up = to_f32(ckpt.get(p + "mlp.up_proj.weight", {c.intermediate_size, h}));
     layer.w_down = to_f32(ckpt.get(p + "mlp.down_proj.weight", {h, c.intermediate_size}));
@@ -81,8 +97,9 @@ LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c
     a.num_q_heads = c.num_attention_heads;
     a.num_kv_heads = c.num_key_value_heads;
     a.head_dim = c.head_dim;
-    // Mistral's window of W tokens lets a query see itself and W - 1 earlier keys.
-    a.sliding_window_size = c.sliding_window > 0 ? c.sliding_window - 1 : -1;
+    // A window of W tokens lets a query see itself and W - 1 earlier keys.
+    const int window = c.layer_sliding_window[static_cast<size_t>(l)];
+    a.sliding_window_size = window > 0 ? window - 1 : -1;
     attention_layers_.push_back(a);
   }
   const int half = c.head_dim / 2;
@@ -142,6 +159,15 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
     linear(xn.data(), w.wq, q.data_as<float>(), n, hidden, Hq * D);
     linear(xn.data(), w.wk, k.data_as<float>(), n, hidden, Hkv * D);
     linear(xn.data(), w.wv, v.data_as<float>(), n, hidden, Hkv * D);
+    if (!w.bq.empty()) {
+      add_bias(q.data_as<float>(), w.bq, n);
+      add_bias(k.data_as<float>(), w.bk, n);
+      add_bias(v.data_as<float>(), w.bv, n);
+    }
+    if (!w.q_norm.empty()) {
+      rms_norm(q.data_as<float>(), w.q_norm, q.data_as<float>(), n * Hq, D, eps);
+      rms_norm(k.data_as<float>(), w.k_norm, k.data_as<float>(), n * Hkv, D, eps);
+    }
     rope(q.data_as<float>(), Hq);
     rope(k.data_as<float>(), Hkv);
     backend.forward(q, k, v, attn, attention_layers_[l], batch);

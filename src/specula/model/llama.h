@@ -1,6 +1,7 @@
 // LlamaModel: the Llama-family decoder (RMSNorm, RoPE, grouped-query attention through an
 // AttentionBackend over the paged KV cache, SwiGLU MLP) on the CPU: weights held as f32 (converted
-// from the checkpoint once), matrix products through OpenBLAS.
+// from the checkpoint once), matrix products through OpenBLAS. The family's variants are flags of
+// the config: q/k/v biases (Qwen2), q/k RMSNorm (Qwen3), per-layer sliding windows (Mistral, Qwen2).
 #pragma once
 
 #include <vector>
@@ -28,6 +29,8 @@ class LlamaModel {
   struct Layer {
     std::vector<float> input_norm, post_norm;       // [hidden]
     std::vector<float> wq, wk, wv, wo;              // [out, in] row-major
+    std::vector<float> bq, bk, bv;                  // [out] (attention_bias) or empty
+    std::vector<float> q_norm, k_norm;              // [head_dim] (qk_norm) or empty
     std::vector<float> w_gate, w_up, w_down;
   };
 
