@@ -20,8 +20,12 @@ struct Arch {
   std::string name;
   bool bias = false;
   bool qk_norm = false;
-  int window = -1;  // sliding window (tokens), every layer
+  int window = -1;  // sliding window (tokens): every layer, or every even layer for Gemma-2
+  bool gemma2 = false;
 };
+
+// Gemma-2's extra constants in the tiny model (small caps, so capping changes the numbers).
+constexpr double kAttnCap = 4.0, kFinalCap = 3.0, kQueryScalar = 48.0;
 
 struct TinyModel {
   int vocab = 259, hidden = 96, inter = 128, layers = 2, heads = 4, kv_heads = 2, head_dim = 64;
@@ -45,12 +49,17 @@ TinyModel make_weights(const Arch& a, uint32_t seed) {
   std::mt19937 rng(seed);
   const int q_out = m.heads * m.head_dim, kv_out = m.kv_heads * m.head_dim;
   add(m, rng, "model.embed_tokens.weight", {m.vocab, m.hidden}, 1.0f);
-  add(m, rng, "model.norm.weight", {m.hidden}, 0.1f, 1.0f);
-  add(m, rng, "lm_head.weight", {m.vocab, m.hidden}, 0.2f);
+  const float norm_mean = a.gemma2 ? 0.0f : 1.0f;  // Gemma stores w for a (1 + w) scale
+  add(m, rng, "model.norm.weight", {m.hidden}, 0.1f, norm_mean);
+  if (!a.gemma2) add(m, rng, "lm_head.weight", {m.vocab, m.hidden}, 0.2f);
   for (int l = 0; l < m.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(m, rng, p + "input_layernorm.weight", {m.hidden}, 0.1f, 1.0f);
-    add(m, rng, p + "post_attention_layernorm.weight", {m.hidden}, 0.1f, 1.0f);
+    add(m, rng, p + "input_layernorm.weight", {m.hidden}, 0.1f, norm_mean);
+    add(m, rng, p + "post_attention_layernorm.weight", {m.hidden}, 0.1f, norm_mean);
+    if (a.gemma2) {
+      add(m, rng, p + "pre_feedforward_layernorm.weight", {m.hidden}, 0.1f, norm_mean);
+      add(m, rng, p + "post_feedforward_layernorm.weight", {m.hidden}, 0.1f, norm_mean);
+    }
     add(m, rng, p + "self_attn.q_proj.weight", {q_out, m.hidden}, 0.2f);
     add(m, rng, p + "self_attn.k_proj.weight", {kv_out, m.hidden}, 0.2f);
     add(m, rng, p + "self_attn.v_proj.weight", {kv_out, m.hidden}, 0.2f);
@@ -79,9 +88,16 @@ void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::
                            {"head_dim", m.head_dim}, {"rms_norm_eps", m.eps}, {"rope_theta", m.theta},
                            {"max_position_embeddings", 256}, {"tie_word_embeddings", false},
                            {"bos_token_id", 256}, {"eos_token_id", 257}};
+  if (a.gemma2) {
+    config["tie_word_embeddings"] = true;
+    config["hidden_activation"] = "gelu_pytorch_tanh";
+    config["attn_logit_softcapping"] = kAttnCap;
+    config["final_logit_softcapping"] = kFinalCap;
+    config["query_pre_attn_scalar"] = kQueryScalar;
+  }
   if (a.window > 0) {
     config["sliding_window"] = a.window;
-    if (a.name != "MistralForCausalLM") {
+    if (a.name != "MistralForCausalLM" && !a.gemma2) {
       config["use_sliding_window"] = true;
       config["max_window_layers"] = 0;
     }
@@ -121,12 +137,16 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
     for (double v : x) ss += v * v;
     const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + m.eps);
     std::vector<double> y(x.size());
-    for (size_t i = 0; i < x.size(); ++i) y[i] = w[i] * (x[i] * inv);
+    for (size_t i = 0; i < x.size(); ++i) y[i] = (a.gemma2 ? 1.0 + w[i] : w[i]) * (x[i] * inv);
     return y;
   };
+  const double embed_scale = a.gemma2 ? std::sqrt(static_cast<double>(H)) : 1.0;
   std::vector<std::vector<double>> h(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(H)));
   for (int t = 0; t < n; ++t) {
-    for (int i = 0; i < H; ++i) h[static_cast<size_t>(t)][static_cast<size_t>(i)] = W("model.embed_tokens.weight")[static_cast<size_t>(ids[static_cast<size_t>(t)] * H + i)];
+    for (int i = 0; i < H; ++i) {
+      h[static_cast<size_t>(t)][static_cast<size_t>(i)] =
+          embed_scale * W("model.embed_tokens.weight")[static_cast<size_t>(ids[static_cast<size_t>(t)] * H + i)];
+    }
   }
   for (int l = 0; l < m.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -162,10 +182,13 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
         std::vector<double> score(static_cast<size_t>(t + 1), -INFINITY);
         double mx = -INFINITY;
         for (int j = 0; j <= t; ++j) {
-          if (a.window > 0 && t - j >= a.window) continue;
+          const bool windowed = a.window > 0 && (!a.gemma2 || l % 2 == 0);
+          if (windowed && t - j >= a.window) continue;
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += q[static_cast<size_t>(t)][static_cast<size_t>(hd * D + d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
-          score[static_cast<size_t>(j)] = dot / std::sqrt(static_cast<double>(D));
+          double s = dot / std::sqrt(a.gemma2 ? kQueryScalar : static_cast<double>(D));
+          if (a.gemma2) s = kAttnCap * std::tanh(s / kAttnCap);
+          score[static_cast<size_t>(j)] = s;
           mx = std::max(mx, score[static_cast<size_t>(j)]);
         }
         double z = 0;
@@ -177,20 +200,31 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
       }
     }
     for (int t = 0; t < n; ++t) {
-      const auto o = matvec(W(p + "self_attn.o_proj.weight"), attn[static_cast<size_t>(t)], H);
+      auto o = matvec(W(p + "self_attn.o_proj.weight"), attn[static_cast<size_t>(t)], H);
+      if (a.gemma2) o = rms(o, W(p + "post_attention_layernorm.weight"));
       for (int i = 0; i < H; ++i) h[static_cast<size_t>(t)][static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
-      const auto x = rms(h[static_cast<size_t>(t)], W(p + "post_attention_layernorm.weight"));
+      const auto x = rms(h[static_cast<size_t>(t)], W(p + (a.gemma2 ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")));
       const auto g = matvec(W(p + "mlp.gate_proj.weight"), x, m.inter);
       const auto u = matvec(W(p + "mlp.up_proj.weight"), x, m.inter);
       std::vector<double> act(static_cast<size_t>(m.inter));
-      for (int i = 0; i < m.inter; ++i) act[static_cast<size_t>(i)] = g[static_cast<size_t>(i)] / (1.0 + std::exp(-g[static_cast<size_t>(i)])) * u[static_cast<size_t>(i)];
-      const auto d = matvec(W(p + "mlp.down_proj.weight"), act, H);
+      for (int i = 0; i < m.inter; ++i) {
+        const double gi = g[static_cast<size_t>(i)];
+        const double gated = a.gemma2 ? 0.5 * gi * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (gi + 0.044715 * gi * gi * gi)))
+                                      : gi / (1.0 + std::exp(-gi));
+        act[static_cast<size_t>(i)] = gated * u[static_cast<size_t>(i)];
+      }
+      auto d = matvec(W(p + "mlp.down_proj.weight"), act, H);
+      if (a.gemma2) d = rms(d, W(p + "post_feedforward_layernorm.weight"));
       for (int i = 0; i < H; ++i) h[static_cast<size_t>(t)][static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
     }
   }
   std::vector<double> logits;
   for (int t = 0; t < n; ++t) {
-    const auto row = matvec(W("lm_head.weight"), rms(h[static_cast<size_t>(t)], W("model.norm.weight")), m.vocab);
+    auto row = matvec(W(a.gemma2 ? "model.embed_tokens.weight" : "lm_head.weight"),
+                      rms(h[static_cast<size_t>(t)], W("model.norm.weight")), m.vocab);
+    if (a.gemma2) {
+      for (double& v : row) v = kFinalCap * std::tanh(v / kFinalCap);
+    }
     logits.insert(logits.end(), row.begin(), row.end());
   }
   return logits;
@@ -243,7 +277,8 @@ TEST_P(Architectures, MatchTheFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(All, Architectures,
                          ::testing::Values(Arch{"LlamaForCausalLM"}, Arch{"MistralForCausalLM", false, false, 7},
                                            Arch{"Qwen2ForCausalLM", true, false, -1},
-                                           Arch{"Qwen2ForCausalLM", true, false, 5}, Arch{"Qwen3ForCausalLM", false, true, -1}),
+                                           Arch{"Qwen2ForCausalLM", true, false, 5}, Arch{"Qwen3ForCausalLM", false, true, -1},
+                                           Arch{"Gemma2ForCausalLM", false, false, 6, true}),
                          [](const auto& info) {
                            std::string n = info.param.name.substr(0, info.param.name.find("For"));
                            return n + (info.param.window > 0 ? "Window" + std::to_string(info.param.window) : "");

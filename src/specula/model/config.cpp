@@ -34,7 +34,7 @@ double number_or(const json& j, const char* key, double fallback) {
 
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                                 "Qwen3ForCausalLM"};
+                                                 "Qwen3ForCausalLM", "Gemma2ForCausalLM"};
   return names;
 }
 
@@ -87,9 +87,19 @@ ModelConfig parse_model_config(const std::string& json_text) {
   const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM";
   const bool use_window = qwen ? j.value("use_sliding_window", false) : c.architecture == "MistralForCausalLM";
   const int first_window_layer = qwen && j.contains("max_window_layers") ? j["max_window_layers"].get<int>() : 0;
+  c.gemma2 = c.architecture == "Gemma2ForCausalLM";
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    c.layer_sliding_window.push_back(use_window && l >= first_window_layer ? window : -1);
+    // Gemma-2 alternates: even layers slide, odd layers see everything.
+    const bool slides = c.gemma2 ? l % 2 == 0 : use_window && l >= first_window_layer;
+    c.layer_sliding_window.push_back(slides ? window : -1);
   }
+  c.hidden_act = j.value("hidden_activation", j.value("hidden_act", std::string("silu")));
+  SPECULA_CHECK(c.hidden_act == "silu" || c.hidden_act == "gelu_pytorch_tanh",
+                "config.json: activation '{}' is not supported; supported: silu, gelu_pytorch_tanh", c.hidden_act);
+  c.attn_logit_softcapping = number_or(j, "attn_logit_softcapping", 0.0);
+  c.final_logit_softcapping = number_or(j, "final_logit_softcapping", 0.0);
+  c.query_pre_attn_scalar = number_or(j, "query_pre_attn_scalar", 0.0);
+  if (c.gemma2) c.tie_word_embeddings = j.value("tie_word_embeddings", true);
   c.torch_dtype = j.value("torch_dtype", std::string("bfloat16"));
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int>();
   if (j.contains("eos_token_id")) {

@@ -38,6 +38,14 @@ struct ModelConfig {
   // Per layer: a sliding window of this many tokens (the query included), or -1 for full
   // attention (Mistral: every layer; Qwen2: only with use_sliding_window, from max_window_layers on).
   std::vector<int> layer_sliding_window;
+  // Gemma-2: RMSNorm weights applied as (1 + w), the embedding scaled by sqrt(hidden_size),
+  // GeLU-tanh gating, norms around attention and MLP outputs, soft-capped attention and final
+  // logits, and a softmax scale of query_pre_attn_scalar^-1/2.
+  bool gemma2 = false;
+  std::string hidden_act = "silu";  // silu or gelu_pytorch_tanh
+  double attn_logit_softcapping = 0.0;
+  double final_logit_softcapping = 0.0;
+  double query_pre_attn_scalar = 0.0;  // 0: head_dim
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
   std::string torch_dtype = "bfloat16";

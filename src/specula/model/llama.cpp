@@ -66,14 +66,28 @@ void apply_llama3_scaling(std::vector<float>& inv_freq, const RopeScaling& s) {
 LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c) {
   const int64_t h = c.hidden_size, q_out = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t kv_out = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
+  // Gemma's RMSNorm multiplies by (1 + w): folded into the weights once.
+  auto norm = [&](const std::string& name) {
+    std::vector<float> w = to_f32(ckpt.get(name, {h}));
+    if (c.gemma2) {
+      for (float& x : w) x += 1.0f;
+    }
+    return w;
+  };
   embed_ = to_f32(ckpt.get("model.embed_tokens.weight", {c.vocab_size, h}));
-  final_norm_ = to_f32(ckpt.get("model.norm.weight", {h}));
+  final_norm_ = norm("model.norm.weight");
   if (!c.tie_word_embeddings) lm_head_ = to_f32(ckpt.get("lm_head.weight", {c.vocab_size, h}));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Layer layer;
-    layer.input_norm = to_f32(ckpt.get(p + "input_layernorm.weight", {h}));
-    layer.post_norm = to_f32(ckpt.get(p + "post_attention_layernorm.weight", {h}));
+    layer.input_norm = norm(p + "input_layernorm.weight");
+    if (c.gemma2) {
+      layer.post_attn_norm = norm(p + "post_attention_layernorm.weight");
+      layer.post_norm = norm(p + "pre_feedforward_layernorm.weight");
+      layer.post_ffn_norm = norm(p + "post_feedforward_layernorm.weight");
+    } else {
+      layer.post_norm = norm(p + "post_attention_layernorm.weight");
+    }
     layer.wq = to_f32(ckpt.get(p + "self_attn.q_proj.weight", {q_out, h}));
     layer.wk = to_f32(ckpt.get(p + "self_attn.k_proj.weight", {kv_out, h}));
     layer.wv = to_f32(ckpt.get(p + "self_attn.v_proj.weight", {kv_out, h}));
@@ -100,6 +114,8 @@ LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c
     // A window of W tokens lets a query see itself and W - 1 earlier keys.
     const int window = c.layer_sliding_window[static_cast<size_t>(l)];
     a.sliding_window_size = window > 0 ? window - 1 : -1;
+    a.logit_cap = static_cast<float>(c.attn_logit_softcapping);
+    if (c.query_pre_attn_scalar > 0) a.scaling = static_cast<float>(1.0 / std::sqrt(c.query_pre_attn_scalar));
     attention_layers_.push_back(a);
   }
   const int half = c.head_dim / 2;
@@ -127,6 +143,10 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
     SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
     std::copy_n(embed_.begin() + static_cast<int64_t>(id) * hidden, hidden, x.begin() + t * hidden);
   }
+  if (c.gemma2) {
+    const float scale = std::sqrt(static_cast<float>(hidden));
+    for (float& v : x) v *= scale;
+  }
   Buffer q(DType::f32, {n, Hq, D}), k(DType::f32, {n, Hkv, D}), v(DType::f32, {n, Hkv, D}), attn(DType::f32, {n, Hq, D});
   std::vector<float> o(x.size()), gate(static_cast<size_t>(n * c.intermediate_size)), up(gate.size());
   // cos/sin per token and frequency, computed in f32 as Hugging Face does.
@@ -153,6 +173,7 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
     }
   };
   const float eps = static_cast<float>(c.rms_norm_eps);
+  const bool gelu = c.hidden_act == "gelu_pytorch_tanh";
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
     rms_norm(x.data(), w.input_norm, xn.data(), n, hidden, eps);
@@ -172,12 +193,21 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
     rope(k.data_as<float>(), Hkv);
     backend.forward(q, k, v, attn, attention_layers_[l], batch);
     linear(attn.data_as<float>(), w.wo, o.data(), n, Hq * D, hidden);
+    if (!w.post_attn_norm.empty()) rms_norm(o.data(), w.post_attn_norm, o.data(), n, hidden, eps);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     rms_norm(x.data(), w.post_norm, xn.data(), n, hidden, eps);
     linear(xn.data(), w.w_gate, gate.data(), n, hidden, c.intermediate_size);
     linear(xn.data(), w.w_up, up.data(), n, hidden, c.intermediate_size);
-    for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    if (gelu) {
+      for (size_t i = 0; i < gate.size(); ++i) {
+        const float g = gate[i];
+        gate[i] = 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+      }
+    } else {
+      for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    }
     linear(gate.data(), w.w_down, o.data(), n, c.intermediate_size, hidden);
+    if (!w.post_ffn_norm.empty()) rms_norm(o.data(), w.post_ffn_norm, o.data(), n, hidden, eps);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
   // Final norm and lm_head on the rows whose logits are wanted.
@@ -198,6 +228,10 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   logits.resize(rows.size() * static_cast<size_t>(c.vocab_size));
   linear(selected.data(), lm_head_.empty() ? embed_ : lm_head_, logits.data(), static_cast<int64_t>(rows.size()), hidden,
          c.vocab_size);
+  if (c.final_logit_softcapping > 0) {
+    const auto cap = static_cast<float>(c.final_logit_softcapping);
+    for (float& v : logits) v = cap * std::tanh(v / cap);
+  }
 }
 
 }  // namespace specula

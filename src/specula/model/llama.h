@@ -1,7 +1,8 @@
 // LlamaModel: the Llama-family decoder (RMSNorm, RoPE, grouped-query attention through an
 // AttentionBackend over the paged KV cache, SwiGLU MLP) on the CPU: weights held as f32 (converted
 // from the checkpoint once), matrix products through OpenBLAS. The family's variants are flags of
-// the config: q/k/v biases (Qwen2), q/k RMSNorm (Qwen3), per-layer sliding windows (Mistral, Qwen2).
+// the config: q/k/v biases (Qwen2), q/k RMSNorm (Qwen3), per-layer sliding windows (Mistral, Qwen2),
+// and Gemma-2's norms, embedding scale, GeLU-tanh, soft-caps and alternating windows.
 #pragma once
 
 #include <vector>
@@ -27,7 +28,8 @@ class LlamaModel {
 
  private:
   struct Layer {
-    std::vector<float> input_norm, post_norm;       // [hidden]
+    std::vector<float> input_norm, post_norm;       // [hidden]; post_norm precedes the MLP
+    std::vector<float> post_attn_norm, post_ffn_norm;  // Gemma-2: norms of the attention / MLP outputs
     std::vector<float> wq, wk, wv, wo;              // [out, in] row-major
     std::vector<float> bq, bk, bv;                  // [out] (attention_bias) or empty
     std::vector<float> q_norm, k_norm;              // [head_dim] (qk_norm) or empty
