@@ -123,11 +123,15 @@ ModelConfig parse_model_config(const std::string& json_text) {
     c.rope_scaling.high_freq_factor = number_or(r, "high_freq_factor", 4.0);
     c.rope_scaling.original_max_position_embeddings =
         static_cast<int>(number_or(r, "original_max_position_embeddings", c.max_position_embeddings));
+    c.rope_scaling.beta_fast = number_or(r, "beta_fast", 32.0);
+    c.rope_scaling.beta_slow = number_or(r, "beta_slow", 1.0);
+    c.rope_scaling.attention_factor = number_or(r, "attention_factor", 0.0);
     if (r.contains("rope_theta")) c.rope_theta = number_or(r, "rope_theta", c.rope_theta);
-    static const char* kTypes[] = {"default", "linear", "llama3"};
+    static const char* kTypes[] = {"default", "linear", "dynamic", "llama3", "yarn"};
     SPECULA_CHECK(std::find(std::begin(kTypes), std::end(kTypes), c.rope_scaling.type) != std::end(kTypes),
-                  "config.json: rope scaling type '{}' is not supported; supported: default, linear, llama3",
+                  "config.json: rope scaling type '{}' is not supported; supported: default, linear, dynamic, llama3, yarn",
                   c.rope_scaling.type);
+    SPECULA_CHECK(c.rope_scaling.factor >= 1.0, "config.json: rope scaling factor {} must be >= 1", c.rope_scaling.factor);
   }
   return c;
 }

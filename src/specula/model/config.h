@@ -11,11 +11,14 @@
 namespace specula {
 
 struct RopeScaling {
-  std::string type = "default";  // default, linear, llama3
+  std::string type = "default";  // default, linear, dynamic, llama3, yarn
   double factor = 1.0;
   double low_freq_factor = 1.0;   // llama3
   double high_freq_factor = 4.0;  // llama3
   int original_max_position_embeddings = 0;
+  double beta_fast = 32.0;        // yarn
+  double beta_slow = 1.0;         // yarn
+  double attention_factor = 0.0;  // yarn; 0: 0.1 ln(factor) + 1
 };
 
 struct ModelConfig {

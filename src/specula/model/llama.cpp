@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "specula/core/error.h"
+#include "specula/model/rope.h"
 
 namespace specula {
 
@@ -41,23 +42,6 @@ void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t n, 
     for (int i = 0; i < hidden; ++i) sum += xr[i] * xr[i];
     const float inv = 1.0f / std::sqrt(sum / static_cast<float>(hidden) + eps);
     for (int i = 0; i < hidden; ++i) y[r * hidden + i] = w[static_cast<size_t>(i)] * (xr[i] * inv);
-  }
-}
-
-// Llama-3 frequency scaling: long wavelengths are divided by `factor`, short ones kept, and the
-// band between blended (Hugging Face's _compute_llama3_parameters).
-void apply_llama3_scaling(std::vector<float>& inv_freq, const RopeScaling& s) {
-  const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
-  const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
-  for (float& f : inv_freq) {
-    const double wavelen = 2.0 * M_PI / f;
-    if (wavelen > low_wavelen) {
-      f = static_cast<float>(f / s.factor);
-    } else if (wavelen >= high_wavelen) {
-      const double smooth =
-          (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-      f = static_cast<float>((1.0 - smooth) * f / s.factor + smooth * f);
-    }
   }
 }
 
@@ -118,17 +102,9 @@ LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c
     if (c.query_pre_attn_scalar > 0) a.scaling = static_cast<float>(1.0 / std::sqrt(c.query_pre_attn_scalar));
     attention_layers_.push_back(a);
   }
-  const int half = c.head_dim / 2;
-  inv_freq_.resize(static_cast<size_t>(half));
-  for (int i = 0; i < half; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
-    inv_freq_[static_cast<size_t>(i)] = 1.0f / std::pow(static_cast<float>(c.rope_theta), exponent);
-  }
-  if (c.rope_scaling.type == "linear") {
-    for (float& f : inv_freq_) f = static_cast<float>(f / c.rope_scaling.factor);
-  } else if (c.rope_scaling.type == "llama3") {
-    apply_llama3_scaling(inv_freq_, c.rope_scaling);
-  }
+  const RopeFrequencies rope = compute_rope_frequencies(c);
+  inv_freq_ = rope.inv_freq;
+  rope_attention_factor_ = rope.attention_factor;
 }
 
 void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens) {
@@ -155,8 +131,8 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
     const float pos = static_cast<float>(batch.positions[static_cast<size_t>(t)]);
     for (int i = 0; i < D / 2; ++i) {
       const float angle = pos * inv_freq_[static_cast<size_t>(i)];
-      cos_t[static_cast<size_t>(t * (D / 2) + i)] = std::cos(angle);
-      sin_t[static_cast<size_t>(t * (D / 2) + i)] = std::sin(angle);
+      cos_t[static_cast<size_t>(t * (D / 2) + i)] = std::cos(angle) * rope_attention_factor_;
+      sin_t[static_cast<size_t>(t * (D / 2) + i)] = std::sin(angle) * rope_attention_factor_;
     }
   }
   auto rope = [&](float* data, int heads) {

@@ -43,6 +43,7 @@ class LlamaModel {
   std::vector<Layer> layers_;
   std::vector<AttentionLayer> attention_layers_;
   std::vector<float> inv_freq_;   // [head_dim / 2]
+  float rope_attention_factor_ = 1.0f;
 };
 
 }  // namespace specula
