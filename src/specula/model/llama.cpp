@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+
+#include <unistd.h>
 
 #include "specula/core/error.h"
 #include "specula/model/rope.h"
@@ -15,9 +18,36 @@ namespace specula {
 
 namespace {
 
-std::vector<float> to_f32(const TensorView& t) {
+// A progress line on stderr while large checkpoints convert (only on a terminal, only past
+// 256 MiB: small models load in a blink and logs should not fill with carriage returns).
+class LoadProgress {
+ public:
+  explicit LoadProgress(size_t total) : total_(total), show_(total > (size_t{256} << 20) && isatty(2) != 0) {}
+  ~LoadProgress() {
+    if (show_) std::fprintf(stderr, "\rloading weights 100%% (%.2f GB)\n", static_cast<double>(total_) / 1e9);
+  }
+  void advance(size_t bytes) {
+    done_ += bytes;
+    const int percent = static_cast<int>(100.0 * static_cast<double>(done_) / static_cast<double>(total_));
+    if (show_ && percent != last_) {
+      last_ = percent;
+      std::fprintf(stderr, "\rloading weights %3d%% (%.2f / %.2f GB)", percent, static_cast<double>(done_) / 1e9,
+                   static_cast<double>(total_) / 1e9);
+      std::fflush(stderr);
+    }
+  }
+
+ private:
+  size_t total_;
+  size_t done_ = 0;
+  int last_ = -1;
+  bool show_;
+};
+
+std::vector<float> to_f32(const TensorView& t, LoadProgress& progress) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
   convert_to_float(t.data(), t.dtype(), out.data(), out.size());
+  progress.advance(t.nbytes());
   return out;
 }
 
@@ -50,17 +80,19 @@ void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t n, 
 LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c) {
   const int64_t h = c.hidden_size, q_out = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t kv_out = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
+  LoadProgress progress(ckpt.total_bytes());
+  auto load = [&](const std::string& name, const Shape& shape) { return to_f32(ckpt.get(name, shape), progress); };
   // Gemma's RMSNorm multiplies by (1 + w): folded into the weights once.
   auto norm = [&](const std::string& name) {
-    std::vector<float> w = to_f32(ckpt.get(name, {h}));
+    std::vector<float> w = load(name, {h});
     if (c.gemma2) {
       for (float& x : w) x += 1.0f;
     }
     return w;
   };
-  embed_ = to_f32(ckpt.get("model.embed_tokens.weight", {c.vocab_size, h}));
+  embed_ = load("model.embed_tokens.weight", {c.vocab_size, h});
   final_norm_ = norm("model.norm.weight");
-  if (!c.tie_word_embeddings) lm_head_ = to_f32(ckpt.get("lm_head.weight", {c.vocab_size, h}));
+  if (!c.tie_word_embeddings) lm_head_ = load("lm_head.weight", {c.vocab_size, h});
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Layer layer;
@@ -72,22 +104,22 @@ LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c
     } else {
       layer.post_norm = norm(p + "post_attention_layernorm.weight");
     }
-    layer.wq = to_f32(ckpt.get(p + "self_attn.q_proj.weight", {q_out, h}));
-    layer.wk = to_f32(ckpt.get(p + "self_attn.k_proj.weight", {kv_out, h}));
-    layer.wv = to_f32(ckpt.get(p + "self_attn.v_proj.weight", {kv_out, h}));
-    layer.wo = to_f32(ckpt.get(p + "self_attn.o_proj.weight", {h, q_out}));
+    layer.wq = load(p + "self_attn.q_proj.weight", {q_out, h});
+    layer.wk = load(p + "self_attn.k_proj.weight", {kv_out, h});
+    layer.wv = load(p + "self_attn.v_proj.weight", {kv_out, h});
+    layer.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
     if (c.attention_bias) {
-      layer.bq = to_f32(ckpt.get(p + "self_attn.q_proj.bias", {q_out}));
-      layer.bk = to_f32(ckpt.get(p + "self_attn.k_proj.bias", {kv_out}));
-      layer.bv = to_f32(ckpt.get(p + "self_attn.v_proj.bias", {kv_out}));
+      layer.bq = load(p + "self_attn.q_proj.bias", {q_out});
+      layer.bk = load(p + "self_attn.k_proj.bias", {kv_out});
+      layer.bv = load(p + "self_attn.v_proj.bias", {kv_out});
     }
     if (c.qk_norm) {
-      layer.q_norm = to_f32(ckpt.get(p + "self_attn.q_norm.weight", {c.head_dim}));
-      layer.k_norm = to_f32(ckpt.get(p + "self_attn.k_norm.weight", {c.head_dim}));
+      layer.q_norm = load(p + "self_attn.q_norm.weight", {c.head_dim});
+      layer.k_norm = load(p + "self_attn.k_norm.weight", {c.head_dim});
     }
-    layer.w_gate = to_f32(ckpt.get(p + "mlp.gate_proj.weight", {c.intermediate_size, h}));
-    layer.w_up = to_f32(ckpt.get(p + "mlp.up_proj.weight", {c.intermediate_size, h}));
-    layer.w_down = to_f32(ckpt.get(p + "mlp.down_proj.weight", {h, c.intermediate_size}));
+    layer.w_gate = load(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
+    layer.w_up = load(p + "mlp.up_proj.weight", {c.intermediate_size, h});
+    layer.w_down = load(p + "mlp.down_proj.weight", {h, c.intermediate_size});
     layers_.push_back(std::move(layer));
 
     AttentionLayer a;

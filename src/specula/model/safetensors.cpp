@@ -150,6 +150,12 @@ TensorView Checkpoint::get(const std::string& name, const Shape& expected_shape)
   return it->second;
 }
 
+size_t Checkpoint::total_bytes() const {
+  size_t total = 0;
+  for (const auto& [name, view] : tensors_) total += view.nbytes();
+  return total;
+}
+
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
   for (const auto& [name, view] : tensors_) out.push_back(name);

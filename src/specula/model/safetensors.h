@@ -44,6 +44,7 @@ class Checkpoint {
   // The tensor `name`; throws specula::Error if it is missing or its shape differs.
   TensorView get(const std::string& name, const Shape& expected_shape) const;
   std::vector<std::string> names() const;
+  size_t total_bytes() const;
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
