@@ -32,7 +32,8 @@ TEST(Tokenizer, SpecialTokensInTextAndDecoding) {
   EXPECT_EQ(t.decode(std::vector<int32_t>{256, 104, 105, 257}, false), "<s>hi</s>");
   EXPECT_TRUE(t.is_special(258));
   EXPECT_EQ(t.token_to_id("<pad>"), 258);
-  EXPECT_THROW(t.decode(std::vector<int32_t>{300}), Error);
+  // Ids past the vocabulary (padding rows of a model's embedding) decode to nothing.
+  EXPECT_EQ(t.decode(std::vector<int32_t>{104, 300, 105}), "hi");
 }
 
 TEST(Tokenizer, StreamingNeverSplitsUtf8) {
@@ -143,6 +144,72 @@ TEST(Tokenizer, SentencePieceStyleWithByteFallback) {
   std::string streamed;
   for (int32_t id : ids) streamed += stream.push(id);
   EXPECT_EQ(streamed + stream.finish(), "Hi the\n\xC3\xA9");
+}
+
+// Invalid UTF-8 decodes as Rust's from_utf8_lossy does (one U+FFFD per maximal invalid subpart),
+// and the stream holds back only a tail that more bytes could complete.
+TEST(Tokenizer, LossyUtf8LikeHuggingFace) {
+  const Tokenizer t = Tokenizer::from_file(kShipped);
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_EQ(t.decode(std::vector<int32_t>{0xE6, 0x97, 0x41}), fffd + "A");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{0xED, 0xA0, 0x80}), fffd + fffd + fffd);  // a surrogate
+  EXPECT_EQ(t.decode(std::vector<int32_t>{0xC0, 0xAF}), fffd + fffd);              // overlong
+  EXPECT_EQ(t.decode(std::vector<int32_t>{0xF5, 0x41}), fffd + "A");
+  Tokenizer::Stream s(t);
+  EXPECT_EQ(s.push(0xE6), "");
+  EXPECT_EQ(s.push(0x41), fffd + "A") << "A cannot continue E6: both are final at once";
+}
+
+const char* kSentencePieceVocab = R"(
+    "model": {"type": "BPE", "byte_fallback": true, "unk_token": "<unk>",
+              "vocab": {"<unk>": 0, "<s>": 1, "▁": 2, "t": 3, "h": 4, "e": 5, "▁t": 6, "▁th": 7, "▁the": 8,
+                        "H": 9, "i": 10, "▁H": 11, "▁Hi": 12, "é": 13, "▁é": 14},
+              "merges": ["▁ t", "▁t h", "▁th e", "▁ H", "▁H i", "▁ é"]},
+    "added_tokens": [{"id": 1, "content": "<s>", "special": true}, {"id": 0, "content": "<unk>", "special": true}])";
+
+// Llama-2's Prepend("▁") runs before Replace(" " -> "▁") and prepends to any non-empty text,
+// so a leading space becomes two marks.
+TEST(Tokenizer, PrependNormalizerKeepsLeadingSpaces) {
+  const std::string json = std::string(R"({"normalizer": {"type": "Sequence", "normalizers": [
+      {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+    "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},)") +
+                           kSentencePieceVocab + "}";
+  const Tokenizer t = Tokenizer::from_json(json);
+  EXPECT_EQ(t.encode(" the", false), (std::vector<int32_t>{2, 8}));
+  EXPECT_EQ(t.encode("the", false), (std::vector<int32_t>{8}));
+  EXPECT_EQ(t.decode(std::vector<int32_t>{2, 8}), " the");
+  // A stream that continues a prompt keeps the first token's space.
+  Tokenizer::Stream continuing(t, true);
+  EXPECT_EQ(continuing.push(8), " the");
+}
+
+// Metaspace with prepend_scheme "first": only text at the very start of the input gets the mark;
+// split divides before every mark.
+TEST(Tokenizer, MetaspaceFirstAndSplit) {
+  const std::string json = std::string(R"({"pre_tokenizer": {"type": "Metaspace", "replacement": "▁",
+      "prepend_scheme": "first", "split": true},
+    "decoder": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first"},)") +
+                           kSentencePieceVocab + "}";
+  const Tokenizer t = Tokenizer::from_json(json);
+  EXPECT_EQ(t.encode("Hi the", false), (std::vector<int32_t>{12, 8}));
+  EXPECT_EQ(t.encode("<s>Hi", false), (std::vector<int32_t>{1, 9, 10})) << "no mark after an added token";
+  EXPECT_EQ(t.decode(std::vector<int32_t>{12, 8}), "Hi the");
+}
+
+// Gemma's Split(" ", MergedWithPrevious) and Qwen2's NFC normalizer.
+TEST(Tokenizer, LiteralSplitAndNfc) {
+  const std::string gemma = std::string(R"({"normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+    "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false},)") +
+                            kSentencePieceVocab + "}";
+  const Tokenizer g = Tokenizer::from_json(gemma);
+  EXPECT_EQ(g.encode("Hi the", false), (std::vector<int32_t>{9, 10, 8}));
+  const std::string qwen = R"({"normalizer": {"type": "NFC"},
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false},
+    "model": {"type": "BPE", "vocab": {"Ã": 0, "©": 1, "e": 2, "Ì": 3, "ģ": 4, "Ã©": 5}, "merges": ["Ã ©"]}})";
+  const Tokenizer q = Tokenizer::from_json(qwen);
+  // "e" + combining acute (U+0301, bytes CC 81) composes to "é" (C3 A9) = one merged token.
+  EXPECT_EQ(q.encode("e\xCC\x81", false), (std::vector<int32_t>{5}));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "specula/core/error.h"
 #include "specula/model/regex.h"
+#include "specula/model/utf8.h"
 
 namespace specula {
 
@@ -65,27 +66,6 @@ size_t utf8_length(unsigned char lead) {
   return 1;
 }
 
-// Replaces invalid or incomplete UTF-8 sequences with U+FFFD.
-std::string sanitize_utf8(const std::string& bytes) {
-  std::string out;
-  size_t i = 0;
-  while (i < bytes.size()) {
-    const auto lead = static_cast<unsigned char>(bytes[i]);
-    const size_t n = utf8_length(lead);
-    bool ok = lead < 0x80 || n > 1;
-    if (ok && i + n > bytes.size()) ok = false;
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(bytes[i + k]) & 0xC0) == 0x80;
-    if (ok) {
-      out.append(bytes, i, n);
-      i += n;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    }
-  }
-  return out;
-}
-
 constexpr const char* kSpaceMark = "\xE2\x96\x81";  // U+2581 "▁"
 // The GPT-2 / ByteLevel(use_regex) pre-tokenizer pattern.
 constexpr const char* kGpt2Pattern =
@@ -133,60 +113,81 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
   const std::string type = model.value("type", "");
   SPECULA_CHECK(type == "BPE", "tokenizer.json: model type '{}' is not supported; supported: BPE", type);
 
-  // Pre-tokenizer: ByteLevel, Split (Isolated), Metaspace, or a Sequence of them.
-  bool saw_byte_level = false;
+  // Normalizer: NFC, Prepend, Replace(String), or a Sequence of them.
+  auto read_norm = [&](const json& n, auto& self) -> void {
+    if (n.is_null()) return;
+    const std::string kind = n.value("type", "");
+    if (kind == "Sequence") {
+      for (const json& step : n["normalizers"]) self(step, self);
+    } else if (kind == "NFC") {
+      t.normalizers_.push_back({NormalizeStep::Kind::nfc, {}, {}});
+    } else if (kind == "Prepend") {
+      t.normalizers_.push_back({NormalizeStep::Kind::prepend, n["prepend"].get<std::string>(), {}});
+    } else if (kind == "Replace" && n["pattern"].contains("String")) {
+      t.normalizers_.push_back(
+          {NormalizeStep::Kind::replace, n["pattern"]["String"].get<std::string>(), n["content"].get<std::string>()});
+    } else {
+      SPECULA_CHECK(false, "tokenizer.json: normalizer {} is not supported; supported: NFC, Prepend, Replace (string "
+                    "pattern), Sequence", n.dump().substr(0, 120));
+    }
+  };
+  if (j.contains("normalizer")) read_norm(j["normalizer"], read_norm);
+
+  // Pre-tokenizer: ByteLevel, Split, Metaspace, or a Sequence of them.
+  bool byte_level = false, metaspace = false;
   auto read_pre = [&](const json& p, auto& self) -> void {
     if (p.is_null()) return;
     const std::string kind = p.value("type", "");
+    PreStep step{};
     if (kind == "Sequence") {
-      for (const json& step : p["pretokenizers"]) self(step, self);
-    } else if (kind == "ByteLevel") {
-      saw_byte_level = true;
-      t.add_prefix_space_ = p.value("add_prefix_space", false);
-      if (p.value("use_regex", true)) t.splits_.push_back(std::make_shared<Regex>(kGpt2Pattern));
+      for (const json& s : p["pretokenizers"]) self(s, self);
+      return;
+    }
+    if (kind == "ByteLevel") {
+      byte_level = true;
+      step.kind = PreStep::Kind::byte_level;
+      step.add_prefix_space = p.value("add_prefix_space", false);
+      if (p.value("use_regex", true)) step.regex = std::make_shared<Regex>(kGpt2Pattern);
     } else if (kind == "Split") {
-      const std::string behavior = p.value("behavior", "");
-      SPECULA_CHECK(behavior == "Isolated" && !p.value("invert", false),
-                    "tokenizer.json: Split behavior '{}' is not supported; supported: Isolated", behavior);
-      SPECULA_CHECK(p["pattern"].contains("Regex"), "tokenizer.json: Split patterns must be Regex");
-      t.splits_.push_back(std::make_shared<Regex>(p["pattern"]["Regex"].get<std::string>()));
+      step.kind = PreStep::Kind::split;
+      SPECULA_CHECK(!p.value("invert", false), "tokenizer.json: inverted Split patterns are not supported");
+      const std::string behavior = p.value("behavior", "Isolated");
+      if (behavior == "Isolated") step.behavior = SplitBehavior::isolated;
+      else if (behavior == "MergedWithPrevious") step.behavior = SplitBehavior::merged_with_previous;
+      else if (behavior == "MergedWithNext") step.behavior = SplitBehavior::merged_with_next;
+      else if (behavior == "Removed") step.behavior = SplitBehavior::removed;
+      else SPECULA_CHECK(false, "tokenizer.json: Split behavior '{}' is not supported; supported: Isolated, "
+                         "MergedWithPrevious, MergedWithNext, Removed", behavior);
+      if (p["pattern"].contains("Regex")) {
+        step.regex = std::make_shared<Regex>(p["pattern"]["Regex"].get<std::string>());
+      } else {
+        step.literal = p["pattern"]["String"].get<std::string>();
+        SPECULA_CHECK(!step.literal.empty(), "tokenizer.json: an empty Split string");
+      }
     } else if (kind == "Metaspace") {
-      t.style_ = Style::sentencepiece;
-      t.replace_spaces_ = true;
-      const std::string scheme = p.value("prepend_scheme", p.value("add_prefix_space", true) ? "always" : "never");
-      if (scheme != "never") t.space_prepend_ = kSpaceMark;
-      t.prepend_first_only_ = scheme == "first";
+      metaspace = true;
+      step.kind = PreStep::Kind::metaspace;
+      step.literal = p.value("replacement", std::string(kSpaceMark));
+      step.prepend_scheme = p.value("prepend_scheme", p.value("add_prefix_space", true) ? "always" : "never");
+      step.split = p.value("split", true);
     } else {
       SPECULA_CHECK(false, "tokenizer.json: pre_tokenizer '{}' is not supported; supported: ByteLevel, Split, "
                     "Metaspace, Sequence", kind);
     }
+    t.pre_steps_.push_back(std::move(step));
   };
   if (j.contains("pre_tokenizer")) read_pre(j["pre_tokenizer"], read_pre);
-  // Normalizer: none, or SentencePiece's Prepend("▁") + Replace(" ", "▁").
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    const json& n = j["normalizer"];
-    std::vector<json> steps;
-    if (n.value("type", "") == "Sequence") {
-      for (const json& s : n["normalizers"]) steps.push_back(s);
-    } else {
-      steps.push_back(n);
-    }
-    for (const json& s : steps) {
-      const std::string kind = s.value("type", "");
-      if (kind == "Prepend") {
-        t.space_prepend_ = s["prepend"].get<std::string>();
-      } else if (kind == "Replace" && s["pattern"].contains("String") && s["pattern"]["String"] == " " &&
-                 s["content"] == kSpaceMark) {
-        t.replace_spaces_ = true;
-      } else {
-        SPECULA_CHECK(false, "tokenizer.json: normalizer {} is not supported; supported: Prepend, Replace(' ' -> '▁')",
-                      s.dump().substr(0, 120));
-      }
-    }
-    t.style_ = Style::sentencepiece;
-  }
-  SPECULA_CHECK(!(saw_byte_level && t.style_ == Style::sentencepiece),
-                "tokenizer.json mixes ByteLevel with SentencePiece-style normalisation");
+  // Byte-level models map bytes to stand-in characters; the others run BPE over characters,
+  // with "▁" for spaces (from the normalizer or Metaspace).
+  const bool space_marks =
+      metaspace || std::any_of(t.normalizers_.begin(), t.normalizers_.end(), [](const NormalizeStep& n) {
+        return n.kind == NormalizeStep::Kind::replace && n.b == kSpaceMark;
+      });
+  SPECULA_CHECK(!(byte_level && space_marks), "tokenizer.json mixes ByteLevel with SentencePiece-style spaces");
+  t.style_ = space_marks ? Style::sentencepiece : Style::byte_level;
+  SPECULA_CHECK(byte_level || space_marks, "tokenizer.json: neither ByteLevel nor SentencePiece-style ('▁') spaces; "
+                "specula reads these two BPE styles");
+  t.ignore_merges_ = model.value("ignore_merges", false);
   t.byte_fallback_ = model.value("byte_fallback", false);
 
   SPECULA_CHECK(model.contains("vocab") && model["vocab"].is_object(), "tokenizer.json: model has no vocab");
@@ -288,34 +289,91 @@ std::optional<int32_t> Tokenizer::token_to_id(const std::string& token) const {
   return it->second;
 }
 
-std::vector<std::string> Tokenizer::pre_tokenize(std::string_view segment, bool first_segment) const {
-  std::string text(segment);
-  if (style_ == Style::sentencepiece) {
-    if (replace_spaces_) text = replace_all(text, " ", kSpaceMark);
-    if (!space_prepend_.empty() && (!prepend_first_only_ || first_segment) && text.rfind(space_prepend_, 0) != 0) {
-      text = space_prepend_ + text;
+namespace {
+
+// Splits every piece at the matches of a regex or literal, arranging matches by behavior.
+std::vector<std::string> split_pieces(const std::vector<std::string>& pieces, const Regex* regex,
+                                      const std::string& literal, int behavior) {
+  enum { kIsolated, kMergedWithPrevious, kMergedWithNext, kRemoved };
+  std::vector<std::string> out;
+  for (const std::string& piece : pieces) {
+    std::vector<std::pair<size_t, size_t>> matches;
+    if (regex != nullptr) {
+      matches = regex->find_all(piece);
+    } else {
+      for (size_t pos = piece.find(literal); pos != std::string::npos; pos = piece.find(literal, pos + literal.size())) {
+        matches.emplace_back(pos, pos + literal.size());
+      }
     }
-  } else if (add_prefix_space_ && first_segment && !text.empty() && text[0] != ' ') {
-    text = " " + text;
+    std::string carry;  // a match waiting to be merged into the next piece
+    size_t last = 0;
+    auto push = [&](std::string s) {
+      if (!s.empty()) out.push_back(std::move(s));
+    };
+    for (const auto& [b, e] : matches) {
+      std::string gap = piece.substr(last, b - last), match = piece.substr(b, e - b);
+      switch (behavior) {
+        case kIsolated: push(gap); push(match); break;
+        case kMergedWithPrevious: push(gap + match); break;
+        case kMergedWithNext: push(carry + gap); carry = match; break;
+        default: push(gap); break;
+      }
+      last = e;
+    }
+    push(carry + piece.substr(last));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view segment, bool at_input_start) const {
+  std::string text(segment);
+  for (const NormalizeStep& n : normalizers_) {
+    switch (n.kind) {
+      case NormalizeStep::Kind::nfc: text = utf8_nfc(text); break;
+      case NormalizeStep::Kind::prepend:
+        if (!text.empty()) text = n.a + text;  // Hugging Face prepends to any non-empty text
+        break;
+      case NormalizeStep::Kind::replace: text = replace_all(text, n.a, n.b); break;
+    }
   }
   std::vector<std::string> pieces{text};
-  for (const auto& regex : splits_) {
-    std::vector<std::string> next;
-    for (const std::string& piece : pieces) {
-      size_t last = 0;
-      for (const auto& [b, e] : regex->find_all(piece)) {
-        if (b > last) next.push_back(piece.substr(last, b - last));
-        next.push_back(piece.substr(b, e - b));
-        last = e;
-      }
-      if (last < piece.size()) next.push_back(piece.substr(last));
+  for (const PreStep& step : pre_steps_) {
+    switch (step.kind) {
+      case PreStep::Kind::split:
+        pieces = split_pieces(pieces, step.regex.get(), step.literal, static_cast<int>(step.behavior));
+        break;
+      case PreStep::Kind::byte_level:
+        if (step.add_prefix_space && at_input_start && !pieces.empty() && !pieces[0].empty() && pieces[0][0] != ' ') {
+          pieces[0] = " " + pieces[0];
+        }
+        if (step.regex) pieces = split_pieces(pieces, step.regex.get(), {}, 0);
+        break;
+      case PreStep::Kind::metaspace:
+        for (std::string& p : pieces) p = replace_all(p, " ", step.literal);
+        if (!pieces.empty() && !pieces[0].empty() && pieces[0].rfind(step.literal, 0) != 0 &&
+            (step.prepend_scheme == "always" || (step.prepend_scheme == "first" && at_input_start))) {
+          pieces[0] = step.literal + pieces[0];
+        }
+        if (step.split) pieces = split_pieces(pieces, nullptr, step.literal, 2);
+        break;
     }
-    pieces = std::move(next);
   }
   return pieces;
 }
 
 std::vector<int32_t> Tokenizer::bpe(std::string_view piece) const {
+  if (ignore_merges_) {
+    std::string whole;
+    if (style_ == Style::byte_level) {
+      for (unsigned char b : piece) whole += byte_alphabet()[b];
+    } else {
+      whole = std::string(piece);
+    }
+    const auto it = token_to_id_.find(whole);
+    if (it != token_to_id_.end()) return {it->second};
+  }
   // Initial symbols: byte stand-ins (byte level) or UTF-8 characters (SentencePiece style).
   std::vector<std::string> symbols;
   if (style_ == Style::byte_level) {
@@ -364,15 +422,14 @@ std::vector<int32_t> Tokenizer::bpe(std::string_view piece) const {
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   std::vector<int32_t> ids = add_special_tokens ? prefix_ids_ : std::vector<int32_t>{};
   std::string segment;
-  bool first = true;
+  size_t segment_start = 0;
   auto flush = [&] {
     if (segment.empty()) return;
-    for (const std::string& piece : pre_tokenize(segment, first)) {
+    for (const std::string& piece : pre_tokenize(segment, segment_start == 0)) {
       const auto part = bpe(piece);
       ids.insert(ids.end(), part.begin(), part.end());
     }
     segment.clear();
-    first = false;
   };
   size_t i = 0;
   while (i < text.size()) {
@@ -386,15 +443,17 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
         break;
       }
     }
-    if (!matched) segment += text[i++];
+    if (!matched) {
+      if (segment.empty()) segment_start = i;
+      segment += text[i++];
+    }
   }
   flush();
   return ids;
 }
 
 std::string Tokenizer::token_bytes(int32_t id, bool first) const {
-  SPECULA_CHECK(id >= 0 && static_cast<size_t>(id) < id_to_token_.size(), "token id {} is out of range [0, {})", id,
-                id_to_token_.size());
+  if (id < 0 || static_cast<size_t>(id) >= id_to_token_.size()) return {};
   const std::string& token = id_to_token_[static_cast<size_t>(id)];
   if (added_ids_.count(id) != 0) return token;  // added tokens are literal text
   if (style_ == Style::sentencepiece) {
@@ -412,8 +471,12 @@ std::string Tokenizer::token_bytes(int32_t id, bool first) const {
   while (i < token.size()) {
     const size_t n = utf8_length(static_cast<unsigned char>(token[i]));
     const auto it = table.find(token.substr(i, n));
-    SPECULA_CHECK(it != table.end(), "token {} ('{}') is not in the byte-level alphabet", id, token);
-    bytes += static_cast<char>(it->second);
+    // Characters outside the byte alphabet stand for their own UTF-8 bytes (as in HF).
+    if (it != table.end()) {
+      bytes += static_cast<char>(it->second);
+    } else {
+      bytes.append(token, i, n);
+    }
     i += n;
   }
   return bytes;
@@ -427,29 +490,22 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
     bytes += token_bytes(id, first);
     first = false;
   }
-  return sanitize_utf8(bytes);
+  return utf8_lossy(bytes);
 }
 
 std::string Tokenizer::Stream::push(int32_t id) {
   if (tokenizer_.is_special(id)) return {};
   pending_ += tokenizer_.token_bytes(id, !started_);
   started_ = true;
-  // Emit everything up to the last position where a complete UTF-8 sequence ends.
-  size_t complete = 0;
-  size_t i = 0;
-  while (i < pending_.size()) {
-    const size_t n = utf8_length(static_cast<unsigned char>(pending_[i]));
-    if (i + n > pending_.size()) break;
-    i += n;
-    complete = i;
-  }
-  std::string out = sanitize_utf8(pending_.substr(0, complete));
-  pending_.erase(0, complete);
+  // Emit everything except a trailing sequence that more bytes could still complete.
+  const size_t final_len = utf8_final_prefix(pending_);
+  std::string out = utf8_lossy(std::string_view(pending_).substr(0, final_len));
+  pending_.erase(0, final_len);
   return out;
 }
 
 std::string Tokenizer::Stream::finish() {
-  std::string out = sanitize_utf8(pending_);
+  std::string out = utf8_lossy(pending_);
   pending_.clear();
   return out;
 }

@@ -46,33 +46,51 @@ class Tokenizer {
   // UTF-8 sequence).
   class Stream {
    public:
-    explicit Stream(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+    // continuing: the ids follow earlier text (a prompt), so a decoder's "strip the first
+    // space" rule does not apply to the first one.
+    explicit Stream(const Tokenizer& tokenizer, bool continuing = false)
+        : tokenizer_(tokenizer), started_(continuing) {}
     std::string push(int32_t id);
     std::string finish();  // whatever is left (incomplete bytes as U+FFFD)
 
    private:
     const Tokenizer& tokenizer_;
     std::string pending_;
-    bool started_ = false;
+    bool started_;
   };
 
  private:
   enum class Style { byte_level, sentencepiece };
+  enum class SplitBehavior { isolated, merged_with_previous, merged_with_next, removed };
 
-  std::vector<std::string> pre_tokenize(std::string_view segment, bool first_segment) const;
+  // One normalizer or pre-tokenizer step of tokenizer.json, in file order.
+  struct NormalizeStep {
+    enum class Kind { nfc, prepend, replace } kind;
+    std::string a, b;  // prepend: a; replace: a -> b
+  };
+  struct PreStep {
+    enum class Kind { split, byte_level, metaspace } kind;
+    std::shared_ptr<const Regex> regex;  // split by regex ...
+    std::string literal;                 // ... or by a literal string
+    SplitBehavior behavior = SplitBehavior::isolated;
+    bool add_prefix_space = false;       // byte_level
+    std::string prepend_scheme;          // metaspace: always, first, never
+    bool split = true;                   // metaspace
+  };
+
+  std::vector<std::string> pre_tokenize(std::string_view segment, bool at_input_start) const;
   std::vector<int32_t> bpe(std::string_view piece) const;
   // Raw bytes a token stands for; `first` marks the first token of the output (Strip decoders).
+  // Ids outside the vocabulary (padding rows of a model's embedding) stand for nothing.
   std::string token_bytes(int32_t id, bool first) const;
 
   Style style_ = Style::byte_level;
-  std::vector<std::shared_ptr<const Regex>> splits_;  // Split pre-tokenizers (Isolated), in order
-  bool add_prefix_space_ = false;                     // ByteLevel
-  std::string space_prepend_;                         // SentencePiece: "▁" normaliser/Metaspace prefix
-  bool prepend_first_only_ = false;                   // Metaspace prepend_scheme "first"
-  bool replace_spaces_ = false;                       // SentencePiece: " " -> "▁"
+  std::vector<NormalizeStep> normalizers_;
+  std::vector<PreStep> pre_steps_;
   bool byte_fallback_ = false;
+  bool ignore_merges_ = false;  // a piece that is itself a token is taken whole (Llama-3)
   int32_t unk_id_ = -1;
-  bool strip_leading_space_ = false;                  // decoder drops the first " "
+  bool strip_leading_space_ = false;  // decoder drops the first " "
 
   std::vector<std::string> id_to_token_;
   std::unordered_map<std::string, int32_t> token_to_id_;
