@@ -22,6 +22,9 @@ struct Arch {
   bool qk_norm = false;
   int window = -1;  // sliding window (tokens): every layer, or every even layer for Gemma-2
   bool gemma2 = false;
+  int first_window_layer = 0;  // Qwen2's max_window_layers
+  bool all_biases = false;     // Llama with attention_bias (q/k/v/o) and mlp_bias
+  double linear_rope = 0;      // > 0: rope_scaling linear with this factor
 };
 
 // Gemma-2's extra constants in the tiny model (small caps, so capping changes the numbers).
@@ -64,10 +67,16 @@ TinyModel make_weights(const Arch& a, uint32_t seed) {
     add(m, rng, p + "self_attn.k_proj.weight", {kv_out, m.hidden}, 0.2f);
     add(m, rng, p + "self_attn.v_proj.weight", {kv_out, m.hidden}, 0.2f);
     add(m, rng, p + "self_attn.o_proj.weight", {m.hidden, q_out}, 0.2f);
-    if (a.bias) {
+    if (a.bias || a.all_biases) {
       add(m, rng, p + "self_attn.q_proj.bias", {q_out}, 0.3f);
       add(m, rng, p + "self_attn.k_proj.bias", {kv_out}, 0.3f);
       add(m, rng, p + "self_attn.v_proj.bias", {kv_out}, 0.3f);
+    }
+    if (a.all_biases) {
+      add(m, rng, p + "self_attn.o_proj.bias", {m.hidden}, 0.3f);
+      add(m, rng, p + "mlp.gate_proj.bias", {m.inter}, 0.3f);
+      add(m, rng, p + "mlp.up_proj.bias", {m.inter}, 0.3f);
+      add(m, rng, p + "mlp.down_proj.bias", {m.hidden}, 0.3f);
     }
     if (a.qk_norm) {
       add(m, rng, p + "self_attn.q_norm.weight", {m.head_dim}, 0.1f, 1.0f);
@@ -88,6 +97,11 @@ void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::
                            {"head_dim", m.head_dim}, {"rms_norm_eps", m.eps}, {"rope_theta", m.theta},
                            {"max_position_embeddings", 256}, {"tie_word_embeddings", false},
                            {"bos_token_id", 256}, {"eos_token_id", 257}};
+  if (a.all_biases) {
+    config["attention_bias"] = true;
+    config["mlp_bias"] = true;
+  }
+  if (a.linear_rope > 0) config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", a.linear_rope}};
   if (a.gemma2) {
     config["tie_word_embeddings"] = true;
     config["hidden_activation"] = "gelu_pytorch_tanh";
@@ -99,7 +113,7 @@ void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::
     config["sliding_window"] = a.window;
     if (a.name != "MistralForCausalLM" && !a.gemma2) {
       config["use_sliding_window"] = true;
-      config["max_window_layers"] = 0;
+      config["max_window_layers"] = a.first_window_layer;
     }
   }
   std::ofstream(dir / "config.json") << config.dump(2);
@@ -156,7 +170,7 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
       q[static_cast<size_t>(t)] = matvec(W(p + "self_attn.q_proj.weight"), x, m.heads * D);
       k[static_cast<size_t>(t)] = matvec(W(p + "self_attn.k_proj.weight"), x, m.kv_heads * D);
       v[static_cast<size_t>(t)] = matvec(W(p + "self_attn.v_proj.weight"), x, m.kv_heads * D);
-      if (a.bias) {
+      if (a.bias || a.all_biases) {
         for (size_t i = 0; i < q[static_cast<size_t>(t)].size(); ++i) q[static_cast<size_t>(t)][i] += W(p + "self_attn.q_proj.bias")[i];
         for (size_t i = 0; i < k[static_cast<size_t>(t)].size(); ++i) k[static_cast<size_t>(t)][i] += W(p + "self_attn.k_proj.bias")[i];
         for (size_t i = 0; i < v[static_cast<size_t>(t)].size(); ++i) v[static_cast<size_t>(t)][i] += W(p + "self_attn.v_proj.bias")[i];
@@ -167,7 +181,7 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
           std::vector<double> head(vec->begin() + hd * D, vec->begin() + (hd + 1) * D);
           if (a.qk_norm) head = rms(head, W(p + (vec == &q[static_cast<size_t>(t)] ? "self_attn.q_norm.weight" : "self_attn.k_norm.weight")));
           for (int i = 0; i < D / 2; ++i) {  // rotate_half RoPE
-            const double f = t / std::pow(m.theta, 2.0 * i / D);
+            const double f = t / std::pow(m.theta, 2.0 * i / D) / (a.linear_rope > 0 ? a.linear_rope : 1.0);
             const double c = std::cos(f), s = std::sin(f), x1 = head[static_cast<size_t>(i)], x2 = head[static_cast<size_t>(i + D / 2)];
             (*vec)[static_cast<size_t>(hd * D + i)] = x1 * c - x2 * s;
             (*vec)[static_cast<size_t>(hd * D + i + D / 2)] = x2 * c + x1 * s;
@@ -182,7 +196,7 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
         std::vector<double> score(static_cast<size_t>(t + 1), -INFINITY);
         double mx = -INFINITY;
         for (int j = 0; j <= t; ++j) {
-          const bool windowed = a.window > 0 && (!a.gemma2 || l % 2 == 0);
+          const bool windowed = a.window > 0 && (!a.gemma2 || l % 2 == 0) && l >= a.first_window_layer;
           if (windowed && t - j >= a.window) continue;
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += q[static_cast<size_t>(t)][static_cast<size_t>(hd * D + d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
@@ -201,11 +215,20 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
     }
     for (int t = 0; t < n; ++t) {
       auto o = matvec(W(p + "self_attn.o_proj.weight"), attn[static_cast<size_t>(t)], H);
+      if (a.all_biases) {
+        for (int i = 0; i < H; ++i) o[static_cast<size_t>(i)] += W(p + "self_attn.o_proj.bias")[static_cast<size_t>(i)];
+      }
       if (a.gemma2) o = rms(o, W(p + "post_attention_layernorm.weight"));
       for (int i = 0; i < H; ++i) h[static_cast<size_t>(t)][static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
       const auto x = rms(h[static_cast<size_t>(t)], W(p + (a.gemma2 ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")));
-      const auto g = matvec(W(p + "mlp.gate_proj.weight"), x, m.inter);
-      const auto u = matvec(W(p + "mlp.up_proj.weight"), x, m.inter);
+      auto g = matvec(W(p + "mlp.gate_proj.weight"), x, m.inter);
+      auto u = matvec(W(p + "mlp.up_proj.weight"), x, m.inter);
+      if (a.all_biases) {
+        for (int i = 0; i < m.inter; ++i) {
+          g[static_cast<size_t>(i)] += W(p + "mlp.gate_proj.bias")[static_cast<size_t>(i)];
+          u[static_cast<size_t>(i)] += W(p + "mlp.up_proj.bias")[static_cast<size_t>(i)];
+        }
+      }
       std::vector<double> act(static_cast<size_t>(m.inter));
       for (int i = 0; i < m.inter; ++i) {
         const double gi = g[static_cast<size_t>(i)];
@@ -214,6 +237,9 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
         act[static_cast<size_t>(i)] = gated * u[static_cast<size_t>(i)];
       }
       auto d = matvec(W(p + "mlp.down_proj.weight"), act, H);
+      if (a.all_biases) {
+        for (int i = 0; i < H; ++i) d[static_cast<size_t>(i)] += W(p + "mlp.down_proj.bias")[static_cast<size_t>(i)];
+      }
       if (a.gemma2) d = rms(d, W(p + "post_feedforward_layernorm.weight"));
       for (int i = 0; i < H; ++i) h[static_cast<size_t>(t)][static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
     }
@@ -277,10 +303,13 @@ TEST_P(Architectures, MatchTheFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(All, Architectures,
                          ::testing::Values(Arch{"LlamaForCausalLM"}, Arch{"MistralForCausalLM", false, false, 7},
                                            Arch{"Qwen2ForCausalLM", true, false, -1},
-                                           Arch{"Qwen2ForCausalLM", true, false, 5}, Arch{"Qwen3ForCausalLM", false, true, -1},
-                                           Arch{"Gemma2ForCausalLM", false, false, 6, true}),
+                                           Arch{"Qwen2ForCausalLM", true, false, 5, false, 1},
+                                           Arch{"Qwen3ForCausalLM", false, true, -1},
+                                           Arch{"Gemma2ForCausalLM", false, false, 6, true},
+                                           Arch{"LlamaForCausalLM", false, false, -1, false, 0, true, 2.0}),
                          [](const auto& info) {
                            std::string n = info.param.name.substr(0, info.param.name.find("For"));
+                           if (info.param.all_biases) n += "BiasesLinearRope";
                            return n + (info.param.window > 0 ? "Window" + std::to_string(info.param.window) : "");
                          });
 

@@ -48,6 +48,25 @@ TEST(ModelConfig, ErrorsNameTheProblem) {
   EXPECT_NE(error_of([] { load_model_config("/nonexistent/model"); }).find("/nonexistent/model"), std::string::npos);
 }
 
+TEST(ModelConfig, GenerationConfigAddsEosIdsAndNullsAreClear) {
+  const auto dir = std::filesystem::temp_directory_path() / ("specula_cfg_" + std::to_string(std::random_device{}()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 1, "eos_token_id": 128001})";
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [128001, 128009]})";
+  EXPECT_EQ(load_model_config(dir).eos_token_ids, (std::vector<int>{128001, 128009}));
+  std::filesystem::remove_all(dir);
+  EXPECT_NE(error_of([] {
+              parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 1, "hidden_size": 64,
+                "intermediate_size": 1, "num_hidden_layers": 1, "num_attention_heads": 1, "rope_theta": "big"})");
+            }).find("rope_theta"),
+            std::string::npos);
+  // Mistral without sliding_window gets transformers' default of 4096 tokens.
+  const ModelConfig m = parse_model_config(R"({"architectures": ["MistralForCausalLM"], "vocab_size": 1,
+    "hidden_size": 64, "intermediate_size": 1, "num_hidden_layers": 2, "num_attention_heads": 1})");
+  EXPECT_EQ(m.layer_sliding_window, (std::vector<int>{4096, 4096}));
+}
+
 class Safetensors : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -86,6 +105,8 @@ TEST_F(Safetensors, CorruptOrTruncatedFilesAreClearErrors) {
   EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("needs 16 bytes"), std::string::npos);
   write(R"({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}})", data);
   EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("dtype Q4"), std::string::npos);
+  write(R"({"w": {"dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 24]}})", data);
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("larger than the file"), std::string::npos);
   write("{not json", data);
   EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("not valid JSON"), std::string::npos);
   std::ofstream(dir_ / "model.safetensors", std::ios::binary) << std::string("\xff\xff\xff\xff\xff\xff\x00\x00{}", 10);

@@ -106,6 +106,7 @@ TEST(ShippedModel, StopsAtEosAndFreesItsCache) {
   const GenerateResult stopped = gen.generate(r);
   EXPECT_EQ(stopped.output_ids.size(), 1u);
   EXPECT_EQ(stopped.finish_reason, "stop");
+  EXPECT_EQ(stopped.text, "") << "a stop token's text is not part of the output";
   GenerateRequest too_long;
   too_long.prompt_ids.assign(128, 65);
   EXPECT_THROW(gen.generate(too_long), Error);

@@ -82,6 +82,19 @@ TEST(Sampler, PenaltiesFollowSglangSemantics) {
   EXPECT_EQ(d.sample(logits), 1) << "2.5 - 0.05 still beats 2.4";
 }
 
+TEST(Sampler, NonFiniteLogits) {
+  const std::vector<float> with_nan{0.5f, NAN, 0.2f};
+  EXPECT_EQ(Sampler(SamplingParams{}).sample(with_nan), 0);
+  SamplingParams t{1.0f, 0, 1.0f, 0.0f, 5};
+  Sampler s(t);
+  for (int i = 0; i < 50; ++i) EXPECT_NE(s.sample(with_nan), 1) << "NaN counts as impossible";
+  const std::vector<float> with_inf{0.5f, INFINITY, 0.2f};
+  Sampler s2(t);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(s2.sample(with_inf), 1);
+  const std::vector<float> hopeless{NAN, -INFINITY};
+  EXPECT_THROW(Sampler(SamplingParams{}).sample(hopeless), Error);
+}
+
 TEST(Sampler, BadValuesAreNamed) {
   EXPECT_THROW(Sampler(SamplingParams{-1.0f, 0, 1.0f, 0.0f, 0}), Error);
   EXPECT_THROW(Sampler(SamplingParams{1.0f, -3, 1.0f, 0.0f, 0}), Error);

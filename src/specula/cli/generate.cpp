@@ -38,6 +38,7 @@ struct Options {
   std::string device = "cpu";
   std::string attention_backend = "cpu";
   int page_size = 16;
+  int max_context_len = 0;
   std::string kv_cache_dtype = "auto";
 };
 
@@ -86,6 +87,7 @@ void run(const Options& o) {
   GeneratorOptions go;
   go.attention_backend = o.attention_backend;
   go.page_size = o.page_size;
+  go.max_context_len = o.max_context_len;
   go.kv_dtype = o.kv_cache_dtype == "auto" ? DType::f32 : parse_dtype(o.kv_cache_dtype);
   const std::filesystem::path model = o.model.empty() ? default_model() : std::filesystem::path(o.model);
   Generator generator(model, go);
@@ -151,6 +153,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu")->capture_default_str();
   cmd->add_option("--attention-backend", o->attention_backend, "Attention backend name")->capture_default_str();
   cmd->add_option("--page-size", o->page_size, "KV cache page size")->capture_default_str();
+  cmd->add_option("--max-context-len", o->max_context_len,
+                  "Tokens of context to allocate KV cache for (default: the model's, at most 8192)");
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (f32 on the CPU), f32, bf16, f16 or fp8_e4m3")
       ->capture_default_str();
   cmd->callback([o] { run(*o); });

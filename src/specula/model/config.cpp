@@ -38,6 +38,8 @@ const std::vector<std::string>& supported_architectures() {
   return names;
 }
 
+ModelConfig parse_config_object(const json& j);
+
 ModelConfig parse_model_config(const std::string& json_text) {
   json j;
   try {
@@ -46,6 +48,16 @@ ModelConfig parse_model_config(const std::string& json_text) {
     SPECULA_CHECK(false, "config.json is not valid JSON: {}", e.what());
   }
   SPECULA_CHECK(j.is_object(), "config.json must hold a JSON object");
+  try {
+    return parse_config_object(j);
+  } catch (const json::exception& e) {
+    // A field of the wrong JSON type (null where a number belongs, ...).
+    SPECULA_CHECK(false, "config.json: a field has an unexpected type: {}", e.what());
+  }
+  return {};
+}
+
+ModelConfig parse_config_object(const json& j) {
   ModelConfig c;
   SPECULA_CHECK(j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
                     j["architectures"][0].is_string(),
@@ -79,21 +91,31 @@ ModelConfig parse_model_config(const std::string& json_text) {
   c.rms_norm_eps = number_or(j, "rms_norm_eps", 1e-6);
   c.rope_theta = number_or(j, "rope_theta", 10000.0);
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  c.attention_bias = c.architecture == "Qwen2ForCausalLM" || j.value("attention_bias", false);
+  auto flag = [&](const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
+  c.attention_bias = c.architecture == "Qwen2ForCausalLM" || flag("attention_bias");
+  // Llama / Qwen3 with attention_bias put a bias on o_proj too; Qwen2's o_proj has none.
+  c.o_proj_bias = c.architecture != "Qwen2ForCausalLM" && flag("attention_bias");
+  c.mlp_bias = flag("mlp_bias");
   c.qk_norm = c.architecture == "Qwen3ForCausalLM";
-  int window = -1;
+  // Mistral's default window is 4096 tokens when the field is absent (transformers' MistralConfig).
+  int window = c.architecture == "MistralForCausalLM" && !j.contains("sliding_window") ? 4096 : -1;
   if (j.contains("sliding_window") && j["sliding_window"].is_number_integer()) window = j["sliding_window"].get<int>();
   SPECULA_CHECK(window == -1 || window >= 1, "config.json: sliding_window {} must be positive or null", window);
   const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM";
-  const bool use_window = qwen ? j.value("use_sliding_window", false) : c.architecture == "MistralForCausalLM";
-  const int first_window_layer = qwen && j.contains("max_window_layers") ? j["max_window_layers"].get<int>() : 0;
+  const bool use_window = qwen ? (j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
+                                   j["use_sliding_window"].get<bool>())
+                               : c.architecture == "MistralForCausalLM";
+  const int first_window_layer =
+      qwen && j.contains("max_window_layers") && j["max_window_layers"].is_number_integer() ? j["max_window_layers"].get<int>() : 0;
   c.gemma2 = c.architecture == "Gemma2ForCausalLM";
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     // Gemma-2 alternates: even layers slide, odd layers see everything.
     const bool slides = c.gemma2 ? l % 2 == 0 : use_window && l >= first_window_layer;
     c.layer_sliding_window.push_back(slides ? window : -1);
   }
-  c.hidden_act = j.value("hidden_activation", j.value("hidden_act", std::string("silu")));
+  for (const char* key : {"hidden_act", "hidden_activation"}) {
+    if (j.contains(key) && j[key].is_string()) c.hidden_act = j[key].get<std::string>();
+  }
   SPECULA_CHECK(c.hidden_act == "silu" || c.hidden_act == "gelu_pytorch_tanh",
                 "config.json: activation '{}' is not supported; supported: silu, gelu_pytorch_tanh", c.hidden_act);
   c.attn_logit_softcapping = number_or(j, "attn_logit_softcapping", 0.0);
@@ -142,7 +164,30 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   SPECULA_CHECK(in.good(), "cannot read {}: is '{}' a Hugging Face model folder?", path.string(), model_dir.string());
   std::stringstream text;
   text << in.rdbuf();
-  return parse_model_config(text.str());
+  ModelConfig c = parse_model_config(text.str());
+  // generation_config.json may list more end-of-sequence ids (Llama-3 Instruct's <|eot_id|>).
+  const auto gen_path = model_dir / "generation_config.json";
+  if (std::filesystem::exists(gen_path)) {
+    std::ifstream gen_in(gen_path);
+    std::stringstream gen_text;
+    gen_text << gen_in.rdbuf();
+    const json g = json::parse(gen_text.str(), nullptr, false);
+    SPECULA_CHECK(!g.is_discarded(), "{} is not valid JSON", gen_path.string());
+    if (g.contains("eos_token_id")) {
+      const json& e = g["eos_token_id"];
+      std::vector<int> ids;
+      if (e.is_number_integer()) ids.push_back(e.get<int>());
+      if (e.is_array()) {
+        for (const json& x : e) {
+          if (x.is_number_integer()) ids.push_back(x.get<int>());
+        }
+      }
+      for (int id : ids) {
+        if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end()) c.eos_token_ids.push_back(id);
+      }
+    }
+  }
+  return c;
 }
 
 }  // namespace specula

@@ -36,7 +36,9 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // q/k/v projections have biases (Qwen2)
+  bool attention_bias = false;  // q/k/v projections have biases (Qwen2; Llama/Qwen3 attention_bias)
+  bool o_proj_bias = false;     // o_proj has a bias (Llama/Qwen3 attention_bias)
+  bool mlp_bias = false;        // gate/up/down have biases (Llama mlp_bias)
   bool qk_norm = false;         // RMSNorm over head_dim on q and k before RoPE (Qwen3)
   // Per layer: a sliding window of this many tokens (the query included), or -1 for full
   // attention (Mistral: every layer; Qwen2: only with use_sliding_window, from max_window_layers on).

@@ -113,6 +113,12 @@ LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c
       layer.bk = load(p + "self_attn.k_proj.bias", {kv_out});
       layer.bv = load(p + "self_attn.v_proj.bias", {kv_out});
     }
+    if (c.o_proj_bias) layer.bo = load(p + "self_attn.o_proj.bias", {h});
+    if (c.mlp_bias) {
+      layer.b_gate = load(p + "mlp.gate_proj.bias", {c.intermediate_size});
+      layer.b_up = load(p + "mlp.up_proj.bias", {c.intermediate_size});
+      layer.b_down = load(p + "mlp.down_proj.bias", {h});
+    }
     if (c.qk_norm) {
       layer.q_norm = load(p + "self_attn.q_norm.weight", {c.head_dim});
       layer.k_norm = load(p + "self_attn.k_norm.weight", {c.head_dim});
@@ -201,11 +207,16 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
     rope(k.data_as<float>(), Hkv);
     backend.forward(q, k, v, attn, attention_layers_[l], batch);
     linear(attn.data_as<float>(), w.wo, o.data(), n, Hq * D, hidden);
+    if (!w.bo.empty()) add_bias(o.data(), w.bo, n);
     if (!w.post_attn_norm.empty()) rms_norm(o.data(), w.post_attn_norm, o.data(), n, hidden, eps);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     rms_norm(x.data(), w.post_norm, xn.data(), n, hidden, eps);
     linear(xn.data(), w.w_gate, gate.data(), n, hidden, c.intermediate_size);
     linear(xn.data(), w.w_up, up.data(), n, hidden, c.intermediate_size);
+    if (!w.b_gate.empty()) {
+      add_bias(gate.data(), w.b_gate, n);
+      add_bias(up.data(), w.b_up, n);
+    }
     if (gelu) {
       for (size_t i = 0; i < gate.size(); ++i) {
         const float g = gate[i];
@@ -215,6 +226,7 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
       for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
     }
     linear(gate.data(), w.w_down, o.data(), n, c.intermediate_size, hidden);
+    if (!w.b_down.empty()) add_bias(o.data(), w.b_down, n);
     if (!w.post_ffn_norm.empty()) rms_norm(o.data(), w.post_ffn_norm, o.data(), n, hidden, eps);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }

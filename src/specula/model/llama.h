@@ -31,7 +31,8 @@ class LlamaModel {
     std::vector<float> input_norm, post_norm;       // [hidden]; post_norm precedes the MLP
     std::vector<float> post_attn_norm, post_ffn_norm;  // Gemma-2: norms of the attention / MLP outputs
     std::vector<float> wq, wk, wv, wo;              // [out, in] row-major
-    std::vector<float> bq, bk, bv;                  // [out] (attention_bias) or empty
+    std::vector<float> bq, bk, bv, bo;              // [out] (attention_bias / o_proj_bias) or empty
+    std::vector<float> b_gate, b_up, b_down;        // [out] (mlp_bias) or empty
     std::vector<float> q_norm, k_norm;              // [head_dim] (qk_norm) or empty
     std::vector<float> w_gate, w_up, w_down;
   };

@@ -41,7 +41,14 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) co
   size_t start = 0;
   while (start <= text.size()) {
     const int rc = pcre2_match(impl_->code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), start, 0, md, nullptr);
-    if (rc < 0) break;
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      pcre2_match_data_free(md);
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof(message));
+      // Invalid UTF-8 input is the usual cause: the tokenizer should not silently mis-split.
+      SPECULA_CHECK(false, "tokenizer regex match failed at byte {}: {}", start, reinterpret_cast<char*>(message));
+    }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t b = ov[0], e = ov[1];
     if (e > b) out.emplace_back(b, e);

@@ -75,9 +75,15 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
                     "{}: tensor '{}' lacks dtype, shape or data_offsets", file, name);
       const DType dtype = safetensors_dtype(info["dtype"].get<std::string>(), file, name);
       std::vector<int64_t> dims;
+      uint64_t elements = 1;
       for (const auto& d : info["shape"]) {
         SPECULA_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, "{}: tensor '{}' has a bad shape", file, name);
-        dims.push_back(d.get<int64_t>());
+        const auto dim = static_cast<uint64_t>(d.get<int64_t>());
+        // Bounded by the file at every step, so a crafted shape cannot overflow the byte count.
+        SPECULA_CHECK(dim == 0 || elements <= data_size / dim, "{}: tensor '{}' has a shape larger than the file", file,
+                      name);
+        elements *= dim;
+        dims.push_back(static_cast<int64_t>(dim));
       }
       const auto& off = info["data_offsets"];
       SPECULA_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),

@@ -14,7 +14,14 @@ Generator::Generator(const std::filesystem::path& model_dir, const GeneratorOpti
   checkpoint_ = std::make_unique<Checkpoint>(model_dir);
   model_ = std::make_unique<LlamaModel>(config, *checkpoint_);
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_file(model_dir / "tokenizer.json"));
-  if (options_.max_context_len == 0) options_.max_context_len = config.max_position_embeddings;
+  SPECULA_CHECK(options_.page_size >= 1, "page_size {} is not valid; it must be a power of two >= 1", options_.page_size);
+  SPECULA_CHECK(options_.max_context_len >= 0, "max_context_len {} is not valid", options_.max_context_len);
+  // Default: the model's context, capped at 8192 tokens so a long-context model's cache fits in
+  // memory (--max-context-len raises it).
+  if (options_.max_context_len == 0) options_.max_context_len = std::min(config.max_position_embeddings, 8192);
+  SPECULA_CHECK(options_.max_context_len <= config.max_position_embeddings,
+                "max_context_len {} exceeds the model's max_position_embeddings {}", options_.max_context_len,
+                config.max_position_embeddings);
 
   AttentionBackendOptions bo;
   bo.page_size = options_.page_size;
@@ -98,7 +105,7 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
     SPECULA_CHECK(!s.empty(), "stop strings must not be empty");
     longest_stop = std::max(longest_stop, s.size());
   }
-  Tokenizer::Stream stream(*tokenizer_);
+  Tokenizer::Stream stream(*tokenizer_, /*continuing=*/true);  // output continues the prompt
   size_t emitted = 0;  // bytes of result.text already passed to on_text
   // Passes on the text that can no longer change: all of it at the end, otherwise all but the
   // last (longest stop - 1) bytes, backed up to a UTF-8 character boundary.
@@ -128,17 +135,23 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
   result.finish_reason = "length";
   const int max_new = std::min(request.max_new_tokens, options_.max_context_len - prompt_len);
   if (max_new == 0) return result;
-  // Appends a token's text; true when a stop string now appears (the text is cut before it).
-  auto add_text = [&](int32_t token) {
-    const size_t before = result.text.size();
-    result.text += stream.push(token);
+  // Cuts the text before the first stop string that ends after byte `before`; true if one did.
+  bool cut_by_stop_string = false;
+  auto find_stop = [&](size_t before) {
     if (longest_stop == 0) return false;
     const size_t from = before > longest_stop ? before - longest_stop : 0;
     size_t cut = std::string::npos;
     for (const std::string& s : request.stop_strings) cut = std::min(cut, result.text.find(s, from));
     if (cut == std::string::npos) return false;
     result.text.resize(cut);
+    cut_by_stop_string = true;
     return true;
+  };
+  // Appends a token's text; true when a stop string now appears.
+  auto add_text = [&](int32_t token) {
+    const size_t before = result.text.size();
+    result.text += stream.push(token);
+    return find_stop(before);
   };
   ForwardBatch batch = prefill_batch(request.prompt_ids, guard.slot, *slots);
   std::vector<float> logits;
@@ -152,8 +165,12 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
       result.time_to_first_token_s = std::chrono::duration<double>(clock::now() - start).count();
       decode_start = clock::now();
     }
-    const bool stop_token = std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end();
-    if (add_text(token) || stop_token) {
+    // A stop token ends the output without adding its text (as SGLang trims it).
+    if (std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end()) {
+      result.finish_reason = "stop";
+      break;
+    }
+    if (add_text(token)) {
       result.finish_reason = "stop";
       break;
     }
@@ -175,7 +192,13 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
     run_step(d, logits, false);
     ++seq_len;
   }
-  if (result.finish_reason == "length") result.text += stream.finish();
+  const size_t before_tail = result.text.size();
+  if (!cut_by_stop_string) {
+    // Bytes the stream still holds (an incomplete character) become text now; the stop strings
+    // are checked once more over them.
+    result.text += stream.finish();
+    if (find_stop(before_tail)) result.finish_reason = "stop";
+  }
   emit(result, true);
   const double decode_s = std::chrono::duration<double>(clock::now() - decode_start).count();
   if (result.output_ids.size() > 1 && decode_s > 0) {

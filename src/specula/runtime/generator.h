@@ -24,7 +24,7 @@ struct GeneratorOptions {
   std::string attention_backend = "cpu";
   int page_size = 16;
   DType kv_dtype = DType::f32;
-  int max_context_len = 0;  // 0: the model's max_position_embeddings
+  int max_context_len = 0;  // 0: the model's max_position_embeddings, at most 8192
 };
 
 struct GenerateRequest {

@@ -55,7 +55,21 @@ int32_t Sampler::sample(std::span<const float> raw_logits) {
   return token;
 }
 
-int32_t Sampler::pick(std::span<const float> logits) {
+int32_t Sampler::pick(std::span<const float> raw) {
+  // NaN would break the ordering below; it counts as impossible (-inf). +inf dominates.
+  std::span<const float> logits = raw;
+  if (std::any_of(raw.begin(), raw.end(), [](float x) { return !std::isfinite(x); })) {
+    clean_.assign(raw.begin(), raw.end());
+    bool has_pos_inf = false;
+    for (float x : clean_) has_pos_inf = has_pos_inf || (std::isinf(x) && x > 0);
+    for (float& x : clean_) {
+      if (std::isnan(x)) x = -INFINITY;
+      else if (has_pos_inf) x = std::isinf(x) && x > 0 ? 0.0f : -INFINITY;  // only the +inf tokens remain
+    }
+    SPECULA_CHECK(std::any_of(clean_.begin(), clean_.end(), [](float x) { return std::isfinite(x); }),
+                  "sampling from logits that are all NaN or -inf");
+    logits = clean_;
+  }
   if (params_.temperature == 0.0f) return argmax(logits);
   std::vector<int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
