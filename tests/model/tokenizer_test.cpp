@@ -197,6 +197,27 @@ TEST(Tokenizer, MetaspaceFirstAndSplit) {
   EXPECT_EQ(t.decode(std::vector<int32_t>{12, 8}), "Hi the");
 }
 
+// Equal ranks merge leftmost first; long pieces (SentencePiece style has no pre-tokenizer split)
+// merge correctly.
+TEST(Tokenizer, BpeTiesAndLongPieces) {
+  const Tokenizer t = Tokenizer::from_json(R"({
+    "model": {"type": "BPE", "vocab": {"a": 0, "aa": 1}, "merges": ["a a"]},
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}})");
+  EXPECT_EQ(t.encode("aaa"), (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(t.encode("aaaa"), (std::vector<int32_t>{1, 1}));
+  const std::string json = std::string(R"({"normalizer": {"type": "Sequence", "normalizers": [
+      {"type": "Prepend", "prepend": "▁"}, {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},)") +
+                           kSentencePieceVocab + "}";
+  const Tokenizer sp = Tokenizer::from_json(json);
+  std::string text;
+  std::vector<int32_t> want{8};  // "▁the", then "the" without a mark: t, h, e
+  for (int i = 0; i < 5000; ++i) {
+    text += "the";
+    if (i > 0) want.insert(want.end(), {3, 4, 5});
+  }
+  EXPECT_EQ(sp.encode(text, false), want);
+}
+
 // Gemma's Split(" ", MergedWithPrevious) and Qwen2's NFC normalizer.
 TEST(Tokenizer, LiteralSplitAndNfc) {
   const std::string gemma = std::string(R"({"normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},

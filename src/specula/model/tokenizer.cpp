@@ -5,6 +5,8 @@
 #include <cctype>
 #include <array>
 #include <fstream>
+#include <functional>
+#include <queue>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -71,13 +73,16 @@ constexpr const char* kSpaceMark = "\xE2\x96\x81";  // U+2581 "▁"
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-std::string replace_all(std::string text, std::string_view from, std::string_view to) {
+std::string replace_all(std::string_view text, std::string_view from, std::string_view to) {
+  std::string out;
   size_t pos = 0;
-  while ((pos = text.find(from, pos)) != std::string::npos) {
-    text.replace(pos, from.size(), to);
-    pos += to.size();
+  for (size_t hit = text.find(from); hit != std::string_view::npos; hit = text.find(from, pos)) {
+    out.append(text.substr(pos, hit - pos));
+    out.append(to);
+    pos = hit + from.size();
   }
-  return text;
+  out.append(text.substr(pos));
+  return out;
 }
 
 // "<0x41>" -> 0x41, anything else -> -1.
@@ -215,7 +220,7 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
         SPECULA_CHECK(m.is_array() && m.size() == 2, "tokenizer.json: a merge is neither 'a b' nor [a, b]");
         pair = {m[0].get<std::string>(), m[1].get<std::string>()};
       }
-      t.merge_rank_.emplace(pair, rank++);
+      t.merge_rank_.emplace(pair.first + '\xFF' + pair.second, rank++);
     }
   }
   if (j.contains("added_tokens")) {
@@ -385,20 +390,52 @@ std::vector<int32_t> Tokenizer::bpe(std::string_view piece) const {
       i += n;
     }
   }
-  // Repeatedly merge the adjacent pair with the lowest rank.
-  for (;;) {
-    int best_rank = std::numeric_limits<int>::max();
-    size_t best = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      const auto it = merge_rank_.find({symbols[i], symbols[i + 1]});
-      if (it != merge_rank_.end() && it->second < best_rank) {
-        best_rank = it->second;
-        best = i;
-      }
+  // Merge the lowest-ranked adjacent pair (the leftmost on ties, as Hugging Face does) until
+  // none is left. A min-heap of candidates keeps each merge O(log n); a candidate whose sides
+  // changed since it was pushed is stale and skipped when popped.
+  struct Node {
+    int prev, next;
+    int version = 0;
+    bool alive = true;
+  };
+  std::vector<Node> nodes(symbols.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    nodes[i].prev = static_cast<int>(i) - 1;
+    nodes[i].next = i + 1 < nodes.size() ? static_cast<int>(i) + 1 : -1;
+  }
+  struct Candidate {
+    int rank, left, right, left_version, right_version;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  auto consider = [&](int left, int right) {
+    if (left < 0 || right < 0) return;
+    const auto it = merge_rank_.find(symbols[static_cast<size_t>(left)] + '\xFF' + symbols[static_cast<size_t>(right)]);
+    if (it != merge_rank_.end()) {
+      heap.push({it->second, left, right, nodes[static_cast<size_t>(left)].version, nodes[static_cast<size_t>(right)].version});
     }
-    if (best_rank == std::numeric_limits<int>::max()) break;
-    symbols[best] += symbols[best + 1];
-    symbols.erase(symbols.begin() + static_cast<int64_t>(best) + 1);
+  };
+  for (size_t i = 0; i + 1 < symbols.size(); ++i) consider(static_cast<int>(i), static_cast<int>(i) + 1);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    Node& l = nodes[static_cast<size_t>(c.left)];
+    Node& r = nodes[static_cast<size_t>(c.right)];
+    if (!l.alive || !r.alive || l.next != c.right || l.version != c.left_version || r.version != c.right_version) continue;
+    symbols[static_cast<size_t>(c.left)] += symbols[static_cast<size_t>(c.right)];
+    ++l.version;
+    r.alive = false;
+    l.next = r.next;
+    if (r.next >= 0) nodes[static_cast<size_t>(r.next)].prev = c.left;
+    consider(l.prev, c.left);
+    consider(c.left, l.next);
+  }
+  {
+    std::vector<std::string> merged;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (nodes[i].alive) merged.push_back(std::move(symbols[i]));
+    }
+    symbols = std::move(merged);
   }
   std::vector<int32_t> ids;
   for (const auto& s : symbols) {

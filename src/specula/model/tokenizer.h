@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -94,7 +93,8 @@ class Tokenizer {
 
   std::vector<std::string> id_to_token_;
   std::unordered_map<std::string, int32_t> token_to_id_;
-  std::map<std::pair<std::string, std::string>, int> merge_rank_;
+  // Rank of each merge, keyed by "left\xFFright" (0xFF never occurs in UTF-8 text).
+  std::unordered_map<std::string, int> merge_rank_;
   std::vector<std::pair<std::string, int32_t>> added_;  // content, id (longest first)
   std::unordered_map<int32_t, bool> added_ids_;         // added token id -> special
   std::vector<int32_t> prefix_ids_;                     // post-processor prefix, e.g. BOS
