@@ -40,3 +40,12 @@ execute_process(COMMAND ${SPECULA} bench attention --filter "decode B=1 " --min-
 if(NOT rc EQUAL 0 OR NOT out MATCHES "decode B=1 L=8192")
   message(FATAL_ERROR "bench attention: rc=${rc} output='${out}'")
 endif()
+execute_process(COMMAND ${SPECULA} bench generate --synthetic tiny --prompt-len 8 --decode-len 4
+                OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "decode tok/s" OR NOT out MATCHES "of weight-bandwidth bound")
+  message(FATAL_ERROR "bench generate: rc=${rc} output='${out}'")
+endif()
+execute_process(COMMAND ${SPECULA} bench generate --synthetic gpt5 ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(rc EQUAL 0 OR NOT err MATCHES "synthetic model 'gpt5' is not known")
+  message(FATAL_ERROR "bench generate with a bad shape: rc=${rc} stderr='${err}'")
+endif()

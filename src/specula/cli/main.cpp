@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "specula/cli/bench_attention.h"
+#include "specula/cli/bench_generate.h"
 #include "specula/cli/generate.h"
 #include "specula/core/error.h"
 
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   specula::add_bench_attention_command(*bench);
+  specula::add_bench_generate_command(*bench);
 
   try {
     app.parse(argc, argv);

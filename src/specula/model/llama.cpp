@@ -77,7 +77,7 @@ void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t n, 
 
 }  // namespace
 
-LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c) {
+LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt) : config_(c) {
   const int64_t h = c.hidden_size, q_out = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t kv_out = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
   LoadProgress progress(ckpt.total_bytes());
@@ -143,6 +143,18 @@ LlamaModel::LlamaModel(const ModelConfig& c, const Checkpoint& ckpt) : config_(c
   const RopeFrequencies rope = compute_rope_frequencies(c);
   inv_freq_ = rope.inv_freq;
   rope_attention_factor_ = rope.attention_factor;
+}
+
+size_t LlamaModel::weight_bytes() const {
+  size_t floats = embed_.size() + final_norm_.size() + lm_head_.size();
+  for (const Layer& l : layers_) {
+    for (const auto* v : {&l.input_norm, &l.post_norm, &l.post_attn_norm, &l.post_ffn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
+                          &l.bq, &l.bk, &l.bv, &l.bo, &l.b_gate, &l.b_up, &l.b_down, &l.q_norm, &l.k_norm, &l.w_gate,
+                          &l.w_up, &l.w_down}) {
+      floats += v->size();
+    }
+  }
+  return floats * sizeof(float);
 }
 
 void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens) {

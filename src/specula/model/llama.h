@@ -9,17 +9,19 @@
 
 #include "specula/attention/backend.h"
 #include "specula/model/config.h"
-#include "specula/model/safetensors.h"
+#include "specula/model/weights.h"
 
 namespace specula {
 
 class LlamaModel {
  public:
-  LlamaModel(const ModelConfig& config, const Checkpoint& checkpoint);
+  LlamaModel(const ModelConfig& config, const WeightSource& weights);
 
   const ModelConfig& config() const { return config_; }
   // One AttentionLayer per decoder layer (for backend checks and KV pool sizing).
   const std::vector<AttentionLayer>& attention_layers() const { return attention_layers_; }
+  // Bytes of weights one decode step reads (all of them, as held: f32).
+  size_t weight_bytes() const;
 
   // Runs the batch (its input_ids / positions / KV slots); writes f32 logits of the last token of
   // each request ([batch_size, vocab_size]) or, with all_tokens, of every token

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "specula/core/tensor.h"
+#include "specula/model/weights.h"
 
 namespace specula {
 
@@ -35,16 +36,16 @@ class SafetensorsFile {
   std::vector<Buffer> aligned_copies_;
 };
 
-class Checkpoint {
+class Checkpoint final : public WeightSource {
  public:
   // Opens model_dir/model.safetensors, or the shards named by model.safetensors.index.json.
   explicit Checkpoint(const std::filesystem::path& model_dir);
 
-  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  bool contains(const std::string& name) const override { return tensors_.count(name) != 0; }
   // The tensor `name`; throws specula::Error if it is missing or its shape differs.
-  TensorView get(const std::string& name, const Shape& expected_shape) const;
+  TensorView get(const std::string& name, const Shape& expected_shape) const override;
   std::vector<std::string> names() const;
-  size_t total_bytes() const;
+  size_t total_bytes() const override;
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

@@ -3,17 +3,34 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "specula/core/error.h"
+#include "specula/model/safetensors.h"
 
 namespace specula {
 
 Generator::Generator(const std::filesystem::path& model_dir, const GeneratorOptions& options) : options_(options) {
   SPECULA_CHECK(std::filesystem::is_directory(model_dir), "model folder '{}' does not exist", model_dir.string());
   const ModelConfig config = load_model_config(model_dir);
-  checkpoint_ = std::make_unique<Checkpoint>(model_dir);
-  model_ = std::make_unique<LlamaModel>(config, *checkpoint_);
   tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_file(model_dir / "tokenizer.json"));
+  // The checkpoint's mapping is released once the model holds its own copy of the weights.
+  const Checkpoint checkpoint(model_dir);
+  init(config, checkpoint);
+}
+
+Generator::Generator(const ModelConfig& config, const WeightSource& weights, const GeneratorOptions& options)
+    : options_(options) {
+  init(config, weights);
+}
+
+const Tokenizer& Generator::tokenizer() const {
+  SPECULA_CHECK(tokenizer_ != nullptr, "this generator was built without a tokenizer");
+  return *tokenizer_;
+}
+
+void Generator::init(const ModelConfig& config, const WeightSource& weights) {
+  model_ = std::make_unique<LlamaModel>(config, weights);
   SPECULA_CHECK(options_.page_size >= 1, "page_size {} is not valid; it must be a power of two >= 1", options_.page_size);
   SPECULA_CHECK(options_.max_context_len >= 0, "max_context_len {} is not valid", options_.max_context_len);
   // Default: the model's context, capped at 8192 tokens so a long-context model's cache fits in
@@ -105,7 +122,9 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
     SPECULA_CHECK(!s.empty(), "stop strings must not be empty");
     longest_stop = std::max(longest_stop, s.size());
   }
-  Tokenizer::Stream stream(*tokenizer_, /*continuing=*/true);  // output continues the prompt
+  SPECULA_CHECK(tokenizer_ != nullptr || request.stop_strings.empty(), "stop strings need a tokenizer");
+  std::optional<Tokenizer::Stream> stream;
+  if (tokenizer_) stream.emplace(*tokenizer_, /*continuing=*/true);  // the output continues the prompt
   size_t emitted = 0;  // bytes of result.text already passed to on_text
   // Passes on the text that can no longer change: all of it at the end, otherwise all but the
   // last (longest stop - 1) bytes, backed up to a UTF-8 character boundary.
@@ -150,7 +169,7 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
   // Appends a token's text; true when a stop string now appears.
   auto add_text = [&](int32_t token) {
     const size_t before = result.text.size();
-    result.text += stream.push(token);
+    if (stream) result.text += stream->push(token);
     return find_stop(before);
   };
   ForwardBatch batch = prefill_batch(request.prompt_ids, guard.slot, *slots);
@@ -196,7 +215,7 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
   if (!cut_by_stop_string) {
     // Bytes the stream still holds (an incomplete character) become text now; the stop strings
     // are checked once more over them.
-    result.text += stream.finish();
+    if (stream) result.text += stream->finish();
     if (find_stop(before_tail)) result.finish_reason = "stop";
   }
   emit(result, true);

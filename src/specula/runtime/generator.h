@@ -15,6 +15,7 @@
 #include "specula/kv/req_to_token_pool.h"
 #include "specula/kv/token_allocator.h"
 #include "specula/model/llama.h"
+#include "specula/model/weights.h"
 #include "specula/model/tokenizer.h"
 #include "specula/runtime/sampler.h"
 
@@ -47,9 +48,14 @@ struct GenerateResult {
 class Generator {
  public:
   Generator(const std::filesystem::path& model_dir, const GeneratorOptions& options);
+  // A model from any weight source and no tokenizer (benchmarks: ids in, ids out; the result's
+  // text stays empty and stop strings are refused).
+  Generator(const ModelConfig& config, const WeightSource& weights, const GeneratorOptions& options);
 
   const ModelConfig& config() const { return model_->config(); }
-  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const LlamaModel& model() const { return *model_; }
+  bool has_tokenizer() const { return tokenizer_ != nullptr; }
+  const Tokenizer& tokenizer() const;
 
   // on_text (optional) receives the output text as it becomes final: complete UTF-8 only, and
   // never a tail that could still turn out to begin a stop string.
@@ -62,8 +68,9 @@ class Generator {
   // Points the batch at this generator's pools, plans the step and runs the model.
   void run_step(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens);
 
+  void init(const ModelConfig& config, const WeightSource& weights);
+
   GeneratorOptions options_;
-  std::unique_ptr<Checkpoint> checkpoint_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<AttentionBackend> backend_;
