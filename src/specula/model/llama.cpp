@@ -51,8 +51,13 @@ std::vector<float> to_f32(const TensorView& t, LoadProgress& progress) {
   return out;
 }
 
-// y[n, out] = x[n, in] * w[out, in]^T
+// y[n, out] = x[n, in] * w[out, in]^T. One row (decode at batch 1) goes through sgemv, which
+// streams the weights; sgemm's packing is overhead for a single row.
 void linear(const float* x, const std::vector<float>& w, float* y, int64_t n, int in, int out) {
+  if (n == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w.data(), in, x, 1, 0.0f, y, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), out, in, 1.0f, x, in, w.data(), in, 0.0f, y,
               out);
 }
