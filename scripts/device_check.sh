@@ -23,6 +23,12 @@ fi
 test_rc=$?
 grep -E "^\[  (FAILED|PASSED) |Failure|error|seed=" "$out/cuda_test.log" | head -60
 
+"$build/tests/cuda_model_test" >"$out/cuda_model_test.log" 2>&1
+model_rc=$?
+grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which|max_diff|step" "$out/cuda_model_test.log" | head -30
+"$build/bin/specula" generate --device cuda --prompt "The quick brown fox" --max-new-tokens 48 >"$out/generate.log" 2>&1
+"$build/bin/specula" bench generate --device cuda --synthetic llama3.2-1b --prompt-len 256 --decode-len 32 \
+  >"$out/bench_generate.log" 2>&1
 "$build/bin/specula" bench attention --device cuda --json "$out/bench.json" >"$out/bench.log" 2>&1
 bench_rc=$?
 
@@ -32,8 +38,11 @@ memcheck_rc=$?
 
 echo "== summary =="
 echo "cuda_attention_test rc=$test_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/cuda_test.log" | tr '\n' ' ')"
+echo "cuda_model_test rc=$model_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/cuda_model_test.log" | tr '\n' ' ')"
+echo "generate --device cuda: $(tr '\n' ' ' < "$out/generate.log")"
 echo "memcheck rc=$memcheck_rc (124 = timed out): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
 echo "bench rc=$bench_rc"
+cat "$out/bench_generate.log"
 cat "$out/bench.log"
 
 # Optional: hardware counters of one decode and one prefill launch (NCU=1).

@@ -36,7 +36,7 @@ struct Options {
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
   std::string device = "cpu";
-  std::string attention_backend = "cpu";
+  std::string attention_backend;
   int page_size = 16;
   int max_context_len = 0;
   std::string kv_cache_dtype = "auto";
@@ -81,14 +81,13 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 void run(const Options& o) {
-  SPECULA_CHECK(o.device == "cpu", "--device {}: generation runs on the CPU in this version (the CUDA model path comes "
-                "with the model issue's GPU half)", o.device);
   SPECULA_CHECK(o.prompt.empty() != o.prompt_ids.empty(), "give exactly one of --prompt and --prompt-ids");
   GeneratorOptions go;
+  go.device = parse_device(o.device);
   go.attention_backend = o.attention_backend;
   go.page_size = o.page_size;
   go.max_context_len = o.max_context_len;
-  go.kv_dtype = o.kv_cache_dtype == "auto" ? DType::f32 : parse_dtype(o.kv_cache_dtype);
+  if (o.kv_cache_dtype != "auto") go.kv_dtype = parse_dtype(o.kv_cache_dtype);
   const std::filesystem::path model = o.model.empty() ? default_model() : std::filesystem::path(o.model);
   Generator generator(model, go);
 
@@ -150,12 +149,12 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--presence-penalty", o->presence_penalty, "Penalty on tokens already in the output")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of streaming text");
-  cmd->add_option("--device", o->device, "cpu")->capture_default_str();
-  cmd->add_option("--attention-backend", o->attention_backend, "Attention backend name")->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--attention-backend", o->attention_backend, "Attention backend (default: cpu, or cuda on a GPU)");
   cmd->add_option("--page-size", o->page_size, "KV cache page size")->capture_default_str();
   cmd->add_option("--max-context-len", o->max_context_len,
                   "Tokens of context to allocate KV cache for (default: the model's, at most 8192)");
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (f32 on the CPU), f32, bf16, f16 or fp8_e4m3")
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (f32 on the CPU, bf16 on a GPU), f32, bf16, f16 or fp8_e4m3")
       ->capture_default_str();
   cmd->callback([o] { run(*o); });
 }

@@ -28,7 +28,8 @@ class LlamaModel {
   // ([num_tokens, vocab_size]). The backend's metadata must be initialised for this batch.
   void forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens = false);
 
- private:
+ public:
+  // The weights as held (f32), for other executors of the same model (the CUDA one uploads them).
   struct Layer {
     std::vector<float> input_norm, post_norm;       // [hidden]; post_norm precedes the MLP
     std::vector<float> post_attn_norm, post_ffn_norm;  // Gemma-2: norms of the attention / MLP outputs
@@ -39,6 +40,14 @@ class LlamaModel {
     std::vector<float> w_gate, w_up, w_down;
   };
 
+  const std::vector<Layer>& layers() const { return layers_; }
+  const std::vector<float>& embedding() const { return embed_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  const std::vector<float>& lm_head() const { return lm_head_.empty() ? embed_ : lm_head_; }
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  float rope_attention_factor() const { return rope_attention_factor_; }
+
+ private:
   ModelConfig config_;
   std::vector<float> embed_;      // [vocab, hidden]
   std::vector<float> final_norm_; // [hidden]

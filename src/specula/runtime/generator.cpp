@@ -7,6 +7,9 @@
 
 #include "specula/core/error.h"
 #include "specula/model/safetensors.h"
+#ifdef SPECULA_HAS_CUDA
+#include "specula/model/llama_cuda.h"
+#endif
 
 namespace specula {
 
@@ -30,7 +33,14 @@ const Tokenizer& Generator::tokenizer() const {
 }
 
 void Generator::init(const ModelConfig& config, const WeightSource& weights) {
+  const bool gpu = options_.device.is_cuda();
+  SPECULA_CHECK(!gpu || cuda_available(), "--device {}: this build or machine has no CUDA device", options_.device.str());
+  if (options_.attention_backend.empty()) options_.attention_backend = gpu ? "cuda" : "cpu";
+  if (!options_.kv_dtype) options_.kv_dtype = gpu ? DType::bf16 : DType::f32;
   model_ = std::make_unique<LlamaModel>(config, weights);
+#ifdef SPECULA_HAS_CUDA
+  if (gpu) cuda_model_ = std::make_shared<LlamaCudaModel>(*model_, options_.device);
+#endif
   SPECULA_CHECK(options_.page_size >= 1, "page_size {} is not valid; it must be a power of two >= 1", options_.page_size);
   SPECULA_CHECK(options_.max_context_len >= 0, "max_context_len {} is not valid", options_.max_context_len);
   // Default: the model's context, capped at 8192 tokens so a long-context model's cache fits in
@@ -41,10 +51,14 @@ void Generator::init(const ModelConfig& config, const WeightSource& weights) {
                 config.max_position_embeddings);
 
   AttentionBackendOptions bo;
+  bo.device = options_.device;
   bo.page_size = options_.page_size;
   bo.max_context_len = options_.max_context_len;
   backend_ = make_attention_backend(options_.attention_backend, bo);
-  for (const AttentionLayer& layer : model_->attention_layers()) backend_->check_layer(layer, DType::f32, options_.kv_dtype);
+  // The CPU path attends with f32 queries; the GPU path with bf16 ones.
+  for (const AttentionLayer& layer : model_->attention_layers()) {
+    backend_->check_layer(layer, gpu ? DType::bf16 : DType::f32, *options_.kv_dtype);
+  }
 
   // One request at a time: its whole context, rounded up to pages.
   const int64_t capacity = (options_.max_context_len + options_.page_size - 1) / options_.page_size * options_.page_size;
@@ -52,13 +66,19 @@ void Generator::init(const ModelConfig& config, const WeightSource& weights) {
   req_pool_ = std::make_unique<ReqToTokenPool>(1, options_.max_context_len);
   kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
                                                       config.num_key_value_heads, config.head_dim, config.head_dim,
-                                                      options_.kv_dtype, Device::cpu()});
+                                                      *options_.kv_dtype, options_.device});
 }
 
 void Generator::run_step(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens) {
   batch.req_to_token_pool = req_pool_.get();
   batch.token_to_kv_pool = kv_pool_.get();
   backend_->init_forward_metadata(batch);
+#ifdef SPECULA_HAS_CUDA
+  if (cuda_model_) {
+    static_cast<LlamaCudaModel*>(cuda_model_.get())->forward(batch, *backend_, logits, all_tokens);
+    return;
+  }
+#endif
   model_->forward(batch, *backend_, logits, all_tokens);
 }
 

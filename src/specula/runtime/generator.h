@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <string>
@@ -22,9 +23,10 @@
 namespace specula {
 
 struct GeneratorOptions {
-  std::string attention_backend = "cpu";
+  Device device = Device::cpu();
+  std::string attention_backend;  // empty: "cpu" on the CPU, "cuda" on a GPU
   int page_size = 16;
-  DType kv_dtype = DType::f32;
+  std::optional<DType> kv_dtype;  // unset: f32 on the CPU, bf16 on a GPU
   int max_context_len = 0;  // 0: the model's max_position_embeddings, at most 8192
 };
 
@@ -72,6 +74,7 @@ class Generator {
 
   GeneratorOptions options_;
   std::unique_ptr<LlamaModel> model_;
+  std::shared_ptr<void> cuda_model_;  // LlamaCudaModel in CUDA builds when running on a GPU
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<AttentionBackend> backend_;
   std::unique_ptr<ReqToTokenPool> req_pool_;

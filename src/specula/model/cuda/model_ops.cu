@@ -1,0 +1,162 @@
+// The decoder's element-wise GPU kernels: one thread per element, or one block per row where a
+// row reduction is needed (RMSNorm).
+#include <cuda_bf16.h>
+
+#include "specula/core/cuda_check.h"
+#include "specula/model/cuda/model_ops.h"
+
+namespace specula::cuda_kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t count) { return static_cast<unsigned>((count + kThreads - 1) / kThreads); }
+
+__global__ void embed_kernel(const float* table, const int32_t* ids, float* out, int64_t n, int hidden, float scale) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * hidden) return;
+  const int64_t t = i / hidden;
+  out[i] = table[static_cast<int64_t>(ids[t]) * hidden + i % hidden] * scale;
+}
+
+__global__ void rms_norm_kernel(const float* x, const float* w, float* y, int width, float eps) {
+  __shared__ float partial[kThreads];
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * width;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * width;
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < width; i += blockDim.x) sum += xr[i] * xr[i];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const float inv = rsqrtf(partial[0] / static_cast<float>(width) + eps);
+  for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+__global__ void add_bias_kernel(float* y, const float* b, int64_t count, int width) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) y[i] += b[i % width];
+}
+
+__global__ void rope_kernel(float* x, const int32_t* positions, const float* inv_freq, float factor, int64_t n, int heads,
+                            int head_dim) {
+  const int half = head_dim / 2;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * heads * half) return;
+  const int k = static_cast<int>(i % half);
+  const int64_t row = i / half;  // token * heads + head
+  const int64_t t = row / heads;
+  // f32 angle, as the CPU path and Hugging Face compute it.
+  const float angle = static_cast<float>(positions[t]) * inv_freq[k];
+  float sn, cs;
+  sincosf(angle, &sn, &cs);
+  cs *= factor;
+  sn *= factor;
+  float* v = x + row * head_dim;
+  const float a = v[k], b = v[k + half];
+  v[k] = a * cs - b * sn;
+  v[k + half] = b * cs + a * sn;
+}
+
+__global__ void gated_kernel(float* gate, const float* up, int64_t count, bool gelu) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const float g = gate[i];
+  const float act = gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
+                         : g / (1.0f + expf(-g));
+  gate[i] = act * up[i];
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) x[i] += y[i];
+}
+
+__global__ void to_bf16_kernel(const float* x, __nv_bfloat16* y, int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void from_bf16_kernel(const __nv_bfloat16* x, float* y, int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) y[i] = __bfloat162float(x[i]);
+}
+
+__global__ void softcap_kernel(float* x, int64_t count, float cap) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) x[i] = cap * tanhf(x[i] / cap);
+}
+
+__global__ void gather_kernel(const float* x, const int32_t* rows, float* out, int64_t count, int width) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count * width) out[i] = x[static_cast<int64_t>(rows[i / width]) * width + i % width];
+}
+
+}  // namespace
+
+void embed_rows(const float* table, const int32_t* ids, float* out, int64_t n, int hidden, float scale, cudaStream_t s) {
+  if (n == 0) return;
+  embed_kernel<<<blocks_for(n * hidden), kThreads, 0, s>>>(table, ids, out, n, hidden, scale);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int width, float eps, cudaStream_t s) {
+  if (rows == 0) return;
+  rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, y, width, eps);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void add_bias_rows(float* y, const float* b, int64_t rows, int width, cudaStream_t s) {
+  if (rows == 0) return;
+  add_bias_kernel<<<blocks_for(rows * width), kThreads, 0, s>>>(y, b, rows * width, width);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void rope_rows(float* x, const int32_t* positions, const float* inv_freq, float attention_factor, int64_t n, int heads,
+               int head_dim, cudaStream_t s) {
+  if (n == 0) return;
+  rope_kernel<<<blocks_for(n * heads * (head_dim / 2)), kThreads, 0, s>>>(x, positions, inv_freq, attention_factor, n,
+                                                                           heads, head_dim);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void gated_activation(float* gate, const float* up, int64_t count, bool gelu, cudaStream_t s) {
+  if (count == 0) return;
+  gated_kernel<<<blocks_for(count), kThreads, 0, s>>>(gate, up, count, gelu);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void add_inplace(float* x, const float* y, int64_t count, cudaStream_t s) {
+  if (count == 0) return;
+  add_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, y, count);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void f32_to_bf16(const float* x, void* y, int64_t count, cudaStream_t s) {
+  if (count == 0) return;
+  to_bf16_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, static_cast<__nv_bfloat16*>(y), count);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void bf16_to_f32(const void* x, float* y, int64_t count, cudaStream_t s) {
+  if (count == 0) return;
+  from_bf16_kernel<<<blocks_for(count), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), y, count);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void softcap(float* x, int64_t count, float cap, cudaStream_t s) {
+  if (count == 0) return;
+  softcap_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, count, cap);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void gather_rows(const float* x, const int32_t* rows, float* out, int64_t count, int width, cudaStream_t s) {
+  if (count == 0) return;
+  gather_kernel<<<blocks_for(count * width), kThreads, 0, s>>>(x, rows, out, count, width);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace specula::cuda_kernels
