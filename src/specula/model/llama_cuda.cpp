@@ -67,7 +67,7 @@ LlamaCudaModel::~LlamaCudaModel() {
 }
 
 Buffer& LlamaCudaModel::scratch(size_t slot, DType dtype, int64_t elements) {
-  if (scratch_.size() <= slot) scratch_.resize(slot + 1);
+  SPECULA_ASSERT(slot < kScratchSlots);
   Buffer& b = scratch_[slot];
   if (b.data() == nullptr || b.dtype() != dtype || b.numel() < elements) b = Buffer(dtype, {std::max<int64_t>(elements, 1)}, device_);
   return b;

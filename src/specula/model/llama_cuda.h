@@ -4,6 +4,7 @@
 // (bf16 weights with cuBLASLt and fused kernels are the performance step that follows.)
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "specula/attention/backend.h"
@@ -37,7 +38,10 @@ class LlamaCudaModel {
   void* cublas_ = nullptr;
   Buffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<Layer> layers_;
-  std::vector<Buffer> scratch_;
+  // Fixed slots: references handed out by scratch() must survive later calls (a growing vector
+  // would move its Buffers and leave them dangling).
+  static constexpr size_t kScratchSlots = 18;
+  std::array<Buffer, kScratchSlots> scratch_;
 };
 
 }  // namespace specula
