@@ -48,7 +48,6 @@ inline float bf16_bits_to_float(uint16_t bits) {
 }
 
 inline constexpr float kFp8E4m3Max = 448.0f;
-inline constexpr float kFp8E5m2Max = 57344.0f;
 
 inline float to_float(f16_t v) { return f16_bits_to_float(v.bits); }
 inline float to_float(bf16_t v) { return bf16_bits_to_float(v.bits); }

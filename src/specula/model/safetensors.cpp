@@ -162,10 +162,5 @@ size_t Checkpoint::total_bytes() const {
   return total;
 }
 
-std::vector<std::string> Checkpoint::names() const {
-  std::vector<std::string> out;
-  for (const auto& [name, view] : tensors_) out.push_back(name);
-  return out;
-}
 
 }  // namespace specula

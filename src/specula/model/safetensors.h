@@ -44,7 +44,6 @@ class Checkpoint final : public WeightSource {
   bool contains(const std::string& name) const override { return tensors_.count(name) != 0; }
   // The tensor `name`; throws specula::Error if it is missing or its shape differs.
   TensorView get(const std::string& name, const Shape& expected_shape) const override;
-  std::vector<std::string> names() const;
   size_t total_bytes() const override;
 
  private:

@@ -95,8 +95,6 @@ int byte_token_value(const std::string& token) {
 
 }  // namespace
 
-const std::string& byte_to_unicode(uint8_t byte) { return byte_alphabet()[byte]; }
-
 Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   std::ifstream in(path);
   SPECULA_CHECK(in.good(), "cannot read tokenizer file {}", path.string());

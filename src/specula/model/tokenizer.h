@@ -100,7 +100,4 @@ class Tokenizer {
   std::vector<int32_t> prefix_ids_;                     // post-processor prefix, e.g. BOS
 };
 
-// The GPT-2 byte-to-unicode alphabet: the UTF-8 string of the code point standing for a byte.
-const std::string& byte_to_unicode(uint8_t byte);
-
 }  // namespace specula

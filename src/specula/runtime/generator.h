@@ -56,7 +56,6 @@ class Generator {
 
   const ModelConfig& config() const { return model_->config(); }
   const LlamaModel& model() const { return *model_; }
-  bool has_tokenizer() const { return tokenizer_ != nullptr; }
   const Tokenizer& tokenizer() const;
 
   // on_text (optional) receives the output text as it becomes final: complete UTF-8 only, and

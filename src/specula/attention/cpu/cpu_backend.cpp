@@ -37,9 +37,8 @@ CpuIsa isa_from_environment() {
 }  // namespace
 
 CpuKernelChoice select_cpu_attention_kernel(const AttentionLayer& layer, DType q_dtype, DType kv_dtype,
-                                            int page_size, CpuIsa preferred_isa) {
+                                            int page_size) {
   CpuKernelChoice choice;
-  choice.isa = preferred_isa;
   auto fail = [&](std::string reason) {
     choice.unsupported_reason = std::move(reason);
     return choice;
@@ -79,7 +78,7 @@ CpuAttentionBackend::CpuAttentionBackend(const AttentionBackendOptions& options)
 }
 
 void CpuAttentionBackend::check_layer(const AttentionLayer& layer, DType q_dtype, DType kv_dtype) const {
-  const CpuKernelChoice choice = select_cpu_attention_kernel(layer, q_dtype, kv_dtype, options_.page_size, isa_);
+  const CpuKernelChoice choice = select_cpu_attention_kernel(layer, q_dtype, kv_dtype, options_.page_size);
   SPECULA_CHECK(choice.unsupported_reason.empty(), "cpu attention backend cannot serve layer {}: {}",
                 layer.layer_id, choice.unsupported_reason);
   SPECULA_CHECK(!layer.use_local_attention || options_.attention_chunk_size > 0,

@@ -19,14 +19,13 @@
 
 namespace specula {
 
-// The one selection function for CPU attention: answers "supported?" (an empty reason) and
-// "which kernel?" for a layer, so start-up checks and the run path cannot drift apart.
+// The one selection function for CPU attention: answers "supported?" (an empty reason) for a
+// layer; check_layer and the run path both go through it, so they cannot drift apart.
 struct CpuKernelChoice {
   std::string unsupported_reason;  // empty when supported
-  CpuIsa isa = CpuIsa::generic;
 };
 CpuKernelChoice select_cpu_attention_kernel(const AttentionLayer& layer, DType q_dtype, DType kv_dtype,
-                                            int page_size, CpuIsa preferred_isa);
+                                            int page_size);
 
 class CpuAttentionBackend final : public AttentionBackend {
  public:
