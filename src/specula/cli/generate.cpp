@@ -2,26 +2,27 @@
 #include "specula/cli/generate.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "specula/core/error.h"
-#include "specula/runtime/generator.h"
+#include "specula/cli/engine_flags.h"
+#include "specula/runtime/engine.h"
 
 namespace specula {
 
 namespace {
 
 struct Options {
-  std::string model;
-  std::string prompt;
-  std::string prompt_ids;
+  EngineFlags engine;
+  std::vector<std::string> prompts;
+  std::string prompts_file;
+  std::vector<std::string> prompt_ids;
   int max_new_tokens = 128;
   float temperature = 0.0f;
   int top_k = 0;
@@ -35,33 +36,7 @@ struct Options {
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
-  std::string device = "cpu";
-  std::string attention_backend;
-  int page_size = 16;
-  int max_context_len = 0;
-  std::string kv_cache_dtype = "auto";
 };
-
-// The shipped model: next to the working directory, next to the binary (build/<preset>/bin), or
-// in the source tree this binary was built from.
-std::filesystem::path default_model() {
-  const std::filesystem::path name = std::filesystem::path("models") / "specula-byte-6m";
-  std::vector<std::filesystem::path> candidates = {std::filesystem::current_path() / name};
-  char exe[4096];
-  const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (len > 0) {
-    exe[len] = '\0';
-    const auto bin = std::filesystem::path(exe).parent_path();
-    candidates.push_back(bin / ".." / ".." / ".." / name);
-    candidates.push_back(bin / ".." / name);
-  }
-  candidates.push_back(std::filesystem::path(SPECULA_SOURCE_DIR) / name);
-  for (const auto& c : candidates) {
-    if (std::filesystem::exists(c / "config.json")) return std::filesystem::weakly_canonical(c);
-  }
-  SPECULA_CHECK(false, "no --model given and the shipped model {} was not found", name.string());
-  return {};
-}
 
 std::vector<int32_t> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
@@ -80,48 +55,82 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+// Every prompt given, in order: --prompt texts, then --prompts-file lines, then --prompt-ids.
+std::vector<EngineRequest> requests(const Options& o) {
+  std::vector<EngineRequest> out;
+  EngineRequest base;
+  base.max_new_tokens = o.max_new_tokens;
+  base.ignore_eos = o.ignore_eos;
+  base.sampling.temperature = o.temperature;
+  base.sampling.top_k = o.top_k;
+  base.sampling.top_p = o.top_p;
+  base.sampling.min_p = o.min_p;
+  base.sampling.seed = o.seed;
+  base.sampling.repetition_penalty = o.repetition_penalty;
+  base.sampling.frequency_penalty = o.frequency_penalty;
+  base.sampling.presence_penalty = o.presence_penalty;
+  base.stop_strings = o.stop;
+  base.stop_token_ids = o.stop_token_ids;
+  for (const std::string& p : o.prompts) {
+    SPECULA_CHECK(!p.empty(), "--prompt: the prompt is empty");
+    out.push_back(base);
+    out.back().prompt = p;
+  }
+  if (!o.prompts_file.empty()) {
+    std::ifstream in(o.prompts_file);
+    SPECULA_CHECK(in.good(), "--prompts-file {}: cannot read the file", o.prompts_file);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      out.push_back(base);
+      out.back().prompt = line;
+    }
+  }
+  for (const std::string& ids : o.prompt_ids) {
+    out.push_back(base);
+    out.back().prompt_ids = parse_ids(ids);
+  }
+  SPECULA_CHECK(!out.empty(), "no prompt: give --prompt, --prompts-file or --prompt-ids");
+  // Sampled requests of one batch get distinct seeds, reproducible from --seed.
+  for (size_t i = 0; i < out.size(); ++i) out[i].sampling.seed = o.seed + i;
+  return out;
+}
+
 void run(const Options& o) {
-  SPECULA_CHECK(o.prompt.empty() != o.prompt_ids.empty(), "give exactly one of --prompt and --prompt-ids");
-  GeneratorOptions go;
-  go.device = parse_device(o.device);
-  go.attention_backend = o.attention_backend;
-  go.page_size = o.page_size;
-  go.max_context_len = o.max_context_len;
-  if (o.kv_cache_dtype != "auto") go.kv_dtype = parse_dtype(o.kv_cache_dtype);
-  const std::filesystem::path model = o.model.empty() ? default_model() : std::filesystem::path(o.model);
-  Generator generator(model, go);
-
-  GenerateRequest request;
-  request.prompt_ids = o.prompt_ids.empty() ? generator.tokenizer().encode(o.prompt) : parse_ids(o.prompt_ids);
-  request.max_new_tokens = o.max_new_tokens;
-  request.ignore_eos = o.ignore_eos;
-  request.sampling.temperature = o.temperature;
-  request.sampling.top_k = o.top_k;
-  request.sampling.top_p = o.top_p;
-  request.sampling.min_p = o.min_p;
-  request.sampling.seed = o.seed;
-
-  request.stop_strings = o.stop;
-  request.stop_token_ids = o.stop_token_ids;
-  request.sampling.repetition_penalty = o.repetition_penalty;
-  request.sampling.frequency_penalty = o.frequency_penalty;
-  request.sampling.presence_penalty = o.presence_penalty;
-  const GenerateResult result = generator.generate(request, [&](std::string_view text) {
-    if (o.json) return;
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
-  });
-  if (o.json) {
-    nlohmann::json j;
-    j["prompt_ids"] = request.prompt_ids;
-    j["output_ids"] = result.output_ids;
-    j["text"] = result.text;
-    j["finish_reason"] = result.finish_reason;
-    j["time_to_first_token_s"] = result.time_to_first_token_s;
-    j["decode_tokens_per_s"] = result.decode_tokens_per_s;
-    fmt::print("{}\n", j.dump());
-  } else {
-    fmt::print("\n");
+  std::vector<EngineRequest> batch = requests(o);
+  EngineOptions eo = engine_options(o.engine);
+  eo.background_thread = false;
+  Engine engine(model_folder(o.engine), eo);
+  // One prompt streams its text as it is produced; a batch prints each result when all are done.
+  const bool stream = batch.size() == 1 && !o.json;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (EngineRequest& r : batch) {
+    handles.push_back(engine.submit(std::move(r), [&](const StreamChunk& c) {
+      if (!stream) return;
+      std::fwrite(c.text.data(), 1, c.text.size(), stdout);
+      std::fflush(stdout);
+    }));
+  }
+  engine.run_until_idle();
+  for (size_t i = 0; i < handles.size(); ++i) {
+    const RequestOutput out = handles[i]->wait();
+    SPECULA_CHECK(out.finish_reason.rfind("error: ", 0) != 0, "request {}: {}", i + 1, out.finish_reason.substr(7));
+    if (o.json) {
+      const double decode_s = out.latency_s - out.time_to_first_token_s;
+      nlohmann::json j;
+      j["prompt_ids"] = out.prompt_ids;
+      j["output_ids"] = out.output_ids;
+      j["text"] = out.text;
+      j["finish_reason"] = out.finish_reason;
+      j["cached_tokens"] = out.cached_tokens;
+      j["time_to_first_token_s"] = out.time_to_first_token_s;
+      j["decode_tokens_per_s"] = out.output_ids.size() > 1 && decode_s > 0 ? (out.output_ids.size() - 1) / decode_s : 0.0;
+      fmt::print("{}\n", j.dump());
+    } else if (stream) {
+      fmt::print("\n");
+    } else {
+      fmt::print("=== request {} ({} tokens, {}) ===\n{}\n", i + 1, out.output_ids.size(), out.finish_reason, out.text);
+    }
   }
 }
 
@@ -130,9 +139,10 @@ void run(const Options& o) {
 void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text with a model");
-  cmd->add_option("--model", o->model, "Hugging Face model folder (default: the shipped models/specula-byte-6m)");
-  cmd->add_option("--prompt", o->prompt, "Prompt text");
-  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, comma-separated");
+  add_engine_flags(*cmd, o->engine);
+  cmd->add_option("--prompt", o->prompts, "Prompt text (repeat for a batch)");
+  cmd->add_option("--prompts-file", o->prompts_file, "A file with one prompt per line, run as one batch");
+  cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, comma-separated (repeatable)");
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate at most")->capture_default_str();
   cmd->add_option("--temperature", o->temperature, "0 is greedy")->capture_default_str();
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: all)")->capture_default_str();
@@ -148,14 +158,7 @@ void add_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--presence-penalty", o->presence_penalty, "Penalty on tokens already in the output")
       ->capture_default_str();
-  cmd->add_flag("--json", o->json, "Print one JSON object instead of streaming text");
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
-  cmd->add_option("--attention-backend", o->attention_backend, "Attention backend (default: cpu, or cuda on a GPU)");
-  cmd->add_option("--page-size", o->page_size, "KV cache page size")->capture_default_str();
-  cmd->add_option("--max-context-len", o->max_context_len,
-                  "Tokens of context to allocate KV cache for (default: the model's, at most 8192)");
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "auto (f32 on the CPU, bf16 on a GPU), f32, bf16, f16 or fp8_e4m3")
-      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print one JSON object per request (one per line) instead of text");
   cmd->callback([o] { run(*o); });
 }
 

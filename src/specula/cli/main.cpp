@@ -7,6 +7,7 @@
 
 #include "specula/cli/bench_attention.h"
 #include "specula/cli/bench_generate.h"
+#include "specula/cli/bench_serve.h"
 #include "specula/cli/generate.h"
 #include "specula/core/error.h"
 
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   specula::add_bench_attention_command(*bench);
   specula::add_bench_generate_command(*bench);
+  specula::add_bench_serve_command(*bench);
 
   try {
     app.parse(argc, argv);

@@ -1,23 +1,20 @@
-// Generator: one request at a time through the full engine path (ReqToTokenPool, paged
-// allocator, KV pool, attention backend, model, sampler): prefill as an EXTEND step, then one
-// DECODE step per token. The serving runtime (continuous batching) replaces it in a later issue.
+// Generator: one request at a time, synchronously, through the Engine (scheduler, prefix cache,
+// paged KV, attention backend, model, sampler). For tests, `bench generate` and simple callers;
+// batches of requests go through the Engine directly.
 #pragma once
 
 #include <filesystem>
-#include <optional>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "specula/attention/backend.h"
-#include "specula/kv/mha_kv_pool.h"
-#include "specula/kv/req_to_token_pool.h"
-#include "specula/kv/token_allocator.h"
 #include "specula/model/llama.h"
-#include "specula/model/weights.h"
 #include "specula/model/tokenizer.h"
+#include "specula/model/weights.h"
+#include "specula/runtime/engine.h"
 #include "specula/runtime/sampler.h"
 
 namespace specula {
@@ -54,31 +51,21 @@ class Generator {
   // text stays empty and stop strings are refused).
   Generator(const ModelConfig& config, const WeightSource& weights, const GeneratorOptions& options);
 
-  const ModelConfig& config() const { return model_->config(); }
-  const LlamaModel& model() const { return *model_; }
+  const ModelConfig& config() const { return engine_->config(); }
+  const LlamaModel& model() const { return engine_->runner().model(); }
   const Tokenizer& tokenizer() const;
 
   // on_text (optional) receives the output text as it becomes final: complete UTF-8 only, and
-  // never a tail that could still turn out to begin a stop string.
+  // never a tail that could still turn out to begin a stop string. Errors in the request throw
+  // specula::Error.
   GenerateResult generate(const GenerateRequest& request, const std::function<void(std::string_view)>& on_text = {});
 
   // Logits of every prompt position (f32, [prompt_len, vocab]); for tests against reference dumps.
   std::vector<float> prompt_logits(const std::vector<int32_t>& prompt_ids);
 
  private:
-  // Points the batch at this generator's pools, plans the step and runs the model.
-  void run_step(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens);
-
-  void init(const ModelConfig& config, const WeightSource& weights);
-
-  GeneratorOptions options_;
-  std::unique_ptr<LlamaModel> model_;
-  std::shared_ptr<void> cuda_model_;  // LlamaCudaModel in CUDA builds when running on a GPU
-  std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<AttentionBackend> backend_;
-  std::unique_ptr<ReqToTokenPool> req_pool_;
-  std::unique_ptr<PagedTokenAllocator> allocator_;
-  std::unique_ptr<MHAKVPool> kv_pool_;
+  static EngineOptions engine_options(const GeneratorOptions& options);
+  std::unique_ptr<Engine> engine_;
 };
 
 }  // namespace specula

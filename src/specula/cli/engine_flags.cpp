@@ -1,0 +1,74 @@
+// Engine flags of the command-line tool.
+#include "specula/cli/engine_flags.h"
+
+#include <unistd.h>
+
+#include <vector>
+
+#include "specula/core/error.h"
+
+namespace specula {
+
+void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
+  cmd.add_option("--model", f.model, "Hugging Face model folder (default: the shipped models/specula-byte-6m)");
+  cmd.add_option("--device", f.device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd.add_option("--attention-backend", f.attention_backend, "Attention backend (default: cpu, or cuda on a GPU)");
+  cmd.add_option("--page-size", f.page_size, "KV cache page size")->capture_default_str();
+  cmd.add_option("--max-context-len", f.max_context_len,
+                 "Longest context (prompt + output) of one request (default: the model's, at most 8192)");
+  cmd.add_option("--kv-cache-dtype", f.kv_cache_dtype, "auto (f32 on the CPU, bf16 on a GPU), f32, bf16, f16 or fp8_e4m3")
+      ->capture_default_str();
+  cmd.add_option("--kv-cache-tokens", f.kv_cache_tokens,
+                 "KV cache size in tokens (default: max-running-requests full contexts, at most 4 GiB)");
+  cmd.add_option("--max-running-requests", f.max_running_requests, "Requests decoding at once")->capture_default_str();
+  cmd.add_option("--max-queued-requests", f.max_queued_requests, "Waiting requests beyond which new ones are refused")
+      ->capture_default_str();
+  cmd.add_option("--chunked-prefill-size", f.chunked_prefill_size,
+                 "Prompt tokens per step; longer prompts are prefilled in chunks (0: no chunking)")
+      ->capture_default_str();
+  cmd.add_flag("--disable-radix-cache", f.disable_radix_cache, "Do not reuse the KV of shared prompt prefixes");
+  cmd.add_flag("--disable-mixed-chunk", f.disable_mixed_chunk,
+               "Run prefill chunks in steps of their own instead of together with decodes");
+  cmd.add_option("--schedule-conservativeness", f.schedule_conservativeness,
+                 "KV reserved for running requests' future tokens at admission (lower admits more, retracts more)")
+      ->capture_default_str();
+}
+
+EngineOptions engine_options(const EngineFlags& f) {
+  EngineOptions o;
+  o.runner.device = parse_device(f.device);
+  o.runner.attention_backend = f.attention_backend;
+  o.runner.page_size = f.page_size;
+  o.runner.max_context_len = f.max_context_len;
+  if (f.kv_cache_dtype != "auto") o.runner.kv_dtype = parse_dtype(f.kv_cache_dtype);
+  o.runner.kv_cache_tokens = f.kv_cache_tokens;
+  o.runner.max_running_requests = f.max_running_requests;
+  o.scheduler.max_queued_requests = f.max_queued_requests;
+  o.scheduler.chunked_prefill_size = f.chunked_prefill_size;
+  o.scheduler.disable_radix_cache = f.disable_radix_cache;
+  o.scheduler.enable_mixed_chunk = !f.disable_mixed_chunk;
+  o.scheduler.schedule_conservativeness = f.schedule_conservativeness;
+  return o;
+}
+
+std::filesystem::path model_folder(const EngineFlags& f) {
+  if (!f.model.empty()) return f.model;
+  const std::filesystem::path name = std::filesystem::path("models") / "specula-byte-6m";
+  std::vector<std::filesystem::path> candidates = {std::filesystem::current_path() / name};
+  char exe[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (len > 0) {
+    exe[len] = '\0';
+    const auto bin = std::filesystem::path(exe).parent_path();
+    candidates.push_back(bin / ".." / ".." / ".." / name);
+    candidates.push_back(bin / ".." / name);
+  }
+  candidates.push_back(std::filesystem::path(SPECULA_SOURCE_DIR) / name);
+  for (const auto& c : candidates) {
+    if (std::filesystem::exists(c / "config.json")) return std::filesystem::weakly_canonical(c);
+  }
+  SPECULA_CHECK(false, "no --model given and the shipped model {} was not found", name.string());
+  return {};
+}
+
+}  // namespace specula

@@ -1,0 +1,35 @@
+// The flags `specula generate` and `specula bench serve` share: model folder, device, KV cache
+// and scheduler settings, turned into EngineOptions.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <string>
+
+#include "specula/runtime/engine.h"
+
+namespace specula {
+
+struct EngineFlags {
+  std::string model;
+  std::string device = "cpu";
+  std::string attention_backend;
+  int page_size = 16;
+  int max_context_len = 0;
+  std::string kv_cache_dtype = "auto";
+  int64_t kv_cache_tokens = 0;
+  int max_running_requests = 64;
+  int max_queued_requests = 4096;
+  int chunked_prefill_size = 4096;
+  bool disable_radix_cache = false;
+  bool disable_mixed_chunk = false;
+  double schedule_conservativeness = 1.0;
+};
+
+void add_engine_flags(CLI::App& cmd, EngineFlags& flags);
+EngineOptions engine_options(const EngineFlags& flags);
+// --model, or the shipped models/specula-byte-6m (next to the working directory, next to the
+// binary, or in the source tree the binary was built from).
+std::filesystem::path model_folder(const EngineFlags& flags);
+
+}  // namespace specula

@@ -1,0 +1,66 @@
+// ModelRunner (SGLang's model_executor.ModelRunner): owns one model and everything a step needs
+// besides the batch itself: the executor (CPU or CUDA), the attention backend, the request table
+// (ReqToTokenPool), the paged KV allocator and the KV pool. The scheduler fills a ForwardBatch
+// with request slots and KV slots from these pools and calls forward().
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "specula/attention/backend.h"
+#include "specula/kv/mha_kv_pool.h"
+#include "specula/kv/req_to_token_pool.h"
+#include "specula/kv/token_allocator.h"
+#include "specula/model/llama.h"
+#include "specula/model/weights.h"
+
+namespace specula {
+
+struct ModelRunnerOptions {
+  Device device = Device::cpu();
+  std::string attention_backend;  // empty: "cpu" on the CPU, "cuda" on a GPU
+  int page_size = 16;
+  std::optional<DType> kv_dtype;  // unset: f32 on the CPU, bf16 on a GPU
+  int max_context_len = 0;        // 0: the model's max_position_embeddings, at most 8192
+  int max_running_requests = 64;  // rows of the request table
+  // KV cache size in tokens; 0: enough for max_running_requests full contexts, at most
+  // kv_cache_memory_gib of KV, and never less than one full context.
+  int64_t kv_cache_tokens = 0;
+  double kv_cache_memory_gib = 4.0;
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(const ModelConfig& config, const WeightSource& weights, const ModelRunnerOptions& options);
+  ~ModelRunner();
+  ModelRunner(const ModelRunner&) = delete;
+  ModelRunner& operator=(const ModelRunner&) = delete;
+
+  const ModelConfig& config() const { return model_->config(); }
+  const ModelRunnerOptions& options() const { return options_; }
+  const LlamaModel& model() const { return *model_; }
+  int max_context_len() const { return options_.max_context_len; }
+  int page_size() const { return options_.page_size; }
+
+  ReqToTokenPool& req_pool() { return *req_pool_; }
+  PagedTokenAllocator& allocator() { return *allocator_; }
+  MHAKVPool& kv_pool() { return *kv_pool_; }
+  AttentionBackend& backend() { return *backend_; }
+
+  // Points the batch at the pools, builds the backend's metadata and runs the model: f32 logits of
+  // the last token of each request ([batch_size, vocab]), or of every token with all_tokens.
+  void forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens = false);
+
+ private:
+  ModelRunnerOptions options_;
+  std::unique_ptr<LlamaModel> model_;
+  std::shared_ptr<void> cuda_model_;  // LlamaCudaModel in CUDA builds when running on a GPU
+  std::unique_ptr<AttentionBackend> backend_;
+  std::unique_ptr<ReqToTokenPool> req_pool_;
+  std::unique_ptr<PagedTokenAllocator> allocator_;
+  std::unique_ptr<MHAKVPool> kv_pool_;
+};
+
+}  // namespace specula

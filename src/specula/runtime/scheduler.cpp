@@ -1,0 +1,477 @@
+// Scheduler implementation. A request's "fill" is its prompt followed by its output so far; the
+// KV of fill tokens [0, kv_len) exists (the first prefix_len of them are prefix-cache pages the
+// request holds a lock on), and the model must still run tokens [kv_len, fill_len) before the
+// next token can be sampled: many while prefilling, exactly one (the last output) while decoding.
+#include "specula/runtime/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+
+#include "specula/core/error.h"
+#include "specula/runtime/output_text.h"
+
+namespace specula {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+// A waiting request that shares at least this many more tokens with a request admitted in the
+// same step than the prefix cache gives it waits one step, so the shared part is computed once
+// and then read from the cache (SGLang's in-batch prefix caching check).
+constexpr int kInBatchPrefixThreshold = 32;
+// Future output tokens of one request counted at most this far ahead at admission.
+constexpr int kReserveClipTokens = 4096;
+constexpr double kInitNewTokenRatio = 0.7;
+constexpr double kMinNewTokenRatioFactor = 0.14;
+constexpr double kNewTokenRatioDecaySteps = 600;
+}  // namespace
+
+struct Scheduler::Req {
+  Req(uint64_t id_, EngineRequest params_, StreamCallback cb, const Tokenizer* tokenizer)
+      : id(id_), params(std::move(params_)), on_chunk(std::move(cb)), sampler(params.sampling),
+        text(tokenizer, params.stop_strings) {}
+
+  uint64_t id;
+  EngineRequest params;
+  StreamCallback on_chunk;
+  std::vector<int32_t> stop_ids;
+  int max_new_tokens = 0;
+  Sampler sampler;
+  OutputText text;
+  RequestOutput out;
+  Clock::time_point submitted = Clock::now();
+  size_t streamed_tokens = 0;
+  bool admitted_once = false;
+  bool done = false;
+
+  int32_t req_pool_idx = -1;
+  std::vector<int32_t> kv_slots;  // KV slots of fill tokens [0, kv_len)
+  int prefix_len = 0;             // leading kv_slots owned by the prefix cache
+  RadixNode* last_node = nullptr; // locked while prefix_len > 0
+
+  int kv_len() const { return static_cast<int>(kv_slots.size()); }
+  int fill_len() const { return static_cast<int>(params.prompt_ids.size() + out.output_ids.size()); }
+  int pending() const { return fill_len() - kv_len(); }
+  int32_t fill_id(int i) const {
+    const auto p = static_cast<int>(params.prompt_ids.size());
+    return i < p ? params.prompt_ids[static_cast<size_t>(i)] : out.output_ids[static_cast<size_t>(i - p)];
+  }
+  std::vector<int32_t> fill(int n) const {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = fill_id(i);
+    return ids;
+  }
+  int remaining_new_tokens() const { return max_new_tokens - static_cast<int>(out.output_ids.size()); }
+};
+
+Scheduler::Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const SchedulerOptions& options)
+    : runner_(runner), tokenizer_(tokenizer), options_(options) {
+  SPECULA_CHECK(options_.max_queued_requests >= 1, "max_queued_requests {} is not valid; it must be >= 1",
+                options_.max_queued_requests);
+  SPECULA_CHECK(options_.chunked_prefill_size >= 0,
+                "chunked_prefill_size {} is not valid; it must be >= 1, or 0 for no chunking",
+                options_.chunked_prefill_size);
+  SPECULA_CHECK(options_.schedule_conservativeness > 0, "schedule_conservativeness {} is not valid; it must be > 0",
+                options_.schedule_conservativeness);
+  if (!options_.disable_radix_cache) cache_ = std::make_unique<RadixCache>(runner_.allocator(), runner_.page_size());
+  new_token_ratio_ = std::min(1.0, kInitNewTokenRatio * options_.schedule_conservativeness);
+}
+
+Scheduler::~Scheduler() = default;
+
+void Scheduler::validate(EngineRequest& r) const {
+  const ModelConfig& c = runner_.config();
+  if (r.prompt_ids.empty() && !r.prompt.empty()) {
+    SPECULA_CHECK(tokenizer_ != nullptr, "a text prompt needs a tokenizer; this engine has none (give token ids)");
+    r.prompt_ids = tokenizer_->encode(r.prompt);
+  }
+  const auto prompt_len = static_cast<int64_t>(r.prompt_ids.size());
+  SPECULA_CHECK(prompt_len >= 1, "the prompt is empty");
+  SPECULA_CHECK(prompt_len < runner_.max_context_len(), "the prompt has {} tokens; the context holds {}", prompt_len,
+                runner_.max_context_len());
+  for (int32_t id : r.prompt_ids) {
+    SPECULA_CHECK(id >= 0 && id < c.vocab_size, "prompt token id {} is out of range [0, {})", id, c.vocab_size);
+  }
+  SPECULA_CHECK(r.max_new_tokens >= 0, "max_new_tokens {} is not valid; it must be >= 0", r.max_new_tokens);
+  r.sampling.validate();
+  // Builds (and so checks) the stop strings.
+  OutputText check(tokenizer_, r.stop_strings);
+}
+
+void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chunk) {
+  SPECULA_CHECK(static_cast<int>(waiting_.size()) < options_.max_queued_requests,
+                "the queue is full ({} requests waiting); try again later", waiting_.size());
+  auto r = std::make_unique<Req>(id, std::move(request), std::move(on_chunk), tokenizer_);
+  const ModelConfig& c = runner_.config();
+  r->stop_ids = r->params.stop_token_ids;
+  if (!r->params.ignore_eos) r->stop_ids.insert(r->stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
+  const auto prompt_len = static_cast<int>(r->params.prompt_ids.size());
+  r->max_new_tokens = std::min(r->params.max_new_tokens, runner_.max_context_len() - prompt_len);
+  r->sampler.observe_prompt(r->params.prompt_ids);
+  r->out.id = id;
+  r->out.prompt_ids = r->params.prompt_ids;
+  waiting_.push_back(std::move(r));
+}
+
+bool Scheduler::cancel(uint64_t id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if ((*it)->id != id) continue;
+    finish(**it, "cancelled");
+    waiting_.erase(it);
+    return true;
+  }
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if ((*it)->id != id) continue;
+    finish(**it, "cancelled");
+    running_.erase(it);
+    return true;
+  }
+  return false;
+}
+
+bool Scheduler::ensure_free_pages(int64_t pages) {
+  PagedTokenAllocator& a = runner_.allocator();
+  if (a.num_free_pages() >= pages) return true;
+  if (cache_) cache_->evict((pages - a.num_free_pages()) * a.page_size());
+  return a.num_free_pages() >= pages;
+}
+
+namespace {
+int64_t pages_for(int64_t tokens, int page) { return (tokens + page - 1) / page; }
+}  // namespace
+
+bool Scheduler::alloc_extend(Req& r, int extend) {
+  const int page = runner_.page_size();
+  const int kv = r.kv_len();
+  if (!ensure_free_pages(pages_for(kv + extend, page) - pages_for(kv, page))) return false;
+  const int32_t prefix[] = {kv}, seq[] = {kv + extend}, last[] = {kv > 0 ? r.kv_slots.back() : -1};
+  auto slots = runner_.allocator().alloc_extend(prefix, seq, last);
+  SPECULA_ASSERT(slots.has_value());
+  runner_.req_pool().write(r.req_pool_idx, kv, *slots);
+  r.kv_slots.insert(r.kv_slots.end(), slots->begin(), slots->end());
+  return true;
+}
+
+bool Scheduler::alloc_decode(Req& r) {
+  const int kv = r.kv_len();
+  if (!ensure_free_pages(kv % runner_.page_size() == 0 ? 1 : 0)) return false;
+  const int32_t seq[] = {kv + 1}, last[] = {kv > 0 ? r.kv_slots.back() : -1};
+  auto slot = runner_.allocator().alloc_decode(seq, last);
+  SPECULA_ASSERT(slot.has_value());
+  runner_.req_pool().write(r.req_pool_idx, kv, *slot);
+  r.kv_slots.push_back((*slot)[0]);
+  return true;
+}
+
+void Scheduler::match_prefix(Req& r) {
+  r.prefix_len = 0;
+  r.last_node = nullptr;
+  r.kv_slots.clear();
+  if (!cache_) return;
+  // At least one token must run so that its logits give the next token.
+  const std::vector<int32_t> key = r.fill(r.fill_len() - 1);
+  RadixCache::Match m = cache_->match_prefix(key);
+  r.kv_slots = std::move(m.slots);
+  r.prefix_len = r.kv_len();
+  r.last_node = m.last_node;
+  cache_->inc_lock_ref(r.last_node);
+}
+
+void Scheduler::release_kv(Req& r) {
+  if (r.req_pool_idx < 0) return;
+  PagedTokenAllocator& a = runner_.allocator();
+  const int kv = r.kv_len();
+  if (cache_) {
+    const int aligned = kv / runner_.page_size() * runner_.page_size();
+    int64_t overlap = 0;
+    if (aligned > 0) {
+      const std::vector<int32_t> key = r.fill(aligned);
+      overlap = cache_->insert(key, std::span<const int32_t>(r.kv_slots.data(), static_cast<size_t>(aligned)));
+    }
+    // Slots the cache already had (computed twice) and the unaligned tail go back.
+    SPECULA_ASSERT(overlap >= r.prefix_len);
+    if (overlap > r.prefix_len) a.free(std::span<const int32_t>(r.kv_slots).subspan(r.prefix_len, overlap - r.prefix_len));
+    if (kv > aligned) a.free(std::span<const int32_t>(r.kv_slots).subspan(aligned));
+    if (r.last_node != nullptr) cache_->dec_lock_ref(r.last_node);
+  } else if (kv > 0) {
+    a.free(r.kv_slots);
+  }
+  runner_.req_pool().free(r.req_pool_idx);
+  r.req_pool_idx = -1;
+  r.kv_slots.clear();
+  r.prefix_len = 0;
+  r.last_node = nullptr;
+}
+
+void Scheduler::cache_unfinished(Req& r) {
+  if (!cache_) return;
+  const int aligned = r.kv_len() / runner_.page_size() * runner_.page_size();
+  if (aligned <= r.prefix_len) return;
+  const std::vector<int32_t> key = r.fill(aligned);
+  const int64_t overlap = cache_->insert(key, std::span<const int32_t>(r.kv_slots.data(), static_cast<size_t>(aligned)));
+  SPECULA_ASSERT(overlap >= r.prefix_len);
+  if (overlap > r.prefix_len) {
+    runner_.allocator().free(std::span<const int32_t>(r.kv_slots).subspan(r.prefix_len, overlap - r.prefix_len));
+  }
+  // From now on the request reads the cache's copy of those tokens and holds a lock on it.
+  RadixCache::Match m = cache_->match_prefix(key);
+  SPECULA_ASSERT(static_cast<int>(m.slots.size()) == aligned);
+  std::copy(m.slots.begin(), m.slots.end(), r.kv_slots.begin());
+  runner_.req_pool().write(r.req_pool_idx, 0, m.slots);
+  cache_->inc_lock_ref(m.last_node);
+  if (r.last_node != nullptr) cache_->dec_lock_ref(r.last_node);
+  r.last_node = m.last_node;
+  r.prefix_len = aligned;
+}
+
+void Scheduler::retract(Req& r) {
+  const int kv = r.kv_len();
+  release_kv(r);
+  ++r.out.retractions;
+  ++stats_.retractions;
+  new_token_ratio_ = std::min(1.0, kInitNewTokenRatio * options_.schedule_conservativeness);
+  if (options_.log_retractions) {
+    std::fprintf(stderr, "specula: KV cache full: request %llu retracted (%d tokens of KV released; recomputed later)\n",
+                 static_cast<unsigned long long>(r.id), kv);
+  }
+}
+
+int64_t Scheduler::reserved_tokens() const {
+  int64_t reserved = 0;
+  for (const auto& r : running_) {
+    if (r->pending() > 1) reserved += r->pending();
+    reserved += static_cast<int64_t>(std::min(r->remaining_new_tokens(), kReserveClipTokens) * new_token_ratio_);
+  }
+  return reserved;
+}
+
+std::vector<Scheduler::Planned> Scheduler::schedule_decodes() {
+  const int page = runner_.page_size();
+  auto is_decoding = [](const Req& r) { return r.pending() == 1; };
+  // Free pages for every decoding request's next token: evict cached pages, then retract (the
+  // request with the fewest output tokens first, then the longest prompt, as SGLang does).
+  while (true) {
+    int64_t need = 0;
+    for (const auto& r : running_) need += (is_decoding(*r) && r->kv_len() % page == 0) ? 1 : 0;
+    if (ensure_free_pages(need)) break;
+    SPECULA_CHECK(running_.size() > 1, "the KV cache cannot hold one request's next token");
+    auto victim = std::min_element(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
+      if (a->out.output_ids.size() != b->out.output_ids.size()) return a->out.output_ids.size() < b->out.output_ids.size();
+      return a->params.prompt_ids.size() > b->params.prompt_ids.size();
+    });
+    retract(**victim);
+    waiting_.push_front(std::move(*victim));
+    running_.erase(victim);
+  }
+  std::vector<Planned> plan;
+  for (const auto& r : running_) {
+    if (!is_decoding(*r)) continue;
+    SPECULA_ASSERT(alloc_decode(*r));
+    plan.push_back({r.get(), 1});
+  }
+  return plan;
+}
+
+std::vector<Scheduler::Planned> Scheduler::schedule_prefills(int budget, int decodes) {
+  std::vector<Planned> plan;
+  const bool chunking = options_.chunked_prefill_size > 0;
+  // Prompts already being prefilled in chunks go first.
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Req& r = *running_[i];
+    if (r.pending() <= 1) continue;
+    const int extend = chunking ? std::min(r.pending(), budget) : r.pending();
+    if (!alloc_extend(r, extend)) {
+      retract(r);
+      waiting_.push_front(std::move(running_[i]));
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+      --i;
+      continue;
+    }
+    plan.push_back({&r, extend});
+    budget -= extend;
+  }
+  const int max_running = runner_.req_pool().size();
+  int64_t reserved = reserved_tokens();
+  std::vector<const Req*> admitted;
+  for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0;) {
+    if (static_cast<int>(running_.size()) >= max_running) break;
+    Req& r = **it;
+    if (r.max_new_tokens == 0) {
+      finish(r, "length");
+      it = waiting_.erase(it);
+      continue;
+    }
+    match_prefix(r);
+    if (cache_ && r.fill_len() > r.prefix_len + kInBatchPrefixThreshold) {
+      bool wait_for_cache = false;
+      for (const Req* q : admitted) {
+        int common = 0;
+        const int n = std::min(r.fill_len(), q->fill_len());
+        while (common < n && r.fill_id(common) == q->fill_id(common)) ++common;
+        wait_for_cache = wait_for_cache || common >= r.prefix_len + kInBatchPrefixThreshold;
+      }
+      if (wait_for_cache) {
+        if (r.last_node != nullptr) cache_->dec_lock_ref(r.last_node);
+        r.kv_slots.clear();
+        r.prefix_len = 0;
+        r.last_node = nullptr;
+        ++it;
+        continue;
+      }
+    }
+    const int extend = chunking ? std::min(r.pending(), budget) : r.pending();
+    const int64_t page = runner_.page_size();
+    const int64_t need = pages_for(r.pending(), static_cast<int>(page)) * page +
+                         static_cast<int64_t>(std::min(r.remaining_new_tokens(), kReserveClipTokens) * new_token_ratio_);
+    const int64_t room = runner_.allocator().available_size() + (cache_ ? cache_->evictable_size() : 0) - reserved;
+    // The first request always fits an empty engine (the cache holds at least one full context).
+    if ((need > room && !(running_.empty() && plan.empty() && decodes == 0))) {
+      if (cache_ && r.last_node != nullptr) cache_->dec_lock_ref(r.last_node);
+      r.kv_slots.clear();
+      r.prefix_len = 0;
+      r.last_node = nullptr;
+      break;
+    }
+    r.req_pool_idx = runner_.req_pool().alloc(1).value().at(0);
+    if (r.prefix_len > 0) runner_.req_pool().write(r.req_pool_idx, 0, r.kv_slots);
+    if (!alloc_extend(r, extend)) {
+      release_kv(r);
+      break;
+    }
+    if (!r.admitted_once) {
+      r.admitted_once = true;
+      r.out.cached_tokens = r.prefix_len;
+      stats_.cached_tokens += r.prefix_len;
+      stats_.prompt_tokens += static_cast<int64_t>(r.params.prompt_ids.size());
+    }
+    reserved += need;
+    budget -= extend;
+    admitted.push_back(&r);
+    plan.push_back({&r, extend});
+    running_.push_back(std::move(*it));
+    it = waiting_.erase(it);
+  }
+  return plan;
+}
+
+bool Scheduler::step() {
+  if (!has_work()) return false;
+  const int budget = options_.chunked_prefill_size > 0 ? options_.chunked_prefill_size : std::numeric_limits<int>::max();
+  std::vector<Planned> plan;
+  ForwardMode mode = ForwardMode::EXTEND;
+  if (options_.enable_mixed_chunk) {
+    std::vector<Planned> decodes = schedule_decodes();
+    plan = schedule_prefills(std::max(budget - static_cast<int>(decodes.size()), 1), static_cast<int>(decodes.size()));
+    if (plan.empty()) mode = ForwardMode::DECODE;
+    else if (!decodes.empty()) mode = ForwardMode::MIXED;
+    // Prefill rows first, then decodes (the order SGLang's mixed batches use).
+    plan.insert(plan.end(), decodes.begin(), decodes.end());
+  } else {
+    plan = schedule_prefills(budget, 0);
+    if (plan.empty()) {
+      plan = schedule_decodes();
+      mode = ForwardMode::DECODE;
+    }
+  }
+  if (!plan.empty()) run_batch(plan, mode);
+  std::erase_if(running_, [](const auto& r) { return r->done; });
+  ++stats_.steps;
+  return true;
+}
+
+void Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
+  ForwardBatch b;
+  b.forward_mode = mode;
+  b.batch_size = static_cast<int>(plan.size());
+  for (const Planned& p : plan) {
+    const Req& r = *p.req;
+    const int start = r.kv_len() - p.extend;  // slots were allocated already
+    for (int i = start; i < r.kv_len(); ++i) {
+      b.input_ids.push_back(r.fill_id(i));
+      b.positions.push_back(i);
+      b.out_cache_loc.push_back(r.kv_slots[static_cast<size_t>(i)]);
+    }
+    b.req_pool_indices.push_back(r.req_pool_idx);
+    b.seq_lens.push_back(r.kv_len());
+    if (mode != ForwardMode::DECODE) {
+      b.extend_prefix_lens.push_back(start);
+      b.extend_seq_lens.push_back(p.extend);
+    }
+    if (p.extend > 1 || r.out.output_ids.empty()) stats_.prefill_tokens += p.extend;
+  }
+  try {
+    runner_.forward(b, logits_);
+  } catch (const std::exception& e) {
+    // A failed step ends its requests with the reason rather than losing them silently.
+    for (const Planned& p : plan) finish(*p.req, std::string("error: ") + e.what());
+    return;
+  }
+  const auto vocab = static_cast<size_t>(runner_.config().vocab_size);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Req& r = *plan[i].req;
+    if (r.pending() > 0) {
+      cache_unfinished(r);
+      continue;
+    }
+    const int32_t token = r.sampler.sample(std::span<const float>(logits_).subspan(i * vocab, vocab));
+    if (plan[i].extend > 1) cache_unfinished(r);
+    process_token(r, token);
+  }
+  if (mode == ForwardMode::DECODE || mode == ForwardMode::MIXED) {
+    const double init = std::min(1.0, kInitNewTokenRatio * options_.schedule_conservativeness);
+    const double floor = init * kMinNewTokenRatioFactor;
+    new_token_ratio_ = std::max(floor, new_token_ratio_ - (init - floor) / kNewTokenRatioDecaySteps);
+  }
+}
+
+void Scheduler::process_token(Req& r, int32_t token) {
+  r.out.output_ids.push_back(token);
+  const double t = std::chrono::duration<double>(Clock::now() - r.submitted).count();
+  r.out.token_times_s.push_back(t);
+  if (r.out.output_ids.size() == 1) r.out.time_to_first_token_s = t;
+  ++stats_.decode_tokens;
+  // A stop token ends the output without adding its text (as SGLang trims it).
+  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end()) return finish(r, "stop");
+  if (r.text.push(token)) return finish(r, "stop");
+  if (static_cast<int>(r.out.output_ids.size()) >= r.max_new_tokens) return finish(r, "length");
+  publish(r, false);
+}
+
+void Scheduler::finish(Req& r, std::string reason) {
+  if (r.text.finish() && reason == "length") reason = "stop";
+  r.out.text = r.text.text();
+  r.out.finish_reason = std::move(reason);
+  r.out.latency_s = std::chrono::duration<double>(Clock::now() - r.submitted).count();
+  release_kv(r);
+  r.done = true;
+  ++stats_.finished;
+  publish(r, true);
+}
+
+void Scheduler::publish(Req& r, bool finished) {
+  StreamChunk chunk;
+  chunk.id = r.id;
+  chunk.token_ids.assign(r.out.output_ids.begin() + static_cast<std::ptrdiff_t>(r.streamed_tokens), r.out.output_ids.end());
+  r.streamed_tokens = r.out.output_ids.size();
+  chunk.text = std::string(r.text.take_final());
+  chunk.finished = finished;
+  if (finished) chunk.output = &r.out;
+  if (r.on_chunk) r.on_chunk(chunk);
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s = stats_;
+  s.running = static_cast<int>(running_.size());
+  s.waiting = static_cast<int>(waiting_.size());
+  s.kv_free_tokens = runner_.allocator().available_size();
+  s.kv_cached_tokens = cache_ ? cache_->total_size() : 0;
+  s.kv_total_tokens = runner_.allocator().num_pages() * runner_.page_size();
+  return s;
+}
+
+void Scheduler::flush_cache() {
+  if (cache_) cache_->reset();
+}
+
+}  // namespace specula

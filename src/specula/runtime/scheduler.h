@@ -1,0 +1,115 @@
+// Scheduler (SGLang's managers.Scheduler, single-threaded): continuous batching over one
+// ModelRunner. Each step() it
+//  - gives every decoding request one new KV slot; when the cache is full it evicts unused
+//    prefix-cache pages and then retracts requests (KV freed, re-queued, recomputed later);
+//  - admits waiting requests while the KV cache (free + evictable, minus what running requests
+//    are expected to need) holds them, reusing cached prefix pages from the RadixCache;
+//  - splits prompts longer than the step's token budget over several steps (chunked prefill);
+//  - runs one forward: EXTEND (prefill only), DECODE, or MIXED (prefill chunks and decodes);
+//  - samples, applies stop conditions, streams, and caches or frees the KV of finished requests.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "specula/kv/radix_cache.h"
+#include "specula/model/tokenizer.h"
+#include "specula/runtime/model_runner.h"
+#include "specula/runtime/request.h"
+
+namespace specula {
+
+struct SchedulerOptions {
+  int max_queued_requests = 4096;  // waiting requests beyond the running ones; more are refused
+  // New prompt tokens per step (chunked prefill); 0: whole prompts, however long.
+  int chunked_prefill_size = 4096;
+  bool enable_mixed_chunk = true;   // run prefill chunks and decodes in one MIXED step
+  bool disable_radix_cache = false;
+  // Scales the KV reserved for the future tokens of running requests at admission (SGLang's
+  // --schedule-conservativeness): lower admits more eagerly and retracts more often.
+  double schedule_conservativeness = 1.0;
+  bool log_retractions = true;  // one line on stderr per retraction
+};
+
+struct SchedulerStats {
+  int running = 0;
+  int waiting = 0;
+  int64_t steps = 0;
+  int64_t finished = 0;
+  int64_t prefill_tokens = 0;   // prompt (and recomputed) tokens run through the model
+  int64_t cached_tokens = 0;    // prompt tokens served from the prefix cache at admission
+  int64_t prompt_tokens = 0;    // prompt tokens of admitted requests (first admission)
+  int64_t decode_tokens = 0;    // tokens generated
+  int64_t retractions = 0;
+  int64_t kv_free_tokens = 0;   // free in the allocator
+  int64_t kv_cached_tokens = 0; // held by the prefix cache
+  int64_t kv_total_tokens = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const SchedulerOptions& options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Checks the request (token ids in range, prompt shorter than the context, sampling and stop
+  // parameters) and encodes a text prompt; throws specula::Error naming the bad value.
+  // Thread-safe (reads only).
+  void validate(EngineRequest& request) const;
+  // Queues a validated request; throws specula::Error when max_queued_requests are waiting.
+  void submit(uint64_t id, EngineRequest request, StreamCallback on_chunk);
+  // Ends a request wherever it is (its KV is released); false if it is unknown or finished.
+  bool cancel(uint64_t id);
+
+  // One scheduling step and forward; false when there was nothing to run.
+  bool step();
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  SchedulerStats stats() const;
+  // Frees every prefix-cache page (only while no request holds any).
+  void flush_cache();
+  const RadixCache* radix_cache() const { return cache_.get(); }
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Req;
+  struct Planned {
+    Req* req;
+    int extend;  // tokens run this step
+  };
+
+  int32_t fill_id(const Req& r, int i) const;
+  int fill_len(const Req& r) const;
+  void match_prefix(Req& r);
+  // Makes `pages` free pages available, evicting prefix-cache pages if needed.
+  bool ensure_free_pages(int64_t pages);
+  bool alloc_extend(Req& r, int extend);
+  bool alloc_decode(Req& r);
+  // Hands a request's KV to the prefix cache (page-aligned part) or frees it, and its row.
+  void release_kv(Req& r);
+  // After a prefill chunk: its page-aligned KV joins the prefix cache so others can share it.
+  void cache_unfinished(Req& r);
+  void retract(Req& r);
+  std::vector<Planned> schedule_decodes();
+  std::vector<Planned> schedule_prefills(int budget, int decodes);
+  int64_t reserved_tokens() const;
+  void run_batch(const std::vector<Planned>& plan, ForwardMode mode);
+  void process_token(Req& r, int32_t token);
+  void finish(Req& r, std::string reason);
+  void publish(Req& r, bool finished);
+
+  ModelRunner& runner_;
+  const Tokenizer* tokenizer_;
+  SchedulerOptions options_;
+  std::unique_ptr<RadixCache> cache_;
+  std::deque<std::unique_ptr<Req>> waiting_;
+  std::vector<std::unique_ptr<Req>> running_;
+  double new_token_ratio_;
+  SchedulerStats stats_;
+  std::vector<float> logits_;
+};
+
+}  // namespace specula
