@@ -19,30 +19,48 @@ if ! cmake --build "$build" -j "$(nproc)" -- -k 0 >"$out/build.log" 2>&1; then
   exit 1
 fi
 
-"$build/tests/cuda_attention_test" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$out/cuda_test.log" 2>&1
+# SKIP_ATTENTION=1 skips the attention tests, benchmark and their memcheck (when only the model or
+# runtime changed).
+attention=$([ "${SKIP_ATTENTION:-0}" = 1 ] && echo ":" || echo "")
+$attention "$build/tests/cuda_attention_test" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$out/cuda_test.log" 2>&1
 test_rc=$?
 grep -E "^\[  (FAILED|PASSED) |Failure|error|seed=" "$out/cuda_test.log" | head -60
 
 "$build/tests/cuda_model_test" >"$out/cuda_model_test.log" 2>&1
 model_rc=$?
 grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which|max_diff|step" "$out/cuda_model_test.log" | head -30
+"$build/tests/cuda_engine_test" >"$out/cuda_engine_test.log" 2>&1
+engine_rc=$?
+grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which|retract" "$out/cuda_engine_test.log" | head -30
 "$build/bin/specula" generate --device cuda --prompt "The quick brown fox" --max-new-tokens 48 >"$out/generate.log" 2>&1
 "$build/bin/specula" bench generate --device cuda --synthetic llama3.2-1b --prompt-len 256 --decode-len 32 \
   >"$out/bench_generate.log" 2>&1
-"$build/bin/specula" bench attention --device cuda --json "$out/bench.json" >"$out/bench.log" 2>&1
+"$build/bin/specula" bench generate --device cuda --model models/specula-byte-6m --prompt-len 128 --decode-len 256 \
+  >"$out/bench_generate_small.log" 2>&1
+for bs in 1 64; do
+  "$build/bin/specula" bench serve --device cuda --synthetic llama3.2-1b --num-requests $((bs * 2)) \
+    --max-running-requests $bs --input-len 256 --output-len 128 --json "$out/serve_1b_bs$bs.json" \
+    >"$out/bench_serve_1b_bs$bs.log" 2>&1
+done
+$attention "$build/bin/specula" bench attention --device cuda --json "$out/bench.json" >"$out/bench.log" 2>&1
 bench_rc=$?
 
-timeout "${MEMCHECK_SECONDS:-240}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+$attention timeout "${MEMCHECK_SECONDS:-240}" compute-sanitizer --tool memcheck --error-exitcode 9 \
   "$build/tests/cuda_attention_test" --gtest_brief=1 >"$out/memcheck.log" 2>&1
 memcheck_rc=$?
+timeout "${MEMCHECK_SECONDS:-240}" compute-sanitizer --tool memcheck --error-exitcode 9 \
+  "$build/tests/cuda_engine_test" --gtest_brief=1 >"$out/memcheck_engine.log" 2>&1
+memcheck_engine_rc=$?
 
 echo "== summary =="
 echo "cuda_attention_test rc=$test_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/cuda_test.log" | tr '\n' ' ')"
 echo "cuda_model_test rc=$model_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/cuda_model_test.log" | tr '\n' ' ')"
+echo "cuda_engine_test rc=$engine_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/cuda_engine_test.log" | tr '\n' ' ')"
 echo "generate --device cuda: $(tr '\n' ' ' < "$out/generate.log")"
 echo "memcheck rc=$memcheck_rc (124 = timed out): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
+echo "memcheck engine rc=$memcheck_engine_rc: $(grep -E 'ERROR SUMMARY' "$out/memcheck_engine.log" | tail -1)"
 echo "bench rc=$bench_rc"
-cat "$out/bench_generate.log"
+cat "$out/bench_generate.log" "$out/bench_generate_small.log" "$out/bench_serve_1b_bs1.log" "$out/bench_serve_1b_bs64.log"
 cat "$out/bench.log"
 
 # Optional: hardware counters of one decode and one prefill launch (NCU=1).

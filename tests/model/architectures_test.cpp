@@ -294,7 +294,9 @@ TEST_P(Architectures, MatchTheFloat64Reference) {
     const auto best = std::max_element(row.begin(), row.end()) - row.begin();
     std::vector<double> sorted = row;
     std::sort(sorted.rbegin(), sorted.rend());
-    if (sorted[0] - sorted[1] > 1e-3) EXPECT_EQ(token, best) << "step " << seq.size() - ids.size();
+    if (sorted[0] - sorted[1] > 1e-3) {
+      EXPECT_EQ(token, best) << "step " << seq.size() - ids.size();
+    }
     seq.push_back(token);
   }
   std::filesystem::remove_all(dir);

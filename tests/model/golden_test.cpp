@@ -102,7 +102,10 @@ TEST(ShippedModel, StopsAtEosAndFreesItsCache) {
   GenerateRequest r;
   r.prompt_ids = gen.tokenizer().encode("A");
   r.max_new_tokens = 5;
-  r.stop_token_ids = {gen.generate(GenerateRequest{r.prompt_ids, {}, 1, false, {}}).output_ids[0]};
+  GenerateRequest first;
+  first.prompt_ids = r.prompt_ids;
+  first.max_new_tokens = 1;
+  r.stop_token_ids = {gen.generate(first).output_ids[0]};
   const GenerateResult stopped = gen.generate(r);
   EXPECT_EQ(stopped.output_ids.size(), 1u);
   EXPECT_EQ(stopped.finish_reason, "stop");

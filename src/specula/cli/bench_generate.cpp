@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -76,6 +77,13 @@ void run(const Options& o) {
   r.ignore_eos = true;
   gen->generate(r);  // warm-up: page in weights and scratch
   const GenerateResult result = gen->generate(r);
+  // On a GPU the same request once more with decode steps launched eagerly, for comparison.
+  std::optional<GenerateResult> eager;
+  if (!gen->runner().cuda_graph_batch_sizes().empty()) {
+    gen->runner().set_use_cuda_graph(false);
+    eager = gen->generate(r);
+    gen->runner().set_use_cuda_graph(true);
+  }
 
   const double weight_gb = static_cast<double>(gen->model().weight_bytes()) / 1e9;
   const double bound = copy_gbps / weight_gb;  // tokens/s if every step only streamed the weights
@@ -89,6 +97,10 @@ void run(const Options& o) {
   fmt::print("{:<28} {:>12}\n", "decode tokens", result.output_ids.size());
   fmt::print("{:<28} {:>12.1f}\n", "decode tok/s", result.decode_tokens_per_s);
   fmt::print("{:<28} {:>11.0f}%\n", "of weight-bandwidth bound", 100.0 * result.decode_tokens_per_s / bound);
+  if (eager) {
+    fmt::print("{:<28} {:>12.1f}\n", "decode tok/s, no CUDA graph", eager->decode_tokens_per_s);
+    fmt::print("{:<28} {:>11.0f}%\n", "of weight-bandwidth bound", 100.0 * eager->decode_tokens_per_s / bound);
+  }
   if (!o.json_path.empty()) {
     nlohmann::json j = {{"model", what},
                         {"prompt_tokens", o.prompt_len},
@@ -98,7 +110,9 @@ void run(const Options& o) {
                         {"decode_tokens_per_s", result.decode_tokens_per_s},
                         {"weight_bytes", gen->model().weight_bytes()},
                         {"copy_gbytes_per_second", copy_gbps},
-                        {"decode_bound_tokens_per_s", bound}};
+                        {"decode_bound_tokens_per_s", bound},
+                        {"cuda_graph", eager.has_value()}};
+    if (eager) j["decode_tokens_per_s_no_cuda_graph"] = eager->decode_tokens_per_s;
     std::ofstream file(o.json_path);
     file << j.dump(2) << "\n";
     SPECULA_CHECK(file.good(), "--json {}: cannot write the file", o.json_path);

@@ -32,6 +32,11 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--schedule-conservativeness", f.schedule_conservativeness,
                  "KV reserved for running requests' future tokens at admission (lower admits more, retracts more)")
       ->capture_default_str();
+  cmd.add_flag("--disable-cuda-graph", f.disable_cuda_graph, "Run decode steps eagerly instead of as CUDA graphs");
+  cmd.add_option("--cuda-graph-max-bs", f.cuda_graph_max_bs, "Largest decode batch captured as a CUDA graph")
+      ->capture_default_str();
+  cmd.add_option("--cuda-graph-bs", f.cuda_graph_bs, "Decode batch sizes to capture (default: 1 2 4 8 16 24 ...)")
+      ->delimiter(',');
 }
 
 EngineOptions engine_options(const EngineFlags& f) {
@@ -43,6 +48,9 @@ EngineOptions engine_options(const EngineFlags& f) {
   if (f.kv_cache_dtype != "auto") o.runner.kv_dtype = parse_dtype(f.kv_cache_dtype);
   o.runner.kv_cache_tokens = f.kv_cache_tokens;
   o.runner.max_running_requests = f.max_running_requests;
+  o.runner.cuda_graph = !f.disable_cuda_graph;
+  o.runner.cuda_graph_max_bs = f.cuda_graph_max_bs;
+  o.runner.cuda_graph_batch_sizes = f.cuda_graph_bs;
   o.scheduler.max_queued_requests = f.max_queued_requests;
   o.scheduler.chunked_prefill_size = f.chunked_prefill_size;
   o.scheduler.disable_radix_cache = f.disable_radix_cache;

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "specula/runtime/engine.h"
 
@@ -24,6 +25,9 @@ struct EngineFlags {
   bool disable_radix_cache = false;
   bool disable_mixed_chunk = false;
   double schedule_conservativeness = 1.0;
+  bool disable_cuda_graph = false;
+  int cuda_graph_max_bs = 64;
+  std::vector<int> cuda_graph_bs;
 };
 
 void add_engine_flags(CLI::App& cmd, EngineFlags& flags);

@@ -1,11 +1,13 @@
 // LlamaCudaModel: upload, then the decoder step as a sequence of cuBLAS and element-wise launches
-// on the legacy default stream (the attention backend's stream when none is given).
+// on the model's stream, eagerly or as captured decode graphs.
 #include "specula/model/llama_cuda.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
@@ -32,6 +34,14 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device) : host_(ho
   // Plain f32 arithmetic: TF32 would round the inputs to 10 mantissa bits.
   cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH);
   cublas_ = handle;
+  // A blocking stream: it stays ordered with the synchronous copies of core/ (legacy stream).
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  stream_ = stream;
+  cublasSetStream(handle, stream);
+  // cuBLAS gets a fixed workspace so that graph capture never sees it allocate.
+  cublas_workspace_ = Buffer(DType::u8, {32 << 20}, device);
+  cublasSetWorkspace(handle, cublas_workspace_.data(), static_cast<size_t>(cublas_workspace_.numel()));
   embed_ = upload(host.embedding(), device);
   final_norm_ = upload(host.final_norm(), device);
   if (&host.lm_head() != &host.embedding()) lm_head_ = upload(host.lm_head(), device);
@@ -62,14 +72,26 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device) : host_(ho
   }
 }
 
+struct LlamaCudaModel::Graph {
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
 LlamaCudaModel::~LlamaCudaModel() {
+  graphs_.clear();
   if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
-Buffer& LlamaCudaModel::scratch(size_t slot, DType dtype, int64_t elements) {
-  SPECULA_ASSERT(slot < kScratchSlots);
-  Buffer& b = scratch_[slot];
-  if (b.data() == nullptr || b.dtype() != dtype || b.numel() < elements) b = Buffer(dtype, {std::max<int64_t>(elements, 1)}, device_);
+Buffer& LlamaCudaModel::scratch(Workspace& ws, size_t slot, DType dtype, int64_t elements) {
+  SPECULA_ASSERT(slot < kSlots);
+  Buffer& b = ws.slots[slot];
+  if (b.data() == nullptr || b.dtype() != dtype || b.numel() < elements) {
+    SPECULA_CHECK(!ws.frozen, "CUDA-graph workspace slot {} holds {} elements; {} are needed", slot, b.numel(), elements);
+    b = Buffer(dtype, {std::max<int64_t>(elements, 1)}, device_);
+  }
   return b;
 }
 
@@ -79,91 +101,201 @@ void LlamaCudaModel::linear(const float* x, const Buffer& w, const Buffer& bias,
   const cublasStatus_t status = cublasSgemm(static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, out,
                                             static_cast<int>(n), in, &alpha, w.data_as<const float>(), in, x, in, &beta, y, out);
   SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cublasSgemm failed with status {}", static_cast<int>(status));
-  if (bias.data() != nullptr) ck::add_bias_rows(y, bias.data_as<const float>(), n, out, nullptr);
+  if (bias.data() != nullptr) ck::add_bias_rows(y, bias.data_as<const float>(), n, out, static_cast<cudaStream_t>(stream_));
 }
 
-void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens) {
+void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& backend, Workspace& ws, int64_t n) {
   const ModelConfig& c = host_.config();
-  const int64_t n = batch.num_tokens();
+  const auto s = static_cast<cudaStream_t>(stream_);
   const int h = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int inter = c.intermediate_size;
-  SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
-                "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
-  for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-  Buffer& ids = scratch(0, DType::i32, n);
-  Buffer& pos = scratch(1, DType::i32, n);
-  copy(ids.view().slice(0, n), TensorView(const_cast<int32_t*>(batch.input_ids.data()), DType::i32, {n}));
-  copy(pos.view().slice(0, n), TensorView(const_cast<int32_t*>(batch.positions.data()), DType::i32, {n}));
-  float* x = scratch(2, DType::f32, n * h).data_as<float>();
-  float* xn = scratch(3, DType::f32, n * h).data_as<float>();
-  float* q = scratch(4, DType::f32, n * Hq * D).data_as<float>();
-  float* k = scratch(5, DType::f32, n * Hkv * D).data_as<float>();
-  float* v = scratch(6, DType::f32, n * Hkv * D).data_as<float>();
-  float* o = scratch(7, DType::f32, n * h).data_as<float>();
-  float* gate = scratch(8, DType::f32, n * inter).data_as<float>();
-  float* up = scratch(9, DType::f32, n * inter).data_as<float>();
-  float* attn = scratch(10, DType::f32, n * Hq * D).data_as<float>();
-  Buffer& qb = scratch(11, DType::bf16, n * Hq * D);
-  Buffer& kb = scratch(12, DType::bf16, n * Hkv * D);
-  Buffer& vb = scratch(13, DType::bf16, n * Hkv * D);
-  Buffer& ab = scratch(14, DType::bf16, n * Hq * D);
+  const int32_t* ids = scratch(ws, 0, DType::i32, n).data_as<const int32_t>();
+  const int32_t* pos = scratch(ws, 1, DType::i32, n).data_as<const int32_t>();
+  float* x = scratch(ws, 2, DType::f32, n * h).data_as<float>();
+  float* xn = scratch(ws, 3, DType::f32, n * h).data_as<float>();
+  float* q = scratch(ws, 4, DType::f32, n * Hq * D).data_as<float>();
+  float* k = scratch(ws, 5, DType::f32, n * Hkv * D).data_as<float>();
+  float* v = scratch(ws, 6, DType::f32, n * Hkv * D).data_as<float>();
+  float* o = scratch(ws, 7, DType::f32, n * h).data_as<float>();
+  float* gate = scratch(ws, 8, DType::f32, n * inter).data_as<float>();
+  float* up = scratch(ws, 9, DType::f32, n * inter).data_as<float>();
+  float* attn = scratch(ws, 10, DType::f32, n * Hq * D).data_as<float>();
+  Buffer& qb = scratch(ws, 11, DType::bf16, n * Hq * D);
+  Buffer& kb = scratch(ws, 12, DType::bf16, n * Hkv * D);
+  Buffer& vb = scratch(ws, 13, DType::bf16, n * Hkv * D);
+  Buffer& ab = scratch(ws, 14, DType::bf16, n * Hq * D);
   const TensorView q_view(qb.data(), DType::bf16, {n, Hq, D}, device_);
   const TensorView k_view(kb.data(), DType::bf16, {n, Hkv, D}, device_);
   const TensorView v_view(vb.data(), DType::bf16, {n, Hkv, D}, device_);
   const TensorView a_view(ab.data(), DType::bf16, {n, Hq, D}, device_);
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  ck::embed_rows(embed_.data_as<const float>(), ids.data_as<const int32_t>(), x, n, h,
-                 c.gemma2 ? std::sqrt(static_cast<float>(h)) : 1.0f, nullptr);
+  ck::embed_rows(embed_.data_as<const float>(), ids, x, n, h, c.gemma2 ? std::sqrt(static_cast<float>(h)) : 1.0f, s);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
-    ck::rms_norm_rows(x, w.input_norm.data_as<const float>(), xn, n, h, eps, nullptr);
+    ck::rms_norm_rows(x, w.input_norm.data_as<const float>(), xn, n, h, eps, s);
     linear(xn, w.wq, w.bq, q, n, h, Hq * D);
     linear(xn, w.wk, w.bk, k, n, h, Hkv * D);
     linear(xn, w.wv, w.bv, v, n, h, Hkv * D);
     if (w.q_norm.data() != nullptr) {
-      ck::rms_norm_rows(q, w.q_norm.data_as<const float>(), q, n * Hq, D, eps, nullptr);
-      ck::rms_norm_rows(k, w.k_norm.data_as<const float>(), k, n * Hkv, D, eps, nullptr);
+      ck::rms_norm_rows(q, w.q_norm.data_as<const float>(), q, n * Hq, D, eps, s);
+      ck::rms_norm_rows(k, w.k_norm.data_as<const float>(), k, n * Hkv, D, eps, s);
     }
-    ck::rope_rows(q, pos.data_as<const int32_t>(), inv_freq_.data_as<const float>(), host_.rope_attention_factor(), n, Hq, D, nullptr);
-    ck::rope_rows(k, pos.data_as<const int32_t>(), inv_freq_.data_as<const float>(), host_.rope_attention_factor(), n, Hkv, D, nullptr);
-    ck::f32_to_bf16(q, qb.data(), n * Hq * D, nullptr);
-    ck::f32_to_bf16(k, kb.data(), n * Hkv * D, nullptr);
-    ck::f32_to_bf16(v, vb.data(), n * Hkv * D, nullptr);
+    ck::rope_rows(q, pos, inv_freq_.data_as<const float>(), host_.rope_attention_factor(), n, Hq, D, s);
+    ck::rope_rows(k, pos, inv_freq_.data_as<const float>(), host_.rope_attention_factor(), n, Hkv, D, s);
+    ck::f32_to_bf16(q, qb.data(), n * Hq * D, s);
+    ck::f32_to_bf16(k, kb.data(), n * Hkv * D, s);
+    ck::f32_to_bf16(v, vb.data(), n * Hkv * D, s);
     backend.forward(q_view, k_view, v_view, a_view, host_.attention_layers()[l], batch);
-    ck::bf16_to_f32(ab.data(), attn, n * Hq * D, nullptr);
+    ck::bf16_to_f32(ab.data(), attn, n * Hq * D, s);
     linear(attn, w.wo, w.bo, o, n, Hq * D, h);
-    if (w.post_attn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_attn_norm.data_as<const float>(), o, n, h, eps, nullptr);
-    ck::add_inplace(x, o, n * h, nullptr);
-    ck::rms_norm_rows(x, w.post_norm.data_as<const float>(), xn, n, h, eps, nullptr);
+    if (w.post_attn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_attn_norm.data_as<const float>(), o, n, h, eps, s);
+    ck::add_inplace(x, o, n * h, s);
+    ck::rms_norm_rows(x, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
     linear(xn, w.w_gate, w.b_gate, gate, n, h, inter);
     linear(xn, w.w_up, w.b_up, up, n, h, inter);
-    ck::gated_activation(gate, up, n * inter, c.hidden_act == "gelu_pytorch_tanh", nullptr);
+    ck::gated_activation(gate, up, n * inter, c.hidden_act == "gelu_pytorch_tanh", s);
     linear(gate, w.w_down, w.b_down, o, n, inter, h);
-    if (w.post_ffn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_ffn_norm.data_as<const float>(), o, n, h, eps, nullptr);
-    ck::add_inplace(x, o, n * h, nullptr);
+    if (w.post_ffn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_ffn_norm.data_as<const float>(), o, n, h, eps, s);
+    ck::add_inplace(x, o, n * h, s);
   }
-  std::vector<int32_t> rows;
-  if (all_tokens) {
-    for (int64_t t = 0; t < n; ++t) rows.push_back(static_cast<int32_t>(t));
+}
+
+float* LlamaCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_t count) {
+  const ModelConfig& c = host_.config();
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int h = c.hidden_size;
+  const float* x = ws.slots[2].data_as<const float>();
+  float* selected = scratch(ws, 16, DType::f32, count * h).data_as<float>();
+  if (row_ids != nullptr) {
+    ck::gather_rows(x, row_ids, selected, count, h, s);
+    ck::rms_norm_rows(selected, final_norm_.data_as<const float>(), selected, count, h, static_cast<float>(c.rms_norm_eps), s);
   } else {
+    ck::rms_norm_rows(x, final_norm_.data_as<const float>(), selected, count, h, static_cast<float>(c.rms_norm_eps), s);
+  }
+  float* out = scratch(ws, 17, DType::f32, count * c.vocab_size).data_as<float>();
+  linear(selected, lm_head_.data() != nullptr ? lm_head_ : embed_, Buffer{}, out, count, h, c.vocab_size);
+  if (c.final_logit_softcapping > 0) ck::softcap(out, count * c.vocab_size, static_cast<float>(c.final_logit_softcapping), s);
+  return out;
+}
+
+namespace {
+void upload_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t s) {
+  // From pageable memory the call returns once the data is staged, so src may go away after.
+  CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+}
+void download_logits(std::vector<float>& logits, const float* src, int64_t count, cudaStream_t s) {
+  logits.resize(static_cast<size_t>(count));
+  CUDA_CHECK(cudaMemcpyAsync(logits.data(), src, logits.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+}  // namespace
+
+void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens) {
+  const ModelConfig& c = host_.config();
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int64_t n = batch.num_tokens();
+  SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
+                "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
+  for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+  upload_async(scratch(eager_, 0, DType::i32, n), batch.input_ids, s);
+  upload_async(scratch(eager_, 1, DType::i32, n), batch.positions, s);
+  run_layers(batch, backend, eager_, n);
+  std::vector<int32_t> rows;
+  if (!all_tokens && n != batch.batch_size) {
     int32_t end = 0;
     for (int r = 0; r < batch.batch_size; ++r) {
       end += batch.query_len(r);
       rows.push_back(end - 1);
     }
   }
-  const auto count = static_cast<int64_t>(rows.size());
-  Buffer& row_ids = scratch(15, DType::i32, count);
-  copy(row_ids.view().slice(0, count), TensorView(rows.data(), DType::i32, {count}));
-  float* selected = scratch(16, DType::f32, count * h).data_as<float>();
-  ck::gather_rows(x, row_ids.data_as<const int32_t>(), selected, count, h, nullptr);
-  ck::rms_norm_rows(selected, final_norm_.data_as<const float>(), selected, count, h, eps, nullptr);
-  Buffer& out = scratch(17, DType::f32, count * c.vocab_size);
-  linear(selected, lm_head_.data() != nullptr ? lm_head_ : embed_, Buffer{}, out.data_as<float>(), count, h, c.vocab_size);
-  if (c.final_logit_softcapping > 0) ck::softcap(out.data_as<float>(), count * c.vocab_size, static_cast<float>(c.final_logit_softcapping), nullptr);
-  logits.resize(static_cast<size_t>(count * c.vocab_size));
-  copy(TensorView(logits.data(), DType::f32, {count * c.vocab_size}), out.view().slice(0, count * c.vocab_size));
+  // One token per request (decode) or all tokens: the rows are all of them, in order.
+  const int64_t count = rows.empty() ? n : static_cast<int64_t>(rows.size());
+  const int32_t* row_ids = nullptr;
+  if (!rows.empty()) {
+    Buffer& b = scratch(eager_, 15, DType::i32, count);
+    upload_async(b, rows, s);
+    row_ids = b.data_as<const int32_t>();
+  }
+  const float* out = run_head(eager_, row_ids, count);
+  download_logits(logits, out, count * c.vocab_size, s);
+}
+
+ForwardBatch LlamaCudaModel::padding_batch(int batch_size) const {
+  ForwardBatch b;
+  b.forward_mode = ForwardMode::DECODE;
+  b.batch_size = batch_size;
+  b.input_ids.assign(static_cast<size_t>(batch_size), 0);
+  b.positions.assign(static_cast<size_t>(batch_size), 0);
+  b.req_pool_indices.assign(static_cast<size_t>(batch_size), padding_req_row_);
+  b.seq_lens.assign(static_cast<size_t>(batch_size), 1);
+  b.out_cache_loc.assign(static_cast<size_t>(batch_size), 0);
+  b.req_to_token_pool = graph_req_pool_;
+  b.token_to_kv_pool = graph_kv_pool_;
+  return b;
+}
+
+void LlamaCudaModel::capture_decode_graphs(AttentionBackend& backend, std::vector<int> batch_sizes, int32_t padding_req_row,
+                                           ReqToTokenPool* req_pool, MHAKVPool* kv_pool) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  padding_req_row_ = padding_req_row;
+  graph_req_pool_ = req_pool;
+  graph_kv_pool_ = kv_pool;
+  std::sort(batch_sizes.begin(), batch_sizes.end(), std::greater<>());
+  // The largest first: its warm-up sizes the graph workspace, which is then frozen.
+  for (int bs : batch_sizes) {
+    SPECULA_CHECK(bs >= 1, "CUDA-graph batch size {} is not valid", bs);
+    const ForwardBatch b = padding_batch(bs);
+    backend.init_forward_metadata_capture_cuda_graph(b);
+    upload_async(scratch(graph_ws_, 0, DType::i32, bs), b.input_ids, s);
+    upload_async(scratch(graph_ws_, 1, DType::i32, bs), b.positions, s);
+    // A warm-up outside the capture lets cuBLAS and the backend do their one-time set-up.
+    run_layers(b, backend, graph_ws_, bs);
+    run_head(graph_ws_, nullptr, bs);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    graph_ws_.frozen = true;
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    run_layers(b, backend, graph_ws_, bs);
+    run_head(graph_ws_, nullptr, bs);
+    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    auto g = std::make_unique<Graph>();
+    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(err);
+    graphs_[bs] = std::move(g);
+  }
+}
+
+bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits) {
+  if (batch.forward_mode != ForwardMode::DECODE) return false;
+  const auto it = graphs_.lower_bound(batch.batch_size);
+  if (it == graphs_.end()) return false;
+  const ModelConfig& c = host_.config();
+  for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int bs = it->first;
+  ForwardBatch padded = batch;
+  const ForwardBatch pad = padding_batch(bs - batch.batch_size);
+  auto append = [](std::vector<int32_t>& a, const std::vector<int32_t>& b) { a.insert(a.end(), b.begin(), b.end()); };
+  append(padded.input_ids, pad.input_ids);
+  append(padded.positions, pad.positions);
+  append(padded.req_pool_indices, pad.req_pool_indices);
+  append(padded.seq_lens, pad.seq_lens);
+  append(padded.out_cache_loc, pad.out_cache_loc);
+  padded.batch_size = bs;
+  backend.init_forward_metadata_replay_cuda_graph(padded);
+  upload_async(graph_ws_.slots[0], padded.input_ids, s);
+  upload_async(graph_ws_.slots[1], padded.positions, s);
+  CUDA_CHECK(cudaGraphLaunch(it->second->exec, s));
+  download_logits(logits, graph_ws_.slots[17].data_as<const float>(), static_cast<int64_t>(batch.batch_size) * c.vocab_size, s);
+  return true;
+}
+
+std::vector<int> LlamaCudaModel::graph_batch_sizes() const {
+  std::vector<int> sizes;
+  for (const auto& [bs, g] : graphs_) sizes.push_back(bs);
+  return sizes;
 }
 
 }  // namespace specula

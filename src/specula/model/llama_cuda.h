@@ -1,10 +1,13 @@
 // LlamaCudaModel: the same decoder as LlamaModel, executed on a CUDA device: f32 weights and
 // activations, cuBLAS sgemm (no TF32) for the projections, the element-wise kernels of
 // model/cuda, and bf16 q/k/v through the CUDA attention backend over a bf16 paged KV cache.
-// (bf16 weights with cuBLASLt and fused kernels are the performance step that follows.)
+// Everything runs on the model's own stream; DECODE steps can run as CUDA graphs captured per
+// batch size (SGLang's CudaGraphRunner), padded up to the next captured size.
 #pragma once
 
 #include <array>
+#include <map>
+#include <memory>
 #include <vector>
 
 #include "specula/attention/backend.h"
@@ -21,27 +24,61 @@ class LlamaCudaModel {
   LlamaCudaModel(const LlamaCudaModel&) = delete;
   LlamaCudaModel& operator=(const LlamaCudaModel&) = delete;
 
+  // The cudaStream_t all of the model's work runs on; the attention backend must use it too.
+  void* stream() const { return stream_; }
+
   // As LlamaModel::forward; logits come back to the host.
   void forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens = false);
+
+  // Captures one DECODE-step graph per batch size. The backend must have had
+  // init_cuda_graph_state(max size). Padding rows (capture, and batches smaller than their
+  // graph) use request row padding_req_row, whose token 0 maps to KV slot 0 (the reserved page),
+  // position 0 and token id 0.
+  void capture_decode_graphs(AttentionBackend& backend, std::vector<int> batch_sizes, int32_t padding_req_row,
+                             ReqToTokenPool* req_pool, MHAKVPool* kv_pool);
+  // Runs a DECODE batch through the smallest captured graph that holds it; false (nothing run)
+  // when there is none, and the caller runs forward().
+  bool forward_decode_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits);
+  std::vector<int> graph_batch_sizes() const;
 
  private:
   struct Layer {
     Buffer input_norm, post_norm, post_attn_norm, post_ffn_norm;
     Buffer wq, wk, wv, wo, bq, bk, bv, bo, b_gate, b_up, b_down, q_norm, k_norm, w_gate, w_up, w_down;
   };
+  // Activation buffers by slot. The eager set grows with the batch; the graph set is sized by the
+  // largest captured batch and then frozen, so captured kernels keep valid pointers.
+  static constexpr size_t kSlots = 18;
+  struct Workspace {
+    std::array<Buffer, kSlots> slots;
+    bool frozen = false;
+  };
+  struct Graph;
+
+  Buffer& scratch(Workspace& ws, size_t slot, DType dtype, int64_t elements);
   // y[n, out] = x[n, in] w[out, in]^T (+ bias)
   void linear(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out);
-  Buffer& scratch(size_t slot, DType dtype, int64_t elements);
+  // The decoder layers over n tokens whose ids and positions are in slots 0 and 1; the final
+  // hidden states are left in slot 2.
+  void run_layers(const ForwardBatch& batch, AttentionBackend& backend, Workspace& ws, int64_t n);
+  // Final norm and lm_head over `count` rows of slot 2 (row ids in device memory, or the first
+  // `count` rows when nullptr); returns the f32 logits in slot 17.
+  float* run_head(Workspace& ws, const int32_t* row_ids, int64_t count);
+  ForwardBatch padding_batch(int batch_size) const;
 
   const LlamaModel& host_;
   Device device_;
-  void* cublas_ = nullptr;
+  void* stream_ = nullptr;  // cudaStream_t
+  void* cublas_ = nullptr;  // cublasHandle_t
+  Buffer cublas_workspace_;
   Buffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<Layer> layers_;
-  // Fixed slots: references handed out by scratch() must survive later calls (a growing vector
-  // would move its Buffers and leave them dangling).
-  static constexpr size_t kScratchSlots = 18;
-  std::array<Buffer, kScratchSlots> scratch_;
+  Workspace eager_;
+  Workspace graph_ws_;
+  std::map<int, std::unique_ptr<Graph>> graphs_;  // by batch size
+  int32_t padding_req_row_ = -1;
+  ReqToTokenPool* graph_req_pool_ = nullptr;
+  MHAKVPool* graph_kv_pool_ = nullptr;
 };
 
 }  // namespace specula

@@ -13,6 +13,7 @@ EngineOptions Generator::engine_options(const GeneratorOptions& options) {
   e.runner.page_size = options.page_size;
   e.runner.kv_dtype = options.kv_dtype;
   e.runner.max_context_len = options.max_context_len;
+  e.runner.cuda_graph = options.cuda_graph;
   // One request at a time: one request row and one context of KV.
   e.runner.max_running_requests = 1;
   // Each call stands alone (benchmarks time whole prefills), so nothing is cached across calls.

@@ -25,6 +25,7 @@ struct GeneratorOptions {
   int page_size = 16;
   std::optional<DType> kv_dtype;  // unset: f32 on the CPU, bf16 on a GPU
   int max_context_len = 0;  // 0: the model's max_position_embeddings, at most 8192
+  bool cuda_graph = true;   // decode steps through a captured CUDA graph (GPU only)
 };
 
 struct GenerateRequest {
@@ -53,6 +54,7 @@ class Generator {
 
   const ModelConfig& config() const { return engine_->config(); }
   const LlamaModel& model() const { return engine_->runner().model(); }
+  ModelRunner& runner() { return engine_->runner(); }
   const Tokenizer& tokenizer() const;
 
   // on_text (optional) receives the output text as it becomes final: complete UTF-8 only, and

@@ -32,12 +32,16 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
                 "max_context_len {} exceeds the model's max_position_embeddings {}", o.max_context_len,
                 config.max_position_embeddings);
 
+  SPECULA_CHECK(o.cuda_graph_max_bs >= 1, "cuda_graph_max_bs {} is not valid; it must be >= 1", o.cuda_graph_max_bs);
   model_ = std::make_unique<LlamaModel>(config, weights);
-#ifdef SPECULA_HAS_CUDA
-  if (gpu) cuda_model_ = std::make_shared<LlamaCudaModel>(*model_, o.device);
-#endif
-
   AttentionBackendOptions bo;
+#ifdef SPECULA_HAS_CUDA
+  if (gpu) {
+    auto cuda_model = std::make_shared<LlamaCudaModel>(*model_, o.device);
+    bo.cuda_stream = cuda_model->stream();
+    cuda_model_ = cuda_model;
+  }
+#endif
   bo.device = o.device;
   bo.page_size = o.page_size;
   bo.max_context_len = o.max_context_len;
@@ -60,10 +64,39 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
                 "kv_cache_tokens {} cannot hold one request of max_context_len {}; give at least {}",
                 o.kv_cache_tokens, o.max_context_len, context);
   allocator_ = std::make_unique<PagedTokenAllocator>(o.kv_cache_tokens, o.page_size);
-  req_pool_ = std::make_unique<ReqToTokenPool>(o.max_running_requests, o.max_context_len);
+  const bool graphs = gpu && o.cuda_graph;
+  // With graphs, one more row for padding: it is never handed to a request.
+  req_pool_ = std::make_unique<ReqToTokenPool>(o.max_running_requests + (graphs ? 1 : 0), o.max_context_len);
   kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
                                                       config.num_key_value_heads, config.head_dim, config.head_dim,
                                                       *o.kv_dtype, o.device});
+#ifdef SPECULA_HAS_CUDA
+  if (graphs) {
+    std::vector<int> sizes = o.cuda_graph_batch_sizes;
+    if (sizes.empty()) {
+      for (int bs : {1, 2, 4, 8}) sizes.push_back(bs);
+      for (int bs = 16; bs <= o.cuda_graph_max_bs; bs += 8) sizes.push_back(bs);
+    }
+    std::erase_if(sizes, [&](int bs) { return bs > std::min(o.cuda_graph_max_bs, o.max_running_requests); });
+    for (int bs : sizes) SPECULA_CHECK(bs >= 1, "CUDA-graph batch size {} is not valid; it must be >= 1", bs);
+    if (!sizes.empty()) {
+      // Padding rows read token 0 of this row: KV slot 0, in the page the allocator never hands out.
+      padding_req_row_ = req_pool_->alloc(1).value().at(0);
+      req_pool_->write(padding_req_row_, 0, std::vector<int32_t>(static_cast<size_t>(o.max_context_len), 0));
+      const int max_bs = *std::max_element(sizes.begin(), sizes.end());
+      backend_->init_cuda_graph_state(max_bs, max_bs);
+      static_cast<LlamaCudaModel*>(cuda_model_.get())
+          ->capture_decode_graphs(*backend_, sizes, padding_req_row_, req_pool_.get(), kv_pool_.get());
+    }
+  }
+#endif
+}
+
+std::vector<int> ModelRunner::cuda_graph_batch_sizes() const {
+#ifdef SPECULA_HAS_CUDA
+  if (cuda_model_) return static_cast<const LlamaCudaModel*>(cuda_model_.get())->graph_batch_sizes();
+#endif
+  return {};
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -71,13 +104,16 @@ ModelRunner::~ModelRunner() = default;
 void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens) {
   batch.req_to_token_pool = req_pool_.get();
   batch.token_to_kv_pool = kv_pool_.get();
-  backend_->init_forward_metadata(batch);
 #ifdef SPECULA_HAS_CUDA
   if (cuda_model_) {
-    static_cast<LlamaCudaModel*>(cuda_model_.get())->forward(batch, *backend_, logits, all_tokens);
+    auto* model = static_cast<LlamaCudaModel*>(cuda_model_.get());
+    if (use_cuda_graph_ && !all_tokens && model->forward_decode_graph(batch, *backend_, logits)) return;
+    backend_->init_forward_metadata(batch);
+    model->forward(batch, *backend_, logits, all_tokens);
     return;
   }
 #endif
+  backend_->init_forward_metadata(batch);
   model_->forward(batch, *backend_, logits, all_tokens);
 }
 

@@ -29,6 +29,12 @@ struct ModelRunnerOptions {
   // kv_cache_memory_gib of KV, and never less than one full context.
   int64_t kv_cache_tokens = 0;
   double kv_cache_memory_gib = 4.0;
+  // CUDA graphs for DECODE steps (GPU only): captured at start-up for these batch sizes (empty:
+  // 1, 2, 4, 8, then every 8 up to cuda_graph_max_bs); a batch runs in the smallest graph that
+  // holds it, padded; larger batches run eagerly.
+  bool cuda_graph = true;
+  int cuda_graph_max_bs = 64;
+  std::vector<int> cuda_graph_batch_sizes;
 };
 
 class ModelRunner {
@@ -48,6 +54,10 @@ class ModelRunner {
   PagedTokenAllocator& allocator() { return *allocator_; }
   MHAKVPool& kv_pool() { return *kv_pool_; }
   AttentionBackend& backend() { return *backend_; }
+  // Batch sizes with a captured decode graph (empty on the CPU or with graphs off).
+  std::vector<int> cuda_graph_batch_sizes() const;
+  // Turns the replay of captured graphs off and on (benchmarks compare both).
+  void set_use_cuda_graph(bool use) { use_cuda_graph_ = use; }
 
   // Points the batch at the pools, builds the backend's metadata and runs the model: f32 logits of
   // the last token of each request ([batch_size, vocab]), or of every token with all_tokens.
@@ -61,6 +71,8 @@ class ModelRunner {
   std::unique_ptr<ReqToTokenPool> req_pool_;
   std::unique_ptr<PagedTokenAllocator> allocator_;
   std::unique_ptr<MHAKVPool> kv_pool_;
+  int32_t padding_req_row_ = -1;  // the request row CUDA-graph padding rows point at
+  bool use_cuda_graph_ = true;
 };
 
 }  // namespace specula

@@ -291,7 +291,7 @@ std::vector<Scheduler::Planned> Scheduler::schedule_prefills(int budget, int dec
     plan.push_back({&r, extend});
     budget -= extend;
   }
-  const int max_running = runner_.req_pool().size();
+  const int max_running = runner_.options().max_running_requests;
   int64_t reserved = reserved_tokens();
   std::vector<const Req*> admitted;
   for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0;) {
