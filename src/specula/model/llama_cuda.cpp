@@ -229,16 +229,17 @@ ForwardBatch LlamaCudaModel::padding_batch(int batch_size) const {
   b.positions.assign(static_cast<size_t>(batch_size), 0);
   b.req_pool_indices.assign(static_cast<size_t>(batch_size), padding_req_row_);
   b.seq_lens.assign(static_cast<size_t>(batch_size), 1);
-  b.out_cache_loc.assign(static_cast<size_t>(batch_size), 0);
+  b.out_cache_loc.assign(static_cast<size_t>(batch_size), padding_slot_);
   b.req_to_token_pool = graph_req_pool_;
   b.token_to_kv_pool = graph_kv_pool_;
   return b;
 }
 
 void LlamaCudaModel::capture_decode_graphs(AttentionBackend& backend, std::vector<int> batch_sizes, int32_t padding_req_row,
-                                           ReqToTokenPool* req_pool, MHAKVPool* kv_pool) {
+                                           int32_t padding_slot, ReqToTokenPool* req_pool, MHAKVPool* kv_pool) {
   const auto s = static_cast<cudaStream_t>(stream_);
   padding_req_row_ = padding_req_row;
+  padding_slot_ = padding_slot;
   graph_req_pool_ = req_pool;
   graph_kv_pool_ = kv_pool;
   std::sort(batch_sizes.begin(), batch_sizes.end(), std::greater<>());

@@ -32,10 +32,10 @@ class LlamaCudaModel {
 
   // Captures one DECODE-step graph per batch size. The backend must have had
   // init_cuda_graph_state(max size). Padding rows (capture, and batches smaller than their
-  // graph) use request row padding_req_row, whose token 0 maps to KV slot 0 (the reserved page),
-  // position 0 and token id 0.
+  // graph) are one-token requests of token id 0 at position 0 in request row padding_req_row,
+  // whose token 0 is KV slot padding_slot (a page set aside for them).
   void capture_decode_graphs(AttentionBackend& backend, std::vector<int> batch_sizes, int32_t padding_req_row,
-                             ReqToTokenPool* req_pool, MHAKVPool* kv_pool);
+                             int32_t padding_slot, ReqToTokenPool* req_pool, MHAKVPool* kv_pool);
   // Runs a DECODE batch through the smallest captured graph that holds it; false (nothing run)
   // when there is none, and the caller runs forward().
   bool forward_decode_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits);
@@ -77,6 +77,7 @@ class LlamaCudaModel {
   Workspace graph_ws_;
   std::map<int, std::unique_ptr<Graph>> graphs_;  // by batch size
   int32_t padding_req_row_ = -1;
+  int32_t padding_slot_ = 0;
   ReqToTokenPool* graph_req_pool_ = nullptr;
   MHAKVPool* graph_kv_pool_ = nullptr;
 };

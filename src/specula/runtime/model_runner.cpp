@@ -63,8 +63,9 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
   SPECULA_CHECK(o.kv_cache_tokens >= context,
                 "kv_cache_tokens {} cannot hold one request of max_context_len {}; give at least {}",
                 o.kv_cache_tokens, o.max_context_len, context);
-  allocator_ = std::make_unique<PagedTokenAllocator>(o.kv_cache_tokens, o.page_size);
   const bool graphs = gpu && o.cuda_graph;
+  // With graphs, one more page: padding rows of a graph batch read and write it.
+  allocator_ = std::make_unique<PagedTokenAllocator>(o.kv_cache_tokens + (graphs ? o.page_size : 0), o.page_size);
   // With graphs, one more row for padding: it is never handed to a request.
   req_pool_ = std::make_unique<ReqToTokenPool>(o.max_running_requests + (graphs ? 1 : 0), o.max_context_len);
   kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
@@ -80,13 +81,14 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
     std::erase_if(sizes, [&](int bs) { return bs > std::min(o.cuda_graph_max_bs, o.max_running_requests); });
     for (int bs : sizes) SPECULA_CHECK(bs >= 1, "CUDA-graph batch size {} is not valid; it must be >= 1", bs);
     if (!sizes.empty()) {
-      // Padding rows read token 0 of this row: KV slot 0, in the page the allocator never hands out.
+      // Padding rows are one-token requests in a row and a page of their own.
       padding_req_row_ = req_pool_->alloc(1).value().at(0);
-      req_pool_->write(padding_req_row_, 0, std::vector<int32_t>(static_cast<size_t>(o.max_context_len), 0));
+      const int32_t padding_slot = allocator_->alloc(o.page_size).value().at(0);
+      req_pool_->write(padding_req_row_, 0, std::vector<int32_t>{padding_slot});
       const int max_bs = *std::max_element(sizes.begin(), sizes.end());
       backend_->init_cuda_graph_state(max_bs, max_bs);
       static_cast<LlamaCudaModel*>(cuda_model_.get())
-          ->capture_decode_graphs(*backend_, sizes, padding_req_row_, req_pool_.get(), kv_pool_.get());
+          ->capture_decode_graphs(*backend_, sizes, padding_req_row_, padding_slot, req_pool_.get(), kv_pool_.get());
     }
   }
 #endif
