@@ -103,7 +103,9 @@ TEST(CudaEngine, BatchMatchesAloneWithAndWithoutGraphs) {
       ASSERT_EQ(out.output_ids.size(), 32u);
       retracted += out.retractions > 0;
       identical += out.output_ids == alone[i];
-      if (out.retractions == 0) EXPECT_EQ(out.output_ids, alone[i]) << kTexts[i];
+      if (out.retractions == 0) {
+        EXPECT_EQ(out.output_ids, alone[i]) << kTexts[i];
+      }
     }
     EXPECT_GT(retracted, 0);
     std::printf("page %d: %d of %zu requests retracted; %d of %zu outputs identical to alone\n", page, retracted,
