@@ -37,6 +37,11 @@ grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which|retract" "$out/cuda_engine
   >"$out/bench_generate.log" 2>&1
 "$build/bin/specula" bench generate --device cuda --model models/specula-byte-6m --prompt-len 128 --decode-len 256 \
   >"$out/bench_generate_small.log" 2>&1
+timeout 300 "$build/bin/specula" bench generate --device cuda --synthetic llama3-8b --prompt-len 256 --decode-len 64 \
+  >"$out/bench_generate_8b.log" 2>&1
+timeout 300 "$build/bin/specula" bench serve --device cuda --synthetic llama3-8b --num-requests 128 \
+  --max-running-requests 64 --input-len 256 --output-len 128 --json "$out/serve_8b_bs64.json" \
+  >"$out/bench_serve_8b_bs64.log" 2>&1
 for bs in 1 64; do
   "$build/bin/specula" bench serve --device cuda --synthetic llama3.2-1b --num-requests $((bs * 2)) \
     --max-running-requests $bs --input-len 256 --output-len 128 --json "$out/serve_1b_bs$bs.json" \
@@ -60,7 +65,7 @@ echo "generate --device cuda: $(tr '\n' ' ' < "$out/generate.log")"
 echo "memcheck rc=$memcheck_rc (124 = timed out): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
 echo "memcheck engine rc=$memcheck_engine_rc: $(grep -E 'ERROR SUMMARY' "$out/memcheck_engine.log" | tail -1)"
 echo "bench rc=$bench_rc"
-cat "$out/bench_generate.log" "$out/bench_generate_small.log" "$out/bench_serve_1b_bs1.log" "$out/bench_serve_1b_bs64.log"
+cat "$out/bench_generate.log" "$out/bench_generate_small.log" "$out/bench_generate_8b.log" "$out/bench_serve_8b_bs64.log" "$out/bench_serve_1b_bs1.log" "$out/bench_serve_1b_bs64.log"
 cat "$out/bench.log"
 
 # Optional: hardware counters of one decode and one prefill launch (NCU=1).

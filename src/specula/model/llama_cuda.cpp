@@ -6,11 +6,13 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
+#include "specula/model/cuda/gemv.h"
 #include "specula/model/cuda/model_ops.h"
 
 namespace specula {
@@ -24,6 +26,18 @@ Buffer upload(const std::vector<float>& v, Device device) {
   copy(b, TensorView(const_cast<float*>(v.data()), DType::f32, {static_cast<int64_t>(v.size())}));
   return b;
 }
+
+// A weight matrix as bf16 when every value is exactly a bf16 (a bf16 checkpoint), which halves
+// what each decode step reads and loses nothing; otherwise as f32.
+Buffer upload_weight(const std::vector<float>& v, Device device) {
+  const bool exact = std::all_of(v.begin(), v.end(), [](float x) { return (std::bit_cast<uint32_t>(x) & 0xFFFFu) == 0; });
+  if (!exact) return upload(v, device);
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) bits[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(v[i]) >> 16);
+  Buffer b(DType::bf16, {static_cast<int64_t>(v.size())}, device);
+  copy(b, TensorView(bits.data(), DType::bf16, {static_cast<int64_t>(v.size())}));
+  return b;
+}
 }  // namespace
 
 LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device) : host_(host), device_(device) {
@@ -31,8 +45,9 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device) : host_(ho
   CUDA_CHECK(cudaSetDevice(device.index));
   cublasHandle_t handle = nullptr;
   SPECULA_CHECK(cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS, "cublasCreate failed on {}", device.str());
-  // Plain f32 arithmetic: TF32 would round the inputs to 10 mantissa bits.
-  cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH);
+  // The default math mode: sgemm stays plain f32 (TF32 needs an explicit opt-in) and bf16 GEMMs
+  // use the tensor cores.
+  cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH);
   cublas_ = handle;
   // A blocking stream: it stays ordered with the synchronous copies of core/ (legacy stream).
   cudaStream_t stream = nullptr;
@@ -42,9 +57,9 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device) : host_(ho
   // cuBLAS gets a fixed workspace so that graph capture never sees it allocate.
   cublas_workspace_ = Buffer(DType::u8, {32 << 20}, device);
   cublasSetWorkspace(handle, cublas_workspace_.data(), static_cast<size_t>(cublas_workspace_.numel()));
-  embed_ = upload(host.embedding(), device);
+  embed_ = upload_weight(host.embedding(), device);
   final_norm_ = upload(host.final_norm(), device);
-  if (&host.lm_head() != &host.embedding()) lm_head_ = upload(host.lm_head(), device);
+  if (&host.lm_head() != &host.embedding()) lm_head_ = upload_weight(host.lm_head(), device);
   inv_freq_ = upload(host.inv_freq(), device);
   for (const LlamaModel::Layer& l : host.layers()) {
     Layer d;
@@ -52,10 +67,10 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device) : host_(ho
     d.post_norm = upload(l.post_norm, device);
     d.post_attn_norm = upload(l.post_attn_norm, device);
     d.post_ffn_norm = upload(l.post_ffn_norm, device);
-    d.wq = upload(l.wq, device);
-    d.wk = upload(l.wk, device);
-    d.wv = upload(l.wv, device);
-    d.wo = upload(l.wo, device);
+    d.wq = upload_weight(l.wq, device);
+    d.wk = upload_weight(l.wk, device);
+    d.wv = upload_weight(l.wv, device);
+    d.wo = upload_weight(l.wo, device);
     d.bq = upload(l.bq, device);
     d.bk = upload(l.bk, device);
     d.bv = upload(l.bv, device);
@@ -65,9 +80,9 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device) : host_(ho
     d.b_down = upload(l.b_down, device);
     d.q_norm = upload(l.q_norm, device);
     d.k_norm = upload(l.k_norm, device);
-    d.w_gate = upload(l.w_gate, device);
-    d.w_up = upload(l.w_up, device);
-    d.w_down = upload(l.w_down, device);
+    d.w_gate = upload_weight(l.w_gate, device);
+    d.w_up = upload_weight(l.w_up, device);
+    d.w_down = upload_weight(l.w_down, device);
     layers_.push_back(std::move(d));
   }
 }
@@ -95,13 +110,46 @@ Buffer& LlamaCudaModel::scratch(Workspace& ws, size_t slot, DType dtype, int64_t
   return b;
 }
 
-void LlamaCudaModel::linear(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out) {
+void LlamaCudaModel::linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n,
+                            int in, int out) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const auto handle = static_cast<cublasHandle_t>(cublas_);
   // Row-major y = x w^T is column-major y^T = w x^T, with w read transposed.
-  const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t status = cublasSgemm(static_cast<cublasHandle_t>(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, out,
-                                            static_cast<int>(n), in, &alpha, w.data_as<const float>(), in, x, in, &beta, y, out);
-  SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cublasSgemm failed with status {}", static_cast<int>(status));
-  if (bias.data() != nullptr) ck::add_bias_rows(y, bias.data_as<const float>(), n, out, static_cast<cudaStream_t>(stream_));
+  const float one = 1.0f, zero = 0.0f;
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  if (w.dtype() == DType::f32) {
+    status = cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data_as<const float>(), in,
+                         x, in, &zero, y, out);
+  } else if (n <= ck::kGemvMaxRows && in % 8 == 0) {
+    ck::gemv_bf16(w.data(), x, y, static_cast<int>(n), in, out, s);
+  } else {
+    // Tensor cores with x split into two bf16 terms: y = w hi + w lo, accumulated in f32.
+    void* hi = scratch(ws, 18, DType::bf16, n * in).data();
+    void* lo = scratch(ws, 19, DType::bf16, n * in).data();
+    ck::split_bf16(x, hi, lo, n * in, s);
+    status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data(), CUDA_R_16BF, in,
+                          hi, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data(), CUDA_R_16BF,
+                            in, lo, CUDA_R_16BF, in, &one, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }
+  }
+  SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM ({} x {} x {}) failed with status {}", n, in, out,
+                static_cast<int>(status));
+  if (bias.data() != nullptr) ck::add_bias_rows(y, bias.data_as<const float>(), n, out, s);
+}
+
+size_t LlamaCudaModel::weight_bytes() const {
+  auto held = [](const Buffer& b) { return b.data() != nullptr ? b.nbytes() : 0; };
+  size_t bytes = held(embed_) + held(final_norm_) + held(lm_head_);
+  for (const Layer& l : layers_) {
+    for (const Buffer* b : {&l.input_norm, &l.post_norm, &l.post_attn_norm, &l.post_ffn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
+                            &l.bq, &l.bk, &l.bv, &l.bo, &l.b_gate, &l.b_up, &l.b_down, &l.q_norm, &l.k_norm, &l.w_gate,
+                            &l.w_up, &l.w_down}) {
+      bytes += held(*b);
+    }
+  }
+  return bytes;
 }
 
 void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& backend, Workspace& ws, int64_t n) {
@@ -130,13 +178,18 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
   const TensorView a_view(ab.data(), DType::bf16, {n, Hq, D}, device_);
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  ck::embed_rows(embed_.data_as<const float>(), ids, x, n, h, c.gemma2 ? std::sqrt(static_cast<float>(h)) : 1.0f, s);
+  const float embed_scale = c.gemma2 ? std::sqrt(static_cast<float>(h)) : 1.0f;
+  if (embed_.dtype() == DType::bf16) {
+    ck::embed_rows_bf16(embed_.data(), ids, x, n, h, embed_scale, s);
+  } else {
+    ck::embed_rows(embed_.data_as<const float>(), ids, x, n, h, embed_scale, s);
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
     ck::rms_norm_rows(x, w.input_norm.data_as<const float>(), xn, n, h, eps, s);
-    linear(xn, w.wq, w.bq, q, n, h, Hq * D);
-    linear(xn, w.wk, w.bk, k, n, h, Hkv * D);
-    linear(xn, w.wv, w.bv, v, n, h, Hkv * D);
+    linear(ws, xn, w.wq, w.bq, q, n, h, Hq * D);
+    linear(ws, xn, w.wk, w.bk, k, n, h, Hkv * D);
+    linear(ws, xn, w.wv, w.bv, v, n, h, Hkv * D);
     if (w.q_norm.data() != nullptr) {
       ck::rms_norm_rows(q, w.q_norm.data_as<const float>(), q, n * Hq, D, eps, s);
       ck::rms_norm_rows(k, w.k_norm.data_as<const float>(), k, n * Hkv, D, eps, s);
@@ -148,14 +201,14 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
     ck::f32_to_bf16(v, vb.data(), n * Hkv * D, s);
     backend.forward(q_view, k_view, v_view, a_view, host_.attention_layers()[l], batch);
     ck::bf16_to_f32(ab.data(), attn, n * Hq * D, s);
-    linear(attn, w.wo, w.bo, o, n, Hq * D, h);
+    linear(ws, attn, w.wo, w.bo, o, n, Hq * D, h);
     if (w.post_attn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_attn_norm.data_as<const float>(), o, n, h, eps, s);
     ck::add_inplace(x, o, n * h, s);
     ck::rms_norm_rows(x, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
-    linear(xn, w.w_gate, w.b_gate, gate, n, h, inter);
-    linear(xn, w.w_up, w.b_up, up, n, h, inter);
+    linear(ws, xn, w.w_gate, w.b_gate, gate, n, h, inter);
+    linear(ws, xn, w.w_up, w.b_up, up, n, h, inter);
     ck::gated_activation(gate, up, n * inter, c.hidden_act == "gelu_pytorch_tanh", s);
-    linear(gate, w.w_down, w.b_down, o, n, inter, h);
+    linear(ws, gate, w.w_down, w.b_down, o, n, inter, h);
     if (w.post_ffn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_ffn_norm.data_as<const float>(), o, n, h, eps, s);
     ck::add_inplace(x, o, n * h, s);
   }
@@ -174,7 +227,7 @@ float* LlamaCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_t c
     ck::rms_norm_rows(x, final_norm_.data_as<const float>(), selected, count, h, static_cast<float>(c.rms_norm_eps), s);
   }
   float* out = scratch(ws, 17, DType::f32, count * c.vocab_size).data_as<float>();
-  linear(selected, lm_head_.data() != nullptr ? lm_head_ : embed_, Buffer{}, out, count, h, c.vocab_size);
+  linear(ws, selected, lm_head_.data() != nullptr ? lm_head_ : embed_, Buffer{}, out, count, h, c.vocab_size);
   if (c.final_logit_softcapping > 0) ck::softcap(out, count * c.vocab_size, static_cast<float>(c.final_logit_softcapping), s);
   return out;
 }

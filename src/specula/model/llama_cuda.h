@@ -1,6 +1,8 @@
-// LlamaCudaModel: the same decoder as LlamaModel, executed on a CUDA device: f32 weights and
-// activations, cuBLAS sgemm (no TF32) for the projections, the element-wise kernels of
-// model/cuda, and bf16 q/k/v through the CUDA attention backend over a bf16 paged KV cache.
+// LlamaCudaModel: the same decoder as LlamaModel, executed on a CUDA device. Weight matrices are
+// held in bf16 when the checkpoint's values are bf16 (else f32); activations are f32. Products:
+// a bf16 GEMV kernel for up to 8 rows (decode), two bf16 tensor-core GEMMs over a hi/lo split of
+// the activations for more rows, cuBLAS sgemm for f32 weights; the element-wise kernels of
+// model/cuda; bf16 q/k/v through the CUDA attention backend over a bf16 paged KV cache.
 // Everything runs on the model's own stream; DECODE steps can run as CUDA graphs captured per
 // batch size (SGLang's CudaGraphRunner), padded up to the next captured size.
 #pragma once
@@ -26,6 +28,8 @@ class LlamaCudaModel {
 
   // The cudaStream_t all of the model's work runs on; the attention backend must use it too.
   void* stream() const { return stream_; }
+  // Bytes of weights as held on the device (what one decode step reads).
+  size_t weight_bytes() const;
 
   // As LlamaModel::forward; logits come back to the host.
   void forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens = false);
@@ -48,7 +52,7 @@ class LlamaCudaModel {
   };
   // Activation buffers by slot. The eager set grows with the batch; the graph set is sized by the
   // largest captured batch and then frozen, so captured kernels keep valid pointers.
-  static constexpr size_t kSlots = 18;
+  static constexpr size_t kSlots = 20;
   struct Workspace {
     std::array<Buffer, kSlots> slots;
     bool frozen = false;
@@ -57,7 +61,7 @@ class LlamaCudaModel {
 
   Buffer& scratch(Workspace& ws, size_t slot, DType dtype, int64_t elements);
   // y[n, out] = x[n, in] w[out, in]^T (+ bias)
-  void linear(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out);
+  void linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out);
   // The decoder layers over n tokens whose ids and positions are in slots 0 and 1; the final
   // hidden states are left in slot 2.
   void run_layers(const ForwardBatch& batch, AttentionBackend& backend, Workspace& ws, int64_t n);

@@ -94,6 +94,13 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
 #endif
 }
 
+size_t ModelRunner::weight_bytes() const {
+#ifdef SPECULA_HAS_CUDA
+  if (cuda_model_) return static_cast<const LlamaCudaModel*>(cuda_model_.get())->weight_bytes();
+#endif
+  return model_->weight_bytes();
+}
+
 std::vector<int> ModelRunner::cuda_graph_batch_sizes() const {
 #ifdef SPECULA_HAS_CUDA
   if (cuda_model_) return static_cast<const LlamaCudaModel*>(cuda_model_.get())->graph_batch_sizes();

@@ -54,6 +54,9 @@ class ModelRunner {
   PagedTokenAllocator& allocator() { return *allocator_; }
   MHAKVPool& kv_pool() { return *kv_pool_; }
   AttentionBackend& backend() { return *backend_; }
+  // Bytes of weights as the executor holds them (f32 on the CPU; bf16 matrices on a GPU when the
+  // checkpoint is bf16): what one decode step must read.
+  size_t weight_bytes() const;
   // Batch sizes with a captured decode graph (empty on the CPU or with graphs off).
   std::vector<int> cuda_graph_batch_sizes() const;
   // Turns the replay of captured graphs off and on (benchmarks compare both).

@@ -20,6 +20,22 @@ __global__ void embed_kernel(const float* table, const int32_t* ids, float* out,
   out[i] = table[static_cast<int64_t>(ids[t]) * hidden + i % hidden] * scale;
 }
 
+__global__ void embed_bf16_kernel(const __nv_bfloat16* table, const int32_t* ids, float* out, int64_t n, int hidden,
+                                  float scale) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * hidden) return;
+  const int64_t t = i / hidden;
+  out[i] = __bfloat162float(table[static_cast<int64_t>(ids[t]) * hidden + i % hidden]) * scale;
+}
+
+__global__ void split_bf16_kernel(const float* x, __nv_bfloat16* hi, __nv_bfloat16* lo, int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
+  hi[i] = h;
+  lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(h));
+}
+
 __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int width, float eps) {
   __shared__ float partial[kThreads];
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * width;
@@ -96,6 +112,18 @@ __global__ void gather_kernel(const float* x, const int32_t* rows, float* out, i
 }
 
 }  // namespace
+
+void embed_rows_bf16(const void* table, const int32_t* ids, float* out, int64_t n, int hidden, float scale, cudaStream_t s) {
+  embed_bf16_kernel<<<blocks_for(n * hidden), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(table), ids, out, n,
+                                                                 hidden, scale);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void split_bf16(const float* x, void* hi, void* lo, int64_t count, cudaStream_t s) {
+  split_bf16_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, static_cast<__nv_bfloat16*>(hi),
+                                                           static_cast<__nv_bfloat16*>(lo), count);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void embed_rows(const float* table, const int32_t* ids, float* out, int64_t n, int hidden, float scale, cudaStream_t s) {
   if (n == 0) return;

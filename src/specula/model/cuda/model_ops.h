@@ -11,6 +11,11 @@ namespace specula::cuda_kernels {
 
 // out[t, :] = table[ids[t], :] * scale
 void embed_rows(const float* table, const int32_t* ids, float* out, int64_t n, int hidden, float scale, cudaStream_t s);
+// The same from a bf16 table.
+void embed_rows_bf16(const void* table, const int32_t* ids, float* out, int64_t n, int hidden, float scale, cudaStream_t s);
+// x = hi + lo with hi = bf16(x) and lo = bf16(x - hi): two bf16 GEMMs on tensor cores then
+// give the product with about 16 significant bits of x instead of bf16's 8.
+void split_bf16(const float* x, void* hi, void* lo, int64_t count, cudaStream_t s);
 // y[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps); y may alias x.
 void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int width, float eps, cudaStream_t s);
 // y[r, :] += b
