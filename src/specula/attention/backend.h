@@ -68,6 +68,9 @@ struct AttentionBackendOptions {
   // needs a real stream) and the longest context a request may have (sizes graph buffers).
   void* cuda_stream = nullptr;
   int max_context_len = 0;
+  // Batch-invariant results: a request's attention output does not depend on what else is in the
+  // batch (e.g. the CUDA decode split count depends on max_context_len only).
+  bool deterministic = false;
 };
 
 class AttentionBackend {

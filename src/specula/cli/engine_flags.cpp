@@ -32,6 +32,8 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--schedule-conservativeness", f.schedule_conservativeness,
                  "KV reserved for running requests' future tokens at admission (lower admits more, retracts more)")
       ->capture_default_str();
+  cmd.add_flag("--enable-deterministic-inference", f.deterministic,
+               "Batch-invariant results: a request's output does not depend on its batch (slower GPU prefill)");
   cmd.add_flag("--disable-cuda-graph", f.disable_cuda_graph, "Run decode steps eagerly instead of as CUDA graphs");
   cmd.add_option("--cuda-graph-max-bs", f.cuda_graph_max_bs, "Largest decode batch captured as a CUDA graph")
       ->capture_default_str();
@@ -49,6 +51,7 @@ EngineOptions engine_options(const EngineFlags& f) {
   o.runner.kv_cache_tokens = f.kv_cache_tokens;
   o.runner.max_running_requests = f.max_running_requests;
   o.runner.cuda_graph = !f.disable_cuda_graph;
+  o.runner.deterministic = f.deterministic;
   o.runner.cuda_graph_max_bs = f.cuda_graph_max_bs;
   o.runner.cuda_graph_batch_sizes = f.cuda_graph_bs;
   o.scheduler.max_queued_requests = f.max_queued_requests;

@@ -26,6 +26,7 @@ struct EngineFlags {
   bool disable_mixed_chunk = false;
   double schedule_conservativeness = 1.0;
   bool disable_cuda_graph = false;
+  bool deterministic = false;
   int cuda_graph_max_bs = 64;
   std::vector<int> cuda_graph_bs;
 };

@@ -40,7 +40,8 @@ Buffer upload_weight(const std::vector<float>& v, Device device) {
 }
 }  // namespace
 
-LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device) : host_(host), device_(device) {
+LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deterministic)
+    : host_(host), device_(device), deterministic_(deterministic) {
   SPECULA_CHECK(device.is_cuda(), "LlamaCudaModel needs a CUDA device, not {}", device.str());
   CUDA_CHECK(cudaSetDevice(device.index));
   cublasHandle_t handle = nullptr;
@@ -120,8 +121,11 @@ void LlamaCudaModel::linear(Workspace& ws, const float* x, const Buffer& w, cons
   if (w.dtype() == DType::f32) {
     status = cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data_as<const float>(), in,
                          x, in, &zero, y, out);
-  } else if (n <= ck::kGemvMaxRows && in % 8 == 0) {
-    ck::gemv_bf16(w.data(), x, y, static_cast<int>(n), in, out, s);
+  } else if ((n <= ck::kGemvMaxRows || deterministic_) && in % 8 == 0) {
+    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
+      ck::gemv_bf16(w.data(), x + r * in, y + r * out, rows, in, out, s);
+    }
   } else {
     // Tensor cores with x split into two bf16 terms: y = w hi + w lo, accumulated in f32.
     void* hi = scratch(ws, 18, DType::bf16, n * in).data();

@@ -1,7 +1,7 @@
 // LlamaCudaModel: the same decoder as LlamaModel, executed on a CUDA device. Weight matrices are
 // held in bf16 when the checkpoint's values are bf16 (else f32); activations are f32. Products:
 // a bf16 GEMV kernel for up to 8 rows (decode), two bf16 tensor-core GEMMs over a hi/lo split of
-// the activations for more rows, cuBLAS sgemm for f32 weights; the element-wise kernels of
+// the activations for more rows (or GEMV passes of 8 rows in deterministic mode), cuBLAS sgemm for f32 weights; the element-wise kernels of
 // model/cuda; bf16 q/k/v through the CUDA attention backend over a bf16 paged KV cache.
 // Everything runs on the model's own stream; DECODE steps can run as CUDA graphs captured per
 // batch size (SGLang's CudaGraphRunner), padded up to the next captured size.
@@ -20,8 +20,10 @@ namespace specula {
 
 class LlamaCudaModel {
  public:
-  // Uploads the host model's weights.
-  LlamaCudaModel(const LlamaModel& host, Device device);
+  // Uploads the host model's weights. deterministic: every product row is computed the same way
+  // whatever the number of rows (the GEMV kernel, 8 rows per pass), so a request's results do not
+  // depend on its batch; slower for prefill.
+  LlamaCudaModel(const LlamaModel& host, Device device, bool deterministic = false);
   ~LlamaCudaModel();
   LlamaCudaModel(const LlamaCudaModel&) = delete;
   LlamaCudaModel& operator=(const LlamaCudaModel&) = delete;
@@ -72,6 +74,7 @@ class LlamaCudaModel {
 
   const LlamaModel& host_;
   Device device_;
+  bool deterministic_;
   void* stream_ = nullptr;  // cudaStream_t
   void* cublas_ = nullptr;  // cublasHandle_t
   Buffer cublas_workspace_;

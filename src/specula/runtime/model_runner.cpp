@@ -37,12 +37,13 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
   AttentionBackendOptions bo;
 #ifdef SPECULA_HAS_CUDA
   if (gpu) {
-    auto cuda_model = std::make_shared<LlamaCudaModel>(*model_, o.device);
+    auto cuda_model = std::make_shared<LlamaCudaModel>(*model_, o.device, o.deterministic);
     bo.cuda_stream = cuda_model->stream();
     cuda_model_ = cuda_model;
   }
 #endif
   bo.device = o.device;
+  bo.deterministic = o.deterministic;
   bo.page_size = o.page_size;
   bo.max_context_len = o.max_context_len;
   backend_ = make_attention_backend(o.attention_backend, bo);

@@ -33,6 +33,9 @@ struct ModelRunnerOptions {
   // 1, 2, 4, 8, then every 8 up to cuda_graph_max_bs); a batch runs in the smallest graph that
   // holds it, padded; larger batches run eagerly.
   bool cuda_graph = true;
+  // Batch-invariant execution (SGLang's --enable-deterministic-inference): a request's logits do
+  // not depend on the other requests of its batch. Slower GPU prefill.
+  bool deterministic = false;
   int cuda_graph_max_bs = 64;
   std::vector<int> cuda_graph_batch_sizes;
 };

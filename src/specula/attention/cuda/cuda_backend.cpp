@@ -181,6 +181,12 @@ void CudaAttentionBackend::check_layer(const AttentionLayer& layer, DType q_dtyp
 
 void CudaAttentionBackend::init_forward_metadata(const ForwardBatch& batch) { build_metadata(batch, false); }
 
+int CudaAttentionBackend::plan_splits(int batch_size, int kv_head_blocks, int max_kv_len) const {
+  // Deterministic: the same split of every request's keys whatever the batch and its lengths.
+  if (options_.deterministic) return choose_decode_splits(1, kv_head_blocks, options_.max_context_len, num_sms_);
+  return choose_decode_splits(batch_size, kv_head_blocks, max_kv_len, num_sms_);
+}
+
 void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph) {
   State& st = *state_;
   batch.validate();
@@ -243,7 +249,7 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
     int max_splits = 1;
     for (const HeadLayout& layout : layouts_) {
       const auto& [hq, hkv, local] = layout;
-      const int splits = choose_decode_splits(bs, hkv * head_blocks(hq, hkv), len_for_plan, num_sms_);
+      const int splits = plan_splits(bs, hkv * head_blocks(hq, hkv), len_for_plan);
       st.splits[layout] = splits;
       max_splits = std::max(max_splits, splits);
     }
@@ -435,7 +441,7 @@ void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens)
   for (int bs = 1; bs <= max_bs; ++bs) {
     for (const HeadLayout& layout : layouts_) {
       const auto& [hq, hkv, local] = layout;
-      const int splits = choose_decode_splits(bs, hkv * head_blocks(hq, hkv), options_.max_context_len, num_sms_);
+      const int splits = plan_splits(bs, hkv * head_blocks(hq, hkv), options_.max_context_len);
       if (splits > 1) rows = std::max(rows, static_cast<size_t>(splits) * bs * st.max_q_heads);
     }
   }

@@ -52,6 +52,7 @@ class CudaAttentionBackend final : public AttentionBackend {
   using HeadLayout = std::tuple<int, int, bool>;  // (num_q_heads, num_kv_heads, local)
 
   void build_metadata(const ForwardBatch& batch, bool graph);
+  int plan_splits(int batch_size, int kv_head_blocks, int max_kv_len) const;
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options);
 
