@@ -79,3 +79,12 @@ if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   grep -E "Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Duration|L1/TEX Hit|L2 Hit" \
     "$out/ncu_decode.log" "$out/ncu_prefill.log" | head -60
 fi
+
+# Optional: hardware counters of the decode GEMV on the Llama-3-8B shape (NCU_GEMV=1).
+if [ "${NCU_GEMV:-0}" = 1 ] && command -v ncu >/dev/null; then
+  timeout 300 ncu --clock-control none --section SpeedOfLight --section Occupancy --section MemoryWorkloadAnalysis \
+    -k regex:gemv_kernel -s 8 -c 4 "$build/bin/specula" bench generate --device cuda --synthetic llama3-8b \
+    --prompt-len 16 --decode-len 4 >"$out/ncu_gemv.log" 2>&1
+  grep -E "gemv_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit" \
+    "$out/ncu_gemv.log" | head -60
+fi

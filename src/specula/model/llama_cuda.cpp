@@ -12,6 +12,7 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
+#include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/gemv.h"
 #include "specula/model/cuda/model_ops.h"
 
@@ -62,28 +63,28 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deter
   final_norm_ = upload(host.final_norm(), device);
   if (&host.lm_head() != &host.embedding()) lm_head_ = upload_weight(host.lm_head(), device);
   inv_freq_ = upload(host.inv_freq(), device);
+  auto concat = [](std::initializer_list<const std::vector<float>*> parts) {
+    std::vector<float> all;
+    for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
+    return all;
+  };
   for (const LlamaModel::Layer& l : host.layers()) {
     Layer d;
     d.input_norm = upload(l.input_norm, device);
     d.post_norm = upload(l.post_norm, device);
     d.post_attn_norm = upload(l.post_attn_norm, device);
     d.post_ffn_norm = upload(l.post_ffn_norm, device);
-    d.wq = upload_weight(l.wq, device);
-    d.wk = upload_weight(l.wk, device);
-    d.wv = upload_weight(l.wv, device);
+    // q|k|v and gate|up as one matrix each: one product (and one pass over x) instead of 3 and 2.
+    d.w_qkv = upload_weight(concat({&l.wq, &l.wk, &l.wv}), device);
+    d.b_qkv = upload(concat({&l.bq, &l.bk, &l.bv}), device);
     d.wo = upload_weight(l.wo, device);
-    d.bq = upload(l.bq, device);
-    d.bk = upload(l.bk, device);
-    d.bv = upload(l.bv, device);
     d.bo = upload(l.bo, device);
-    d.b_gate = upload(l.b_gate, device);
-    d.b_up = upload(l.b_up, device);
+    d.w_gate_up = upload_weight(concat({&l.w_gate, &l.w_up}), device);
+    d.b_gate_up = upload(concat({&l.b_gate, &l.b_up}), device);
+    d.w_down = upload_weight(l.w_down, device);
     d.b_down = upload(l.b_down, device);
     d.q_norm = upload(l.q_norm, device);
     d.k_norm = upload(l.k_norm, device);
-    d.w_gate = upload_weight(l.w_gate, device);
-    d.w_up = upload_weight(l.w_up, device);
-    d.w_down = upload_weight(l.w_down, device);
     layers_.push_back(std::move(d));
   }
 }
@@ -147,9 +148,8 @@ size_t LlamaCudaModel::weight_bytes() const {
   auto held = [](const Buffer& b) { return b.data() != nullptr ? b.nbytes() : 0; };
   size_t bytes = held(embed_) + held(final_norm_) + held(lm_head_);
   for (const Layer& l : layers_) {
-    for (const Buffer* b : {&l.input_norm, &l.post_norm, &l.post_attn_norm, &l.post_ffn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
-                            &l.bq, &l.bk, &l.bv, &l.bo, &l.b_gate, &l.b_up, &l.b_down, &l.q_norm, &l.k_norm, &l.w_gate,
-                            &l.w_up, &l.w_down}) {
+    for (const Buffer* b : {&l.input_norm, &l.post_norm, &l.post_attn_norm, &l.post_ffn_norm, &l.w_qkv, &l.b_qkv, &l.wo,
+                            &l.bo, &l.w_gate_up, &l.b_gate_up, &l.w_down, &l.b_down, &l.q_norm, &l.k_norm}) {
       bytes += held(*b);
     }
   }
@@ -160,17 +160,15 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
   const ModelConfig& c = host_.config();
   const auto s = static_cast<cudaStream_t>(stream_);
   const int h = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const int inter = c.intermediate_size;
+  const int inter = c.intermediate_size, qkv_width = (Hq + 2 * Hkv) * D;
   const int32_t* ids = scratch(ws, 0, DType::i32, n).data_as<const int32_t>();
   const int32_t* pos = scratch(ws, 1, DType::i32, n).data_as<const int32_t>();
   float* x = scratch(ws, 2, DType::f32, n * h).data_as<float>();
   float* xn = scratch(ws, 3, DType::f32, n * h).data_as<float>();
-  float* q = scratch(ws, 4, DType::f32, n * Hq * D).data_as<float>();
-  float* k = scratch(ws, 5, DType::f32, n * Hkv * D).data_as<float>();
-  float* v = scratch(ws, 6, DType::f32, n * Hkv * D).data_as<float>();
+  float* qkv = scratch(ws, 4, DType::f32, n * qkv_width).data_as<float>();
   float* o = scratch(ws, 7, DType::f32, n * h).data_as<float>();
-  float* gate = scratch(ws, 8, DType::f32, n * inter).data_as<float>();
-  float* up = scratch(ws, 9, DType::f32, n * inter).data_as<float>();
+  float* gate_up = scratch(ws, 8, DType::f32, n * 2 * inter).data_as<float>();
+  float* act = scratch(ws, 9, DType::f32, n * inter).data_as<float>();
   float* attn = scratch(ws, 10, DType::f32, n * Hq * D).data_as<float>();
   Buffer& qb = scratch(ws, 11, DType::bf16, n * Hq * D);
   Buffer& kb = scratch(ws, 12, DType::bf16, n * Hkv * D);
@@ -188,33 +186,41 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
   } else {
     ck::embed_rows(embed_.data_as<const float>(), ids, x, n, h, embed_scale, s);
   }
+  ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
-    ck::rms_norm_rows(x, w.input_norm.data_as<const float>(), xn, n, h, eps, s);
-    linear(ws, xn, w.wq, w.bq, q, n, h, Hq * D);
-    linear(ws, xn, w.wk, w.bk, k, n, h, Hkv * D);
-    linear(ws, xn, w.wv, w.bv, v, n, h, Hkv * D);
-    if (w.q_norm.data() != nullptr) {
-      ck::rms_norm_rows(q, w.q_norm.data_as<const float>(), q, n * Hq, D, eps, s);
-      ck::rms_norm_rows(k, w.k_norm.data_as<const float>(), k, n * Hkv, D, eps, s);
-    }
-    ck::rope_rows(q, pos, inv_freq_.data_as<const float>(), host_.rope_attention_factor(), n, Hq, D, s);
-    ck::rope_rows(k, pos, inv_freq_.data_as<const float>(), host_.rope_attention_factor(), n, Hkv, D, s);
-    ck::f32_to_bf16(q, qb.data(), n * Hq * D, s);
-    ck::f32_to_bf16(k, kb.data(), n * Hkv * D, s);
-    ck::f32_to_bf16(v, vb.data(), n * Hkv * D, s);
+    linear(ws, xn, w.w_qkv, w.b_qkv, qkv, n, h, qkv_width);
+    ck::QkvEpilogueParams e{};
+    e.qkv = qkv;
+    e.positions = pos;
+    e.inv_freq = inv_freq_.data_as<const float>();
+    e.rope_factor = host_.rope_attention_factor();
+    e.q_norm = w.q_norm.data() != nullptr ? w.q_norm.data_as<const float>() : nullptr;
+    e.k_norm = w.k_norm.data() != nullptr ? w.k_norm.data_as<const float>() : nullptr;
+    e.eps = eps;
+    e.q = qb.data();
+    e.k = kb.data();
+    e.v = vb.data();
+    e.n = n;
+    e.num_q_heads = Hq;
+    e.num_kv_heads = Hkv;
+    e.head_dim = D;
+    ck::qkv_epilogue(e, s);
     backend.forward(q_view, k_view, v_view, a_view, host_.attention_layers()[l], batch);
     ck::bf16_to_f32(ab.data(), attn, n * Hq * D, s);
     linear(ws, attn, w.wo, w.bo, o, n, Hq * D, h);
     if (w.post_attn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_attn_norm.data_as<const float>(), o, n, h, eps, s);
-    ck::add_inplace(x, o, n * h, s);
-    ck::rms_norm_rows(x, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
-    linear(ws, xn, w.w_gate, w.b_gate, gate, n, h, inter);
-    linear(ws, xn, w.w_up, w.b_up, up, n, h, inter);
-    ck::gated_activation(gate, up, n * inter, c.hidden_act == "gelu_pytorch_tanh", s);
-    linear(ws, gate, w.w_down, w.b_down, o, n, inter, h);
+    ck::add_rms_norm_rows(x, o, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
+    linear(ws, xn, w.w_gate_up, w.b_gate_up, gate_up, n, h, 2 * inter);
+    ck::gated_activation_fused(gate_up, act, n, inter, c.hidden_act == "gelu_pytorch_tanh", s);
+    linear(ws, act, w.w_down, w.b_down, o, n, inter, h);
     if (w.post_ffn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_ffn_norm.data_as<const float>(), o, n, h, eps, s);
-    ck::add_inplace(x, o, n * h, s);
+    // The residual add, fused with the next layer's input norm.
+    if (l + 1 < layers_.size()) {
+      ck::add_rms_norm_rows(x, o, layers_[l + 1].input_norm.data_as<const float>(), xn, n, h, eps, s);
+    } else {
+      ck::add_inplace(x, o, n * h, s);
+    }
   }
 }
 

@@ -2,7 +2,8 @@
 // held in bf16 when the checkpoint's values are bf16 (else f32); activations are f32. Products:
 // a bf16 GEMV kernel for up to 8 rows (decode), two bf16 tensor-core GEMMs over a hi/lo split of
 // the activations for more rows (or GEMV passes of 8 rows in deterministic mode), cuBLAS sgemm for f32 weights; the element-wise kernels of
-// model/cuda; bf16 q/k/v through the CUDA attention backend over a bf16 paged KV cache.
+// model/cuda and the fused ones (q/k/v epilogue, gated activation, add + RMSNorm); bf16 q/k/v
+// through the CUDA attention backend over a bf16 paged KV cache.
 // Everything runs on the model's own stream; DECODE steps can run as CUDA graphs captured per
 // batch size (SGLang's CudaGraphRunner), padded up to the next captured size.
 #pragma once
@@ -50,7 +51,10 @@ class LlamaCudaModel {
  private:
   struct Layer {
     Buffer input_norm, post_norm, post_attn_norm, post_ffn_norm;
-    Buffer wq, wk, wv, wo, bq, bk, bv, bo, b_gate, b_up, b_down, q_norm, k_norm, w_gate, w_up, w_down;
+    Buffer w_qkv, b_qkv;          // [q + 2 kv, hidden]: q_proj | k_proj | v_proj
+    Buffer wo, bo;
+    Buffer w_gate_up, b_gate_up;  // [2 intermediate, hidden]: gate_proj | up_proj
+    Buffer w_down, b_down, q_norm, k_norm;
   };
   // Activation buffers by slot. The eager set grows with the batch; the graph set is sized by the
   // largest captured batch and then frozen, so captured kernels keep valid pointers.

@@ -76,6 +76,10 @@ Scheduler::Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const Sche
                 options_.schedule_conservativeness);
   if (!options_.disable_radix_cache) cache_ = std::make_unique<RadixCache>(runner_.allocator(), runner_.page_size());
   new_token_ratio_ = std::min(1.0, kInitNewTokenRatio * options_.schedule_conservativeness);
+  // A decode inside a MIXED step runs through the extend kernels, whose sums round differently
+  // from the decode kernels': whether that happens depends on the other requests, so the
+  // batch-invariant mode keeps decodes in steps of their own.
+  if (runner_.options().deterministic) options_.enable_mixed_chunk = false;
 }
 
 Scheduler::~Scheduler() = default;

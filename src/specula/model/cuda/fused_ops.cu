@@ -1,0 +1,126 @@
+// Fused decoder kernels: one warp per (token, head) for the q/k/v epilogue, one thread per
+// element for the gated activation, one block per row for add + RMSNorm.
+#include <cuda_bf16.h>
+
+#include "specula/core/cuda_check.h"
+#include "specula/model/cuda/fused_ops.h"
+
+namespace specula::cuda_kernels {
+
+namespace {
+
+constexpr int kEpilogueWarps = 4;
+constexpr int kMaxHeadDim = 256;
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__global__ void __launch_bounds__(kEpilogueWarps * 32) qkv_epilogue_kernel(QkvEpilogueParams p) {
+  __shared__ float head[kEpilogueWarps][kMaxHeadDim];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int heads = p.num_q_heads + 2 * p.num_kv_heads;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kEpilogueWarps + warp;
+  if (item >= p.n * heads) return;
+  const int64_t t = item / heads;
+  const int h = static_cast<int>(item % heads);
+  const int D = p.head_dim, half = D / 2;
+  const float* src = p.qkv + item * D;  // heads of a token are contiguous: q | k | v
+  float* x = head[warp];
+  for (int i = lane; i < D; i += 32) x[i] = src[i];
+  __syncwarp();
+  const bool is_q = h < p.num_q_heads, is_k = !is_q && h < p.num_q_heads + p.num_kv_heads;
+  const float* norm = is_q ? p.q_norm : (is_k ? p.k_norm : nullptr);
+  if (norm != nullptr) {
+    float sum = 0.0f;
+    for (int i = lane; i < D; i += 32) sum += x[i] * x[i];
+    const float inv = rsqrtf(warp_sum(sum) / static_cast<float>(D) + p.eps);
+    __syncwarp();
+    for (int i = lane; i < D; i += 32) x[i] = norm[i] * (x[i] * inv);
+    __syncwarp();
+  }
+  __nv_bfloat16* dst;
+  if (is_q) {
+    dst = static_cast<__nv_bfloat16*>(p.q) + (t * p.num_q_heads + h) * D;
+  } else if (is_k) {
+    dst = static_cast<__nv_bfloat16*>(p.k) + (t * p.num_kv_heads + (h - p.num_q_heads)) * D;
+  } else {
+    dst = static_cast<__nv_bfloat16*>(p.v) + (t * p.num_kv_heads + (h - p.num_q_heads - p.num_kv_heads)) * D;
+  }
+  if (is_q || is_k) {
+    const float pos = static_cast<float>(p.positions[t]);
+    for (int i = lane; i < half; i += 32) {
+      // f32 angle, as the CPU path and Hugging Face compute it.
+      float sn, cs;
+      sincosf(pos * p.inv_freq[i], &sn, &cs);
+      cs *= p.rope_factor;
+      sn *= p.rope_factor;
+      const float a = x[i], b = x[i + half];
+      dst[i] = __float2bfloat16_rn(a * cs - b * sn);
+      dst[i + half] = __float2bfloat16_rn(b * cs + a * sn);
+    }
+  } else {
+    for (int i = lane; i < D; i += 32) dst[i] = __float2bfloat16_rn(x[i]);
+  }
+}
+
+__global__ void gated_fused_kernel(const float* gate_up, float* out, int64_t n, int inter, bool gelu) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * inter) return;
+  const int64_t t = i / inter;
+  const int c = static_cast<int>(i % inter);
+  const float g = gate_up[t * 2 * inter + c], u = gate_up[t * 2 * inter + inter + c];
+  const float act = gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
+                         : g / (1.0f + expf(-g));
+  out[i] = act * u;
+}
+
+__global__ void add_rms_norm_kernel(float* x, const float* o, const float* w, float* y, int width, float eps) {
+  __shared__ float partial[kThreads / 32];
+  float* xr = x + static_cast<int64_t>(blockIdx.x) * width;
+  const float* orow = o + static_cast<int64_t>(blockIdx.x) * width;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * width;
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    const float v = xr[i] + orow[i];
+    xr[i] = v;
+    sum += v * v;
+  }
+  sum = warp_sum(sum);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kThreads / 32; ++i) total += partial[i];
+  const float inv = rsqrtf(total / static_cast<float>(width) + eps);
+  for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+}  // namespace
+
+void qkv_epilogue(const QkvEpilogueParams& p, cudaStream_t s) {
+  SPECULA_REQUIRE(p.head_dim % 2 == 0 && p.head_dim <= kMaxHeadDim, "qkv_epilogue: head_dim must be even and <= 256");
+  const int64_t items = p.n * (p.num_q_heads + 2 * p.num_kv_heads);
+  if (items == 0) return;
+  qkv_epilogue_kernel<<<static_cast<unsigned>((items + kEpilogueWarps - 1) / kEpilogueWarps), kEpilogueWarps * 32, 0, s>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void gated_activation_fused(const float* gate_up, float* out, int64_t n, int inter, bool gelu, cudaStream_t s) {
+  const int64_t count = n * inter;
+  if (count == 0) return;
+  gated_fused_kernel<<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, s>>>(gate_up, out, n, inter, gelu);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void add_rms_norm_rows(float* x, const float* o, const float* w, float* y, int64_t rows, int width, float eps,
+                       cudaStream_t s) {
+  if (rows == 0) return;
+  add_rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, o, w, y, width, eps);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace specula::cuda_kernels

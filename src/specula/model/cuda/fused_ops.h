@@ -1,0 +1,36 @@
+// Fused kernels of the GPU decoder step (fewer launches and passes over the activations):
+// the q/k/v epilogue (per-head RMSNorm, RoPE and bf16 conversion in one pass over the fused
+// q|k|v projection), SwiGLU / GeGLU over the fused gate|up projection, and the residual add
+// followed by RMSNorm.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace specula::cuda_kernels {
+
+struct QkvEpilogueParams {
+  const float* qkv;        // [n, (num_q_heads + 2 * num_kv_heads) * head_dim]: q | k | v per token
+  const int32_t* positions;  // [n]
+  const float* inv_freq;   // [head_dim / 2]
+  float rope_factor;       // cos/sin multiplier (YaRN's attention factor)
+  const float* q_norm;     // [head_dim] or nullptr: RMSNorm of every q head (Qwen3)
+  const float* k_norm;     // [head_dim] or nullptr
+  float eps;
+  void* q;                 // bf16 [n, num_q_heads, head_dim]
+  void* k;                 // bf16 [n, num_kv_heads, head_dim]
+  void* v;                 // bf16 [n, num_kv_heads, head_dim]
+  int64_t n;
+  int num_q_heads, num_kv_heads, head_dim;  // head_dim even, at most 256
+};
+void qkv_epilogue(const QkvEpilogueParams& p, cudaStream_t s);
+
+// out[t, i] = act(gate_up[t, i]) * gate_up[t, inter + i], act = SiLU or GeLU-tanh.
+void gated_activation_fused(const float* gate_up, float* out, int64_t n, int inter, bool gelu, cudaStream_t s);
+
+// x[r, :] += o[r, :]; y[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps).
+void add_rms_norm_rows(float* x, const float* o, const float* w, float* y, int64_t rows, int width, float eps,
+                       cudaStream_t s);
+
+}  // namespace specula::cuda_kernels
