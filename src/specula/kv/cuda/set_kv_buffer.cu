@@ -1,4 +1,7 @@
-// set_kv_buffer kernel: one block per token, threads stride over the row's elements.
+// set_kv_buffer kernel: blocks of (token, 256-element chunk of the K and V rows), one element
+// per thread, so a decode step's single token is spread over several blocks.
+#include <algorithm>
+
 #include "specula/attention/cuda/kernels/convert.cuh"
 #include "specula/attention/cuda/kernels/dtype_codes.h"
 #include "specula/core/cuda_check.h"
@@ -19,18 +22,21 @@ __global__ void set_kv_kernel(SetKVParams p) {
   const Src* v = static_cast<const Src*>(p.v) + token * p.v_stride;
   Dst* kc = static_cast<Dst*>(p.k_cache) + slot * p.row_k;
   Dst* vc = static_cast<Dst*>(p.v_cache) + slot * p.row_v;
-  for (int i = threadIdx.x; i < p.row_k; i += blockDim.x) kc[i] = from_float<Dst>(to_float(k[i]) / k_div);
-  for (int i = threadIdx.x; i < p.row_v; i += blockDim.x) vc[i] = from_float<Dst>(to_float(v[i]) / v_div);
+  const int i = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x);
+  if (i < p.row_k) kc[i] = from_float<Dst>(to_float(k[i]) / k_div);
+  if (i < p.row_v) vc[i] = from_float<Dst>(to_float(v[i]) / v_div);
 }
 
 template <typename Src>
 void launch_for_src(const SetKVParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.num_tokens));
+  constexpr unsigned kThreads = 256;
+  const unsigned chunks = static_cast<unsigned>((std::max(p.row_k, p.row_v) + kThreads - 1) / kThreads);
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), chunks);
   switch (p.cache_dtype) {
-    case kF32: set_kv_kernel<Src, float><<<grid, 128, 0, stream>>>(p); break;
-    case kF16: set_kv_kernel<Src, __half><<<grid, 128, 0, stream>>>(p); break;
-    case kBF16: set_kv_kernel<Src, __nv_bfloat16><<<grid, 128, 0, stream>>>(p); break;
-    case kFp8E4m3: set_kv_kernel<Src, __nv_fp8_e4m3><<<grid, 128, 0, stream>>>(p); break;
+    case kF32: set_kv_kernel<Src, float><<<grid, kThreads, 0, stream>>>(p); break;
+    case kF16: set_kv_kernel<Src, __half><<<grid, kThreads, 0, stream>>>(p); break;
+    case kBF16: set_kv_kernel<Src, __nv_bfloat16><<<grid, kThreads, 0, stream>>>(p); break;
+    case kFp8E4m3: set_kv_kernel<Src, __nv_fp8_e4m3><<<grid, kThreads, 0, stream>>>(p); break;
     default: SPECULA_REQUIRE(false, "set_kv_buffer: cache dtype code " + std::to_string(p.cache_dtype) + " is not supported");
   }
 }

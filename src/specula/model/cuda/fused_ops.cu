@@ -4,6 +4,7 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/model/cuda/fused_ops.h"
+#include "specula/model/cuda/reduce.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -12,12 +13,6 @@ namespace {
 constexpr int kEpilogueWarps = 4;
 constexpr int kMaxHeadDim = 256;
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 __global__ void __launch_bounds__(kEpilogueWarps * 32) qkv_epilogue_kernel(QkvEpilogueParams p) {
   __shared__ float head[kEpilogueWarps][kMaxHeadDim];
@@ -78,8 +73,8 @@ __global__ void gated_fused_kernel(const float* gate_up, float* out, int64_t n, 
   out[i] = act * u;
 }
 
-__global__ void add_rms_norm_kernel(float* x, const float* o, const float* w, float* y, int width, float eps) {
-  __shared__ float partial[kThreads / 32];
+__global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ o, const float* __restrict__ w,
+                                    float* __restrict__ y, int width, float eps) {
   float* xr = x + static_cast<int64_t>(blockIdx.x) * width;
   const float* orow = o + static_cast<int64_t>(blockIdx.x) * width;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * width;
@@ -89,13 +84,8 @@ __global__ void add_rms_norm_kernel(float* x, const float* o, const float* w, fl
     xr[i] = v;
     sum += v * v;
   }
-  sum = warp_sum(sum);
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kThreads / 32; ++i) total += partial[i];
-  const float inv = rsqrtf(total / static_cast<float>(width) + eps);
+  const float inv = rsqrtf(block_sum(sum) / static_cast<float>(width) + eps);
+  // Each thread reads back only what it wrote itself.
   for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
 }
 
@@ -119,7 +109,7 @@ void gated_activation_fused(const float* gate_up, float* out, int64_t n, int int
 void add_rms_norm_rows(float* x, const float* o, const float* w, float* y, int64_t rows, int width, float eps,
                        cudaStream_t s) {
   if (rows == 0) return;
-  add_rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, o, w, y, width, eps);
+  add_rms_norm_kernel<<<static_cast<unsigned>(rows), row_threads(width), 0, s>>>(x, o, w, y, width, eps);
   CUDA_CHECK(cudaGetLastError());
 }
 

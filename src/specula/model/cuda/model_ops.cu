@@ -4,6 +4,7 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/model/cuda/model_ops.h"
+#include "specula/model/cuda/reduce.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -37,18 +38,11 @@ __global__ void split_bf16_kernel(const float* x, __nv_bfloat16* hi, __nv_bfloat
 }
 
 __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int width, float eps) {
-  __shared__ float partial[kThreads];
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * width;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * width;
   float sum = 0.0f;
   for (int i = threadIdx.x; i < width; i += blockDim.x) sum += xr[i] * xr[i];
-  partial[threadIdx.x] = sum;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const float inv = rsqrtf(partial[0] / static_cast<float>(width) + eps);
+  const float inv = rsqrtf(block_sum(sum) / static_cast<float>(width) + eps);
   for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
 }
 
@@ -133,7 +127,7 @@ void embed_rows(const float* table, const int32_t* ids, float* out, int64_t n, i
 
 void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int width, float eps, cudaStream_t s) {
   if (rows == 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, w, y, width, eps);
+  rms_norm_kernel<<<static_cast<unsigned>(rows), row_threads(width), 0, s>>>(x, w, y, width, eps);
   CUDA_CHECK(cudaGetLastError());
 }
 
