@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds specula on a GPU machine (Release, sm_90a) and runs, in order: the CUDA attention tests,
-# the attention benchmark against the device's measured ceilings, and the CUDA tests under
-# compute-sanitizer memcheck. Logs and the benchmark JSON go to $OUT (default /tmp/specula-out);
-# a short summary is printed last.
+# Builds specula on a GPU machine (Release, sm_90a) and runs, in order: the CUDA attention, model
+# and engine tests, generate on the GPU, the generation / serving / attention benchmarks against
+# the device's measured ceilings, and compute-sanitizer memcheck over the CUDA tests. Logs and
+# JSON go to $OUT (default /tmp/specula-out); a summary and the benchmark tables follow, and the
+# optional ncu counters (NCU=1, NCU_GEMV=1) come last. SKIP_ATTENTION=1 skips the attention
+# tests, benchmark and memcheck.
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
 mkdir -p "$out"
@@ -19,8 +21,6 @@ if ! cmake --build "$build" -j "$(nproc)" -- -k 0 >"$out/build.log" 2>&1; then
   exit 1
 fi
 
-# SKIP_ATTENTION=1 skips the attention tests, benchmark and their memcheck (when only the model or
-# runtime changed).
 attention=$([ "${SKIP_ATTENTION:-0}" = 1 ] && echo ":" || echo "")
 $attention "$build/tests/cuda_attention_test" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$out/cuda_test.log" 2>&1
 test_rc=$?
