@@ -96,6 +96,7 @@ TEST(CudaEngine, BatchMatchesAloneWithAndWithoutGraphs) {
     tight.runner.kv_cache_tokens = 256;
     tight.scheduler.schedule_conservativeness = 0.01;
     Engine engine(kModel, tight);
+    const int64_t free_at_start = engine.runner().allocator().available_size();
     std::vector<std::shared_ptr<RequestHandle>> handles;
     for (const std::string& t : kTexts) handles.push_back(engine.submit(greedy(t, 32)));
     engine.run_until_idle();
@@ -112,6 +113,9 @@ TEST(CudaEngine, BatchMatchesAloneWithAndWithoutGraphs) {
       }
     }
     EXPECT_GT(retracted, 0);
+    EXPECT_LT(retracted, static_cast<int>(kTexts.size()));  // some ran through untouched
+    engine.flush_cache();
+    EXPECT_EQ(engine.runner().allocator().available_size(), free_at_start);
     std::printf("page %d: %d of %zu requests retracted; %d of %zu outputs identical to alone\n", page, retracted,
                 kTexts.size(), identical, kTexts.size());
   }

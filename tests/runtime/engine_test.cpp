@@ -5,6 +5,7 @@
 
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "specula/core/error.h"
@@ -200,6 +201,22 @@ TEST(Engine, StreamedChunksAddUpToTheOutput) {
   EXPECT_EQ(out.token_times_s.size(), out.output_ids.size());
   EXPECT_GT(out.time_to_first_token_s, 0);
   EXPECT_GE(out.latency_s, out.time_to_first_token_s);
+}
+
+TEST(Engine, AThrowingCallbackDoesNotDisturbTheEngine) {
+  Engine engine(kModel, options(16, true, true));
+  int calls = 0;
+  auto bad = engine.submit(greedy(kTexts[0], 12), [&](const StreamChunk&) {
+    ++calls;
+    throw std::runtime_error("client went away");
+  });
+  auto good = engine.submit(greedy(kTexts[1], 12));
+  engine.run_until_idle();
+  EXPECT_GT(calls, 1);
+  const RequestOutput a = bad->wait(), b = good->wait();
+  EXPECT_EQ(a.finish_reason, "length");
+  EXPECT_EQ(a.output_ids, alone(kTexts[0], 12, 16));
+  EXPECT_EQ(b.output_ids, alone(kTexts[1], 12, 16));
 }
 
 TEST(Engine, CancelReleasesEverySlot) {

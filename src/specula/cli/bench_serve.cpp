@@ -91,6 +91,8 @@ void run(const Options& o) {
   SPECULA_CHECK(o.request_rate >= 0, "--request-rate {} must be >= 0 (0: all at once)", o.request_rate);
   EngineOptions eo = engine_options(o.engine);
   eo.background_thread = true;
+  // An offline benchmark may queue all of its requests at once.
+  eo.scheduler.max_queued_requests = std::max(eo.scheduler.max_queued_requests, o.num_requests);
   if (eo.runner.max_context_len == 0) eo.runner.max_context_len = o.input_len + o.output_len;
   std::unique_ptr<Engine> engine;
   std::string what;

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -100,6 +101,8 @@ void run(const Options& o) {
   std::vector<EngineRequest> batch = requests(o);
   EngineOptions eo = engine_options(o.engine);
   eo.background_thread = false;
+  // The whole batch is queued before the first step.
+  eo.scheduler.max_queued_requests = std::max<int>(eo.scheduler.max_queued_requests, static_cast<int>(batch.size()));
   Engine engine(model_folder(o.engine), eo);
   // One prompt streams its text as it is produced; a batch prints each result when all are done.
   const bool stream = batch.size() == 1 && !o.json;

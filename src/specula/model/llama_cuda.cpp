@@ -44,6 +44,16 @@ Buffer upload_weight(const std::vector<float>& v, Device device) {
 LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deterministic)
     : host_(host), device_(device), deterministic_(deterministic) {
   SPECULA_CHECK(device.is_cuda(), "LlamaCudaModel needs a CUDA device, not {}", device.str());
+  {
+    // Deterministic mode runs every product through the GEMV kernel, which reads rows in
+    // 8-element chunks.
+    const ModelConfig& c = host.config();
+    const int widths[] = {c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size};
+    for (int w : widths) {
+      SPECULA_CHECK(!deterministic || w % 8 == 0,
+                    "deterministic inference needs matrix widths that are multiples of 8; this model has {}", w);
+    }
+  }
   CUDA_CHECK(cudaSetDevice(device.index));
   cublasHandle_t handle = nullptr;
   SPECULA_CHECK(cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS, "cublasCreate failed on {}", device.str());

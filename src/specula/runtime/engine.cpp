@@ -3,6 +3,7 @@
 #include "specula/runtime/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "specula/core/error.h"
 #include "specula/model/safetensors.h"
@@ -75,9 +76,7 @@ Engine::~Engine() {
   // Whatever is still queued or running ends as cancelled, so no waiter is left hanging.
   std::lock_guard stepping(step_mu_);
   drain_inbox();
-  std::vector<uint64_t> ids;
-  for (uint64_t id = 1; id < next_id_.load(); ++id) ids.push_back(id);
-  for (uint64_t id : ids) scheduler_->cancel(id);
+  scheduler_->cancel_all("cancelled");
 }
 
 std::shared_ptr<RequestHandle> Engine::submit(EngineRequest request, StreamCallback on_chunk) {
@@ -91,7 +90,7 @@ std::shared_ptr<RequestHandle> Engine::submit(EngineRequest request, StreamCallb
                   options_.scheduler.max_queued_requests);
     const uint64_t id = next_id_++;
     handle.reset(new RequestHandle(id));
-    inbox_.push_back({id, std::move(request), std::move(on_chunk), handle});
+    inbox_.push_back({id, std::move(request), std::move(on_chunk), handle, std::chrono::steady_clock::now()});
     ++queued_;
   }
   inbox_cv_.notify_all();
@@ -118,11 +117,17 @@ void Engine::drain_inbox() {
   }
   for (Submitted& s : inbox) {
     StreamCallback cb = [handle = s.handle, user = std::move(s.on_chunk)](const StreamChunk& chunk) {
-      if (user) user(chunk);
+      // A throwing callback is the caller's problem; the request and its handle go on.
+      try {
+        if (user) user(chunk);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "specula: request %llu: stream callback threw: %s\n",
+                     static_cast<unsigned long long>(chunk.id), e.what());
+      }
       handle->push(chunk);
     };
     try {
-      scheduler_->submit(s.id, std::move(s.request), std::move(cb));
+      scheduler_->submit(s.id, std::move(s.request), std::move(cb), s.submitted);
     } catch (const std::exception& e) {
       RequestOutput out;
       out.id = s.id;
@@ -139,7 +144,15 @@ void Engine::drain_inbox() {
 
 bool Engine::step_locked() {
   drain_inbox();
-  const bool worked = scheduler_->step();
+  bool worked = false;
+  try {
+    worked = scheduler_->step();
+  } catch (const std::exception& e) {
+    // The scheduler's own state can no longer be trusted: every request ends with the reason.
+    std::fprintf(stderr, "specula: scheduler step failed: %s\n", e.what());
+    scheduler_->cancel_all(std::string("error: ") + e.what());
+    worked = true;
+  }
   const SchedulerStats s = scheduler_->stats();
   {
     std::lock_guard lk(inbox_mu_);

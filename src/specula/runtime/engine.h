@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -65,10 +66,12 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Validates the request (throws specula::Error naming the bad value, or when the queue is full)
-  // and queues it. on_chunk, if given, is called on the stepping thread for every chunk.
+  // and queues it. on_chunk, if given, is called on the stepping thread for every chunk; it must
+  // not call back into this engine's step(), run_until_idle() or flush_cache() (deadlock), and
+  // an exception it throws is reported on stderr and otherwise ignored.
   std::shared_ptr<RequestHandle> submit(EngineRequest request, StreamCallback on_chunk = {});
-  // Ends a request (it finishes with reason "cancelled" and its KV is released); false if it is
-  // unknown or already finished.
+  // Asks for a request to end (it finishes with reason "cancelled" at the next step and its KV is
+  // released); false for an id this engine never issued. A finished request is not affected.
   bool cancel(uint64_t id);
   SchedulerStats stats() const;
 
@@ -100,6 +103,7 @@ class Engine {
     EngineRequest request;
     StreamCallback on_chunk;
     std::shared_ptr<RequestHandle> handle;
+    std::chrono::steady_clock::time_point submitted;
   };
   mutable std::mutex inbox_mu_;
   std::condition_variable inbox_cv_;

@@ -103,7 +103,7 @@ void Scheduler::validate(EngineRequest& r) const {
   OutputText check(tokenizer_, r.stop_strings);
 }
 
-void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chunk) {
+void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chunk, Clock::time_point submitted) {
   SPECULA_CHECK(static_cast<int>(waiting_.size()) < options_.max_queued_requests,
                 "the queue is full ({} requests waiting); try again later", waiting_.size());
   auto r = std::make_unique<Req>(id, std::move(request), std::move(on_chunk), tokenizer_);
@@ -113,6 +113,7 @@ void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chu
   const auto prompt_len = static_cast<int>(r->params.prompt_ids.size());
   r->max_new_tokens = std::min(r->params.max_new_tokens, runner_.max_context_len() - prompt_len);
   r->sampler.observe_prompt(r->params.prompt_ids);
+  r->submitted = submitted;
   r->out.id = id;
   r->out.prompt_ids = r->params.prompt_ids;
   waiting_.push_back(std::move(r));
@@ -132,6 +133,13 @@ bool Scheduler::cancel(uint64_t id) {
     return true;
   }
   return false;
+}
+
+void Scheduler::cancel_all(const std::string& reason) {
+  for (auto& r : waiting_) finish(*r, reason);
+  for (auto& r : running_) finish(*r, reason);
+  waiting_.clear();
+  running_.clear();
 }
 
 bool Scheduler::ensure_free_pages(int64_t pages) {
@@ -182,11 +190,14 @@ void Scheduler::match_prefix(Req& r) {
   cache_->inc_lock_ref(r.last_node);
 }
 
-void Scheduler::release_kv(Req& r) {
+void Scheduler::release_kv(Req& r, bool cache_kv) {
   if (r.req_pool_idx < 0) return;
   PagedTokenAllocator& a = runner_.allocator();
   const int kv = r.kv_len();
-  if (cache_) {
+  if (cache_ && !cache_kv) {
+    if (kv > r.prefix_len) a.free(std::span<const int32_t>(r.kv_slots).subspan(r.prefix_len));
+    if (r.last_node != nullptr) cache_->dec_lock_ref(r.last_node);
+  } else if (cache_) {
     const int aligned = kv / runner_.page_size() * runner_.page_size();
     int64_t overlap = 0;
     if (aligned > 0) {
@@ -407,20 +418,26 @@ void Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
   try {
     runner_.forward(b, logits_);
   } catch (const std::exception& e) {
-    // A failed step ends its requests with the reason rather than losing them silently.
-    for (const Planned& p : plan) finish(*p.req, std::string("error: ") + e.what());
+    // A failed step ends its requests with the reason rather than losing them silently; the KV
+    // it was writing is not cached.
+    for (const Planned& p : plan) finish(*p.req, std::string("error: ") + e.what(), /*cache_kv=*/false);
     return;
   }
   const auto vocab = static_cast<size_t>(runner_.config().vocab_size);
   for (size_t i = 0; i < plan.size(); ++i) {
     Req& r = *plan[i].req;
-    if (r.pending() > 0) {
-      cache_unfinished(r);
-      continue;
+    try {
+      if (r.pending() > 0) {
+        cache_unfinished(r);
+        continue;
+      }
+      const int32_t token = r.sampler.sample(std::span<const float>(logits_).subspan(i * vocab, vocab));
+      if (plan[i].extend > 1) cache_unfinished(r);
+      process_token(r, token);
+    } catch (const std::exception& e) {
+      // E.g. logits that are all NaN: this request ends, the others go on.
+      if (!r.done) finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
     }
-    const int32_t token = r.sampler.sample(std::span<const float>(logits_).subspan(i * vocab, vocab));
-    if (plan[i].extend > 1) cache_unfinished(r);
-    process_token(r, token);
   }
   if (mode == ForwardMode::DECODE || mode == ForwardMode::MIXED) {
     const double init = std::min(1.0, kInitNewTokenRatio * options_.schedule_conservativeness);
@@ -442,12 +459,12 @@ void Scheduler::process_token(Req& r, int32_t token) {
   publish(r, false);
 }
 
-void Scheduler::finish(Req& r, std::string reason) {
+void Scheduler::finish(Req& r, std::string reason, bool cache_kv) {
   if (r.text.finish() && reason == "length") reason = "stop";
   r.out.text = r.text.text();
   r.out.finish_reason = std::move(reason);
   r.out.latency_s = std::chrono::duration<double>(Clock::now() - r.submitted).count();
-  release_kv(r);
+  release_kv(r, cache_kv);
   r.done = true;
   ++stats_.finished;
   publish(r, true);

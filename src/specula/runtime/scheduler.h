@@ -9,6 +9,7 @@
 //  - samples, applies stop conditions, streams, and caches or frees the KV of finished requests.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -61,9 +62,13 @@ class Scheduler {
   // Thread-safe (reads only).
   void validate(EngineRequest& request) const;
   // Queues a validated request; throws specula::Error when max_queued_requests are waiting.
-  void submit(uint64_t id, EngineRequest request, StreamCallback on_chunk);
+  // Times (first token, latency) count from `submitted`.
+  void submit(uint64_t id, EngineRequest request, StreamCallback on_chunk,
+              std::chrono::steady_clock::time_point submitted = std::chrono::steady_clock::now());
   // Ends a request wherever it is (its KV is released); false if it is unknown or finished.
   bool cancel(uint64_t id);
+  // Ends every request with this reason (shutdown, or a step that failed past recovery).
+  void cancel_all(const std::string& reason);
 
   // One scheduling step and forward; false when there was nothing to run.
   bool step();
@@ -89,7 +94,9 @@ class Scheduler {
   bool alloc_extend(Req& r, int extend);
   bool alloc_decode(Req& r);
   // Hands a request's KV to the prefix cache (page-aligned part) or frees it, and its row.
-  void release_kv(Req& r);
+  // cache_kv = false frees the request's own slots without caching them (their contents are not
+  // trustworthy after a failed step).
+  void release_kv(Req& r, bool cache_kv = true);
   // After a prefill chunk: its page-aligned KV joins the prefix cache so others can share it.
   void cache_unfinished(Req& r);
   void retract(Req& r);
@@ -98,7 +105,7 @@ class Scheduler {
   int64_t reserved_tokens() const;
   void run_batch(const std::vector<Planned>& plan, ForwardMode mode);
   void process_token(Req& r, int32_t token);
-  void finish(Req& r, std::string reason);
+  void finish(Req& r, std::string reason, bool cache_kv = true);
   void publish(Req& r, bool finished);
 
   ModelRunner& runner_;

@@ -2,6 +2,8 @@
 // element for the gated activation, one block per row for add + RMSNorm.
 #include <cuda_bf16.h>
 
+#include <string>
+
 #include "specula/core/cuda_check.h"
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/reduce.cuh"
@@ -92,7 +94,8 @@ __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restri
 }  // namespace
 
 void qkv_epilogue(const QkvEpilogueParams& p, cudaStream_t s) {
-  SPECULA_REQUIRE(p.head_dim % 2 == 0 && p.head_dim <= kMaxHeadDim, "qkv_epilogue: head_dim must be even and <= 256");
+  SPECULA_REQUIRE(p.head_dim % 2 == 0 && p.head_dim <= kMaxHeadDim,
+                  "qkv_epilogue: head_dim " + std::to_string(p.head_dim) + " is not supported; it must be even and <= 256");
   const int64_t items = p.n * (p.num_q_heads + 2 * p.num_kv_heads);
   if (items == 0) return;
   qkv_epilogue_kernel<<<static_cast<unsigned>((items + kEpilogueWarps - 1) / kEpilogueWarps), kEpilogueWarps * 32, 0, s>>>(p);

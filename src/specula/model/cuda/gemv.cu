@@ -2,6 +2,8 @@
 // chunks, four chunks in flight per lane, then a warp reduction per activation row.
 #include <cuda_bf16.h>
 
+#include <string>
+
 #include "specula/core/cuda_check.h"
 #include "specula/model/cuda/gemv.h"
 
@@ -78,7 +80,8 @@ void launch(const void* w, const float* x, float* y, int in, int out, cudaStream
 
 void gemv_bf16(const void* w, const float* x, float* y, int rows, int in, int out, cudaStream_t s) {
   SPECULA_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && in % 8 == 0 && out >= 1,
-                  "gemv_bf16: rows must be 1..8 and in a multiple of 8");
+                  "gemv_bf16: rows " + std::to_string(rows) + ", in " + std::to_string(in) + ", out " +
+                      std::to_string(out) + ": rows must be 1..8, in a multiple of 8 and out >= 1");
   switch (rows) {
     case 1: launch<1>(w, x, y, in, out, s); break;
     case 2: launch<2>(w, x, y, in, out, s); break;
