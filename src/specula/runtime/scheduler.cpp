@@ -48,7 +48,7 @@ struct Scheduler::Req {
   int32_t req_pool_idx = -1;
   std::vector<int32_t> kv_slots;  // KV slots of fill tokens [0, kv_len)
   int prefix_len = 0;             // leading kv_slots owned by the prefix cache
-  RadixNode* last_node = nullptr; // locked while prefix_len > 0
+  RadixNode* last_node = nullptr; // the matched node, locked while set
 
   int kv_len() const { return static_cast<int>(kv_slots.size()); }
   int fill_len() const { return static_cast<int>(params.prompt_ids.size() + out.output_ids.size()); }
@@ -389,7 +389,16 @@ bool Scheduler::step() {
       mode = ForwardMode::DECODE;
     }
   }
-  if (!plan.empty()) run_batch(plan, mode);
+  if (!plan.empty()) {
+    run_batch(plan, mode);
+  } else if (running_.empty() && !waiting_.empty()) {
+    // Not even an empty engine could take the next request (the KV cache is smaller than it
+    // needs, or slots went missing): it ends with the reason instead of waiting forever.
+    Req& r = *waiting_.front();
+    finish(r, fmt::format("error: the KV cache ({} free tokens) cannot hold this request's {} tokens",
+                          runner_.allocator().available_size(), r.fill_len()));
+    waiting_.pop_front();
+  }
   std::erase_if(running_, [](const auto& r) { return r->done; });
   ++stats_.steps;
   return true;

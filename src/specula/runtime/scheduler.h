@@ -86,8 +86,6 @@ class Scheduler {
     int extend;  // tokens run this step
   };
 
-  int32_t fill_id(const Req& r, int i) const;
-  int fill_len(const Req& r) const;
   void match_prefix(Req& r);
   // Makes `pages` free pages available, evicting prefix-cache pages if needed.
   bool ensure_free_pages(int64_t pages);
