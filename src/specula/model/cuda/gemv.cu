@@ -27,53 +27,97 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 __device__ __forceinline__ float lo_bf16(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float hi_bf16(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
 
-template <int kRows>
-__device__ __forceinline__ void accumulate(const uint4& wv, const float* x, int in, int chunk, float (&acc)[kRows]) {
-  const float w[8] = {lo_bf16(wv.x), hi_bf16(wv.x), lo_bf16(wv.y), hi_bf16(wv.y),
-                      lo_bf16(wv.z), hi_bf16(wv.z), lo_bf16(wv.w), hi_bf16(wv.w)};
+// Unpacks 8 bf16 weights.
+__device__ __forceinline__ void unpack(const uint4& wv, float (&w)[8]) {
+  w[0] = lo_bf16(wv.x), w[1] = hi_bf16(wv.x), w[2] = lo_bf16(wv.y), w[3] = hi_bf16(wv.y);
+  w[4] = lo_bf16(wv.z), w[5] = hi_bf16(wv.z), w[6] = lo_bf16(wv.w), w[7] = hi_bf16(wv.w);
+}
+
+// One chunk of kFeat weight rows against kRows activation rows. The activations are loaded once
+// per chunk and reused for every feature (with one feature per warp, re-reading them per row
+// made several rows L1-bound). Each (row, feature) sum adds chunk dot products in ascending
+// chunk order whatever kRows and kFeat are, so a row's result does not depend on the batch.
+template <int kRows, int kFeat>
+__device__ __forceinline__ void accumulate(const uint4 (&wv)[kFeat], const float* x, int in, int chunk,
+                                           float (&acc)[kRows][kFeat]) {
+  float w[kFeat][8];
+#pragma unroll
+  for (int f = 0; f < kFeat; ++f) unpack(wv[f], w[f]);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(r) * in) + chunk * 2;
     const float4 a = xr[0], b = xr[1];
-    acc[r] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+#pragma unroll
+    for (int f = 0; f < kFeat; ++f) {
+      acc[r][f] += w[f][0] * a.x + w[f][1] * a.y + w[f][2] * a.z + w[f][3] * a.w + w[f][4] * b.x + w[f][5] * b.y +
+                   w[f][6] * b.z + w[f][7] * b.w;
+    }
   }
 }
 
-template <int kRows>
+template <int kRows, int kFeat, int kUnrollChunks>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* __restrict__ w, const float* __restrict__ x,
                                                                   float* __restrict__ y, int in, int out) {
-  const int feature = blockIdx.x * kWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
+  const int first = (blockIdx.x * kWarpsPerBlock + static_cast<int>(threadIdx.x) / 32) * kFeat;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  if (feature >= out) return;
+  if (first >= out) return;
   const int chunks = in / 8;
-  const uint4* row = w + static_cast<int64_t>(feature) * chunks;
-  float acc[kRows];
+  // Features past the end read the last row (valid memory) and are not stored.
+  const uint4* rows[kFeat];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-  int c = lane;
-  for (; c + 32 * (kUnroll - 1) < chunks; c += 32 * kUnroll) {
-    uint4 wv[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = load_stream(row + c + 32 * u);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) accumulate<kRows>(wv[u], x, in, c + 32 * u, acc);
-  }
-  for (; c < chunks; c += 32) accumulate<kRows>(load_stream(row + c), x, in, c, acc);
+  for (int f = 0; f < kFeat; ++f) rows[f] = w + static_cast<int64_t>(min(first + f, out - 1)) * chunks;
+  float acc[kRows][kFeat];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+    for (int f = 0; f < kFeat; ++f) acc[r][f] = 0.0f;
+  }
+  int c = lane;
+  for (; c + 32 * (kUnrollChunks - 1) < chunks; c += 32 * kUnrollChunks) {
+    uint4 wv[kUnrollChunks][kFeat];
+#pragma unroll
+    for (int u = 0; u < kUnrollChunks; ++u) {
+#pragma unroll
+      for (int f = 0; f < kFeat; ++f) wv[u][f] = load_stream(rows[f] + c + 32 * u);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnrollChunks; ++u) accumulate<kRows, kFeat>(wv[u], x, in, c + 32 * u, acc);
+  }
+  for (; c < chunks; c += 32) {
+    uint4 wv[kFeat];
+#pragma unroll
+    for (int f = 0; f < kFeat; ++f) wv[f] = load_stream(rows[f] + c);
+    accumulate<kRows, kFeat>(wv, x, in, c, acc);
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int f = 0; f < kFeat; ++f) {
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) acc[r][f] += __shfl_xor_sync(0xffffffffu, acc[r][f], offset);
+    }
   }
   if (lane == 0) {
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) y[static_cast<int64_t>(r) * out + feature] = acc[r];
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int f = 0; f < kFeat; ++f) {
+        if (first + f < out) y[static_cast<int64_t>(r) * out + first + f] = acc[r][f];
+      }
+    }
   }
 }
 
+// One feature per warp and four chunks in flight for a single row (bandwidth-bound); four
+// features per warp sharing the activations for several rows.
 template <int kRows>
 void launch(const void* w, const float* x, float* y, int in, int out, cudaStream_t s) {
-  const unsigned blocks = static_cast<unsigned>((out + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  gemv_kernel<kRows><<<blocks, kWarpsPerBlock * 32, 0, s>>>(static_cast<const uint4*>(w), x, y, in, out);
+  constexpr int kFeat = kRows == 1 ? 1 : 4;
+  constexpr int kUnrollChunks = kRows == 1 ? kUnroll : 1;
+  const int per_block = kWarpsPerBlock * kFeat;
+  const unsigned blocks = static_cast<unsigned>((out + per_block - 1) / per_block);
+  gemv_kernel<kRows, kFeat, kUnrollChunks>
+      <<<blocks, kWarpsPerBlock * 32, 0, s>>>(static_cast<const uint4*>(w), x, y, in, out);
 }
 
 }  // namespace
