@@ -45,7 +45,6 @@ class CudaAttentionBackend final : public AttentionBackend {
   void init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch) override;
   int cuda_graph_seq_len_fill_value() const override { return 1; }
 
-  int num_sms() const { return num_sms_; }
 
  private:
   struct State;  // device buffers and the host plan (cuda_backend.cpp)

@@ -51,43 +51,9 @@ __global__ void add_bias_kernel(float* y, const float* b, int64_t count, int wid
   if (i < count) y[i] += b[i % width];
 }
 
-__global__ void rope_kernel(float* x, const int32_t* positions, const float* inv_freq, float factor, int64_t n, int heads,
-                            int head_dim) {
-  const int half = head_dim / 2;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n * heads * half) return;
-  const int k = static_cast<int>(i % half);
-  const int64_t row = i / half;  // token * heads + head
-  const int64_t t = row / heads;
-  // f32 angle, as the CPU path and Hugging Face compute it.
-  const float angle = static_cast<float>(positions[t]) * inv_freq[k];
-  float sn, cs;
-  sincosf(angle, &sn, &cs);
-  cs *= factor;
-  sn *= factor;
-  float* v = x + row * head_dim;
-  const float a = v[k], b = v[k + half];
-  v[k] = a * cs - b * sn;
-  v[k + half] = b * cs + a * sn;
-}
-
-__global__ void gated_kernel(float* gate, const float* up, int64_t count, bool gelu) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= count) return;
-  const float g = gate[i];
-  const float act = gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
-                         : g / (1.0f + expf(-g));
-  gate[i] = act * up[i];
-}
-
 __global__ void add_kernel(float* x, const float* y, int64_t count) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) x[i] += y[i];
-}
-
-__global__ void to_bf16_kernel(const float* x, __nv_bfloat16* y, int64_t count) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < count) y[i] = __float2bfloat16_rn(x[i]);
 }
 
 __global__ void from_bf16_kernel(const __nv_bfloat16* x, float* y, int64_t count) {
@@ -137,29 +103,9 @@ void add_bias_rows(float* y, const float* b, int64_t rows, int width, cudaStream
   CUDA_CHECK(cudaGetLastError());
 }
 
-void rope_rows(float* x, const int32_t* positions, const float* inv_freq, float attention_factor, int64_t n, int heads,
-               int head_dim, cudaStream_t s) {
-  if (n == 0) return;
-  rope_kernel<<<blocks_for(n * heads * (head_dim / 2)), kThreads, 0, s>>>(x, positions, inv_freq, attention_factor, n,
-                                                                           heads, head_dim);
-  CUDA_CHECK(cudaGetLastError());
-}
-
-void gated_activation(float* gate, const float* up, int64_t count, bool gelu, cudaStream_t s) {
-  if (count == 0) return;
-  gated_kernel<<<blocks_for(count), kThreads, 0, s>>>(gate, up, count, gelu);
-  CUDA_CHECK(cudaGetLastError());
-}
-
 void add_inplace(float* x, const float* y, int64_t count, cudaStream_t s) {
   if (count == 0) return;
   add_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, y, count);
-  CUDA_CHECK(cudaGetLastError());
-}
-
-void f32_to_bf16(const float* x, void* y, int64_t count, cudaStream_t s) {
-  if (count == 0) return;
-  to_bf16_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, static_cast<__nv_bfloat16*>(y), count);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,6 +1,7 @@
 // Element-wise kernels of the decoder on the GPU (f32 activations, raw pointers): embedding
-// lookup, RMSNorm, biases, RoPE, gated activations, residual adds, bf16 conversions for the
-// attention backend, soft-capping, and row gathers. All run on the given stream, no sync.
+// lookup, RMSNorm, biases, residual adds, the attention output's bf16 -> f32 conversion,
+// soft-capping, row gathers, and the hi/lo bf16 split of activations. All run on the given
+// stream, no sync.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,14 +21,7 @@ void split_bf16(const float* x, void* hi, void* lo, int64_t count, cudaStream_t 
 void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int width, float eps, cudaStream_t s);
 // y[r, :] += b
 void add_bias_rows(float* y, const float* b, int64_t rows, int width, cudaStream_t s);
-// Rotates halves of each head of x [n, heads, head_dim] by position: cos/sin(pos * inv_freq[i])
-// times attention_factor.
-void rope_rows(float* x, const int32_t* positions, const float* inv_freq, float attention_factor, int64_t n, int heads,
-               int head_dim, cudaStream_t s);
-// gate = act(gate) * up, act = SiLU or GeLU-tanh.
-void gated_activation(float* gate, const float* up, int64_t count, bool gelu, cudaStream_t s);
 void add_inplace(float* x, const float* y, int64_t count, cudaStream_t s);
-void f32_to_bf16(const float* x, void* y, int64_t count, cudaStream_t s);
 void bf16_to_f32(const void* x, float* y, int64_t count, cudaStream_t s);
 void softcap(float* x, int64_t count, float cap, cudaStream_t s);
 // out[i, :] = x[rows[i], :]
