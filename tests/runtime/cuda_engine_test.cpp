@@ -6,25 +6,15 @@
 
 #include <cstdio>
 
+#include "runtime/engine_fixtures.h"
 #include "specula/runtime/engine.h"
 
 namespace specula {
 namespace {
 
-const std::filesystem::path kModel = std::filesystem::path(SPECULA_SOURCE_DIR) / "models/specula-byte-6m";
-
-const std::vector<std::string> kTexts = {
-    "The quick brown fox jumps over the lazy dog.",
-    "Once upon a time, in a small village by the sea, there lived",
-    "In 1969, the first humans landed on the Moon and",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n",
-    "The weather today is",
-    "Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
-    "She opened the door and saw",
-    "A",
-    "Roses are red, violets are blue,",
-    "Machine learning is a field of study that gives computers the ability to learn",
-};
+using testing_fixtures::greedy;
+using testing_fixtures::kModel;
+using testing_fixtures::kTexts;
 
 EngineOptions gpu_options(int page_size, bool graphs) {
   EngineOptions o;
@@ -42,13 +32,6 @@ EngineOptions gpu_options(int page_size, bool graphs) {
   return o;
 }
 
-EngineRequest greedy(const std::string& text, int max_new) {
-  EngineRequest r;
-  r.prompt = text;
-  r.max_new_tokens = max_new;
-  r.ignore_eos = true;
-  return r;
-}
 
 std::vector<std::vector<int32_t>> run(Engine& engine, int max_new) {
   std::vector<std::shared_ptr<RequestHandle>> handles;

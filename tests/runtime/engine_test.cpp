@@ -9,26 +9,15 @@
 #include <thread>
 
 #include "specula/core/error.h"
+#include "runtime/engine_fixtures.h"
 #include "specula/runtime/engine.h"
 
 namespace specula {
 namespace {
 
-const std::filesystem::path kModel = std::filesystem::path(SPECULA_SOURCE_DIR) / "models/specula-byte-6m";
-
-const std::vector<std::string> kTexts = {
-    "The quick brown fox jumps over the lazy dog.",
-    "Once upon a time, in a small village by the sea, there lived",
-    "In 1969, the first humans landed on the Moon and",
-    "def fibonacci(n):\n    if n < 2:\n        return n\n",
-    "The weather today is",
-    "Numbers: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
-    "She opened the door and saw",
-    "A",
-    "Machine learning is a field of study that gives computers the ability to learn without being explicitly "
-    "programmed. It",
-    "Roses are red, violets are blue,",
-};
+using testing_fixtures::greedy;
+using testing_fixtures::kModel;
+using testing_fixtures::kTexts;
 
 EngineOptions options(int page_size, bool radix, bool mixed, int chunk = 4096) {
   EngineOptions o;
@@ -43,13 +32,6 @@ EngineOptions options(int page_size, bool radix, bool mixed, int chunk = 4096) {
   return o;
 }
 
-EngineRequest greedy(const std::string& text, int max_new = 24) {
-  EngineRequest r;
-  r.prompt = text;
-  r.max_new_tokens = max_new;
-  r.ignore_eos = true;
-  return r;
-}
 
 // Each request's output when it runs by itself (computed once per page size and cached).
 const std::vector<int32_t>& alone(const std::string& text, int max_new, int page_size) {

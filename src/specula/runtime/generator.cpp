@@ -8,12 +8,7 @@ namespace specula {
 EngineOptions Generator::engine_options(const GeneratorOptions& options) {
   EngineOptions e;
   e.background_thread = false;
-  e.runner.device = options.device;
-  e.runner.attention_backend = options.attention_backend;
-  e.runner.page_size = options.page_size;
-  e.runner.kv_dtype = options.kv_dtype;
-  e.runner.max_context_len = options.max_context_len;
-  e.runner.cuda_graph = options.cuda_graph;
+  e.runner = options;
   // One request at a time: one request row and one context of KV.
   e.runner.max_running_requests = 1;
   // Each call stands alone (benchmarks time whole prefills), so nothing is cached across calls.
@@ -34,14 +29,7 @@ const Tokenizer& Generator::tokenizer() const {
 }
 
 GenerateResult Generator::generate(const GenerateRequest& request, const std::function<void(std::string_view)>& on_text) {
-  EngineRequest r;
-  r.prompt_ids = request.prompt_ids;
-  r.sampling = request.sampling;
-  r.max_new_tokens = request.max_new_tokens;
-  r.ignore_eos = request.ignore_eos;
-  r.stop_token_ids = request.stop_token_ids;
-  r.stop_strings = request.stop_strings;
-  auto handle = engine_->submit(std::move(r), [&](const StreamChunk& chunk) {
+  auto handle = engine_->submit(request, [&](const StreamChunk& chunk) {
     if (on_text && !chunk.text.empty()) on_text(chunk.text);
   });
   engine_->run_until_idle();

@@ -19,23 +19,9 @@
 
 namespace specula {
 
-struct GeneratorOptions {
-  Device device = Device::cpu();
-  std::string attention_backend;  // empty: "cpu" on the CPU, "cuda" on a GPU
-  int page_size = 16;
-  std::optional<DType> kv_dtype;  // unset: f32 on the CPU, bf16 on a GPU
-  int max_context_len = 0;  // 0: the model's max_position_embeddings, at most 8192
-  bool cuda_graph = true;   // decode steps through a captured CUDA graph (GPU only)
-};
-
-struct GenerateRequest {
-  std::vector<int32_t> prompt_ids;
-  SamplingParams sampling;
-  int max_new_tokens = 128;
-  bool ignore_eos = false;
-  std::vector<int32_t> stop_token_ids;  // in addition to the model's EOS ids
-  std::vector<std::string> stop_strings;  // generation ends where the text first contains one
-};
+// The model runner's options; max_running_requests is ignored (one request at a time).
+using GeneratorOptions = ModelRunnerOptions;
+using GenerateRequest = EngineRequest;
 
 struct GenerateResult {
   std::vector<int32_t> output_ids;
