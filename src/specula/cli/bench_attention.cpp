@@ -8,13 +8,13 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "specula/cli/attention_bench_case.h"
 #include "specula/cli/cpu_ceilings.h"
+#include "specula/cli/json_file.h"
 #include "specula/core/thread_pool.h"
 
 #ifdef SPECULA_HAS_CUDA
@@ -239,9 +239,7 @@ int run(const Options& o) {
                               {"kv_gbytes_per_second", r.kv_gbps},
                               {"gflops", r.gflops}});
     }
-    std::ofstream file(o.json_path);
-    file << j.dump(2) << "\n";
-    SPECULA_CHECK(file.good(), "--json {}: cannot write the file", o.json_path);
+    write_json_file(o.json_path, j);
     fmt::print("\nwrote {}\n", o.json_path);
   }
   return 0;

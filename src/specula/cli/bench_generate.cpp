@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -12,6 +11,7 @@
 #include <string>
 
 #include "specula/cli/cpu_ceilings.h"
+#include "specula/cli/json_file.h"
 #include "specula/core/error.h"
 #include "specula/core/thread_pool.h"
 #include "specula/model/synthetic.h"
@@ -113,9 +113,7 @@ void run(const Options& o) {
                         {"decode_bound_tokens_per_s", bound},
                         {"cuda_graph", eager.has_value()}};
     if (eager) j["decode_tokens_per_s_no_cuda_graph"] = eager->decode_tokens_per_s;
-    std::ofstream file(o.json_path);
-    file << j.dump(2) << "\n";
-    SPECULA_CHECK(file.good(), "--json {}: cannot write the file", o.json_path);
+    write_json_file(o.json_path, j);
   }
 }
 

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "specula/cli/engine_flags.h"
+#include "specula/cli/json_file.h"
 #include "specula/core/error.h"
 #include "specula/model/synthetic.h"
 #include "specula/runtime/engine.h"
@@ -171,9 +171,7 @@ void run(const Options& o) {
                               {"prefix_cache_hit_rate", hit_rate},
                               {"prefill_tokens", stats.prefill_tokens},
                               {"retractions", stats.retractions}};
-    std::ofstream file(o.json_path);
-    file << j.dump(2) << "\n";
-    SPECULA_CHECK(file.good(), "--json {}: cannot write the file", o.json_path);
+    write_json_file(o.json_path, j);
   }
 }
 
