@@ -7,7 +7,7 @@
 #include <vector>
 
 #ifdef SPECULA_HAS_CUDA
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/attention/cuda/dtype_code.h"
 #include "specula/attention/cuda/kernels/merge_state.h"
 #endif
 
@@ -41,7 +41,7 @@ void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView&
     p.s_b = s_b.data_as<const float>();
     p.v_out = v_out.data();
     p.s_out = s_out.data_as<float>();
-    p.dtype = v_a.dtype() == DType::f32 ? cuda_kernels::kF32 : v_a.dtype() == DType::f16 ? cuda_kernels::kF16 : cuda_kernels::kBF16;
+    p.dtype = kernel_dtype_code(v_a.dtype());
     p.num_rows = n * h;
     p.head_dim = static_cast<int32_t>(d);
     cuda_kernels::launch_merge_state(p, static_cast<cudaStream_t>(cuda_stream));

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #ifdef SPECULA_HAS_CUDA
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/attention/cuda/dtype_code.h"
 #include "specula/kv/cuda/set_kv_buffer.h"
 #endif
 
@@ -137,23 +137,15 @@ void MHAKVPool::set_kv_buffer(int layer_id, const TensorView& loc, const TensorV
   SPECULA_CHECK(k.stride(2) == 1 && k.stride(1) == config_.head_dim && v.stride(2) == 1 && v.stride(1) == config_.v_head_dim,
                 "set_kv_buffer inputs {} / {} need contiguous rows", k.str(), v.str());
 #ifdef SPECULA_HAS_CUDA
-  auto code = [](DType d) {
-    switch (d) {
-      case DType::f32: return cuda_kernels::kF32;
-      case DType::f16: return cuda_kernels::kF16;
-      case DType::bf16: return cuda_kernels::kBF16;
-      default: return cuda_kernels::kFp8E4m3;
-    }
-  };
   cuda_kernels::SetKVParams p{};
   p.k = k.data();
   p.v = v.data();
   p.k_stride = k.stride(0);
   p.v_stride = v.stride(0);
-  p.src_dtype = code(k.dtype());
+  p.src_dtype = kernel_dtype_code(k.dtype());
   p.k_cache = k_buffer(layer_id).data();
   p.v_cache = v_buffer(layer_id).data();
-  p.cache_dtype = code(config_.dtype);
+  p.cache_dtype = kernel_dtype_code(config_.dtype);
   p.loc = loc.data_as<const int32_t>();
   p.num_tokens = n;
   p.row_k = config_.num_kv_heads * config_.head_dim;

@@ -14,7 +14,7 @@
 #include <algorithm>
 
 #include "specula/attention/cuda/kernels/attention_params.h"
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/attention/cuda/dtype_code.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
 #include "specula/kv/mha_kv_pool.h"
@@ -28,16 +28,6 @@ namespace ck = cuda_kernels;
 
 constexpr int kSupportedHeadDims[] = {64, 80, 96, 128, 256};
 constexpr int kMaxDecodeHeads = 8;  // query heads per decode block (decode.cu)
-
-int dtype_code(DType d) {
-  switch (d) {
-    case DType::f32: return ck::kF32;
-    case DType::f16: return ck::kF16;
-    case DType::bf16: return ck::kBF16;
-    case DType::fp8_e4m3: return ck::kFp8E4m3;
-    default: return -1;
-  }
-}
 
 template <typename T>
 constexpr DType dtype_of() {
@@ -363,10 +353,10 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
   p.out_stride_head = out.stride(1);
   p.lse = options.lse.defined() ? options.lse.data_as<float>() : nullptr;
   p.lse_stride_token = options.lse.defined() ? options.lse.stride(0) : 0;
-  p.io_dtype = dtype_code(q.dtype());
+  p.io_dtype = kernel_dtype_code(q.dtype());
   p.k_cache = pool.k_buffer(layer.layer_id).data();
   p.v_cache = pool.v_buffer(layer.layer_id).data();
-  p.kv_dtype = dtype_code(pool.dtype());
+  p.kv_dtype = kernel_dtype_code(pool.dtype());
   p.k_descale = fp8 ? pool.k_scale(layer.layer_id) : 1.0f;
   p.v_descale = fp8 ? pool.v_scale(layer.layer_id) : 1.0f;
   p.num_q_heads = layer.num_q_heads;
