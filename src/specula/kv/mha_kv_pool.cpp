@@ -158,4 +158,18 @@ void MHAKVPool::set_kv_buffer(int layer_id, const TensorView& loc, const TensorV
 #endif
 }
 
+void MHAKVPool::copy_slots(std::span<const int32_t> src, std::span<const int32_t> dst) {
+  SPECULA_CHECK(src.size() == dst.size(), "copy_slots: {} sources but {} destinations", src.size(), dst.size());
+  for (size_t i = 0; i < src.size(); ++i) {
+    SPECULA_CHECK(src[i] >= 0 && src[i] < config_.num_slots && dst[i] >= 0 && dst[i] < config_.num_slots,
+                  "copy_slots: slot {} -> {} is outside [0, {})", src[i], dst[i], config_.num_slots);
+    if (src[i] == dst[i]) continue;
+    for (int l = 0; l < config_.num_layers; ++l) {
+      for (const Buffer* b : {&k_[static_cast<size_t>(l)], &v_[static_cast<size_t>(l)]}) {
+        copy(b->view().slice(dst[i], 1), b->view().slice(src[i], 1));
+      }
+    }
+  }
+}
+
 }  // namespace specula

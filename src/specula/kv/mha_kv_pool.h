@@ -47,6 +47,10 @@ class MHAKVPool {
   // tensors; runs on cuda_stream (a cudaStream_t; nullptr: the default stream), no sync.
   void set_kv_buffer(int layer_id, const TensorView& loc, const TensorView& k, const TensorView& v, void* cuda_stream);
 
+  // Copies the K and V of every layer from slot src[i] to slot dst[i], in order (speculative
+  // decoding moves an accepted path into place). Host or device pools.
+  void copy_slots(std::span<const int32_t> src, std::span<const int32_t> dst);
+
   size_t bytes_per_token() const;  // all layers, K and V
 
  private:

@@ -3,8 +3,6 @@
 // inverse frequencies 1 / theta^(2i/d) computed in f32; SiLU-gated MLP.
 #include "specula/model/llama.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +10,7 @@
 #include <unistd.h>
 
 #include "specula/core/error.h"
+#include "specula/model/cpu_ops.h"
 #include "specula/model/rope.h"
 
 namespace specula {
@@ -49,35 +48,6 @@ std::vector<float> to_f32(const TensorView& t, LoadProgress& progress) {
   convert_to_float(t.data(), t.dtype(), out.data(), out.size());
   progress.advance(t.nbytes());
   return out;
-}
-
-// y[n, out] = x[n, in] * w[out, in]^T. One row (decode at batch 1) goes through sgemv, which
-// streams the weights; sgemm's packing is overhead for a single row.
-void linear(const float* x, const std::vector<float>& w, float* y, int64_t n, int in, int out) {
-  if (n == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w.data(), in, x, 1, 0.0f, y, 1);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), out, in, 1.0f, x, in, w.data(), in, 0.0f, y,
-              out);
-}
-
-void add_bias(float* y, const std::vector<float>& bias, int64_t n) {
-  const auto width = static_cast<int64_t>(bias.size());
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t i = 0; i < width; ++i) y[r * width + i] += bias[static_cast<size_t>(i)];
-  }
-}
-
-// In place is allowed (y == x): each row's scale is computed before the row is written.
-void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t n, int hidden, float eps) {
-  for (int64_t r = 0; r < n; ++r) {
-    const float* xr = x + r * hidden;
-    float sum = 0.0f;
-    for (int i = 0; i < hidden; ++i) sum += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(hidden) + eps);
-    for (int i = 0; i < hidden; ++i) y[r * hidden + i] = w[static_cast<size_t>(i)] * (xr[i] * inv);
-  }
 }
 
 }  // namespace
@@ -162,7 +132,8 @@ size_t LlamaModel::weight_bytes() const {
   return floats * sizeof(float);
 }
 
-void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens) {
+void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens,
+                         HiddenCapture* capture) {
   const ModelConfig& c = config_;
   const int64_t n = batch.num_tokens();
   const int hidden = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
@@ -180,59 +151,55 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   }
   Buffer q(DType::f32, {n, Hq, D}), k(DType::f32, {n, Hkv, D}), v(DType::f32, {n, Hkv, D}), attn(DType::f32, {n, Hq, D});
   std::vector<float> o(x.size()), gate(static_cast<size_t>(n * c.intermediate_size)), up(gate.size());
-  // cos/sin per token and frequency, computed in f32 as Hugging Face does.
-  std::vector<float> cos_t(static_cast<size_t>(n * (D / 2))), sin_t(cos_t.size());
-  for (int64_t t = 0; t < n; ++t) {
-    const float pos = static_cast<float>(batch.positions[static_cast<size_t>(t)]);
-    for (int i = 0; i < D / 2; ++i) {
-      const float angle = pos * inv_freq_[static_cast<size_t>(i)];
-      cos_t[static_cast<size_t>(t * (D / 2) + i)] = std::cos(angle) * rope_attention_factor_;
-      sin_t[static_cast<size_t>(t * (D / 2) + i)] = std::sin(angle) * rope_attention_factor_;
-    }
-  }
-  auto rope = [&](float* data, int heads) {
-    for (int64_t t = 0; t < n; ++t) {
-      for (int hd = 0; hd < heads; ++hd) {
-        float* v0 = data + (t * heads + hd) * D;
-        for (int i = 0; i < D / 2; ++i) {
-          const float cs = cos_t[static_cast<size_t>(t * (D / 2) + i)], sn = sin_t[static_cast<size_t>(t * (D / 2) + i)];
-          const float a = v0[i], b = v0[i + D / 2];
-          v0[i] = a * cs - b * sn;
-          v0[i + D / 2] = b * cs + a * sn;
-        }
-      }
-    }
-  };
+  const CpuRope rope(batch.positions, inv_freq_, rope_attention_factor_);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const bool gelu = c.hidden_act == "gelu_pytorch_tanh";
+  const size_t captured = capture != nullptr ? capture->layers.size() : 0;
+  if (capture != nullptr) {
+    for (int layer : capture->layers) {
+      SPECULA_CHECK(layer == HiddenCapture::kFinalNormed || (layer >= 0 && layer < c.num_hidden_layers),
+                    "cannot capture the hidden state entering layer {}; the model has {} layers", layer,
+                    c.num_hidden_layers);
+    }
+    capture->data.assign(static_cast<size_t>(n) * captured * static_cast<size_t>(hidden), 0.0f);
+  }
+  // Copies [n, hidden] into capture entry e of every token.
+  auto store = [&](size_t e, const float* src) {
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(src + t * hidden, hidden, capture->data.begin() + static_cast<int64_t>((static_cast<size_t>(t) * captured + e) * static_cast<size_t>(hidden)));
+    }
+  };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
-    rms_norm(x.data(), w.input_norm, xn.data(), n, hidden, eps);
-    linear(xn.data(), w.wq, q.data_as<float>(), n, hidden, Hq * D);
-    linear(xn.data(), w.wk, k.data_as<float>(), n, hidden, Hkv * D);
-    linear(xn.data(), w.wv, v.data_as<float>(), n, hidden, Hkv * D);
+    for (size_t e = 0; e < captured; ++e) {
+      if (capture->layers[e] == static_cast<int>(l)) store(e, x.data());
+    }
+    cpu_rms_norm(x.data(), w.input_norm, xn.data(), n, hidden, eps);
+    cpu_linear(xn.data(), w.wq, q.data_as<float>(), n, hidden, Hq * D);
+    cpu_linear(xn.data(), w.wk, k.data_as<float>(), n, hidden, Hkv * D);
+    cpu_linear(xn.data(), w.wv, v.data_as<float>(), n, hidden, Hkv * D);
     if (!w.bq.empty()) {
-      add_bias(q.data_as<float>(), w.bq, n);
-      add_bias(k.data_as<float>(), w.bk, n);
-      add_bias(v.data_as<float>(), w.bv, n);
+      cpu_add_bias(q.data_as<float>(), w.bq, n);
+      cpu_add_bias(k.data_as<float>(), w.bk, n);
+      cpu_add_bias(v.data_as<float>(), w.bv, n);
     }
     if (!w.q_norm.empty()) {
-      rms_norm(q.data_as<float>(), w.q_norm, q.data_as<float>(), n * Hq, D, eps);
-      rms_norm(k.data_as<float>(), w.k_norm, k.data_as<float>(), n * Hkv, D, eps);
+      cpu_rms_norm(q.data_as<float>(), w.q_norm, q.data_as<float>(), n * Hq, D, eps);
+      cpu_rms_norm(k.data_as<float>(), w.k_norm, k.data_as<float>(), n * Hkv, D, eps);
     }
-    rope(q.data_as<float>(), Hq);
-    rope(k.data_as<float>(), Hkv);
+    rope.apply(q.data_as<float>(), Hq);
+    rope.apply(k.data_as<float>(), Hkv);
     backend.forward(q, k, v, attn, attention_layers_[l], batch);
-    linear(attn.data_as<float>(), w.wo, o.data(), n, Hq * D, hidden);
-    if (!w.bo.empty()) add_bias(o.data(), w.bo, n);
-    if (!w.post_attn_norm.empty()) rms_norm(o.data(), w.post_attn_norm, o.data(), n, hidden, eps);
+    cpu_linear(attn.data_as<float>(), w.wo, o.data(), n, Hq * D, hidden);
+    if (!w.bo.empty()) cpu_add_bias(o.data(), w.bo, n);
+    if (!w.post_attn_norm.empty()) cpu_rms_norm(o.data(), w.post_attn_norm, o.data(), n, hidden, eps);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-    rms_norm(x.data(), w.post_norm, xn.data(), n, hidden, eps);
-    linear(xn.data(), w.w_gate, gate.data(), n, hidden, c.intermediate_size);
-    linear(xn.data(), w.w_up, up.data(), n, hidden, c.intermediate_size);
+    cpu_rms_norm(x.data(), w.post_norm, xn.data(), n, hidden, eps);
+    cpu_linear(xn.data(), w.w_gate, gate.data(), n, hidden, c.intermediate_size);
+    cpu_linear(xn.data(), w.w_up, up.data(), n, hidden, c.intermediate_size);
     if (!w.b_gate.empty()) {
-      add_bias(gate.data(), w.b_gate, n);
-      add_bias(up.data(), w.b_up, n);
+      cpu_add_bias(gate.data(), w.b_gate, n);
+      cpu_add_bias(up.data(), w.b_up, n);
     }
     if (gelu) {
       for (size_t i = 0; i < gate.size(); ++i) {
@@ -240,12 +207,17 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
         gate[i] = 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
       }
     } else {
-      for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+      cpu_silu_mul(gate, up);
     }
-    linear(gate.data(), w.w_down, o.data(), n, c.intermediate_size, hidden);
-    if (!w.b_down.empty()) add_bias(o.data(), w.b_down, n);
-    if (!w.post_ffn_norm.empty()) rms_norm(o.data(), w.post_ffn_norm, o.data(), n, hidden, eps);
+    cpu_linear(gate.data(), w.w_down, o.data(), n, c.intermediate_size, hidden);
+    if (!w.b_down.empty()) cpu_add_bias(o.data(), w.b_down, n);
+    if (!w.post_ffn_norm.empty()) cpu_rms_norm(o.data(), w.post_ffn_norm, o.data(), n, hidden, eps);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+  }
+  for (size_t e = 0; e < captured; ++e) {
+    if (capture->layers[e] != HiddenCapture::kFinalNormed) continue;
+    cpu_rms_norm(x.data(), final_norm_, xn.data(), n, hidden, eps);
+    store(e, xn.data());
   }
   // Final norm and lm_head on the rows whose logits are wanted.
   std::vector<int64_t> rows;
@@ -260,10 +232,10 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   }
   std::vector<float> selected(rows.size() * static_cast<size_t>(hidden));
   for (size_t r = 0; r < rows.size(); ++r) {
-    rms_norm(x.data() + rows[r] * hidden, final_norm_, selected.data() + r * static_cast<size_t>(hidden), 1, hidden, eps);
+    cpu_rms_norm(x.data() + rows[r] * hidden, final_norm_, selected.data() + r * static_cast<size_t>(hidden), 1, hidden, eps);
   }
   logits.resize(rows.size() * static_cast<size_t>(c.vocab_size));
-  linear(selected.data(), lm_head_.empty() ? embed_ : lm_head_, logits.data(), static_cast<int64_t>(rows.size()), hidden,
+  cpu_linear(selected.data(), lm_head_.empty() ? embed_ : lm_head_, logits.data(), static_cast<int64_t>(rows.size()), hidden,
          c.vocab_size);
   if (c.final_logit_softcapping > 0) {
     const auto cap = static_cast<float>(c.final_logit_softcapping);

@@ -9,6 +9,7 @@
 
 #include "specula/attention/backend.h"
 #include "specula/model/config.h"
+#include "specula/model/hidden_capture.h"
 #include "specula/model/weights.h"
 
 namespace specula {
@@ -26,7 +27,9 @@ class LlamaModel {
   // Runs the batch (its input_ids / positions / KV slots); writes f32 logits of the last token of
   // each request ([batch_size, vocab_size]) or, with all_tokens, of every token
   // ([num_tokens, vocab_size]). The backend's metadata must be initialised for this batch.
-  void forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens = false);
+  // capture (optional) receives hidden states of every token for a draft head.
+  void forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens = false,
+               HiddenCapture* capture = nullptr);
 
  public:
   // The weights as held (f32), for other executors of the same model (the CUDA one uploads them).

@@ -166,7 +166,8 @@ size_t LlamaCudaModel::weight_bytes() const {
   return bytes;
 }
 
-void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& backend, Workspace& ws, int64_t n) {
+void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& backend, Workspace& ws, int64_t n,
+                                HiddenCapture* capture) {
   const ModelConfig& c = host_.config();
   const auto s = static_cast<cudaStream_t>(stream_);
   const int h = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
@@ -197,8 +198,25 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
     ck::embed_rows(embed_.data_as<const float>(), ids, x, n, h, embed_scale, s);
   }
   ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
+  const size_t captured = capture != nullptr ? capture->layers.size() : 0;
+  if (capture != nullptr) {
+    for (int layer : capture->layers) {
+      SPECULA_CHECK(layer == HiddenCapture::kFinalNormed || (layer >= 0 && layer < c.num_hidden_layers),
+                    "cannot capture the hidden state entering layer {}; the model has {} layers", layer,
+                    c.num_hidden_layers);
+    }
+    capture->data.assign(static_cast<size_t>(n) * captured * static_cast<size_t>(h), 0.0f);
+  }
+  // Copies [n, h] on the device into capture entry e of every token (a strided copy to the host).
+  auto store = [&](size_t e, const float* src) {
+    CUDA_CHECK(cudaMemcpy2DAsync(capture->data.data() + e * static_cast<size_t>(h), captured * h * sizeof(float), src,
+                                 h * sizeof(float), h * sizeof(float), static_cast<size_t>(n), cudaMemcpyDeviceToHost, s));
+  };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
+    for (size_t e = 0; e < captured; ++e) {
+      if (capture->layers[e] == static_cast<int>(l)) store(e, x);
+    }
     linear(ws, xn, w.w_qkv, w.b_qkv, qkv, n, h, qkv_width);
     ck::QkvEpilogueParams e{};
     e.qkv = qkv;
@@ -232,6 +250,12 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
       ck::add_inplace(x, o, n * h, s);
     }
   }
+  for (size_t e = 0; e < captured; ++e) {
+    if (capture->layers[e] != HiddenCapture::kFinalNormed) continue;
+    ck::rms_norm_rows(x, final_norm_.data_as<const float>(), xn, n, h, eps, s);
+    store(e, xn);
+  }
+  if (captured > 0) CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 float* LlamaCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_t count) {
@@ -264,7 +288,8 @@ void download_logits(std::vector<float>& logits, const float* src, int64_t count
 }
 }  // namespace
 
-void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens) {
+void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens,
+                             HiddenCapture* capture) {
   const ModelConfig& c = host_.config();
   const auto s = static_cast<cudaStream_t>(stream_);
   const int64_t n = batch.num_tokens();
@@ -273,7 +298,7 @@ void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backen
   for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
   upload_async(scratch(eager_, 0, DType::i32, n), batch.input_ids, s);
   upload_async(scratch(eager_, 1, DType::i32, n), batch.positions, s);
-  run_layers(batch, backend, eager_, n);
+  run_layers(batch, backend, eager_, n, capture);
   std::vector<int32_t> rows;
   if (!all_tokens && n != batch.batch_size) {
     int32_t end = 0;

@@ -34,8 +34,9 @@ class LlamaCudaModel {
   // Bytes of weights as held on the device (what one decode step reads).
   size_t weight_bytes() const;
 
-  // As LlamaModel::forward; logits come back to the host.
-  void forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens = false);
+  // As LlamaModel::forward; logits (and captured hidden states) come back to the host.
+  void forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens = false,
+               HiddenCapture* capture = nullptr);
 
   // Captures one DECODE-step graph per batch size. The backend must have had
   // init_cuda_graph_state(max size). Padding rows (capture, and batches smaller than their
@@ -70,7 +71,8 @@ class LlamaCudaModel {
   void linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out);
   // The decoder layers over n tokens whose ids and positions are in slots 0 and 1; the final
   // hidden states are left in slot 2.
-  void run_layers(const ForwardBatch& batch, AttentionBackend& backend, Workspace& ws, int64_t n);
+  void run_layers(const ForwardBatch& batch, AttentionBackend& backend, Workspace& ws, int64_t n,
+                  HiddenCapture* capture = nullptr);
   // Final norm and lm_head over `count` rows of slot 2 (row ids in device memory, or the first
   // `count` rows when nullptr); returns the f32 logits in slot 17.
   float* run_head(Workspace& ws, const int32_t* row_ids, int64_t count);

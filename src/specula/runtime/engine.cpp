@@ -60,8 +60,10 @@ Engine::Engine(const ModelConfig& config, const WeightSource& weights, const Eng
 }
 
 void Engine::init(const ModelConfig& config, const WeightSource& weights) {
+  if (options_.speculative) options_.runner.cuda_graph = false;
   runner_ = std::make_unique<ModelRunner>(config, weights, options_.runner);
-  scheduler_ = std::make_unique<Scheduler>(*runner_, tokenizer_.get(), options_.scheduler);
+  if (options_.speculative) spec_ = std::make_unique<EagleWorker>(*runner_, *options_.speculative);
+  scheduler_ = std::make_unique<Scheduler>(*runner_, tokenizer_.get(), options_.scheduler, spec_.get());
   stats_ = scheduler_->stats();
   if (options_.background_thread) thread_ = std::thread([this] { loop(); });
 }

@@ -29,6 +29,9 @@ namespace specula {
 struct EngineOptions {
   ModelRunnerOptions runner;
   SchedulerOptions scheduler;
+  // EAGLE / EAGLE-3 speculative decoding with this draft head (the target then never runs plain
+  // DECODE steps, so no decode CUDA graphs are captured for it).
+  std::optional<EagleOptions> speculative;
   bool background_thread = true;
 };
 
@@ -85,6 +88,7 @@ class Engine {
   const ModelConfig& config() const { return runner_->config(); }
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   ModelRunner& runner() { return *runner_; }
+  const EagleWorker* speculative_worker() const { return spec_.get(); }
 
  private:
   void init(const ModelConfig& config, const WeightSource& weights);
@@ -96,6 +100,7 @@ class Engine {
   EngineOptions options_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<EagleWorker> spec_;
   std::unique_ptr<Scheduler> scheduler_;
 
   struct Submitted {

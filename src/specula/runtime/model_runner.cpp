@@ -111,20 +111,22 @@ std::vector<int> ModelRunner::cuda_graph_batch_sizes() const {
 
 ModelRunner::~ModelRunner() = default;
 
-void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens) {
+void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens, HiddenCapture* capture) {
   batch.req_to_token_pool = req_pool_.get();
   batch.token_to_kv_pool = kv_pool_.get();
 #ifdef SPECULA_HAS_CUDA
   if (cuda_model_) {
     auto* model = static_cast<LlamaCudaModel*>(cuda_model_.get());
-    if (use_cuda_graph_ && !all_tokens && model->forward_decode_graph(batch, *backend_, logits)) return;
+    if (use_cuda_graph_ && !all_tokens && capture == nullptr && model->forward_decode_graph(batch, *backend_, logits)) {
+      return;
+    }
     backend_->init_forward_metadata(batch);
-    model->forward(batch, *backend_, logits, all_tokens);
+    model->forward(batch, *backend_, logits, all_tokens, capture);
     return;
   }
 #endif
   backend_->init_forward_metadata(batch);
-  model_->forward(batch, *backend_, logits, all_tokens);
+  model_->forward(batch, *backend_, logits, all_tokens, capture);
 }
 
 }  // namespace specula

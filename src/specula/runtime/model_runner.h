@@ -67,7 +67,9 @@ class ModelRunner {
 
   // Points the batch at the pools, builds the backend's metadata and runs the model: f32 logits of
   // the last token of each request ([batch_size, vocab]), or of every token with all_tokens.
-  void forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens = false);
+  // capture (optional): hidden states of every token for a draft head (graphs are not used then).
+  void forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens = false,
+               HiddenCapture* capture = nullptr);
 
  private:
   ModelRunnerOptions options_;

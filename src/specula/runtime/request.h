@@ -33,6 +33,10 @@ struct RequestOutput {
   double time_to_first_token_s = 0;  // from submission
   double latency_s = 0;              // from submission to the last token
   std::vector<double> token_times_s;  // from submission, one per output token
+  // Speculative decoding: verify cycles and how many tokens each produced ([L] = cycles that
+  // produced L tokens: L - 1 accepted draft tokens and the bonus token).
+  int spec_verify_cycles = 0;
+  std::vector<int> spec_accept_histogram;
 };
 
 // Sent as a request makes progress: the tokens since the last chunk and the text that became

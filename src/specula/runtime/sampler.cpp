@@ -34,9 +34,7 @@ void Sampler::observe_prompt(std::span<const int32_t> prompt_ids) { seen_.insert
 
 int32_t Sampler::sample(std::span<const float> raw_logits) {
   std::span<const float> logits = raw_logits;
-  const bool penalize = params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f ||
-                        params_.presence_penalty != 0.0f;
-  if (penalize) {
+  if (has_penalties()) {
     work_.assign(raw_logits.begin(), raw_logits.end());
     for (int32_t id : seen_) {
       if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
@@ -50,34 +48,33 @@ int32_t Sampler::sample(std::span<const float> raw_logits) {
     logits = work_;
   }
   const int32_t token = pick(logits);
-  seen_.insert(token);
-  ++output_counts_[token];
+  record(token);
   return token;
 }
 
-int32_t Sampler::pick(std::span<const float> raw) {
+std::span<const float> Sampler::clean(std::span<const float> raw) {
   // NaN would break the ordering below; it counts as impossible (-inf). +inf dominates.
-  std::span<const float> logits = raw;
-  if (std::any_of(raw.begin(), raw.end(), [](float x) { return !std::isfinite(x); })) {
-    clean_.assign(raw.begin(), raw.end());
-    bool has_pos_inf = false;
-    for (float x : clean_) has_pos_inf = has_pos_inf || (std::isinf(x) && x > 0);
-    for (float& x : clean_) {
-      if (std::isnan(x)) x = -INFINITY;
-      else if (has_pos_inf) x = std::isinf(x) && x > 0 ? 0.0f : -INFINITY;  // only the +inf tokens remain
-    }
-    SPECULA_CHECK(std::any_of(clean_.begin(), clean_.end(), [](float x) { return std::isfinite(x); }),
-                  "sampling from logits that are all NaN or -inf");
-    logits = clean_;
+  if (std::none_of(raw.begin(), raw.end(), [](float x) { return !std::isfinite(x); })) return raw;
+  clean_.assign(raw.begin(), raw.end());
+  bool has_pos_inf = false;
+  for (float x : clean_) has_pos_inf = has_pos_inf || (std::isinf(x) && x > 0);
+  for (float& x : clean_) {
+    if (std::isnan(x)) x = -INFINITY;
+    else if (has_pos_inf) x = std::isinf(x) && x > 0 ? 0.0f : -INFINITY;  // only the +inf tokens remain
   }
-  if (params_.temperature == 0.0f) return argmax(logits);
-  std::vector<int32_t> order(logits.size());
+  SPECULA_CHECK(std::any_of(clean_.begin(), clean_.end(), [](float x) { return std::isfinite(x); }),
+                "sampling from logits that are all NaN or -inf");
+  return clean_;
+}
+
+size_t Sampler::filter(std::span<const float> logits, std::vector<int32_t>& order, std::vector<double>& probs) const {
+  order.resize(logits.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
   size_t keep = order.size();
   if (params_.top_k > 0) keep = std::min(keep, static_cast<size_t>(params_.top_k));
   const float top = logits[static_cast<size_t>(order[0])];
-  std::vector<double> probs(keep);
+  probs.resize(keep);
   double sum = 0;
   for (size_t i = 0; i < keep; ++i) {
     probs[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(order[i])]) - top) / params_.temperature);
@@ -102,8 +99,36 @@ int32_t Sampler::pick(std::span<const float> raw) {
     while (cut < keep && probs[cut] >= threshold) ++cut;
     keep = cut;
   }
+  return keep;
+}
+
+int32_t Sampler::pick(std::span<const float> raw) {
+  const std::span<const float> logits = clean(raw);
+  if (params_.temperature == 0.0f) return argmax(logits);
+  std::vector<int32_t> order;
+  std::vector<double> probs;
+  const size_t keep = filter(logits, order, probs);
   std::discrete_distribution<size_t> draw(probs.begin(), probs.begin() + static_cast<int64_t>(keep));
   return order[draw(rng_)];
+}
+
+void Sampler::distribution(std::span<const float> raw, std::vector<float>& out) {
+  SPECULA_CHECK(params_.temperature > 0.0f, "a sampling distribution needs temperature > 0");
+  const std::span<const float> logits = clean(raw);
+  std::vector<int32_t> order;
+  std::vector<double> probs;
+  const size_t keep = filter(logits, order, probs);
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += probs[i];
+  out.assign(logits.size(), 0.0f);
+  for (size_t i = 0; i < keep; ++i) out[static_cast<size_t>(order[i])] = static_cast<float>(probs[i] / sum);
+}
+
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+void Sampler::record(int32_t token) {
+  seen_.insert(token);
+  ++output_counts_[token];
 }
 
 }  // namespace specula

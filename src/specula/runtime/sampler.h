@@ -35,6 +35,17 @@ class Sampler {
   // Picks a token and records it as output (for the penalties).
   int32_t sample(std::span<const float> logits);
 
+  // For speculative verification (temperature > 0, no penalties): the distribution sample()
+  // draws from (temperature, top-k, top-p, min-p applied; sums to 1) over the whole vocabulary,
+  // uniform doubles in [0, 1) from the request's generator, and recording an emitted token.
+  bool greedy() const { return params_.temperature == 0.0f; }
+  bool has_penalties() const {
+    return params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
+  }
+  void distribution(std::span<const float> logits, std::vector<float>& probs);
+  double uniform();
+  void record(int32_t token);
+
  private:
   SamplingParams params_;
   std::mt19937_64 rng_;
@@ -44,6 +55,11 @@ class Sampler {
   std::vector<float> clean_;
 
   int32_t pick(std::span<const float> logits);
+  // Logits with NaN as -inf (and only the +inf tokens when any is +inf).
+  std::span<const float> clean(std::span<const float> raw);
+  // Token ids by falling logit and the temperature-scaled probabilities of the first ones; returns
+  // how many survive top-k, top-p and min-p.
+  size_t filter(std::span<const float> logits, std::vector<int32_t>& order, std::vector<double>& probs) const;
 };
 
 int32_t argmax(std::span<const float> logits);

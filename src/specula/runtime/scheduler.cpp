@@ -49,6 +49,11 @@ struct Scheduler::Req {
   std::vector<int32_t> kv_slots;  // KV slots of fill tokens [0, kv_len)
   int prefix_len = 0;             // leading kv_slots owned by the prefix cache
   RadixNode* last_node = nullptr; // the matched node, locked while set
+  // Speculative decoding: the draft KV exists for pairs [0, draft_len); the root's draft state;
+  // the scratch slots of the running cycle (positions kv_len...).
+  int draft_len = 0;
+  DraftState draft;
+  std::vector<int32_t> scratch;
 
   int kv_len() const { return static_cast<int>(kv_slots.size()); }
   int fill_len() const { return static_cast<int>(params.prompt_ids.size() + out.output_ids.size()); }
@@ -65,8 +70,9 @@ struct Scheduler::Req {
   int remaining_new_tokens() const { return max_new_tokens - static_cast<int>(out.output_ids.size()); }
 };
 
-Scheduler::Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const SchedulerOptions& options)
-    : runner_(runner), tokenizer_(tokenizer), options_(options) {
+Scheduler::Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const SchedulerOptions& options,
+                     EagleWorker* spec)
+    : runner_(runner), tokenizer_(tokenizer), spec_(spec), options_(options) {
   SPECULA_CHECK(options_.max_queued_requests >= 1, "max_queued_requests {} is not valid; it must be >= 1",
                 options_.max_queued_requests);
   SPECULA_CHECK(options_.chunked_prefill_size >= 0,
@@ -80,6 +86,8 @@ Scheduler::Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const Sche
   // from the decode kernels': whether that happens depends on the other requests, so the
   // batch-invariant mode keeps decodes in steps of their own.
   if (runner_.options().deterministic) options_.enable_mixed_chunk = false;
+  // A speculative cycle is a step of its own (draft, verify, draft extend).
+  if (spec_ != nullptr) options_.enable_mixed_chunk = false;
 }
 
 Scheduler::~Scheduler() = default;
@@ -99,6 +107,9 @@ void Scheduler::validate(EngineRequest& r) const {
   }
   SPECULA_CHECK(r.max_new_tokens >= 0, "max_new_tokens {} is not valid; it must be >= 0", r.max_new_tokens);
   r.sampling.validate();
+  SPECULA_CHECK(spec_ == nullptr || (r.sampling.repetition_penalty == 1.0f && r.sampling.frequency_penalty == 0.0f &&
+                                     r.sampling.presence_penalty == 0.0f),
+                "repetition, frequency and presence penalties are not supported with speculative decoding");
   // Builds (and so checks) the stop strings.
   OutputText check(tokenizer_, r.stop_strings);
 }
@@ -111,7 +122,9 @@ void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chu
   r->stop_ids = r->params.stop_token_ids;
   if (!r->params.ignore_eos) r->stop_ids.insert(r->stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
   const auto prompt_len = static_cast<int>(r->params.prompt_ids.size());
-  r->max_new_tokens = std::min(r->params.max_new_tokens, runner_.max_context_len() - prompt_len);
+  // With speculation a cycle also needs scratch slots past the request's last token.
+  const int scratch = spec_ != nullptr ? spec_->scratch_tokens() : 0;
+  r->max_new_tokens = std::max(0, std::min(r->params.max_new_tokens, runner_.max_context_len() - prompt_len - scratch));
   r->sampler.observe_prompt(r->params.prompt_ids);
   r->submitted = submitted;
   r->out.id = id;
@@ -184,21 +197,45 @@ void Scheduler::match_prefix(Req& r) {
   // At least one token must run so that its logits give the next token.
   const std::vector<int32_t> key = r.fill(r.fill_len() - 1);
   RadixCache::Match m = cache_->match_prefix(key);
+  if (spec_ != nullptr && !m.slots.empty()) {
+    // The cached draft pair at the match's last position was computed with the next token of
+    // whoever cached it, which may differ from ours: reuse only the whole pages before it.
+    const int page = runner_.page_size();
+    const int usable = (static_cast<int>(m.slots.size()) - 1) / page * page;
+    m = cache_->match_prefix(std::vector<int32_t>(key.begin(), key.begin() + usable));
+  }
   r.kv_slots = std::move(m.slots);
   r.prefix_len = r.kv_len();
+  r.draft_len = r.prefix_len;
   r.last_node = m.last_node;
   cache_->inc_lock_ref(r.last_node);
+}
+
+int Scheduler::cacheable_len(const Req& r) const { return spec_ != nullptr ? std::min(r.kv_len(), r.draft_len) : r.kv_len(); }
+
+void Scheduler::free_after(std::span<const int32_t> slots, int32_t last_kept) {
+  const int page = runner_.page_size();
+  std::vector<int32_t> pages;
+  for (int32_t slot : slots) {
+    if (last_kept >= 0 && slot / page == last_kept / page) continue;
+    if (pages.empty() || pages.back() != slot / page) pages.push_back(slot / page);
+  }
+  for (int32_t& p : pages) p *= page;
+  runner_.allocator().free(pages);
 }
 
 void Scheduler::release_kv(Req& r, bool cache_kv) {
   if (r.req_pool_idx < 0) return;
   PagedTokenAllocator& a = runner_.allocator();
   const int kv = r.kv_len();
+  const int cacheable = cacheable_len(r);
+  r.draft = {};
+  r.draft_len = 0;
   if (cache_ && !cache_kv) {
     if (kv > r.prefix_len) a.free(std::span<const int32_t>(r.kv_slots).subspan(r.prefix_len));
     if (r.last_node != nullptr) cache_->dec_lock_ref(r.last_node);
   } else if (cache_) {
-    const int aligned = kv / runner_.page_size() * runner_.page_size();
+    const int aligned = cacheable / runner_.page_size() * runner_.page_size();
     int64_t overlap = 0;
     if (aligned > 0) {
       const std::vector<int32_t> key = r.fill(aligned);
@@ -221,7 +258,7 @@ void Scheduler::release_kv(Req& r, bool cache_kv) {
 
 void Scheduler::cache_unfinished(Req& r) {
   if (!cache_) return;
-  const int aligned = r.kv_len() / runner_.page_size() * runner_.page_size();
+  const int aligned = cacheable_len(r) / runner_.page_size() * runner_.page_size();
   if (aligned <= r.prefix_len) return;
   const std::vector<int32_t> key = r.fill(aligned);
   const int64_t overlap = cache_->insert(key, std::span<const int32_t>(r.kv_slots.data(), static_cast<size_t>(aligned)));
@@ -261,14 +298,16 @@ int64_t Scheduler::reserved_tokens() const {
   return reserved;
 }
 
-std::vector<Scheduler::Planned> Scheduler::schedule_decodes() {
+std::vector<Scheduler::Planned> Scheduler::schedule_decodes(int tokens) {
   const int page = runner_.page_size();
   auto is_decoding = [](const Req& r) { return r.pending() == 1; };
-  // Free pages for every decoding request's next token: evict cached pages, then retract (the
+  // Free pages for every decoding request's next tokens: evict cached pages, then retract (the
   // request with the fewest output tokens first, then the longest prompt, as SGLang does).
   while (true) {
     int64_t need = 0;
-    for (const auto& r : running_) need += (is_decoding(*r) && r->kv_len() % page == 0) ? 1 : 0;
+    for (const auto& r : running_) {
+      if (is_decoding(*r)) need += pages_for(r->kv_len() + tokens, page) - pages_for(r->kv_len(), page);
+    }
     if (ensure_free_pages(need)) break;
     SPECULA_CHECK(running_.size() > 1, "the KV cache cannot hold one request's next token");
     auto victim = std::min_element(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
@@ -282,7 +321,17 @@ std::vector<Scheduler::Planned> Scheduler::schedule_decodes() {
   std::vector<Planned> plan;
   for (const auto& r : running_) {
     if (!is_decoding(*r)) continue;
-    SPECULA_ASSERT(alloc_decode(*r));
+    if (spec_ == nullptr) {
+      SPECULA_ASSERT(alloc_decode(*r));
+    } else {
+      // Scratch slots for the cycle: mapped in the request's row but not (yet) its KV.
+      const int kv = r->kv_len();
+      const int32_t prefix[] = {kv}, seq[] = {kv + tokens}, last[] = {kv > 0 ? r->kv_slots.back() : -1};
+      auto slots = runner_.allocator().alloc_extend(prefix, seq, last);
+      SPECULA_ASSERT(slots.has_value());
+      runner_.req_pool().write(r->req_pool_idx, kv, *slots);
+      r->scratch = std::move(*slots);
+    }
     plan.push_back({r.get(), 1});
   }
   return plan;
@@ -385,11 +434,13 @@ bool Scheduler::step() {
   } else {
     plan = schedule_prefills(budget, 0);
     if (plan.empty()) {
-      plan = schedule_decodes();
+      plan = schedule_decodes(spec_ != nullptr ? spec_->scratch_tokens() : 1);
       mode = ForwardMode::DECODE;
     }
   }
-  if (!plan.empty()) {
+  if (!plan.empty() && mode == ForwardMode::DECODE && spec_ != nullptr) {
+    run_spec_cycle(plan);
+  } else if (!plan.empty()) {
     run_batch(plan, mode);
   } else if (running_.empty() && !waiting_.empty()) {
     // Not even an empty engine could take the next request (the KV cache is smaller than it
@@ -424,8 +475,10 @@ void Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
     }
     if (p.extend > 1 || r.out.output_ids.empty()) stats_.prefill_tokens += p.extend;
   }
+  HiddenCapture capture;
+  if (spec_ != nullptr) capture.layers = spec_->capture_layers();
   try {
-    runner_.forward(b, logits_);
+    runner_.forward(b, logits_, /*all_tokens=*/false, spec_ != nullptr ? &capture : nullptr);
   } catch (const std::exception& e) {
     // A failed step ends its requests with the reason rather than losing them silently; the KV
     // it was writing is not cached.
@@ -437,22 +490,128 @@ void Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
     Req& r = *plan[i].req;
     try {
       if (r.pending() > 0) {
-        cache_unfinished(r);
+        if (spec_ == nullptr) cache_unfinished(r);
         continue;
       }
       const int32_t token = r.sampler.sample(std::span<const float>(logits_).subspan(i * vocab, vocab));
-      if (plan[i].extend > 1) cache_unfinished(r);
+      if (plan[i].extend > 1 && spec_ == nullptr) cache_unfinished(r);
       process_token(r, token);
     } catch (const std::exception& e) {
       // E.g. logits that are all NaN: this request ends, the others go on.
       if (!r.done) finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
     }
   }
+  if (spec_ != nullptr) draft_after_prefill(plan, capture);
   if (mode == ForwardMode::DECODE || mode == ForwardMode::MIXED) {
     const double init = std::min(1.0, kInitNewTokenRatio * options_.schedule_conservativeness);
     const double floor = init * kMinNewTokenRatioFactor;
     new_token_ratio_ = std::max(floor, new_token_ratio_ - (init - floor) / kNewTokenRatioDecaySteps);
   }
+}
+
+void Scheduler::draft_after_prefill(const std::vector<Planned>& plan, const HiddenCapture& capture) {
+  // The draft pairs of each chunk: (token t + 1, target feature of t) for the chunk's positions t;
+  // the token after the chunk is the next prompt token, or the one just sampled.
+  const auto width = static_cast<size_t>(spec_->head().feature_size());
+  std::vector<DraftExtendItem> items;
+  std::vector<Req*> reqs;
+  size_t row = 0;
+  for (const Planned& p : plan) {
+    Req& r = *p.req;
+    const size_t first = row;
+    row += static_cast<size_t>(p.extend);
+    if (r.done) continue;
+    const int start = r.kv_len() - p.extend;
+    SPECULA_ASSERT(start == r.draft_len);
+    DraftExtendItem it;
+    it.req_pool_idx = r.req_pool_idx;
+    it.start = start;
+    for (int t = start; t < r.kv_len(); ++t) it.next_tokens.push_back(r.fill_id(t + 1));
+    it.features = capture.data.data() + first * width;
+    it.state = &r.draft;
+    items.push_back(std::move(it));
+    reqs.push_back(&r);
+  }
+  try {
+    spec_->draft_extend(items);
+  } catch (const std::exception& e) {
+    for (Req* r : reqs) finish(*r, std::string("error: ") + e.what(), /*cache_kv=*/false);
+    return;
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    Req& r = *reqs[i];
+    r.draft_len = r.kv_len();
+    cache_unfinished(r);
+  }
+}
+
+void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
+  std::vector<CycleItem> items(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Req& r = *plan[i].req;
+    items[i].req_pool_idx = r.req_pool_idx;
+    items[i].kv_len = r.kv_len();
+    items[i].root_token = r.fill_id(r.kv_len());
+    items[i].state = &r.draft;
+    items[i].sampler = &r.sampler;
+  }
+  try {
+    spec_->run_cycle(items);
+  } catch (const std::exception& e) {
+    for (const Planned& p : plan) {
+      Req& r = *p.req;
+      free_after(r.scratch, r.kv_slots.empty() ? -1 : r.kv_slots.back());
+      r.scratch.clear();
+      finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
+    }
+    return;
+  }
+  std::vector<DraftExtendItem> extend;
+  std::vector<Req*> extended;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Req& r = *plan[i].req;
+    const VerifyResult& res = items[i].result;
+    const auto accept_len = res.accepted_nodes.size();  // accepted draft tokens + the bonus token
+    ++stats_.spec_cycles;
+    stats_.spec_emitted_tokens += static_cast<int64_t>(accept_len);
+    if (stats_.spec_accept_histogram.size() <= accept_len) stats_.spec_accept_histogram.resize(accept_len + 1, 0);
+    ++stats_.spec_accept_histogram[accept_len];
+    ++r.out.spec_verify_cycles;
+    if (r.out.spec_accept_histogram.size() <= accept_len) r.out.spec_accept_histogram.resize(accept_len + 1, 0);
+    ++r.out.spec_accept_histogram[accept_len];
+    // The cycle's tokens: the accepted draft tokens, then the bonus. Emitting token j commits the
+    // KV of the tree node before it (the root for j = 0), which now sits at scratch position j.
+    std::vector<int32_t> emitted = res.accepted_tokens;
+    emitted.push_back(res.bonus_token);
+    const int kv0 = r.kv_len();
+    std::vector<int32_t> scratch = std::move(r.scratch);
+    r.scratch.clear();
+    size_t used = 0;
+    int32_t last_kept = r.kv_slots.empty() ? -1 : r.kv_slots.back();
+    while (used < emitted.size() && !r.done) {
+      r.kv_slots.push_back(scratch[used]);
+      last_kept = scratch[used];
+      process_token(r, emitted[used]);
+      ++used;
+    }
+    free_after(std::span<const int32_t>(scratch).subspan(used), last_kept);
+    if (r.done) continue;
+    DraftExtendItem it;
+    it.req_pool_idx = r.req_pool_idx;
+    it.start = kv0;
+    it.next_tokens = emitted;
+    it.features = items[i].accepted_features.data();
+    it.state = &r.draft;
+    extend.push_back(std::move(it));
+    extended.push_back(&r);
+  }
+  try {
+    spec_->draft_extend(extend);
+  } catch (const std::exception& e) {
+    for (Req* r : extended) finish(*r, std::string("error: ") + e.what(), /*cache_kv=*/false);
+    return;
+  }
+  for (Req* r : extended) r->draft_len = r->kv_len();
 }
 
 void Scheduler::process_token(Req& r, int32_t token) {

@@ -7,6 +7,9 @@
 //  - splits prompts longer than the step's token budget over several steps (chunked prefill);
 //  - runs one forward: EXTEND (prefill only), DECODE, or MIXED (prefill chunks and decodes);
 //  - samples, applies stop conditions, streams, and caches or frees the KV of finished requests.
+// With an EagleWorker, decoding requests advance by speculative cycles instead of DECODE steps
+// (draft, verify a tree, keep the accepted run), and every prefill chunk is followed by the draft
+// head's extend over it; prefill and speculative steps are never mixed.
 #pragma once
 
 #include <chrono>
@@ -20,6 +23,7 @@
 #include "specula/model/tokenizer.h"
 #include "specula/runtime/model_runner.h"
 #include "specula/runtime/request.h"
+#include "specula/speculative/eagle_worker.h"
 
 namespace specula {
 
@@ -45,6 +49,9 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0;    // prompt tokens of admitted requests (first admission)
   int64_t decode_tokens = 0;    // tokens generated
   int64_t retractions = 0;
+  int64_t spec_cycles = 0;           // speculative verify cycles
+  int64_t spec_emitted_tokens = 0;   // sum of their accept lengths (accepted draft tokens + 1)
+  std::vector<int64_t> spec_accept_histogram;  // [L] = cycles of accept length L
   int64_t kv_free_tokens = 0;   // free in the allocator
   int64_t kv_cached_tokens = 0; // held by the prefix cache
   int64_t kv_total_tokens = 0;
@@ -52,7 +59,9 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const SchedulerOptions& options);
+  // spec (optional, not owned): speculative decoding with this worker.
+  Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const SchedulerOptions& options,
+            EagleWorker* spec = nullptr);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -98,7 +107,18 @@ class Scheduler {
   // After a prefill chunk: its page-aligned KV joins the prefix cache so others can share it.
   void cache_unfinished(Req& r);
   void retract(Req& r);
-  std::vector<Planned> schedule_decodes();
+  // Frees pages for every decoding request's next `tokens` KV slots (evicting, then retracting)
+  // and allocates them: one committed slot each, or with speculation scratch slots.
+  std::vector<Planned> schedule_decodes(int tokens = 1);
+  void run_spec_cycle(const std::vector<Planned>& plan);
+  // After a prefill step: the draft head's extend over each chunk, then the chunk may be cached.
+  void draft_after_prefill(const std::vector<Planned>& plan, const HiddenCapture& capture);
+  // Frees the pages of `slots` (positions after a request's last kept slot `last_kept`) that do not
+  // also hold kept tokens.
+  void free_after(std::span<const int32_t> slots, int32_t last_kept);
+  // KV tokens a request may hand to the prefix cache (with speculation, only those whose draft
+  // KV was computed too).
+  int cacheable_len(const Req& r) const;
   std::vector<Planned> schedule_prefills(int budget, int decodes);
   int64_t reserved_tokens() const;
   void run_batch(const std::vector<Planned>& plan, ForwardMode mode);
@@ -108,6 +128,7 @@ class Scheduler {
 
   ModelRunner& runner_;
   const Tokenizer* tokenizer_;
+  EagleWorker* spec_;
   SchedulerOptions options_;
   std::unique_ptr<RadixCache> cache_;
   std::deque<std::unique_ptr<Req>> waiting_;

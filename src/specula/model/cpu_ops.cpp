@@ -1,0 +1,73 @@
+// CPU decoder building blocks.
+#include "specula/model/cpu_ops.h"
+
+#include <cblas.h>
+
+#include <cmath>
+
+namespace specula {
+
+void cpu_linear(const float* x, const std::vector<float>& w, float* y, int64_t n, int in, int out) {
+  // One row (decode at batch 1) goes through sgemv, which streams the weights; sgemm's packing is
+  // overhead for a single row.
+  if (n == 1) {
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w.data(), in, x, 1, 0.0f, y, 1);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), out, in, 1.0f, x, in, w.data(), in, 0.0f, y,
+              out);
+}
+
+void cpu_add_bias(float* y, const std::vector<float>& bias, int64_t n) {
+  const auto width = static_cast<int64_t>(bias.size());
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < width; ++i) y[r * width + i] += bias[static_cast<size_t>(i)];
+  }
+}
+
+void cpu_rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t n, int hidden, float eps) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * hidden;
+    float sum = 0.0f;
+    for (int i = 0; i < hidden; ++i) sum += xr[i] * xr[i];
+    // The row's scale is computed before the row is written, so y may alias x.
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(hidden) + eps);
+    for (int i = 0; i < hidden; ++i) y[r * hidden + i] = w[static_cast<size_t>(i)] * (xr[i] * inv);
+  }
+}
+
+void cpu_silu_mul(std::vector<float>& gate, const std::vector<float>& up) {
+  for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+CpuRope::CpuRope(std::span<const int32_t> positions, const std::vector<float>& inv_freq, float attention_factor)
+    : n_(static_cast<int64_t>(positions.size())), half_(static_cast<int>(inv_freq.size())) {
+  cos_.resize(static_cast<size_t>(n_ * half_));
+  sin_.resize(cos_.size());
+  for (int64_t t = 0; t < n_; ++t) {
+    const float pos = static_cast<float>(positions[static_cast<size_t>(t)]);
+    for (int i = 0; i < half_; ++i) {
+      const float angle = pos * inv_freq[static_cast<size_t>(i)];
+      cos_[static_cast<size_t>(t * half_ + i)] = std::cos(angle) * attention_factor;
+      sin_[static_cast<size_t>(t * half_ + i)] = std::sin(angle) * attention_factor;
+    }
+  }
+}
+
+void CpuRope::apply(float* data, int heads) const {
+  const int D = 2 * half_;
+  for (int64_t t = 0; t < n_; ++t) {
+    const float* cs = cos_.data() + t * half_;
+    const float* sn = sin_.data() + t * half_;
+    for (int hd = 0; hd < heads; ++hd) {
+      float* v = data + (t * heads + hd) * D;
+      for (int i = 0; i < half_; ++i) {
+        const float a = v[i], b = v[i + half_];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half_] = b * cs[i] + a * sn[i];
+      }
+    }
+  }
+}
+
+}  // namespace specula

@@ -1,0 +1,265 @@
+// EagleHead: loading (format detection, checks against the target) and the f32 forward.
+#include "specula/model/eagle_head.h"
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/core/error.h"
+#include "specula/model/cpu_ops.h"
+#include "specula/model/rope.h"
+#include "specula/model/safetensors.h"
+
+namespace specula {
+
+using json = nlohmann::json;
+
+std::string_view eagle_kind_name(EagleKind kind) { return kind == EagleKind::EAGLE ? "EAGLE" : "EAGLE3"; }
+
+EagleKind parse_eagle_kind(std::string_view name) {
+  std::string upper(name);
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (upper == "EAGLE") return EagleKind::EAGLE;
+  if (upper == "EAGLE3") return EagleKind::EAGLE3;
+  SPECULA_CHECK(false, "speculative algorithm '{}' is not supported; supported: EAGLE, EAGLE3", name);
+  return EagleKind::EAGLE;
+}
+
+namespace {
+
+std::vector<float> to_f32(const TensorView& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  convert_to_float(t.data(), t.dtype(), out.data(), out.size());
+  return out;
+}
+
+// The head's kind as its files say: the architecture name when it is one of the head names, else
+// the tensors (published EAGLE heads often keep `LlamaForCausalLM`).
+EagleKind detect_kind(const std::string& architecture, const Checkpoint& ckpt) {
+  if (architecture == "LlamaForCausalLMEagle3") return EagleKind::EAGLE3;
+  if (architecture == "LlamaForCausalLMEagle") return EagleKind::EAGLE;
+  if (ckpt.contains("midlayer.self_attn.q_proj.weight")) return EagleKind::EAGLE3;
+  SPECULA_CHECK(ckpt.contains("fc.weight"),
+                "the draft model (architecture '{}') is not an EAGLE head: it has no 'fc.weight' tensor", architecture);
+  return EagleKind::EAGLE;
+}
+
+}  // namespace
+
+EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const LlamaModel& target)
+    : kind_(kind), target_(target) {
+  const auto path = dir / "config.json";
+  std::ifstream in(path);
+  SPECULA_CHECK(in.good(), "cannot read {}: is '{}' a draft model folder?", path.string(), dir.string());
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, false);
+  SPECULA_CHECK(!j.is_discarded() && j.is_object(), "{} is not a valid JSON object", path.string());
+  std::string architecture = "LlamaForCausalLM";
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string()) {
+    architecture = j["architectures"][0].get<std::string>();
+  }
+  // The decoder layer is a Llama layer: parse the shape with the Llama rules.
+  j["architectures"] = json::array({"LlamaForCausalLM"});
+  config_ = parse_model_config(j.dump());
+  config_.architecture = architecture;
+
+  const Checkpoint ckpt(dir);
+  const EagleKind found = detect_kind(architecture, ckpt);
+  SPECULA_CHECK(found == kind, "the draft model in {} is an {} head ({}), but the speculative algorithm is {}",
+                dir.string(), eagle_kind_name(found), architecture, eagle_kind_name(kind));
+
+  const ModelConfig& t = target.config();
+  const int64_t h = config_.hidden_size, th = t.hidden_size;
+  const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
+  const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
+  const int64_t inter = config_.intermediate_size;
+  auto load = [&](const std::string& name, const Shape& shape) { return to_f32(ckpt.get(name, shape)); };
+  const bool own_embed = ckpt.contains("embed_tokens.weight");
+  SPECULA_CHECK(config_.vocab_size == t.vocab_size,
+                "the draft head's vocab_size {} does not match the target's {}", config_.vocab_size, t.vocab_size);
+  if (own_embed) {
+    embed_ = load("embed_tokens.weight", {t.vocab_size, h});
+  } else {
+    SPECULA_CHECK(h == th, "the draft head's hidden_size {} does not match the target's {} (the head shares its embedding)",
+                  h, th);
+  }
+  int64_t attn_in = h;
+  if (kind == EagleKind::EAGLE) {
+    SPECULA_CHECK(h == th, "the EAGLE head's hidden_size {} does not match the target's {}", h, th);
+    feature_size_ = static_cast<int>(th);
+    capture_layers_ = {HiddenCapture::kFinalNormed};
+    draft_vocab_ = t.vocab_size;
+    fc_ = load("fc.weight", {h, 2 * h});
+    if (ckpt.contains("fc.bias")) fc_bias_ = load("fc.bias", {h});
+    const std::string p = ckpt.contains("layers.0.self_attn.q_proj.weight") ? "layers.0." : "model.layers.0.";
+    wq_ = load(p + "self_attn.q_proj.weight", {q_out, h});
+    wk_ = load(p + "self_attn.k_proj.weight", {kv_out, h});
+    wv_ = load(p + "self_attn.v_proj.weight", {kv_out, h});
+    wo_ = load(p + "self_attn.o_proj.weight", {h, q_out});
+    post_norm_ = load(p + "post_attention_layernorm.weight", {h});
+    w_gate_ = load(p + "mlp.gate_proj.weight", {inter, h});
+    w_up_ = load(p + "mlp.up_proj.weight", {inter, h});
+    w_down_ = load(p + "mlp.down_proj.weight", {h, inter});
+  } else {
+    const int64_t target_hidden = j.contains("target_hidden_size") && j["target_hidden_size"].is_number_integer()
+                                      ? j["target_hidden_size"].get<int64_t>()
+                                      : h;
+    SPECULA_CHECK(target_hidden == th, "the EAGLE-3 head's target_hidden_size {} does not match the target's hidden_size {}",
+                  target_hidden, th);
+    // SGLang's convention: eagle_aux_hidden_state_layer_ids name layer outputs, i.e. the streams
+    // entering layers id + 1; the default is the streams entering [2, L / 2, L - 3].
+    const int L = t.num_hidden_layers;
+    std::vector<int> ids;
+    if (j.contains("eagle_config") && j["eagle_config"].is_object() &&
+        j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {
+      for (const json& x : j["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) {
+        SPECULA_CHECK(x.is_number_integer(), "{}: eagle_aux_hidden_state_layer_ids must hold integers", path.string());
+        ids.push_back(x.get<int>() + 1);
+      }
+    } else {
+      ids = {2, L / 2, L - 3};
+    }
+    SPECULA_CHECK(ids.size() == 3, "the EAGLE-3 head captures {} target layers; it must be 3", ids.size());
+    for (int id : ids) {
+      SPECULA_CHECK(id >= 0 && id < L, "the EAGLE-3 head reads the stream entering target layer {}; the target has {} layers",
+                    id, L);
+    }
+    capture_layers_ = ids;
+    feature_size_ = static_cast<int>(3 * th);
+    draft_vocab_ = j.contains("draft_vocab_size") && j["draft_vocab_size"].is_number_integer()
+                       ? j["draft_vocab_size"].get<int>()
+                       : config_.vocab_size;
+    SPECULA_CHECK(draft_vocab_ >= 1 && draft_vocab_ <= t.vocab_size, "the EAGLE-3 head's draft_vocab_size {} is not in [1, {}]",
+                  draft_vocab_, t.vocab_size);
+    fc_ = load("fc.weight", {h, 3 * th});
+    attn_in = 2 * h;
+    const std::string p = "midlayer.";
+    input_norm_ = load(p + "input_layernorm.weight", {h});
+    hidden_norm_ = load(p + "hidden_norm.weight", {h});
+    wq_ = load(p + "self_attn.q_proj.weight", {q_out, attn_in});
+    wk_ = load(p + "self_attn.k_proj.weight", {kv_out, attn_in});
+    wv_ = load(p + "self_attn.v_proj.weight", {kv_out, attn_in});
+    wo_ = load(p + "self_attn.o_proj.weight", {h, q_out});
+    post_norm_ = load(p + "post_attention_layernorm.weight", {h});
+    w_gate_ = load(p + "mlp.gate_proj.weight", {inter, h});
+    w_up_ = load(p + "mlp.up_proj.weight", {inter, h});
+    w_down_ = load(p + "mlp.down_proj.weight", {h, inter});
+    final_norm_ = load("norm.weight", {h});
+    lm_head_ = load("lm_head.weight", {draft_vocab_, h});
+    if (ckpt.contains("d2t")) {
+      const TensorView d2t = ckpt.get("d2t", {draft_vocab_});
+      SPECULA_CHECK(d2t.dtype() == DType::i64, "the EAGLE-3 head's d2t must be int64, not {}", dtype_name(d2t.dtype()));
+      const auto* v = static_cast<const int64_t*>(d2t.data());
+      d2t_.assign(v, v + draft_vocab_);
+      for (int i = 0; i < draft_vocab_; ++i) {
+        SPECULA_CHECK(i + d2t_[static_cast<size_t>(i)] >= 0 && i + d2t_[static_cast<size_t>(i)] < t.vocab_size,
+                      "the EAGLE-3 head's d2t maps draft id {} to {}, outside the target vocabulary [0, {})", i,
+                      i + d2t_[static_cast<size_t>(i)], t.vocab_size);
+      }
+    } else {
+      SPECULA_CHECK(draft_vocab_ == t.vocab_size,
+                    "the EAGLE-3 head has a draft vocabulary of {} tokens but no d2t mapping to the target's {}",
+                    draft_vocab_, t.vocab_size);
+      d2t_.assign(static_cast<size_t>(draft_vocab_), 0);
+    }
+  }
+  attention_layer_.layer_id = 0;
+  attention_layer_.num_q_heads = config_.num_attention_heads;
+  attention_layer_.num_kv_heads = config_.num_key_value_heads;
+  attention_layer_.head_dim = config_.head_dim;
+  const RopeFrequencies rope = compute_rope_frequencies(config_);
+  inv_freq_ = rope.inv_freq;
+  rope_attention_factor_ = rope.attention_factor;
+}
+
+int32_t EagleHead::to_target_id(int32_t draft_id) const {
+  if (kind_ == EagleKind::EAGLE) return draft_id;
+  return static_cast<int32_t>(draft_id + d2t_[static_cast<size_t>(draft_id)]);
+}
+
+void EagleHead::forward(const ForwardBatch& batch, AttentionBackend& backend, const float* hidden_in, bool from_target,
+                        std::vector<float>& hidden_out, const std::vector<int64_t>& logit_rows,
+                        std::vector<float>& logits) const {
+  const ModelConfig& c = config_;
+  const int64_t n = batch.num_tokens();
+  const int h = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int vocab = target_.config().vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const std::vector<float>& embed = embed_.empty() ? target_.embedding() : embed_;
+  std::vector<float> emb(static_cast<size_t>(n * h));
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = batch.input_ids[static_cast<size_t>(t)];
+    SPECULA_CHECK(id >= 0 && id < vocab, "token id {} is out of range [0, {})", id, vocab);
+    std::copy_n(embed.begin() + static_cast<int64_t>(id) * h, h, emb.begin() + t * h);
+  }
+  // x: the layer's input (EAGLE) / residual (EAGLE-3), [n, h]; a: the attention input.
+  std::vector<float> x(static_cast<size_t>(n * h));
+  std::vector<float> a;
+  int attn_in = h;
+  if (kind_ == EagleKind::EAGLE) {
+    SPECULA_CHECK(!from_target || feature_size_ == h, "EAGLE features must have {} values per token", h);
+    std::vector<float> cat(static_cast<size_t>(n * 2 * h));
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(emb.begin() + t * h, h, cat.begin() + t * 2 * h);
+      std::copy_n(hidden_in + t * h, h, cat.begin() + t * 2 * h + h);
+    }
+    cpu_linear(cat.data(), fc_, x.data(), n, 2 * h, h);
+    if (!fc_bias_.empty()) cpu_add_bias(x.data(), fc_bias_, n);
+    a = x;  // no input_layernorm
+  } else {
+    if (from_target) {
+      cpu_linear(hidden_in, fc_, x.data(), n, feature_size_, h);
+    } else {
+      std::copy_n(hidden_in, n * h, x.begin());
+    }
+    attn_in = 2 * h;
+    a.resize(static_cast<size_t>(n * 2 * h));
+    std::vector<float> normed(static_cast<size_t>(n * h));
+    cpu_rms_norm(emb.data(), input_norm_, normed.data(), n, h, eps);
+    for (int64_t t = 0; t < n; ++t) std::copy_n(normed.begin() + t * h, h, a.begin() + t * 2 * h);
+    cpu_rms_norm(x.data(), hidden_norm_, normed.data(), n, h, eps);
+    for (int64_t t = 0; t < n; ++t) std::copy_n(normed.begin() + t * h, h, a.begin() + t * 2 * h + h);
+  }
+  Buffer q(DType::f32, {n, Hq, D}), k(DType::f32, {n, Hkv, D}), v(DType::f32, {n, Hkv, D}), attn(DType::f32, {n, Hq, D});
+  cpu_linear(a.data(), wq_, q.data_as<float>(), n, attn_in, Hq * D);
+  cpu_linear(a.data(), wk_, k.data_as<float>(), n, attn_in, Hkv * D);
+  cpu_linear(a.data(), wv_, v.data_as<float>(), n, attn_in, Hkv * D);
+  const CpuRope rope(batch.positions, inv_freq_, rope_attention_factor_);
+  rope.apply(q.data_as<float>(), Hq);
+  rope.apply(k.data_as<float>(), Hkv);
+  backend.forward(q, k, v, attn, attention_layer_, batch);
+  std::vector<float> o(static_cast<size_t>(n * h)), xn(o.size());
+  cpu_linear(attn.data_as<float>(), wo_, o.data(), n, Hq * D, h);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+  cpu_rms_norm(x.data(), post_norm_, xn.data(), n, h, eps);
+  std::vector<float> gate(static_cast<size_t>(n * c.intermediate_size)), up(gate.size());
+  cpu_linear(xn.data(), w_gate_, gate.data(), n, h, c.intermediate_size);
+  cpu_linear(xn.data(), w_up_, up.data(), n, h, c.intermediate_size);
+  cpu_silu_mul(gate, up);
+  cpu_linear(gate.data(), w_down_, o.data(), n, c.intermediate_size, h);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+  hidden_out = x;
+
+  const auto rows = static_cast<int64_t>(logit_rows.size());
+  std::vector<float> selected(static_cast<size_t>(rows * h));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = logit_rows[static_cast<size_t>(r)];
+    SPECULA_ASSERT(row >= 0 && row < n);
+    std::copy_n(x.begin() + row * h, h, selected.begin() + r * h);
+  }
+  logits.resize(static_cast<size_t>(rows * draft_vocab_));
+  if (rows == 0) return;
+  if (kind_ == EagleKind::EAGLE) {
+    cpu_linear(selected.data(), target_.lm_head(), logits.data(), rows, h, draft_vocab_);
+  } else {
+    cpu_rms_norm(selected.data(), final_norm_, selected.data(), rows, h, eps);
+    cpu_linear(selected.data(), lm_head_, logits.data(), rows, h, draft_vocab_);
+  }
+}
+
+}  // namespace specula

@@ -1,0 +1,77 @@
+// EagleHead: an EAGLE or EAGLE-3 draft head (SGLang's llama_eagle.py / llama_eagle3.py layouts,
+// so heads published for Llama-3.1-8B load unchanged), executed on the CPU in f32.
+//
+// EAGLE (`LlamaForCausalLMEagle`): x = fc([embed(token) ; feature]) where the feature is the
+// target's final normed hidden state; one Llama decoder layer without input_layernorm; its output
+// goes to the target's lm_head without a norm and is the next step's feature.
+// EAGLE-3 (`LlamaForCausalLMEagle3`): the feature is the target's residual streams entering three
+// layers, concatenated and fused by fc [3 target_hidden -> hidden] (draft steps feed back the
+// head's own hidden state instead); the midlayer attends over [input_layernorm(embed(token)) ;
+// hidden_norm(hidden)] (q/k/v take 2 x hidden inputs) with the hidden as its residual; norm then
+// the head's own lm_head over a draft vocabulary, mapped to target ids by d2t
+// (target = draft + d2t[draft]).
+// Pair convention: the pair (token t+1, feature of position t) sits at RoPE position t.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "specula/attention/backend.h"
+#include "specula/model/config.h"
+#include "specula/model/hidden_capture.h"
+#include "specula/model/llama.h"
+
+namespace specula {
+
+enum class EagleKind { EAGLE, EAGLE3 };
+
+std::string_view eagle_kind_name(EagleKind kind);
+// "EAGLE" or "EAGLE3" (case-insensitive); throws specula::Error naming the allowed values.
+EagleKind parse_eagle_kind(std::string_view name);
+
+class EagleHead {
+ public:
+  // Loads the head in `dir` (config.json + safetensors) for `target`. Throws specula::Error at
+  // once when the head is not of `kind` (e.g. an EAGLE-3 head given as EAGLE), or does not fit
+  // the target (hidden size, vocabulary, aux layers out of range), naming both sides.
+  EagleHead(const std::filesystem::path& dir, EagleKind kind, const LlamaModel& target);
+
+  EagleKind kind() const { return kind_; }
+  const ModelConfig& config() const { return config_; }
+  const AttentionLayer& attention_layer() const { return attention_layer_; }
+  // What the target must capture for this head (HiddenCapture::layers) and its width per token.
+  const std::vector<int>& capture_layers() const { return capture_layers_; }
+  int feature_size() const { return feature_size_; }
+  int hidden_size() const { return config_.hidden_size; }
+  int draft_vocab_size() const { return draft_vocab_; }
+  // Target id of a draft-vocabulary id.
+  int32_t to_target_id(int32_t draft_id) const;
+
+  // Runs the head over the batch's tokens (input_ids, positions, KV slots of its draft KV pool).
+  // hidden_in: [num_tokens, feature_size()] target features when from_target, else
+  // [num_tokens, hidden_size()] hidden states of earlier draft steps. Writes the next hidden
+  // states [num_tokens, hidden] and f32 logits over the draft vocabulary of the rows `logit_rows`
+  // ([rows, draft_vocab]). The backend's metadata must be initialised for this batch.
+  void forward(const ForwardBatch& batch, AttentionBackend& backend, const float* hidden_in, bool from_target,
+               std::vector<float>& hidden_out, const std::vector<int64_t>& logit_rows, std::vector<float>& logits) const;
+
+ private:
+  EagleKind kind_;
+  ModelConfig config_;
+  const LlamaModel& target_;
+  int feature_size_ = 0;
+  int draft_vocab_ = 0;
+  std::vector<int> capture_layers_;
+  AttentionLayer attention_layer_;
+  std::vector<float> inv_freq_;
+  float rope_attention_factor_ = 1.0f;
+  std::vector<float> embed_;  // [vocab, hidden] when the head ships its own; else the target's
+  std::vector<float> fc_, fc_bias_;
+  std::vector<float> input_norm_, hidden_norm_, post_norm_, final_norm_;  // EAGLE-3 norms (post_norm both)
+  std::vector<float> wq_, wk_, wv_, wo_, w_gate_, w_up_, w_down_;
+  std::vector<float> lm_head_;      // EAGLE-3 [draft_vocab, hidden]
+  std::vector<int64_t> d2t_;        // EAGLE-3 [draft_vocab]
+};
+
+}  // namespace specula

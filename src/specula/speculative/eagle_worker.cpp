@@ -1,0 +1,251 @@
+// EagleWorker implementation.
+#include "specula/speculative/eagle_worker.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "specula/core/error.h"
+
+namespace specula {
+
+EagleWorker::EagleWorker(ModelRunner& target, const EagleOptions& options) : target_(target), options_(options) {
+  const SpecParams& p = options_.params;
+  p.validate();
+  head_ = std::make_unique<EagleHead>(options_.draft_model, options_.kind, target.model());
+  const AttentionLayer& layer = head_->attention_layer();
+  draft_kv_ = std::make_unique<MHAKVPool>(KVPoolConfig{target.kv_pool().num_slots(), 1, layer.num_kv_heads,
+                                                       layer.head_dim, layer.head_dim, DType::f32, Device::cpu()});
+  AttentionBackendOptions bo;
+  bo.page_size = target.page_size();
+  bo.max_context_len = target.max_context_len();
+  extend_backend_ = make_attention_backend("cpu", bo);
+  extend_backend_->check_layer(layer, DType::f32, DType::f32);
+  step_backend_ = std::make_unique<DraftCascadeBackend>("cpu", bo, target.options().max_running_requests * p.topk,
+                                                        p.num_steps);
+  step_backend_->check_layer(layer, DType::f32, DType::f32);
+}
+
+int EagleWorker::scratch_tokens() const {
+  const SpecParams& p = options_.params;
+  return std::max(p.num_draft_tokens, (p.num_steps - 1) * p.topk);
+}
+
+void EagleWorker::top_k(const float* logits, std::vector<int32_t>& tokens, std::vector<float>& probs) const {
+  const int vocab = head_->draft_vocab_size();
+  const float top = *std::max_element(logits, logits + vocab);
+  std::vector<float> p(static_cast<size_t>(vocab));
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) sum += p[static_cast<size_t>(i)] = std::exp(logits[i] - top);
+  for (float& x : p) x = static_cast<float>(x / sum);
+  const std::vector<int32_t> best = top_k_indices(p, options_.params.topk);
+  tokens.clear();
+  probs.clear();
+  for (int32_t id : best) {
+    tokens.push_back(head_->to_target_id(id));
+    probs.push_back(p[static_cast<size_t>(id)]);
+  }
+}
+
+void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
+  ForwardBatch b;
+  b.forward_mode = ForwardMode::DRAFT_EXTEND;
+  std::vector<float> features;
+  std::vector<int64_t> last_rows;
+  std::vector<DraftExtendItem*> used;
+  const auto width = static_cast<size_t>(head_->feature_size());
+  for (DraftExtendItem& it : items) {
+    const auto len = static_cast<int>(it.next_tokens.size());
+    if (len == 0) continue;
+    const int32_t* row = target_.req_pool().row(it.req_pool_idx);
+    for (int i = 0; i < len; ++i) {
+      b.input_ids.push_back(it.next_tokens[static_cast<size_t>(i)]);
+      b.positions.push_back(it.start + i);
+      b.out_cache_loc.push_back(row[it.start + i]);
+    }
+    features.insert(features.end(), it.features, it.features + static_cast<size_t>(len) * width);
+    b.req_pool_indices.push_back(it.req_pool_idx);
+    b.seq_lens.push_back(it.start + len);
+    b.extend_prefix_lens.push_back(it.start);
+    b.extend_seq_lens.push_back(len);
+    last_rows.push_back(static_cast<int64_t>(b.input_ids.size()) - 1);
+    used.push_back(&it);
+  }
+  if (used.empty()) return;
+  b.batch_size = static_cast<int>(used.size());
+  b.req_to_token_pool = &target_.req_pool();
+  b.token_to_kv_pool = draft_kv_.get();
+  extend_backend_->init_forward_metadata(b);
+  std::vector<float> hidden;
+  head_->forward(b, *extend_backend_, features.data(), /*from_target=*/true, hidden, last_rows, logits_);
+  const auto h = static_cast<size_t>(head_->hidden_size());
+  const auto vocab = static_cast<size_t>(head_->draft_vocab_size());
+  for (size_t i = 0; i < used.size(); ++i) {
+    DraftState& s = *used[i]->state;
+    const auto row = static_cast<size_t>(last_rows[i]);
+    s.root_hidden.assign(hidden.begin() + static_cast<int64_t>(row * h), hidden.begin() + static_cast<int64_t>((row + 1) * h));
+    top_k(logits_.data() + i * vocab, s.root_tokens, s.root_probs);
+  }
+}
+
+void EagleWorker::draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& cands) {
+  const SpecParams& p = options_.params;
+  const int K = p.topk;
+  const size_t B = items.size();
+  const auto h = static_cast<size_t>(head_->hidden_size());
+  cands.assign(B, {});
+  std::vector<std::vector<int32_t>> frontier(B);
+  std::vector<std::vector<int32_t>> slot_of(B);  // KV slot of each expanded candidate, -1 otherwise
+  std::vector<float> frontier_hidden(B * static_cast<size_t>(K) * h);
+  for (size_t b = 0; b < B; ++b) {
+    const DraftState& s = *items[b].state;
+    SPECULA_ASSERT(s.valid() && static_cast<int>(s.root_tokens.size()) == K);
+    for (int j = 0; j < K; ++j) {
+      cands[b].tokens.push_back(s.root_tokens[static_cast<size_t>(j)]);
+      cands[b].parents.push_back(-1);
+      cands[b].scores.push_back(s.root_probs[static_cast<size_t>(j)]);
+      cands[b].depths.push_back(1);
+      frontier[b].push_back(j);
+      std::copy(s.root_hidden.begin(), s.root_hidden.end(), frontier_hidden.begin() + static_cast<int64_t>((b * K + j) * h));
+    }
+  }
+  const auto vocab = static_cast<size_t>(head_->draft_vocab_size());
+  std::vector<float> hidden;
+  std::vector<int64_t> rows_all(B * static_cast<size_t>(K));
+  for (size_t r = 0; r < rows_all.size(); ++r) rows_all[r] = static_cast<int64_t>(r);
+  std::vector<int32_t> tokens;
+  std::vector<float> probs;
+  for (int step = 1; step < p.num_steps; ++step) {
+    ForwardBatch b;
+    b.forward_mode = ForwardMode::DECODE;
+    b.batch_size = static_cast<int>(B) * K;
+    auto info = std::make_shared<DraftStepInfo>();
+    for (size_t r = 0; r < B; ++r) {
+      const CycleItem& it = items[r];
+      const int32_t* row = target_.req_pool().row(it.req_pool_idx);
+      slot_of[r].resize(cands[r].tokens.size(), -1);
+      for (int j = 0; j < K; ++j) {
+        const int32_t f = frontier[r][static_cast<size_t>(j)];
+        const int32_t own = row[it.kv_len + (step - 1) * K + j];
+        slot_of[r][static_cast<size_t>(f)] = own;
+        b.input_ids.push_back(cands[r].tokens[static_cast<size_t>(f)]);
+        b.positions.push_back(it.kv_len - 1 + cands[r].depths[static_cast<size_t>(f)]);
+        b.out_cache_loc.push_back(own);
+        b.req_pool_indices.push_back(it.req_pool_idx);
+        b.seq_lens.push_back(it.kv_len);
+        // The branch: ancestors below the root, root side first, then the node.
+        std::vector<int32_t> branch;
+        for (int32_t a = cands[r].parents[static_cast<size_t>(f)]; a >= 0; a = cands[r].parents[static_cast<size_t>(a)]) {
+          SPECULA_ASSERT(slot_of[r][static_cast<size_t>(a)] >= 0);
+          branch.push_back(slot_of[r][static_cast<size_t>(a)]);
+        }
+        std::reverse(branch.begin(), branch.end());
+        branch.push_back(own);
+        info->prefix_req_pool_indices.push_back(it.req_pool_idx);
+        info->prefix_lens.push_back(it.kv_len);
+        info->branch_lens.push_back(static_cast<int32_t>(branch.size()));
+        info->branch_slots.insert(info->branch_slots.end(), branch.begin(), branch.end());
+      }
+    }
+    b.spec_info = info;
+    b.req_to_token_pool = &target_.req_pool();
+    b.token_to_kv_pool = draft_kv_.get();
+    step_backend_->init_forward_metadata(b);
+    head_->forward(b, *step_backend_, frontier_hidden.data(), /*from_target=*/false, hidden, rows_all, logits_);
+    for (size_t r = 0; r < B; ++r) {
+      DraftCandidates& c = cands[r];
+      const auto first_child = static_cast<int32_t>(c.tokens.size());
+      std::vector<int32_t> child_row;  // the step row (parent) of each new child
+      for (int j = 0; j < K; ++j) {
+        const size_t row = r * static_cast<size_t>(K) + static_cast<size_t>(j);
+        const int32_t f = frontier[r][static_cast<size_t>(j)];
+        top_k(logits_.data() + row * vocab, tokens, probs);
+        for (int t = 0; t < K; ++t) {
+          c.tokens.push_back(tokens[static_cast<size_t>(t)]);
+          c.parents.push_back(f);
+          c.scores.push_back(c.scores[static_cast<size_t>(f)] * probs[static_cast<size_t>(t)]);
+          c.depths.push_back(c.depths[static_cast<size_t>(f)] + 1);
+          child_row.push_back(static_cast<int32_t>(row));
+        }
+      }
+      const std::span<const float> child_scores(c.scores.data() + first_child, c.scores.size() - static_cast<size_t>(first_child));
+      const std::vector<int32_t> best = top_k_indices(child_scores, K);
+      for (int j = 0; j < K; ++j) {
+        const int32_t local = best[static_cast<size_t>(j)];
+        frontier[r][static_cast<size_t>(j)] = first_child + local;
+        const auto src = static_cast<size_t>(child_row[static_cast<size_t>(local)]);
+        std::copy_n(hidden.begin() + static_cast<int64_t>(src * h), h,
+                    frontier_hidden.begin() + static_cast<int64_t>((r * K + static_cast<size_t>(j)) * h));
+      }
+    }
+  }
+}
+
+void EagleWorker::verify(std::span<CycleItem> items) {
+  const int N = options_.params.num_draft_tokens;
+  ForwardBatch b;
+  b.forward_mode = ForwardMode::TARGET_VERIFY;
+  b.batch_size = static_cast<int>(items.size());
+  auto info = std::make_shared<SpecInfo>();
+  info->num_draft_tokens = N;
+  for (const CycleItem& it : items) {
+    const int32_t* row = target_.req_pool().row(it.req_pool_idx);
+    const std::vector<int32_t> pos = tree_positions(it.tree, it.kv_len);
+    b.input_ids.insert(b.input_ids.end(), it.tree.tokens.begin(), it.tree.tokens.end());
+    b.positions.insert(b.positions.end(), pos.begin(), pos.end());
+    b.out_cache_loc.insert(b.out_cache_loc.end(), row + it.kv_len, row + it.kv_len + N);
+    b.req_pool_indices.push_back(it.req_pool_idx);
+    b.seq_lens.push_back(it.kv_len);
+    append_tree_mask_full(it.tree, it.kv_len, info->custom_mask);
+  }
+  b.spec_info = info;
+  HiddenCapture capture;
+  capture.layers = head_->capture_layers();
+  target_.forward(b, logits_, /*all_tokens=*/true, &capture);
+  const auto vocab = static_cast<size_t>(target_.config().vocab_size);
+  const auto width = static_cast<size_t>(head_->feature_size());
+  std::vector<int32_t> argmax_ids(static_cast<size_t>(N));
+  std::vector<float> probs, row_probs;
+  std::vector<int32_t> src, dst;
+  for (size_t i = 0; i < items.size(); ++i) {
+    CycleItem& it = items[i];
+    const float* logits = logits_.data() + i * static_cast<size_t>(N) * vocab;
+    if (it.sampler == nullptr || it.sampler->greedy()) {
+      for (int n = 0; n < N; ++n) argmax_ids[static_cast<size_t>(n)] = argmax({logits + static_cast<size_t>(n) * vocab, vocab});
+      it.result = verify_greedy(it.tree, argmax_ids);
+    } else {
+      probs.resize(static_cast<size_t>(N) * vocab);
+      for (int n = 0; n < N; ++n) {
+        it.sampler->distribution({logits + static_cast<size_t>(n) * vocab, vocab}, row_probs);
+        std::copy(row_probs.begin(), row_probs.end(), probs.begin() + static_cast<int64_t>(static_cast<size_t>(n) * vocab));
+      }
+      Sampler* sampler = it.sampler;
+      it.result = verify_sampling(it.tree, probs, static_cast<int>(vocab), [sampler] { return sampler->uniform(); });
+    }
+    it.accepted_features.clear();
+    const int32_t* row = target_.req_pool().row(it.req_pool_idx);
+    for (size_t d = 0; d < it.result.accepted_nodes.size(); ++d) {
+      const auto node = static_cast<size_t>(it.result.accepted_nodes[d]);
+      const float* f = capture.data.data() + (i * static_cast<size_t>(N) + node) * width;
+      it.accepted_features.insert(it.accepted_features.end(), f, f + width);
+      if (node != d) {
+        src.push_back(row[it.kv_len + static_cast<int>(node)]);
+        dst.push_back(row[it.kv_len + static_cast<int>(d)]);
+      }
+    }
+  }
+  // Accepted nodes sit at increasing tree indices no smaller than their depth, so moving them in
+  // order never overwrites a source that is still to be read.
+  target_.kv_pool().copy_slots(src, dst);
+}
+
+void EagleWorker::run_cycle(std::span<CycleItem> items) {
+  if (items.empty()) return;
+  std::vector<DraftCandidates> cands;
+  draft_steps(items, cands);
+  for (size_t i = 0; i < items.size(); ++i) {
+    items[i].tree = build_tree(items[i].root_token, cands[i], options_.params.num_draft_tokens);
+  }
+  verify(items);
+}
+
+}  // namespace specula

@@ -1,0 +1,99 @@
+// EagleWorker (SGLang's speculative/eagle_worker.py): the draft head, its KV cache and its
+// attention, and one speculative cycle over a batch of decoding requests:
+//   draft (num_steps steps of top-k expansion from each request's root) -> build the trees ->
+//   one TARGET_VERIFY forward of the target over all trees with tree masks -> greedy or
+//   sampling verification -> the accepted path's target KV moved into place.
+// The caller (the scheduler) owns the requests' KV slots: it gives each request
+// scratch_tokens() slots past its KV before a cycle, emits the accepted tokens (applying stop
+// conditions), frees the slots it does not keep, and then calls draft_extend on the survivors,
+// which also runs after every prefill chunk.
+//
+// The draft's KV pool is indexed by the same slots as the target's: the draft pair at position t
+// (token t + 1, target feature of position t) lives in the slot of the target's token t.
+// The draft head runs on the CPU (its pool and attention too), whatever the target's device.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "specula/kv/mha_kv_pool.h"
+#include "specula/model/eagle_head.h"
+#include "specula/runtime/model_runner.h"
+#include "specula/runtime/sampler.h"
+#include "specula/speculative/draft_backend.h"
+#include "specula/speculative/eagle_tree.h"
+#include "specula/speculative/verify.h"
+
+namespace specula {
+
+struct EagleOptions {
+  EagleKind kind = EagleKind::EAGLE3;
+  std::filesystem::path draft_model;
+  SpecParams params{5, 4, 8};
+};
+
+// What the draft knows about a request between cycles: its root (the last draft pair).
+struct DraftState {
+  std::vector<float> root_hidden;     // [hidden] the head's output at the root
+  std::vector<int32_t> root_tokens;   // [topk] the root's top-k tokens (target ids), best first
+  std::vector<float> root_probs;      // [topk] their draft probabilities
+  bool valid() const { return !root_tokens.empty(); }
+};
+
+// Draft pairs [start, start + next_tokens.size()) of one request.
+struct DraftExtendItem {
+  int32_t req_pool_idx = -1;
+  int start = 0;
+  std::vector<int32_t> next_tokens;  // the token after each pair's position
+  const float* features = nullptr;   // [next_tokens.size(), feature_size] target features
+  DraftState* state = nullptr;       // updated with the new root
+};
+
+struct CycleItem {
+  // In: a decoding request whose KV holds kv_len tokens, whose last token (root_token) has no KV
+  // yet, and whose request row maps positions [kv_len, kv_len + scratch_tokens()) to free slots.
+  int32_t req_pool_idx = -1;
+  int kv_len = 0;
+  int32_t root_token = -1;
+  DraftState* state = nullptr;
+  Sampler* sampler = nullptr;
+  // Out: the tree, the verification and the target features of the accepted nodes
+  // ([accepted_nodes.size(), feature_size]); the accepted nodes' target KV now sits at positions
+  // [kv_len, kv_len + accepted_nodes.size()).
+  DraftTree tree;
+  VerifyResult result;
+  std::vector<float> accepted_features;
+};
+
+class EagleWorker {
+ public:
+  EagleWorker(ModelRunner& target, const EagleOptions& options);
+
+  const SpecParams& params() const { return options_.params; }
+  const EagleHead& head() const { return *head_; }
+  // Slots past its KV a request needs during a cycle (draft scratch and the verify tree).
+  int scratch_tokens() const;
+  // What the target's prefill forwards must capture.
+  const std::vector<int>& capture_layers() const { return head_->capture_layers(); }
+
+  void draft_extend(std::span<DraftExtendItem> items);
+  void run_cycle(std::span<CycleItem> items);
+
+ private:
+  void draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& candidates);
+  void verify(std::span<CycleItem> items);
+  // Softmax over the draft vocabulary and the top-k, as target ids.
+  void top_k(const float* logits, std::vector<int32_t>& tokens, std::vector<float>& probs) const;
+
+  ModelRunner& target_;
+  EagleOptions options_;
+  std::unique_ptr<EagleHead> head_;
+  std::unique_ptr<MHAKVPool> draft_kv_;
+  std::unique_ptr<AttentionBackend> extend_backend_;
+  std::unique_ptr<DraftCascadeBackend> step_backend_;
+  std::vector<float> logits_;
+};
+
+}  // namespace specula
