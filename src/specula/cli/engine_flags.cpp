@@ -39,6 +39,14 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
       ->capture_default_str();
   cmd.add_option("--cuda-graph-bs", f.cuda_graph_bs, "Decode batch sizes to capture (default: 1 2 4 8 16 24 ...)")
       ->delimiter(',');
+  cmd.add_option("--speculative-algorithm", f.speculative_algorithm,
+                 "EAGLE or EAGLE3 tree speculative decoding (default: off)");
+  cmd.add_option("--draft-model", f.draft_model,
+                 "The EAGLE / EAGLE-3 head's folder (default with the shipped model: its shipped head)");
+  cmd.add_option("--speculative-num-steps", f.speculative_num_steps, "Draft steps per cycle (default 5)");
+  cmd.add_option("--speculative-eagle-topk", f.speculative_eagle_topk, "Branching of the draft tree (default 4)");
+  cmd.add_option("--speculative-num-draft-tokens", f.speculative_num_draft_tokens,
+                 "Tree nodes verified per cycle, the root included (default 8; num-steps + 1 when topk is 1)");
 }
 
 EngineOptions engine_options(const EngineFlags& f) {
@@ -59,12 +67,38 @@ EngineOptions engine_options(const EngineFlags& f) {
   o.scheduler.disable_radix_cache = f.disable_radix_cache;
   o.scheduler.enable_mixed_chunk = !f.disable_mixed_chunk;
   o.scheduler.schedule_conservativeness = f.schedule_conservativeness;
+  const bool spec_flags = !f.draft_model.empty() || f.speculative_num_steps != 0 || f.speculative_eagle_topk != 0 ||
+                          f.speculative_num_draft_tokens != 0;
+  SPECULA_CHECK(!spec_flags || !f.speculative_algorithm.empty(),
+                "--draft-model and --speculative-* need --speculative-algorithm EAGLE or EAGLE3");
+  if (!f.speculative_algorithm.empty()) {
+    EagleOptions e;
+    e.kind = parse_eagle_kind(f.speculative_algorithm);
+    if (!f.draft_model.empty()) {
+      e.draft_model = f.draft_model;
+    } else {
+      SPECULA_CHECK(f.model.empty(), "--speculative-algorithm with --model needs --draft-model (the head trained for it)");
+      e.draft_model = shipped_model(e.kind == EagleKind::EAGLE ? "specula-byte-6m-eagle" : "specula-byte-6m-eagle3");
+    }
+    SpecParams& p = e.params;
+    p.num_steps = f.speculative_num_steps != 0 ? f.speculative_num_steps : 5;
+    p.topk = f.speculative_eagle_topk != 0 ? f.speculative_eagle_topk : 4;
+    p.num_draft_tokens = f.speculative_num_draft_tokens != 0 ? f.speculative_num_draft_tokens
+                         : p.topk == 1                        ? p.num_steps + 1
+                                                              : 8;
+    p.validate();
+    o.speculative = e;
+  }
   return o;
 }
 
 std::filesystem::path model_folder(const EngineFlags& f) {
   if (!f.model.empty()) return f.model;
-  const std::filesystem::path name = std::filesystem::path("models") / "specula-byte-6m";
+  return shipped_model("specula-byte-6m");
+}
+
+std::filesystem::path shipped_model(const std::string& folder) {
+  const std::filesystem::path name = std::filesystem::path("models") / folder;
   std::vector<std::filesystem::path> candidates = {std::filesystem::current_path() / name};
   char exe[4096];
   const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
@@ -78,7 +112,7 @@ std::filesystem::path model_folder(const EngineFlags& f) {
   for (const auto& c : candidates) {
     if (std::filesystem::exists(c / "config.json")) return std::filesystem::weakly_canonical(c);
   }
-  SPECULA_CHECK(false, "no --model given and the shipped model {} was not found", name.string());
+  SPECULA_CHECK(false, "the shipped model {} was not found (give its folder explicitly)", name.string());
   return {};
 }
 

@@ -29,6 +29,12 @@ struct EngineFlags {
   bool deterministic = false;
   int cuda_graph_max_bs = 64;
   std::vector<int> cuda_graph_bs;
+  // Speculative decoding (SGLang's flag names); 0 means the default.
+  std::string speculative_algorithm;  // empty: off; EAGLE or EAGLE3
+  std::string draft_model;
+  int speculative_num_steps = 0;
+  int speculative_eagle_topk = 0;
+  int speculative_num_draft_tokens = 0;
 };
 
 void add_engine_flags(CLI::App& cmd, EngineFlags& flags);
@@ -36,5 +42,7 @@ EngineOptions engine_options(const EngineFlags& flags);
 // --model, or the shipped models/specula-byte-6m (next to the working directory, next to the
 // binary, or in the source tree the binary was built from).
 std::filesystem::path model_folder(const EngineFlags& flags);
+// A folder shipped under models/ (found as model_folder finds the default model).
+std::filesystem::path shipped_model(const std::string& name);
 
 }  // namespace specula

@@ -97,6 +97,15 @@ std::vector<EngineRequest> requests(const Options& o) {
   return out;
 }
 
+double mean_accept_length(const std::vector<int>& histogram) {
+  double cycles = 0, tokens = 0;
+  for (size_t len = 0; len < histogram.size(); ++len) {
+    cycles += histogram[len];
+    tokens += static_cast<double>(len) * histogram[len];
+  }
+  return cycles > 0 ? tokens / cycles : 0.0;
+}
+
 void run(const Options& o) {
   std::vector<EngineRequest> batch = requests(o);
   EngineOptions eo = engine_options(o.engine);
@@ -128,11 +137,36 @@ void run(const Options& o) {
       j["cached_tokens"] = out.cached_tokens;
       j["time_to_first_token_s"] = out.time_to_first_token_s;
       j["decode_tokens_per_s"] = out.output_ids.size() > 1 && decode_s > 0 ? (out.output_ids.size() - 1) / decode_s : 0.0;
+      if (eo.speculative) {
+        j["spec_verify_cycles"] = out.spec_verify_cycles;
+        j["spec_accept_length_mean"] = mean_accept_length(out.spec_accept_histogram);
+        j["spec_accept_histogram"] = out.spec_accept_histogram;
+      }
       fmt::print("{}\n", j.dump());
     } else if (stream) {
       fmt::print("\n");
     } else {
       fmt::print("=== request {} ({} tokens, {}) ===\n{}\n", i + 1, out.output_ids.size(), out.finish_reason, out.text);
+    }
+  }
+  if (eo.speculative) {
+    const SchedulerStats s = engine.stats();
+    const SpecParams& p = eo.speculative->params;
+    const double mean = s.spec_cycles > 0 ? static_cast<double>(s.spec_emitted_tokens) / static_cast<double>(s.spec_cycles) : 0.0;
+    if (o.json) {
+      nlohmann::json j;
+      j["speculative"] = {{"algorithm", eagle_kind_name(eo.speculative->kind)},
+                          {"draft_model", eo.speculative->draft_model.string()},
+                          {"num_steps", p.num_steps},
+                          {"topk", p.topk},
+                          {"num_draft_tokens", p.num_draft_tokens},
+                          {"verify_cycles", s.spec_cycles},
+                          {"accept_length_mean", mean},
+                          {"accept_histogram", s.spec_accept_histogram}};
+      fmt::print("{}\n", j.dump());
+    } else {
+      fmt::print(stderr, "speculative {} ({}, {}, {}): mean accept length {:.2f} over {} verify cycles\n",
+                 eagle_kind_name(eo.speculative->kind), p.num_steps, p.topk, p.num_draft_tokens, mean, s.spec_cycles);
     }
   }
 }
