@@ -32,7 +32,23 @@ grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which|max_diff|step" "$out/cuda_
 "$build/tests/cuda_engine_test" >"$out/cuda_engine_test.log" 2>&1
 engine_rc=$?
 grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which|retract" "$out/cuda_engine_test.log" | head -30
+"$build/tests/cuda_speculative_test" >"$out/cuda_speculative_test.log" 2>&1
+spec_rc=$?
+grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which|mean accept" "$out/cuda_speculative_test.log" | head -30
 "$build/bin/specula" generate --device cuda --prompt "The quick brown fox" --max-new-tokens 48 >"$out/generate.log" 2>&1
+"$build/bin/specula" generate --device cuda --prompt "The quick brown fox" --max-new-tokens 48 \
+  --speculative-algorithm EAGLE3 >"$out/generate_spec.log" 2>&1
+# Speculative decoding against plain decoding (CUDA graphs on) on the shipped pair, natural text.
+for bs in 1 8 32; do
+  for spec in none EAGLE3 EAGLE; do
+    flags=""
+    [ "$spec" != none ] && flags="--speculative-algorithm $spec --draft-model models/specula-byte-6m-$(echo $spec | tr A-Z a-z)"
+    "$build/bin/specula" bench serve --device cuda --model models/specula-byte-6m --dataset text \
+      --num-requests $((bs * 4)) --max-running-requests $bs --input-len 128 --output-len 256 $flags \
+      --json "$out/spec_${spec}_bs$bs.json" >"$out/spec_${spec}_bs$bs.log" 2>&1
+    echo "spec=$spec bs=$bs: $(grep -E 'output tokens/s|mean accept' "$out/spec_${spec}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
+  done
+done | tee "$out/spec_table.txt"
 "$build/bin/specula" bench generate --device cuda --synthetic llama3.2-1b --prompt-len 256 --decode-len 32 \
   >"$out/bench_generate.log" 2>&1
 "$build/bin/specula" bench generate --device cuda --model models/specula-byte-6m --prompt-len 128 --decode-len 256 \
@@ -61,7 +77,10 @@ echo "== summary =="
 echo "cuda_attention_test rc=$test_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/cuda_test.log" | tr '\n' ' ')"
 echo "cuda_model_test rc=$model_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/cuda_model_test.log" | tr '\n' ' ')"
 echo "cuda_engine_test rc=$engine_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/cuda_engine_test.log" | tr '\n' ' ')"
+echo "cuda_speculative_test rc=$spec_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test' "$out/cuda_speculative_test.log" | tr '\n' ' ')"
 echo "generate --device cuda: $(tr '\n' ' ' < "$out/generate.log")"
+echo "generate --device cuda EAGLE3: $(tr '\n' ' ' < "$out/generate_spec.log")"
+cat "$out/spec_table.txt"
 echo "memcheck rc=$memcheck_rc (124 = timed out): $(grep -E 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
 echo "memcheck engine rc=$memcheck_engine_rc: $(grep -E 'ERROR SUMMARY' "$out/memcheck_engine.log" | tail -1)"
 echo "bench rc=$bench_rc"

@@ -9,7 +9,11 @@
 
 #include "runtime/engine_fixtures.h"
 #include "specula/core/error.h"
+#include "specula/model/config.h"
+#include "specula/model/safetensors.h"
 #include "specula/runtime/engine.h"
+#include "specula/runtime/model_runner.h"
+#include "specula/runtime/sampler.h"
 
 namespace specula {
 namespace {
@@ -196,6 +200,192 @@ TEST(SpecEngine, PenaltiesAreRefusedWithSpeculation) {
   EngineRequest r = greedy(kTexts[0]);
   r.sampling.repetition_penalty = 1.2f;
   EXPECT_THROW(engine.submit(r), Error);
+}
+
+// Lossless sampling, end to end: with temperature 1 and top-k 3 the first output token is
+// sampled from the prefill logits and the second comes out of the first verify cycle. Over many
+// seeds, the pairs (t1, t2) must follow p(t1) p(t2 | t1) of the target alone, computed here with a
+// separate ModelRunner (EXTEND forwards of the prompt and of prompt + t1) and
+// Sampler::distribution. A plain engine on the same seeds must pass the same test (it guards the
+// reference itself).
+constexpr int kSamplingTopK = 3;
+
+SamplingParams first_tokens_sampling(uint64_t seed) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_k = kSamplingTopK;
+  p.seed = seed;
+  return p;
+}
+
+// The logits after the whole of ids, from a fresh EXTEND forward (its KV freed again).
+std::vector<float> last_token_logits(ModelRunner& runner, const std::vector<int32_t>& ids) {
+  const int n = static_cast<int>(ids.size());
+  const int32_t row = runner.req_pool().alloc(1).value().at(0);
+  const int32_t prefix[] = {0}, seq[] = {n}, last[] = {-1};
+  const auto slots = runner.allocator().alloc_extend(prefix, seq, last).value();
+  runner.req_pool().write(row, 0, slots);
+  ForwardBatch b;
+  b.forward_mode = ForwardMode::EXTEND;
+  b.batch_size = 1;
+  b.input_ids = ids;
+  for (int i = 0; i < n; ++i) b.positions.push_back(i);
+  b.out_cache_loc = slots;
+  b.req_pool_indices = {row};
+  b.seq_lens = {n};
+  b.extend_prefix_lens = {0};
+  b.extend_seq_lens = {n};
+  std::vector<float> logits;
+  runner.forward(b, logits);
+  runner.allocator().free(slots);
+  runner.req_pool().free(row);
+  return logits;
+}
+
+// The tokens the sampler can draw after ids, with their probabilities.
+std::map<int32_t, double> target_distribution(ModelRunner& runner, const std::vector<int32_t>& ids) {
+  const std::vector<float> logits = last_token_logits(runner, ids);
+  Sampler sampler(first_tokens_sampling(0));
+  std::vector<float> probs;
+  sampler.distribution(logits, probs);
+  std::map<int32_t, double> support;
+  double sum = 0;
+  for (size_t t = 0; t < probs.size(); ++t) {
+    if (probs[t] > 0) support[static_cast<int32_t>(t)] = probs[t];
+    sum += probs[t];
+  }
+  EXPECT_EQ(support.size(), static_cast<size_t>(kSamplingTopK));
+  EXPECT_NEAR(sum, 1.0, 1e-5);
+  return support;
+}
+
+// The first two output tokens of M requests of the prompt, seeds base .. base + M - 1.
+std::vector<std::pair<int32_t, int32_t>> first_two_tokens(const EngineOptions& o, uint64_t base, int m,
+                                                          std::vector<int32_t>& prompt_ids) {
+  Engine engine(kModel, o);
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (int i = 0; i < m; ++i) {
+    EngineRequest r = greedy(kTexts[0], 3);
+    r.sampling = first_tokens_sampling(base + static_cast<uint64_t>(i));
+    handles.push_back(engine.submit(r));
+  }
+  engine.run_until_idle();
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  for (auto& h : handles) {
+    const RequestOutput out = h->wait();
+    EXPECT_EQ(out.finish_reason, "length");
+    if (out.output_ids.size() < 2) {
+      ADD_FAILURE() << "request " << out.id << " produced " << out.output_ids.size() << " tokens";
+      continue;
+    }
+    if (prompt_ids.empty()) prompt_ids = out.prompt_ids;
+    EXPECT_EQ(out.prompt_ids, prompt_ids);
+    if (o.speculative) EXPECT_GT(out.spec_verify_cycles, 0);
+    pairs.emplace_back(out.output_ids[0], out.output_ids[1]);
+  }
+  EXPECT_EQ(prompt_ids, engine.tokenizer()->encode(kTexts[0]));
+  return pairs;
+}
+
+// 0.999 quantiles of chi-square with df degrees of freedom.
+double chi_square_999(int df) {
+  static const double table[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12};
+  SPECULA_ASSERT(df >= 1 && df <= 8, "df {}", df);
+  return table[df];
+}
+
+// Pearson's chi-square of the observed pairs against m p(t1) p(t2 | t1); pairs outside the
+// support (probability 0) must never occur; cells expected below 5 are pooled, smallest first.
+void expect_follows(const std::vector<std::pair<int32_t, int32_t>>& pairs, const std::map<int32_t, double>& p1,
+                    const std::map<int32_t, std::map<int32_t, double>>& p2, const char* what) {
+  const double m = static_cast<double>(pairs.size());
+  std::map<std::pair<int32_t, int32_t>, int> observed;
+  for (const auto& pr : pairs) {
+    const auto a = p1.find(pr.first);
+    ASSERT_TRUE(a != p1.end()) << what << ": t1 " << pr.first << " has probability 0";
+    ASSERT_TRUE(p2.at(pr.first).count(pr.second)) << what << ": t2 " << pr.second << " after t1 " << pr.first
+                                                  << " has probability 0";
+    ++observed[pr];
+  }
+  struct Cell {
+    double expected = 0;
+    double observed = 0;
+    std::string name;
+  };
+  std::vector<Cell> cells;
+  for (const auto& [t1, q1] : p1) {
+    for (const auto& [t2, q2] : p2.at(t1)) {
+      const auto it = observed.find({t1, t2});
+      cells.push_back({m * q1 * q2, it == observed.end() ? 0.0 : it->second,
+                       "(" + std::to_string(t1) + "," + std::to_string(t2) + ")"});
+    }
+  }
+  std::sort(cells.begin(), cells.end(), [](const Cell& a, const Cell& b) { return a.expected < b.expected; });
+  std::vector<Cell> bins;
+  Cell acc;
+  for (const Cell& c : cells) {
+    acc.expected += c.expected;
+    acc.observed += c.observed;
+    acc.name += c.name;
+    if (acc.expected >= 5) {
+      bins.push_back(acc);
+      acc = Cell{};
+    }
+  }
+  if (acc.expected > 0 && !bins.empty()) {
+    bins.back().expected += acc.expected;
+    bins.back().observed += acc.observed;
+    bins.back().name += acc.name;
+  }
+  const int df = static_cast<int>(bins.size()) - 1;
+  ASSERT_GE(df, 1) << what;
+  double stat = 0;
+  std::string table;
+  for (const Cell& b : bins) {
+    stat += (b.observed - b.expected) * (b.observed - b.expected) / b.expected;
+    table += " " + b.name + ": " + std::to_string(static_cast<int>(b.observed)) + " vs " + std::to_string(b.expected);
+  }
+  std::printf("%s: chi-square %.2f, df %d (limit %.2f)\n", what, stat, df, chi_square_999(df));
+  EXPECT_LE(stat, chi_square_999(df)) << what << ": observed vs expected" << table;
+}
+
+TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) {
+  constexpr int kRequests = 3000;
+  const uint64_t base = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seeds " << base << " .. " << base + kRequests - 1);
+
+  EngineOptions spec = options(16, 64);
+  spec.speculative = eagle(EagleKind::EAGLE3, SpecParams{3, 4, 8});
+  std::vector<int32_t> prompt_ids;
+  const auto spec_pairs = first_two_tokens(spec, base, kRequests, prompt_ids);
+  ASSERT_FALSE(prompt_ids.empty());
+
+  // The exact distribution, from the target alone.
+  const ModelConfig config = load_model_config(kModel);
+  const Checkpoint weights(kModel);
+  ModelRunnerOptions ro;
+  ro.page_size = 16;
+  ro.max_context_len = 320;
+  ro.max_running_requests = 4;
+  ModelRunner runner(config, weights, ro);
+  const std::map<int32_t, double> p1 = target_distribution(runner, prompt_ids);
+  std::map<int32_t, std::map<int32_t, double>> p2;
+  for (const auto& [t1, q] : p1) {
+    std::vector<int32_t> ids = prompt_ids;
+    ids.push_back(t1);
+    p2[t1] = target_distribution(runner, ids);
+  }
+
+  expect_follows(spec_pairs, p1, p2, "EAGLE3 (3, 4, 8)");
+
+  std::vector<int32_t> plain_prompt;
+  const auto plain_pairs = first_two_tokens(options(16, 64), base, kRequests, plain_prompt);
+  EXPECT_EQ(plain_prompt, prompt_ids);
+  expect_follows(plain_pairs, p1, p2, "no speculation");
+  // t1 comes from the same seed and the same prefill logits in both engines.
+  int same_t1 = 0;
+  for (size_t i = 0; i < std::min(spec_pairs.size(), plain_pairs.size()); ++i) same_t1 += spec_pairs[i].first == plain_pairs[i].first;
+  std::printf("t1 equal in %d of %d requests with and without speculation\n", same_t1, kRequests);
 }
 
 }  // namespace

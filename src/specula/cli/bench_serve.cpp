@@ -13,6 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include <fstream>
+#include <sstream>
+
 #include "specula/cli/engine_flags.h"
 #include "specula/cli/json_file.h"
 #include "specula/core/error.h"
@@ -30,6 +33,7 @@ struct Options {
   int input_len = 256;
   int output_len = 64;
   std::string dataset = "random";
+  std::string dataset_file;       // text: the file prompts are cut from
   int num_prefixes = 4;         // shared-prefix: distinct prefixes, requests spread over them
   double prefix_fraction = 0.75;  // shared-prefix: part of each prompt that is shared
   double request_rate = 0;        // requests/s (Poisson); 0: all at once
@@ -55,7 +59,7 @@ Summary summarize(std::vector<double> v) {
   return s;
 }
 
-std::vector<std::vector<int32_t>> make_prompts(const Options& o, int vocab) {
+std::vector<std::vector<int32_t>> make_prompts(const Options& o, int vocab, const Tokenizer* tokenizer) {
   std::mt19937_64 rng(o.seed);
   std::uniform_int_distribution<int32_t> token(0, vocab - 1);
   auto random_ids = [&](int n) {
@@ -68,7 +72,26 @@ std::vector<std::vector<int32_t>> make_prompts(const Options& o, int vocab) {
     for (int i = 0; i < o.num_requests; ++i) prompts.push_back(random_ids(o.input_len));
     return prompts;
   }
-  SPECULA_CHECK(o.dataset == "shared-prefix", "--dataset {} is not known; use random or shared-prefix", o.dataset);
+  if (o.dataset == "text") {
+    // Natural text (what speculative decoding is measured on): windows of the file, spread evenly.
+    SPECULA_CHECK(tokenizer != nullptr, "--dataset text needs a model with a tokenizer");
+    const std::filesystem::path path =
+        o.dataset_file.empty() ? shipped_model("specula-byte-6m") / "README.md" : std::filesystem::path(o.dataset_file);
+    std::ifstream in(path);
+    SPECULA_CHECK(in.good(), "--dataset-file {}: cannot read the file", path.string());
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::vector<int32_t> ids = tokenizer->encode(text.str());
+    SPECULA_CHECK(static_cast<int>(ids.size()) > o.input_len, "--dataset-file {} has {} tokens; --input-len {} needs more",
+                  path.string(), ids.size(), o.input_len);
+    const auto room = static_cast<int64_t>(ids.size()) - o.input_len;
+    for (int i = 0; i < o.num_requests; ++i) {
+      const int64_t start = room * i / o.num_requests;
+      prompts.emplace_back(ids.begin() + start, ids.begin() + start + o.input_len);
+    }
+    return prompts;
+  }
+  SPECULA_CHECK(o.dataset == "shared-prefix", "--dataset {} is not known; use random, shared-prefix or text", o.dataset);
   SPECULA_CHECK(o.num_prefixes >= 1, "--num-prefixes {} must be >= 1", o.num_prefixes);
   SPECULA_CHECK(o.prefix_fraction >= 0 && o.prefix_fraction < 1, "--prefix-fraction {} must be in [0, 1)",
                 o.prefix_fraction);
@@ -106,7 +129,7 @@ void run(const Options& o) {
     engine = std::make_unique<Engine>(folder, eo);
     what = folder.string();
   }
-  const std::vector<std::vector<int32_t>> prompts = make_prompts(o, engine->config().vocab_size);
+  const std::vector<std::vector<int32_t>> prompts = make_prompts(o, engine->config().vocab_size, engine->tokenizer());
 
   using Clock = std::chrono::steady_clock;
   std::mt19937_64 arrival_rng(o.seed + 1);
@@ -152,6 +175,15 @@ void run(const Options& o) {
   fmt::print("{:<32} {:>11.1f}%\n", "prefix cache hit rate", 100.0 * hit_rate);
   fmt::print("{:<32} {:>12}\n", "prefill tokens computed", stats.prefill_tokens);
   fmt::print("{:<32} {:>12}\n", "retractions", stats.retractions);
+  const double accept_mean =
+      stats.spec_cycles > 0 ? static_cast<double>(stats.spec_emitted_tokens) / static_cast<double>(stats.spec_cycles) : 0.0;
+  if (eo.speculative) {
+    const SpecParams& p = eo.speculative->params;
+    fmt::print("{:<32} {:>12}\n", "speculative",
+               fmt::format("{} ({}, {}, {})", eagle_kind_name(eo.speculative->kind), p.num_steps, p.topk, p.num_draft_tokens));
+    fmt::print("{:<32} {:>12.3f}\n", "mean accept length", accept_mean);
+    fmt::print("{:<32} {:>12}\n", "accept length histogram", fmt::format("{}", fmt::join(stats.spec_accept_histogram, " ")));
+  }
   if (!o.json_path.empty()) {
     auto summary = [](const Summary& s) { return nlohmann::json{{"mean", s.mean}, {"median", s.median}, {"p99", s.p99}}; };
     const nlohmann::json j = {{"model", what},
@@ -171,7 +203,18 @@ void run(const Options& o) {
                               {"prefix_cache_hit_rate", hit_rate},
                               {"prefill_tokens", stats.prefill_tokens},
                               {"retractions", stats.retractions}};
-    write_json_file(o.json_path, j);
+    nlohmann::json out = j;
+    if (eo.speculative) {
+      const SpecParams& p = eo.speculative->params;
+      out["speculative"] = {{"algorithm", eagle_kind_name(eo.speculative->kind)},
+                            {"num_steps", p.num_steps},
+                            {"topk", p.topk},
+                            {"num_draft_tokens", p.num_draft_tokens},
+                            {"verify_cycles", stats.spec_cycles},
+                            {"accept_length_mean", accept_mean},
+                            {"accept_histogram", stats.spec_accept_histogram}};
+    }
+    write_json_file(o.json_path, out);
   }
 }
 
@@ -185,7 +228,8 @@ void add_bench_serve_command(CLI::App& bench) {
   cmd->add_option("--num-requests", o->num_requests, "Requests")->capture_default_str();
   cmd->add_option("--input-len", o->input_len, "Prompt tokens per request")->capture_default_str();
   cmd->add_option("--output-len", o->output_len, "Generated tokens per request")->capture_default_str();
-  cmd->add_option("--dataset", o->dataset, "random or shared-prefix")->capture_default_str();
+  cmd->add_option("--dataset", o->dataset, "random, shared-prefix or text")->capture_default_str();
+  cmd->add_option("--dataset-file", o->dataset_file, "text: prompts are windows of this file (default: the shipped model's card)");
   cmd->add_option("--num-prefixes", o->num_prefixes, "shared-prefix: distinct prefixes")->capture_default_str();
   cmd->add_option("--prefix-fraction", o->prefix_fraction, "shared-prefix: shared part of each prompt")
       ->capture_default_str();
