@@ -293,7 +293,8 @@ TEST(DraftCascade, MatchesTheNaiveAndThePerBranchReferences) {
         std::copy_n(s.v.begin() + row * kKvWidth, kKvWidth, expected_pool[2 * kLayerId + 1].begin() + slot * kKvWidth);
       }
       for (int l = 0; l < 2; ++l) {
-        EXPECT_TRUE(snapshot(s.kv_pool->k_buffer(l)) == expected_pool[static_cast<size_t>(2 * l)]) << "K of layer " << l;
+        EXPECT_TRUE(snapshot(s.kv_pool->k_buffer(l)) == expected_pool[static_cast<size_t>(2 * l)])
+            << "K of layer " << l;
         EXPECT_TRUE(snapshot(s.kv_pool->v_buffer(l)) == expected_pool[static_cast<size_t>(2 * l + 1)])
             << "V of layer " << l;
       }

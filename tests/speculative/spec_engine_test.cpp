@@ -129,7 +129,9 @@ TEST(SpecEngine, ChunkedPrefillAndPrefixCacheHitsKeepTheOutput) {
     for (size_t i = 0; i < texts.size(); ++i) {
       const RequestOutput out = handles[i]->wait();
       EXPECT_EQ(out.output_ids, plain(texts[i])) << "round " << round << ": " << texts[i];
-      if (round == 1) EXPECT_GT(out.cached_tokens, 0) << texts[i];
+      if (round == 1) {
+        EXPECT_GT(out.cached_tokens, 0) << texts[i];
+      }
     }
   }
 }
@@ -280,7 +282,9 @@ std::vector<std::pair<int32_t, int32_t>> first_two_tokens(const EngineOptions& o
     }
     if (prompt_ids.empty()) prompt_ids = out.prompt_ids;
     EXPECT_EQ(out.prompt_ids, prompt_ids);
-    if (o.speculative) EXPECT_GT(out.spec_verify_cycles, 0);
+    if (o.speculative) {
+      EXPECT_GT(out.spec_verify_cycles, 0);
+    }
     pairs.emplace_back(out.output_ids[0], out.output_ids[1]);
   }
   EXPECT_EQ(prompt_ids, engine.tokenizer()->encode(kTexts[0]));
@@ -345,7 +349,8 @@ void expect_follows(const std::vector<std::pair<int32_t, int32_t>>& pairs, const
     stat += (b.observed - b.expected) * (b.observed - b.expected) / b.expected;
     table += " " + b.name + ": " + std::to_string(static_cast<int>(b.observed)) + " vs " + std::to_string(b.expected);
   }
-  std::printf("%s: chi-square %.2f, df %d (limit %.2f)\n", what, stat, df, chi_square_999(df));
+  std::printf("%s: chi-square %.2f, df %d (limit %.2f); cells (t1,t2): observed vs expected%s\n", what, stat, df,
+              chi_square_999(df), table.c_str());
   EXPECT_LE(stat, chi_square_999(df)) << what << ": observed vs expected" << table;
 }
 
@@ -384,8 +389,11 @@ TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) {
   expect_follows(plain_pairs, p1, p2, "no speculation");
   // t1 comes from the same seed and the same prefill logits in both engines.
   int same_t1 = 0;
-  for (size_t i = 0; i < std::min(spec_pairs.size(), plain_pairs.size()); ++i) same_t1 += spec_pairs[i].first == plain_pairs[i].first;
+  for (size_t i = 0; i < std::min(spec_pairs.size(), plain_pairs.size()); ++i) {
+    same_t1 += spec_pairs[i].first == plain_pairs[i].first;
+  }
   std::printf("t1 equal in %d of %d requests with and without speculation\n", same_t1, kRequests);
+  EXPECT_GE(same_t1, kRequests - kRequests / 100);
 }
 
 }  // namespace
