@@ -70,3 +70,40 @@ TEST(MHAKVPool, BadInputIsClear) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+TEST(MHAKVPoolCopySlots, MovesRowsInOrderAcrossEveryLayer) {
+  MHAKVPool pool(KVPoolConfig{16, 3, 2, 8, 8, DType::f32, Device::cpu()});
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (int l = 0; l < 3; ++l) {
+    for (const TensorView& t : {pool.k_buffer(l), pool.v_buffer(l)}) {
+      for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = value(rng);
+    }
+  }
+  auto row = [&](const TensorView& t, int slot) {
+    return std::vector<float>(t.data_as<float>() + slot * 16, t.data_as<float>() + (slot + 1) * 16);
+  };
+  std::vector<std::vector<float>> before_k, before_v;
+  for (int s = 0; s < 16; ++s) {
+    before_k.push_back(row(pool.k_buffer(2), s));
+    before_v.push_back(row(pool.v_buffer(0), s));
+  }
+  // An accepted path at tree positions 2 and 5 moves to positions 1 and 2: the second move
+  // writes the row the first one reads, so order matters.
+  const std::vector<int32_t> src = {2, 5, 7}, dst = {1, 2, 7};
+  pool.copy_slots(src, dst);
+  EXPECT_EQ(row(pool.k_buffer(2), 1), before_k[2]);
+  EXPECT_EQ(row(pool.k_buffer(2), 2), before_k[5]);
+  EXPECT_EQ(row(pool.v_buffer(0), 1), before_v[2]);
+  EXPECT_EQ(row(pool.v_buffer(0), 2), before_v[5]);
+  for (int s : {0, 3, 4, 5, 6, 7, 8}) EXPECT_EQ(row(pool.k_buffer(2), s), before_k[static_cast<size_t>(s)]) << s;
+  const std::vector<int32_t> bad = {16};
+  EXPECT_THROW(pool.copy_slots(bad, std::vector<int32_t>{0}), Error);
+  EXPECT_THROW(pool.copy_slots(src, std::vector<int32_t>{1}), Error);
+}
+
+}  // namespace
+}  // namespace specula

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <random>
 
 #include "runtime/engine_fixtures.h"
 #include "specula/runtime/engine.h"
@@ -86,6 +88,33 @@ TEST(CudaSpeculative, GreedyOutputEqualsTheTargetsOwn) {
                 static_cast<long long>(s.spec_cycles));
     engine.flush_cache();
     EXPECT_EQ(engine.runner().allocator().available_size(), free_at_start);
+  }
+}
+
+TEST(CudaSpeculative, CopySlotsOnTheDeviceMatchesTheHost) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const KVPoolConfig host_config{64, 4, 2, 64, 64, DType::bf16, Device::cpu()};
+  KVPoolConfig device_config = host_config;
+  device_config.device = Device::cuda(0);
+  MHAKVPool host(host_config), device(device_config);
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int l = 0; l < 4; ++l) {
+    for (auto [h, d] : {std::pair{host.k_buffer(l), device.k_buffer(l)}, std::pair{host.v_buffer(l), device.v_buffer(l)}}) {
+      for (size_t i = 0; i < h.nbytes(); ++i) static_cast<uint8_t*>(h.data())[i] = static_cast<uint8_t>(byte(rng));
+      copy(d, h);
+    }
+  }
+  // Chained moves: later moves write rows earlier ones read.
+  const std::vector<int32_t> src = {9, 12, 13, 20}, dst = {8, 9, 10, 11};
+  host.copy_slots(src, dst);
+  device.copy_slots(src, dst, nullptr);
+  for (int l = 0; l < 4; ++l) {
+    for (auto [h, d] : {std::pair{host.k_buffer(l), device.k_buffer(l)}, std::pair{host.v_buffer(l), device.v_buffer(l)}}) {
+      Buffer back(h.dtype(), h.shape());
+      copy(back, d);
+      EXPECT_EQ(std::memcmp(back.data(), h.data(), h.nbytes()), 0) << "layer " << l;
+    }
   }
 }
 

@@ -183,6 +183,11 @@ void run(const Options& o) {
                fmt::format("{} ({}, {}, {})", eagle_kind_name(eo.speculative->kind), p.num_steps, p.topk, p.num_draft_tokens));
     fmt::print("{:<32} {:>12.3f}\n", "mean accept length", accept_mean);
     fmt::print("{:<32} {:>12}\n", "accept length histogram", fmt::format("{}", fmt::join(stats.spec_accept_histogram, " ")));
+    const SpecTiming& tm = engine->speculative_worker()->timing();
+    const double per = tm.cycles > 0 ? 1e3 / static_cast<double>(tm.cycles) : 0.0;
+    fmt::print("{:<32} {:>12}\n", "ms per cycle: draft steps",
+               fmt::format("{:.3f}  verify {:.3f}  accept {:.3f}  draft extend {:.3f}", tm.draft_steps_s * per,
+                           tm.verify_s * per, tm.accept_s * per, tm.draft_extend_s * per));
   }
   if (!o.json_path.empty()) {
     auto summary = [](const Summary& s) { return nlohmann::json{{"mean", s.mean}, {"median", s.median}, {"p99", s.p99}}; };

@@ -8,7 +8,9 @@
 
 #ifdef SPECULA_HAS_CUDA
 #include "specula/attention/cuda/dtype_code.h"
+#include "specula/kv/cuda/copy_slots.h"
 #include "specula/kv/cuda/set_kv_buffer.h"
+#include "specula/core/cuda_check.h"
 #endif
 
 namespace specula {
@@ -158,18 +160,60 @@ void MHAKVPool::set_kv_buffer(int layer_id, const TensorView& loc, const TensorV
 #endif
 }
 
-void MHAKVPool::copy_slots(std::span<const int32_t> src, std::span<const int32_t> dst) {
+void MHAKVPool::copy_slots(std::span<const int32_t> src, std::span<const int32_t> dst, void* cuda_stream) {
   SPECULA_CHECK(src.size() == dst.size(), "copy_slots: {} sources but {} destinations", src.size(), dst.size());
+  std::vector<int32_t> moves;  // src then dst of the moves that change anything
   for (size_t i = 0; i < src.size(); ++i) {
     SPECULA_CHECK(src[i] >= 0 && src[i] < config_.num_slots && dst[i] >= 0 && dst[i] < config_.num_slots,
                   "copy_slots: slot {} -> {} is outside [0, {})", src[i], dst[i], config_.num_slots);
-    if (src[i] == dst[i]) continue;
-    for (int l = 0; l < config_.num_layers; ++l) {
-      for (const Buffer* b : {&k_[static_cast<size_t>(l)], &v_[static_cast<size_t>(l)]}) {
-        copy(b->view().slice(dst[i], 1), b->view().slice(src[i], 1));
+  }
+  if (src.empty()) return;
+  if (config_.device.is_cpu()) {
+    for (size_t i = 0; i < src.size(); ++i) {
+      if (src[i] == dst[i]) continue;
+      for (int l = 0; l < config_.num_layers; ++l) {
+        for (const Buffer* b : {&k_[static_cast<size_t>(l)], &v_[static_cast<size_t>(l)]}) {
+          copy(b->view().slice(dst[i], 1), b->view().slice(src[i], 1));
+        }
       }
     }
+    return;
   }
+#ifdef SPECULA_HAS_CUDA
+  const auto stream = static_cast<cudaStream_t>(cuda_stream);
+  if (copy_tables_.numel() == 0) {
+    // Every buffer's base pointer and row size, uploaded once.
+    std::vector<int64_t> table;
+    for (int l = 0; l < config_.num_layers; ++l) {
+      for (const Buffer* b : {&k_[static_cast<size_t>(l)], &v_[static_cast<size_t>(l)]}) {
+        table.push_back(reinterpret_cast<int64_t>(b->data()));
+      }
+    }
+    for (int l = 0; l < config_.num_layers; ++l) {
+      table.push_back(static_cast<int64_t>(k_[static_cast<size_t>(l)].nbytes() / static_cast<size_t>(config_.num_slots)));
+      table.push_back(static_cast<int64_t>(v_[static_cast<size_t>(l)].nbytes() / static_cast<size_t>(config_.num_slots)));
+    }
+    copy_tables_ = Buffer(DType::i64, {static_cast<int64_t>(table.size())}, config_.device);
+    CUDA_CHECK(cudaMemcpy(copy_tables_.data(), table.data(), table.size() * sizeof(int64_t), cudaMemcpyHostToDevice));
+  }
+  moves.assign(src.begin(), src.end());
+  moves.insert(moves.end(), dst.begin(), dst.end());
+  const auto n = static_cast<int64_t>(src.size());
+  if (copy_moves_.numel() < 2 * n) copy_moves_ = Buffer(DType::i32, {2 * n}, config_.device);
+  CUDA_CHECK(cudaMemcpyAsync(copy_moves_.data(), moves.data(), moves.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  cuda_kernels::CopySlotsParams p{};
+  const int buffers = 2 * config_.num_layers;
+  p.buffers = reinterpret_cast<void* const*>(copy_tables_.data());
+  p.row_bytes = copy_tables_.data_as<const int64_t>() + buffers;
+  p.num_buffers = buffers;
+  p.src = copy_moves_.data_as<const int32_t>();
+  p.dst = copy_moves_.data_as<const int32_t>() + n;
+  p.num_moves = static_cast<int32_t>(n);
+  cuda_kernels::launch_copy_slots(p, stream);
+  // The host vector is pageable, so the upload above was staged before the call returned.
+#else
+  (void)cuda_stream;
+#endif
 }
 
 }  // namespace specula

@@ -48,8 +48,9 @@ class MHAKVPool {
   void set_kv_buffer(int layer_id, const TensorView& loc, const TensorView& k, const TensorView& v, void* cuda_stream);
 
   // Copies the K and V of every layer from slot src[i] to slot dst[i], in order (speculative
-  // decoding moves an accepted path into place). Host or device pools.
-  void copy_slots(std::span<const int32_t> src, std::span<const int32_t> dst);
+  // decoding moves an accepted path into place). Host pools copy at once; device pools in one
+  // launch on cuda_stream (a cudaStream_t), without a sync.
+  void copy_slots(std::span<const int32_t> src, std::span<const int32_t> dst, void* cuda_stream = nullptr);
 
   size_t bytes_per_token() const;  // all layers, K and V
 
@@ -61,6 +62,8 @@ class MHAKVPool {
   std::vector<Buffer> v_;
   std::vector<float> k_scale_;
   std::vector<float> v_scale_;
+  Buffer copy_tables_;  // device pools: each buffer's base pointer, then its row bytes (copy_slots)
+  Buffer copy_moves_;   // device pools: copy_slots' source then destination slots
 };
 
 }  // namespace specula

@@ -109,6 +109,13 @@ std::vector<int> ModelRunner::cuda_graph_batch_sizes() const {
   return {};
 }
 
+void* ModelRunner::cuda_stream() const {
+#ifdef SPECULA_HAS_CUDA
+  if (cuda_model_) return static_cast<const LlamaCudaModel*>(cuda_model_.get())->stream();
+#endif
+  return nullptr;
+}
+
 ModelRunner::~ModelRunner() = default;
 
 void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens, HiddenCapture* capture) {

@@ -62,6 +62,8 @@ class ModelRunner {
   size_t weight_bytes() const;
   // Batch sizes with a captured decode graph (empty on the CPU or with graphs off).
   std::vector<int> cuda_graph_batch_sizes() const;
+  // The cudaStream_t the GPU model runs on (nullptr on the CPU); KV pool operations go there too.
+  void* cuda_stream() const;
   // Turns the replay of captured graphs off and on (benchmarks compare both).
   void set_use_cuda_graph(bool use) { use_cuda_graph_ = use; }
 

@@ -2,11 +2,18 @@
 #include "specula/speculative/eagle_worker.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "specula/core/error.h"
 
 namespace specula {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
 
 EagleWorker::EagleWorker(ModelRunner& target, const EagleOptions& options) : target_(target), options_(options) {
   const SpecParams& p = options_.params;
@@ -47,6 +54,7 @@ void EagleWorker::top_k(const float* logits, std::vector<int32_t>& tokens, std::
 }
 
 void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
+  const auto start = std::chrono::steady_clock::now();
   ForwardBatch b;
   b.forward_mode = ForwardMode::DRAFT_EXTEND;
   std::vector<float> features;
@@ -85,6 +93,7 @@ void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
     s.root_hidden.assign(hidden.begin() + static_cast<int64_t>(row * h), hidden.begin() + static_cast<int64_t>((row + 1) * h));
     top_k(logits_.data() + i * vocab, s.root_tokens, s.root_probs);
   }
+  timing_.draft_extend_s += seconds_since(start);
 }
 
 void EagleWorker::draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& cands) {
@@ -201,6 +210,7 @@ void EagleWorker::verify(std::span<CycleItem> items) {
   HiddenCapture capture;
   capture.layers = head_->capture_layers();
   target_.forward(b, logits_, /*all_tokens=*/true, &capture);
+  const auto verified = std::chrono::steady_clock::now();
   const auto vocab = static_cast<size_t>(target_.config().vocab_size);
   const auto width = static_cast<size_t>(head_->feature_size());
   std::vector<int32_t> argmax_ids(static_cast<size_t>(N));
@@ -235,17 +245,25 @@ void EagleWorker::verify(std::span<CycleItem> items) {
   }
   // Accepted nodes sit at increasing tree indices no smaller than their depth, so moving them in
   // order never overwrites a source that is still to be read.
-  target_.kv_pool().copy_slots(src, dst);
+  target_.kv_pool().copy_slots(src, dst, target_.cuda_stream());
+  timing_.accept_s += seconds_since(verified);
 }
 
 void EagleWorker::run_cycle(std::span<CycleItem> items) {
   if (items.empty()) return;
+  auto start = std::chrono::steady_clock::now();
   std::vector<DraftCandidates> cands;
   draft_steps(items, cands);
+  timing_.draft_steps_s += seconds_since(start);
+  start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < items.size(); ++i) {
     items[i].tree = build_tree(items[i].root_token, cands[i], options_.params.num_draft_tokens);
   }
+  const double before = timing_.accept_s;
   verify(items);
+  // verify() books its own tail (verification and KV moves) under accept_s.
+  timing_.verify_s += seconds_since(start) - (timing_.accept_s - before);
+  ++timing_.cycles;
 }
 
 }  // namespace specula

@@ -67,6 +67,16 @@ struct CycleItem {
   std::vector<float> accepted_features;
 };
 
+// Where a cycle's time goes (host wall clock, summed over cycles; GPU work is synchronous with
+// the host at the points measured: the target forward returns its logits to the host).
+struct SpecTiming {
+  int64_t cycles = 0;
+  double draft_extend_s = 0;  // the head over accepted tokens (and prefill chunks)
+  double draft_steps_s = 0;   // tree expansion: num_steps - 1 head forwards and top-k
+  double verify_s = 0;        // building the trees and the target's TARGET_VERIFY forward
+  double accept_s = 0;        // verification and moving the accepted KV
+};
+
 class EagleWorker {
  public:
   EagleWorker(ModelRunner& target, const EagleOptions& options);
@@ -80,6 +90,7 @@ class EagleWorker {
 
   void draft_extend(std::span<DraftExtendItem> items);
   void run_cycle(std::span<CycleItem> items);
+  const SpecTiming& timing() const { return timing_; }
 
  private:
   void draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& candidates);
@@ -94,6 +105,7 @@ class EagleWorker {
   std::unique_ptr<AttentionBackend> extend_backend_;
   std::unique_ptr<DraftCascadeBackend> step_backend_;
   std::vector<float> logits_;
+  SpecTiming timing_;
 };
 
 }  // namespace specula
