@@ -181,7 +181,7 @@ void MHAKVPool::copy_slots(std::span<const int32_t> src, std::span<const int32_t
   }
 #ifdef SPECULA_HAS_CUDA
   const auto stream = static_cast<cudaStream_t>(cuda_stream);
-  if (copy_tables_.numel() == 0) {
+  if (copy_tables_.data() == nullptr) {
     // Every buffer's base pointer and row size, uploaded once.
     std::vector<int64_t> table;
     for (int l = 0; l < config_.num_layers; ++l) {
@@ -199,7 +199,7 @@ void MHAKVPool::copy_slots(std::span<const int32_t> src, std::span<const int32_t
   moves.assign(src.begin(), src.end());
   moves.insert(moves.end(), dst.begin(), dst.end());
   const auto n = static_cast<int64_t>(src.size());
-  if (copy_moves_.numel() < 2 * n) copy_moves_ = Buffer(DType::i32, {2 * n}, config_.device);
+  if (copy_moves_.data() == nullptr || copy_moves_.numel() < 2 * n) copy_moves_ = Buffer(DType::i32, {2 * n}, config_.device);
   CUDA_CHECK(cudaMemcpyAsync(copy_moves_.data(), moves.data(), moves.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   cuda_kernels::CopySlotsParams p{};
   const int buffers = 2 * config_.num_layers;
