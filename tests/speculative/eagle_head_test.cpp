@@ -168,3 +168,101 @@ TEST(EagleHeadErrors, AHeadForAnotherTargetIsRefused) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+// After verify cycles, the worker's cached draft state (draft KV extended with the accepted
+// tokens' target features) must equal what a fresh prefill of the whole sequence gives.
+TEST(EagleCycles, CachedDraftStateEqualsAFreshRecompute) {
+  for (EagleKind kind : {EagleKind::EAGLE, EagleKind::EAGLE3}) {
+    SCOPED_TRACE(std::string(eagle_kind_name(kind)));
+    const fs::path head = kRoot / (kind == EagleKind::EAGLE ? "models/specula-byte-6m-eagle" : "models/specula-byte-6m-eagle3");
+    const nlohmann::json golden = read_json(kRoot / "tests/data/model_pair/target.json");
+    const std::vector<int32_t> prompt = golden["prompts"][1]["ids"].get<std::vector<int32_t>>();
+    Pair pair;
+    const SpecParams params{3, 1, 4};
+    EagleWorker worker(*pair.runner, EagleOptions{kind, head, params});
+    DraftState state;
+    // The target's greedy next token after the prompt.
+    std::vector<int32_t> seq = prompt;
+    int32_t row = -1;
+    {
+      Pair probe;
+      EagleWorker w(*probe.runner, EagleOptions{kind, head, params});
+      DraftState s;
+      ForwardBatch b;
+      (void)b;
+      row = -1;
+    }
+    // Prefill with the true next token: take it from a plain forward.
+    std::vector<float> logits;
+    {
+      ModelRunner& r = *pair.runner;
+      const int n = static_cast<int>(prompt.size());
+      ForwardBatch b;
+      b.forward_mode = ForwardMode::EXTEND;
+      b.batch_size = 1;
+      b.input_ids = prompt;
+      for (int i = 0; i < n; ++i) b.positions.push_back(i);
+      const int32_t tmp = r.req_pool().alloc(1).value().at(0);
+      const int32_t prefix[] = {0}, seqs[] = {n}, last[] = {-1};
+      const auto slots = r.allocator().alloc_extend(prefix, seqs, last).value();
+      r.req_pool().write(tmp, 0, slots);
+      b.out_cache_loc = slots;
+      b.req_pool_indices = {tmp};
+      b.seq_lens = {n};
+      b.extend_prefix_lens = {0};
+      b.extend_seq_lens = {n};
+      r.forward(b, logits);
+      r.allocator().free(slots);
+      r.req_pool().free(tmp);
+    }
+    const int32_t first = argmax(logits);
+    row = prefill(*pair.runner, worker, prompt, first, state);
+    seq.push_back(first);
+    // Two cycles; the request's row keeps its KV slots and gets fresh scratch slots each time.
+    std::vector<int32_t> kv_slots(pair.runner->req_pool().row(row), pair.runner->req_pool().row(row) + prompt.size());
+    for (int cycle = 0; cycle < 3; ++cycle) {
+      const int kv = static_cast<int>(seq.size()) - 1;
+      CycleItem item;
+      item.req_pool_idx = row;
+      item.kv_len = kv;
+      item.root_token = seq.back();
+      item.state = &state;
+      worker.run_cycle({&item, 1});
+      std::vector<int32_t> emitted = item.result.accepted_tokens;
+      emitted.push_back(item.result.bonus_token);
+      DraftExtendItem it;
+      it.req_pool_idx = row;
+      it.start = kv;
+      it.next_tokens = emitted;
+      it.features = item.accepted_features.data();
+      it.state = &state;
+      worker.draft_extend({&it, 1});
+      seq.insert(seq.end(), emitted.begin(), emitted.end());
+      // Scratch past the new KV for the next cycle (the row already maps the old scratch region).
+      const int new_kv = static_cast<int>(seq.size()) - 1;
+      const int32_t p0[] = {kv + worker.scratch_tokens()}, s0[] = {new_kv + worker.scratch_tokens()},
+                    l0[] = {pair.runner->req_pool().row(row)[kv + worker.scratch_tokens() - 1]};
+      if (new_kv > kv) {
+        const auto more = pair.runner->allocator().alloc_extend(p0, s0, l0).value();
+        pair.runner->req_pool().write(row, kv + worker.scratch_tokens(), more);
+      }
+      // Fresh: a new runner prefilled with seq[:-1], draft extended with the last token.
+      Pair fresh;
+      EagleWorker fresh_worker(*fresh.runner, EagleOptions{kind, head, params});
+      DraftState fresh_state;
+      const std::vector<int32_t> history(seq.begin(), seq.end() - 1);
+      prefill(*fresh.runner, fresh_worker, history, seq.back(), fresh_state);
+      ASSERT_EQ(state.root_tokens, fresh_state.root_tokens) << "cycle " << cycle;
+      for (size_t i = 0; i < state.root_probs.size(); ++i) EXPECT_NEAR(state.root_probs[i], fresh_state.root_probs[i], 1e-4);
+      for (size_t i = 0; i < state.root_hidden.size(); i += 17) {
+        EXPECT_NEAR(state.root_hidden[i], fresh_state.root_hidden[i], 1e-3) << "cycle " << cycle << " hidden " << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specula

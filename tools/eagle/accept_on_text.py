@@ -5,8 +5,9 @@ engine's figure can be compared on identical prompts.
 
     python3 tools/eagle/accept_on_text.py --num-requests 4 --input-len 128 --output-len 256
 
-Prompts: the file's token ids (<s> then its UTF-8 bytes, as the shipped tokenizer encodes it),
-windows of --input-len tokens starting at room * i / num_requests (room = tokens - input_len).
+Prompts: the file's token ids as the shipped tokenizer encodes it (<s>, then UTF-8 bytes, with
+the literal texts of the special tokens <s>, </s> and <pad> as their ids, as Hugging Face's
+added-token matching does), windows of --input-len tokens starting at room * i / num_requests (room = tokens - input_len).
 Generation never stops at </s> (the benchmark sets ignore_eos); each verify cycle counts
 accepted + 1 tokens, the last one too.
 """
@@ -45,6 +46,21 @@ def load(device):
     return target, heads, aux
 
 
+def encode(data: bytes):
+    specials = {b"<s>": BOS, b"</s>": BOS + 1, b"<pad>": BOS + 2}
+    out, i = [], 0
+    while i < len(data):
+        for text, tid in specials.items():
+            if data.startswith(text, i):
+                out.append(tid)
+                i += len(text)
+                break
+        else:
+            out.append(data[i])
+            i += 1
+    return out
+
+
 @torch.no_grad()
 def generate(target, head, prompt, max_new, steps, topk, num_draft, aux):
     dev = target.lm_head.weight.device
@@ -71,7 +87,7 @@ def main():
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = False
     target, heads, aux = load(device)
-    ids = [BOS] + list(Path(a.file).read_bytes())
+    ids = [BOS] + encode(Path(a.file).read_bytes())
     room = len(ids) - a.input_len
     prompts = [ids[room * i // a.num_requests: room * i // a.num_requests + a.input_len] for i in range(a.num_requests)]
     for kind, head in heads.items():
