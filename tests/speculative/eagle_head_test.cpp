@@ -184,18 +184,8 @@ TEST(EagleCycles, CachedDraftStateEqualsAFreshRecompute) {
     const SpecParams params{3, 1, 4};
     EagleWorker worker(*pair.runner, EagleOptions{kind, head, params});
     DraftState state;
-    // The target's greedy next token after the prompt.
     std::vector<int32_t> seq = prompt;
-    int32_t row = -1;
-    {
-      Pair probe;
-      EagleWorker w(*probe.runner, EagleOptions{kind, head, params});
-      DraftState s;
-      ForwardBatch b;
-      (void)b;
-      row = -1;
-    }
-    // Prefill with the true next token: take it from a plain forward.
+    // The target's greedy next token after the prompt, from a plain forward.
     std::vector<float> logits;
     {
       ModelRunner& r = *pair.runner;
@@ -219,10 +209,9 @@ TEST(EagleCycles, CachedDraftStateEqualsAFreshRecompute) {
       r.req_pool().free(tmp);
     }
     const int32_t first = argmax(logits);
-    row = prefill(*pair.runner, worker, prompt, first, state);
+    const int32_t row = prefill(*pair.runner, worker, prompt, first, state);
     seq.push_back(first);
-    // Two cycles; the request's row keeps its KV slots and gets fresh scratch slots each time.
-    std::vector<int32_t> kv_slots(pair.runner->req_pool().row(row), pair.runner->req_pool().row(row) + prompt.size());
+    // Three cycles; the request's row keeps its KV slots and gets fresh scratch slots each time.
     for (int cycle = 0; cycle < 3; ++cycle) {
       const int kv = static_cast<int>(seq.size()) - 1;
       CycleItem item;
