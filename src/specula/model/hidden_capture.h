@@ -2,7 +2,10 @@
 // "features"), captured during a forward over every token of the batch.
 #pragma once
 
+#include <cstdint>
 #include <vector>
+
+#include "specula/core/error.h"
 
 namespace specula {
 
@@ -14,6 +17,15 @@ struct HiddenCapture {
   std::vector<int> layers;
   // Out: [num_tokens, layers.size() * hidden_size]; each token's entries concatenated in order.
   std::vector<float> data;
+
+  // Checks the requested layers against a model of num_layers and sizes data for n tokens.
+  void prepare(int num_layers, int64_t n, int hidden) {
+    for (int layer : layers) {
+      SPECULA_CHECK(layer == kFinalNormed || (layer >= 0 && layer < num_layers),
+                    "cannot capture the hidden state entering layer {}; the model has {} layers", layer, num_layers);
+    }
+    data.assign(static_cast<size_t>(n) * layers.size() * static_cast<size_t>(hidden), 0.0f);
+  }
 };
 
 }  // namespace specula

@@ -155,14 +155,7 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   const float eps = static_cast<float>(c.rms_norm_eps);
   const bool gelu = c.hidden_act == "gelu_pytorch_tanh";
   const size_t captured = capture != nullptr ? capture->layers.size() : 0;
-  if (capture != nullptr) {
-    for (int layer : capture->layers) {
-      SPECULA_CHECK(layer == HiddenCapture::kFinalNormed || (layer >= 0 && layer < c.num_hidden_layers),
-                    "cannot capture the hidden state entering layer {}; the model has {} layers", layer,
-                    c.num_hidden_layers);
-    }
-    capture->data.assign(static_cast<size_t>(n) * captured * static_cast<size_t>(hidden), 0.0f);
-  }
+  if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, hidden);
   // Copies [n, hidden] into capture entry e of every token.
   auto store = [&](size_t e, const float* src) {
     for (int64_t t = 0; t < n; ++t) {

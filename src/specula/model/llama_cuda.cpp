@@ -199,14 +199,7 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
   }
   ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
   const size_t captured = capture != nullptr ? capture->layers.size() : 0;
-  if (capture != nullptr) {
-    for (int layer : capture->layers) {
-      SPECULA_CHECK(layer == HiddenCapture::kFinalNormed || (layer >= 0 && layer < c.num_hidden_layers),
-                    "cannot capture the hidden state entering layer {}; the model has {} layers", layer,
-                    c.num_hidden_layers);
-    }
-    capture->data.assign(static_cast<size_t>(n) * captured * static_cast<size_t>(h), 0.0f);
-  }
+  if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, h);
   // Copies [n, h] on the device into capture entry e of every token (a strided copy to the host).
   auto store = [&](size_t e, const float* src) {
     CUDA_CHECK(cudaMemcpy2DAsync(capture->data.data() + e * static_cast<size_t>(h), captured * h * sizeof(float), src,
