@@ -33,18 +33,7 @@ EngineOptions gpu_options(int page_size, bool graphs) {
 }
 
 
-std::vector<std::vector<int32_t>> run(Engine& engine, int max_new) {
-  std::vector<std::shared_ptr<RequestHandle>> handles;
-  for (const std::string& t : kTexts) handles.push_back(engine.submit(greedy(t, max_new)));
-  engine.run_until_idle();
-  std::vector<std::vector<int32_t>> outs;
-  for (const auto& h : handles) {
-    const RequestOutput out = h->wait();
-    EXPECT_EQ(out.finish_reason, "length");
-    outs.push_back(out.output_ids);
-  }
-  return outs;
-}
+std::vector<std::vector<int32_t>> run(Engine& engine, int max_new) { return testing_fixtures::run_greedy(engine, kTexts, max_new); }
 
 TEST(CudaEngine, BatchMatchesAloneWithAndWithoutGraphs) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";

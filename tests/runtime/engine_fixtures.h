@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "specula/runtime/engine.h"
 #include "specula/runtime/request.h"
 
 namespace specula::testing_fixtures {
@@ -32,6 +35,21 @@ inline EngineRequest greedy(const std::string& text, int max_new = 24) {
   r.max_new_tokens = max_new;
   r.ignore_eos = true;
   return r;
+}
+
+// Submits a greedy request per text, runs the engine until idle and returns each output, checking
+// that every request ran to its length.
+inline std::vector<std::vector<int32_t>> run_greedy(Engine& engine, const std::vector<std::string>& texts, int max_new) {
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const std::string& t : texts) handles.push_back(engine.submit(greedy(t, max_new)));
+  engine.run_until_idle();
+  std::vector<std::vector<int32_t>> outs;
+  for (const auto& h : handles) {
+    const RequestOutput out = h->wait();
+    EXPECT_EQ(out.finish_reason, "length");
+    outs.push_back(out.output_ids);
+  }
+  return outs;
 }
 
 }  // namespace specula::testing_fixtures

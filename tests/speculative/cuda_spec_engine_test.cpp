@@ -10,16 +10,15 @@
 #include <random>
 
 #include "runtime/engine_fixtures.h"
+#include "speculative/spec_fixtures.h"
 #include "specula/runtime/engine.h"
 
 namespace specula {
 namespace {
 
-using testing_fixtures::greedy;
 using testing_fixtures::kModel;
 using testing_fixtures::kTexts;
 
-const std::filesystem::path kRoot = SPECULA_SOURCE_DIR;
 constexpr int kMaxNew = 40;
 
 EngineOptions gpu_options(int page_size, int batch) {
@@ -35,16 +34,7 @@ EngineOptions gpu_options(int page_size, int batch) {
 }
 
 std::vector<std::vector<int32_t>> run(Engine& engine, const std::vector<std::string>& texts) {
-  std::vector<std::shared_ptr<RequestHandle>> handles;
-  for (const std::string& t : texts) handles.push_back(engine.submit(greedy(t, kMaxNew)));
-  engine.run_until_idle();
-  std::vector<std::vector<int32_t>> outs;
-  for (const auto& h : handles) {
-    const RequestOutput out = h->wait();
-    EXPECT_EQ(out.finish_reason, "length");
-    outs.push_back(out.output_ids);
-  }
-  return outs;
+  return testing_fixtures::run_greedy(engine, texts, kMaxNew);
 }
 
 struct Case {
@@ -72,9 +62,7 @@ TEST(CudaSpeculative, GreedyOutputEqualsTheTargetsOwn) {
                  std::to_string(c.params.topk) + ", " + std::to_string(c.params.num_draft_tokens) + ") page " +
                  std::to_string(c.page_size) + " batch " + std::to_string(c.batch));
     EngineOptions o = gpu_options(c.page_size, c.batch);
-    o.speculative = EagleOptions{
-        c.kind, kRoot / (c.kind == EagleKind::EAGLE ? "models/specula-byte-6m-eagle" : "models/specula-byte-6m-eagle3"),
-        c.params};
+    o.speculative = EagleOptions{c.kind, spec_fixtures::head_dir(c.kind), c.params};
     Engine engine(kModel, o);
     const int64_t free_at_start = engine.runner().allocator().available_size();
     const auto outs = run(engine, texts);

@@ -13,12 +13,14 @@
 #include "specula/model/safetensors.h"
 #include "specula/runtime/model_runner.h"
 #include "specula/speculative/eagle_worker.h"
+#include "speculative/spec_fixtures.h"
 
 namespace specula {
 namespace {
 
 namespace fs = std::filesystem;
-const fs::path kRoot = SPECULA_SOURCE_DIR;
+using spec_fixtures::head_dir;
+using spec_fixtures::kRoot;
 const fs::path kTarget = kRoot / "models/specula-byte-6m";
 
 nlohmann::json read_json(const fs::path& p) {
@@ -42,26 +44,14 @@ struct Pair {
 // pairs and returns the request's row (its scratch slots allocated past the prompt).
 int32_t prefill(ModelRunner& runner, EagleWorker& worker, const std::vector<int32_t>& ids, int32_t expect_next,
                 DraftState& state) {
-  const int n = static_cast<int>(ids.size());
+  const auto n = static_cast<int32_t>(ids.size());
   const int32_t row = runner.req_pool().alloc(1).value().at(0);
   const int32_t prefix[] = {0}, seq[] = {n + worker.scratch_tokens()}, last[] = {-1};
   const auto slots = runner.allocator().alloc_extend(prefix, seq, last).value();
   runner.req_pool().write(row, 0, slots);
-  ForwardBatch b;
-  b.forward_mode = ForwardMode::EXTEND;
-  b.batch_size = 1;
-  b.input_ids = ids;
-  for (int i = 0; i < n; ++i) b.positions.push_back(i);
-  b.out_cache_loc.assign(slots.begin(), slots.begin() + n);
-  b.req_pool_indices = {row};
-  b.seq_lens = {n};
-  b.extend_prefix_lens = {0};
-  b.extend_seq_lens = {n};
   HiddenCapture capture;
   capture.layers = worker.capture_layers();
-  std::vector<float> logits;
-  runner.forward(b, logits, false, &capture);
-  EXPECT_EQ(argmax(logits), expect_next);
+  EXPECT_EQ(argmax(spec_fixtures::extend_forward(runner, ids, row, slots, &capture)), expect_next);
   DraftExtendItem it;
   it.req_pool_idx = row;
   it.start = 0;
@@ -77,7 +67,7 @@ class EagleGolden : public ::testing::TestWithParam<EagleKind> {};
 
 TEST_P(EagleGolden, FirstStepTreeAndVerificationMatchTheReference) {
   const EagleKind kind = GetParam();
-  const fs::path head = kRoot / (kind == EagleKind::EAGLE ? "models/specula-byte-6m-eagle" : "models/specula-byte-6m-eagle3");
+  const fs::path head = head_dir(kind);
   const nlohmann::json golden = read_json(kRoot / (kind == EagleKind::EAGLE ? "tests/data/model_pair/eagle.json"
                                                                              : "tests/data/model_pair/eagle3.json"));
   for (const auto& prompt : golden["prompts"]) {
@@ -177,7 +167,7 @@ namespace {
 TEST(EagleCycles, CachedDraftStateEqualsAFreshRecompute) {
   for (EagleKind kind : {EagleKind::EAGLE, EagleKind::EAGLE3}) {
     SCOPED_TRACE(std::string(eagle_kind_name(kind)));
-    const fs::path head = kRoot / (kind == EagleKind::EAGLE ? "models/specula-byte-6m-eagle" : "models/specula-byte-6m-eagle3");
+    const fs::path head = head_dir(kind);
     const nlohmann::json golden = read_json(kRoot / "tests/data/model_pair/target.json");
     const std::vector<int32_t> prompt = golden["prompts"][1]["ids"].get<std::vector<int32_t>>();
     Pair pair;
@@ -186,29 +176,7 @@ TEST(EagleCycles, CachedDraftStateEqualsAFreshRecompute) {
     DraftState state;
     std::vector<int32_t> seq = prompt;
     // The target's greedy next token after the prompt, from a plain forward.
-    std::vector<float> logits;
-    {
-      ModelRunner& r = *pair.runner;
-      const int n = static_cast<int>(prompt.size());
-      ForwardBatch b;
-      b.forward_mode = ForwardMode::EXTEND;
-      b.batch_size = 1;
-      b.input_ids = prompt;
-      for (int i = 0; i < n; ++i) b.positions.push_back(i);
-      const int32_t tmp = r.req_pool().alloc(1).value().at(0);
-      const int32_t prefix[] = {0}, seqs[] = {n}, last[] = {-1};
-      const auto slots = r.allocator().alloc_extend(prefix, seqs, last).value();
-      r.req_pool().write(tmp, 0, slots);
-      b.out_cache_loc = slots;
-      b.req_pool_indices = {tmp};
-      b.seq_lens = {n};
-      b.extend_prefix_lens = {0};
-      b.extend_seq_lens = {n};
-      r.forward(b, logits);
-      r.allocator().free(slots);
-      r.req_pool().free(tmp);
-    }
-    const int32_t first = argmax(logits);
+    const int32_t first = argmax(spec_fixtures::last_token_logits(*pair.runner, prompt));
     const int32_t row = prefill(*pair.runner, worker, prompt, first, state);
     seq.push_back(first);
     // Three cycles; the request's row keeps its KV slots and gets fresh scratch slots each time.

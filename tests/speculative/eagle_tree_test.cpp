@@ -11,18 +11,14 @@
 
 #include "specula/core/error.h"
 #include "specula/speculative/eagle_tree.h"
+#include "speculative/spec_fixtures.h"
 
 namespace specula {
 namespace {
 
 using Ints = std::vector<int32_t>;
 
-void add_candidate(DraftCandidates& c, int32_t token, int32_t parent, float score) {
-  c.tokens.push_back(token);
-  c.parents.push_back(parent);
-  c.scores.push_back(score);
-  c.depths.push_back(parent < 0 ? 1 : c.depths[static_cast<size_t>(parent)] + 1);
-}
+using spec_fixtures::add_candidate;
 
 // The draft of (num_steps 3, topk 2, num_draft_tokens 6), root token 7. Probabilities are dyadic so
 // every score is exact in float.

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "runtime/engine_fixtures.h"
+#include "speculative/spec_fixtures.h"
 #include "specula/core/error.h"
 #include "specula/model/config.h"
 #include "specula/model/safetensors.h"
@@ -22,7 +23,8 @@ using testing_fixtures::greedy;
 using testing_fixtures::kModel;
 using testing_fixtures::kTexts;
 
-const std::filesystem::path kRoot = SPECULA_SOURCE_DIR;
+using spec_fixtures::head_dir;
+using spec_fixtures::last_token_logits;
 constexpr int kMaxNew = 40;
 
 EngineOptions options(int page_size, int max_running = 16, int chunk = 4096, bool radix = true) {
@@ -38,9 +40,7 @@ EngineOptions options(int page_size, int max_running = 16, int chunk = 4096, boo
 }
 
 EagleOptions eagle(EagleKind kind, SpecParams p) {
-  return EagleOptions{kind,
-                      kRoot / (kind == EagleKind::EAGLE ? "models/specula-byte-6m-eagle" : "models/specula-byte-6m-eagle3"),
-                      p};
+  return EagleOptions{kind, head_dir(kind), p};
 }
 
 // The target's greedy output without speculation, one request at a time.
@@ -218,30 +218,6 @@ SamplingParams first_tokens_sampling(uint64_t seed) {
   p.top_k = kSamplingTopK;
   p.seed = seed;
   return p;
-}
-
-// The logits after the whole of ids, from a fresh EXTEND forward (its KV freed again).
-std::vector<float> last_token_logits(ModelRunner& runner, const std::vector<int32_t>& ids) {
-  const int n = static_cast<int>(ids.size());
-  const int32_t row = runner.req_pool().alloc(1).value().at(0);
-  const int32_t prefix[] = {0}, seq[] = {n}, last[] = {-1};
-  const auto slots = runner.allocator().alloc_extend(prefix, seq, last).value();
-  runner.req_pool().write(row, 0, slots);
-  ForwardBatch b;
-  b.forward_mode = ForwardMode::EXTEND;
-  b.batch_size = 1;
-  b.input_ids = ids;
-  for (int i = 0; i < n; ++i) b.positions.push_back(i);
-  b.out_cache_loc = slots;
-  b.req_pool_indices = {row};
-  b.seq_lens = {n};
-  b.extend_prefix_lens = {0};
-  b.extend_seq_lens = {n};
-  std::vector<float> logits;
-  runner.forward(b, logits);
-  runner.allocator().free(slots);
-  runner.req_pool().free(row);
-  return logits;
 }
 
 // The tokens the sampler can draw after ids, with their probabilities.

@@ -12,6 +12,7 @@
 
 #include "specula/core/error.h"
 #include "specula/speculative/eagle_tree.h"
+#include "speculative/spec_fixtures.h"
 #include "specula/speculative/verify.h"
 
 namespace specula {
@@ -19,12 +20,7 @@ namespace {
 
 using Ints = std::vector<int32_t>;
 
-void add_candidate(DraftCandidates& c, int32_t token, int32_t parent, float score) {
-  c.tokens.push_back(token);
-  c.parents.push_back(parent);
-  c.scores.push_back(score);
-  c.depths.push_back(parent < 0 ? 1 : c.depths[static_cast<size_t>(parent)] + 1);
-}
+using spec_fixtures::add_candidate;
 
 // Root token 7:
 //   0 (7) ─┬─ 1 (11) ── 3 (21) ── 5 (33)
