@@ -79,9 +79,17 @@ void DraftCascadeBackend::forward_decode(const TensorView& q, const TensorView& 
                                          const ForwardOptions& options) {
   const int64_t rows = q.shape()[0];
   const Device device = out.device();
-  Buffer branch_out(out.dtype(), out.shape(), device);
-  Buffer prefix_lse(DType::f32, {rows, layer.num_q_heads}, device);
-  Buffer branch_lse(DType::f32, {rows, layer.num_q_heads}, device);
+  // Scratch for the branch pass and both LSEs, grown once and reused by every layer and step.
+  const int64_t out_elems = out.numel(), lse_elems = rows * layer.num_q_heads;
+  auto grow = [&](Buffer& b, DType dtype, int64_t elements) {
+    if (b.data() == nullptr || b.dtype() != dtype || b.numel() < elements) b = Buffer(dtype, {elements}, device);
+  };
+  grow(branch_out_, out.dtype(), out_elems);
+  grow(lse_scratch_, DType::f32, 3 * lse_elems);
+  const TensorView branch_out(branch_out_.data(), out.dtype(), out.shape(), device);
+  const Shape lse_shape{rows, layer.num_q_heads};
+  const TensorView prefix_lse(lse_scratch_.data_as<float>(), DType::f32, lse_shape, device);
+  const TensorView branch_lse(lse_scratch_.data_as<float>() + lse_elems, DType::f32, lse_shape, device);
   ForwardOptions branch_options;
   branch_options.save_kv_cache = options.save_kv_cache;
   branch_options.lse = branch_lse;
@@ -90,12 +98,9 @@ void DraftCascadeBackend::forward_decode(const TensorView& q, const TensorView& 
   prefix_options.save_kv_cache = false;
   prefix_options.lse = prefix_lse;
   prefix_->forward(q, k, v, out, layer, prefix_batch_, prefix_options);
-  Buffer merged_lse;
-  TensorView lse = options.lse;
-  if (!lse.defined()) {
-    merged_lse = Buffer(DType::f32, {rows, layer.num_q_heads}, device);
-    lse = merged_lse;
-  }
+  const TensorView lse = options.lse.defined()
+                             ? options.lse
+                             : TensorView(lse_scratch_.data_as<float>() + 2 * lse_elems, DType::f32, lse_shape, device);
   merge_state(out, prefix_lse, branch_out, branch_lse, out, lse, options_.cuda_stream);
 }
 

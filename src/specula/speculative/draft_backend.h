@@ -45,6 +45,8 @@ class DraftCascadeBackend final : public AttentionBackend {
   ReqToTokenPool branch_rows_;
   ForwardBatch prefix_batch_;
   ForwardBatch branch_batch_;
+  Buffer branch_out_;   // the branch pass's output
+  Buffer lse_scratch_;  // prefix LSE | branch LSE | merged LSE when the caller wants none
 };
 
 }  // namespace specula
