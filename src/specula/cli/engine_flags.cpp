@@ -80,12 +80,12 @@ EngineOptions engine_options(const EngineFlags& f) {
       SPECULA_CHECK(f.model.empty(), "--speculative-algorithm with --model needs --draft-model (the head trained for it)");
       e.draft_model = shipped_model(e.kind == EagleKind::EAGLE ? "specula-byte-6m-eagle" : "specula-byte-6m-eagle3");
     }
+    // Unset flags keep EagleOptions' defaults, except that a chain (topk 1) needs num_steps + 1 tokens.
     SpecParams& p = e.params;
-    p.num_steps = f.speculative_num_steps != 0 ? f.speculative_num_steps : 5;
-    p.topk = f.speculative_eagle_topk != 0 ? f.speculative_eagle_topk : 4;
-    p.num_draft_tokens = f.speculative_num_draft_tokens != 0 ? f.speculative_num_draft_tokens
-                         : p.topk == 1                        ? p.num_steps + 1
-                                                              : 8;
+    if (f.speculative_num_steps != 0) p.num_steps = f.speculative_num_steps;
+    if (f.speculative_eagle_topk != 0) p.topk = f.speculative_eagle_topk;
+    if (f.speculative_num_draft_tokens != 0) p.num_draft_tokens = f.speculative_num_draft_tokens;
+    else if (p.topk == 1) p.num_draft_tokens = p.num_steps + 1;
     p.validate();
     o.speculative = e;
   }
