@@ -165,6 +165,7 @@ void run(const Options& o) {
                           {"accept_histogram", s.spec_accept_histogram}};
       fmt::print("{}\n", j.dump());
     } else {
+      std::fflush(stdout);  // the streamed text ends before the summary line
       fmt::print(stderr, "speculative {} ({}, {}, {}): mean accept length {:.2f} over {} verify cycles\n",
                  eagle_kind_name(eo.speculative->kind), p.num_steps, p.topk, p.num_draft_tokens, mean, s.spec_cycles);
     }
