@@ -83,7 +83,7 @@ EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const Lla
   SPECULA_CHECK(config_.vocab_size == t.vocab_size,
                 "the draft head's vocab_size {} does not match the target's {}", config_.vocab_size, t.vocab_size);
   if (own_embed) {
-    embed_ = load("embed_tokens.weight", {t.vocab_size, h});
+    w_.embed = load("embed_tokens.weight", {t.vocab_size, h});
   } else {
     SPECULA_CHECK(h == th, "the draft head's hidden_size {} does not match the target's {} (the head shares its embedding)",
                   h, th);
@@ -94,17 +94,17 @@ EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const Lla
     feature_size_ = static_cast<int>(th);
     capture_layers_ = {HiddenCapture::kFinalNormed};
     draft_vocab_ = t.vocab_size;
-    fc_ = load("fc.weight", {h, 2 * h});
-    if (ckpt.contains("fc.bias")) fc_bias_ = load("fc.bias", {h});
+    w_.fc = load("fc.weight", {h, 2 * h});
+    if (ckpt.contains("fc.bias")) w_.fc_bias = load("fc.bias", {h});
     const std::string p = ckpt.contains("layers.0.self_attn.q_proj.weight") ? "layers.0." : "model.layers.0.";
-    wq_ = load(p + "self_attn.q_proj.weight", {q_out, h});
-    wk_ = load(p + "self_attn.k_proj.weight", {kv_out, h});
-    wv_ = load(p + "self_attn.v_proj.weight", {kv_out, h});
-    wo_ = load(p + "self_attn.o_proj.weight", {h, q_out});
-    post_norm_ = load(p + "post_attention_layernorm.weight", {h});
-    w_gate_ = load(p + "mlp.gate_proj.weight", {inter, h});
-    w_up_ = load(p + "mlp.up_proj.weight", {inter, h});
-    w_down_ = load(p + "mlp.down_proj.weight", {h, inter});
+    w_.wq = load(p + "self_attn.q_proj.weight", {q_out, h});
+    w_.wk = load(p + "self_attn.k_proj.weight", {kv_out, h});
+    w_.wv = load(p + "self_attn.v_proj.weight", {kv_out, h});
+    w_.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
+    w_.post_norm = load(p + "post_attention_layernorm.weight", {h});
+    w_.w_gate = load(p + "mlp.gate_proj.weight", {inter, h});
+    w_.w_up = load(p + "mlp.up_proj.weight", {inter, h});
+    w_.w_down = load(p + "mlp.down_proj.weight", {h, inter});
   } else {
     const int64_t target_hidden = j.contains("target_hidden_size") && j["target_hidden_size"].is_number_integer()
                                       ? j["target_hidden_size"].get<int64_t>()
@@ -136,36 +136,36 @@ EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const Lla
                        : config_.vocab_size;
     SPECULA_CHECK(draft_vocab_ >= 1 && draft_vocab_ <= t.vocab_size, "the EAGLE-3 head's draft_vocab_size {} is not in [1, {}]",
                   draft_vocab_, t.vocab_size);
-    fc_ = load("fc.weight", {h, 3 * th});
+    w_.fc = load("fc.weight", {h, 3 * th});
     attn_in = 2 * h;
     const std::string p = "midlayer.";
-    input_norm_ = load(p + "input_layernorm.weight", {h});
-    hidden_norm_ = load(p + "hidden_norm.weight", {h});
-    wq_ = load(p + "self_attn.q_proj.weight", {q_out, attn_in});
-    wk_ = load(p + "self_attn.k_proj.weight", {kv_out, attn_in});
-    wv_ = load(p + "self_attn.v_proj.weight", {kv_out, attn_in});
-    wo_ = load(p + "self_attn.o_proj.weight", {h, q_out});
-    post_norm_ = load(p + "post_attention_layernorm.weight", {h});
-    w_gate_ = load(p + "mlp.gate_proj.weight", {inter, h});
-    w_up_ = load(p + "mlp.up_proj.weight", {inter, h});
-    w_down_ = load(p + "mlp.down_proj.weight", {h, inter});
-    final_norm_ = load("norm.weight", {h});
-    lm_head_ = load("lm_head.weight", {draft_vocab_, h});
+    w_.input_norm = load(p + "input_layernorm.weight", {h});
+    w_.hidden_norm = load(p + "hidden_norm.weight", {h});
+    w_.wq = load(p + "self_attn.q_proj.weight", {q_out, attn_in});
+    w_.wk = load(p + "self_attn.k_proj.weight", {kv_out, attn_in});
+    w_.wv = load(p + "self_attn.v_proj.weight", {kv_out, attn_in});
+    w_.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
+    w_.post_norm = load(p + "post_attention_layernorm.weight", {h});
+    w_.w_gate = load(p + "mlp.gate_proj.weight", {inter, h});
+    w_.w_up = load(p + "mlp.up_proj.weight", {inter, h});
+    w_.w_down = load(p + "mlp.down_proj.weight", {h, inter});
+    w_.final_norm = load("norm.weight", {h});
+    w_.lm_head = load("lm_head.weight", {draft_vocab_, h});
     if (ckpt.contains("d2t")) {
       const TensorView d2t = ckpt.get("d2t", {draft_vocab_});
       SPECULA_CHECK(d2t.dtype() == DType::i64, "the EAGLE-3 head's d2t must be int64, not {}", dtype_name(d2t.dtype()));
       const auto* v = static_cast<const int64_t*>(d2t.data());
-      d2t_.assign(v, v + draft_vocab_);
+      w_.d2t.assign(v, v + draft_vocab_);
       for (int i = 0; i < draft_vocab_; ++i) {
-        SPECULA_CHECK(i + d2t_[static_cast<size_t>(i)] >= 0 && i + d2t_[static_cast<size_t>(i)] < t.vocab_size,
+        SPECULA_CHECK(i + w_.d2t[static_cast<size_t>(i)] >= 0 && i + w_.d2t[static_cast<size_t>(i)] < t.vocab_size,
                       "the EAGLE-3 head's d2t maps draft id {} to {}, outside the target vocabulary [0, {})", i,
-                      i + d2t_[static_cast<size_t>(i)], t.vocab_size);
+                      i + w_.d2t[static_cast<size_t>(i)], t.vocab_size);
       }
     } else {
       SPECULA_CHECK(draft_vocab_ == t.vocab_size,
                     "the EAGLE-3 head has a draft vocabulary of {} tokens but no d2t mapping to the target's {}",
                     draft_vocab_, t.vocab_size);
-      d2t_.assign(static_cast<size_t>(draft_vocab_), 0);
+      w_.d2t.assign(static_cast<size_t>(draft_vocab_), 0);
     }
   }
   attention_layer_.layer_id = 0;
@@ -179,7 +179,7 @@ EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const Lla
 
 int32_t EagleHead::to_target_id(int32_t draft_id) const {
   if (kind_ == EagleKind::EAGLE) return draft_id;
-  return static_cast<int32_t>(draft_id + d2t_[static_cast<size_t>(draft_id)]);
+  return static_cast<int32_t>(draft_id + w_.d2t[static_cast<size_t>(draft_id)]);
 }
 
 void EagleHead::forward(const ForwardBatch& batch, AttentionBackend& backend, const float* hidden_in, bool from_target,
@@ -190,7 +190,7 @@ void EagleHead::forward(const ForwardBatch& batch, AttentionBackend& backend, co
   const int h = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int vocab = target_.config().vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const std::vector<float>& embed = embed_.empty() ? target_.embedding() : embed_;
+  const std::vector<float>& embed = w_.embed.empty() ? target_.embedding() : w_.embed;
   std::vector<float> emb(static_cast<size_t>(n * h));
   for (int64_t t = 0; t < n; ++t) {
     const int32_t id = batch.input_ids[static_cast<size_t>(t)];
@@ -208,40 +208,40 @@ void EagleHead::forward(const ForwardBatch& batch, AttentionBackend& backend, co
       std::copy_n(emb.begin() + t * h, h, cat.begin() + t * 2 * h);
       std::copy_n(hidden_in + t * h, h, cat.begin() + t * 2 * h + h);
     }
-    cpu_linear(cat.data(), fc_, x.data(), n, 2 * h, h);
-    if (!fc_bias_.empty()) cpu_add_bias(x.data(), fc_bias_, n);
+    cpu_linear(cat.data(), w_.fc, x.data(), n, 2 * h, h);
+    if (!w_.fc_bias.empty()) cpu_add_bias(x.data(), w_.fc_bias, n);
     a = x;  // no input_layernorm
   } else {
     if (from_target) {
-      cpu_linear(hidden_in, fc_, x.data(), n, feature_size_, h);
+      cpu_linear(hidden_in, w_.fc, x.data(), n, feature_size_, h);
     } else {
       std::copy_n(hidden_in, n * h, x.begin());
     }
     attn_in = 2 * h;
     a.resize(static_cast<size_t>(n * 2 * h));
     std::vector<float> normed(static_cast<size_t>(n * h));
-    cpu_rms_norm(emb.data(), input_norm_, normed.data(), n, h, eps);
+    cpu_rms_norm(emb.data(), w_.input_norm, normed.data(), n, h, eps);
     for (int64_t t = 0; t < n; ++t) std::copy_n(normed.begin() + t * h, h, a.begin() + t * 2 * h);
-    cpu_rms_norm(x.data(), hidden_norm_, normed.data(), n, h, eps);
+    cpu_rms_norm(x.data(), w_.hidden_norm, normed.data(), n, h, eps);
     for (int64_t t = 0; t < n; ++t) std::copy_n(normed.begin() + t * h, h, a.begin() + t * 2 * h + h);
   }
   Buffer q(DType::f32, {n, Hq, D}), k(DType::f32, {n, Hkv, D}), v(DType::f32, {n, Hkv, D}), attn(DType::f32, {n, Hq, D});
-  cpu_linear(a.data(), wq_, q.data_as<float>(), n, attn_in, Hq * D);
-  cpu_linear(a.data(), wk_, k.data_as<float>(), n, attn_in, Hkv * D);
-  cpu_linear(a.data(), wv_, v.data_as<float>(), n, attn_in, Hkv * D);
+  cpu_linear(a.data(), w_.wq, q.data_as<float>(), n, attn_in, Hq * D);
+  cpu_linear(a.data(), w_.wk, k.data_as<float>(), n, attn_in, Hkv * D);
+  cpu_linear(a.data(), w_.wv, v.data_as<float>(), n, attn_in, Hkv * D);
   const CpuRope rope(batch.positions, inv_freq_, rope_attention_factor_);
   rope.apply(q.data_as<float>(), Hq);
   rope.apply(k.data_as<float>(), Hkv);
   backend.forward(q, k, v, attn, attention_layer_, batch);
   std::vector<float> o(static_cast<size_t>(n * h)), xn(o.size());
-  cpu_linear(attn.data_as<float>(), wo_, o.data(), n, Hq * D, h);
+  cpu_linear(attn.data_as<float>(), w_.wo, o.data(), n, Hq * D, h);
   for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-  cpu_rms_norm(x.data(), post_norm_, xn.data(), n, h, eps);
+  cpu_rms_norm(x.data(), w_.post_norm, xn.data(), n, h, eps);
   std::vector<float> gate(static_cast<size_t>(n * c.intermediate_size)), up(gate.size());
-  cpu_linear(xn.data(), w_gate_, gate.data(), n, h, c.intermediate_size);
-  cpu_linear(xn.data(), w_up_, up.data(), n, h, c.intermediate_size);
+  cpu_linear(xn.data(), w_.w_gate, gate.data(), n, h, c.intermediate_size);
+  cpu_linear(xn.data(), w_.w_up, up.data(), n, h, c.intermediate_size);
   cpu_silu_mul(gate, up);
-  cpu_linear(gate.data(), w_down_, o.data(), n, c.intermediate_size, h);
+  cpu_linear(gate.data(), w_.w_down, o.data(), n, c.intermediate_size, h);
   for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   hidden_out = x;
 
@@ -257,8 +257,8 @@ void EagleHead::forward(const ForwardBatch& batch, AttentionBackend& backend, co
   if (kind_ == EagleKind::EAGLE) {
     cpu_linear(selected.data(), target_.lm_head(), logits.data(), rows, h, draft_vocab_);
   } else {
-    cpu_rms_norm(selected.data(), final_norm_, selected.data(), rows, h, eps);
-    cpu_linear(selected.data(), lm_head_, logits.data(), rows, h, draft_vocab_);
+    cpu_rms_norm(selected.data(), w_.final_norm, selected.data(), rows, h, eps);
+    cpu_linear(selected.data(), w_.lm_head, logits.data(), rows, h, draft_vocab_);
   }
 }
 

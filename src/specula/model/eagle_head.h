@@ -26,6 +26,16 @@ namespace specula {
 
 enum class EagleKind { EAGLE, EAGLE3 };
 
+// The head's tensors in f32, as the checkpoint holds them.
+struct EagleWeights {
+  std::vector<float> embed;  // [vocab, hidden] when the head ships its own; else empty (the target's)
+  std::vector<float> fc, fc_bias;
+  std::vector<float> input_norm, hidden_norm, post_norm, final_norm;  // EAGLE-3 norms (post_norm both)
+  std::vector<float> wq, wk, wv, wo, w_gate, w_up, w_down;
+  std::vector<float> lm_head;  // EAGLE-3 [draft_vocab, hidden]
+  std::vector<int64_t> d2t;    // EAGLE-3 [draft_vocab]
+};
+
 std::string_view eagle_kind_name(EagleKind kind);
 // "EAGLE" or "EAGLE3" (case-insensitive); throws specula::Error naming the allowed values.
 EagleKind parse_eagle_kind(std::string_view name);
@@ -47,6 +57,10 @@ class EagleHead {
   int draft_vocab_size() const { return draft_vocab_; }
   // Target id of a draft-vocabulary id.
   int32_t to_target_id(int32_t draft_id) const;
+  const EagleWeights& weights() const { return w_; }
+  const LlamaModel& target() const { return target_; }
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  float rope_attention_factor() const { return rope_attention_factor_; }
 
   // Runs the head over the batch's tokens (input_ids, positions, KV slots of its draft KV pool).
   // hidden_in: [num_tokens, feature_size()] target features when from_target, else
@@ -66,12 +80,7 @@ class EagleHead {
   AttentionLayer attention_layer_;
   std::vector<float> inv_freq_;
   float rope_attention_factor_ = 1.0f;
-  std::vector<float> embed_;  // [vocab, hidden] when the head ships its own; else the target's
-  std::vector<float> fc_, fc_bias_;
-  std::vector<float> input_norm_, hidden_norm_, post_norm_, final_norm_;  // EAGLE-3 norms (post_norm both)
-  std::vector<float> wq_, wk_, wv_, wo_, w_gate_, w_up_, w_down_;
-  std::vector<float> lm_head_;      // EAGLE-3 [draft_vocab, hidden]
-  std::vector<int64_t> d2t_;        // EAGLE-3 [draft_vocab]
+  EagleWeights w_;
 };
 
 }  // namespace specula

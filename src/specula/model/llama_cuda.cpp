@@ -2,7 +2,6 @@
 // on the model's stream, eagerly or as captured decode graphs.
 #include "specula/model/llama_cuda.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -12,34 +11,15 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
+#include "specula/kv/req_to_token_pool.h"
 #include "specula/model/cuda/fused_ops.h"
-#include "specula/model/cuda/gemv.h"
+#include "specula/model/cuda/cuda_linear.h"
 #include "specula/model/cuda/model_ops.h"
 
 namespace specula {
 
 namespace ck = cuda_kernels;
 
-namespace {
-Buffer upload(const std::vector<float>& v, Device device) {
-  if (v.empty()) return {};
-  Buffer b(DType::f32, {static_cast<int64_t>(v.size())}, device);
-  copy(b, TensorView(const_cast<float*>(v.data()), DType::f32, {static_cast<int64_t>(v.size())}));
-  return b;
-}
-
-// A weight matrix as bf16 when every value is exactly a bf16 (a bf16 checkpoint), which halves
-// what each decode step reads and loses nothing; otherwise as f32.
-Buffer upload_weight(const std::vector<float>& v, Device device) {
-  const bool exact = std::all_of(v.begin(), v.end(), [](float x) { return (std::bit_cast<uint32_t>(x) & 0xFFFFu) == 0; });
-  if (!exact) return upload(v, device);
-  std::vector<uint16_t> bits(v.size());
-  for (size_t i = 0; i < v.size(); ++i) bits[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(v[i]) >> 16);
-  Buffer b(DType::bf16, {static_cast<int64_t>(v.size())}, device);
-  copy(b, TensorView(bits.data(), DType::bf16, {static_cast<int64_t>(v.size())}));
-  return b;
-}
-}  // namespace
 
 LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deterministic)
     : host_(host), device_(device), deterministic_(deterministic) {
@@ -55,24 +35,15 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deter
     }
   }
   CUDA_CHECK(cudaSetDevice(device.index));
-  cublasHandle_t handle = nullptr;
-  SPECULA_CHECK(cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS, "cublasCreate failed on {}", device.str());
-  // The default math mode: sgemm stays plain f32 (TF32 needs an explicit opt-in) and bf16 GEMMs
-  // use the tensor cores.
-  cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH);
-  cublas_ = handle;
   // A blocking stream: it stays ordered with the synchronous copies of core/ (legacy stream).
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreate(&stream));
   stream_ = stream;
-  cublasSetStream(handle, stream);
-  // cuBLAS gets a fixed workspace so that graph capture never sees it allocate.
-  cublas_workspace_ = Buffer(DType::u8, {32 << 20}, device);
-  cublasSetWorkspace(handle, cublas_workspace_.data(), static_cast<size_t>(cublas_workspace_.numel()));
+  linear_ = std::make_unique<CudaLinear>(device, stream_, deterministic);
   embed_ = upload_weight(host.embedding(), device);
-  final_norm_ = upload(host.final_norm(), device);
+  final_norm_ = upload_f32(host.final_norm(), device);
   if (&host.lm_head() != &host.embedding()) lm_head_ = upload_weight(host.lm_head(), device);
-  inv_freq_ = upload(host.inv_freq(), device);
+  inv_freq_ = upload_f32(host.inv_freq(), device);
   auto concat = [](std::initializer_list<const std::vector<float>*> parts) {
     std::vector<float> all;
     for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
@@ -80,21 +51,21 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deter
   };
   for (const LlamaModel::Layer& l : host.layers()) {
     Layer d;
-    d.input_norm = upload(l.input_norm, device);
-    d.post_norm = upload(l.post_norm, device);
-    d.post_attn_norm = upload(l.post_attn_norm, device);
-    d.post_ffn_norm = upload(l.post_ffn_norm, device);
+    d.input_norm = upload_f32(l.input_norm, device);
+    d.post_norm = upload_f32(l.post_norm, device);
+    d.post_attn_norm = upload_f32(l.post_attn_norm, device);
+    d.post_ffn_norm = upload_f32(l.post_ffn_norm, device);
     // q|k|v and gate|up as one matrix each: one product (and one pass over x) instead of 3 and 2.
     d.w_qkv = upload_weight(concat({&l.wq, &l.wk, &l.wv}), device);
-    d.b_qkv = upload(concat({&l.bq, &l.bk, &l.bv}), device);
+    d.b_qkv = upload_f32(concat({&l.bq, &l.bk, &l.bv}), device);
     d.wo = upload_weight(l.wo, device);
-    d.bo = upload(l.bo, device);
+    d.bo = upload_f32(l.bo, device);
     d.w_gate_up = upload_weight(concat({&l.w_gate, &l.w_up}), device);
-    d.b_gate_up = upload(concat({&l.b_gate, &l.b_up}), device);
+    d.b_gate_up = upload_f32(concat({&l.b_gate, &l.b_up}), device);
     d.w_down = upload_weight(l.w_down, device);
-    d.b_down = upload(l.b_down, device);
-    d.q_norm = upload(l.q_norm, device);
-    d.k_norm = upload(l.k_norm, device);
+    d.b_down = upload_f32(l.b_down, device);
+    d.q_norm = upload_f32(l.q_norm, device);
+    d.k_norm = upload_f32(l.k_norm, device);
     layers_.push_back(std::move(d));
   }
 }
@@ -108,7 +79,8 @@ struct LlamaCudaModel::Graph {
 
 LlamaCudaModel::~LlamaCudaModel() {
   graphs_.clear();
-  if (cublas_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  verify_graphs_.clear();
+  linear_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
@@ -124,34 +96,13 @@ Buffer& LlamaCudaModel::scratch(Workspace& ws, size_t slot, DType dtype, int64_t
 
 void LlamaCudaModel::linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n,
                             int in, int out) {
-  const auto s = static_cast<cudaStream_t>(stream_);
-  const auto handle = static_cast<cublasHandle_t>(cublas_);
-  // Row-major y = x w^T is column-major y^T = w x^T, with w read transposed.
-  const float one = 1.0f, zero = 0.0f;
-  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
-  if (w.dtype() == DType::f32) {
-    status = cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data_as<const float>(), in,
-                         x, in, &zero, y, out);
-  } else if ((n <= ck::kGemvMaxRows || deterministic_) && in % 8 == 0) {
-    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
-      ck::gemv_bf16(w.data(), x + r * in, y + r * out, rows, in, out, s);
-    }
-  } else {
-    // Tensor cores with x split into two bf16 terms: y = w hi + w lo, accumulated in f32.
-    void* hi = scratch(ws, 18, DType::bf16, n * in).data();
-    void* lo = scratch(ws, 19, DType::bf16, n * in).data();
-    ck::split_bf16(x, hi, lo, n * in, s);
-    status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data(), CUDA_R_16BF, in,
-                          hi, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (status == CUBLAS_STATUS_SUCCESS) {
-      status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data(), CUDA_R_16BF,
-                            in, lo, CUDA_R_16BF, in, &one, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    }
+  void* hi = nullptr;
+  void* lo = nullptr;
+  if (linear_->needs_split(w, n, in)) {
+    hi = scratch(ws, 18, DType::bf16, n * in).data();
+    lo = scratch(ws, 19, DType::bf16, n * in).data();
   }
-  SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM ({} x {} x {}) failed with status {}", n, in, out,
-                static_cast<int>(status));
-  if (bias.data() != nullptr) ck::add_bias_rows(y, bias.data_as<const float>(), n, out, s);
+  (*linear_)(x, w, bias, y, n, in, out, hi, lo);
 }
 
 size_t LlamaCudaModel::weight_bytes() const {
@@ -200,10 +151,12 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
   ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
   const size_t captured = capture != nullptr ? capture->layers.size() : 0;
   if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, h);
-  // Copies [n, h] on the device into capture entry e of every token (a strided copy to the host).
+  float* captured_states = captured > 0 ? scratch(ws, 5, DType::f32, n * static_cast<int64_t>(captured) * h).data_as<float>() : nullptr;
+  // Copies [n, h] into capture entry e of every token of slot 5 (download_capture brings it to
+  // the host; device-to-device copies can be captured in a graph).
   auto store = [&](size_t e, const float* src) {
-    CUDA_CHECK(cudaMemcpy2DAsync(capture->data.data() + e * static_cast<size_t>(h), captured * h * sizeof(float), src,
-                                 h * sizeof(float), h * sizeof(float), static_cast<size_t>(n), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemcpy2DAsync(captured_states + e * static_cast<size_t>(h), captured * h * sizeof(float), src,
+                                 h * sizeof(float), h * sizeof(float), static_cast<size_t>(n), cudaMemcpyDeviceToDevice, s));
   };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
@@ -248,7 +201,6 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
     ck::rms_norm_rows(x, final_norm_.data_as<const float>(), xn, n, h, eps, s);
     store(e, xn);
   }
-  if (captured > 0) CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 float* LlamaCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_t count) {
@@ -274,7 +226,14 @@ void upload_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t s) 
   // From pageable memory the call returns once the data is staged, so src may go away after.
   CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
 }
-void download_logits(std::vector<float>& logits, const float* src, int64_t count, cudaStream_t s) {
+// Logits (and the captured hidden states of the first capture->data.size() values of slot 5)
+// to the host, then one sync.
+void download(std::vector<float>& logits, const float* src, int64_t count, HiddenCapture* capture,
+              const float* captured_states, cudaStream_t s) {
+  if (capture != nullptr && !capture->data.empty()) {
+    CUDA_CHECK(cudaMemcpyAsync(capture->data.data(), captured_states, capture->data.size() * sizeof(float),
+                               cudaMemcpyDeviceToHost, s));
+  }
   logits.resize(static_cast<size_t>(count));
   CUDA_CHECK(cudaMemcpyAsync(logits.data(), src, logits.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
@@ -309,7 +268,7 @@ void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backen
     row_ids = b.data_as<const int32_t>();
   }
   const float* out = run_head(eager_, row_ids, count);
-  download_logits(logits, out, count * c.vocab_size, s);
+  download(logits, out, count * c.vocab_size, capture, eager_.slots[5].data_as<const float>(), s);
 }
 
 ForwardBatch LlamaCudaModel::padding_batch(int batch_size) const {
@@ -380,7 +339,110 @@ bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBa
   upload_async(graph_ws_.slots[0], padded.input_ids, s);
   upload_async(graph_ws_.slots[1], padded.positions, s);
   CUDA_CHECK(cudaGraphLaunch(it->second->exec, s));
-  download_logits(logits, graph_ws_.slots[17].data_as<const float>(), static_cast<int64_t>(batch.batch_size) * c.vocab_size, s);
+  download(logits, graph_ws_.slots[17].data_as<const float>(), static_cast<int64_t>(batch.batch_size) * c.vocab_size,
+           nullptr, nullptr, s);
+  return true;
+}
+
+ForwardBatch LlamaCudaModel::verify_padding_batch(int batch_size) const {
+  const int N = verify_tokens_;
+  ForwardBatch b;
+  b.forward_mode = ForwardMode::TARGET_VERIFY;
+  b.batch_size = batch_size;
+  auto info = std::make_shared<SpecInfo>();
+  info->num_draft_tokens = N;
+  const int32_t* row = verify_req_pool_->row(verify_padding_row_);
+  for (int i = 0; i < batch_size; ++i) {
+    b.req_pool_indices.push_back(verify_padding_row_);
+    b.seq_lens.push_back(1);
+    for (int t = 0; t < N; ++t) {
+      b.input_ids.push_back(0);
+      b.positions.push_back(1 + t);
+      b.out_cache_loc.push_back(row[1 + t]);
+    }
+    // Every key visible: no row of the padding is empty.
+    info->custom_mask.insert(info->custom_mask.end(), static_cast<size_t>(N) * (N + 1), 1);
+  }
+  b.spec_info = info;
+  b.req_to_token_pool = verify_req_pool_;
+  b.token_to_kv_pool = verify_kv_pool_;
+  return b;
+}
+
+void LlamaCudaModel::capture_verify_graphs(AttentionBackend& backend, std::vector<int> batch_sizes, int num_draft_tokens,
+                                           std::vector<int> capture_layers, int32_t padding_req_row,
+                                           ReqToTokenPool* req_pool, MHAKVPool* kv_pool) {
+  SPECULA_CHECK(num_draft_tokens >= 1, "verify graphs need num_draft_tokens >= 1, not {}", num_draft_tokens);
+  const auto s = static_cast<cudaStream_t>(stream_);
+  verify_graphs_.clear();
+  verify_ws_ = Workspace{};
+  verify_tokens_ = num_draft_tokens;
+  verify_capture_layers_ = std::move(capture_layers);
+  verify_padding_row_ = padding_req_row;
+  verify_req_pool_ = req_pool;
+  verify_kv_pool_ = kv_pool;
+  std::sort(batch_sizes.begin(), batch_sizes.end(), std::greater<>());
+  for (int bs : batch_sizes) {
+    SPECULA_CHECK(bs >= 1, "CUDA-graph batch size {} is not valid", bs);
+    const ForwardBatch b = verify_padding_batch(bs);
+    const int64_t n = b.num_tokens();
+    HiddenCapture capture;
+    capture.layers = verify_capture_layers_;
+    backend.init_forward_metadata_capture_cuda_graph(b);
+    upload_async(scratch(verify_ws_, 0, DType::i32, n), b.input_ids, s);
+    upload_async(scratch(verify_ws_, 1, DType::i32, n), b.positions, s);
+    run_layers(b, backend, verify_ws_, n, &capture);
+    run_head(verify_ws_, nullptr, n);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    verify_ws_.frozen = true;
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    run_layers(b, backend, verify_ws_, n, &capture);
+    run_head(verify_ws_, nullptr, n);
+    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    auto g = std::make_unique<Graph>();
+    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(err);
+    verify_graphs_[bs] = std::move(g);
+  }
+}
+
+bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits,
+                                          HiddenCapture* capture) {
+  if (batch.forward_mode != ForwardMode::TARGET_VERIFY || batch.spec_info == nullptr ||
+      batch.spec_info->num_draft_tokens != verify_tokens_ || batch.spec_info->custom_mask.empty()) {
+    return false;
+  }
+  if (capture != nullptr ? capture->layers != verify_capture_layers_ : !verify_capture_layers_.empty()) return false;
+  const auto it = verify_graphs_.lower_bound(batch.batch_size);
+  if (it == verify_graphs_.end()) return false;
+  const ModelConfig& c = host_.config();
+  for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int bs = it->first;
+  ForwardBatch padded = batch;
+  if (bs > batch.batch_size) {
+    const ForwardBatch pad = verify_padding_batch(bs - batch.batch_size);
+    auto append = [](auto& a, const auto& b) { a.insert(a.end(), b.begin(), b.end()); };
+    append(padded.input_ids, pad.input_ids);
+    append(padded.positions, pad.positions);
+    append(padded.req_pool_indices, pad.req_pool_indices);
+    append(padded.seq_lens, pad.seq_lens);
+    append(padded.out_cache_loc, pad.out_cache_loc);
+    auto info = std::make_shared<SpecInfo>(*batch.spec_info);
+    append(info->custom_mask, pad.spec_info->custom_mask);
+    padded.spec_info = info;
+    padded.batch_size = bs;
+  }
+  backend.init_forward_metadata_replay_cuda_graph(padded);
+  upload_async(verify_ws_.slots[0], padded.input_ids, s);
+  upload_async(verify_ws_.slots[1], padded.positions, s);
+  CUDA_CHECK(cudaGraphLaunch(it->second->exec, s));
+  const int64_t n = batch.num_tokens();
+  if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, c.hidden_size);
+  download(logits, verify_ws_.slots[17].data_as<const float>(), n * c.vocab_size, capture,
+           verify_ws_.slots[5].data_as<const float>(), s);
   return true;
 }
 

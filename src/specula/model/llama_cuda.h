@@ -19,6 +19,8 @@
 
 namespace specula {
 
+class CudaLinear;
+
 class LlamaCudaModel {
  public:
   // Uploads the host model's weights. deterministic: every product row is computed the same way
@@ -49,6 +51,21 @@ class LlamaCudaModel {
   bool forward_decode_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits);
   std::vector<int> graph_batch_sizes() const;
 
+  // TARGET_VERIFY graphs for speculative decoding (SGLang captures them in the same runner): one
+  // per batch size for requests of num_draft_tokens tree tokens each, giving the logits of every
+  // token and the hidden states of capture_layers (HiddenCapture::layers). The backend must have
+  // had init_cuda_graph_state with room for max size x num_draft_tokens tokens. Padding requests
+  // have seq_len 1 in padding_req_row, whose positions [0, num_draft_tokens] the caller mapped to
+  // slots set aside for them.
+  void capture_verify_graphs(AttentionBackend& backend, std::vector<int> batch_sizes, int num_draft_tokens,
+                             std::vector<int> capture_layers, int32_t padding_req_row, ReqToTokenPool* req_pool,
+                             MHAKVPool* kv_pool);
+  // Runs a TARGET_VERIFY batch (with its tree mask) through the smallest verify graph that holds
+  // it: logits of every token and the captured hidden states come back to the host. False
+  // (nothing run) when no graph fits or the capture asks for other layers.
+  bool forward_verify_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits,
+                            HiddenCapture* capture);
+
  private:
   struct Layer {
     Buffer input_norm, post_norm, post_attn_norm, post_ffn_norm;
@@ -77,18 +94,25 @@ class LlamaCudaModel {
   // `count` rows when nullptr); returns the f32 logits in slot 17.
   float* run_head(Workspace& ws, const int32_t* row_ids, int64_t count);
   ForwardBatch padding_batch(int batch_size) const;
+  ForwardBatch verify_padding_batch(int batch_size) const;
 
   const LlamaModel& host_;
   Device device_;
   bool deterministic_;
   void* stream_ = nullptr;  // cudaStream_t
-  void* cublas_ = nullptr;  // cublasHandle_t
-  Buffer cublas_workspace_;
+  std::unique_ptr<CudaLinear> linear_;
   Buffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<Layer> layers_;
   Workspace eager_;
   Workspace graph_ws_;
   std::map<int, std::unique_ptr<Graph>> graphs_;  // by batch size
+  Workspace verify_ws_;
+  std::map<int, std::unique_ptr<Graph>> verify_graphs_;  // by batch size
+  int verify_tokens_ = 0;
+  std::vector<int> verify_capture_layers_;
+  int32_t verify_padding_row_ = -1;
+  ReqToTokenPool* verify_req_pool_ = nullptr;
+  MHAKVPool* verify_kv_pool_ = nullptr;
   int32_t padding_req_row_ = -1;
   int32_t padding_slot_ = 0;
   ReqToTokenPool* graph_req_pool_ = nullptr;

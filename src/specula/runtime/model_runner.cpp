@@ -32,6 +32,9 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
                 "max_context_len {} exceeds the model's max_position_embeddings {}", o.max_context_len,
                 config.max_position_embeddings);
 
+  SPECULA_CHECK(o.cuda_graph_verify_tokens >= 0 && o.cuda_graph_verify_tokens < o.max_context_len,
+                "cuda_graph_verify_tokens {} is not valid; it must be in [0, max_context_len {})", o.cuda_graph_verify_tokens,
+                o.max_context_len);
   SPECULA_CHECK(o.cuda_graph_max_bs >= 1, "cuda_graph_max_bs {} is not valid; it must be >= 1", o.cuda_graph_max_bs);
   model_ = std::make_unique<LlamaModel>(config, weights);
   AttentionBackendOptions bo;
@@ -65,8 +68,10 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
                 "kv_cache_tokens {} cannot hold one request of max_context_len {}; give at least {}",
                 o.kv_cache_tokens, o.max_context_len, context);
   const bool graphs = gpu && o.cuda_graph;
-  // With graphs, one more page: padding rows of a graph batch read and write it.
-  allocator_ = std::make_unique<PagedTokenAllocator>(o.kv_cache_tokens + (graphs ? o.page_size : 0), o.page_size);
+  // With graphs, pages for the padding rows of a graph batch to read and write: one token for
+  // decode, the tree after it for verify.
+  const int64_t padding_tokens = graphs ? round_up(1 + o.cuda_graph_verify_tokens) : 0;
+  allocator_ = std::make_unique<PagedTokenAllocator>(o.kv_cache_tokens + padding_tokens, o.page_size);
   // With graphs, one more row for padding: it is never handed to a request.
   req_pool_ = std::make_unique<ReqToTokenPool>(o.max_running_requests + (graphs ? 1 : 0), o.max_context_len);
   kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
@@ -84,10 +89,12 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
     if (!sizes.empty()) {
       // Padding rows are one-token requests in a row and a page of their own.
       padding_req_row_ = req_pool_->alloc(1).value().at(0);
-      const int32_t padding_slot = allocator_->alloc(o.page_size).value().at(0);
-      req_pool_->write(padding_req_row_, 0, std::vector<int32_t>{padding_slot});
+      const std::vector<int32_t> padding = allocator_->alloc(padding_tokens).value();
+      req_pool_->write(padding_req_row_, 0, std::span(padding).first(static_cast<size_t>(1 + o.cuda_graph_verify_tokens)));
+      const int32_t padding_slot = padding.at(0);
+      padding_slot_ = padding_slot;
       const int max_bs = *std::max_element(sizes.begin(), sizes.end());
-      backend_->init_cuda_graph_state(max_bs, max_bs);
+      backend_->init_cuda_graph_state(max_bs, max_bs * std::max(1, o.cuda_graph_verify_tokens));
       static_cast<LlamaCudaModel*>(cuda_model_.get())
           ->capture_decode_graphs(*backend_, sizes, padding_req_row_, padding_slot, req_pool_.get(), kv_pool_.get());
     }
@@ -116,6 +123,18 @@ void* ModelRunner::cuda_stream() const {
   return nullptr;
 }
 
+void ModelRunner::capture_verify_graphs(const std::vector<int>& capture_layers) {
+#ifdef SPECULA_HAS_CUDA
+  auto* model = static_cast<LlamaCudaModel*>(cuda_model_.get());
+  const std::vector<int> sizes = cuda_graph_batch_sizes();
+  if (model == nullptr || sizes.empty() || options_.cuda_graph_verify_tokens == 0) return;
+  model->capture_verify_graphs(*backend_, sizes, options_.cuda_graph_verify_tokens, capture_layers, padding_req_row_,
+                               req_pool_.get(), kv_pool_.get());
+#else
+  (void)capture_layers;
+#endif
+}
+
 ModelRunner::~ModelRunner() = default;
 
 void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens, HiddenCapture* capture) {
@@ -127,6 +146,7 @@ void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool 
     if (use_cuda_graph_ && !all_tokens && capture == nullptr && model->forward_decode_graph(batch, *backend_, logits)) {
       return;
     }
+    if (use_cuda_graph_ && all_tokens && model->forward_verify_graph(batch, *backend_, logits, capture)) return;
     backend_->init_forward_metadata(batch);
     model->forward(batch, *backend_, logits, all_tokens, capture);
     return;

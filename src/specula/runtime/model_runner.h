@@ -38,6 +38,10 @@ struct ModelRunnerOptions {
   bool deterministic = false;
   int cuda_graph_max_bs = 64;
   std::vector<int> cuda_graph_batch_sizes;
+  // Speculative decoding: tree tokens per request of TARGET_VERIFY steps (0: none). With graphs,
+  // the backend's graph buffers and the padding rows are sized for it, and capture_verify_graphs
+  // records verify graphs for the same batch sizes.
+  int cuda_graph_verify_tokens = 0;
 };
 
 class ModelRunner {
@@ -64,6 +68,12 @@ class ModelRunner {
   std::vector<int> cuda_graph_batch_sizes() const;
   // The cudaStream_t the GPU model runs on (nullptr on the CPU); KV pool operations go there too.
   void* cuda_stream() const;
+  // The KV slot CUDA-graph padding rows write (-1 without graphs); a draft pool that shares the
+  // slot numbering may let its padding rows write it too.
+  int32_t cuda_graph_padding_slot() const { return padding_slot_; }
+  // Records TARGET_VERIFY graphs (options().cuda_graph_verify_tokens tokens per request) that
+  // capture the hidden states of capture_layers; a no-op without decode graphs.
+  void capture_verify_graphs(const std::vector<int>& capture_layers);
   // Turns the replay of captured graphs off and on (benchmarks compare both).
   void set_use_cuda_graph(bool use) { use_cuda_graph_ = use; }
 
@@ -82,6 +92,7 @@ class ModelRunner {
   std::unique_ptr<PagedTokenAllocator> allocator_;
   std::unique_ptr<MHAKVPool> kv_pool_;
   int32_t padding_req_row_ = -1;  // the request row CUDA-graph padding rows point at
+  int32_t padding_slot_ = -1;
   bool use_cuda_graph_ = true;
 };
 

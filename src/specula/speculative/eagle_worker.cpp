@@ -6,6 +6,9 @@
 #include <cmath>
 
 #include "specula/core/error.h"
+#ifdef SPECULA_HAS_CUDA
+#include "specula/speculative/eagle_cuda_head.h"
+#endif
 
 namespace specula {
 
@@ -20,17 +23,36 @@ EagleWorker::EagleWorker(ModelRunner& target, const EagleOptions& options) : tar
   p.validate();
   head_ = std::make_unique<EagleHead>(options_.draft_model, options_.kind, target.model());
   const AttentionLayer& layer = head_->attention_layer();
+  const Device device = target.options().device;
+  const DType kv_dtype = device.is_cuda() ? DType::bf16 : DType::f32;
   draft_kv_ = std::make_unique<MHAKVPool>(KVPoolConfig{target.kv_pool().num_slots(), 1, layer.num_kv_heads,
-                                                       layer.head_dim, layer.head_dim, DType::f32, Device::cpu()});
+                                                       layer.head_dim, layer.head_dim, kv_dtype, device});
   AttentionBackendOptions bo;
+  bo.device = device;
   bo.page_size = target.page_size();
   bo.max_context_len = target.max_context_len();
-  extend_backend_ = make_attention_backend("cpu", bo);
-  extend_backend_->check_layer(layer, DType::f32, DType::f32);
-  step_backend_ = std::make_unique<DraftCascadeBackend>("cpu", bo, target.options().max_running_requests * p.topk,
-                                                        p.num_steps);
-  step_backend_->check_layer(layer, DType::f32, DType::f32);
+  bo.cuda_stream = target.cuda_stream();
+  extend_backend_ = make_attention_backend(device.is_cuda() ? "cuda" : "cpu", bo);
+  extend_backend_->check_layer(layer, kv_dtype, kv_dtype);
+  if (device.is_cuda()) {
+#ifdef SPECULA_HAS_CUDA
+    EagleCudaHeadOptions ho;
+    ho.page_size = target.page_size();
+    ho.max_context_len = target.max_context_len();
+    ho.max_batch = target.options().max_running_requests;
+    ho.graph_batch_sizes = target.cuda_graph_batch_sizes();
+    ho.padding_slot = target.cuda_graph_padding_slot();
+    cuda_head_ = std::make_unique<EagleCudaHead>(*head_, p, *draft_kv_, target.cuda_stream(), ho);
+#endif
+  } else {
+    step_backend_ = std::make_unique<DraftCascadeBackend>("cpu", bo, target.options().max_running_requests * p.topk,
+                                                          p.num_steps);
+    step_backend_->check_layer(layer, DType::f32, DType::f32);
+  }
+  target.capture_verify_graphs(head_->capture_layers());
 }
+
+EagleWorker::~EagleWorker() = default;
 
 int EagleWorker::scratch_tokens() const {
   const SpecParams& p = options_.params;
@@ -83,9 +105,26 @@ void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
   b.req_to_token_pool = &target_.req_pool();
   b.token_to_kv_pool = draft_kv_.get();
   extend_backend_->init_forward_metadata(b);
+  const auto h = static_cast<size_t>(head_->hidden_size());
+#ifdef SPECULA_HAS_CUDA
+  if (cuda_head_) {
+    const std::vector<int32_t> rows(last_rows.begin(), last_rows.end());
+    std::vector<float> hidden, probs;
+    std::vector<int32_t> tokens;
+    cuda_head_->extend(b, *extend_backend_, features.data(), rows, hidden, tokens, probs);
+    const auto K = static_cast<size_t>(options_.params.topk);
+    for (size_t i = 0; i < used.size(); ++i) {
+      DraftState& s = *used[i]->state;
+      s.root_hidden.assign(hidden.begin() + static_cast<int64_t>(i * h), hidden.begin() + static_cast<int64_t>((i + 1) * h));
+      s.root_tokens.assign(tokens.begin() + static_cast<int64_t>(i * K), tokens.begin() + static_cast<int64_t>((i + 1) * K));
+      s.root_probs.assign(probs.begin() + static_cast<int64_t>(i * K), probs.begin() + static_cast<int64_t>((i + 1) * K));
+    }
+    timing_.draft_extend_s += seconds_since(start);
+    return;
+  }
+#endif
   std::vector<float> hidden;
   head_->forward(b, *extend_backend_, features.data(), /*from_target=*/true, hidden, last_rows, logits_);
-  const auto h = static_cast<size_t>(head_->hidden_size());
   const auto vocab = static_cast<size_t>(head_->draft_vocab_size());
   for (size_t i = 0; i < used.size(); ++i) {
     DraftState& s = *used[i]->state;
@@ -97,6 +136,18 @@ void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
 }
 
 void EagleWorker::draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& cands) {
+#ifdef SPECULA_HAS_CUDA
+  if (cuda_head_) {
+    std::vector<DraftLoopInput> inputs;
+    for (const CycleItem& it : items) {
+      SPECULA_ASSERT(it.state->valid());
+      inputs.push_back({it.kv_len, target_.req_pool().row(it.req_pool_idx), it.state->root_tokens.data(),
+                        it.state->root_probs.data(), it.state->root_hidden.data()});
+    }
+    cuda_head_->draft_loop(inputs, cands);
+    return;
+  }
+#endif
   const SpecParams& p = options_.params;
   const int K = p.topk;
   const size_t B = items.size();

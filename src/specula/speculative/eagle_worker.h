@@ -10,7 +10,8 @@
 //
 // The draft's KV pool is indexed by the same slots as the target's: the draft pair at position t
 // (token t + 1, target feature of position t) lives in the slot of the target's token t.
-// The draft head runs on the CPU (its pool and attention too), whatever the target's device.
+// The draft head runs where the target runs: on the CPU in f32 (its pool and attention too), or
+// on the target's GPU (EagleCudaHead: the draft loop as CUDA graphs, a bf16 pool).
 #pragma once
 
 #include <filesystem>
@@ -77,9 +78,12 @@ struct SpecTiming {
   double accept_s = 0;        // verification and moving the accepted KV
 };
 
+class EagleCudaHead;
+
 class EagleWorker {
  public:
   EagleWorker(ModelRunner& target, const EagleOptions& options);
+  ~EagleWorker();
 
   const SpecParams& params() const { return options_.params; }
   const EagleHead& head() const { return *head_; }
@@ -103,7 +107,8 @@ class EagleWorker {
   std::unique_ptr<EagleHead> head_;
   std::unique_ptr<MHAKVPool> draft_kv_;
   std::unique_ptr<AttentionBackend> extend_backend_;
-  std::unique_ptr<DraftCascadeBackend> step_backend_;
+  std::unique_ptr<DraftCascadeBackend> step_backend_;  // CPU head
+  std::unique_ptr<EagleCudaHead> cuda_head_;           // GPU head
   std::vector<float> logits_;
   SpecTiming timing_;
 };

@@ -122,15 +122,15 @@ struct CudaAttentionBackend::State {
   // Per-step arrays every mode uses: one set for eager steps (grows freely) and one for CUDA
   // graphs (sized once, frozen, so captured kernels keep valid pointers).
   struct StepArrays {
-    DeviceArray<int32_t> cu_q, kv_lens, pages, out_loc;
+    DeviceArray<int32_t> cu_q, kv_lens, pages, out_loc, items;
     DeviceArray<float> partial_out, partial_lse;
+    DeviceArray<int64_t> mask_offsets;
+    DeviceArray<uint8_t> custom_mask;
   };
   StepArrays eager;
   StepArrays graph;
   StepArrays* active = &eager;
-  DeviceArray<int32_t> items, local_cu_q, local_kv_lens, local_pages, local_items;
-  DeviceArray<int64_t> mask_offsets;
-  DeviceArray<uint8_t> custom_mask;
+  DeviceArray<int32_t> local_cu_q, local_kv_lens, local_pages, local_items;
   // Sinks per layer id, uploaded once (and again only if the values change).
   std::map<int, std::pair<std::vector<float>, Buffer>> sinks;
 
@@ -180,8 +180,11 @@ int CudaAttentionBackend::plan_splits(int batch_size, int kv_head_blocks, int ma
 void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph) {
   State& st = *state_;
   batch.validate();
-  SPECULA_CHECK(!graph || batch.forward_mode == ForwardMode::DECODE,
-                "CUDA graphs of the cuda attention backend cover DECODE steps; got {}", forward_mode_name(batch.forward_mode));
+  SPECULA_CHECK(!graph || batch.forward_mode == ForwardMode::DECODE || batch.forward_mode == ForwardMode::TARGET_VERIFY,
+                "CUDA graphs of the cuda attention backend cover DECODE and TARGET_VERIFY steps; got {}",
+                forward_mode_name(batch.forward_mode));
+  SPECULA_CHECK(!graph || options_.attention_chunk_size == 0,
+                "CUDA graphs of TARGET_VERIFY steps do not support local chunked attention");
   st.active = graph ? &st.graph : &st.eager;
   State::StepArrays& arrays = *st.active;
   st.mode = batch.forward_mode;
@@ -260,7 +263,9 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
     }
   }
   st.num_items = static_cast<int>(items.size() / 2);
-  st.items.upload(items, st.device, st.stream);
+  arrays.items.upload(items, st.device, st.stream);
+  // A captured verify step always reads a mask (its kernels were recorded with one).
+  SPECULA_CHECK(!graph || !batch.spec_info->custom_mask.empty(), "a CUDA-graph TARGET_VERIFY step needs its tree mask");
   if (batch.forward_mode == ForwardMode::TARGET_VERIFY && !batch.spec_info->custom_mask.empty()) {
     std::vector<int64_t> offsets(static_cast<size_t>(bs));
     int64_t offset = 0;
@@ -268,8 +273,8 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
       offsets[static_cast<size_t>(i)] = offset;
       offset += static_cast<int64_t>(q_lens[static_cast<size_t>(i)]) * kv_lens[static_cast<size_t>(i)];
     }
-    st.mask_offsets.upload(offsets, st.device, st.stream);
-    st.custom_mask.upload(batch.spec_info->custom_mask, st.device, st.stream);
+    arrays.mask_offsets.upload(offsets, st.device, st.stream);
+    arrays.custom_mask.upload(batch.spec_info->custom_mask, st.device, st.stream);
     st.has_custom_mask = true;
   }
   if (options_.attention_chunk_size > 0) {
@@ -379,8 +384,8 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
     }
     p.sinks = buffer.data_as<const float>();
   }
-  p.custom_mask = st.has_custom_mask ? st.custom_mask.data() : nullptr;
-  p.mask_offsets = st.has_custom_mask ? st.mask_offsets.data() : nullptr;
+  p.custom_mask = st.has_custom_mask ? st.active->custom_mask.data() : nullptr;
+  p.mask_offsets = st.has_custom_mask ? st.active->mask_offsets.data() : nullptr;
   if (local && !decode) {
     p.num_seqs = st.local_num_seqs;
     p.cu_seqlens_q = st.local_cu_q.data();
@@ -408,7 +413,7 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
     ck::launch_decode(p, split, st.stream);
   } else {
     ck::PrefillWork work{};
-    work.items = local ? st.local_items.data() : st.items.data();
+    work.items = local ? st.local_items.data() : st.active->items.data();
     work.num_items = local ? st.local_num_items : st.num_items;
     ck::launch_prefill(p, work, st.stream);
   }
@@ -427,6 +432,11 @@ void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens)
   g.kv_lens.reserve(static_cast<size_t>(max_bs), st.device);
   g.pages.reserve(static_cast<size_t>(max_bs) * st.graph_pages_stride, st.device);
   g.out_loc.reserve(static_cast<size_t>(max_num_tokens), st.device);
+  // TARGET_VERIFY: at most one work item per query row, and a mask row of at most
+  // max_context_len keys per query row.
+  g.items.reserve(2 * static_cast<size_t>(max_num_tokens), st.device);
+  g.mask_offsets.reserve(static_cast<size_t>(max_bs), st.device);
+  g.custom_mask.reserve(static_cast<size_t>(max_num_tokens) * options_.max_context_len, st.device);
   size_t rows = 1;
   for (int bs = 1; bs <= max_bs; ++bs) {
     for (const HeadLayout& layout : layouts_) {
@@ -437,9 +447,11 @@ void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens)
   }
   g.partial_lse.reserve(rows, st.device);
   g.partial_out.reserve(rows * st.max_head_dim, st.device);
-  for (auto* a : {&g.cu_q, &g.kv_lens, &g.pages, &g.out_loc}) a->freeze();
+  for (auto* a : {&g.cu_q, &g.kv_lens, &g.pages, &g.out_loc, &g.items}) a->freeze();
   g.partial_lse.freeze();
   g.partial_out.freeze();
+  g.mask_offsets.freeze();
+  g.custom_mask.freeze();
   st.graph_mode = true;
 }
 

@@ -1,0 +1,87 @@
+// CudaLinear: cuBLAS set-up and the choice of product kernel.
+#include "specula/model/cuda/cuda_linear.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <bit>
+
+#include "specula/core/cuda_check.h"
+#include "specula/core/error.h"
+#include "specula/model/cuda/gemv.h"
+#include "specula/model/cuda/model_ops.h"
+
+namespace specula {
+
+namespace ck = cuda_kernels;
+
+Buffer upload_f32(const std::vector<float>& v, Device device) {
+  if (v.empty()) return {};
+  Buffer b(DType::f32, {static_cast<int64_t>(v.size())}, device);
+  copy(b, TensorView(const_cast<float*>(v.data()), DType::f32, {static_cast<int64_t>(v.size())}));
+  return b;
+}
+
+Buffer upload_weight(const std::vector<float>& v, Device device) {
+  const bool exact = std::all_of(v.begin(), v.end(), [](float x) { return (std::bit_cast<uint32_t>(x) & 0xFFFFu) == 0; });
+  if (!exact) return upload_f32(v, device);
+  std::vector<uint16_t> bits(v.size());
+  for (size_t i = 0; i < v.size(); ++i) bits[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(v[i]) >> 16);
+  Buffer b(DType::bf16, {static_cast<int64_t>(v.size())}, device);
+  copy(b, TensorView(bits.data(), DType::bf16, {static_cast<int64_t>(v.size())}));
+  return b;
+}
+
+CudaLinear::CudaLinear(Device device, void* stream, bool deterministic) : stream_(stream), deterministic_(deterministic) {
+  CUDA_CHECK(cudaSetDevice(device.index));
+  cublasHandle_t handle = nullptr;
+  SPECULA_CHECK(cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS, "cublasCreate failed on {}", device.str());
+  // The default math mode: sgemm stays plain f32 (TF32 needs an explicit opt-in) and bf16 GEMMs
+  // use the tensor cores.
+  cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH);
+  cublasSetStream(handle, static_cast<cudaStream_t>(stream));
+  handle_ = handle;
+  workspace_ = Buffer(DType::u8, {32 << 20}, device);
+  cublasSetWorkspace(handle, workspace_.data(), static_cast<size_t>(workspace_.numel()));
+}
+
+CudaLinear::~CudaLinear() {
+  if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+}
+
+bool CudaLinear::needs_split(const Buffer& w, int64_t n, int in) const {
+  return w.dtype() == DType::bf16 && !((n <= ck::kGemvMaxRows || deterministic_) && in % 8 == 0);
+}
+
+void CudaLinear::operator()(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out,
+                            void* hi, void* lo) const {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const auto handle = static_cast<cublasHandle_t>(handle_);
+  // Row-major y = x w^T is column-major y^T = w x^T, with w read transposed.
+  const float one = 1.0f, zero = 0.0f;
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+  if (w.dtype() == DType::f32) {
+    status = cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data_as<const float>(), in,
+                         x, in, &zero, y, out);
+  } else if (!needs_split(w, n, in)) {
+    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
+      ck::gemv_bf16(w.data(), x + r * in, y + r * out, rows, in, out, s);
+    }
+  } else {
+    // Tensor cores with x split into two bf16 terms: y = w hi + w lo, accumulated in f32.
+    ck::split_bf16(x, hi, lo, n * in, s);
+    status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data(), CUDA_R_16BF, in,
+                          hi, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data(), CUDA_R_16BF,
+                            in, lo, CUDA_R_16BF, in, &one, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }
+  }
+  SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM ({} x {} x {}) failed with status {}", n, in, out,
+                static_cast<int>(status));
+  if (bias.data() != nullptr) ck::add_bias_rows(y, bias.data_as<const float>(), n, out, s);
+}
+
+}  // namespace specula

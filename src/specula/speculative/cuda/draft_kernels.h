@@ -1,0 +1,83 @@
+// GPU kernels of the EAGLE tree-draft loop (EagleWorker::draft_steps on the device): the draft
+// head's per-row top-k over its softmax, the tree-expansion bookkeeping (candidate arrays,
+// frontier rows, their branches of KV slots) and the draft head's attention over a request's
+// shared prefix plus the row's own branch. Raw pointers only; every launch is graph-capturable
+// (no allocation, no sync, no host reads) and deterministic.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace specula::cuda_kernels {
+
+constexpr int kMaxDraftTopK = 16;
+
+// Per row: softmax over the whole draft vocab (f32 exp, f64 sum, p = float(e / sum), as
+// EagleWorker::top_k), then the k largest p, ties to the lower draft id (BetterScore).
+struct DraftTopKParams {
+  const float* logits;  // [rows, vocab]
+  int64_t rows;
+  int vocab;            // >= k
+  int k;                // 1..kMaxDraftTopK
+  const int64_t* d2t;   // [vocab] or nullptr: target id = draft id + d2t[draft id] (EAGLE-3), else the draft id
+  int32_t* tokens;      // [rows, k] target ids, best first
+  float* probs;         // [rows, k] their softmax probabilities
+};
+void draft_top_k(const DraftTopKParams& p, cudaStream_t s);
+
+// The tree expansion state; rows = batch * k, row r = b * k + j belongs to request b.
+struct DraftTreeState {
+  int batch, k, num_steps, hidden;
+  float* frontier_scores;     // [rows] path score (product of draft probs from the root)
+  int32_t* frontier_nodes;    // [rows] candidate index of the row's node
+  int32_t* row_tokens;        // [rows] the node's token: the next step's input id
+  float* row_hidden;          // [rows, hidden] the next step's input hidden state
+  int32_t* branch;            // [rows, num_steps] KV slots of the row's path below the root, depth 1 first
+  const int32_t* step_slots;  // [num_steps - 1, batch, k]: row (b, j)'s own KV slot at step s (1-based)
+  // num_candidates = k + (num_steps - 1) * k * k per request
+  int32_t* cand_tokens;   // [batch, num_candidates]
+  int32_t* cand_parents;  // [batch, num_candidates] (-1 for the root's children)
+  float* cand_scores;     // [batch, num_candidates]
+};
+
+inline int draft_num_candidates(int k, int num_steps) { return k + (num_steps - 1) * k * k; }
+
+// Before step 1: candidates 0..k-1 and the frontier from the root's top-k.
+void draft_init(const DraftTreeState& st,
+                const int32_t* root_tokens,  // [batch, k]
+                const float* root_probs,     // [batch, k]
+                const float* root_hidden,    // [batch, hidden]
+                cudaStream_t s);
+
+// After step `step` (1 <= step <= num_steps - 1): appends each row's k children as candidates
+// k + (step-1)*k*k + j*k + t and makes the request's k best children the new frontier.
+// step_hidden must not alias st.row_hidden.
+void draft_select(const DraftTreeState& st, int step,
+                  const int32_t* child_tokens,  // [rows, k] draft_top_k of the rows' logits
+                  const float* child_probs,     // [rows, k]
+                  const float* step_hidden,     // [rows, hidden] the rows' outputs of this step
+                  cudaStream_t s);
+
+// softmax(scale * q.k) over the union of the request's prefix keys and the row's branch keys.
+struct DraftAttentionParams {
+  const void* q;        // bf16 [rows, num_q_heads, head_dim]
+  const void* k_cache;  // bf16 [num_slots, num_kv_heads, head_dim] (already holds the rows' own K/V)
+  const void* v_cache;  // bf16 [num_slots, num_kv_heads, head_dim]
+  void* out;            // bf16 [rows, num_q_heads, head_dim]
+  int rows, k;          // request of row r is r / k
+  int num_q_heads, num_kv_heads, head_dim;  // head_dim 64, 128 or 256; num_q_heads a multiple of num_kv_heads
+  float scale;
+  // Prefix key t of request b sits in slot prefix_pages[b * page_stride + t / page_size] * page_size + t % page_size.
+  const int32_t* prefix_pages;  // [batch, page_stride]
+  int page_stride;
+  int page_size;
+  const int32_t* prefix_lens;  // [batch]
+  // Branch key i of row r sits in slot branch[r * branch_stride + i], i < branch_len.
+  const int32_t* branch;  // [rows, branch_stride]
+  int branch_stride;
+  int branch_len;
+};
+void draft_tree_attention(const DraftAttentionParams& p, cudaStream_t s);
+
+}  // namespace specula::cuda_kernels

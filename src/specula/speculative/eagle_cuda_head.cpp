@@ -1,0 +1,459 @@
+// EagleCudaHead: upload, the head's forward as launches on the target's stream, the eager extend
+// and the draft loop (eager or as captured graphs).
+#include "specula/speculative/eagle_cuda_head.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "specula/core/cuda_check.h"
+#include "specula/core/error.h"
+#include "specula/model/cuda/cuda_linear.h"
+#include "specula/model/cuda/fused_ops.h"
+#include "specula/model/cuda/model_ops.h"
+#include "specula/speculative/cuda/draft_kernels.h"
+
+namespace specula {
+
+namespace ck = cuda_kernels;
+
+namespace {
+
+template <typename T>
+void upload_async(void* dst, const std::vector<T>& src, cudaStream_t s) {
+  if (src.empty()) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
+}
+
+template <typename T>
+void download_async(std::vector<T>& dst, const void* src, size_t count, cudaStream_t s) {
+  dst.resize(count);
+  if (count > 0) CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost, s));
+}
+
+// dst[r, offset : offset + width] = src[r, :] for rows of dst_width values.
+void copy_columns(float* dst, int dst_width, int offset, const float* src, int width, int64_t rows, cudaStream_t s) {
+  CUDA_CHECK(cudaMemcpy2DAsync(dst + offset, dst_width * sizeof(float), src, width * sizeof(float), width * sizeof(float),
+                               static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, s));
+}
+
+}  // namespace
+
+// Where each staged input of a loop of `batch` requests sits: ints then floats.
+struct EagleCudaHead::LoopLayout {
+  int64_t root_tokens = 0, step_slots = 0, positions = 0, prefix_lens = 0, pages = 0, ints = 0;
+  int64_t root_probs = 0, root_hidden = 0, floats = 0;
+};
+
+EagleCudaHead::LoopLayout EagleCudaHead::layout(int batch) const {
+  const int64_t rows = static_cast<int64_t>(batch) * params_.topk;
+  const int64_t steps = params_.num_steps - 1;
+  LoopLayout l;
+  l.root_tokens = 0;
+  l.step_slots = l.root_tokens + rows;
+  l.positions = l.step_slots + steps * rows;
+  l.prefix_lens = l.positions + steps * rows;
+  l.pages = l.prefix_lens + batch;
+  l.ints = l.pages + static_cast<int64_t>(batch) * page_stride_;
+  l.root_probs = 0;
+  l.root_hidden = rows;
+  l.floats = l.root_hidden + static_cast<int64_t>(batch) * head_.hidden_size();
+  return l;
+}
+
+struct EagleCudaHead::Graph {
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
+};
+
+EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MHAKVPool& draft_kv, void* stream,
+                             const EagleCudaHeadOptions& options)
+    : head_(head), params_(params), draft_kv_(draft_kv), stream_(stream), options_(options) {
+  const Device device = draft_kv.config().device;
+  SPECULA_CHECK(device.is_cuda() && draft_kv.dtype() == DType::bf16, "the GPU draft head needs a bf16 KV pool on a GPU");
+  SPECULA_CHECK(params.topk <= ck::kMaxDraftTopK, "speculative topk {} is not supported on the GPU; the limit is {}",
+                params.topk, ck::kMaxDraftTopK);
+  SPECULA_CHECK(options.page_size >= 1 && options.max_context_len >= 1 && options.max_batch >= 1,
+                "EagleCudaHead options: page_size {}, max_context_len {}, max_batch {} must be >= 1", options.page_size,
+                options.max_context_len, options.max_batch);
+  const ModelConfig& c = head.config();
+  SPECULA_CHECK(c.hidden_size % 8 == 0 && c.intermediate_size % 8 == 0 && head.feature_size() % 8 == 0,
+                "the GPU draft head needs widths that are multiples of 8 (hidden {}, intermediate {}, features {})",
+                c.hidden_size, c.intermediate_size, head.feature_size());
+  page_stride_ = (options.max_context_len + options.page_size - 1) / options.page_size;
+  linear_ = std::make_unique<CudaLinear>(device, stream, false);
+  const EagleWeights& w = head.weights();
+  auto concat = [](std::initializer_list<const std::vector<float>*> parts) {
+    std::vector<float> all;
+    for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
+    return all;
+  };
+  embed_ = upload_weight(w.embed.empty() ? head.target().embedding() : w.embed, device);
+  fc_ = upload_weight(w.fc, device);
+  fc_bias_ = upload_f32(w.fc_bias, device);
+  input_norm_ = upload_f32(w.input_norm, device);
+  hidden_norm_ = upload_f32(w.hidden_norm, device);
+  post_norm_ = upload_f32(w.post_norm, device);
+  final_norm_ = upload_f32(w.final_norm, device);
+  w_qkv_ = upload_weight(concat({&w.wq, &w.wk, &w.wv}), device);
+  wo_ = upload_weight(w.wo, device);
+  w_gate_up_ = upload_weight(concat({&w.w_gate, &w.w_up}), device);
+  w_down_ = upload_weight(w.w_down, device);
+  lm_head_ = upload_weight(head.kind() == EagleKind::EAGLE ? head.target().lm_head() : w.lm_head, device);
+  inv_freq_ = upload_f32(head.inv_freq(), device);
+  if (head.kind() == EagleKind::EAGLE3) {
+    d2t_ = Buffer(DType::i64, {static_cast<int64_t>(w.d2t.size())}, device);
+    copy(d2t_, TensorView(const_cast<int64_t*>(w.d2t.data()), DType::i64, {static_cast<int64_t>(w.d2t.size())}));
+  }
+
+  const int64_t rows = static_cast<int64_t>(options.max_batch) * params.topk;
+  const int64_t h = head.hidden_size();
+  const LoopLayout l = layout(options.max_batch);
+  loop_ints_ = Buffer(DType::i32, {l.ints}, device);
+  loop_floats_ = Buffer(DType::f32, {l.floats}, device);
+  frontier_scores_ = Buffer(DType::f32, {rows}, device);
+  frontier_nodes_ = Buffer(DType::i32, {rows}, device);
+  row_tokens_ = Buffer(DType::i32, {rows}, device);
+  row_hidden_ = Buffer(DType::f32, {rows * h}, device);
+  branch_ = Buffer(DType::i32, {rows * params.num_steps}, device);
+  const int64_t cands = static_cast<int64_t>(options.max_batch) * ck::draft_num_candidates(params.topk, params.num_steps);
+  cand_tokens_ = Buffer(DType::i32, {cands}, device);
+  cand_parents_ = Buffer(DType::i32, {cands}, device);
+  cand_scores_ = Buffer(DType::f32, {cands}, device);
+
+  std::vector<int> sizes = options.graph_batch_sizes;
+  std::erase_if(sizes, [&](int bs) { return bs > options.max_batch; });
+  if (sizes.empty() || params.num_steps < 2) return;
+  SPECULA_CHECK(options.padding_slot >= 0, "draft-loop CUDA graphs need a padding KV slot");
+  std::sort(sizes.begin(), sizes.end(), std::greater<>());
+  const auto s = static_cast<cudaStream_t>(stream_);
+  // The largest first: its warm-up sizes the loop workspace, which is then frozen.
+  for (int bs : sizes) {
+    const LoopLayout lb = layout(bs);
+    // Inputs of padding requests everywhere: the capture reads valid slots and pages.
+    host_ints_.assign(static_cast<size_t>(lb.ints), options.padding_slot);
+    std::fill_n(host_ints_.begin() + lb.root_tokens, static_cast<int64_t>(bs) * params.topk, 0);
+    std::fill_n(host_ints_.begin() + lb.prefix_lens, bs, 1);
+    std::fill_n(host_ints_.begin() + lb.pages, static_cast<int64_t>(bs) * page_stride_, options.padding_slot / options.page_size);
+    host_floats_.assign(static_cast<size_t>(lb.floats), 0.0f);
+    std::fill_n(host_floats_.begin() + lb.root_probs, static_cast<int64_t>(bs) * params.topk, 1.0f);
+    upload_async(loop_ints_.data(), host_ints_, s);
+    upload_async(loop_floats_.data(), host_floats_, s);
+    loop_launches(loop_ws_, bs);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    loop_ws_.frozen = true;
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    loop_launches(loop_ws_, bs);
+    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    auto g = std::make_unique<Graph>();
+    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(err);
+    graphs_[bs] = std::move(g);
+  }
+}
+
+EagleCudaHead::~EagleCudaHead() = default;
+
+Buffer& EagleCudaHead::scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements) {
+  Buffer& b = ws.slots[slot];
+  if (b.data() == nullptr || b.dtype() != dtype || b.numel() < elements) {
+    SPECULA_CHECK(!ws.frozen, "draft-loop CUDA-graph workspace slot {} holds {} elements; {} are needed",
+                  static_cast<int>(slot), b.numel(), elements);
+    b = Buffer(dtype, {std::max<int64_t>(elements, 1)}, draft_kv_.config().device);
+  }
+  return b;
+}
+
+void EagleCudaHead::linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in,
+                           int out) {
+  void* hi = nullptr;
+  void* lo = nullptr;
+  if (linear_->needs_split(w, n, in)) {
+    hi = scratch(ws, kHi, DType::bf16, n * in).data();
+    lo = scratch(ws, kLo, DType::bf16, n * in).data();
+  }
+  (*linear_)(x, w, bias, y, n, in, out, hi, lo);
+}
+
+void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const int32_t* positions, const float* hidden_in,
+                            bool from_target, const Attend& attend, const int32_t* row_ids, int64_t rows) {
+  const ModelConfig& c = head_.config();
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const Device device = draft_kv_.config().device;
+  const int h = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  const int inter = c.intermediate_size, qkv_width = (Hq + 2 * Hkv) * D;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const bool eagle3 = head_.kind() == EagleKind::EAGLE3;
+  const int attn_in = eagle3 ? 2 * h : h;
+  float* emb = scratch(ws, kEmb, DType::f32, n * h).data_as<float>();
+  float* x = scratch(ws, kX, DType::f32, n * h).data_as<float>();
+  float* a = scratch(ws, kA, DType::f32, n * 2 * h).data_as<float>();
+  float* normed = scratch(ws, kNormed, DType::f32, n * h).data_as<float>();
+  float* qkv = scratch(ws, kQkv, DType::f32, n * qkv_width).data_as<float>();
+  Buffer& qb = scratch(ws, kQ, DType::bf16, n * Hq * D);
+  Buffer& kb = scratch(ws, kK, DType::bf16, n * Hkv * D);
+  Buffer& vb = scratch(ws, kV, DType::bf16, n * Hkv * D);
+  Buffer& ab = scratch(ws, kAttnBf16, DType::bf16, n * Hq * D);
+  float* attn = scratch(ws, kAttn, DType::f32, n * Hq * D).data_as<float>();
+  float* o = scratch(ws, kO, DType::f32, n * h).data_as<float>();
+  float* xn = scratch(ws, kXn, DType::f32, n * h).data_as<float>();
+  float* gate_up = scratch(ws, kGateUp, DType::f32, n * 2 * inter).data_as<float>();
+  float* act = scratch(ws, kAct, DType::f32, n * inter).data_as<float>();
+  float* selected = scratch(ws, kSelected, DType::f32, std::max<int64_t>(rows, 1) * h).data_as<float>();
+  float* logits = scratch(ws, kLogits, DType::f32, std::max<int64_t>(rows, 1) * head_.draft_vocab_size()).data_as<float>();
+
+  if (embed_.dtype() == DType::bf16) {
+    ck::embed_rows_bf16(embed_.data(), ids, emb, n, h, 1.0f, s);
+  } else {
+    ck::embed_rows(embed_.data_as<const float>(), ids, emb, n, h, 1.0f, s);
+  }
+  const float* attn_input = nullptr;
+  if (eagle3) {
+    // x: the residual stream (fc over the target's fused layers, or the fed-back hidden state);
+    // the attention reads [input_layernorm(embedding) ; hidden_norm(x)].
+    if (from_target) {
+      linear(ws, hidden_in, fc_, Buffer{}, x, n, head_.feature_size(), h);
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(x, hidden_in, static_cast<size_t>(n * h) * sizeof(float), cudaMemcpyDeviceToDevice, s));
+    }
+    ck::rms_norm_rows(emb, input_norm_.data_as<const float>(), normed, n, h, eps, s);
+    copy_columns(a, 2 * h, 0, normed, h, n, s);
+    ck::rms_norm_rows(x, hidden_norm_.data_as<const float>(), normed, n, h, eps, s);
+    copy_columns(a, 2 * h, h, normed, h, n, s);
+    attn_input = a;
+  } else {
+    // x = fc([embedding ; feature]); the layer has no input norm.
+    copy_columns(a, 2 * h, 0, emb, h, n, s);
+    copy_columns(a, 2 * h, h, hidden_in, h, n, s);
+    linear(ws, a, fc_, fc_bias_, x, n, 2 * h, h);
+    attn_input = x;
+  }
+  linear(ws, attn_input, w_qkv_, Buffer{}, qkv, n, attn_in, qkv_width);
+  ck::QkvEpilogueParams e{};
+  e.qkv = qkv;
+  e.positions = positions;
+  e.inv_freq = inv_freq_.data_as<const float>();
+  e.rope_factor = head_.rope_attention_factor();
+  e.eps = eps;
+  e.q = qb.data();
+  e.k = kb.data();
+  e.v = vb.data();
+  e.n = n;
+  e.num_q_heads = Hq;
+  e.num_kv_heads = Hkv;
+  e.head_dim = D;
+  ck::qkv_epilogue(e, s);
+  attend(TensorView(qb.data(), DType::bf16, {n, Hq, D}, device), TensorView(kb.data(), DType::bf16, {n, Hkv, D}, device),
+         TensorView(vb.data(), DType::bf16, {n, Hkv, D}, device), TensorView(ab.data(), DType::bf16, {n, Hq, D}, device));
+  ck::bf16_to_f32(ab.data(), attn, n * Hq * D, s);
+  linear(ws, attn, wo_, Buffer{}, o, n, Hq * D, h);
+  ck::add_rms_norm_rows(x, o, post_norm_.data_as<const float>(), xn, n, h, eps, s);
+  linear(ws, xn, w_gate_up_, Buffer{}, gate_up, n, h, 2 * inter);
+  ck::gated_activation_fused(gate_up, act, n, inter, false, s);
+  linear(ws, act, w_down_, Buffer{}, o, n, inter, h);
+  ck::add_inplace(x, o, n * h, s);
+
+  if (rows == 0) return;
+  const float* src = x;
+  if (row_ids != nullptr) {
+    ck::gather_rows(x, row_ids, selected, rows, h, s);
+    src = selected;
+  }
+  if (eagle3) {
+    ck::rms_norm_rows(src, final_norm_.data_as<const float>(), selected, rows, h, eps, s);
+    src = selected;
+  }
+  // EAGLE: the target's lm_head over the unnormed output; EAGLE-3: its own, after its norm.
+  linear(ws, src, lm_head_, Buffer{}, logits, rows, h, head_.draft_vocab_size());
+}
+
+void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend, const float* features,
+                           const std::vector<int32_t>& last_rows, std::vector<float>& root_hidden,
+                           std::vector<int32_t>& root_tokens, std::vector<float>& root_probs) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int64_t n = batch.num_tokens();
+  const auto rows = static_cast<int64_t>(last_rows.size());
+  const int h = head_.hidden_size();
+  const int K = params_.topk;
+  Workspace& ws = extend_ws_;
+  Buffer& ids = scratch(ws, kIds, DType::i32, n);
+  Buffer& pos = scratch(ws, kPos, DType::i32, n);
+  Buffer& feats = scratch(ws, kFeatures, DType::f32, n * head_.feature_size());
+  Buffer& row_ids = scratch(ws, kRowIds, DType::i32, rows);
+  upload_async(ids.data(), batch.input_ids, s);
+  upload_async(pos.data(), batch.positions, s);
+  CUDA_CHECK(cudaMemcpyAsync(feats.data(), features, static_cast<size_t>(n * head_.feature_size()) * sizeof(float),
+                             cudaMemcpyHostToDevice, s));
+  upload_async(row_ids.data(), last_rows, s);
+  const AttentionLayer& layer = head_.attention_layer();
+  const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
+    backend.forward(q, k, v, out, layer, batch);
+  };
+  forward(ws, n, ids.data_as<const int32_t>(), pos.data_as<const int32_t>(), feats.data_as<const float>(), true, attend,
+          row_ids.data_as<const int32_t>(), rows);
+  int32_t* top_tokens = scratch(ws, kTopTokens, DType::i32, rows * K).data_as<int32_t>();
+  float* top_probs = scratch(ws, kTopProbs, DType::f32, rows * K).data_as<float>();
+  ck::DraftTopKParams t{};
+  t.logits = ws.slots[kLogits].data_as<const float>();
+  t.rows = rows;
+  t.vocab = head_.draft_vocab_size();
+  t.k = K;
+  t.d2t = d2t_.data() != nullptr ? d2t_.data_as<const int64_t>() : nullptr;
+  t.tokens = top_tokens;
+  t.probs = top_probs;
+  ck::draft_top_k(t, s);
+  // The rows' hidden states (forward's kSelected holds them normed for EAGLE-3).
+  float* hidden = ws.slots[kNormed].data_as<float>();
+  ck::gather_rows(ws.slots[kX].data_as<const float>(), row_ids.data_as<const int32_t>(), hidden, rows, h, s);
+  download_async(root_hidden, hidden, static_cast<size_t>(rows * h), s);
+  download_async(root_tokens, top_tokens, static_cast<size_t>(rows * K), s);
+  download_async(root_probs, top_probs, static_cast<size_t>(rows * K), s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const Device device = draft_kv_.config().device;
+  const int K = params_.topk;
+  const int64_t rows = static_cast<int64_t>(batch) * K;
+  const LoopLayout l = layout(batch);
+  int32_t* ints = loop_ints_.data_as<int32_t>();
+  const float* floats = loop_floats_.data_as<const float>();
+  ck::DraftTreeState st{};
+  st.batch = batch;
+  st.k = K;
+  st.num_steps = params_.num_steps;
+  st.hidden = head_.hidden_size();
+  st.frontier_scores = frontier_scores_.data_as<float>();
+  st.frontier_nodes = frontier_nodes_.data_as<int32_t>();
+  st.row_tokens = row_tokens_.data_as<int32_t>();
+  st.row_hidden = row_hidden_.data_as<float>();
+  st.branch = branch_.data_as<int32_t>();
+  st.step_slots = ints + l.step_slots;
+  st.cand_tokens = cand_tokens_.data_as<int32_t>();
+  st.cand_parents = cand_parents_.data_as<int32_t>();
+  st.cand_scores = cand_scores_.data_as<float>();
+  ck::draft_init(st, ints + l.root_tokens, floats + l.root_probs, floats + l.root_hidden, s);
+  int32_t* top_tokens = scratch(ws, kTopTokens, DType::i32, rows * K).data_as<int32_t>();
+  float* top_probs = scratch(ws, kTopProbs, DType::f32, rows * K).data_as<float>();
+  const AttentionLayer& layer = head_.attention_layer();
+  for (int step = 1; step < params_.num_steps; ++step) {
+    const int32_t* slots = ints + l.step_slots + (step - 1) * rows;
+    const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
+      draft_kv_.set_kv_buffer(0, TensorView(const_cast<int32_t*>(slots), DType::i32, {rows}, device), k, v, stream_);
+      ck::DraftAttentionParams p{};
+      p.q = q.data();
+      p.k_cache = draft_kv_.k_buffer(0).data();
+      p.v_cache = draft_kv_.v_buffer(0).data();
+      p.out = out.data();
+      p.rows = static_cast<int>(rows);
+      p.k = K;
+      p.num_q_heads = layer.num_q_heads;
+      p.num_kv_heads = layer.num_kv_heads;
+      p.head_dim = layer.head_dim;
+      p.scale = layer.effective_scaling();
+      p.prefix_pages = ints + l.pages;
+      p.page_stride = page_stride_;
+      p.page_size = options_.page_size;
+      p.prefix_lens = ints + l.prefix_lens;
+      p.branch = st.branch;
+      p.branch_stride = params_.num_steps;
+      p.branch_len = step;
+      ck::draft_tree_attention(p, s);
+    };
+    forward(ws, rows, st.row_tokens, ints + l.positions + (step - 1) * rows, st.row_hidden, false, attend, nullptr, rows);
+    ck::DraftTopKParams t{};
+    t.logits = ws.slots[kLogits].data_as<const float>();
+    t.rows = rows;
+    t.vocab = head_.draft_vocab_size();
+    t.k = K;
+    t.d2t = d2t_.data() != nullptr ? d2t_.data_as<const int64_t>() : nullptr;
+    t.tokens = top_tokens;
+    t.probs = top_probs;
+    ck::draft_top_k(t, s);
+    ck::draft_select(st, step, top_tokens, top_probs, ws.slots[kX].data_as<const float>(), s);
+  }
+}
+
+void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int K = params_.topk, S = params_.num_steps, h = head_.hidden_size();
+  const auto B = static_cast<int>(requests.size());
+  candidates.assign(requests.size(), {});
+  if (B == 0) return;
+  if (S == 1) {
+    // No steps: the tree's candidates are the root's top-k.
+    for (int b = 0; b < B; ++b) {
+      const DraftLoopInput& r = requests[static_cast<size_t>(b)];
+      DraftCandidates& c = candidates[static_cast<size_t>(b)];
+      c.tokens.assign(r.root_tokens, r.root_tokens + K);
+      c.scores.assign(r.root_probs, r.root_probs + K);
+      c.parents.assign(static_cast<size_t>(K), -1);
+      c.depths.assign(static_cast<size_t>(K), 1);
+    }
+    return;
+  }
+  SPECULA_CHECK(B <= options_.max_batch, "a draft loop of {} requests exceeds the head's max_batch {}", B,
+                options_.max_batch);
+  const auto graph = graphs_.lower_bound(B);
+  const int bs = graph != graphs_.end() ? graph->first : B;
+  const LoopLayout l = layout(bs);
+  const int64_t rows = static_cast<int64_t>(bs) * K;
+  host_ints_.assign(static_cast<size_t>(l.ints), options_.padding_slot);
+  host_floats_.assign(static_cast<size_t>(l.floats), 0.0f);
+  for (int b = 0; b < bs; ++b) {
+    const bool real = b < B;
+    const DraftLoopInput* r = real ? &requests[static_cast<size_t>(b)] : nullptr;
+    const int kv_len = real ? r->kv_len : 1;
+    host_ints_[static_cast<size_t>(l.prefix_lens + b)] = kv_len;
+    const int pages = (kv_len + options_.page_size - 1) / options_.page_size;
+    SPECULA_CHECK(pages <= page_stride_, "a draft prefix of {} tokens exceeds max_context_len {}", kv_len,
+                  options_.max_context_len);
+    for (int p = 0; p < page_stride_; ++p) {
+      const int32_t slot = real && p < pages ? r->req_row[p * options_.page_size] : options_.padding_slot;
+      host_ints_[static_cast<size_t>(l.pages + static_cast<int64_t>(b) * page_stride_ + p)] = slot / options_.page_size;
+    }
+    for (int j = 0; j < K; ++j) {
+      const int64_t row = static_cast<int64_t>(b) * K + j;
+      host_ints_[static_cast<size_t>(l.root_tokens + row)] = real ? r->root_tokens[j] : 0;
+      host_floats_[static_cast<size_t>(l.root_probs + row)] = real ? r->root_probs[j] : 1.0f;
+      for (int step = 1; step < S; ++step) {
+        const int64_t at = (step - 1) * rows + row;
+        if (real) host_ints_[static_cast<size_t>(l.step_slots + at)] = r->req_row[kv_len + (step - 1) * K + j];
+        host_ints_[static_cast<size_t>(l.positions + at)] = real ? kv_len - 1 + step : step;
+      }
+    }
+    if (real) std::copy_n(r->root_hidden, h, host_floats_.begin() + l.root_hidden + static_cast<int64_t>(b) * h);
+  }
+  upload_async(loop_ints_.data(), host_ints_, s);
+  upload_async(loop_floats_.data(), host_floats_, s);
+  if (graph != graphs_.end()) {
+    CUDA_CHECK(cudaGraphLaunch(graph->second->exec, s));
+  } else {
+    loop_launches(extend_ws_, bs);
+  }
+  const int C = ck::draft_num_candidates(K, S);
+  std::vector<int32_t> tokens, parents;
+  std::vector<float> scores;
+  const auto count = static_cast<size_t>(B) * C;
+  download_async(tokens, cand_tokens_.data(), count, s);
+  download_async(parents, cand_parents_.data(), count, s);
+  download_async(scores, cand_scores_.data(), count, s);
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  for (int b = 0; b < B; ++b) {
+    DraftCandidates& c = candidates[static_cast<size_t>(b)];
+    const auto first = static_cast<int64_t>(b) * C;
+    c.tokens.assign(tokens.begin() + first, tokens.begin() + first + C);
+    c.parents.assign(parents.begin() + first, parents.begin() + first + C);
+    c.scores.assign(scores.begin() + first, scores.begin() + first + C);
+    c.depths.resize(static_cast<size_t>(C));
+    for (int i = 0; i < C; ++i) c.depths[static_cast<size_t>(i)] = i < K ? 1 : 2 + (i - K) / (K * K);
+  }
+}
+
+}  // namespace specula

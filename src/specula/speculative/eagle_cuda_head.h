@@ -1,0 +1,111 @@
+// EagleCudaHead: an EagleHead executed on a CUDA device, and the tree-draft loop on the device.
+// Weights as the checkpoint holds them (bf16 matrices), f32 activations, a bf16 draft KV pool;
+// the products and element-wise kernels of the target's GPU decoder (model/cuda).
+//   - extend(): DRAFT_EXTEND through the CUDA attention backend (eagerly: its row count varies),
+//     then the top-k of each request's last row: the roots of the next cycle.
+//   - draft_loop(): num_steps - 1 head steps over batch x topk rows, each followed by the top-k
+//     of every row and the selection of each request's topk best children (kernels in
+//     speculative/cuda), with the draft's attention over the shared prefix plus the row's branch.
+//     One CUDA graph per batch size (SGLang's EAGLEDraftCudaGraphRunner), padded; larger batches
+//     run the same launches eagerly. Only the candidate arrays come back to the host.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "specula/attention/backend.h"
+#include "specula/core/tensor.h"
+#include "specula/kv/mha_kv_pool.h"
+#include "specula/model/eagle_head.h"
+#include "specula/speculative/eagle_tree.h"
+
+namespace specula {
+
+class CudaLinear;
+
+// One request of a draft loop: its KV length, its request row (req_to_token; positions
+// [kv_len, kv_len + (num_steps - 1) * topk) are the loop's scratch slots) and its root.
+struct DraftLoopInput {
+  int kv_len = 0;
+  const int32_t* req_row = nullptr;
+  const int32_t* root_tokens = nullptr;  // [topk] target ids
+  const float* root_probs = nullptr;     // [topk]
+  const float* root_hidden = nullptr;    // [hidden]
+};
+
+struct EagleCudaHeadOptions {
+  int page_size = 1;
+  int max_context_len = 0;
+  int max_batch = 1;                  // requests per loop
+  std::vector<int> graph_batch_sizes;  // empty: no graphs
+  int32_t padding_slot = -1;           // a KV slot padding rows may write (graphs only)
+};
+
+class EagleCudaHead {
+ public:
+  // draft_kv: the head's bf16 pool on the head's device; stream: the target's cudaStream_t.
+  EagleCudaHead(const EagleHead& head, const SpecParams& params, MHAKVPool& draft_kv, void* stream,
+                const EagleCudaHeadOptions& options);
+  ~EagleCudaHead();
+  EagleCudaHead(const EagleCudaHead&) = delete;
+  EagleCudaHead& operator=(const EagleCudaHead&) = delete;
+
+  // DRAFT_EXTEND over the batch (backend metadata initialised for it; its pool is the draft pool)
+  // with target features [num_tokens, feature_size] on the host. For each of last_rows: the head's
+  // hidden state [hidden] and its top-k (target ids, probabilities), on the host.
+  void extend(const ForwardBatch& batch, AttentionBackend& backend, const float* features,
+              const std::vector<int32_t>& last_rows, std::vector<float>& root_hidden, std::vector<int32_t>& root_tokens,
+              std::vector<float>& root_probs);
+
+  // The tree expansion of every request; fills each request's candidates (tokens, parents,
+  // scores, depths), as EagleWorker's CPU loop does.
+  void draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates);
+
+ private:
+  enum Slot : size_t {
+    kIds, kPos, kFeatures, kRowIds, kEmb, kX, kA, kNormed, kQkv, kQ, kK, kV, kAttnBf16, kAttn, kO, kXn, kGateUp, kAct,
+    kSelected, kLogits, kTopTokens, kTopProbs, kHi, kLo, kNumSlots
+  };
+  struct Workspace {
+    std::array<Buffer, kNumSlots> slots;
+    bool frozen = false;
+  };
+  struct Graph;
+  // Writes the rows' K/V to the draft pool and their attention output (bf16 views).
+  using Attend = std::function<void(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out)>;
+
+  Buffer& scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements);
+  void linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out);
+  // The head over n rows of ids, positions and hidden_in (device; target features when
+  // from_target, else [n, hidden]). Leaves the next hidden states in kX and the logits of `rows`
+  // rows in kLogits: the rows of row_ids (device), or the first ones when row_ids is nullptr.
+  void forward(Workspace& ws, int64_t n, const int32_t* ids, const int32_t* positions, const float* hidden_in,
+               bool from_target, const Attend& attend, const int32_t* row_ids, int64_t rows);
+  // The launches of a loop of `batch` requests whose inputs are staged (graph-capturable).
+  void loop_launches(Workspace& ws, int batch);
+  struct LoopLayout;
+  LoopLayout layout(int batch) const;
+
+  const EagleHead& head_;
+  SpecParams params_;
+  MHAKVPool& draft_kv_;
+  void* stream_;
+  EagleCudaHeadOptions options_;
+  std::unique_ptr<CudaLinear> linear_;
+  int page_stride_ = 0;
+  Buffer embed_, fc_, fc_bias_, input_norm_, hidden_norm_, post_norm_, final_norm_, w_qkv_, wo_, w_gate_up_, w_down_,
+      lm_head_, d2t_, inv_freq_;
+  Workspace extend_ws_, loop_ws_;
+  // The loop's device state (sized for max_batch) and its staged inputs.
+  Buffer loop_ints_, loop_floats_;
+  Buffer frontier_scores_, frontier_nodes_, row_tokens_, row_hidden_, branch_, cand_tokens_, cand_parents_, cand_scores_;
+  std::vector<int32_t> host_ints_;
+  std::vector<float> host_floats_;
+  std::map<int, std::unique_ptr<Graph>> graphs_;
+};
+
+}  // namespace specula

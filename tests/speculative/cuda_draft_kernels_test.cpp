@@ -1,0 +1,611 @@
+// The EAGLE tree-draft GPU kernels against host references: draft_top_k against
+// EagleWorker::top_k's softmax and BetterScore order, draft_init + draft_select against a
+// re-implementation of EagleWorker::draft_steps' bookkeeping (bit-identical candidates),
+// draft_tree_attention against a float64 attention, and all of them captured in a CUDA graph
+// (replays equal the eager run bit for bit). Random inputs; the seed is printed and can be
+// fixed with SPECULA_TEST_SEED. Skipped where no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "specula/core/cuda_check.h"
+#include "specula/core/device.h"
+#include "specula/speculative/cuda/draft_kernels.h"
+
+namespace specula {
+namespace {
+
+namespace ck = cuda_kernels;
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("SPECULA_TEST_SEED");
+    const uint64_t s = env != nullptr ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::printf("cuda_draft_kernels_test seed %llu (set SPECULA_TEST_SEED to repeat)\n",
+                static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+// A device array; owns its memory.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : n_(n) {
+    void* raw = nullptr;
+    CUDA_CHECK(cudaMalloc(&raw, std::max<size_t>(n, 1) * sizeof(T)));
+    ptr_ = static_cast<T*>(raw);
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(ptr_); }
+  void upload(const std::vector<T>& host) {
+    SPECULA_REQUIRE(host.size() == n_, "upload size mismatch");
+    CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  void fill_bytes(int value) { CUDA_CHECK(cudaMemset(ptr_, value, n_ * sizeof(T))); }
+  T* get() const { return ptr_; }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_;
+};
+
+// BetterScore's order: higher first, equal values to the lower index.
+std::vector<int32_t> better_order(const std::vector<float>& scores, int k) {
+  std::vector<int32_t> order(scores.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    const float sa = scores[static_cast<size_t>(a)], sb = scores[static_cast<size_t>(b)];
+    return sa != sb ? sa > sb : a < b;
+  });
+  order.resize(static_cast<size_t>(k));
+  return order;
+}
+
+// ---- draft_top_k ------------------------------------------------------------------------
+
+struct TopKCase {
+  int64_t rows;
+  int vocab;
+  int k;
+  bool d2t;
+  bool ties;  // logits on a coarse grid (many exact ties, also at the top), row 0 constant
+};
+
+TEST(CudaDraftKernels, TopKMatchesHostSoftmaxAndTieOrder) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(test_seed());
+  const std::vector<TopKCase> cases = {
+      {5, 259, 1, false, false},  {7, 259, 4, true, true},     {9, 259, 16, false, true},   {3, 100, 3, false, true},
+      {33, 1000, 5, true, false}, {4, 32000, 8, true, false},  {6, 32000, 16, false, true}, {5, 32000, 4, true, true},
+      {3, 32000, 1, false, true}, {2, 128256, 8, false, false}, {2, 128256, 16, true, true},
+  };
+  for (const TopKCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "rows " << c.rows << " vocab " << c.vocab << " k " << c.k << " d2t " << c.d2t
+                                      << " ties " << c.ties);
+    const size_t V = static_cast<size_t>(c.vocab);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    std::vector<float> logits(static_cast<size_t>(c.rows) * V);
+    for (size_t r = 0; r < static_cast<size_t>(c.rows); ++r) {
+      for (size_t i = 0; i < V; ++i) {
+        float x = normal(rng);
+        if (c.ties) x = r == 0 ? 1.25f : std::round(x * 2.0f) / 2.0f;
+        logits[r * V + i] = x;
+      }
+    }
+    std::vector<int64_t> d2t(V);
+    std::uniform_int_distribution<int64_t> offset(0, 200000);
+    for (int64_t& d : d2t) d = offset(rng);
+
+    DeviceArray<float> d_logits(logits);
+    DeviceArray<int64_t> d_d2t(d2t);
+    DeviceArray<int32_t> d_tokens(static_cast<size_t>(c.rows * c.k));
+    DeviceArray<float> d_probs(static_cast<size_t>(c.rows * c.k));
+    ck::DraftTopKParams p{};
+    p.logits = d_logits.get();
+    p.rows = c.rows;
+    p.vocab = c.vocab;
+    p.k = c.k;
+    p.d2t = c.d2t ? d_d2t.get() : nullptr;
+    p.tokens = d_tokens.get();
+    p.probs = d_probs.get();
+    ck::draft_top_k(p, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int32_t> tokens = d_tokens.download();
+    const std::vector<float> probs = d_probs.download();
+
+    for (size_t r = 0; r < static_cast<size_t>(c.rows); ++r) {
+      // EagleWorker::top_k: float exp, double sum, float probabilities ranked by BetterScore.
+      const float* l = logits.data() + r * V;
+      const float top = *std::max_element(l, l + V);
+      std::vector<float> pf(V);
+      double sum = 0;
+      for (size_t i = 0; i < V; ++i) sum += pf[i] = std::exp(l[i] - top);
+      for (float& x : pf) x = static_cast<float>(x / sum);
+      double sum64 = 0;  // the float64 softmax the probabilities are checked against
+      for (size_t i = 0; i < V; ++i) sum64 += std::exp(static_cast<double>(l[i]) - top);
+      const std::vector<int32_t> best = better_order(pf, c.k);
+      for (int t = 0; t < c.k; ++t) {
+        const size_t o = r * static_cast<size_t>(c.k) + static_cast<size_t>(t);
+        const int32_t id = best[static_cast<size_t>(t)];
+        const int64_t expect = c.d2t ? id + d2t[static_cast<size_t>(id)] : id;
+        ASSERT_EQ(tokens[o], expect) << "row " << r << " rank " << t;
+        const double p64 = std::exp(static_cast<double>(l[id]) - top) / sum64;
+        EXPECT_NEAR(probs[o], p64, 1e-5 * p64) << "row " << r << " rank " << t;
+      }
+    }
+  }
+}
+
+// ---- draft_init + draft_select ----------------------------------------------------------
+
+struct TreeCase {
+  int batch, k, num_steps, hidden;
+  bool ties;  // probabilities from {1/8, 1/4, 1/2, 3/4}: exact products, many equal scores
+};
+
+// EagleWorker::draft_steps' bookkeeping on the host, with the per-row top-k results given.
+struct HostTree {
+  int batch, k, num_steps, hidden;
+  std::vector<std::vector<int32_t>> tokens, parents;
+  std::vector<std::vector<float>> scores;
+  std::vector<std::vector<int32_t>> frontier;  // [batch][k] candidate index
+  std::vector<std::vector<int32_t>> slot_of;   // [batch][candidate] KV slot, -1 when not expanded
+  std::vector<float> frontier_hidden;          // [rows, hidden]
+  std::vector<int32_t> step_slots;             // [num_steps - 1, batch, k]
+
+  int32_t own_slot(int step, int b, int j) const {
+    return step_slots[(static_cast<size_t>(step - 1) * batch + b) * k + j];
+  }
+
+  // The row's branch as the next step (step) will see it: the node's ancestors below the
+  // root (root side first), then its own slot when that step exists.
+  std::vector<int32_t> branch(int b, int j, int step) const {
+    std::vector<int32_t> out;
+    const int32_t f = frontier[b][j];
+    for (int32_t a = parents[b][f]; a >= 0; a = parents[b][a]) out.push_back(slot_of[b][a]);
+    std::reverse(out.begin(), out.end());
+    if (step <= num_steps - 1) out.push_back(own_slot(step, b, j));
+    return out;
+  }
+};
+
+void expect_state(const HostTree& h, const ck::DraftTreeState& st, int next_step, const std::string& when) {
+  SCOPED_TRACE(when);
+  const size_t rows = static_cast<size_t>(h.batch * h.k);
+  std::vector<float> scores(rows), hidden(rows * h.hidden);
+  std::vector<int32_t> nodes(rows), tokens(rows), branch(rows * h.num_steps);
+  CUDA_CHECK(cudaMemcpy(scores.data(), st.frontier_scores, rows * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(nodes.data(), st.frontier_nodes, rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(tokens.data(), st.row_tokens, rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(hidden.data(), st.row_hidden, hidden.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(branch.data(), st.branch, branch.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  for (int b = 0; b < h.batch; ++b) {
+    for (int j = 0; j < h.k; ++j) {
+      const size_t r = static_cast<size_t>(b * h.k + j);
+      const int32_t f = h.frontier[b][j];
+      ASSERT_EQ(nodes[r], f) << "row " << r;
+      ASSERT_EQ(std::bit_cast<uint32_t>(scores[r]), std::bit_cast<uint32_t>(h.scores[b][f])) << "row " << r;
+      ASSERT_EQ(tokens[r], h.tokens[b][f]) << "row " << r;
+      const std::vector<int32_t> expect = h.branch(b, j, next_step);
+      for (size_t i = 0; i < expect.size(); ++i) {
+        ASSERT_EQ(branch[r * h.num_steps + i], expect[i]) << "row " << r << " branch entry " << i;
+      }
+      ASSERT_EQ(0, std::memcmp(hidden.data() + r * h.hidden, h.frontier_hidden.data() + r * h.hidden,
+                               static_cast<size_t>(h.hidden) * sizeof(float)))
+          << "row " << r << " hidden";
+    }
+  }
+}
+
+TEST(CudaDraftKernels, TreeExpansionMatchesDraftStepsBookkeeping) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(test_seed() + 1);
+  const std::vector<TreeCase> cases = {
+      {1, 1, 2, 64, false}, {3, 4, 5, 96, true},  {2, 8, 6, 256, false}, {4, 16, 4, 130, true},
+      {5, 3, 3, 8, true},   {2, 16, 7, 64, false}, {3, 4, 1, 32, false},  {6, 2, 8, 4096, true},
+  };
+  std::uniform_real_distribution<float> uniform(0.01f, 1.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int32_t> token_dist(0, 150000);
+  const float grid[] = {0.125f, 0.25f, 0.5f, 0.75f};
+  for (const TreeCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "batch " << c.batch << " topk " << c.k << " num_steps " << c.num_steps
+                                      << " hidden " << c.hidden << " ties " << c.ties);
+    auto prob = [&] { return c.ties ? grid[rng() % 4] : uniform(rng); };
+    const int B = c.batch, K = c.k, S = c.num_steps, H = c.hidden;
+    const size_t rows = static_cast<size_t>(B * K);
+    const int nc = ck::draft_num_candidates(K, S);
+
+    HostTree h{B, K, S, H, {}, {}, {}, {}, {}, {}, {}};
+    // Distinct KV slots for every (step, request, row).
+    h.step_slots.resize(static_cast<size_t>(std::max(S - 1, 0)) * rows);
+    std::iota(h.step_slots.begin(), h.step_slots.end(), 1000);
+    std::shuffle(h.step_slots.begin(), h.step_slots.end(), rng);
+
+    std::vector<int32_t> root_tokens(rows);
+    std::vector<float> root_probs(rows), root_hidden(static_cast<size_t>(B) * H);
+    for (auto& t : root_tokens) t = token_dist(rng);
+    for (auto& p : root_probs) p = prob();
+    for (auto& x : root_hidden) x = normal(rng);
+
+    h.tokens.assign(B, {});
+    h.parents.assign(B, {});
+    h.scores.assign(B, {});
+    h.frontier.assign(B, {});
+    h.slot_of.assign(B, {});
+    h.frontier_hidden.resize(rows * H);
+    for (int b = 0; b < B; ++b) {
+      for (int j = 0; j < K; ++j) {
+        h.tokens[b].push_back(root_tokens[b * K + j]);
+        h.parents[b].push_back(-1);
+        h.scores[b].push_back(root_probs[b * K + j]);
+        h.frontier[b].push_back(j);
+        std::copy_n(root_hidden.begin() + static_cast<ptrdiff_t>(b) * H, H,
+                    h.frontier_hidden.begin() + static_cast<ptrdiff_t>(b * K + j) * H);
+      }
+    }
+
+    DeviceArray<float> frontier_scores(rows), row_hidden(rows * H), cand_scores(static_cast<size_t>(B) * nc);
+    DeviceArray<int32_t> frontier_nodes(rows), row_tokens(rows), branch(rows * S);
+    DeviceArray<int32_t> step_slots(h.step_slots), cand_tokens(static_cast<size_t>(B) * nc),
+        cand_parents(static_cast<size_t>(B) * nc);
+    for (DeviceArray<int32_t>* a : {&frontier_nodes, &row_tokens, &branch, &cand_tokens, &cand_parents}) {
+      a->fill_bytes(0xff);
+    }
+    DeviceArray<int32_t> d_root_tokens(root_tokens);
+    DeviceArray<float> d_root_probs(root_probs), d_root_hidden(root_hidden);
+    ck::DraftTreeState st{};
+    st.batch = B;
+    st.k = K;
+    st.num_steps = S;
+    st.hidden = H;
+    st.frontier_scores = frontier_scores.get();
+    st.frontier_nodes = frontier_nodes.get();
+    st.row_tokens = row_tokens.get();
+    st.row_hidden = row_hidden.get();
+    st.branch = branch.get();
+    st.step_slots = step_slots.get();
+    st.cand_tokens = cand_tokens.get();
+    st.cand_parents = cand_parents.get();
+    st.cand_scores = cand_scores.get();
+    ck::draft_init(st, d_root_tokens.get(), d_root_probs.get(), d_root_hidden.get(), nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    expect_state(h, st, 1, "after draft_init");
+
+    for (int step = 1; step < S; ++step) {
+      // The rows expanded at this step get their own slots (as draft_steps records them).
+      for (int b = 0; b < B; ++b) {
+        h.slot_of[b].resize(h.tokens[b].size(), -1);
+        for (int j = 0; j < K; ++j) h.slot_of[b][h.frontier[b][j]] = h.own_slot(step, b, j);
+      }
+      std::vector<int32_t> child_tokens(rows * K);
+      std::vector<float> child_probs(rows * K), step_hidden(rows * H);
+      for (auto& t : child_tokens) t = token_dist(rng);
+      for (size_t r = 0; r < rows; ++r) {
+        for (int t = 0; t < K; ++t) child_probs[r * K + t] = prob();
+        std::sort(child_probs.begin() + static_cast<ptrdiff_t>(r * K),
+                  child_probs.begin() + static_cast<ptrdiff_t>((r + 1) * K), std::greater<>());
+      }
+      for (auto& x : step_hidden) x = normal(rng);
+
+      for (int b = 0; b < B; ++b) {
+        const size_t first_child = h.tokens[b].size();
+        std::vector<int32_t> child_row;
+        for (int j = 0; j < K; ++j) {
+          const size_t r = static_cast<size_t>(b * K + j);
+          const int32_t f = h.frontier[b][j];
+          for (int t = 0; t < K; ++t) {
+            h.tokens[b].push_back(child_tokens[r * K + t]);
+            h.parents[b].push_back(f);
+            h.scores[b].push_back(h.scores[b][f] * child_probs[r * K + t]);
+            child_row.push_back(static_cast<int32_t>(r));
+          }
+        }
+        const std::vector<float> child_scores(h.scores[b].begin() + static_cast<ptrdiff_t>(first_child),
+                                              h.scores[b].end());
+        const std::vector<int32_t> best = better_order(child_scores, K);
+        for (int j = 0; j < K; ++j) {
+          const int32_t local = best[static_cast<size_t>(j)];
+          h.frontier[b][j] = static_cast<int32_t>(first_child) + local;
+          std::copy_n(step_hidden.begin() + static_cast<ptrdiff_t>(child_row[local]) * H, H,
+                      h.frontier_hidden.begin() + static_cast<ptrdiff_t>(b * K + j) * H);
+        }
+      }
+      DeviceArray<int32_t> d_child_tokens(child_tokens);
+      DeviceArray<float> d_child_probs(child_probs), d_step_hidden(step_hidden);
+      ck::draft_select(st, step, d_child_tokens.get(), d_child_probs.get(), d_step_hidden.get(), nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      expect_state(h, st, step + 1, "after draft_select step " + std::to_string(step));
+    }
+
+    const std::vector<int32_t> tokens = cand_tokens.download(), parents = cand_parents.download();
+    const std::vector<float> scores = cand_scores.download();
+    for (int b = 0; b < B; ++b) {
+      ASSERT_EQ(h.tokens[b].size(), static_cast<size_t>(nc));
+      for (int i = 0; i < nc; ++i) {
+        const size_t o = static_cast<size_t>(b) * nc + i;
+        ASSERT_EQ(tokens[o], h.tokens[b][i]) << "request " << b << " candidate " << i;
+        ASSERT_EQ(parents[o], h.parents[b][i]) << "request " << b << " candidate " << i;
+        ASSERT_EQ(std::bit_cast<uint32_t>(scores[o]), std::bit_cast<uint32_t>(h.scores[b][i]))
+            << "request " << b << " candidate " << i << ": " << scores[o] << " vs " << h.scores[b][i];
+      }
+    }
+  }
+}
+
+// ---- draft_tree_attention ---------------------------------------------------------------
+
+uint16_t to_bf16(float x) {  // round to nearest even (inputs are finite)
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+float from_bf16(uint16_t x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
+
+struct AttnCase {
+  int batch, k, num_kv_heads, group, head_dim, page_size, branch_len;
+  float scale_mul;  // scale = scale_mul / sqrt(head_dim); larger is peakier
+};
+
+// Random bf16 inputs of one attention case, on host (bf16 bits) and device.
+struct AttnInputs {
+  ck::DraftAttentionParams p{};
+  std::vector<uint16_t> q, k_cache, v_cache;
+  std::vector<int32_t> pages, prefix_lens, branch;
+  int num_slots = 0;
+};
+
+AttnInputs make_attention_inputs(const AttnCase& c, std::mt19937_64& rng) {
+  AttnInputs in;
+  const int rows = c.batch * c.k, Hq = c.num_kv_heads * c.group, D = c.head_dim;
+  std::uniform_real_distribution<float> qd(-2.0f, 2.0f), kvd(-1.0f, 1.0f);
+  // Prefix lengths: one long (~3000), the rest short, one empty where there are several.
+  in.prefix_lens.resize(static_cast<size_t>(c.batch));
+  for (int b = 0; b < c.batch; ++b) {
+    in.prefix_lens[b] = b == 0 ? 2900 + static_cast<int>(rng() % 200) : (b == 1 ? 0 : static_cast<int>(rng() % 300));
+  }
+  const int max_prefix = *std::max_element(in.prefix_lens.begin(), in.prefix_lens.end());
+  const int page_stride = std::max(1, (max_prefix + c.page_size - 1) / c.page_size);
+  const int total_pages = c.batch * page_stride + 8;
+  // Pages of all requests are a random permutation of the pool; branch slots come after it.
+  std::vector<int32_t> pool(static_cast<size_t>(total_pages));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  in.pages.assign(static_cast<size_t>(c.batch) * page_stride, -1);
+  for (int b = 0; b < c.batch; ++b) {
+    const int used = (in.prefix_lens[b] + c.page_size - 1) / c.page_size;
+    for (int i = 0; i < used; ++i) in.pages[static_cast<size_t>(b) * page_stride + i] = pool[b * page_stride + i];
+  }
+  const int branch_base = total_pages * c.page_size;
+  const int branch_stride = c.branch_len + 2;  // a stride wider than the length, as in a [rows, num_steps] array
+  std::vector<int32_t> branch_pool(static_cast<size_t>(rows * c.branch_len));
+  std::iota(branch_pool.begin(), branch_pool.end(), branch_base);
+  std::shuffle(branch_pool.begin(), branch_pool.end(), rng);
+  in.branch.assign(static_cast<size_t>(rows) * branch_stride, -1);
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < c.branch_len; ++i) {
+      in.branch[static_cast<size_t>(r) * branch_stride + i] = branch_pool[static_cast<size_t>(r * c.branch_len + i)];
+    }
+  }
+  in.num_slots = branch_base + rows * c.branch_len;
+  in.q.resize(static_cast<size_t>(rows) * Hq * D);
+  for (auto& x : in.q) x = to_bf16(qd(rng));
+  in.k_cache.resize(static_cast<size_t>(in.num_slots) * c.num_kv_heads * D);
+  in.v_cache.resize(in.k_cache.size());
+  for (auto& x : in.k_cache) x = to_bf16(kvd(rng));
+  for (auto& x : in.v_cache) x = to_bf16(kvd(rng));
+
+  in.p.rows = rows;
+  in.p.k = c.k;
+  in.p.num_q_heads = Hq;
+  in.p.num_kv_heads = c.num_kv_heads;
+  in.p.head_dim = D;
+  in.p.scale = c.scale_mul / std::sqrt(static_cast<float>(D));
+  in.p.page_stride = page_stride;
+  in.p.page_size = c.page_size;
+  in.p.branch_stride = branch_stride;
+  in.p.branch_len = c.branch_len;
+  return in;
+}
+
+// float64 attention over the prefix and branch keys of every (row, q head).
+std::vector<double> reference_attention(const AttnInputs& in) {
+  const ck::DraftAttentionParams& p = in.p;
+  const int D = p.head_dim, group = p.num_q_heads / p.num_kv_heads;
+  std::vector<double> out(static_cast<size_t>(p.rows) * p.num_q_heads * D);
+  for (int r = 0; r < p.rows; ++r) {
+    const int b = r / p.k;
+    std::vector<int64_t> slots;
+    for (int t = 0; t < in.prefix_lens[b]; ++t) {
+      slots.push_back(static_cast<int64_t>(in.pages[static_cast<size_t>(b) * p.page_stride + t / p.page_size]) *
+                          p.page_size + t % p.page_size);
+    }
+    for (int i = 0; i < p.branch_len; ++i) slots.push_back(in.branch[static_cast<size_t>(r) * p.branch_stride + i]);
+    for (int h = 0; h < p.num_q_heads; ++h) {
+      const int kvh = h / group;
+      const uint16_t* q = in.q.data() + (static_cast<size_t>(r) * p.num_q_heads + h) * D;
+      std::vector<double> s(slots.size());
+      double mx = -INFINITY;
+      for (size_t t = 0; t < slots.size(); ++t) {
+        const uint16_t* kr = in.k_cache.data() + (static_cast<size_t>(slots[t]) * p.num_kv_heads + kvh) * D;
+        double dot = 0;
+        for (int d = 0; d < D; ++d) dot += static_cast<double>(from_bf16(q[d])) * from_bf16(kr[d]);
+        s[t] = dot * p.scale;
+        mx = std::max(mx, s[t]);
+      }
+      double sum = 0;
+      for (double& x : s) sum += x = std::exp(x - mx);
+      double* o = out.data() + (static_cast<size_t>(r) * p.num_q_heads + h) * D;
+      for (size_t t = 0; t < slots.size(); ++t) {
+        const uint16_t* vr = in.v_cache.data() + (static_cast<size_t>(slots[t]) * p.num_kv_heads + kvh) * D;
+        for (int d = 0; d < D; ++d) o[d] += s[t] / sum * from_bf16(vr[d]);
+      }
+    }
+  }
+  return out;
+}
+
+TEST(CudaDraftKernels, TreeAttentionMatchesFloat64Reference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(test_seed() + 2);
+  const std::vector<AttnCase> cases = {
+      {2, 4, 2, 1, 64, 16, 3, 1.0f},  {3, 1, 1, 4, 64, 1, 1, 1.0f},   {2, 4, 2, 2, 128, 1, 6, 1.0f},
+      {1, 4, 1, 7, 64, 16, 5, 4.0f},  {2, 1, 2, 4, 128, 16, 2, 4.0f}, {1, 4, 1, 16, 64, 16, 4, 1.0f},
+      {2, 2, 1, 2, 256, 16, 2, 1.0f}, {3, 4, 2, 4, 64, 1, 6, 8.0f},   {2, 4, 4, 8, 128, 16, 1, 1.0f},
+  };
+  for (const AttnCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "batch " << c.batch << " topk " << c.k << " kv heads " << c.num_kv_heads
+                                      << " group " << c.group << " head_dim " << c.head_dim << " page_size "
+                                      << c.page_size << " branch_len " << c.branch_len << " scale x" << c.scale_mul);
+    AttnInputs in = make_attention_inputs(c, rng);
+    DeviceArray<uint16_t> q(in.q), k_cache(in.k_cache), v_cache(in.v_cache), out(in.q.size());
+    DeviceArray<int32_t> pages(in.pages), prefix_lens(in.prefix_lens), branch(in.branch);
+    out.fill_bytes(0xff);  // NaN bf16 wherever the kernel does not write
+    ck::DraftAttentionParams p = in.p;
+    p.q = q.get();
+    p.k_cache = k_cache.get();
+    p.v_cache = v_cache.get();
+    p.out = out.get();
+    p.prefix_pages = pages.get();
+    p.prefix_lens = prefix_lens.get();
+    p.branch = branch.get();
+    ck::draft_tree_attention(p, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = out.download();
+    const std::vector<double> ref = reference_attention(in);
+    double max_err = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double g = from_bf16(got[i]);
+      // bf16 output rounding is 2^-9 relative; f32 accumulation adds far less.
+      ASSERT_NEAR(g, ref[i], 2e-3 + 1e-2 * std::fabs(ref[i])) << "element " << i;
+      max_err = std::max(max_err, std::fabs(g - ref[i]));
+    }
+    std::printf("draft_tree_attention head_dim %d group %d: max abs error %.2e\n", c.head_dim, c.group, max_err);
+  }
+}
+
+// ---- graph capture ----------------------------------------------------------------------
+
+// One draft step (top-k of the root, init, attention, top-k of the rows, select) captured in a
+// CUDA graph: every replay equals the eager run bit for bit.
+TEST(CudaDraftKernels, CapturedInAGraphAndDeterministic) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(test_seed() + 3);
+  constexpr int B = 3, K = 4, S = 3, H = 64, V = 32000;
+  constexpr int rows = B * K;
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  auto randn = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  DeviceArray<float> root_logits(randn(static_cast<size_t>(B) * V)), step_logits(randn(static_cast<size_t>(rows) * V));
+  DeviceArray<float> root_hidden(randn(static_cast<size_t>(B) * H)), step_hidden(randn(static_cast<size_t>(rows) * H));
+  DeviceArray<int32_t> root_tokens(static_cast<size_t>(B) * K), child_tokens(static_cast<size_t>(rows) * K);
+  DeviceArray<float> root_probs(static_cast<size_t>(B) * K), child_probs(static_cast<size_t>(rows) * K);
+  std::vector<int32_t> slots(static_cast<size_t>((S - 1) * rows));
+  std::iota(slots.begin(), slots.end(), 7);
+  DeviceArray<int32_t> step_slots(slots);
+  const int nc = ck::draft_num_candidates(K, S);
+  DeviceArray<float> frontier_scores(rows), row_hidden(static_cast<size_t>(rows) * H),
+      cand_scores(static_cast<size_t>(B) * nc);
+  DeviceArray<int32_t> frontier_nodes(rows), row_tokens(rows), branch(static_cast<size_t>(rows) * S),
+      cand_tokens(static_cast<size_t>(B) * nc), cand_parents(static_cast<size_t>(B) * nc);
+  ck::DraftTreeState st{B,
+                        K,
+                        S,
+                        H,
+                        frontier_scores.get(),
+                        frontier_nodes.get(),
+                        row_tokens.get(),
+                        row_hidden.get(),
+                        branch.get(),
+                        step_slots.get(),
+                        cand_tokens.get(),
+                        cand_parents.get(),
+                        cand_scores.get()};
+  AttnInputs attn = make_attention_inputs({B, K, 2, 4, 64, 16, 2, 1.0f}, rng);
+  DeviceArray<uint16_t> q(attn.q), k_cache(attn.k_cache), v_cache(attn.v_cache), attn_out(attn.q.size());
+  DeviceArray<int32_t> pages(attn.pages), prefix_lens(attn.prefix_lens), attn_branch(attn.branch);
+  ck::DraftAttentionParams ap = attn.p;
+  ap.q = q.get();
+  ap.k_cache = k_cache.get();
+  ap.v_cache = v_cache.get();
+  ap.out = attn_out.get();
+  ap.prefix_pages = pages.get();
+  ap.prefix_lens = prefix_lens.get();
+  ap.branch = attn_branch.get();
+
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  auto run_step = [&] {
+    ck::draft_top_k({root_logits.get(), B, V, K, nullptr, root_tokens.get(), root_probs.get()}, stream);
+    ck::draft_init(st, root_tokens.get(), root_probs.get(), root_hidden.get(), stream);
+    ck::draft_tree_attention(ap, stream);
+    ck::draft_top_k({step_logits.get(), rows, V, K, nullptr, child_tokens.get(), child_probs.get()}, stream);
+    ck::draft_select(st, 1, child_tokens.get(), child_probs.get(), step_hidden.get(), stream);
+  };
+  auto snapshot = [&] {
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<uint32_t> all;
+    auto add = [&](const auto& v) {
+      for (const auto& x : v) all.push_back(std::bit_cast<uint32_t>(x));
+    };
+    add(cand_tokens.download());
+    add(cand_parents.download());
+    add(cand_scores.download());
+    add(frontier_scores.download());
+    add(row_tokens.download());
+    add(row_hidden.download());
+    add(branch.download());
+    for (uint16_t x : attn_out.download()) all.push_back(x);
+    return all;
+  };
+  auto scribble = [&] {
+    for (DeviceArray<int32_t>* a : {&cand_tokens, &cand_parents, &row_tokens, &branch, &frontier_nodes}) {
+      a->fill_bytes(0x5a);
+    }
+    for (DeviceArray<float>* a : {&cand_scores, &frontier_scores, &row_hidden}) a->fill_bytes(0x5a);
+    attn_out.fill_bytes(0x5a);
+    CUDA_CHECK(cudaDeviceSynchronize());  // the memsets run on the default stream
+  };
+  scribble();
+  run_step();
+  const std::vector<uint32_t> eager = snapshot();
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  run_step();
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    scribble();
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    EXPECT_TRUE(snapshot() == eager) << "replay " << replay;
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+}  // namespace specula
