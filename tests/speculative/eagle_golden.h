@@ -8,7 +8,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cmath>
 #include <memory>
+#include <set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -63,7 +66,10 @@ inline int32_t prefill(ModelRunner& runner, EagleWorker& worker, const std::vect
   return row;
 }
 
-// prob_tolerance: how far the draft's first top-k probabilities may be from the reference's.
+// prob_tolerance: how far the draft's first top-k probabilities may be from the reference's. Two
+// tokens whose reference probabilities lie closer than that may trade places (the GPU head's bf16
+// KV cache moves probabilities by about 1e-3); the tree is then compared as a set of (depth,
+// token) nodes rather than node by node. What verification accepts must match exactly.
 inline void check_golden(EagleKind kind, Device device, float prob_tolerance) {
   const fs::path head = head_dir(kind);
   const nlohmann::json golden = read_json(kRoot / (kind == EagleKind::EAGLE ? "tests/data/model_pair/eagle.json"
@@ -72,6 +78,7 @@ inline void check_golden(EagleKind kind, Device device, float prob_tolerance) {
     SCOPED_TRACE(prompt["prompt"].get<std::string>());
     const std::vector<int32_t> ids = prompt["ids"].get<std::vector<int32_t>>();
     const auto target_next = prompt["target_next"].get<int32_t>();
+    bool swapped = false;
     {
       // The root's top 8: a chain worker with topk 8 keeps exactly those.
       Pair pair(device);
@@ -82,8 +89,16 @@ inline void check_golden(EagleKind kind, Device device, float prob_tolerance) {
       const auto top_probs = prompt["first_step_top_probs"].get<std::vector<float>>();
       ASSERT_EQ(state.root_tokens.size(), top_ids.size());
       for (size_t i = 0; i < top_ids.size(); ++i) {
-        EXPECT_EQ(state.root_tokens[i], top_ids[i]) << "rank " << i;
         EXPECT_NEAR(state.root_probs[i], top_probs[i], prob_tolerance) << "rank " << i;
+        if (state.root_tokens[i] == top_ids[i]) continue;
+        swapped = true;
+        // A near tie: the token sits at another rank of the reference with nearly the same
+        // probability, or takes the last rank from one the reference list does not show.
+        bool near_tie = i + 1 == top_ids.size();
+        for (size_t j = 0; j < top_ids.size(); ++j) {
+          near_tie |= top_ids[j] == state.root_tokens[i] && std::abs(top_probs[j] - top_probs[i]) <= prob_tolerance;
+        }
+        EXPECT_TRUE(near_tie) << "rank " << i << ": token " << state.root_tokens[i] << " instead of " << top_ids[i];
       }
     }
     const auto& tree = prompt["tree"];
@@ -101,12 +116,17 @@ inline void check_golden(EagleKind kind, Device device, float prob_tolerance) {
     const auto& nodes = tree["nodes"];
     ASSERT_EQ(item.tree.size(), static_cast<int>(nodes.size()) + 1);
     EXPECT_EQ(item.tree.tokens[0], target_next);
+    std::multiset<std::pair<int32_t, int32_t>> got, want;  // (depth, token)
     for (size_t i = 0; i < nodes.size(); ++i) {
       SCOPED_TRACE("node " + std::to_string(i));
+      got.insert({item.tree.depths[i + 1], item.tree.tokens[i + 1]});
+      want.insert({nodes[i]["depth"].get<int32_t>(), nodes[i]["token"].get<int32_t>()});
+      if (swapped) continue;
       EXPECT_EQ(item.tree.tokens[i + 1], nodes[i]["token"].get<int32_t>());
       EXPECT_EQ(item.tree.parents[i + 1], nodes[i]["parent"].get<int32_t>() + 1);
       EXPECT_EQ(item.tree.depths[i + 1], nodes[i]["depth"].get<int32_t>());
     }
+    EXPECT_EQ(got, want);
     EXPECT_EQ(item.result.accepted_tokens, tree["accepted"].get<std::vector<int32_t>>());
     EXPECT_EQ(item.result.bonus_token, tree["bonus"].get<int32_t>());
     // One target feature row per accepted node, root included.
