@@ -131,6 +131,7 @@ ForwardBatch AttentionHarness::make_batch(const std::vector<int>& requests) cons
   if (config_.mode == ForwardMode::TARGET_VERIFY) {
     b.spec_info = std::make_shared<SpecInfo>();
     b.spec_info->num_draft_tokens = config_.requests.at(static_cast<size_t>(requests.at(0))).extend_len;
+    b.spec_info->prefix_visible = config_.prefix_visible;
   }
   for (int r : requests) {
     const auto& spec = config_.requests[static_cast<size_t>(r)];

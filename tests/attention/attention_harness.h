@@ -37,6 +37,7 @@ struct HarnessConfig {
   int chunk_size = 0;  // > 0: local attention layer with this attention_chunk_size
   bool tree_mask = false;  // TARGET_VERIFY with random EAGLE-style tree masks
   bool hide_first_draft_row = false;  // tree masks: draft token 0 sees nothing at all
+  bool prefix_visible = false;        // tree masks: set SpecInfo::prefix_visible (they do show the prefix)
   float k_scale = 1.0f;  // fp8 pools
   float v_scale = 1.0f;
 };

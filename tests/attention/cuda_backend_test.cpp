@@ -183,6 +183,24 @@ TEST_F(CudaAttention, TreeMask) {
     c.page_size = 16;
     check_cuda(c, "TreeMask");
   }
+  // The tree kernel (prefix visible): decode-like rows over the prefix plus their tree tokens;
+  // GQA and MHA, head_dim 64 and 128, page sizes 1 and 16, an empty prefix.
+  for (int draft : {1, 8, 32}) {
+    for (int head_dim : {64, 128}) {
+      HarnessConfig c;
+      c.mode = ForwardMode::TARGET_VERIFY;
+      c.requests = random_requests(rng, 3, 300, 1, ForwardMode::DECODE);
+      c.requests[0].prefix_len = draft == 8 ? 0 : c.requests[0].prefix_len;
+      for (auto& r : c.requests) r.extend_len = draft;
+      c.tree_mask = true;
+      c.prefix_visible = true;
+      c.head_dim = head_dim;
+      c.v_head_dim = head_dim;
+      c.num_kv_heads = head_dim == 64 ? c.num_q_heads : c.num_kv_heads;
+      c.page_size = draft == 32 ? 1 : 16;
+      check_cuda(c, "TreeMask, prefix visible");
+    }
+  }
   HarnessConfig empty;
   empty.mode = ForwardMode::TARGET_VERIFY;
   empty.requests = {{0, 3}, {21, 3}};

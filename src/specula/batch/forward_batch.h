@@ -39,6 +39,11 @@ struct SpecInfo {
   // TARGET_VERIFY tree mask: u8 (0/1), per request a row-major [num_draft_tokens,
   // seq_len + num_draft_tokens] block, requests concatenated. Empty means causal.
   std::vector<uint8_t> custom_mask;
+  // The mask's promise that every query sees its request's whole prefix [0, seq_len) (a tree
+  // over a shared prefix), so only each request's [num_draft_tokens, num_draft_tokens] tree block
+  // carries information. The CUDA backend then attends as decode does, per query over the prefix
+  // plus the tree tokens it sees.
+  bool prefix_visible = false;
   virtual ~SpecInfo() = default;
 };
 

@@ -11,6 +11,7 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
+#include "specula/core/pinned_buffer.h"
 #include "specula/kv/req_to_token_pool.h"
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/cuda_linear.h"
@@ -227,16 +228,18 @@ void upload_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t s) 
   CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
 }
 // Logits (and the captured hidden states of the first capture->data.size() values of slot 5)
-// to the host, then one sync.
-void download(std::vector<float>& logits, const float* src, int64_t count, HiddenCapture* capture,
+// to the host through pinned memory, then one sync.
+void download(PinnedBuffer& pinned, std::vector<float>& logits, const float* src, int64_t count, HiddenCapture* capture,
               const float* captured_states, cudaStream_t s) {
-  if (capture != nullptr && !capture->data.empty()) {
-    CUDA_CHECK(cudaMemcpyAsync(capture->data.data(), captured_states, capture->data.size() * sizeof(float),
-                               cudaMemcpyDeviceToHost, s));
+  const size_t captured = capture != nullptr ? capture->data.size() : 0;
+  float* host = pinned.reserve_as<float>(captured + static_cast<size_t>(count));
+  if (captured > 0) {
+    CUDA_CHECK(cudaMemcpyAsync(host, captured_states, captured * sizeof(float), cudaMemcpyDeviceToHost, s));
   }
-  logits.resize(static_cast<size_t>(count));
-  CUDA_CHECK(cudaMemcpyAsync(logits.data(), src, logits.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(host + captured, src, static_cast<size_t>(count) * sizeof(float), cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
+  if (captured > 0) std::copy_n(host, captured, capture->data.begin());
+  logits.assign(host + captured, host + captured + count);
 }
 }  // namespace
 
@@ -268,7 +271,7 @@ void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backen
     row_ids = b.data_as<const int32_t>();
   }
   const float* out = run_head(eager_, row_ids, count);
-  download(logits, out, count * c.vocab_size, capture, eager_.slots[5].data_as<const float>(), s);
+  download(pinned_, logits, out, count * c.vocab_size, capture, eager_.slots[5].data_as<const float>(), s);
 }
 
 ForwardBatch LlamaCudaModel::padding_batch(int batch_size) const {
@@ -339,7 +342,7 @@ bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBa
   upload_async(graph_ws_.slots[0], padded.input_ids, s);
   upload_async(graph_ws_.slots[1], padded.positions, s);
   CUDA_CHECK(cudaGraphLaunch(it->second->exec, s));
-  download(logits, graph_ws_.slots[17].data_as<const float>(), static_cast<int64_t>(batch.batch_size) * c.vocab_size,
+  download(pinned_, logits, graph_ws_.slots[17].data_as<const float>(), static_cast<int64_t>(batch.batch_size) * c.vocab_size,
            nullptr, nullptr, s);
   return true;
 }
@@ -351,6 +354,7 @@ ForwardBatch LlamaCudaModel::verify_padding_batch(int batch_size) const {
   b.batch_size = batch_size;
   auto info = std::make_shared<SpecInfo>();
   info->num_draft_tokens = N;
+  info->prefix_visible = true;
   const int32_t* row = verify_req_pool_->row(verify_padding_row_);
   for (int i = 0; i < batch_size; ++i) {
     b.req_pool_indices.push_back(verify_padding_row_);
@@ -411,7 +415,8 @@ void LlamaCudaModel::capture_verify_graphs(AttentionBackend& backend, std::vecto
 bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits,
                                           HiddenCapture* capture) {
   if (batch.forward_mode != ForwardMode::TARGET_VERIFY || batch.spec_info == nullptr ||
-      batch.spec_info->num_draft_tokens != verify_tokens_ || batch.spec_info->custom_mask.empty()) {
+      batch.spec_info->num_draft_tokens != verify_tokens_ || batch.spec_info->custom_mask.empty() ||
+      !batch.spec_info->prefix_visible) {
     return false;
   }
   if (capture != nullptr ? capture->layers != verify_capture_layers_ : !verify_capture_layers_.empty()) return false;
@@ -441,7 +446,7 @@ bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBa
   CUDA_CHECK(cudaGraphLaunch(it->second->exec, s));
   const int64_t n = batch.num_tokens();
   if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, c.hidden_size);
-  download(logits, verify_ws_.slots[17].data_as<const float>(), n * c.vocab_size, capture,
+  download(pinned_, logits, verify_ws_.slots[17].data_as<const float>(), n * c.vocab_size, capture,
            verify_ws_.slots[5].data_as<const float>(), s);
   return true;
 }

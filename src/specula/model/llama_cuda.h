@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "specula/attention/backend.h"
+#include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
 #include "specula/model/llama.h"
 
@@ -60,7 +61,7 @@ class LlamaCudaModel {
   void capture_verify_graphs(AttentionBackend& backend, std::vector<int> batch_sizes, int num_draft_tokens,
                              std::vector<int> capture_layers, int32_t padding_req_row, ReqToTokenPool* req_pool,
                              MHAKVPool* kv_pool);
-  // Runs a TARGET_VERIFY batch (with its tree mask) through the smallest verify graph that holds
+  // Runs a TARGET_VERIFY batch (with its tree mask, prefix visible) through the smallest verify graph that holds
   // it: logits of every token and the captured hidden states come back to the host. False
   // (nothing run) when no graph fits or the capture asks for other layers.
   bool forward_verify_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits,
@@ -101,6 +102,7 @@ class LlamaCudaModel {
   bool deterministic_;
   void* stream_ = nullptr;  // cudaStream_t
   std::unique_ptr<CudaLinear> linear_;
+  PinnedBuffer pinned_;  // logits and captured states on their way to the host
   Buffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<Layer> layers_;
   Workspace eager_;

@@ -7,12 +7,15 @@
 #include <algorithm>
 #include <functional>
 
+#include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
+#include "specula/core/pinned_buffer.h"
 #include "specula/model/cuda/cuda_linear.h"
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/model_ops.h"
 #include "specula/speculative/cuda/draft_kernels.h"
+#include "specula/speculative/cuda/eagle_input.h"
 
 namespace specula {
 
@@ -24,12 +27,6 @@ template <typename T>
 void upload_async(void* dst, const std::vector<T>& src, cudaStream_t s) {
   if (src.empty()) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, s));
-}
-
-template <typename T>
-void download_async(std::vector<T>& dst, const void* src, size_t count, cudaStream_t s) {
-  dst.resize(count);
-  if (count > 0) CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost, s));
 }
 
 // dst[r, offset : offset + width] = src[r, :] for rows of dst_width values.
@@ -190,10 +187,8 @@ void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const 
   const float eps = static_cast<float>(c.rms_norm_eps);
   const bool eagle3 = head_.kind() == EagleKind::EAGLE3;
   const int attn_in = eagle3 ? 2 * h : h;
-  float* emb = scratch(ws, kEmb, DType::f32, n * h).data_as<float>();
   float* x = scratch(ws, kX, DType::f32, n * h).data_as<float>();
   float* a = scratch(ws, kA, DType::f32, n * 2 * h).data_as<float>();
-  float* normed = scratch(ws, kNormed, DType::f32, n * h).data_as<float>();
   float* qkv = scratch(ws, kQkv, DType::f32, n * qkv_width).data_as<float>();
   Buffer& qb = scratch(ws, kQ, DType::bf16, n * Hq * D);
   Buffer& kb = scratch(ws, kK, DType::bf16, n * Hkv * D);
@@ -207,27 +202,23 @@ void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const 
   float* selected = scratch(ws, kSelected, DType::f32, std::max<int64_t>(rows, 1) * h).data_as<float>();
   float* logits = scratch(ws, kLogits, DType::f32, std::max<int64_t>(rows, 1) * head_.draft_vocab_size()).data_as<float>();
 
-  if (embed_.dtype() == DType::bf16) {
-    ck::embed_rows_bf16(embed_.data(), ids, emb, n, h, 1.0f, s);
-  } else {
-    ck::embed_rows(embed_.data_as<const float>(), ids, emb, n, h, 1.0f, s);
-  }
   const float* attn_input = nullptr;
   if (eagle3) {
     // x: the residual stream (fc over the target's fused layers, or the fed-back hidden state);
     // the attention reads [input_layernorm(embedding) ; hidden_norm(x)].
-    if (from_target) {
-      linear(ws, hidden_in, fc_, Buffer{}, x, n, head_.feature_size(), h);
-    } else {
-      CUDA_CHECK(cudaMemcpyAsync(x, hidden_in, static_cast<size_t>(n * h) * sizeof(float), cudaMemcpyDeviceToDevice, s));
-    }
-    ck::rms_norm_rows(emb, input_norm_.data_as<const float>(), normed, n, h, eps, s);
-    copy_columns(a, 2 * h, 0, normed, h, n, s);
-    ck::rms_norm_rows(x, hidden_norm_.data_as<const float>(), normed, n, h, eps, s);
-    copy_columns(a, 2 * h, h, normed, h, n, s);
+    if (from_target) linear(ws, hidden_in, fc_, Buffer{}, x, n, head_.feature_size(), h);
+    ck::eagle3_attention_input(embed_.data(), embed_.dtype() == DType::bf16, ids, from_target ? x : hidden_in,
+                               input_norm_.data_as<const float>(), hidden_norm_.data_as<const float>(), a,
+                               from_target ? nullptr : x, n, h, eps, s);
     attn_input = a;
   } else {
     // x = fc([embedding ; feature]); the layer has no input norm.
+    float* emb = scratch(ws, kEmb, DType::f32, n * h).data_as<float>();
+    if (embed_.dtype() == DType::bf16) {
+      ck::embed_rows_bf16(embed_.data(), ids, emb, n, h, 1.0f, s);
+    } else {
+      ck::embed_rows(embed_.data_as<const float>(), ids, emb, n, h, 1.0f, s);
+    }
     copy_columns(a, 2 * h, 0, emb, h, n, s);
     copy_columns(a, 2 * h, h, hidden_in, h, n, s);
     linear(ws, a, fc_, fc_bias_, x, n, 2 * h, h);
@@ -308,12 +299,21 @@ void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend,
   t.probs = top_probs;
   ck::draft_top_k(t, s);
   // The rows' hidden states (forward's kSelected holds them normed for EAGLE-3).
-  float* hidden = ws.slots[kNormed].data_as<float>();
+  float* hidden = scratch(ws, kNormed, DType::f32, rows * h).data_as<float>();
   ck::gather_rows(ws.slots[kX].data_as<const float>(), row_ids.data_as<const int32_t>(), hidden, rows, h, s);
-  download_async(root_hidden, hidden, static_cast<size_t>(rows * h), s);
-  download_async(root_tokens, top_tokens, static_cast<size_t>(rows * K), s);
-  download_async(root_probs, top_probs, static_cast<size_t>(rows * K), s);
+  // One sync for the three results, through pinned memory.
+  const auto nh = static_cast<size_t>(rows * h), nk = static_cast<size_t>(rows * K);
+  auto* host = static_cast<char*>(pinned_.reserve((nh + 2 * nk) * 4));
+  CUDA_CHECK(cudaMemcpyAsync(host, hidden, nh * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(host + nh * 4, top_tokens, nk * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(host + (nh + nk) * 4, top_probs, nk * 4, cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
+  const auto* hf = reinterpret_cast<const float*>(host);
+  const auto* ti = reinterpret_cast<const int32_t*>(host + nh * 4);
+  const auto* tp = reinterpret_cast<const float*>(host + (nh + nk) * 4);
+  root_hidden.assign(hf, hf + nh);
+  root_tokens.assign(ti, ti + nk);
+  root_probs.assign(tp, tp + nk);
 }
 
 void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
@@ -346,13 +346,13 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
     const int32_t* slots = ints + l.step_slots + (step - 1) * rows;
     const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
       draft_kv_.set_kv_buffer(0, TensorView(const_cast<int32_t*>(slots), DType::i32, {rows}, device), k, v, stream_);
-      ck::DraftAttentionParams p{};
+      ck::TreeAttentionParams p{};
       p.q = q.data();
       p.k_cache = draft_kv_.k_buffer(0).data();
       p.v_cache = draft_kv_.v_buffer(0).data();
       p.out = out.data();
       p.rows = static_cast<int>(rows);
-      p.k = K;
+      p.rows_per_seq = K;
       p.num_q_heads = layer.num_q_heads;
       p.num_kv_heads = layer.num_kv_heads;
       p.head_dim = layer.head_dim;
@@ -361,10 +361,11 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
       p.page_stride = page_stride_;
       p.page_size = options_.page_size;
       p.prefix_lens = ints + l.prefix_lens;
-      p.branch = st.branch;
+      p.branch_slots = st.branch;
       p.branch_stride = params_.num_steps;
       p.branch_len = step;
-      ck::draft_tree_attention(p, s);
+      p.branch_lens = nullptr;
+      ck::tree_attention(p, s);
     };
     forward(ws, rows, st.row_tokens, ints + l.positions + (step - 1) * rows, st.row_hidden, false, attend, nullptr, rows);
     ck::DraftTopKParams t{};
@@ -438,19 +439,21 @@ void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::ve
     loop_launches(extend_ws_, bs);
   }
   const int C = ck::draft_num_candidates(K, S);
-  std::vector<int32_t> tokens, parents;
-  std::vector<float> scores;
   const auto count = static_cast<size_t>(B) * C;
-  download_async(tokens, cand_tokens_.data(), count, s);
-  download_async(parents, cand_parents_.data(), count, s);
-  download_async(scores, cand_scores_.data(), count, s);
+  auto* host = static_cast<char*>(pinned_.reserve(3 * count * 4));
+  CUDA_CHECK(cudaMemcpyAsync(host, cand_tokens_.data(), count * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(host + count * 4, cand_parents_.data(), count * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(host + 2 * count * 4, cand_scores_.data(), count * 4, cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
+  const auto* tokens = reinterpret_cast<const int32_t*>(host);
+  const auto* parents = reinterpret_cast<const int32_t*>(host + count * 4);
+  const auto* scores = reinterpret_cast<const float*>(host + 2 * count * 4);
   for (int b = 0; b < B; ++b) {
     DraftCandidates& c = candidates[static_cast<size_t>(b)];
     const auto first = static_cast<int64_t>(b) * C;
-    c.tokens.assign(tokens.begin() + first, tokens.begin() + first + C);
-    c.parents.assign(parents.begin() + first, parents.begin() + first + C);
-    c.scores.assign(scores.begin() + first, scores.begin() + first + C);
+    c.tokens.assign(tokens + first, tokens + first + C);
+    c.parents.assign(parents + first, parents + first + C);
+    c.scores.assign(scores + first, scores + first + C);
     c.depths.resize(static_cast<size_t>(C));
     for (int i = 0; i < C; ++i) c.depths[static_cast<size_t>(i)] = i < K ? 1 : 2 + (i - K) / (K * K);
   }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "specula/attention/backend.h"
+#include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/model/eagle_head.h"
@@ -103,6 +104,7 @@ class EagleCudaHead {
   // The loop's device state (sized for max_batch) and its staged inputs.
   Buffer loop_ints_, loop_floats_;
   Buffer frontier_scores_, frontier_nodes_, row_tokens_, row_hidden_, branch_, cand_tokens_, cand_parents_, cand_scores_;
+  PinnedBuffer pinned_;  // downloads
   std::vector<int32_t> host_ints_;
   std::vector<float> host_floats_;
   std::map<int, std::unique_ptr<Graph>> graphs_;

@@ -247,6 +247,7 @@ void EagleWorker::verify(std::span<CycleItem> items) {
   b.batch_size = static_cast<int>(items.size());
   auto info = std::make_shared<SpecInfo>();
   info->num_draft_tokens = N;
+  info->prefix_visible = true;  // a tree over the request's whole KV
   for (const CycleItem& it : items) {
     const int32_t* row = target_.req_pool().row(it.req_pool_idx);
     const std::vector<int32_t> pos = tree_positions(it.tree, it.kv_len);

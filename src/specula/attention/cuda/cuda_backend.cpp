@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "specula/attention/cuda/kernels/attention_params.h"
+#include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/attention/cuda/dtype_code.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
@@ -117,12 +118,15 @@ struct CudaAttentionBackend::State {
   int local_stride = 0;
   int local_num_items = 0;
   bool has_custom_mask = false;
+  bool tree_path = false;  // TARGET_VERIFY with a visible prefix: the tree kernel's arrays are set
+  int tree_rows_per_seq = 0;
   std::map<HeadLayout, int> splits;
 
   // Per-step arrays every mode uses: one set for eager steps (grows freely) and one for CUDA
   // graphs (sized once, frozen, so captured kernels keep valid pointers).
   struct StepArrays {
     DeviceArray<int32_t> cu_q, kv_lens, pages, out_loc, items;
+    DeviceArray<int32_t> tree_slots, tree_lens, prefix_lens;  // TARGET_VERIFY through the tree kernel
     DeviceArray<float> partial_out, partial_lse;
     DeviceArray<int64_t> mask_offsets;
     DeviceArray<uint8_t> custom_mask;
@@ -165,11 +169,19 @@ void CudaAttentionBackend::check_layer(const AttentionLayer& layer, DType q_dtyp
   SPECULA_CHECK(!layer.use_local_attention || options_.attention_chunk_size > 0,
                 "layer {} uses local attention but the backend has no attention_chunk_size", layer.layer_id);
   layouts_.insert({layer.num_q_heads, layer.num_kv_heads, layer.use_local_attention});
+  all_layers_tree_ok_ = all_layers_tree_ok_ && tree_kernel_serves(layer, q_dtype, kv_dtype);
   state_->max_q_heads = std::max(state_->max_q_heads, layer.num_q_heads);
   state_->max_head_dim = std::max(state_->max_head_dim, layer.head_dim);
 }
 
 void CudaAttentionBackend::init_forward_metadata(const ForwardBatch& batch) { build_metadata(batch, false); }
+
+bool CudaAttentionBackend::tree_kernel_serves(const AttentionLayer& layer, DType q_dtype, DType kv_dtype) {
+  return q_dtype == DType::bf16 && kv_dtype == DType::bf16 &&
+         (layer.head_dim == 64 || layer.head_dim == 128 || layer.head_dim == 256) && layer.logit_cap == 0.0f &&
+         layer.sinks.empty() && layer.sliding_window_size < 0 && !layer.use_local_attention &&
+         layer.attn_type == AttentionType::DECODER;
+}
 
 int CudaAttentionBackend::plan_splits(int batch_size, int kv_head_blocks, int max_kv_len) const {
   // Deterministic: the same split of every request's keys whatever the batch and its lengths.
@@ -195,6 +207,7 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
   st.local_num_seqs = 0;
   st.local_num_items = 0;
   st.has_custom_mask = false;
+  st.tree_path = false;
   st.splits.clear();
   if (batch.forward_mode == ForwardMode::IDLE || batch.batch_size == 0) return;
   SPECULA_CHECK(batch.req_to_token_pool != nullptr && batch.token_to_kv_pool != nullptr,
@@ -264,18 +277,47 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
   }
   st.num_items = static_cast<int>(items.size() / 2);
   arrays.items.upload(items, st.device, st.stream);
-  // A captured verify step always reads a mask (its kernels were recorded with one).
-  SPECULA_CHECK(!graph || !batch.spec_info->custom_mask.empty(), "a CUDA-graph TARGET_VERIFY step needs its tree mask");
+  // A captured verify step always reads a tree mask whose prefix is visible (its kernels were
+  // recorded with one).
+  SPECULA_CHECK(!graph || (!batch.spec_info->custom_mask.empty() && batch.spec_info->prefix_visible),
+                "a CUDA-graph TARGET_VERIFY step needs its tree mask, with the prefix visible");
   if (batch.forward_mode == ForwardMode::TARGET_VERIFY && !batch.spec_info->custom_mask.empty()) {
+    const std::vector<uint8_t>& mask = batch.spec_info->custom_mask;
     std::vector<int64_t> offsets(static_cast<size_t>(bs));
     int64_t offset = 0;
     for (int i = 0; i < bs; ++i) {
       offsets[static_cast<size_t>(i)] = offset;
       offset += static_cast<int64_t>(q_lens[static_cast<size_t>(i)]) * kv_lens[static_cast<size_t>(i)];
     }
-    arrays.mask_offsets.upload(offsets, st.device, st.stream);
-    arrays.custom_mask.upload(batch.spec_info->custom_mask, st.device, st.stream);
-    st.has_custom_mask = true;
+    if (batch.spec_info->prefix_visible) {
+      // Per query row: the slots of the tree tokens its mask row shows.
+      const int N = batch.spec_info->num_draft_tokens;
+      std::vector<int32_t> slots(static_cast<size_t>(st.num_tokens) * N, 0), lens(static_cast<size_t>(st.num_tokens));
+      for (int i = 0; i < bs; ++i) {
+        const int32_t prefix = batch.seq_lens[static_cast<size_t>(i)];
+        const int32_t kv = kv_lens[static_cast<size_t>(i)];
+        for (int q = 0; q < N; ++q) {
+          const int64_t row = static_cast<int64_t>(i) * N + q;
+          const uint8_t* m = mask.data() + offsets[static_cast<size_t>(i)] + static_cast<int64_t>(q) * kv + prefix;
+          int count = 0;
+          for (int j = 0; j < N; ++j) {
+            if (m[j] != 0) slots[static_cast<size_t>(row * N + count++)] = batch.out_cache_loc[static_cast<size_t>(i * N + j)];
+          }
+          lens[static_cast<size_t>(row)] = count;
+        }
+      }
+      arrays.tree_slots.upload(slots, st.device, st.stream);
+      arrays.tree_lens.upload(lens, st.device, st.stream);
+      arrays.prefix_lens.upload(batch.seq_lens, st.device, st.stream);
+      st.tree_path = true;
+      st.tree_rows_per_seq = N;
+    }
+    // The full mask only when some layer attends through the prefill kernel.
+    if (!st.tree_path || !all_layers_tree_ok_) {
+      arrays.mask_offsets.upload(offsets, st.device, st.stream);
+      arrays.custom_mask.upload(mask, st.device, st.stream);
+      st.has_custom_mask = true;
+    }
   }
   if (options_.attention_chunk_size > 0) {
     const LocalAttentionBatches local = make_local_attention_virtual_batches(
@@ -345,6 +387,36 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
     pool.set_kv_buffer(layer.layer_id, loc, k, v, st.stream);
   }
 
+  if (st.tree_path && tree_kernel_serves(layer, q.dtype(), pool.dtype()) &&
+      q.stride(1) == layer.head_dim && q.stride(0) == static_cast<int64_t>(layer.num_q_heads) * layer.head_dim &&
+      out.stride(1) == layer.head_dim && out.stride(0) == static_cast<int64_t>(layer.num_q_heads) * layer.head_dim) {
+    ck::TreeAttentionParams t{};
+    t.q = q.data();
+    t.k_cache = pool.k_buffer(layer.layer_id).data();
+    t.v_cache = pool.v_buffer(layer.layer_id).data();
+    t.out = out.data();
+    t.rows = static_cast<int>(n);
+    t.rows_per_seq = st.tree_rows_per_seq;
+    t.num_q_heads = layer.num_q_heads;
+    t.num_kv_heads = layer.num_kv_heads;
+    t.head_dim = layer.head_dim;
+    t.scale = layer.effective_scaling();
+    t.prefix_pages = st.active->pages.data();
+    t.page_stride = st.page_table_stride;
+    t.page_size = options_.page_size;
+    t.prefix_lens = st.active->prefix_lens.data();
+    t.branch_slots = st.active->tree_slots.data();
+    t.branch_stride = st.tree_rows_per_seq;
+    t.branch_len = 0;
+    t.branch_lens = st.active->tree_lens.data();
+    t.lse = options.lse.defined() ? options.lse.data_as<float>() : nullptr;
+    t.lse_stride_token = options.lse.defined() ? options.lse.stride(0) : 0;
+    ck::tree_attention(t, st.stream);
+    return;
+  }
+  SPECULA_CHECK(!st.tree_path || st.has_custom_mask,
+                "layer {}: this TARGET_VERIFY step was planned for the tree kernel, which cannot serve the layer "
+                "(non-contiguous q or output)", layer.layer_id);
   const bool local = layer.use_local_attention;
   const bool decode = batch.forward_mode == ForwardMode::DECODE;
   SPECULA_CHECK(!(local && st.has_custom_mask), "layer {}: local attention with a tree mask is not supported",
@@ -437,6 +509,10 @@ void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens)
   g.items.reserve(2 * static_cast<size_t>(max_num_tokens), st.device);
   g.mask_offsets.reserve(static_cast<size_t>(max_bs), st.device);
   g.custom_mask.reserve(static_cast<size_t>(max_num_tokens) * options_.max_context_len, st.device);
+  const size_t tree_width = static_cast<size_t>(max_num_tokens / max_bs);
+  g.tree_slots.reserve(static_cast<size_t>(max_num_tokens) * tree_width, st.device);
+  g.tree_lens.reserve(static_cast<size_t>(max_num_tokens), st.device);
+  g.prefix_lens.reserve(static_cast<size_t>(max_bs), st.device);
   size_t rows = 1;
   for (int bs = 1; bs <= max_bs; ++bs) {
     for (const HeadLayout& layout : layouts_) {
@@ -447,7 +523,9 @@ void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens)
   }
   g.partial_lse.reserve(rows, st.device);
   g.partial_out.reserve(rows * st.max_head_dim, st.device);
-  for (auto* a : {&g.cu_q, &g.kv_lens, &g.pages, &g.out_loc, &g.items}) a->freeze();
+  for (auto* a : {&g.cu_q, &g.kv_lens, &g.pages, &g.out_loc, &g.items, &g.tree_slots, &g.tree_lens, &g.prefix_lens}) {
+    a->freeze();
+  }
   g.partial_lse.freeze();
   g.partial_out.freeze();
   g.mask_offsets.freeze();

@@ -3,7 +3,9 @@
 // extend with cached prefix, decode (split-KV), causal and non-causal varlen, MHA/GQA/MQA,
 // head_dim 64/80/96/128/256, any power-of-two page size, sliding window, local chunked
 // attention, soft-cap, sinks, custom scale, TARGET_VERIFY tree masks, LSE output, fp8 descale;
-// and the CUDA-graph hooks for decode.
+// and the CUDA-graph hooks for DECODE and TARGET_VERIFY. Verify steps whose mask promises a
+// visible prefix (SpecInfo::prefix_visible) attend per query over the prefix plus the tree tokens
+// it sees (kernels/tree_attention), decode-like, instead of through 64-row prefill tiles.
 #pragma once
 
 #include <map>
@@ -51,6 +53,9 @@ class CudaAttentionBackend final : public AttentionBackend {
   using HeadLayout = std::tuple<int, int, bool>;  // (num_q_heads, num_kv_heads, local)
 
   void build_metadata(const ForwardBatch& batch, bool graph);
+  // Whether TARGET_VERIFY steps of this layer can attend through the tree kernel (bf16 in and out,
+  // no soft-cap, sinks, window or local attention).
+  static bool tree_kernel_serves(const AttentionLayer& layer, DType q_dtype, DType kv_dtype);
   int plan_splits(int batch_size, int kv_head_blocks, int max_kv_len) const;
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options);
@@ -58,6 +63,7 @@ class CudaAttentionBackend final : public AttentionBackend {
   AttentionBackendOptions options_;
   int num_sms_ = 0;
   mutable std::set<HeadLayout> layouts_;
+  mutable bool all_layers_tree_ok_ = true;
   State* state_;
 };
 

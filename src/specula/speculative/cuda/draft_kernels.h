@@ -1,8 +1,9 @@
 // GPU kernels of the EAGLE tree-draft loop (EagleWorker::draft_steps on the device): the draft
-// head's per-row top-k over its softmax, the tree-expansion bookkeeping (candidate arrays,
-// frontier rows, their branches of KV slots) and the draft head's attention over a request's
-// shared prefix plus the row's own branch. Raw pointers only; every launch is graph-capturable
-// (no allocation, no sync, no host reads) and deterministic.
+// head's per-row top-k over its softmax and the tree-expansion bookkeeping (candidate arrays,
+// frontier rows, their branches of KV slots). The draft head's attention over a request's
+// shared prefix plus the row's own branch is tree_attention
+// (attention/cuda/kernels/tree_attention.h). Raw pointers only; every launch is
+// graph-capturable (no allocation, no sync, no host reads) and deterministic.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -58,26 +59,5 @@ void draft_select(const DraftTreeState& st, int step,
                   const float* child_probs,     // [rows, k]
                   const float* step_hidden,     // [rows, hidden] the rows' outputs of this step
                   cudaStream_t s);
-
-// softmax(scale * q.k) over the union of the request's prefix keys and the row's branch keys.
-struct DraftAttentionParams {
-  const void* q;        // bf16 [rows, num_q_heads, head_dim]
-  const void* k_cache;  // bf16 [num_slots, num_kv_heads, head_dim] (already holds the rows' own K/V)
-  const void* v_cache;  // bf16 [num_slots, num_kv_heads, head_dim]
-  void* out;            // bf16 [rows, num_q_heads, head_dim]
-  int rows, k;          // request of row r is r / k
-  int num_q_heads, num_kv_heads, head_dim;  // head_dim 64, 128 or 256; num_q_heads a multiple of num_kv_heads
-  float scale;
-  // Prefix key t of request b sits in slot prefix_pages[b * page_stride + t / page_size] * page_size + t % page_size.
-  const int32_t* prefix_pages;  // [batch, page_stride]
-  int page_stride;
-  int page_size;
-  const int32_t* prefix_lens;  // [batch]
-  // Branch key i of row r sits in slot branch[r * branch_stride + i], i < branch_len.
-  const int32_t* branch;  // [rows, branch_stride]
-  int branch_stride;
-  int branch_len;
-};
-void draft_tree_attention(const DraftAttentionParams& p, cudaStream_t s);
 
 }  // namespace specula::cuda_kernels

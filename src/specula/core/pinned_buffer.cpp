@@ -1,0 +1,25 @@
+// PinnedBuffer: cudaMallocHost / cudaFreeHost.
+#include "specula/core/pinned_buffer.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "specula/core/cuda_check.h"
+
+namespace specula {
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_ != nullptr) cudaFreeHost(data_);
+}
+
+void* PinnedBuffer::reserve(size_t bytes) {
+  if (bytes <= capacity_ && data_ != nullptr) return data_;
+  if (data_ != nullptr) CUDA_CHECK(cudaFreeHost(data_));
+  data_ = nullptr;
+  capacity_ = std::max<size_t>(bytes, 4096);
+  CUDA_CHECK(cudaMallocHost(&data_, capacity_));
+  return data_;
+}
+
+}  // namespace specula

@@ -1,0 +1,299 @@
+// tree_attention (attention/cuda/kernels/tree_attention.h) against a float64 attention over
+// exactly the keys each row may see: its sequence's paged prefix plus its own list of KV slots,
+// with one uniform length (the EAGLE draft loop: distinct slots per row) or per-row lengths (a
+// verify tree: rows of a sequence pick subsets of the sequence's tree slots). Random inputs; the
+// seed is printed and can be fixed with SPECULA_TEST_SEED. Skipped where no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "specula/attention/cuda/kernels/tree_attention.h"
+#include "specula/core/cuda_check.h"
+#include "specula/core/device.h"
+
+namespace specula {
+namespace {
+
+namespace ck = cuda_kernels;
+
+// Entries the kernel must never read (page-table and slot-list padding): far outside any cache.
+constexpr int32_t kPoison = 1 << 30;
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("SPECULA_TEST_SEED");
+    const uint64_t s = env != nullptr ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::printf("cuda_tree_attention_test seed %llu (set SPECULA_TEST_SEED to repeat)\n",
+                static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+// A device array; owns its memory.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : n_(n) {
+    void* raw = nullptr;
+    CUDA_CHECK(cudaMalloc(&raw, std::max<size_t>(n, 1) * sizeof(T)));
+    ptr_ = static_cast<T*>(raw);
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
+    CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(ptr_); }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+  void fill_bytes(int value) { CUDA_CHECK(cudaMemset(ptr_, value, n_ * sizeof(T))); }
+  T* get() const { return ptr_; }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_;
+};
+
+uint16_t to_bf16(float x) {  // round to nearest even (inputs are finite)
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+float from_bf16(uint16_t x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
+
+enum class Lengths {
+  kUniform,  // branch_len for every row, distinct slots per row (the draft loop)
+  kPerRow,   // branch_lens: random in [0, branch_stride] ([1, ..] where the prefix is empty),
+             // a random subset of the sequence's branch_stride tree slots (a verify tree)
+};
+
+struct TreeCase {
+  int num_seqs, rows_per_seq, num_kv_heads, group, head_dim, page_size;
+  int branch_stride;
+  int branch_len;  // kUniform only; <= branch_stride
+  Lengths lengths;
+  float scale_mul;  // scale = scale_mul / sqrt(head_dim); larger is peakier
+};
+
+// Random bf16 inputs of one case, on the host (bf16 bits); params without device pointers.
+struct TreeInputs {
+  ck::TreeAttentionParams p{};
+  std::vector<uint16_t> q, k_cache, v_cache;
+  std::vector<int32_t> pages, prefix_lens, branch_slots, branch_lens;  // branch_lens: every row's length
+};
+
+TreeInputs make_inputs(const TreeCase& c, std::mt19937_64& rng) {
+  TreeInputs in;
+  const int rows = c.num_seqs * c.rows_per_seq, Hq = c.num_kv_heads * c.group, D = c.head_dim;
+  std::uniform_real_distribution<float> qd(-2.0f, 2.0f), kvd(-1.0f, 1.0f);
+  // Prefix lengths: one long (~3000), one empty where there are several, the rest short.
+  in.prefix_lens.resize(static_cast<size_t>(c.num_seqs));
+  for (int b = 0; b < c.num_seqs; ++b) {
+    in.prefix_lens[b] = b == 0 ? 2900 + static_cast<int>(rng() % 200) : (b == 1 ? 0 : 1 + static_cast<int>(rng() % 300));
+  }
+  const int max_prefix = *std::max_element(in.prefix_lens.begin(), in.prefix_lens.end());
+  const int page_stride = std::max(1, (max_prefix + c.page_size - 1) / c.page_size);
+  const int total_pages = c.num_seqs * page_stride + 8;
+  // Pages of all sequences are a random permutation of the pool; branch slots come after it.
+  std::vector<int32_t> pool(static_cast<size_t>(total_pages));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  in.pages.assign(static_cast<size_t>(c.num_seqs) * page_stride, kPoison);
+  for (int b = 0; b < c.num_seqs; ++b) {
+    const int used = (in.prefix_lens[b] + c.page_size - 1) / c.page_size;
+    for (int i = 0; i < used; ++i) in.pages[static_cast<size_t>(b) * page_stride + i] = pool[b * page_stride + i];
+  }
+  const int branch_base = total_pages * c.page_size;
+  const int S = c.branch_stride;
+  in.branch_slots.assign(static_cast<size_t>(rows) * S, kPoison);
+  in.branch_lens.resize(static_cast<size_t>(rows));
+  int num_branch_slots = 0;
+  if (c.lengths == Lengths::kUniform) {
+    // Distinct slots for every (row, depth), in random places.
+    std::vector<int32_t> branch_pool(static_cast<size_t>(rows) * c.branch_len);
+    std::iota(branch_pool.begin(), branch_pool.end(), branch_base);
+    std::shuffle(branch_pool.begin(), branch_pool.end(), rng);
+    for (int r = 0; r < rows; ++r) {
+      in.branch_lens[r] = c.branch_len;
+      for (int i = 0; i < c.branch_len; ++i) {
+        in.branch_slots[static_cast<size_t>(r) * S + i] = branch_pool[static_cast<size_t>(r) * c.branch_len + i];
+      }
+    }
+    num_branch_slots = static_cast<int>(branch_pool.size());
+  } else {
+    // Each sequence owns S tree slots; a row sees a random subset of them in random order, of
+    // random length (at least one key where the prefix is empty). A sequence's first row gets
+    // the shortest length and its last the full stride, so both ends are always covered.
+    std::vector<int32_t> tree_pool(static_cast<size_t>(c.num_seqs) * S);
+    std::iota(tree_pool.begin(), tree_pool.end(), branch_base);
+    std::shuffle(tree_pool.begin(), tree_pool.end(), rng);
+    for (int r = 0; r < rows; ++r) {
+      const int b = r / c.rows_per_seq, j = r % c.rows_per_seq;
+      const int lo = in.prefix_lens[b] > 0 ? 0 : 1;
+      int len = lo + static_cast<int>(rng() % static_cast<uint64_t>(S - lo + 1));
+      if (c.rows_per_seq >= 2 && j == 0) len = lo;
+      if (c.rows_per_seq >= 2 && j == c.rows_per_seq - 1) len = S;
+      std::vector<int32_t> seen(tree_pool.begin() + static_cast<ptrdiff_t>(b) * S,
+                                tree_pool.begin() + static_cast<ptrdiff_t>(b + 1) * S);
+      std::shuffle(seen.begin(), seen.end(), rng);
+      in.branch_lens[r] = len;
+      std::copy_n(seen.begin(), len, in.branch_slots.begin() + static_cast<ptrdiff_t>(r) * S);
+    }
+    num_branch_slots = static_cast<int>(tree_pool.size());
+  }
+  const int num_slots = branch_base + num_branch_slots;
+  in.q.resize(static_cast<size_t>(rows) * Hq * D);
+  for (auto& x : in.q) x = to_bf16(qd(rng));
+  in.k_cache.resize(static_cast<size_t>(num_slots) * c.num_kv_heads * D);
+  in.v_cache.resize(in.k_cache.size());
+  for (auto& x : in.k_cache) x = to_bf16(kvd(rng));
+  for (auto& x : in.v_cache) x = to_bf16(kvd(rng));
+
+  in.p.rows = rows;
+  in.p.rows_per_seq = c.rows_per_seq;
+  in.p.num_q_heads = Hq;
+  in.p.num_kv_heads = c.num_kv_heads;
+  in.p.head_dim = D;
+  in.p.scale = c.scale_mul / std::sqrt(static_cast<float>(D));
+  in.p.page_stride = page_stride;
+  in.p.page_size = c.page_size;
+  in.p.branch_stride = S;
+  in.p.branch_len = c.lengths == Lengths::kUniform ? c.branch_len : -1;  // ignored with branch_lens
+  return in;
+}
+
+// float64 attention over the prefix and branch keys of every (row, q head); zeros for a row
+// without any key.
+std::vector<double> reference_attention(const TreeInputs& in) {
+  const ck::TreeAttentionParams& p = in.p;
+  const int D = p.head_dim, group = p.num_q_heads / p.num_kv_heads;
+  std::vector<double> out(static_cast<size_t>(p.rows) * p.num_q_heads * D, 0.0);
+  for (int r = 0; r < p.rows; ++r) {
+    const int b = r / p.rows_per_seq;
+    std::vector<int64_t> slots;
+    for (int t = 0; t < in.prefix_lens[b]; ++t) {
+      slots.push_back(static_cast<int64_t>(in.pages[static_cast<size_t>(b) * p.page_stride + t / p.page_size]) *
+                          p.page_size + t % p.page_size);
+    }
+    for (int i = 0; i < in.branch_lens[r]; ++i) {
+      slots.push_back(in.branch_slots[static_cast<size_t>(r) * p.branch_stride + i]);
+    }
+    for (int h = 0; h < p.num_q_heads; ++h) {
+      const int kvh = h / group;
+      const uint16_t* q = in.q.data() + (static_cast<size_t>(r) * p.num_q_heads + h) * D;
+      std::vector<double> s(slots.size());
+      double mx = -INFINITY;
+      for (size_t t = 0; t < slots.size(); ++t) {
+        const uint16_t* kr = in.k_cache.data() + (static_cast<size_t>(slots[t]) * p.num_kv_heads + kvh) * D;
+        double dot = 0;
+        for (int d = 0; d < D; ++d) dot += static_cast<double>(from_bf16(q[d])) * from_bf16(kr[d]);
+        s[t] = dot * p.scale;
+        mx = std::max(mx, s[t]);
+      }
+      double sum = 0;
+      for (double& x : s) sum += x = std::exp(x - mx);
+      double* o = out.data() + (static_cast<size_t>(r) * p.num_q_heads + h) * D;
+      for (size_t t = 0; t < slots.size(); ++t) {
+        const uint16_t* vr = in.v_cache.data() + (static_cast<size_t>(slots[t]) * p.num_kv_heads + kvh) * D;
+        for (int d = 0; d < D; ++d) o[d] += s[t] / sum * from_bf16(vr[d]);
+      }
+    }
+  }
+  return out;
+}
+
+void run_case(const TreeCase& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(::testing::Message() << "seqs " << c.num_seqs << " rows_per_seq " << c.rows_per_seq << " kv heads "
+                                    << c.num_kv_heads << " group " << c.group << " head_dim " << c.head_dim
+                                    << " page_size " << c.page_size << " branch_stride " << c.branch_stride
+                                    << (c.lengths == Lengths::kUniform ? " branch_len " : " per-row lengths")
+                                    << (c.lengths == Lengths::kUniform ? std::to_string(c.branch_len) : "")
+                                    << " scale x" << c.scale_mul);
+  const TreeInputs in = make_inputs(c, rng);
+  DeviceArray<uint16_t> q(in.q), k_cache(in.k_cache), v_cache(in.v_cache), out(in.q.size());
+  DeviceArray<int32_t> pages(in.pages), prefix_lens(in.prefix_lens), branch_slots(in.branch_slots),
+      branch_lens(in.branch_lens);
+  out.fill_bytes(0xff);  // NaN bf16 wherever the kernel does not write
+  ck::TreeAttentionParams p = in.p;
+  p.q = q.get();
+  p.k_cache = k_cache.get();
+  p.v_cache = v_cache.get();
+  p.out = out.get();
+  p.prefix_pages = pages.get();
+  p.prefix_lens = prefix_lens.get();
+  p.branch_slots = branch_slots.get();
+  p.branch_lens = c.lengths == Lengths::kPerRow ? branch_lens.get() : nullptr;
+  ck::tree_attention(p, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> got = out.download();
+  const std::vector<double> ref = reference_attention(in);
+  double max_err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = from_bf16(got[i]);
+    // bf16 output rounding is 2^-9 relative; f32 accumulation adds far less.
+    ASSERT_NEAR(g, ref[i], 2e-3 + 1e-2 * std::fabs(ref[i]))
+        << "row " << i / (static_cast<size_t>(p.num_q_heads) * p.head_dim) << " element " << i;
+    max_err = std::max(max_err, std::fabs(g - ref[i]));
+  }
+  std::printf("tree_attention head_dim %d group %d rows_per_seq %d%s: max abs error %.2e\n", c.head_dim, c.group,
+              c.rows_per_seq, c.lengths == Lengths::kPerRow ? " per-row" : "", max_err);
+}
+
+// The draft loop's shape: rows_per_seq = topk, one uniform branch length (the step), distinct
+// slots per row, a stride wider than the length (a [rows, num_steps] array).
+TEST(CudaTreeAttention, UniformBranchMatchesFloat64Reference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(test_seed());
+  const std::vector<TreeCase> cases = {
+      {2, 4, 2, 1, 64, 16, 5, 3, Lengths::kUniform, 1.0f},   {3, 1, 1, 4, 64, 1, 3, 1, Lengths::kUniform, 1.0f},
+      {2, 4, 2, 2, 128, 1, 8, 6, Lengths::kUniform, 1.0f},   {1, 4, 1, 7, 64, 16, 7, 5, Lengths::kUniform, 4.0f},
+      {2, 1, 2, 4, 128, 16, 4, 2, Lengths::kUniform, 4.0f},  {1, 4, 1, 16, 64, 16, 6, 4, Lengths::kUniform, 1.0f},
+      {2, 2, 1, 2, 256, 16, 4, 2, Lengths::kUniform, 1.0f},  {3, 4, 2, 4, 64, 1, 8, 6, Lengths::kUniform, 8.0f},
+      {2, 4, 4, 8, 128, 16, 3, 1, Lengths::kUniform, 1.0f},
+      // branch_len 0: the prefix alone; sequence 1 has no key at all and gets zeros.
+      {3, 4, 2, 2, 64, 16, 4, 0, Lengths::kUniform, 1.0f},
+  };
+  for (const TreeCase& c : cases) run_case(c, rng);
+}
+
+// The verify shape: rows_per_seq = the tree's tokens, per-row lengths in [0, branch_stride]
+// (never 0 for sequence 1, whose prefix is empty), rows of a sequence sharing its tree slots.
+TEST(CudaTreeAttention, PerRowBranchLengthsMatchFloat64Reference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(test_seed() + 1);
+  std::vector<TreeCase> cases;
+  for (int rows_per_seq : {8, 32}) {
+    for (int head_dim : {64, 128}) {
+      for (int group : {1, 2, 4}) {
+        const int kv_heads = group == 4 ? 2 : 4 / group;
+        const int page_size = group == 2 ? 1 : 16;
+        cases.push_back({3, rows_per_seq, kv_heads, group, head_dim, page_size, rows_per_seq, 0, Lengths::kPerRow,
+                         head_dim == 64 ? 4.0f : 1.0f});
+      }
+    }
+  }
+  // Odd shapes: a stride other than rows_per_seq, a single-row sequence, head_dim 256, a group
+  // spread over several blocks.
+  cases.push_back({4, 8, 2, 2, 128, 16, 11, 0, Lengths::kPerRow, 1.0f});
+  cases.push_back({3, 1, 1, 4, 64, 16, 6, 0, Lengths::kPerRow, 1.0f});
+  cases.push_back({2, 8, 1, 4, 256, 16, 8, 0, Lengths::kPerRow, 1.0f});
+  cases.push_back({2, 8, 1, 12, 64, 1, 8, 0, Lengths::kPerRow, 8.0f});
+  for (const TreeCase& c : cases) run_case(c, rng);
+}
+
+}  // namespace
+}  // namespace specula
