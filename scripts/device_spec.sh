@@ -23,7 +23,7 @@ bench() {  # name bs flags...
   "$build/bin/specula" bench serve --device cuda --model models/specula-byte-6m --dataset text \
     --num-requests $((bs * 4)) --max-running-requests "$bs" --input-len 128 --output-len 256 "$@" \
     --json "$out/spec_${name}_bs$bs.json" >"$out/spec_${name}_bs$bs.log" 2>&1
-  printf "%-22s bs=%-3s %s\n" "$name" "$bs" "$(grep -E 'output tokens/s|mean accept|per cycle' "$out/spec_${name}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
+  printf "%-22s bs=%-3s %s\n" "$name" "$bs" "$(grep -E 'output tokens/s|decode tokens/s|mean accept|per cycle' "$out/spec_${name}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
 }
 for bs in ${SPEC_BATCHES:-1 8 32}; do
   bench plain "$bs"

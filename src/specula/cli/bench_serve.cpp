@@ -150,6 +150,9 @@ void run(const Options& o) {
 
   std::vector<double> ttft, itl, latency;
   int64_t in_tokens = 0, out_tokens = 0, cached = 0;
+  // Decode speed as a request sees it: tokens after the first over the time after the first
+  // (prefill and queueing excluded), averaged over requests.
+  double decode_rate_sum = 0;
   for (const RequestOutput& out : outs) {
     SPECULA_CHECK(out.finish_reason == "length", "request {} ended with '{}'", out.id, out.finish_reason);
     ttft.push_back(out.time_to_first_token_s);
@@ -158,7 +161,10 @@ void run(const Options& o) {
     in_tokens += static_cast<int64_t>(out.prompt_ids.size());
     out_tokens += static_cast<int64_t>(out.output_ids.size());
     cached += out.cached_tokens;
+    const double decode_s = out.latency_s - out.time_to_first_token_s;
+    if (out.output_ids.size() > 1 && decode_s > 0) decode_rate_sum += static_cast<double>(out.output_ids.size() - 1) / decode_s;
   }
+  const double decode_rate = decode_rate_sum / static_cast<double>(outs.size());
   const SchedulerStats stats = engine->stats();
   const Summary t = summarize(ttft), i = summarize(itl), l = summarize(latency);
   const double hit_rate = static_cast<double>(cached) / static_cast<double>(in_tokens);
@@ -169,6 +175,7 @@ void run(const Options& o) {
   fmt::print("{:<32} {:>12.2f}\n", "request throughput req/s", o.num_requests / duration);
   fmt::print("{:<32} {:>12.1f}\n", "input tokens/s", static_cast<double>(in_tokens) / duration);
   fmt::print("{:<32} {:>12.1f}\n", "output tokens/s", static_cast<double>(out_tokens) / duration);
+  fmt::print("{:<32} {:>12.1f}\n", "decode tokens/s per request", decode_rate);
   fmt::print("{:<32} {:>12.1f} {:>10.1f} {:>10.1f}\n", "TTFT ms (mean, median, p99)", t.mean * 1e3, t.median * 1e3, t.p99 * 1e3);
   fmt::print("{:<32} {:>12.2f} {:>10.2f} {:>10.2f}\n", "ITL ms (mean, median, p99)", i.mean * 1e3, i.median * 1e3, i.p99 * 1e3);
   fmt::print("{:<32} {:>12.1f} {:>10.1f} {:>10.1f}\n", "latency ms (mean, median, p99)", l.mean * 1e3, l.median * 1e3, l.p99 * 1e3);
@@ -197,6 +204,7 @@ void run(const Options& o) {
                               {"num_requests", o.num_requests},
                               {"input_len", o.input_len},
                               {"output_len", o.output_len},
+                              {"decode_tokens_per_s_per_request", decode_rate},
                               {"request_rate", o.request_rate},
                               {"duration_s", duration},
                               {"request_throughput", o.num_requests / duration},

@@ -59,6 +59,27 @@ EagleCudaHead::LoopLayout EagleCudaHead::layout(int batch) const {
   return l;
 }
 
+// The extend graphs' staged inputs for `batch` requests of N = num_draft_tokens rows each.
+struct EagleCudaHead::ExtendLayout {
+  int64_t ids = 0, positions = 0, slots = 0, prefix_lens = 0, pages = 0, branch = 0, branch_lens = 0, last_rows = 0,
+          ints = 0, floats = 0;
+};
+
+EagleCudaHead::ExtendLayout EagleCudaHead::extend_layout(int batch) const {
+  const int64_t N = params_.num_draft_tokens, rows = batch * N;
+  ExtendLayout l;
+  l.positions = l.ids + rows;
+  l.slots = l.positions + rows;
+  l.prefix_lens = l.slots + rows;
+  l.pages = l.prefix_lens + batch;
+  l.branch = l.pages + static_cast<int64_t>(batch) * page_stride_;
+  l.branch_lens = l.branch + rows * N;
+  l.last_rows = l.branch_lens + rows;
+  l.ints = l.last_rows + batch;
+  l.floats = rows * head_.feature_size();
+  return l;
+}
+
 struct EagleCudaHead::Graph {
   cudaGraphExec_t exec = nullptr;
   ~Graph() {
@@ -123,10 +144,41 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
 
   std::vector<int> sizes = options.graph_batch_sizes;
   std::erase_if(sizes, [&](int bs) { return bs > options.max_batch; });
-  if (sizes.empty() || params.num_steps < 2) return;
-  SPECULA_CHECK(options.padding_slot >= 0, "draft-loop CUDA graphs need a padding KV slot");
+  if (sizes.empty()) return;
+  SPECULA_CHECK(options.padding_slot >= 0, "draft CUDA graphs need a padding KV slot");
   std::sort(sizes.begin(), sizes.end(), std::greater<>());
   const auto s = static_cast<cudaStream_t>(stream_);
+  const ExtendLayout le = extend_layout(options.max_batch);
+  ext_ints_ = Buffer(DType::i32, {le.ints}, device);
+  ext_floats_ = Buffer(DType::f32, {le.floats}, device);
+  // Padding everywhere: one-token prefixes and one-key branches in the padding slot.
+  for (int bs : sizes) {
+    const ExtendLayout lb = extend_layout(bs);
+    const int N = params.num_draft_tokens;
+    host_ints_.assign(static_cast<size_t>(lb.ints), options.padding_slot);
+    std::fill_n(host_ints_.begin() + lb.ids, static_cast<int64_t>(bs) * N, 0);
+    std::fill_n(host_ints_.begin() + lb.positions, static_cast<int64_t>(bs) * N, 0);
+    std::fill_n(host_ints_.begin() + lb.prefix_lens, bs, 1);
+    std::fill_n(host_ints_.begin() + lb.pages, static_cast<int64_t>(bs) * page_stride_, options.padding_slot / options.page_size);
+    std::fill_n(host_ints_.begin() + lb.branch_lens, static_cast<int64_t>(bs) * N, 1);
+    for (int b = 0; b < bs; ++b) host_ints_[static_cast<size_t>(lb.last_rows + b)] = b * N;
+    host_floats_.assign(static_cast<size_t>(lb.floats), 0.0f);
+    upload_async(ext_ints_.data(), host_ints_, s);
+    upload_async(ext_floats_.data(), host_floats_, s);
+    extend_launches(extend_graph_ws_, bs);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    extend_graph_ws_.frozen = true;
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    extend_launches(extend_graph_ws_, bs);
+    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    auto g = std::make_unique<Graph>();
+    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(err);
+    extend_graphs_[bs] = std::move(g);
+  }
+  if (params.num_steps < 2) return;
   // The largest first: its warm-up sizes the loop workspace, which is then frozen.
   for (int bs : sizes) {
     const LoopLayout lb = layout(bs);
@@ -301,12 +353,17 @@ void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend,
   // The rows' hidden states (forward's kSelected holds them normed for EAGLE-3).
   float* hidden = scratch(ws, kNormed, DType::f32, rows * h).data_as<float>();
   ck::gather_rows(ws.slots[kX].data_as<const float>(), row_ids.data_as<const int32_t>(), hidden, rows, h, s);
-  // One sync for the three results, through pinned memory.
-  const auto nh = static_cast<size_t>(rows * h), nk = static_cast<size_t>(rows * K);
+  download_roots(ws, rows, root_hidden, root_tokens, root_probs);
+}
+
+void EagleCudaHead::download_roots(Workspace& ws, int64_t rows, std::vector<float>& root_hidden,
+                                   std::vector<int32_t>& root_tokens, std::vector<float>& root_probs) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const auto nh = static_cast<size_t>(rows * head_.hidden_size()), nk = static_cast<size_t>(rows * params_.topk);
   auto* host = static_cast<char*>(pinned_.reserve((nh + 2 * nk) * 4));
-  CUDA_CHECK(cudaMemcpyAsync(host, hidden, nh * 4, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaMemcpyAsync(host + nh * 4, top_tokens, nk * 4, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaMemcpyAsync(host + (nh + nk) * 4, top_probs, nk * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(host, ws.slots[kNormed].data(), nh * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(host + nh * 4, ws.slots[kTopTokens].data(), nk * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(host + (nh + nk) * 4, ws.slots[kTopProbs].data(), nk * 4, cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
   const auto* hf = reinterpret_cast<const float*>(host);
   const auto* ti = reinterpret_cast<const int32_t*>(host + nh * 4);
@@ -314,6 +371,99 @@ void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend,
   root_hidden.assign(hf, hf + nh);
   root_tokens.assign(ti, ti + nk);
   root_probs.assign(tp, tp + nk);
+}
+
+void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const Device device = draft_kv_.config().device;
+  const int N = params_.num_draft_tokens, K = params_.topk, h = head_.hidden_size();
+  const int64_t rows = static_cast<int64_t>(batch) * N;
+  const ExtendLayout l = extend_layout(batch);
+  const int32_t* ints = ext_ints_.data_as<const int32_t>();
+  const AttentionLayer& layer = head_.attention_layer();
+  const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
+    draft_kv_.set_kv_buffer(0, TensorView(const_cast<int32_t*>(ints + l.slots), DType::i32, {rows}, device), k, v, stream_);
+    ck::TreeAttentionParams p{};
+    p.q = q.data();
+    p.k_cache = draft_kv_.k_buffer(0).data();
+    p.v_cache = draft_kv_.v_buffer(0).data();
+    p.out = out.data();
+    p.rows = static_cast<int>(rows);
+    p.rows_per_seq = N;
+    p.num_q_heads = layer.num_q_heads;
+    p.num_kv_heads = layer.num_kv_heads;
+    p.head_dim = layer.head_dim;
+    p.scale = layer.effective_scaling();
+    p.prefix_pages = ints + l.pages;
+    p.page_stride = page_stride_;
+    p.page_size = options_.page_size;
+    p.prefix_lens = ints + l.prefix_lens;
+    p.branch_slots = ints + l.branch;
+    p.branch_stride = N;
+    p.branch_lens = ints + l.branch_lens;
+    ck::tree_attention(p, s);
+  };
+  forward(ws, rows, ints + l.ids, ints + l.positions, ext_floats_.data_as<const float>(), true, attend, ints + l.last_rows,
+          batch);
+  ck::DraftTopKParams t{};
+  t.logits = ws.slots[kLogits].data_as<const float>();
+  t.rows = batch;
+  t.vocab = head_.draft_vocab_size();
+  t.k = K;
+  t.d2t = d2t_.data() != nullptr ? d2t_.data_as<const int64_t>() : nullptr;
+  t.tokens = scratch(ws, kTopTokens, DType::i32, static_cast<int64_t>(batch) * K).data_as<int32_t>();
+  t.probs = scratch(ws, kTopProbs, DType::f32, static_cast<int64_t>(batch) * K).data_as<float>();
+  ck::draft_top_k(t, s);
+  ck::gather_rows(ws.slots[kX].data_as<const float>(), ints + l.last_rows,
+                  scratch(ws, kNormed, DType::f32, static_cast<int64_t>(batch) * h).data_as<float>(), batch, h, s);
+}
+
+bool EagleCudaHead::extend_after_cycle(std::span<const DraftExtendInput> requests, std::vector<float>& root_hidden,
+                                       std::vector<int32_t>& root_tokens, std::vector<float>& root_probs) {
+  const auto B = static_cast<int>(requests.size());
+  const int N = params_.num_draft_tokens;
+  const auto graph = extend_graphs_.lower_bound(B);
+  if (B == 0 || graph == extend_graphs_.end()) return false;
+  for (const DraftExtendInput& r : requests) {
+    if (r.len < 1 || r.len > N) return false;
+  }
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int bs = graph->first;
+  const ExtendLayout l = extend_layout(bs);
+  const auto F = static_cast<size_t>(head_.feature_size());
+  host_ints_.assign(static_cast<size_t>(l.ints), options_.padding_slot);
+  host_floats_.assign(static_cast<size_t>(l.floats), 0.0f);
+  auto at = [&](int64_t offset) -> int32_t& { return host_ints_[static_cast<size_t>(offset)]; };
+  for (int b = 0; b < bs; ++b) {
+    const DraftExtendInput* r = b < B ? &requests[static_cast<size_t>(b)] : nullptr;
+    const int start = r != nullptr ? r->start : 0;
+    const int len = r != nullptr ? r->len : 1;
+    at(l.prefix_lens + b) = r != nullptr ? start : 1;
+    at(l.last_rows + b) = b * N + len - 1;
+    const int pages = (start + options_.page_size - 1) / options_.page_size;
+    SPECULA_CHECK(start + len <= options_.max_context_len, "a draft extend to {} tokens exceeds max_context_len {}",
+                  start + len, options_.max_context_len);
+    for (int p = 0; p < page_stride_; ++p) {
+      const int32_t slot = r != nullptr && p < pages ? r->req_row[p * options_.page_size] : options_.padding_slot;
+      at(l.pages + static_cast<int64_t>(b) * page_stride_ + p) = slot / options_.page_size;
+    }
+    for (int q = 0; q < N; ++q) {
+      const int64_t row = static_cast<int64_t>(b) * N + q;
+      const bool real = r != nullptr && q < len;
+      at(l.ids + row) = real ? r->tokens[q] : 0;
+      at(l.positions + row) = real ? start + q : 0;
+      if (real) at(l.slots + row) = r->req_row[start + q];
+      // Causal among the request's new pairs: row q sees new pairs 0..q.
+      at(l.branch_lens + row) = real ? q + 1 : 1;
+      for (int i = 0; real && i <= q; ++i) at(l.branch + row * N + i) = r->req_row[start + i];
+      if (real) std::copy_n(r->features + static_cast<size_t>(q) * F, F, host_floats_.begin() + static_cast<int64_t>(row * F));
+    }
+  }
+  upload_async(ext_ints_.data(), host_ints_, s);
+  upload_async(ext_floats_.data(), host_floats_, s);
+  CUDA_CHECK(cudaGraphLaunch(graph->second->exec, s));
+  download_roots(extend_graph_ws_, B, root_hidden, root_tokens, root_probs);
+  return true;
 }
 
 void EagleCudaHead::loop_launches(Workspace& ws, int batch) {

@@ -38,6 +38,16 @@ struct DraftLoopInput {
   const float* root_hidden = nullptr;    // [hidden]
 };
 
+// One request's draft pairs after a cycle: len <= num_draft_tokens pairs at positions
+// [start, start + len), tokens[i] the token after position start + i, features [len, feature_size].
+struct DraftExtendInput {
+  int start = 0;
+  int len = 0;
+  const int32_t* req_row = nullptr;
+  const int32_t* tokens = nullptr;
+  const float* features = nullptr;
+};
+
 struct EagleCudaHeadOptions {
   int page_size = 1;
   int max_context_len = 0;
@@ -61,6 +71,12 @@ class EagleCudaHead {
   void extend(const ForwardBatch& batch, AttentionBackend& backend, const float* features,
               const std::vector<int32_t>& last_rows, std::vector<float>& root_hidden, std::vector<int32_t>& root_tokens,
               std::vector<float>& root_probs);
+
+  // The draft extend after a cycle as a CUDA graph (SGLang's draft-extend graph runner): each
+  // request's pairs padded to num_draft_tokens rows, attending over its prefix plus its own new
+  // pairs causally. False (nothing run) when no graph holds the batch; then use extend().
+  bool extend_after_cycle(std::span<const DraftExtendInput> requests, std::vector<float>& root_hidden,
+                          std::vector<int32_t>& root_tokens, std::vector<float>& root_probs);
 
   // The tree expansion of every request; fills each request's candidates (tokens, parents,
   // scores, depths), as EagleWorker's CPU loop does.
@@ -90,6 +106,13 @@ class EagleCudaHead {
   void loop_launches(Workspace& ws, int batch);
   struct LoopLayout;
   LoopLayout layout(int batch) const;
+  struct ExtendLayout;
+  ExtendLayout extend_layout(int batch) const;
+  void extend_launches(Workspace& ws, int batch);
+  // Root hidden states, tokens and probabilities of `rows` rows (kNormed, kTopTokens, kTopProbs of
+  // ws) to the host, one sync.
+  void download_roots(Workspace& ws, int64_t rows, std::vector<float>& root_hidden, std::vector<int32_t>& root_tokens,
+                      std::vector<float>& root_probs);
 
   const EagleHead& head_;
   SpecParams params_;
@@ -100,7 +123,7 @@ class EagleCudaHead {
   int page_stride_ = 0;
   Buffer embed_, fc_, fc_bias_, input_norm_, hidden_norm_, post_norm_, final_norm_, w_qkv_, wo_, w_gate_up_, w_down_,
       lm_head_, d2t_, inv_freq_;
-  Workspace extend_ws_, loop_ws_;
+  Workspace extend_ws_, loop_ws_, extend_graph_ws_;
   // The loop's device state (sized for max_batch) and its staged inputs.
   Buffer loop_ints_, loop_floats_;
   Buffer frontier_scores_, frontier_nodes_, row_tokens_, row_hidden_, branch_, cand_tokens_, cand_parents_, cand_scores_;
@@ -108,6 +131,8 @@ class EagleCudaHead {
   std::vector<int32_t> host_ints_;
   std::vector<float> host_floats_;
   std::map<int, std::unique_ptr<Graph>> graphs_;
+  Buffer ext_ints_, ext_floats_;  // the extend graphs' staged inputs
+  std::map<int, std::unique_ptr<Graph>> extend_graphs_;
 };
 
 }  // namespace specula

@@ -77,6 +77,27 @@ void EagleWorker::top_k(const float* logits, std::vector<int32_t>& tokens, std::
 
 void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
   const auto start = std::chrono::steady_clock::now();
+#ifdef SPECULA_HAS_CUDA
+  if (cuda_head_) {
+    // After a cycle (at most num_draft_tokens pairs per request): the captured graph.
+    std::vector<DraftExtendInput> inputs;
+    std::vector<DraftExtendItem*> used;
+    for (DraftExtendItem& it : items) {
+      if (it.next_tokens.empty()) continue;
+      inputs.push_back({it.start, static_cast<int>(it.next_tokens.size()), target_.req_pool().row(it.req_pool_idx),
+                        it.next_tokens.data(), it.features});
+      used.push_back(&it);
+    }
+    std::vector<float> hidden, probs;
+    std::vector<int32_t> tokens;
+    if (used.empty()) return;
+    if (cuda_head_->extend_after_cycle(inputs, hidden, tokens, probs)) {
+      store_roots(used, hidden, tokens, probs);
+      timing_.draft_extend_s += seconds_since(start);
+      return;
+    }
+  }
+#endif
   ForwardBatch b;
   b.forward_mode = ForwardMode::DRAFT_EXTEND;
   std::vector<float> features;
@@ -112,13 +133,7 @@ void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
     std::vector<float> hidden, probs;
     std::vector<int32_t> tokens;
     cuda_head_->extend(b, *extend_backend_, features.data(), rows, hidden, tokens, probs);
-    const auto K = static_cast<size_t>(options_.params.topk);
-    for (size_t i = 0; i < used.size(); ++i) {
-      DraftState& s = *used[i]->state;
-      s.root_hidden.assign(hidden.begin() + static_cast<int64_t>(i * h), hidden.begin() + static_cast<int64_t>((i + 1) * h));
-      s.root_tokens.assign(tokens.begin() + static_cast<int64_t>(i * K), tokens.begin() + static_cast<int64_t>((i + 1) * K));
-      s.root_probs.assign(probs.begin() + static_cast<int64_t>(i * K), probs.begin() + static_cast<int64_t>((i + 1) * K));
-    }
+    store_roots(used, hidden, tokens, probs);
     timing_.draft_extend_s += seconds_since(start);
     return;
   }
@@ -133,6 +148,19 @@ void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
     top_k(logits_.data() + i * vocab, s.root_tokens, s.root_probs);
   }
   timing_.draft_extend_s += seconds_since(start);
+}
+
+void EagleWorker::store_roots(const std::vector<DraftExtendItem*>& items, const std::vector<float>& hidden,
+                              const std::vector<int32_t>& tokens, const std::vector<float>& probs) const {
+  const auto h = static_cast<int64_t>(head_->hidden_size());
+  const auto K = static_cast<int64_t>(options_.params.topk);
+  for (size_t i = 0; i < items.size(); ++i) {
+    DraftState& s = *items[i]->state;
+    const auto r = static_cast<int64_t>(i);
+    s.root_hidden.assign(hidden.begin() + r * h, hidden.begin() + (r + 1) * h);
+    s.root_tokens.assign(tokens.begin() + r * K, tokens.begin() + (r + 1) * K);
+    s.root_probs.assign(probs.begin() + r * K, probs.begin() + (r + 1) * K);
+  }
 }
 
 void EagleWorker::draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& cands) {

@@ -98,6 +98,9 @@ class EagleWorker {
 
  private:
   void draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& candidates);
+  // The GPU head's roots ([items, hidden], [items, topk] x 2) into each item's DraftState.
+  void store_roots(const std::vector<DraftExtendItem*>& items, const std::vector<float>& hidden,
+                   const std::vector<int32_t>& tokens, const std::vector<float>& probs) const;
   void verify(std::span<CycleItem> items);
   // Softmax over the draft vocabulary and the top-k, as target ids.
   void top_k(const float* logits, std::vector<int32_t>& tokens, std::vector<float>& probs) const;
