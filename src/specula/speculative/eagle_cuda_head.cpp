@@ -299,6 +299,12 @@ void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const 
   linear(ws, xn, w_gate_up_, Buffer{}, gate_up, n, h, 2 * inter);
   ck::gated_activation_fused(gate_up, act, n, inter, false, s);
   linear(ws, act, w_down_, Buffer{}, o, n, inter, h);
+  if (eagle3 && row_ids == nullptr && rows == n) {
+    // Every row's logits (a draft step): the residual add and the final norm in one launch.
+    ck::add_rms_norm_rows(x, o, final_norm_.data_as<const float>(), selected, n, h, eps, s);
+    linear(ws, selected, lm_head_, Buffer{}, logits, rows, h, head_.draft_vocab_size());
+    return;
+  }
   ck::add_inplace(x, o, n * h, s);
 
   if (rows == 0) return;
