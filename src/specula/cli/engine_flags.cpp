@@ -43,8 +43,8 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "EAGLE or EAGLE3 tree speculative decoding (default: off)");
   cmd.add_option("--draft-model", f.draft_model,
                  "The EAGLE / EAGLE-3 head's folder (default with the shipped model: its shipped head)");
-  cmd.add_option("--speculative-num-steps", f.speculative_num_steps, "Draft steps per cycle (default 5)");
-  cmd.add_option("--speculative-eagle-topk", f.speculative_eagle_topk, "Branching of the draft tree (default 4)");
+  cmd.add_option("--speculative-num-steps", f.speculative_num_steps, "Draft steps per cycle (default 7)");
+  cmd.add_option("--speculative-eagle-topk", f.speculative_eagle_topk, "Branching of the draft tree (default 1: a chain)");
   cmd.add_option("--speculative-num-draft-tokens", f.speculative_num_draft_tokens,
                  "Tree nodes verified per cycle, the root included (default 8; num-steps + 1 when topk is 1)");
 }

@@ -32,7 +32,7 @@ namespace specula {
 struct EagleOptions {
   EagleKind kind = EagleKind::EAGLE3;
   std::filesystem::path draft_model;
-  SpecParams params{5, 4, 8};
+  SpecParams params{7, 1, 8};
 };
 
 // What the draft knows about a request between cycles: its root (the last draft pair).
