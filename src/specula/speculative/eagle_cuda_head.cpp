@@ -381,33 +381,13 @@ void EagleCudaHead::download_roots(Workspace& ws, int64_t rows, std::vector<floa
 
 void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
   const auto s = static_cast<cudaStream_t>(stream_);
-  const Device device = draft_kv_.config().device;
   const int N = params_.num_draft_tokens, K = params_.topk, h = head_.hidden_size();
   const int64_t rows = static_cast<int64_t>(batch) * N;
   const ExtendLayout l = extend_layout(batch);
   const int32_t* ints = ext_ints_.data_as<const int32_t>();
-  const AttentionLayer& layer = head_.attention_layer();
   const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
-    draft_kv_.set_kv_buffer(0, TensorView(const_cast<int32_t*>(ints + l.slots), DType::i32, {rows}, device), k, v, stream_);
-    ck::TreeAttentionParams p{};
-    p.q = q.data();
-    p.k_cache = draft_kv_.k_buffer(0).data();
-    p.v_cache = draft_kv_.v_buffer(0).data();
-    p.out = out.data();
-    p.rows = static_cast<int>(rows);
-    p.rows_per_seq = N;
-    p.num_q_heads = layer.num_q_heads;
-    p.num_kv_heads = layer.num_kv_heads;
-    p.head_dim = layer.head_dim;
-    p.scale = layer.effective_scaling();
-    p.prefix_pages = ints + l.pages;
-    p.page_stride = page_stride_;
-    p.page_size = options_.page_size;
-    p.prefix_lens = ints + l.prefix_lens;
-    p.branch_slots = ints + l.branch;
-    p.branch_stride = N;
-    p.branch_lens = ints + l.branch_lens;
-    ck::tree_attention(p, s);
+    attend_tree(q, k, v, out, ints + l.slots, N, ints + l.pages, ints + l.prefix_lens, ints + l.branch, N, 0,
+                ints + l.branch_lens);
   };
   forward(ws, rows, ints + l.ids, ints + l.positions, ext_floats_.data_as<const float>(), true, attend, ints + l.last_rows,
           batch);
@@ -472,9 +452,37 @@ bool EagleCudaHead::extend_after_cycle(std::span<const DraftExtendInput> request
   return true;
 }
 
+void EagleCudaHead::attend_tree(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                                const int32_t* slots, int rows_per_seq, const int32_t* pages, const int32_t* prefix_lens,
+                                const int32_t* branch, int branch_stride, int branch_len, const int32_t* branch_lens) {
+  const AttentionLayer& layer = head_.attention_layer();
+  const int64_t rows = q.shape()[0];
+  draft_kv_.set_kv_buffer(0, TensorView(const_cast<int32_t*>(slots), DType::i32, {rows}, draft_kv_.config().device), k, v,
+                          stream_);
+  ck::TreeAttentionParams p{};
+  p.q = q.data();
+  p.k_cache = draft_kv_.k_buffer(0).data();
+  p.v_cache = draft_kv_.v_buffer(0).data();
+  p.out = out.data();
+  p.rows = static_cast<int>(rows);
+  p.rows_per_seq = rows_per_seq;
+  p.num_q_heads = layer.num_q_heads;
+  p.num_kv_heads = layer.num_kv_heads;
+  p.head_dim = layer.head_dim;
+  p.scale = layer.effective_scaling();
+  p.prefix_pages = pages;
+  p.page_stride = page_stride_;
+  p.page_size = options_.page_size;
+  p.prefix_lens = prefix_lens;
+  p.branch_slots = branch;
+  p.branch_stride = branch_stride;
+  p.branch_len = branch_len;
+  p.branch_lens = branch_lens;
+  ck::tree_attention(p, static_cast<cudaStream_t>(stream_));
+}
+
 void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
   const auto s = static_cast<cudaStream_t>(stream_);
-  const Device device = draft_kv_.config().device;
   const int K = params_.topk;
   const int64_t rows = static_cast<int64_t>(batch) * K;
   const LoopLayout l = layout(batch);
@@ -497,31 +505,11 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
   ck::draft_init(st, ints + l.root_tokens, floats + l.root_probs, floats + l.root_hidden, s);
   int32_t* top_tokens = scratch(ws, kTopTokens, DType::i32, rows * K).data_as<int32_t>();
   float* top_probs = scratch(ws, kTopProbs, DType::f32, rows * K).data_as<float>();
-  const AttentionLayer& layer = head_.attention_layer();
   for (int step = 1; step < params_.num_steps; ++step) {
     const int32_t* slots = ints + l.step_slots + (step - 1) * rows;
     const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
-      draft_kv_.set_kv_buffer(0, TensorView(const_cast<int32_t*>(slots), DType::i32, {rows}, device), k, v, stream_);
-      ck::TreeAttentionParams p{};
-      p.q = q.data();
-      p.k_cache = draft_kv_.k_buffer(0).data();
-      p.v_cache = draft_kv_.v_buffer(0).data();
-      p.out = out.data();
-      p.rows = static_cast<int>(rows);
-      p.rows_per_seq = K;
-      p.num_q_heads = layer.num_q_heads;
-      p.num_kv_heads = layer.num_kv_heads;
-      p.head_dim = layer.head_dim;
-      p.scale = layer.effective_scaling();
-      p.prefix_pages = ints + l.pages;
-      p.page_stride = page_stride_;
-      p.page_size = options_.page_size;
-      p.prefix_lens = ints + l.prefix_lens;
-      p.branch_slots = st.branch;
-      p.branch_stride = params_.num_steps;
-      p.branch_len = step;
-      p.branch_lens = nullptr;
-      ck::tree_attention(p, s);
+      attend_tree(q, k, v, out, slots, K, ints + l.pages, ints + l.prefix_lens, st.branch, params_.num_steps, step,
+                  nullptr);
     };
     forward(ws, rows, st.row_tokens, ints + l.positions + (step - 1) * rows, st.row_hidden, false, attend, nullptr, rows);
     ck::DraftTopKParams t{};

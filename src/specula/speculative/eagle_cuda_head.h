@@ -1,8 +1,10 @@
 // EagleCudaHead: an EagleHead executed on a CUDA device, and the tree-draft loop on the device.
 // Weights as the checkpoint holds them (bf16 matrices), f32 activations, a bf16 draft KV pool;
 // the products and element-wise kernels of the target's GPU decoder (model/cuda).
-//   - extend(): DRAFT_EXTEND through the CUDA attention backend (eagerly: its row count varies),
-//     then the top-k of each request's last row: the roots of the next cycle.
+//   - extend(): DRAFT_EXTEND through the CUDA attention backend (eagerly: prefill chunks of any
+//     length), then the top-k of each request's last row: the roots of the next cycle.
+//   - extend_after_cycle(): the same after a cycle, as a CUDA graph per batch size, each request's
+//     accepted pairs padded to num_draft_tokens rows (the tree kernel with causal branches).
 //   - draft_loop(): num_steps - 1 head steps over batch x topk rows, each followed by the top-k
 //     of every row and the selection of each request's topk best children (kernels in
 //     speculative/cuda), with the draft's attention over the shared prefix plus the row's branch.
@@ -102,6 +104,11 @@ class EagleCudaHead {
   // rows in kLogits: the rows of row_ids (device), or the first ones when row_ids is nullptr.
   void forward(Workspace& ws, int64_t n, const int32_t* ids, const int32_t* positions, const float* hidden_in,
                bool from_target, const Attend& attend, const int32_t* row_ids, int64_t rows);
+  // Writes the rows' K/V at `slots` and attends each row over its sequence's prefix plus its
+  // branch (kernels/tree_attention): the draft loop's and the graphed extend's attention.
+  void attend_tree(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const int32_t* slots, int rows_per_seq, const int32_t* pages, const int32_t* prefix_lens,
+                   const int32_t* branch, int branch_stride, int branch_len, const int32_t* branch_lens);
   // The launches of a loop of `batch` requests whose inputs are staged (graph-capturable).
   void loop_launches(Workspace& ws, int batch);
   struct LoopLayout;
