@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_graph.h"
 #include "specula/core/error.h"
 #include "specula/core/pinned_buffer.h"
 #include "specula/kv/req_to_token_pool.h"
@@ -70,13 +71,6 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deter
     layers_.push_back(std::move(d));
   }
 }
-
-struct LlamaCudaModel::Graph {
-  cudaGraphExec_t exec = nullptr;
-  ~Graph() {
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
-  }
-};
 
 LlamaCudaModel::~LlamaCudaModel() {
   graphs_.clear();
@@ -308,16 +302,10 @@ void LlamaCudaModel::capture_decode_graphs(AttentionBackend& backend, std::vecto
     run_head(graph_ws_, nullptr, bs);
     CUDA_CHECK(cudaStreamSynchronize(s));
     graph_ws_.frozen = true;
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    run_layers(b, backend, graph_ws_, bs);
-    run_head(graph_ws_, nullptr, bs);
-    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    auto g = std::make_unique<Graph>();
-    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
-    cudaGraphDestroy(graph);
-    CUDA_CHECK(err);
-    graphs_[bs] = std::move(g);
+    graphs_[bs] = std::make_unique<CudaGraph>(stream_, [&] {
+      run_layers(b, backend, graph_ws_, bs);
+      run_head(graph_ws_, nullptr, bs);
+    });
   }
 }
 
@@ -341,7 +329,7 @@ bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBa
   backend.init_forward_metadata_replay_cuda_graph(padded);
   upload_async(graph_ws_.slots[0], padded.input_ids, s);
   upload_async(graph_ws_.slots[1], padded.positions, s);
-  CUDA_CHECK(cudaGraphLaunch(it->second->exec, s));
+  it->second->launch(stream_);
   download(pinned_, logits, graph_ws_.slots[17].data_as<const float>(), static_cast<int64_t>(batch.batch_size) * c.vocab_size,
            nullptr, nullptr, s);
   return true;
@@ -399,16 +387,10 @@ void LlamaCudaModel::capture_verify_graphs(AttentionBackend& backend, std::vecto
     run_head(verify_ws_, nullptr, n);
     CUDA_CHECK(cudaStreamSynchronize(s));
     verify_ws_.frozen = true;
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    run_layers(b, backend, verify_ws_, n, &capture);
-    run_head(verify_ws_, nullptr, n);
-    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    auto g = std::make_unique<Graph>();
-    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
-    cudaGraphDestroy(graph);
-    CUDA_CHECK(err);
-    verify_graphs_[bs] = std::move(g);
+    verify_graphs_[bs] = std::make_unique<CudaGraph>(stream_, [&] {
+      run_layers(b, backend, verify_ws_, n, &capture);
+      run_head(verify_ws_, nullptr, n);
+    });
   }
 }
 
@@ -426,8 +408,11 @@ bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBa
   for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
   const auto s = static_cast<cudaStream_t>(stream_);
   const int bs = it->first;
-  ForwardBatch padded = batch;
+  // Padded only when no graph has exactly this batch size (no copy of the batch otherwise).
+  ForwardBatch padded;
+  const ForwardBatch* run = &batch;
   if (bs > batch.batch_size) {
+    padded = batch;
     const ForwardBatch pad = verify_padding_batch(bs - batch.batch_size);
     auto append = [](auto& a, const auto& b) { a.insert(a.end(), b.begin(), b.end()); };
     append(padded.input_ids, pad.input_ids);
@@ -439,11 +424,12 @@ bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBa
     append(info->custom_mask, pad.spec_info->custom_mask);
     padded.spec_info = info;
     padded.batch_size = bs;
+    run = &padded;
   }
-  backend.init_forward_metadata_replay_cuda_graph(padded);
-  upload_async(verify_ws_.slots[0], padded.input_ids, s);
-  upload_async(verify_ws_.slots[1], padded.positions, s);
-  CUDA_CHECK(cudaGraphLaunch(it->second->exec, s));
+  backend.init_forward_metadata_replay_cuda_graph(*run);
+  upload_async(verify_ws_.slots[0], run->input_ids, s);
+  upload_async(verify_ws_.slots[1], run->positions, s);
+  it->second->launch(stream_);
   const int64_t n = batch.num_tokens();
   if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, c.hidden_size);
   download(pinned_, logits, verify_ws_.slots[17].data_as<const float>(), n * c.vocab_size, capture,

@@ -20,6 +20,7 @@
 
 namespace specula {
 
+class CudaGraph;
 class CudaLinear;
 
 class LlamaCudaModel {
@@ -82,7 +83,6 @@ class LlamaCudaModel {
     std::array<Buffer, kSlots> slots;
     bool frozen = false;
   };
-  struct Graph;
 
   Buffer& scratch(Workspace& ws, size_t slot, DType dtype, int64_t elements);
   // y[n, out] = x[n, in] w[out, in]^T (+ bias)
@@ -107,9 +107,9 @@ class LlamaCudaModel {
   std::vector<Layer> layers_;
   Workspace eager_;
   Workspace graph_ws_;
-  std::map<int, std::unique_ptr<Graph>> graphs_;  // by batch size
+  std::map<int, std::unique_ptr<CudaGraph>> graphs_;  // by batch size
   Workspace verify_ws_;
-  std::map<int, std::unique_ptr<Graph>> verify_graphs_;  // by batch size
+  std::map<int, std::unique_ptr<CudaGraph>> verify_graphs_;  // by batch size
   int verify_tokens_ = 0;
   std::vector<int> verify_capture_layers_;
   int32_t verify_padding_row_ = -1;
