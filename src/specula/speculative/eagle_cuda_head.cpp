@@ -9,6 +9,7 @@
 
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_graph.h"
 #include "specula/core/error.h"
 #include "specula/core/pinned_buffer.h"
 #include "specula/model/cuda/cuda_linear.h"
@@ -80,13 +81,6 @@ EagleCudaHead::ExtendLayout EagleCudaHead::extend_layout(int batch) const {
   return l;
 }
 
-struct EagleCudaHead::Graph {
-  cudaGraphExec_t exec = nullptr;
-  ~Graph() {
-    if (exec != nullptr) cudaGraphExecDestroy(exec);
-  }
-};
-
 EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MHAKVPool& draft_kv, void* stream,
                              const EagleCudaHeadOptions& options)
     : head_(head), params_(params), draft_kv_(draft_kv), stream_(stream), options_(options) {
@@ -151,58 +145,22 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
   const ExtendLayout le = extend_layout(options.max_batch);
   ext_ints_ = Buffer(DType::i32, {le.ints}, device);
   ext_floats_ = Buffer(DType::f32, {le.floats}, device);
-  // Padding everywhere: one-token prefixes and one-key branches in the padding slot.
+  // Captured with padding requests only (staging no request): valid slots and pages everywhere.
+  // The largest first: its warm-up sizes the workspace, which is then frozen.
   for (int bs : sizes) {
-    const ExtendLayout lb = extend_layout(bs);
-    const int N = params.num_draft_tokens;
-    host_ints_.assign(static_cast<size_t>(lb.ints), options.padding_slot);
-    std::fill_n(host_ints_.begin() + lb.ids, static_cast<int64_t>(bs) * N, 0);
-    std::fill_n(host_ints_.begin() + lb.positions, static_cast<int64_t>(bs) * N, 0);
-    std::fill_n(host_ints_.begin() + lb.prefix_lens, bs, 1);
-    std::fill_n(host_ints_.begin() + lb.pages, static_cast<int64_t>(bs) * page_stride_, options.padding_slot / options.page_size);
-    std::fill_n(host_ints_.begin() + lb.branch_lens, static_cast<int64_t>(bs) * N, 1);
-    for (int b = 0; b < bs; ++b) host_ints_[static_cast<size_t>(lb.last_rows + b)] = b * N;
-    host_floats_.assign(static_cast<size_t>(lb.floats), 0.0f);
-    upload_async(ext_ints_.data(), host_ints_, s);
-    upload_async(ext_floats_.data(), host_floats_, s);
+    stage_extend({}, bs);
     extend_launches(extend_graph_ws_, bs);
     CUDA_CHECK(cudaStreamSynchronize(s));
     extend_graph_ws_.frozen = true;
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    extend_launches(extend_graph_ws_, bs);
-    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    auto g = std::make_unique<Graph>();
-    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
-    cudaGraphDestroy(graph);
-    CUDA_CHECK(err);
-    extend_graphs_[bs] = std::move(g);
+    extend_graphs_[bs] = std::make_unique<CudaGraph>(stream_, [&] { extend_launches(extend_graph_ws_, bs); });
   }
   if (params.num_steps < 2) return;
-  // The largest first: its warm-up sizes the loop workspace, which is then frozen.
   for (int bs : sizes) {
-    const LoopLayout lb = layout(bs);
-    // Inputs of padding requests everywhere: the capture reads valid slots and pages.
-    host_ints_.assign(static_cast<size_t>(lb.ints), options.padding_slot);
-    std::fill_n(host_ints_.begin() + lb.root_tokens, static_cast<int64_t>(bs) * params.topk, 0);
-    std::fill_n(host_ints_.begin() + lb.prefix_lens, bs, 1);
-    std::fill_n(host_ints_.begin() + lb.pages, static_cast<int64_t>(bs) * page_stride_, options.padding_slot / options.page_size);
-    host_floats_.assign(static_cast<size_t>(lb.floats), 0.0f);
-    std::fill_n(host_floats_.begin() + lb.root_probs, static_cast<int64_t>(bs) * params.topk, 1.0f);
-    upload_async(loop_ints_.data(), host_ints_, s);
-    upload_async(loop_floats_.data(), host_floats_, s);
+    stage_loop({}, bs);
     loop_launches(loop_ws_, bs);
     CUDA_CHECK(cudaStreamSynchronize(s));
     loop_ws_.frozen = true;
-    cudaGraph_t graph = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    loop_launches(loop_ws_, bs);
-    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    auto g = std::make_unique<Graph>();
-    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
-    cudaGraphDestroy(graph);
-    CUDA_CHECK(err);
-    graphs_[bs] = std::move(g);
+    graphs_[bs] = std::make_unique<CudaGraph>(stream_, [&] { loop_launches(loop_ws_, bs); });
   }
 }
 
@@ -321,6 +279,18 @@ void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const 
   linear(ws, src, lm_head_, Buffer{}, logits, rows, h, head_.draft_vocab_size());
 }
 
+void EagleCudaHead::top_k(const float* logits, int64_t rows, int32_t* tokens, float* probs) {
+  ck::DraftTopKParams t{};
+  t.logits = logits;
+  t.rows = rows;
+  t.vocab = head_.draft_vocab_size();
+  t.k = params_.topk;
+  t.d2t = d2t_.data() != nullptr ? d2t_.data_as<const int64_t>() : nullptr;
+  t.tokens = tokens;
+  t.probs = probs;
+  ck::draft_top_k(t, static_cast<cudaStream_t>(stream_));
+}
+
 void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend, const float* features,
                            const std::vector<int32_t>& last_rows, std::vector<float>& root_hidden,
                            std::vector<int32_t>& root_tokens, std::vector<float>& root_probs) {
@@ -347,15 +317,7 @@ void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend,
           row_ids.data_as<const int32_t>(), rows);
   int32_t* top_tokens = scratch(ws, kTopTokens, DType::i32, rows * K).data_as<int32_t>();
   float* top_probs = scratch(ws, kTopProbs, DType::f32, rows * K).data_as<float>();
-  ck::DraftTopKParams t{};
-  t.logits = ws.slots[kLogits].data_as<const float>();
-  t.rows = rows;
-  t.vocab = head_.draft_vocab_size();
-  t.k = K;
-  t.d2t = d2t_.data() != nullptr ? d2t_.data_as<const int64_t>() : nullptr;
-  t.tokens = top_tokens;
-  t.probs = top_probs;
-  ck::draft_top_k(t, s);
+  top_k(ws.slots[kLogits].data_as<const float>(), rows, top_tokens, top_probs);
   // The rows' hidden states (forward's kSelected holds them normed for EAGLE-3).
   float* hidden = scratch(ws, kNormed, DType::f32, rows * h).data_as<float>();
   ck::gather_rows(ws.slots[kX].data_as<const float>(), row_ids.data_as<const int32_t>(), hidden, rows, h, s);
@@ -391,15 +353,7 @@ void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
   };
   forward(ws, rows, ints + l.ids, ints + l.positions, ext_floats_.data_as<const float>(), true, attend, ints + l.last_rows,
           batch);
-  ck::DraftTopKParams t{};
-  t.logits = ws.slots[kLogits].data_as<const float>();
-  t.rows = batch;
-  t.vocab = head_.draft_vocab_size();
-  t.k = K;
-  t.d2t = d2t_.data() != nullptr ? d2t_.data_as<const int64_t>() : nullptr;
-  t.tokens = scratch(ws, kTopTokens, DType::i32, static_cast<int64_t>(batch) * K).data_as<int32_t>();
-  t.probs = scratch(ws, kTopProbs, DType::f32, static_cast<int64_t>(batch) * K).data_as<float>();
-  ck::draft_top_k(t, s);
+  top_k(ws.slots[kLogits].data_as<const float>(), batch, scratch(ws, kTopTokens, DType::i32, static_cast<int64_t>(batch) * K).data_as<int32_t>(), scratch(ws, kTopProbs, DType::f32, static_cast<int64_t>(batch) * K).data_as<float>());
   ck::gather_rows(ws.slots[kX].data_as<const float>(), ints + l.last_rows,
                   scratch(ws, kNormed, DType::f32, static_cast<int64_t>(batch) * h).data_as<float>(), batch, h, s);
 }
@@ -413,8 +367,16 @@ bool EagleCudaHead::extend_after_cycle(std::span<const DraftExtendInput> request
   for (const DraftExtendInput& r : requests) {
     if (r.len < 1 || r.len > N) return false;
   }
+  stage_extend(requests, graph->first);
+  graph->second->launch(stream_);
+  download_roots(extend_graph_ws_, B, root_hidden, root_tokens, root_probs);
+  return true;
+}
+
+void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int bs) {
   const auto s = static_cast<cudaStream_t>(stream_);
-  const int bs = graph->first;
+  const auto B = static_cast<int>(requests.size());
+  const int N = params_.num_draft_tokens;
   const ExtendLayout l = extend_layout(bs);
   const auto F = static_cast<size_t>(head_.feature_size());
   host_ints_.assign(static_cast<size_t>(l.ints), options_.padding_slot);
@@ -447,9 +409,6 @@ bool EagleCudaHead::extend_after_cycle(std::span<const DraftExtendInput> request
   }
   upload_async(ext_ints_.data(), host_ints_, s);
   upload_async(ext_floats_.data(), host_floats_, s);
-  CUDA_CHECK(cudaGraphLaunch(graph->second->exec, s));
-  download_roots(extend_graph_ws_, B, root_hidden, root_tokens, root_probs);
-  return true;
 }
 
 void EagleCudaHead::attend_tree(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -512,41 +471,15 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
                   nullptr);
     };
     forward(ws, rows, st.row_tokens, ints + l.positions + (step - 1) * rows, st.row_hidden, false, attend, nullptr, rows);
-    ck::DraftTopKParams t{};
-    t.logits = ws.slots[kLogits].data_as<const float>();
-    t.rows = rows;
-    t.vocab = head_.draft_vocab_size();
-    t.k = K;
-    t.d2t = d2t_.data() != nullptr ? d2t_.data_as<const int64_t>() : nullptr;
-    t.tokens = top_tokens;
-    t.probs = top_probs;
-    ck::draft_top_k(t, s);
+    top_k(ws.slots[kLogits].data_as<const float>(), rows, top_tokens, top_probs);
     ck::draft_select(st, step, top_tokens, top_probs, ws.slots[kX].data_as<const float>(), s);
   }
 }
 
-void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates) {
+void EagleCudaHead::stage_loop(std::span<const DraftLoopInput> requests, int bs) {
   const auto s = static_cast<cudaStream_t>(stream_);
-  const int K = params_.topk, S = params_.num_steps, h = head_.hidden_size();
   const auto B = static_cast<int>(requests.size());
-  candidates.assign(requests.size(), {});
-  if (B == 0) return;
-  if (S == 1) {
-    // No steps: the tree's candidates are the root's top-k.
-    for (int b = 0; b < B; ++b) {
-      const DraftLoopInput& r = requests[static_cast<size_t>(b)];
-      DraftCandidates& c = candidates[static_cast<size_t>(b)];
-      c.tokens.assign(r.root_tokens, r.root_tokens + K);
-      c.scores.assign(r.root_probs, r.root_probs + K);
-      c.parents.assign(static_cast<size_t>(K), -1);
-      c.depths.assign(static_cast<size_t>(K), 1);
-    }
-    return;
-  }
-  SPECULA_CHECK(B <= options_.max_batch, "a draft loop of {} requests exceeds the head's max_batch {}", B,
-                options_.max_batch);
-  const auto graph = graphs_.lower_bound(B);
-  const int bs = graph != graphs_.end() ? graph->first : B;
+  const int K = params_.topk, S = params_.num_steps, h = head_.hidden_size();
   const LoopLayout l = layout(bs);
   const int64_t rows = static_cast<int64_t>(bs) * K;
   host_ints_.assign(static_cast<size_t>(l.ints), options_.padding_slot);
@@ -577,8 +510,33 @@ void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::ve
   }
   upload_async(loop_ints_.data(), host_ints_, s);
   upload_async(loop_floats_.data(), host_floats_, s);
+}
+
+void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int K = params_.topk, S = params_.num_steps;
+  const auto B = static_cast<int>(requests.size());
+  candidates.assign(requests.size(), {});
+  if (B == 0) return;
+  if (S == 1) {
+    // No steps: the tree's candidates are the root's top-k.
+    for (int b = 0; b < B; ++b) {
+      const DraftLoopInput& r = requests[static_cast<size_t>(b)];
+      DraftCandidates& c = candidates[static_cast<size_t>(b)];
+      c.tokens.assign(r.root_tokens, r.root_tokens + K);
+      c.scores.assign(r.root_probs, r.root_probs + K);
+      c.parents.assign(static_cast<size_t>(K), -1);
+      c.depths.assign(static_cast<size_t>(K), 1);
+    }
+    return;
+  }
+  SPECULA_CHECK(B <= options_.max_batch, "a draft loop of {} requests exceeds the head's max_batch {}", B,
+                options_.max_batch);
+  const auto graph = graphs_.lower_bound(B);
+  const int bs = graph != graphs_.end() ? graph->first : B;
+  stage_loop(requests, bs);
   if (graph != graphs_.end()) {
-    CUDA_CHECK(cudaGraphLaunch(graph->second->exec, s));
+    graph->second->launch(stream_);
   } else {
     loop_launches(extend_ws_, bs);
   }

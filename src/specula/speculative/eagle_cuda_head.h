@@ -28,6 +28,7 @@
 
 namespace specula {
 
+class CudaGraph;
 class CudaLinear;
 
 // One request of a draft loop: its KV length, its request row (req_to_token; positions
@@ -93,7 +94,6 @@ class EagleCudaHead {
     std::array<Buffer, kNumSlots> slots;
     bool frozen = false;
   };
-  struct Graph;
   // Writes the rows' K/V to the draft pool and their attention output (bf16 views).
   using Attend = std::function<void(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out)>;
 
@@ -109,8 +109,14 @@ class EagleCudaHead {
   void attend_tree(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const int32_t* slots, int rows_per_seq, const int32_t* pages, const int32_t* prefix_lens,
                    const int32_t* branch, int branch_stride, int branch_len, const int32_t* branch_lens);
+  // Softmax and top-k (target ids, best first) of `rows` rows of draft logits, on the device.
+  void top_k(const float* logits, int64_t rows, int32_t* tokens, float* probs);
   // The launches of a loop of `batch` requests whose inputs are staged (graph-capturable).
   void loop_launches(Workspace& ws, int batch);
+  // Fill and upload the staged inputs of a loop / graphed extend of bs requests: `requests`
+  // first, padding requests after them (valid slots and pages; what graphs are captured with).
+  void stage_loop(std::span<const DraftLoopInput> requests, int bs);
+  void stage_extend(std::span<const DraftExtendInput> requests, int bs);
   struct LoopLayout;
   LoopLayout layout(int batch) const;
   struct ExtendLayout;
@@ -137,9 +143,9 @@ class EagleCudaHead {
   PinnedBuffer pinned_;  // downloads
   std::vector<int32_t> host_ints_;
   std::vector<float> host_floats_;
-  std::map<int, std::unique_ptr<Graph>> graphs_;
+  std::map<int, std::unique_ptr<CudaGraph>> graphs_;
   Buffer ext_ints_, ext_floats_;  // the extend graphs' staged inputs
-  std::map<int, std::unique_ptr<Graph>> extend_graphs_;
+  std::map<int, std::unique_ptr<CudaGraph>> extend_graphs_;
 };
 
 }  // namespace specula
