@@ -8,72 +8,26 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cuda_test_support.h"
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/device.h"
 
-namespace specula {
+namespace specula::testing {
 namespace {
 
 namespace ck = cuda_kernels;
 
 // Entries the kernel must never read (page-table and slot-list padding): far outside any cache.
 constexpr int32_t kPoison = 1 << 30;
-
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("SPECULA_TEST_SEED");
-    const uint64_t s = env != nullptr ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("cuda_tree_attention_test seed %llu (set SPECULA_TEST_SEED to repeat)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
-// A device array; owns its memory.
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(size_t n) : n_(n) {
-    void* raw = nullptr;
-    CUDA_CHECK(cudaMalloc(&raw, std::max<size_t>(n, 1) * sizeof(T)));
-    ptr_ = static_cast<T*>(raw);
-  }
-  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
-    CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { cudaFree(ptr_); }
-  std::vector<T> download() const {
-    std::vector<T> host(n_);
-    CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-  void fill_bytes(int value) { CUDA_CHECK(cudaMemset(ptr_, value, n_ * sizeof(T))); }
-  T* get() const { return ptr_; }
-
- private:
-  T* ptr_ = nullptr;
-  size_t n_;
-};
-
-uint16_t to_bf16(float x) {  // round to nearest even (inputs are finite)
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-float from_bf16(uint16_t x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
 
 enum class Lengths {
   kUniform,  // branch_len for every row, distinct slots per row (the draft loop)
@@ -89,17 +43,11 @@ struct TreeCase {
   float scale_mul;  // scale = scale_mul / sqrt(head_dim); larger is peakier
 };
 
-// Random bf16 inputs of one case, on the host (bf16 bits); params without device pointers.
-struct TreeInputs {
-  ck::TreeAttentionParams p{};
-  std::vector<uint16_t> q, k_cache, v_cache;
-  std::vector<int32_t> pages, prefix_lens, branch_slots, branch_lens;  // branch_lens: every row's length
-};
-
-TreeInputs make_inputs(const TreeCase& c, std::mt19937_64& rng) {
-  TreeInputs in;
-  const int rows = c.num_seqs * c.rows_per_seq, Hq = c.num_kv_heads * c.group, D = c.head_dim;
-  std::uniform_real_distribution<float> qd(-2.0f, 2.0f), kvd(-1.0f, 1.0f);
+// Random bf16 inputs of one case, on the host; branch_lens holds every row's length (also for
+// kUniform, for the reference).
+TreeAttentionInputs make_inputs(const TreeCase& c, std::mt19937_64& rng) {
+  TreeAttentionInputs in;
+  const int rows = c.num_seqs * c.rows_per_seq, D = c.head_dim;
   // Prefix lengths: one long (~3000), one empty where there are several, the rest short.
   in.prefix_lens.resize(static_cast<size_t>(c.num_seqs));
   for (int b = 0; b < c.num_seqs; ++b) {
@@ -155,30 +103,23 @@ TreeInputs make_inputs(const TreeCase& c, std::mt19937_64& rng) {
     }
     num_branch_slots = static_cast<int>(tree_pool.size());
   }
-  const int num_slots = branch_base + num_branch_slots;
-  in.q.resize(static_cast<size_t>(rows) * Hq * D);
-  for (auto& x : in.q) x = to_bf16(qd(rng));
-  in.k_cache.resize(static_cast<size_t>(num_slots) * c.num_kv_heads * D);
-  in.v_cache.resize(in.k_cache.size());
-  for (auto& x : in.k_cache) x = to_bf16(kvd(rng));
-  for (auto& x : in.v_cache) x = to_bf16(kvd(rng));
-
-  in.p.rows = rows;
-  in.p.rows_per_seq = c.rows_per_seq;
-  in.p.num_q_heads = Hq;
-  in.p.num_kv_heads = c.num_kv_heads;
-  in.p.head_dim = D;
-  in.p.scale = c.scale_mul / std::sqrt(static_cast<float>(D));
-  in.p.page_stride = page_stride;
-  in.p.page_size = c.page_size;
-  in.p.branch_stride = S;
-  in.p.branch_len = c.lengths == Lengths::kUniform ? c.branch_len : -1;  // ignored with branch_lens
+  const TreeAttentionShape shape{.rows = rows,
+                                 .rows_per_seq = c.rows_per_seq,
+                                 .num_kv_heads = c.num_kv_heads,
+                                 .group = c.group,
+                                 .head_dim = D,
+                                 .scale = c.scale_mul / std::sqrt(static_cast<float>(D)),
+                                 .page_stride = page_stride,
+                                 .page_size = c.page_size,
+                                 .branch_stride = S,
+                                 .branch_len = c.lengths == Lengths::kUniform ? c.branch_len : -1};
+  set_shape_and_random_qkv(in, shape, static_cast<size_t>(branch_base + num_branch_slots), rng);
   return in;
 }
 
 // float64 attention over the prefix and branch keys of every (row, q head); zeros for a row
 // without any key.
-std::vector<double> reference_attention(const TreeInputs& in) {
+std::vector<double> reference_attention(const TreeAttentionInputs& in) {
   const ck::TreeAttentionParams& p = in.p;
   const int D = p.head_dim, group = p.num_q_heads / p.num_kv_heads;
   std::vector<double> out(static_cast<size_t>(p.rows) * p.num_q_heads * D, 0.0);
@@ -223,23 +164,13 @@ void run_case(const TreeCase& c, std::mt19937_64& rng) {
                                     << (c.lengths == Lengths::kUniform ? " branch_len " : " per-row lengths")
                                     << (c.lengths == Lengths::kUniform ? std::to_string(c.branch_len) : "")
                                     << " scale x" << c.scale_mul);
-  const TreeInputs in = make_inputs(c, rng);
-  DeviceArray<uint16_t> q(in.q), k_cache(in.k_cache), v_cache(in.v_cache), out(in.q.size());
-  DeviceArray<int32_t> pages(in.pages), prefix_lens(in.prefix_lens), branch_slots(in.branch_slots),
-      branch_lens(in.branch_lens);
-  out.fill_bytes(0xff);  // NaN bf16 wherever the kernel does not write
-  ck::TreeAttentionParams p = in.p;
-  p.q = q.get();
-  p.k_cache = k_cache.get();
-  p.v_cache = v_cache.get();
-  p.out = out.get();
-  p.prefix_pages = pages.get();
-  p.prefix_lens = prefix_lens.get();
-  p.branch_slots = branch_slots.get();
-  p.branch_lens = c.lengths == Lengths::kPerRow ? branch_lens.get() : nullptr;
+  const TreeAttentionInputs in = make_inputs(c, rng);
+  DeviceTreeAttention dev(in);  // binds branch_lens for kPerRow only (branch_len -1)
+  dev.out.fill_bytes(0xff);     // NaN bf16 wherever the kernel does not write
+  const ck::TreeAttentionParams& p = dev.p;
   ck::tree_attention(p, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> got = out.download();
+  const std::vector<uint16_t> got = dev.out.download();
   const std::vector<double> ref = reference_attention(in);
   double max_err = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -257,7 +188,7 @@ void run_case(const TreeCase& c, std::mt19937_64& rng) {
 // slots per row, a stride wider than the length (a [rows, num_steps] array).
 TEST(CudaTreeAttention, UniformBranchMatchesFloat64Reference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(test_seed("cuda_tree_attention_test"));
   const std::vector<TreeCase> cases = {
       {2, 4, 2, 1, 64, 16, 5, 3, Lengths::kUniform, 1.0f},   {3, 1, 1, 4, 64, 1, 3, 1, Lengths::kUniform, 1.0f},
       {2, 4, 2, 2, 128, 1, 8, 6, Lengths::kUniform, 1.0f},   {1, 4, 1, 7, 64, 16, 7, 5, Lengths::kUniform, 4.0f},
@@ -274,7 +205,7 @@ TEST(CudaTreeAttention, UniformBranchMatchesFloat64Reference) {
 // (never 0 for sequence 1, whose prefix is empty), rows of a sequence sharing its tree slots.
 TEST(CudaTreeAttention, PerRowBranchLengthsMatchFloat64Reference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 rng(test_seed() + 1);
+  std::mt19937_64 rng(test_seed("cuda_tree_attention_test") + 1);
   std::vector<TreeCase> cases;
   for (int rows_per_seq : {8, 32}) {
     for (int head_dim : {64, 128}) {
@@ -296,4 +227,4 @@ TEST(CudaTreeAttention, PerRowBranchLengthsMatchFloat64Reference) {
 }
 
 }  // namespace
-}  // namespace specula
+}  // namespace specula::testing

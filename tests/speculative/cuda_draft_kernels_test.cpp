@@ -10,64 +10,24 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cuda_test_support.h"
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/device.h"
 #include "specula/speculative/cuda/draft_kernels.h"
 
-namespace specula {
+namespace specula::testing {
 namespace {
 
 namespace ck = cuda_kernels;
 
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("SPECULA_TEST_SEED");
-    const uint64_t s = env != nullptr ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("cuda_draft_kernels_test seed %llu (set SPECULA_TEST_SEED to repeat)\n",
-                static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
-// A device array; owns its memory.
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(size_t n) : n_(n) {
-    void* raw = nullptr;
-    CUDA_CHECK(cudaMalloc(&raw, std::max<size_t>(n, 1) * sizeof(T)));
-    ptr_ = static_cast<T*>(raw);
-  }
-  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { cudaFree(ptr_); }
-  void upload(const std::vector<T>& host) {
-    SPECULA_REQUIRE(host.size() == n_, "upload size mismatch");
-    CUDA_CHECK(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> host(n_);
-    CUDA_CHECK(cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-  void fill_bytes(int value) { CUDA_CHECK(cudaMemset(ptr_, value, n_ * sizeof(T))); }
-  T* get() const { return ptr_; }
-
- private:
-  T* ptr_ = nullptr;
-  size_t n_;
-};
+constexpr const char* kBinary = "cuda_draft_kernels_test";
 
 // BetterScore's order: higher first, equal values to the lower index.
 std::vector<int32_t> better_order(const std::vector<float>& scores, int k) {
@@ -93,7 +53,7 @@ struct TopKCase {
 
 TEST(CudaDraftKernels, TopKMatchesHostSoftmaxAndTieOrder) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(test_seed(kBinary));
   const std::vector<TopKCase> cases = {
       {5, 259, 1, false, false},  {7, 259, 4, true, true},     {9, 259, 16, false, true},   {3, 100, 3, false, true},
       {33, 1000, 5, true, false}, {4, 32000, 8, true, false},  {6, 32000, 16, false, true}, {5, 32000, 4, true, true},
@@ -189,6 +149,36 @@ struct HostTree {
   }
 };
 
+// The device arrays of a DraftTreeState for batch x k rows (uninitialised but step_slots).
+struct DraftTreeArrays {
+  DraftTreeArrays(int batch, int k, int num_steps, int hidden, const std::vector<int32_t>& slots)
+      : batch(batch),
+        k(k),
+        num_steps(num_steps),
+        hidden(hidden),
+        rows(static_cast<size_t>(batch) * k),
+        candidates(static_cast<size_t>(batch) * ck::draft_num_candidates(k, num_steps)),
+        frontier_scores(rows),
+        row_hidden(rows * hidden),
+        cand_scores(candidates),
+        frontier_nodes(rows),
+        row_tokens(rows),
+        branch(rows * num_steps),
+        step_slots(slots),
+        cand_tokens(candidates),
+        cand_parents(candidates) {}
+
+  ck::DraftTreeState state() const {
+    return {batch, k, num_steps, hidden, frontier_scores.get(), frontier_nodes.get(), row_tokens.get(),
+            row_hidden.get(), branch.get(), step_slots.get(), cand_tokens.get(), cand_parents.get(), cand_scores.get()};
+  }
+
+  int batch, k, num_steps, hidden;
+  size_t rows, candidates;  // batch * k; batch * draft_num_candidates
+  DeviceArray<float> frontier_scores, row_hidden, cand_scores;
+  DeviceArray<int32_t> frontier_nodes, row_tokens, branch, step_slots, cand_tokens, cand_parents;
+};
+
 void expect_state(const HostTree& h, const ck::DraftTreeState& st, int next_step, const std::string& when) {
   SCOPED_TRACE(when);
   const size_t rows = static_cast<size_t>(h.batch * h.k);
@@ -219,7 +209,7 @@ void expect_state(const HostTree& h, const ck::DraftTreeState& st, int next_step
 
 TEST(CudaDraftKernels, TreeExpansionMatchesDraftStepsBookkeeping) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 rng(test_seed() + 1);
+  std::mt19937_64 rng(test_seed(kBinary) + 1);
   const std::vector<TreeCase> cases = {
       {1, 1, 2, 64, false}, {3, 4, 5, 96, true},  {2, 8, 6, 256, false}, {4, 16, 4, 130, true},
       {5, 3, 3, 8, true},   {2, 16, 7, 64, false}, {3, 4, 1, 32, false},  {6, 2, 8, 4096, true},
@@ -265,29 +255,14 @@ TEST(CudaDraftKernels, TreeExpansionMatchesDraftStepsBookkeeping) {
       }
     }
 
-    DeviceArray<float> frontier_scores(rows), row_hidden(rows * H), cand_scores(static_cast<size_t>(B) * nc);
-    DeviceArray<int32_t> frontier_nodes(rows), row_tokens(rows), branch(rows * S);
-    DeviceArray<int32_t> step_slots(h.step_slots), cand_tokens(static_cast<size_t>(B) * nc),
-        cand_parents(static_cast<size_t>(B) * nc);
-    for (DeviceArray<int32_t>* a : {&frontier_nodes, &row_tokens, &branch, &cand_tokens, &cand_parents}) {
+    DraftTreeArrays tree(B, K, S, H, h.step_slots);
+    for (DeviceArray<int32_t>* a : {&tree.frontier_nodes, &tree.row_tokens, &tree.branch, &tree.cand_tokens,
+                                    &tree.cand_parents}) {
       a->fill_bytes(0xff);
     }
     DeviceArray<int32_t> d_root_tokens(root_tokens);
     DeviceArray<float> d_root_probs(root_probs), d_root_hidden(root_hidden);
-    ck::DraftTreeState st{};
-    st.batch = B;
-    st.k = K;
-    st.num_steps = S;
-    st.hidden = H;
-    st.frontier_scores = frontier_scores.get();
-    st.frontier_nodes = frontier_nodes.get();
-    st.row_tokens = row_tokens.get();
-    st.row_hidden = row_hidden.get();
-    st.branch = branch.get();
-    st.step_slots = step_slots.get();
-    st.cand_tokens = cand_tokens.get();
-    st.cand_parents = cand_parents.get();
-    st.cand_scores = cand_scores.get();
+    const ck::DraftTreeState st = tree.state();
     ck::draft_init(st, d_root_tokens.get(), d_root_probs.get(), d_root_hidden.get(), nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     expect_state(h, st, 1, "after draft_init");
@@ -338,8 +313,8 @@ TEST(CudaDraftKernels, TreeExpansionMatchesDraftStepsBookkeeping) {
       expect_state(h, st, step + 1, "after draft_select step " + std::to_string(step));
     }
 
-    const std::vector<int32_t> tokens = cand_tokens.download(), parents = cand_parents.download();
-    const std::vector<float> scores = cand_scores.download();
+    const std::vector<int32_t> tokens = tree.cand_tokens.download(), parents = tree.cand_parents.download();
+    const std::vector<float> scores = tree.cand_scores.download();
     for (int b = 0; b < B; ++b) {
       ASSERT_EQ(h.tokens[b].size(), static_cast<size_t>(nc));
       for (int i = 0; i < nc; ++i) {
@@ -355,26 +330,14 @@ TEST(CudaDraftKernels, TreeExpansionMatchesDraftStepsBookkeeping) {
 
 // ---- tree attention inputs for the graph test ------------------------------------------
 
-uint16_t to_bf16(float x) {  // round to nearest even (inputs are finite)
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
 // The draft head's attention at step `branch_len` of `batch` requests x k rows: random bf16
 // q/K/V, paged prefixes (one empty), distinct branch slots per row. Host data; the params
 // hold no device pointers yet. tree_attention's accuracy is tested in
 // tests/attention/cuda_tree_attention_test.cpp.
-struct AttnInputs {
-  ck::TreeAttentionParams p{};
-  std::vector<uint16_t> q, k_cache, v_cache;
-  std::vector<int32_t> pages, prefix_lens, branch;
-};
-
-AttnInputs make_attention_inputs(int batch, int k, int num_kv_heads, int group, int head_dim, int page_size,
-                                 int branch_len, std::mt19937_64& rng) {
-  AttnInputs in;
-  const int rows = batch * k, Hq = num_kv_heads * group, D = head_dim;
-  std::uniform_real_distribution<float> qd(-2.0f, 2.0f), kvd(-1.0f, 1.0f);
+TreeAttentionInputs make_attention_inputs(int batch, int k, int num_kv_heads, int group, int head_dim, int page_size,
+                                          int branch_len, std::mt19937_64& rng) {
+  TreeAttentionInputs in;
+  const int rows = batch * k;
   in.prefix_lens.resize(static_cast<size_t>(batch));
   for (int b = 0; b < batch; ++b) in.prefix_lens[b] = b == 1 ? 0 : 1 + static_cast<int>(rng() % 500);
   const int max_prefix = *std::max_element(in.prefix_lens.begin(), in.prefix_lens.end());
@@ -385,30 +348,24 @@ AttnInputs make_attention_inputs(int batch, int k, int num_kv_heads, int group, 
   std::shuffle(pool.begin(), pool.end(), rng);
   in.pages = pool;  // request b's pages are pool[b * page_stride ...]
   const int branch_stride = branch_len + 1;
-  in.branch.assign(static_cast<size_t>(rows) * branch_stride, -1);
+  in.branch_slots.assign(static_cast<size_t>(rows) * branch_stride, -1);
   for (int r = 0; r < rows; ++r) {
     for (int i = 0; i < branch_len; ++i) {
-      in.branch[static_cast<size_t>(r) * branch_stride + i] = total_pages * page_size + r * branch_len + i;
+      in.branch_slots[static_cast<size_t>(r) * branch_stride + i] = total_pages * page_size + r * branch_len + i;
     }
   }
+  const TreeAttentionShape shape{.rows = rows,
+                                 .rows_per_seq = k,
+                                 .num_kv_heads = num_kv_heads,
+                                 .group = group,
+                                 .head_dim = head_dim,
+                                 .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                                 .page_stride = page_stride,
+                                 .page_size = page_size,
+                                 .branch_stride = branch_stride,
+                                 .branch_len = branch_len};
   const size_t num_slots = static_cast<size_t>(total_pages) * page_size + static_cast<size_t>(rows) * branch_len;
-  in.q.resize(static_cast<size_t>(rows) * Hq * D);
-  for (auto& x : in.q) x = to_bf16(qd(rng));
-  in.k_cache.resize(num_slots * num_kv_heads * D);
-  in.v_cache.resize(in.k_cache.size());
-  for (auto& x : in.k_cache) x = to_bf16(kvd(rng));
-  for (auto& x : in.v_cache) x = to_bf16(kvd(rng));
-  in.p.rows = rows;
-  in.p.rows_per_seq = k;
-  in.p.num_q_heads = Hq;
-  in.p.num_kv_heads = num_kv_heads;
-  in.p.head_dim = D;
-  in.p.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  in.p.page_stride = page_stride;
-  in.p.page_size = page_size;
-  in.p.branch_stride = branch_stride;
-  in.p.branch_len = branch_len;
-  in.p.branch_lens = nullptr;
+  set_shape_and_random_qkv(in, shape, num_slots, rng);
   return in;
 }
 
@@ -418,7 +375,7 @@ AttnInputs make_attention_inputs(int batch, int k, int num_kv_heads, int group, 
 // CUDA graph: every replay equals the eager run bit for bit.
 TEST(CudaDraftKernels, CapturedInAGraphAndDeterministic) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 rng(test_seed() + 3);
+  std::mt19937_64 rng(test_seed(kBinary) + 3);
   constexpr int B = 3, K = 4, S = 3, H = 64, V = 32000;
   constexpr int rows = B * K;
   std::normal_distribution<float> normal(0.0f, 2.0f);
@@ -433,43 +390,16 @@ TEST(CudaDraftKernels, CapturedInAGraphAndDeterministic) {
   DeviceArray<float> root_probs(static_cast<size_t>(B) * K), child_probs(static_cast<size_t>(rows) * K);
   std::vector<int32_t> slots(static_cast<size_t>((S - 1) * rows));
   std::iota(slots.begin(), slots.end(), 7);
-  DeviceArray<int32_t> step_slots(slots);
-  const int nc = ck::draft_num_candidates(K, S);
-  DeviceArray<float> frontier_scores(rows), row_hidden(static_cast<size_t>(rows) * H),
-      cand_scores(static_cast<size_t>(B) * nc);
-  DeviceArray<int32_t> frontier_nodes(rows), row_tokens(rows), branch(static_cast<size_t>(rows) * S),
-      cand_tokens(static_cast<size_t>(B) * nc), cand_parents(static_cast<size_t>(B) * nc);
-  ck::DraftTreeState st{B,
-                        K,
-                        S,
-                        H,
-                        frontier_scores.get(),
-                        frontier_nodes.get(),
-                        row_tokens.get(),
-                        row_hidden.get(),
-                        branch.get(),
-                        step_slots.get(),
-                        cand_tokens.get(),
-                        cand_parents.get(),
-                        cand_scores.get()};
-  AttnInputs attn = make_attention_inputs(B, K, 2, 4, 64, 16, 2, rng);
-  DeviceArray<uint16_t> q(attn.q), k_cache(attn.k_cache), v_cache(attn.v_cache), attn_out(attn.q.size());
-  DeviceArray<int32_t> pages(attn.pages), prefix_lens(attn.prefix_lens), attn_branch(attn.branch);
-  ck::TreeAttentionParams ap = attn.p;
-  ap.q = q.get();
-  ap.k_cache = k_cache.get();
-  ap.v_cache = v_cache.get();
-  ap.out = attn_out.get();
-  ap.prefix_pages = pages.get();
-  ap.prefix_lens = prefix_lens.get();
-  ap.branch_slots = attn_branch.get();
+  DraftTreeArrays tree(B, K, S, H, slots);
+  const ck::DraftTreeState st = tree.state();
+  DeviceTreeAttention attn(make_attention_inputs(B, K, 2, 4, 64, 16, 2, rng));
 
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
   auto run_step = [&] {
     ck::draft_top_k({root_logits.get(), B, V, K, nullptr, root_tokens.get(), root_probs.get()}, stream);
     ck::draft_init(st, root_tokens.get(), root_probs.get(), root_hidden.get(), stream);
-    ck::tree_attention(ap, stream);
+    ck::tree_attention(attn.p, stream);
     ck::draft_top_k({step_logits.get(), rows, V, K, nullptr, child_tokens.get(), child_probs.get()}, stream);
     ck::draft_select(st, 1, child_tokens.get(), child_probs.get(), step_hidden.get(), stream);
   };
@@ -479,22 +409,23 @@ TEST(CudaDraftKernels, CapturedInAGraphAndDeterministic) {
     auto add = [&](const auto& v) {
       for (const auto& x : v) all.push_back(std::bit_cast<uint32_t>(x));
     };
-    add(cand_tokens.download());
-    add(cand_parents.download());
-    add(cand_scores.download());
-    add(frontier_scores.download());
-    add(row_tokens.download());
-    add(row_hidden.download());
-    add(branch.download());
-    for (uint16_t x : attn_out.download()) all.push_back(x);
+    add(tree.cand_tokens.download());
+    add(tree.cand_parents.download());
+    add(tree.cand_scores.download());
+    add(tree.frontier_scores.download());
+    add(tree.row_tokens.download());
+    add(tree.row_hidden.download());
+    add(tree.branch.download());
+    for (uint16_t x : attn.out.download()) all.push_back(x);
     return all;
   };
   auto scribble = [&] {
-    for (DeviceArray<int32_t>* a : {&cand_tokens, &cand_parents, &row_tokens, &branch, &frontier_nodes}) {
+    for (DeviceArray<int32_t>* a :
+         {&tree.cand_tokens, &tree.cand_parents, &tree.row_tokens, &tree.branch, &tree.frontier_nodes}) {
       a->fill_bytes(0x5a);
     }
-    for (DeviceArray<float>* a : {&cand_scores, &frontier_scores, &row_hidden}) a->fill_bytes(0x5a);
-    attn_out.fill_bytes(0x5a);
+    for (DeviceArray<float>* a : {&tree.cand_scores, &tree.frontier_scores, &tree.row_hidden}) a->fill_bytes(0x5a);
+    attn.out.fill_bytes(0x5a);
     CUDA_CHECK(cudaDeviceSynchronize());  // the memsets run on the default stream
   };
   scribble();
@@ -518,4 +449,4 @@ TEST(CudaDraftKernels, CapturedInAGraphAndDeterministic) {
 }
 
 }  // namespace
-}  // namespace specula
+}  // namespace specula::testing
