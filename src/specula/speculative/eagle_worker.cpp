@@ -8,6 +8,11 @@
 #include "specula/core/error.h"
 #ifdef SPECULA_HAS_CUDA
 #include "specula/speculative/eagle_cuda_head.h"
+#else
+namespace specula {
+// Builds without CUDA never create a GPU head; the worker's destructor still needs the type.
+class EagleCudaHead {};
+}  // namespace specula
 #endif
 
 namespace specula {
