@@ -23,6 +23,7 @@ namespace specula {
 
 class ReqToTokenPool;
 class MHAKVPool;
+class MLAKVPool;
 
 enum class ForwardMode : uint8_t { EXTEND, DECODE, MIXED, IDLE, TARGET_VERIFY, DRAFT_EXTEND };
 
@@ -61,6 +62,7 @@ struct ForwardBatch {
 
   ReqToTokenPool* req_to_token_pool = nullptr;
   MHAKVPool* token_to_kv_pool = nullptr;
+  MLAKVPool* mla_kv_pool = nullptr;  // models with MLA attention (instead of token_to_kv_pool)
   std::shared_ptr<SpecInfo> spec_info;
 
   int64_t num_tokens() const { return static_cast<int64_t>(out_cache_loc.size()); }

@@ -14,6 +14,7 @@
 
 #include "specula/cli/attention_bench_case.h"
 #include "specula/cli/cpu_ceilings.h"
+#include "specula/cli/bench_mla.h"
 #include "specula/cli/json_file.h"
 #include "specula/core/thread_pool.h"
 
@@ -33,6 +34,7 @@ struct Options {
   std::string filter;
   int threads = 0;
   double min_seconds = 0.3;
+  bool mla = false;
 };
 
 std::vector<AttentionBenchCase> cpu_cases(DType kv_dtype) {
@@ -256,7 +258,14 @@ void add_bench_attention_command(CLI::App& bench) {
   cmd->add_option("--threads", options->threads, "CPU threads (default: SPECULA_NUM_THREADS or all cores)");
   cmd->add_option("--filter", options->filter, "Run only cases whose name contains this text");
   cmd->add_option("--min-seconds", options->min_seconds, "Minimum timed seconds per case")->capture_default_str();
-  cmd->callback([options] { run(*options); });
+  cmd->add_flag("--mla", options->mla, "Benchmark MLA and sparse MLA (DeepSeek shapes) instead; CUDA only");
+  cmd->callback([options] {
+    if (options->mla) {
+      run_mla_bench({options->device == "cpu" ? "cuda" : options->device, options->json_path, options->filter});
+      return;
+    }
+    run(*options);
+  });
 }
 
 }  // namespace specula

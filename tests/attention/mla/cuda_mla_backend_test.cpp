@@ -1,0 +1,164 @@
+// The CUDA MLA backend against the CPU MLA backend (its oracle) and the float64 reference, on the
+// same random batches: every mode, bf16 and fp8_ds_mla caches, page sizes 1 and 64, q_len 1..4,
+// tree masks, chunked prefix, long contexts (split-KV), sparse top-k with -1 padding and sinks,
+// 16/64/128 heads, and CUDA-graph capture/replay.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "cuda_test_support.h"
+#include "mla_fixture.h"
+
+namespace specula::testing {
+namespace {
+
+uint64_t seed() { return test_seed("cuda_mla_backend_test"); }
+
+struct NamedCase {
+  std::string name;
+  MlaCase c;
+};
+
+std::vector<int> lens(std::mt19937_64& rng, int n, int lo, int hi) {
+  std::vector<int> v;
+  for (int i = 0; i < n; ++i) v.push_back(std::uniform_int_distribution<int>(lo, hi)(rng));
+  return v;
+}
+
+std::vector<NamedCase> cases() {
+  std::mt19937_64 rng(seed());
+  std::vector<NamedCase> all;
+  for (MlaKVFormat fmt : {MlaKVFormat::bf16, MlaKVFormat::fp8_ds_mla}) {
+    const std::string f = fmt == MlaKVFormat::bf16 ? "Bf16" : "Fp8";
+    for (int ps : {1, 64}) {
+      const std::string p = "Page" + std::to_string(ps);
+      MlaCase d;
+      d.mode = ForwardMode::DECODE;
+      d.q_dtype = DType::bf16;
+      d.format = fmt;
+      d.page_size = ps;
+      d.prefix_lens = lens(rng, 5, 0, 400);
+      d.extend_lens.assign(5, 1);
+      all.push_back({"Decode" + f + p, d});
+      MlaCase longd = d;
+      longd.prefix_lens = {3000 + static_cast<int>(rng() % 1000)};
+      longd.extend_lens = {1};
+      longd.num_q_heads = 128;
+      all.push_back({"DecodeLongSplit128Heads" + f + p, longd});
+      MlaCase e = d;
+      e.mode = ForwardMode::EXTEND;
+      e.prefix_lens = lens(rng, 3, 0, 300);
+      e.prefix_lens[0] = 0;
+      e.extend_lens = lens(rng, 3, 1, 90);
+      all.push_back({"Extend" + f + p, e});
+      e.prefix_chunk_tokens = 64;
+      all.push_back({"ExtendChunkedPrefix" + f + p, e});
+      for (int q_len : {2, 4}) {
+        MlaCase v = d;
+        v.mode = ForwardMode::TARGET_VERIFY;
+        v.num_q_heads = 64;
+        v.prefix_lens = lens(rng, 3, 1, 300);
+        v.extend_lens.assign(3, q_len);
+        all.push_back({"VerifyQlen" + std::to_string(q_len) + "Heads64" + f + p, v});
+      }
+      MlaCase t = d;
+      t.mode = ForwardMode::TARGET_VERIFY;
+      t.prefix_lens = lens(rng, 3, 1, 300);
+      t.extend_lens.assign(3, 8);
+      t.tree_mask = true;
+      all.push_back({"VerifyTree" + f + p, t});
+      MlaCase s = d;
+      s.num_q_heads = 128;
+      s.prefix_lens = lens(rng, 3, 100, 3000);
+      s.extend_lens.assign(3, 1);
+      s.topk = 2048;
+      s.sinks = true;
+      all.push_back({"SparseDecodeTopk2048Sinks" + f + p, s});
+      MlaCase sv = t;
+      sv.tree_mask = false;
+      sv.num_q_heads = 16;
+      sv.extend_lens.assign(3, 2);
+      sv.topk = 64;
+      all.push_back({"SparseVerifyTopk64" + f + p, sv});
+    }
+  }
+  return all;
+}
+
+class CudaMla : public ::testing::TestWithParam<NamedCase> {};
+
+void expect_close(const MlaResult& got, const MlaResult& cpu, const MlaResult& want, const std::string& what,
+                  bool fp8) {
+  ASSERT_EQ(got.out.size(), want.out.size());
+  for (size_t i = 0; i < want.out.size(); ++i) {
+    // The GPU rounds P to bf16, and fp8 rows dequantise to bf16 MMA operands (2^-9 relative per
+    // element on top of the fp8 error both sides share; early extend queries that see a handful
+    // of keys feel it most); the CPU (bf16 q, f32 math) only rounds its output. Allow twice the
+    // CPU's error plus that slack.
+    const double slack = fp8 ? 2e-2 : 4e-3;
+    const double tol = 2.0 * std::abs(cpu.out[i] - want.out[i]) + slack + 1.2e-2 * std::abs(want.out[i]);
+    ASSERT_LE(std::abs(got.out[i] - want.out[i]), tol)
+        << what << " output " << i << ": gpu " << got.out[i] << " cpu " << cpu.out[i] << " float64 " << want.out[i];
+  }
+  for (size_t i = 0; i < want.lse.size(); ++i) {
+    if (std::isinf(want.lse[i])) {
+      ASSERT_TRUE(std::isinf(got.lse[i]) && got.lse[i] < 0) << what << " lse " << i << " should be -inf";
+      continue;
+    }
+    ASSERT_NEAR(got.lse[i], want.lse[i], 2e-2 + 2e-3 * std::abs(want.lse[i])) << what << " lse " << i;
+  }
+}
+
+TEST_P(CudaMla, MatchesCpuAndFloat64) {
+  const MlaCase& c = GetParam().c;
+  MlaFixture cpu_fx(c, Device::cpu(), seed());
+  auto cpu = make_mla_backend("cpu", cpu_fx.backend_options());
+  const MlaResult cpu_out = cpu_fx.run(*cpu);
+  MlaFixture gpu_fx(c, Device::cuda(0), seed());
+  auto gpu = make_mla_backend("cuda", gpu_fx.backend_options());
+  const MlaResult got = gpu_fx.run(*gpu);
+  const MlaResult want = gpu_fx.reference();
+  expect_close(got, cpu_out, want, GetParam().name, c.format == MlaKVFormat::fp8_ds_mla);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaMla, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<NamedCase>& info) { return info.param.name; });
+
+TEST(CudaMlaGraph, CapturedStepsReplayLikeEagerOnes) {
+  std::mt19937_64 rng(seed());
+  for (bool tree : {false, true}) {
+    for (int topk : {0, 128}) {
+      MlaCase c;
+      c.mode = tree ? ForwardMode::TARGET_VERIFY : ForwardMode::DECODE;
+      c.q_dtype = DType::bf16;
+      c.format = topk > 0 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
+      c.page_size = 64;
+      c.prefix_lens = lens(rng, 4, 1, 2000);
+      c.extend_lens.assign(4, tree ? 6 : 1);
+      c.tree_mask = tree;
+      c.topk = topk;
+      c.num_q_heads = 64;
+      cudaStream_t stream = nullptr;
+      ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+      MlaFixture eager_fx(c, Device::cuda(0), seed());
+      auto eager = make_mla_backend("cuda", eager_fx.backend_options());
+      const MlaResult want = eager_fx.run(*eager);
+      MlaFixture graph_fx(c, Device::cuda(0), seed());
+      MlaBackendOptions o = graph_fx.backend_options();
+      o.cuda_stream = stream;
+      o.max_context_len = 4096;
+      auto backend = make_mla_backend("cuda", o);
+      const MlaResult got = graph_fx.run_graph(*backend, stream);
+      const MlaResult ref = graph_fx.reference();
+      // Graph plans split by max_context_len, eager ones by the batch: equal up to rounding.
+      expect_close(got, want, ref, tree ? "tree graph" : "decode graph", c.format == MlaKVFormat::fp8_ds_mla);
+      cudaStreamDestroy(stream);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specula::testing

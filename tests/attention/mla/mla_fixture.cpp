@@ -1,0 +1,358 @@
+// MlaFixture: random paged MLA batches and the float64 reference.
+#include "mla_fixture.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "specula/core/error.h"
+
+#ifdef SPECULA_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace specula::testing {
+
+namespace {
+
+void round_to(DType dtype, std::vector<float>& v) {
+  if (dtype == DType::f32) return;
+  std::vector<uint8_t> tmp(v.size() * dtype_size(dtype));
+  convert_from_float(v.data(), tmp.data(), dtype, v.size());
+  convert_to_float(tmp.data(), dtype, v.data(), v.size());
+}
+
+// A Buffer of `dtype` on `device` holding host floats (converted) or raw host bytes.
+Buffer to_device(const std::vector<float>& v, DType dtype, Shape shape, Device device) {
+  Buffer host(dtype, shape);
+  convert_from_float(v.data(), host.data(), dtype, v.size());
+  if (device.is_cpu()) return host;
+  Buffer dev(dtype, shape, device);
+  copy(dev, host);
+  return dev;
+}
+
+Buffer ints_to_device(const std::vector<int32_t>& v, Shape shape, Device device) {
+  Buffer host(DType::i32, shape);
+  std::copy(v.begin(), v.end(), host.data_as<int32_t>());
+  if (device.is_cpu()) return host;
+  Buffer dev(DType::i32, shape, device);
+  copy(dev, host);
+  return dev;
+}
+
+std::vector<double> to_doubles(const TensorView& t) {
+  Buffer host(t.dtype(), t.shape());
+  copy(host, t);
+  std::vector<float> f(static_cast<size_t>(t.numel()));
+  convert_to_float(host.data(), t.dtype(), f.data(), f.size());
+  return {f.begin(), f.end()};
+}
+
+void write_rows(MLAKVPool& pool, int layer, const std::vector<int32_t>& loc, const std::vector<float>& kv_c,
+                const std::vector<float>& k_pe, Device device) {
+  const auto n = static_cast<int64_t>(loc.size());
+  if (n == 0) return;
+  const Buffer c = to_device(kv_c, DType::f32, {n, pool.kv_lora_rank()}, device);
+  const Buffer p = to_device(k_pe, DType::f32, {n, pool.qk_rope_head_dim()}, device);
+  if (device.is_cpu()) {
+    pool.set_mla_kv_buffer(layer, loc, c, p);
+    return;
+  }
+  const Buffer l = ints_to_device(loc, {n}, device);
+  pool.set_mla_kv_buffer(layer, l, c, p, nullptr);
+#ifdef SPECULA_HAS_CUDA
+  cudaDeviceSynchronize();
+#endif
+}
+
+}  // namespace
+
+MlaFixture::MlaFixture(const MlaCase& c, Device device, uint64_t seed) : case_(c), device_(device), rng_(seed) {
+  const int bs = static_cast<int>(c.prefix_lens.size());
+  SPECULA_REQUIRE(static_cast<int>(c.extend_lens.size()) == bs, "prefix_lens and extend_lens differ in size");
+  layer_.layer_id = 1;
+  layer_.num_q_heads = c.num_q_heads;
+  layer_.kv_lora_rank = c.kv_lora_rank;
+  layer_.qk_rope_head_dim = c.qk_rope_head_dim;
+  // DeepSeek's scale: 1/sqrt(qk_nope_head_dim 128 + rope 64), not the absorbed width.
+  layer_.scaling = 1.0f / std::sqrt(192.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  if (c.sinks) {
+    for (int h = 0; h < c.num_q_heads; ++h) layer_.sinks.push_back(normal(rng_) * 2.0f);
+  }
+  const int ps = c.page_size;
+  int max_len = 1;
+  int64_t pages = 0;
+  for (int i = 0; i < bs; ++i) {
+    kv_lens_.push_back(c.prefix_lens[static_cast<size_t>(i)] + c.extend_lens[static_cast<size_t>(i)]);
+    max_len = std::max(max_len, kv_lens_.back());
+    pages += (kv_lens_.back() + ps - 1) / ps;
+  }
+  // Spare pages, shuffled, so requests' pages interleave and never start at slot 0.
+  std::vector<int32_t> page_ids(static_cast<size_t>(pages + 3));
+  std::iota(page_ids.begin(), page_ids.end(), 1);
+  std::shuffle(page_ids.begin(), page_ids.end(), rng_);
+  MLAKVPoolConfig pc;
+  pc.num_slots = (static_cast<int64_t>(page_ids.size()) + 1) * ps;
+  pc.num_layers = 2;
+  pc.kv_lora_rank = c.kv_lora_rank;
+  pc.qk_rope_head_dim = c.qk_rope_head_dim;
+  pc.format = c.format;
+  pc.device = device;
+  pool_ = std::make_unique<MLAKVPool>(pc);
+  req_pool_ = std::make_unique<ReqToTokenPool>(bs + 2, max_len + ps);
+
+  batch_.forward_mode = c.mode;
+  batch_.batch_size = bs;
+  batch_.req_to_token_pool = req_pool_.get();
+  batch_.mla_kv_pool = pool_.get();
+  if (c.mode == ForwardMode::TARGET_VERIFY) {
+    spec_ = std::make_shared<SpecInfo>();
+    spec_->num_draft_tokens = c.extend_lens.empty() ? 1 : c.extend_lens[0];
+    spec_->prefix_visible = c.tree_mask;
+    batch_.spec_info = spec_;
+  }
+  size_t next_page = 0;
+  std::vector<int32_t> prefix_loc;
+  std::vector<float> prefix_c, prefix_pe;
+  const int R = c.kv_lora_rank;
+  const int P = c.qk_rope_head_dim;
+  const int D = R + P;
+  const auto req_rows = req_pool_->alloc(bs).value();
+  for (int i = 0; i < bs; ++i) {
+    const auto ui = static_cast<size_t>(i);
+    const int32_t kv_len = kv_lens_[ui];
+    const int32_t prefix = c.prefix_lens[ui];
+    const int32_t extend = c.extend_lens[ui];
+    std::vector<int32_t> slots(static_cast<size_t>(kv_len));
+    for (int32_t j = 0; j < kv_len; ++j) {
+      if (j % ps == 0) ++next_page;
+      slots[static_cast<size_t>(j)] = page_ids[next_page - 1] * ps + j % ps;
+    }
+    req_pool_->write(req_rows[ui], 0, slots);
+    batch_.req_pool_indices.push_back(req_rows[ui]);
+    switch (c.mode) {
+      case ForwardMode::DECODE: SPECULA_REQUIRE(extend == 1, "DECODE needs extend 1"); batch_.seq_lens.push_back(kv_len); break;
+      case ForwardMode::TARGET_VERIFY: batch_.seq_lens.push_back(prefix); break;
+      default:
+        batch_.seq_lens.push_back(kv_len);
+        batch_.extend_prefix_lens.push_back(prefix);
+        batch_.extend_seq_lens.push_back(extend);
+    }
+    for (int32_t j = 0; j < prefix; ++j) {
+      prefix_loc.push_back(slots[static_cast<size_t>(j)]);
+      for (int d = 0; d < R; ++d) prefix_c.push_back(normal(rng_));
+      for (int d = 0; d < P; ++d) prefix_pe.push_back(normal(rng_));
+    }
+    for (int32_t j = prefix; j < kv_len; ++j) {
+      batch_.out_cache_loc.push_back(slots[static_cast<size_t>(j)]);
+      batch_.input_ids.push_back(1);
+      batch_.positions.push_back(j);
+      token_req_.push_back(i);
+      token_pos_.push_back(j);
+    }
+    if (c.tree_mask) {
+      SPECULA_REQUIRE(c.mode == ForwardMode::TARGET_VERIFY, "tree masks are for TARGET_VERIFY");
+      // Draft 0 is the root; every other draft token hangs under a random earlier one and sees
+      // the prefix, its ancestors and itself.
+      std::vector<int> parent(static_cast<size_t>(extend), -1);
+      std::vector<uint8_t> m(static_cast<size_t>(extend) * static_cast<size_t>(kv_len), 0);
+      for (int a = 0; a < extend; ++a) {
+        if (a > 0) parent[static_cast<size_t>(a)] = std::uniform_int_distribution<int>(0, a - 1)(rng_);
+        uint8_t* row = m.data() + static_cast<size_t>(a) * static_cast<size_t>(kv_len);
+        std::fill(row, row + prefix, 1);
+        for (int b = a; b >= 0; b = parent[static_cast<size_t>(b)]) row[prefix + b] = 1;
+      }
+      spec_->custom_mask.insert(spec_->custom_mask.end(), m.begin(), m.end());
+      masks_.push_back(std::move(m));
+    }
+  }
+  write_rows(*pool_, layer_.layer_id, prefix_loc, prefix_c, prefix_pe, device);
+
+  const int64_t n = num_tokens();
+  q_.resize(static_cast<size_t>(n * c.num_q_heads * D));
+  for (float& x : q_) x = normal(rng_);
+  round_to(c.q_dtype, q_);
+  kv_c_.resize(static_cast<size_t>(n * R));
+  k_pe_.resize(static_cast<size_t>(n * P));
+  for (float& x : kv_c_) x = normal(rng_);
+  for (float& x : k_pe_) x = normal(rng_);
+
+  if (c.topk > 0) {
+    topk_indices_.assign(static_cast<size_t>(n * c.topk), -1);
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t kv_len = kv_lens_[static_cast<size_t>(token_req_[static_cast<size_t>(t)])];
+      std::vector<int32_t> pos(static_cast<size_t>(kv_len));
+      std::iota(pos.begin(), pos.end(), 0);
+      std::shuffle(pos.begin(), pos.end(), rng_);
+      const int most = std::min(c.topk, kv_len);
+      // Mostly partly filled rows; sometimes none at all, sometimes an index past the request.
+      const int count = std::uniform_int_distribution<int>(0, 9)(rng_) == 0
+                            ? 0
+                            : std::uniform_int_distribution<int>(1, most)(rng_);
+      int32_t* row = topk_indices_.data() + t * c.topk;
+      for (int k = 0; k < count; ++k) row[k] = pos[static_cast<size_t>(k)];
+      if (count < c.topk && std::uniform_int_distribution<int>(0, 3)(rng_) == 0) row[count] = kv_len + 5;
+      std::shuffle(row, row + c.topk, rng_);
+    }
+  }
+}
+
+MlaBackendOptions MlaFixture::backend_options() const {
+  MlaBackendOptions o;
+  o.device = device_;
+  o.page_size = case_.page_size;
+  o.prefix_chunk_tokens = case_.prefix_chunk_tokens;
+  int max_len = 1;
+  for (int32_t l : kv_lens_) max_len = std::max(max_len, l);
+  o.max_context_len = max_len + case_.page_size;
+  return o;
+}
+
+std::vector<int32_t> MlaFixture::visible(int64_t t) const {
+  const auto r = static_cast<size_t>(token_req_[static_cast<size_t>(t)]);
+  const int32_t kv_len = kv_lens_[r];
+  const int32_t pos = token_pos_[static_cast<size_t>(t)];
+  std::vector<int32_t> out;
+  if (case_.topk > 0) {
+    for (int k = 0; k < case_.topk; ++k) {
+      const int32_t j = topk_indices_[static_cast<size_t>(t * case_.topk + k)];
+      if (j >= 0 && j < kv_len) out.push_back(j);
+    }
+    return out;
+  }
+  if (case_.tree_mask) {
+    const int32_t row = pos - case_.prefix_lens[r];
+    const uint8_t* m = masks_[r].data() + static_cast<size_t>(row) * static_cast<size_t>(kv_len);
+    for (int32_t j = 0; j < kv_len; ++j) {
+      if (m[j] != 0) out.push_back(j);
+    }
+    return out;
+  }
+  for (int32_t j = 0; j <= pos; ++j) out.push_back(j);
+  return out;
+}
+
+MlaResult MlaFixture::run(MlaAttentionBackend& backend) {
+  const int64_t n = num_tokens();
+  const int H = case_.num_q_heads;
+  const int R = case_.kv_lora_rank;
+  const int P = case_.qk_rope_head_dim;
+  const Buffer q = to_device(q_, case_.q_dtype, {n, H, R + P}, device_);
+  const Buffer kv_c = to_device(kv_c_, DType::f32, {n, R}, device_);
+  const Buffer k_pe = to_device(k_pe_, DType::f32, {n, P}, device_);
+  Buffer out(case_.q_dtype, {n, H, R}, device_);
+  Buffer lse(DType::f32, {n, H}, device_);
+  out.zero();
+  lse.zero();
+  Buffer topk;
+  MlaForwardOptions options;
+  options.lse = lse;
+  if (case_.topk > 0) {
+    topk = ints_to_device(topk_indices_, {n, case_.topk}, device_);
+    options.topk_indices = topk;
+  }
+  backend.check_layer(layer_, case_.q_dtype, case_.format);
+  backend.init_forward_metadata(batch_);
+  backend.forward(q, kv_c, k_pe, out, layer_, batch_, options);
+#ifdef SPECULA_HAS_CUDA
+  if (device_.is_cuda()) cudaDeviceSynchronize();
+#endif
+  return {to_doubles(out), to_doubles(lse)};
+}
+
+MlaResult MlaFixture::run_graph(MlaAttentionBackend& backend, void* stream) {
+#ifdef SPECULA_HAS_CUDA
+  const int64_t n = num_tokens();
+  const int H = case_.num_q_heads;
+  const int R = case_.kv_lora_rank;
+  const int P = case_.qk_rope_head_dim;
+  const Buffer q = to_device(q_, case_.q_dtype, {n, H, R + P}, device_);
+  const Buffer kv_c = to_device(kv_c_, DType::f32, {n, R}, device_);
+  const Buffer k_pe = to_device(k_pe_, DType::f32, {n, P}, device_);
+  Buffer out(case_.q_dtype, {n, H, R}, device_);
+  Buffer lse(DType::f32, {n, H}, device_);
+  out.zero();
+  lse.zero();
+  Buffer topk;
+  MlaForwardOptions options;
+  options.lse = lse;
+  if (case_.topk > 0) {
+    topk = ints_to_device(topk_indices_, {n, case_.topk}, device_);
+    options.topk_indices = topk;
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  backend.check_layer(layer_, case_.q_dtype, case_.format);
+  backend.init_cuda_graph_state(batch_.batch_size, static_cast<int>(n));
+  backend.init_forward_metadata_capture_cuda_graph(batch_);
+  cudaStreamSynchronize(s);
+  cudaGraph_t graph = nullptr;
+  SPECULA_REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin capture");
+  backend.forward(q, kv_c, k_pe, out, layer_, batch_, options);
+  SPECULA_REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess, "end capture");
+  cudaGraphExec_t exec = nullptr;
+  SPECULA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "instantiate");
+  // Nothing ran during capture: poison the outputs, then replay after the replay hook.
+  cudaMemsetAsync(out.data(), 0xff, out.nbytes(), s);
+  backend.init_forward_metadata_replay_cuda_graph(batch_);
+  SPECULA_REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess, "graph launch");
+  SPECULA_REQUIRE(cudaStreamSynchronize(s) == cudaSuccess, "graph run");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return {to_doubles(out), to_doubles(lse)};
+#else
+  (void)backend;
+  (void)stream;
+  SPECULA_REQUIRE(false, "run_graph needs CUDA");
+  return {};
+#endif
+}
+
+MlaResult MlaFixture::reference() const {
+  const int64_t n = num_tokens();
+  const int H = case_.num_q_heads;
+  const int R = case_.kv_lora_rank;
+  const int D = R + case_.qk_rope_head_dim;
+  MlaResult res;
+  res.out.assign(static_cast<size_t>(n * H * R), 0.0);
+  res.lse.assign(static_cast<size_t>(n * H), -std::numeric_limits<double>::infinity());
+  std::vector<std::vector<float>> rows(kv_lens_.size());
+  for (size_t r = 0; r < kv_lens_.size(); ++r) {
+    rows[r].resize(static_cast<size_t>(kv_lens_[r]) * static_cast<size_t>(D));
+    const int32_t* slots = req_pool_->row(batch_.req_pool_indices[r]);
+    pool_->read_rows(layer_.layer_id, std::span<const int32_t>(slots, static_cast<size_t>(kv_lens_[r])), rows[r].data());
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const std::vector<int32_t> keys = visible(t);
+    const std::vector<float>& req_rows = rows[static_cast<size_t>(token_req_[static_cast<size_t>(t)])];
+    for (int h = 0; h < H; ++h) {
+      const float* q = q_.data() + (t * H + h) * D;
+      std::vector<double> s(keys.size());
+      double m = -std::numeric_limits<double>::infinity();
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const float* k = req_rows.data() + static_cast<size_t>(keys[i]) * static_cast<size_t>(D);
+        double dot = 0.0;
+        for (int d = 0; d < D; ++d) dot += static_cast<double>(q[d]) * k[d];
+        s[i] = dot * static_cast<double>(layer_.scaling);
+        m = std::max(m, s[i]);
+      }
+      if (!layer_.sinks.empty()) m = std::max(m, static_cast<double>(layer_.sinks[static_cast<size_t>(h)]));
+      if (std::isinf(m)) continue;  // no keys, no sink: zeros and -inf
+      double total = layer_.sinks.empty() ? 0.0 : std::exp(layer_.sinks[static_cast<size_t>(h)] - m);
+      double* o = res.out.data() + (t * H + h) * R;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const double p = std::exp(s[i] - m);
+        total += p;
+        const float* v = req_rows.data() + static_cast<size_t>(keys[i]) * static_cast<size_t>(D);
+        for (int d = 0; d < R; ++d) o[d] += p * v[d];
+      }
+      for (int d = 0; d < R; ++d) o[d] /= total;
+      res.lse[static_cast<size_t>(t * H + h)] = m + std::log(total);
+    }
+  }
+  return res;
+}
+
+}  // namespace specula::testing
