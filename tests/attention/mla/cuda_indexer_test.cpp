@@ -153,7 +153,8 @@ struct DeviceIndexer {
   }
 
   std::vector<int32_t> run(cudaStream_t stream = nullptr) {
-    out.fill_bytes(0x7f);
+    out.fill_bytes(0x7f);  // on the legacy stream: finish it before a launch on another stream
+    CUDA_CHECK(cudaDeviceSynchronize());
     ck::launch_indexer_topk(p, stream);
     CUDA_CHECK(cudaDeviceSynchronize());
     return out.download();
@@ -376,6 +377,7 @@ TEST(CudaIndexer, GraphReplayMatchesEagerWithNewPositions) {
   const CudaGraph graph(stream, [&] { ck::launch_indexer_topk(d.p, stream); });
   const auto replay = [&] {
     d.out.fill_bytes(0x7f);
+    CUDA_CHECK(cudaDeviceSynchronize());
     graph.launch(stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     return d.out.download();
@@ -386,6 +388,7 @@ TEST(CudaIndexer, GraphReplayMatchesEagerWithNewPositions) {
   std::vector<int32_t> shorter = s.token_pos;
   for (size_t t = 0; t < shorter.size(); ++t) shorter[t] = std::max(0, shorter[t] - 1000 * static_cast<int>(t + 1));
   d.token_pos.upload(shorter);
+  CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<int32_t> graph_short = replay();
   const std::vector<int32_t> eager_short = d.run(stream);
   EXPECT_EQ(graph_short, eager_short);
