@@ -19,16 +19,7 @@ uint64_t seed() {
   return s;
 }
 
-struct NamedCase {
-  std::string name;
-  MlaCase c;
-};
-
-std::vector<int> random_lens(std::mt19937_64& rng, int n, int lo, int hi) {
-  std::vector<int> v;
-  for (int i = 0; i < n; ++i) v.push_back(std::uniform_int_distribution<int>(lo, hi)(rng));
-  return v;
-}
+using NamedCase = NamedMlaCase;
 
 std::vector<NamedCase> cases() {
   std::mt19937_64 rng(seed());

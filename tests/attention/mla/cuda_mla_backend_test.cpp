@@ -17,16 +17,7 @@ namespace {
 
 uint64_t seed() { return test_seed("cuda_mla_backend_test"); }
 
-struct NamedCase {
-  std::string name;
-  MlaCase c;
-};
-
-std::vector<int> lens(std::mt19937_64& rng, int n, int lo, int hi) {
-  std::vector<int> v;
-  for (int i = 0; i < n; ++i) v.push_back(std::uniform_int_distribution<int>(lo, hi)(rng));
-  return v;
-}
+using NamedCase = NamedMlaCase;
 
 std::vector<NamedCase> cases() {
   std::mt19937_64 rng(seed());
@@ -40,7 +31,7 @@ std::vector<NamedCase> cases() {
       d.q_dtype = DType::bf16;
       d.format = fmt;
       d.page_size = ps;
-      d.prefix_lens = lens(rng, 5, 0, 400);
+      d.prefix_lens = random_lens(rng, 5, 0, 400);
       d.extend_lens.assign(5, 1);
       all.push_back({"Decode" + f + p, d});
       MlaCase longd = d;
@@ -50,9 +41,9 @@ std::vector<NamedCase> cases() {
       all.push_back({"DecodeLongSplit128Heads" + f + p, longd});
       MlaCase e = d;
       e.mode = ForwardMode::EXTEND;
-      e.prefix_lens = lens(rng, 3, 0, 300);
+      e.prefix_lens = random_lens(rng, 3, 0, 300);
       e.prefix_lens[0] = 0;
-      e.extend_lens = lens(rng, 3, 1, 90);
+      e.extend_lens = random_lens(rng, 3, 1, 90);
       all.push_back({"Extend" + f + p, e});
       e.prefix_chunk_tokens = 64;
       all.push_back({"ExtendChunkedPrefix" + f + p, e});
@@ -60,19 +51,19 @@ std::vector<NamedCase> cases() {
         MlaCase v = d;
         v.mode = ForwardMode::TARGET_VERIFY;
         v.num_q_heads = 64;
-        v.prefix_lens = lens(rng, 3, 1, 300);
+        v.prefix_lens = random_lens(rng, 3, 1, 300);
         v.extend_lens.assign(3, q_len);
         all.push_back({"VerifyQlen" + std::to_string(q_len) + "Heads64" + f + p, v});
       }
       MlaCase t = d;
       t.mode = ForwardMode::TARGET_VERIFY;
-      t.prefix_lens = lens(rng, 3, 1, 300);
+      t.prefix_lens = random_lens(rng, 3, 1, 300);
       t.extend_lens.assign(3, 8);
       t.tree_mask = true;
       all.push_back({"VerifyTree" + f + p, t});
       MlaCase s = d;
       s.num_q_heads = 128;
-      s.prefix_lens = lens(rng, 3, 100, 3000);
+      s.prefix_lens = random_lens(rng, 3, 100, 3000);
       s.extend_lens.assign(3, 1);
       s.topk = 2048;
       s.sinks = true;
@@ -136,7 +127,7 @@ TEST(CudaMlaGraph, CapturedStepsReplayLikeEagerOnes) {
       c.q_dtype = DType::bf16;
       c.format = topk > 0 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
       c.page_size = 64;
-      c.prefix_lens = lens(rng, 4, 1, 2000);
+      c.prefix_lens = random_lens(rng, 4, 1, 2000);
       c.extend_lens.assign(4, tree ? 6 : 1);
       c.tree_mask = tree;
       c.topk = topk;

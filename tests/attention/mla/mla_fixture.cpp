@@ -69,6 +69,12 @@ void write_rows(MLAKVPool& pool, int layer, const std::vector<int32_t>& loc, con
 
 }  // namespace
 
+std::vector<int> random_lens(std::mt19937_64& rng, int n, int lo, int hi) {
+  std::vector<int> v;
+  for (int i = 0; i < n; ++i) v.push_back(std::uniform_int_distribution<int>(lo, hi)(rng));
+  return v;
+}
+
 MlaFixture::MlaFixture(const MlaCase& c, Device device, uint64_t seed) : case_(c), device_(device), rng_(seed) {
   const int bs = static_cast<int>(c.prefix_lens.size());
   SPECULA_REQUIRE(static_cast<int>(c.extend_lens.size()) == bs, "prefix_lens and extend_lens differ in size");
@@ -235,25 +241,31 @@ std::vector<int32_t> MlaFixture::visible(int64_t t) const {
   return out;
 }
 
-MlaResult MlaFixture::run(MlaAttentionBackend& backend) {
+MlaFixture::StepTensors MlaFixture::step_tensors() const {
   const int64_t n = num_tokens();
   const int H = case_.num_q_heads;
   const int R = case_.kv_lora_rank;
   const int P = case_.qk_rope_head_dim;
-  const Buffer q = to_device(q_, case_.q_dtype, {n, H, R + P}, device_);
-  const Buffer kv_c = to_device(kv_c_, DType::f32, {n, R}, device_);
-  const Buffer k_pe = to_device(k_pe_, DType::f32, {n, P}, device_);
-  Buffer out(case_.q_dtype, {n, H, R}, device_);
-  Buffer lse(DType::f32, {n, H}, device_);
-  out.zero();
-  lse.zero();
-  Buffer topk;
-  MlaForwardOptions options;
-  options.lse = lse;
+  StepTensors t;
+  t.q = to_device(q_, case_.q_dtype, {n, H, R + P}, device_);
+  t.kv_c = to_device(kv_c_, DType::f32, {n, R}, device_);
+  t.k_pe = to_device(k_pe_, DType::f32, {n, P}, device_);
+  t.out = Buffer(case_.q_dtype, {n, H, R}, device_);
+  t.lse = Buffer(DType::f32, {n, H}, device_);
+  t.out.zero();
+  t.lse.zero();
+  t.options.lse = t.lse;
   if (case_.topk > 0) {
-    topk = ints_to_device(topk_indices_, {n, case_.topk}, device_);
-    options.topk_indices = topk;
+    t.topk = ints_to_device(topk_indices_, {n, case_.topk}, device_);
+    t.options.topk_indices = t.topk;
   }
+  return t;
+}
+
+MlaResult MlaFixture::run(MlaAttentionBackend& backend) {
+  const StepTensors t = step_tensors();
+  const Buffer &q = t.q, &kv_c = t.kv_c, &k_pe = t.k_pe, &out = t.out, &lse = t.lse;
+  const MlaForwardOptions& options = t.options;
   backend.check_layer(layer_, case_.q_dtype, case_.format);
   backend.init_forward_metadata(batch_);
   backend.forward(q, kv_c, k_pe, out, layer_, batch_, options);
@@ -266,23 +278,9 @@ MlaResult MlaFixture::run(MlaAttentionBackend& backend) {
 MlaResult MlaFixture::run_graph(MlaAttentionBackend& backend, void* stream) {
 #ifdef SPECULA_HAS_CUDA
   const int64_t n = num_tokens();
-  const int H = case_.num_q_heads;
-  const int R = case_.kv_lora_rank;
-  const int P = case_.qk_rope_head_dim;
-  const Buffer q = to_device(q_, case_.q_dtype, {n, H, R + P}, device_);
-  const Buffer kv_c = to_device(kv_c_, DType::f32, {n, R}, device_);
-  const Buffer k_pe = to_device(k_pe_, DType::f32, {n, P}, device_);
-  Buffer out(case_.q_dtype, {n, H, R}, device_);
-  Buffer lse(DType::f32, {n, H}, device_);
-  out.zero();
-  lse.zero();
-  Buffer topk;
-  MlaForwardOptions options;
-  options.lse = lse;
-  if (case_.topk > 0) {
-    topk = ints_to_device(topk_indices_, {n, case_.topk}, device_);
-    options.topk_indices = topk;
-  }
+  const StepTensors t = step_tensors();
+  const Buffer &q = t.q, &kv_c = t.kv_c, &k_pe = t.k_pe, &out = t.out, &lse = t.lse;
+  const MlaForwardOptions& options = t.options;
   auto s = static_cast<cudaStream_t>(stream);
   backend.check_layer(layer_, case_.q_dtype, case_.format);
   backend.init_cuda_graph_state(batch_.batch_size, static_cast<int>(n));

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "specula/attention/mla/mla_backend.h"
@@ -30,6 +31,13 @@ struct MlaCase {
   int topk = 0;             // > 0: sparse with this many indices per token
   int prefix_chunk_tokens = 0;
 };
+
+// A named case for parameterised tests, and random lengths in [lo, hi].
+struct NamedMlaCase {
+  std::string name;
+  MlaCase c;
+};
+std::vector<int> random_lens(std::mt19937_64& rng, int n, int lo, int hi);
 
 struct MlaResult {
   std::vector<double> out;  // [num_tokens, num_q_heads, kv_lora_rank]
@@ -56,6 +64,13 @@ class MlaFixture {
   std::vector<int32_t> visible(int64_t t) const;
 
  private:
+  // The step's inputs and outputs on the fixture's device.
+  struct StepTensors {
+    Buffer q, kv_c, k_pe, out, lse, topk;
+    MlaForwardOptions options;
+  };
+  StepTensors step_tensors() const;
+
   MlaCase case_;
   Device device_;
   MlaLayer layer_;
