@@ -91,8 +91,9 @@ TEST(CudaSparseIndices, DeviceEqualsHost) {
 
 TEST(CudaSparseIndices, RequestOutsideTheBatchGivesMinusOne) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  DeviceArray<int32_t> req(std::vector<int32_t>{0, 1, -1}), pages(std::vector<int32_t>{3}), lens(std::vector<int32_t>{4}),
-      indices(std::vector<int32_t>{2, 2, 2}), out(3);
+  // Token 0 is valid; tokens 1 and -1 name requests outside a batch of one.
+  DeviceArray<int32_t> req(std::vector<int32_t>{0, 1, -1}), pages(std::vector<int32_t>{3}),
+      lens(std::vector<int32_t>{4}), indices(std::vector<int32_t>{2, 2, 2}), out(3);
   ck::SparseIndexParams p{};
   p.req_id_per_token = req.get();
   p.page_table = pages.get();

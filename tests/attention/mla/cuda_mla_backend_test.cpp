@@ -104,6 +104,7 @@ void expect_close(const MlaResult& got, const MlaResult& cpu, const MlaResult& w
 }
 
 TEST_P(CudaMla, MatchesCpuAndFloat64) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const MlaCase& c = GetParam().c;
   MlaFixture cpu_fx(c, Device::cpu(), seed());
   auto cpu = make_mla_backend("cpu", cpu_fx.backend_options());
@@ -119,6 +120,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaMla, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<NamedCase>& info) { return info.param.name; });
 
 TEST(CudaMlaGraph, CapturedStepsReplayLikeEagerOnes) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(seed());
   for (bool tree : {false, true}) {
     for (int topk : {0, 128}) {

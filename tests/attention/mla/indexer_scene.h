@@ -250,10 +250,14 @@ inline ::testing::AssertionResult check_topk(const std::vector<double>& ref, dou
   std::vector<char> chosen(static_cast<size_t>(n), 0);
   for (int i = 0; i < topk; ++i) {
     if (i >= k) {
-      if (row[i] != -1) return fail("entry " + std::to_string(i) + " is " + std::to_string(row[i]) + ", not -1 padding");
+      if (row[i] != -1) {
+        return fail("entry " + std::to_string(i) + " is " + std::to_string(row[i]) + ", not -1 padding");
+      }
       continue;
     }
-    if (row[i] < 0 || row[i] >= n) return fail("entry " + std::to_string(i) + " = " + std::to_string(row[i]) + " is not visible");
+    if (row[i] < 0 || row[i] >= n) {
+      return fail("entry " + std::to_string(i) + " = " + std::to_string(row[i]) + " is not visible");
+    }
     if (chosen[static_cast<size_t>(row[i])]) return fail("position " + std::to_string(row[i]) + " is chosen twice");
     chosen[static_cast<size_t>(row[i])] = 1;
   }

@@ -231,7 +231,8 @@ __global__ void __launch_bounds__(block_topk::kThreads) indexer_select_kernel(co
   extern __shared__ __align__(16) unsigned char smem[];
   const int t = blockIdx.x;
   const int n = min(p.token_pos[t] + 1, p.max_kv_len);  // run() treats n < 0 as 0
-  block_topk::run(p.scores + static_cast<int64_t>(t) * stride, n, p.topk, smem, p.out + static_cast<int64_t>(t) * p.topk);
+  block_topk::run(p.scores + static_cast<int64_t>(t) * stride, n, p.topk, smem,
+                  p.out + static_cast<int64_t>(t) * p.topk);
 }
 
 // ---- host ---------------------------------------------------------------------------------------
@@ -239,8 +240,10 @@ __global__ void __launch_bounds__(block_topk::kThreads) indexer_select_kernel(co
 void require_launchable(const IndexerParams& p, const IndexerConfig& c, bool scores, bool select) {
   SPECULA_REQUIRE(c.unsupported.empty(), c.unsupported);
   if (p.num_tokens == 0) return;
-  SPECULA_REQUIRE(p.token_pos != nullptr && p.scores != nullptr, "indexer: token_pos and the score workspace are required");
-  SPECULA_REQUIRE(reinterpret_cast<uintptr_t>(p.scores) % 16 == 0, "indexer: the score workspace must be 16-byte aligned");
+  SPECULA_REQUIRE(p.token_pos != nullptr && p.scores != nullptr,
+                  "indexer: token_pos and the score workspace are required");
+  SPECULA_REQUIRE(reinterpret_cast<uintptr_t>(p.scores) % 16 == 0,
+                  "indexer: the score workspace must be 16-byte aligned");
   if (scores) {
     SPECULA_REQUIRE(p.q != nullptr && p.weights != nullptr && p.index_cache != nullptr && p.page_table != nullptr &&
                         p.token_req != nullptr,
@@ -291,7 +294,8 @@ void launch_indexer_scores(const IndexerParams& p, cudaStream_t stream) {
   require_launchable(p, c, /*scores=*/true, /*select=*/false);
   if (p.num_tokens == 0 || p.max_kv_len == 0) return;
   const int64_t stride = indexer_score_stride(p.max_kv_len);
-  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>((p.max_kv_len + kBlockKeys - 1) / kBlockKeys));
+  const dim3 grid(static_cast<unsigned>(p.num_tokens),
+                  static_cast<unsigned>((p.max_kv_len + kBlockKeys - 1) / kBlockKeys));
   const dim3 block(static_cast<unsigned>(32 * c.score_warps));
   if (c.head_tiles_per_warp == 2) {
     indexer_scores_kernel<2><<<grid, block, 0, stream>>>(p, stride, c.contiguous_tiles);

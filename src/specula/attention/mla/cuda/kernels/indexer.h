@@ -57,7 +57,9 @@ struct IndexerConfig {
   size_t workspace_bytes = 0;    // indexer_workspace_bytes(num_tokens, max_kv_len)
   int score_warps = 0;           // warps per scores block
   int head_tiles_per_warp = 0;   // 16-head MMA tiles per warp
-  bool contiguous_tiles = false;  // page_size % 64 == 0 and an aligned cache: 64-key tiles load as one 16-byte-vector run
+  // page_size % 64 == 0 and a 16-byte-aligned cache: a 64-key tile is one run of slots, copied in
+  // 16-byte vectors; otherwise each key's row is found through the page table and copied in words.
+  bool contiguous_tiles = false;
   size_t select_smem_bytes = 0;  // dynamic shared memory of the select kernel
 };
 IndexerConfig select_indexer(const IndexerParams& params);
