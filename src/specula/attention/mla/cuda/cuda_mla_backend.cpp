@@ -79,7 +79,6 @@ struct CudaMlaBackend::State {
   int max_kv = 0;
   int dense_splits = 1;
   int dense_items = 0;
-  bool causal = true;
   bool tree = false;
   int graph_tree = -1;  // whether captured graphs attend with tree bits (-1: nothing captured)
   std::vector<int32_t> token_req;  // host copies, for planning
@@ -258,7 +257,6 @@ void CudaMlaBackend::build_metadata(const ForwardBatch& batch, bool graph) {
       offset += static_cast<int64_t>(nd) * kv_len;
     }
   }
-  st.causal = true;
 
   // Dense work items: every request's row blocks times the splits.
   int64_t blocks = 0;
@@ -352,7 +350,6 @@ void CudaMlaBackend::forward(const TensorView& q, const TensorView& kv_c, const 
   p.kv_lens = d.kv_lens.get<const int32_t>();
   p.q_lens = d.q_lens.get<const int32_t>();
   p.first_token = d.first_token.get<const int32_t>();
-  p.causal = st.causal ? 1 : 0;
   p.tree_bits = st.tree ? reinterpret_cast<const uint64_t*>(d.tree_bits.get<int64_t>()) : nullptr;
   p.num_q_heads = H;
   p.scale_log2 = layer.scaling * 1.4426950408889634f;

@@ -95,31 +95,26 @@ __device__ __forceinline__ void issue_tile(const IndexerParams& p, const int32_t
   cp_async_commit();
 }
 
+// One level: lanes split by the bit `kHalf * 2` of their index; each keeps kHalf of its values
+// (upper lanes the upper half) and adds the partner's copy of them.
+template <int kHalf>
+__device__ __forceinline__ void reduce_scatter_level(float (&v)[16], int lane) {
+  const bool upper = (lane & (2 * kHalf)) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float send = upper ? v[i] : v[i + kHalf];
+    const float keep = upper ? v[i + kHalf] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * kHalf);
+  }
+}
+
 // Sums v[16] (value i: key 8 * (i / 2) + 2 * t + i % 2 of the lane's fragment column t) over
 // the eight lanes that share t, scattering the result: lane l ends with keys 2l and 2l + 1 in
 // v[0], v[1]. Each level halves the values a lane keeps, so 8 + 4 + 2 shuffles instead of 48.
 __device__ __forceinline__ void reduce_scatter_heads(float (&v)[16], int lane) {
-  const bool b4 = (lane >> 4) & 1;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float send = b4 ? v[i] : v[i + 8];
-    const float keep = b4 ? v[i + 8] : v[i];
-    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
-  }
-  const bool b3 = (lane >> 3) & 1;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float send = b3 ? v[i] : v[i + 4];
-    const float keep = b3 ? v[i + 4] : v[i];
-    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
-  }
-  const bool b2 = (lane >> 2) & 1;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float send = b2 ? v[i] : v[i + 2];
-    const float keep = b2 ? v[i + 2] : v[i];
-    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
-  }
+  reduce_scatter_level<8>(v, lane);
+  reduce_scatter_level<4>(v, lane);
+  reduce_scatter_level<2>(v, lane);
 }
 
 // ---- kernels ------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ __device__ Item decode_item(const MlaAttentionParams& p, const MlaWorkItem& w) {
     total_keys = it.kv_len;
     // Causal tile skipping: no row of this block sees past its last token's position.
     const int last_token = min(it.q_len - 1, (first_row + kMlaBlockRows - 1) / H);
-    it.key_end = p.causal ? min(it.kv_len, it.kv_len - it.q_len + last_token + 1) : it.kv_len;
+    it.key_end = min(it.kv_len, it.kv_len - it.q_len + last_token + 1);
   }
   const int per_split = (total_keys + p.num_splits - 1) / p.num_splits;
   const int chunk = (per_split + p.split_align - 1) / p.split_align * p.split_align;
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
     }
     const int token = static_cast<int>((it.row0 + r) / p.num_q_heads);
     const int index = token - p.first_token[it.unit];
-    limit[i] = p.causal ? it.kv_len - it.q_len + index : it.kv_len - 1;
+    limit[i] = it.kv_len - it.q_len + index;
     if (p.tree_bits != nullptr) bits[i] = p.tree_bits[token];
   }
   if (p.slots == nullptr) draft0 = it.kv_len - it.q_len;

@@ -39,8 +39,8 @@ struct MlaAttentionParams {
   int32_t page_size;
   const int32_t* kv_lens;     // [batch_size] keys of each request (queries included)
   const int32_t* q_lens;      // [batch_size]
-  const int32_t* first_token; // [batch_size] the request's first query token
-  int32_t causal;             // 1: query i of a request sees keys <= kv_len - q_len + i
+  const int32_t* first_token; // [batch_size] the request's first query token; query i of a
+                              // request sees keys <= kv_len - q_len + i (MLA is always causal)
   const uint64_t* tree_bits;  // [num_tokens] or nullptr: bit a = sees draft token a (the last
                               // q_len keys); every earlier key is visible. q_len <= 64.
   // Sparse.
