@@ -5,13 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "specula/core/error.h"
 #include "specula/runtime/generator.h"
+#include "tiny_checkpoint.h"
 
 namespace specula {
 namespace {
@@ -33,18 +32,11 @@ constexpr double kAttnCap = 4.0, kFinalCap = 3.0, kQueryScalar = 48.0;
 struct TinyModel {
   int vocab = 259, hidden = 96, inter = 128, layers = 2, heads = 4, kv_heads = 2, head_dim = 64;
   double eps = 1e-6, theta = 10000.0;
-  std::map<std::string, std::vector<float>> w;
-  std::map<std::string, std::vector<int64_t>> shape;
+  test::TinyWeights w;
 };
 
 void add(TinyModel& m, std::mt19937& rng, const std::string& name, std::vector<int64_t> dims, float scale, float mean = 0) {
-  std::normal_distribution<float> dist(mean, scale);
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  m.w[name] = v;
-  m.shape[name] = dims;
+  m.w.add(rng, name, std::move(dims), scale, mean);
 }
 
 TinyModel make_weights(const Arch& a, uint32_t seed) {
@@ -90,7 +82,6 @@ TinyModel make_weights(const Arch& a, uint32_t seed) {
 }
 
 void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::path& dir) {
-  std::filesystem::create_directories(dir);
   nlohmann::json config = {{"architectures", {a.name}}, {"vocab_size", m.vocab}, {"hidden_size", m.hidden},
                            {"intermediate_size", m.inter}, {"num_hidden_layers", m.layers},
                            {"num_attention_heads", m.heads}, {"num_key_value_heads", m.kv_heads},
@@ -116,22 +107,7 @@ void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::
       config["max_window_layers"] = a.first_window_layer;
     }
   }
-  std::ofstream(dir / "config.json") << config.dump(2);
-  nlohmann::json header;
-  std::string data;
-  for (const auto& [name, values] : m.w) {
-    const size_t begin = data.size();
-    data.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
-    header[name] = {{"dtype", "F32"}, {"shape", m.shape.at(name)}, {"data_offsets", {begin, data.size()}}};
-  }
-  std::string h = header.dump();
-  while (h.size() % 8 != 0) h += ' ';
-  std::string file(8, '\0');
-  for (int i = 0; i < 8; ++i) file[static_cast<size_t>(i)] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
-  file += h + data;
-  std::ofstream(dir / "model.safetensors", std::ios::binary) << file;
-  std::filesystem::copy_file(std::filesystem::path(SPECULA_SOURCE_DIR) / "models/specula-byte-6m/tokenizer.json",
-                             dir / "tokenizer.json", std::filesystem::copy_options::overwrite_existing);
+  test::write_tiny_checkpoint(dir, config, m.w);
 }
 
 // The reference: logits of every position of `ids`, in double, straight from the definitions.

@@ -1,6 +1,7 @@
 // Rope frequencies for each scaling type, against the formulas written out here in double.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "specula/model/rope.h"
@@ -81,6 +82,26 @@ TEST(Rope, YarnRampsBetweenExtrapolationAndInterpolation) {
   const double ramp = (30.0 - 20.0) / (46.0 - 20.0);
   EXPECT_NEAR(r.inv_freq[30], plain(1e4, 30, 128) * (1 - ramp) + plain(1e4, 30, 128) / 4 * ramp, 1e-5 * plain(1e4, 30, 128));
   EXPECT_NEAR(r.attention_factor, 0.1 * std::log(4.0) + 1.0, 1e-6);
+}
+
+TEST(Rope, YarnWithDeepseekMscalesAndNoTruncation) {
+  ModelConfig c = base_config(64, 10000.0);
+  c.rope_scaling.type = "yarn";
+  c.rope_scaling.factor = 40.0;
+  c.rope_scaling.original_max_position_embeddings = 4096;
+  c.rope_scaling.mscale = 1.0;
+  c.rope_scaling.mscale_all_dim = 0.8;
+  c.rope_scaling.truncate = false;
+  const auto r = compute_rope_frequencies(c);
+  // cos/sin carry get_mscale(40, 1) / get_mscale(40, 0.8); the softmax scale takes the rest.
+  EXPECT_NEAR(r.attention_factor, (0.1 * std::log(40.0) + 1.0) / (0.08 * std::log(40.0) + 1.0), 1e-6);
+  auto dim_of = [](double rotations) { return 64.0 * std::log(4096.0 / (rotations * 2 * M_PI)) / (2 * std::log(1e4)); };
+  const double low = dim_of(32.0), high = dim_of(1.0);  // unrounded without truncation
+  for (int i = 0; i < 32; ++i) {
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    const double want = plain(1e4, i, 64) * (1 - ramp) + plain(1e4, i, 64) / 40.0 * ramp;
+    EXPECT_NEAR(r.inv_freq[static_cast<size_t>(i)], want, 1e-5 * want) << i;
+  }
 }
 
 }  // namespace

@@ -16,7 +16,9 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--page-size", f.page_size, "KV cache page size")->capture_default_str();
   cmd.add_option("--max-context-len", f.max_context_len,
                  "Longest context (prompt + output) of one request (default: the model's, at most 8192)");
-  cmd.add_option("--kv-cache-dtype", f.kv_cache_dtype, "auto (f32 on the CPU, bf16 on a GPU), f32, bf16, f16 or fp8_e4m3")
+  cmd.add_option("--kv-cache-dtype", f.kv_cache_dtype,
+                 "auto (f32 on the CPU, bf16 on a GPU and for MLA models), f32, bf16, f16 or fp8_e4m3 (MLA models: "
+                 "bf16, or fp8_e4m3 for 656-byte fp8_ds_mla rows)")
       ->capture_default_str();
   cmd.add_option("--kv-cache-tokens", f.kv_cache_tokens,
                  "KV cache size in tokens (default: max-running-requests full contexts, at most 4 GiB)");

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -30,11 +31,42 @@ double number_or(const json& j, const char* key, double fallback) {
   return j[key].get<double>();
 }
 
+double yarn_get_mscale(double factor, double mscale) { return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
+
+// The DeepSeek-V2/V3 fields (after rope scaling is known: the softmax scale depends on it).
+void parse_mla(const json& j, ModelConfig& c) {
+  MlaConfig& m = c.mla;
+  m.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? require_int(j, "q_lora_rank", 1) : 0;
+  m.kv_lora_rank = require_int(j, "kv_lora_rank", 1);
+  m.qk_nope_head_dim = require_int(j, "qk_nope_head_dim", 1);
+  m.qk_rope_head_dim = c.head_dim;
+  m.v_head_dim = require_int(j, "v_head_dim", 1);
+  m.rope_interleave = !j.contains("rope_interleave") || !j["rope_interleave"].is_boolean() || j["rope_interleave"].get<bool>();
+  m.softmax_scale = 1.0 / std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim));
+  if (c.rope_scaling.type == "yarn" && c.rope_scaling.mscale_all_dim != 0) {
+    const double mscale = yarn_get_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
+    m.softmax_scale *= mscale * mscale;
+  }
+  SPECULA_CHECK(!c.attention_bias, "config.json: attention_bias is not supported for {}", c.architecture);
+  // Mixture-of-experts layers: every moe_layer_freq-th layer from first_k_dense_replace on.
+  if (j.contains("n_routed_experts") && j["n_routed_experts"].is_number_integer() && j["n_routed_experts"].get<int>() > 0) {
+    const int first_dense = j.contains("first_k_dense_replace") ? require_int(j, "first_k_dense_replace", 0) : 0;
+    const int freq = j.contains("moe_layer_freq") ? require_int(j, "moe_layer_freq", 1) : 1;
+    for (int l = first_dense; l < c.num_hidden_layers; ++l) {
+      SPECULA_CHECK(l % freq != 0,
+                    "config.json: layer {} is a mixture-of-experts layer (n_routed_experts {}, first_k_dense_replace {}); "
+                    "specula runs {} with dense MLP layers only",
+                    l, j["n_routed_experts"].get<int>(), first_dense, c.architecture);
+    }
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                                 "Qwen3ForCausalLM", "Gemma2ForCausalLM"};
+                                                 "Qwen3ForCausalLM", "Gemma2ForCausalLM",
+                                                 "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"};
   return names;
 }
 
@@ -78,7 +110,11 @@ ModelConfig parse_config_object(const json& j) {
   SPECULA_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
                 "config.json: num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 c.num_attention_heads, c.num_key_value_heads);
-  if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+  const bool deepseek = c.architecture.rfind("Deepseek", 0) == 0;
+  if (deepseek) {
+    // MLA's per-head widths are their own fields; head_dim is the rotated part (as transformers sets it).
+    c.head_dim = require_int(j, "qk_rope_head_dim", 2);
+  } else if (j.contains("head_dim") && !j["head_dim"].is_null()) {
     c.head_dim = require_int(j, "head_dim", 1);
   } else {
     SPECULA_CHECK(c.hidden_size % c.num_attention_heads == 0,
@@ -148,6 +184,9 @@ ModelConfig parse_config_object(const json& j) {
     c.rope_scaling.beta_fast = number_or(r, "beta_fast", 32.0);
     c.rope_scaling.beta_slow = number_or(r, "beta_slow", 1.0);
     c.rope_scaling.attention_factor = number_or(r, "attention_factor", 0.0);
+    c.rope_scaling.mscale = number_or(r, "mscale", 0.0);
+    c.rope_scaling.mscale_all_dim = number_or(r, "mscale_all_dim", 0.0);
+    c.rope_scaling.truncate = !r.contains("truncate") || !r["truncate"].is_boolean() || r["truncate"].get<bool>();
     if (r.contains("rope_theta")) c.rope_theta = number_or(r, "rope_theta", c.rope_theta);
     static const char* kTypes[] = {"default", "linear", "dynamic", "llama3", "yarn"};
     SPECULA_CHECK(std::find(std::begin(kTypes), std::end(kTypes), c.rope_scaling.type) != std::end(kTypes),
@@ -155,6 +194,7 @@ ModelConfig parse_config_object(const json& j) {
                   c.rope_scaling.type);
     SPECULA_CHECK(c.rope_scaling.factor >= 1.0, "config.json: rope scaling factor {} must be >= 1", c.rope_scaling.factor);
   }
+  if (deepseek) parse_mla(j, c);
   return c;
 }
 

@@ -18,7 +18,27 @@ struct RopeScaling {
   int original_max_position_embeddings = 0;
   double beta_fast = 32.0;        // yarn
   double beta_slow = 1.0;         // yarn
-  double attention_factor = 0.0;  // yarn; 0: 0.1 ln(factor) + 1
+  double attention_factor = 0.0;  // yarn; 0: from mscale / mscale_all_dim, else 0.1 ln(factor) + 1
+  double mscale = 0.0;            // yarn (DeepSeek): cos/sin scale get_mscale(factor, mscale) / ...
+  double mscale_all_dim = 0.0;    // ... get_mscale(factor, mscale_all_dim); the softmax scale gets its square
+  bool truncate = true;           // yarn: correction range rounded to whole dimensions
+};
+
+// DeepSeek-V2/V3 multi-head latent attention. kv_a_proj_with_mqa maps the hidden state to a
+// compressed KV of kv_lora_rank values (normalised by kv_a_layernorm) and one shared RoPE key of
+// qk_rope_head_dim values; kv_b_proj expands the compressed KV to per-head keys (qk_nope_head_dim)
+// and values (v_head_dim). Queries come from q_proj, or through q_a_proj -> q_a_layernorm ->
+// q_b_proj when q_lora_rank > 0.
+struct MlaConfig {
+  int q_lora_rank = 0;
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
+  // RoPE rotates adjacent pairs (2i, 2i + 1) (DeepSeek's checkpoints) instead of halves.
+  bool rope_interleave = true;
+  // qk_head_dim^-1/2 times YaRN's get_mscale(factor, mscale_all_dim)^2.
+  double softmax_scale = 0.0;
 };
 
 struct ModelConfig {
@@ -51,6 +71,9 @@ struct ModelConfig {
   double attn_logit_softcapping = 0.0;
   double final_logit_softcapping = 0.0;
   double query_pre_attn_scalar = 0.0;  // 0: head_dim
+  // DeepSeek-V2/V3 (kv_lora_rank > 0). head_dim is then qk_rope_head_dim, the rotated width.
+  MlaConfig mla;
+  bool is_mla() const { return mla.kv_lora_rank > 0; }
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
   std::string torch_dtype = "bfloat16";

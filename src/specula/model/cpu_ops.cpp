@@ -18,6 +18,12 @@ void cpu_linear(const float* x, const std::vector<float>& w, float* y, int64_t n
               out);
 }
 
+void cpu_matmul(const float* x, int64_t ldx, const float* w, int64_t ldw, bool w_transposed, float* y, int64_t ldy,
+                int64_t n, int in, int out) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, w_transposed ? CblasTrans : CblasNoTrans, static_cast<int>(n), out, in, 1.0f,
+              x, static_cast<int>(ldx), w, static_cast<int>(ldw), 0.0f, y, static_cast<int>(ldy));
+}
+
 void cpu_add_bias(float* y, const std::vector<float>& bias, int64_t n) {
   const auto width = static_cast<int64_t>(bias.size());
   for (int64_t r = 0; r < n; ++r) {
@@ -40,6 +46,26 @@ void cpu_silu_mul(std::vector<float>& gate, const std::vector<float>& up) {
   for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+void cpu_final_logits(const float* x, const ForwardBatch& batch, bool all_tokens, const std::vector<float>& norm,
+                      const std::vector<float>& lm_head, int hidden, int vocab, float eps, std::vector<float>& logits) {
+  std::vector<int64_t> rows;
+  if (all_tokens) {
+    for (int64_t t = 0; t < batch.num_tokens(); ++t) rows.push_back(t);
+  } else {
+    int64_t end = 0;
+    for (int r = 0; r < batch.batch_size; ++r) {
+      end += batch.query_len(r);
+      rows.push_back(end - 1);
+    }
+  }
+  std::vector<float> selected(rows.size() * static_cast<size_t>(hidden));
+  for (size_t r = 0; r < rows.size(); ++r) {
+    cpu_rms_norm(x + rows[r] * hidden, norm, selected.data() + r * static_cast<size_t>(hidden), 1, hidden, eps);
+  }
+  logits.resize(rows.size() * static_cast<size_t>(vocab));
+  cpu_linear(selected.data(), lm_head, logits.data(), static_cast<int64_t>(rows.size()), hidden, vocab);
+}
+
 CpuRope::CpuRope(std::span<const int32_t> positions, const std::vector<float>& inv_freq, float attention_factor)
     : n_(static_cast<int64_t>(positions.size())), half_(static_cast<int>(inv_freq.size())) {
   cos_.resize(static_cast<size_t>(n_ * half_));
@@ -54,17 +80,19 @@ CpuRope::CpuRope(std::span<const int32_t> positions, const std::vector<float>& i
   }
 }
 
-void CpuRope::apply(float* data, int heads) const {
-  const int D = 2 * half_;
+void CpuRope::apply(float* data, int heads, int64_t token_stride, int head_stride, bool interleaved) const {
+  // Element i of the pair rotated by angle i sits at a, its partner at a + partner.
+  const int step = interleaved ? 2 : 1, partner = interleaved ? 1 : half_;
   for (int64_t t = 0; t < n_; ++t) {
     const float* cs = cos_.data() + t * half_;
     const float* sn = sin_.data() + t * half_;
     for (int hd = 0; hd < heads; ++hd) {
-      float* v = data + (t * heads + hd) * D;
+      float* v = data + t * token_stride + static_cast<int64_t>(hd) * head_stride;
       for (int i = 0; i < half_; ++i) {
-        const float a = v[i], b = v[i + half_];
-        v[i] = a * cs[i] - b * sn[i];
-        v[i + half_] = b * cs[i] + a * sn[i];
+        float* x = v + i * step;
+        const float a = x[0], b = x[partner];
+        x[0] = a * cs[i] - b * sn[i];
+        x[partner] = b * cs[i] + a * sn[i];
       }
     }
   }

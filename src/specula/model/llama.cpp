@@ -5,58 +5,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-
-#include <unistd.h>
 
 #include "specula/core/error.h"
 #include "specula/model/cpu_ops.h"
 #include "specula/model/rope.h"
+#include "specula/model/weight_loader.h"
 
 namespace specula {
-
-namespace {
-
-// A progress line on stderr while large checkpoints convert (only on a terminal, only past
-// 256 MiB: small models load in a blink and logs should not fill with carriage returns).
-class LoadProgress {
- public:
-  explicit LoadProgress(size_t total) : total_(total), show_(total > (size_t{256} << 20) && isatty(2) != 0) {}
-  ~LoadProgress() {
-    if (show_) std::fprintf(stderr, "\rloading weights 100%% (%.2f GB)\n", static_cast<double>(total_) / 1e9);
-  }
-  void advance(size_t bytes) {
-    done_ += bytes;
-    const int percent = static_cast<int>(100.0 * static_cast<double>(done_) / static_cast<double>(total_));
-    if (show_ && percent != last_) {
-      last_ = percent;
-      std::fprintf(stderr, "\rloading weights %3d%% (%.2f / %.2f GB)", percent, static_cast<double>(done_) / 1e9,
-                   static_cast<double>(total_) / 1e9);
-      std::fflush(stderr);
-    }
-  }
-
- private:
-  size_t total_;
-  size_t done_ = 0;
-  int last_ = -1;
-  bool show_;
-};
-
-std::vector<float> to_f32(const TensorView& t, LoadProgress& progress) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  convert_to_float(t.data(), t.dtype(), out.data(), out.size());
-  progress.advance(t.nbytes());
-  return out;
-}
-
-}  // namespace
 
 LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt) : config_(c) {
   const int64_t h = c.hidden_size, q_out = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t kv_out = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
-  LoadProgress progress(ckpt.total_bytes());
-  auto load = [&](const std::string& name, const Shape& shape) { return to_f32(ckpt.get(name, shape), progress); };
+  F32WeightLoader load(ckpt);
   // Gemma's RMSNorm multiplies by (1 + w): folded into the weights once.
   auto norm = [&](const std::string& name) {
     std::vector<float> w = load(name, {h});
@@ -212,24 +172,7 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
     cpu_rms_norm(x.data(), final_norm_, xn.data(), n, hidden, eps);
     store(e, xn.data());
   }
-  // Final norm and lm_head on the rows whose logits are wanted.
-  std::vector<int64_t> rows;
-  if (all_tokens) {
-    for (int64_t t = 0; t < n; ++t) rows.push_back(t);
-  } else {
-    int64_t end = 0;
-    for (int r = 0; r < batch.batch_size; ++r) {
-      end += batch.query_len(r);
-      rows.push_back(end - 1);
-    }
-  }
-  std::vector<float> selected(rows.size() * static_cast<size_t>(hidden));
-  for (size_t r = 0; r < rows.size(); ++r) {
-    cpu_rms_norm(x.data() + rows[r] * hidden, final_norm_, selected.data() + r * static_cast<size_t>(hidden), 1, hidden, eps);
-  }
-  logits.resize(rows.size() * static_cast<size_t>(c.vocab_size));
-  cpu_linear(selected.data(), lm_head_.empty() ? embed_ : lm_head_, logits.data(), static_cast<int64_t>(rows.size()), hidden,
-         c.vocab_size);
+  cpu_final_logits(x.data(), batch, all_tokens, final_norm_, lm_head(), hidden, c.vocab_size, eps, logits);
   if (c.final_logit_softcapping > 0) {
     const auto cap = static_cast<float>(c.final_logit_softcapping);
     for (float& v : logits) v = cap * std::tanh(v / cap);

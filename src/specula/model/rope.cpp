@@ -47,8 +47,12 @@ RopeFrequencies yarn(const ModelConfig& c) {
   auto correction_dim = [&](double rotations) {
     return dim * std::log(original / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
   };
-  double low = std::floor(correction_dim(s.beta_fast));
-  double high = std::ceil(correction_dim(s.beta_slow));
+  double low = correction_dim(s.beta_fast);
+  double high = correction_dim(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
   low = std::max(low, 0.0);
   high = std::min(high, static_cast<double>(dim - 1));
   if (low == high) high += 0.001;  // avoids a division by zero in the ramp
@@ -61,8 +65,13 @@ RopeFrequencies yarn(const ModelConfig& c) {
     const double keep = 1.0 - ramp;  // share of the original (extrapolated) frequency
     r.inv_freq[static_cast<size_t>(i)] = static_cast<float>(interpolation * (1.0 - keep) + extrapolation * keep);
   }
-  r.attention_factor = static_cast<float>(s.attention_factor > 0 ? s.attention_factor
-                                                                 : (s.factor <= 1 ? 1.0 : 0.1 * std::log(s.factor) + 1.0));
+  auto get_mscale = [&](double mscale) { return s.factor <= 1 ? 1.0 : 0.1 * mscale * std::log(s.factor) + 1.0; };
+  double factor = s.attention_factor;
+  if (factor <= 0) {
+    // DeepSeek's configs give both mscales; the part the softmax scale does not take scales cos/sin.
+    factor = s.mscale != 0 && s.mscale_all_dim != 0 ? get_mscale(s.mscale) / get_mscale(s.mscale_all_dim) : get_mscale(1.0);
+  }
+  r.attention_factor = static_cast<float>(factor);
   return r;
 }
 

@@ -61,6 +61,9 @@ Engine::Engine(const ModelConfig& config, const WeightSource& weights, const Eng
 
 void Engine::init(const ModelConfig& config, const WeightSource& weights) {
   if (options_.speculative) options_.runner.cuda_graph_verify_tokens = options_.speculative->params.num_draft_tokens;
+  SPECULA_CHECK(!options_.speculative || !config.is_mla(),
+                "speculative decoding (EAGLE) needs a Llama-family target; {} uses multi-head latent attention",
+                config.architecture);
   runner_ = std::make_unique<ModelRunner>(config, weights, options_.runner);
   if (options_.speculative) spec_ = std::make_unique<EagleWorker>(*runner_, *options_.speculative);
   scheduler_ = std::make_unique<Scheduler>(*runner_, tokenizer_.get(), options_.scheduler, spec_.get());

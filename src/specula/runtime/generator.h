@@ -11,7 +11,6 @@
 #include <string_view>
 #include <vector>
 
-#include "specula/model/llama.h"
 #include "specula/model/tokenizer.h"
 #include "specula/model/weights.h"
 #include "specula/runtime/engine.h"
@@ -39,7 +38,6 @@ class Generator {
   Generator(const ModelConfig& config, const WeightSource& weights, const GeneratorOptions& options);
 
   const ModelConfig& config() const { return engine_->config(); }
-  const LlamaModel& model() const { return engine_->runner().model(); }
   ModelRunner& runner() { return engine_->runner(); }
   const Tokenizer& tokenizer() const;
 

@@ -5,13 +5,14 @@
 
 #include "specula/core/error.h"
 #ifdef SPECULA_HAS_CUDA
+#include "specula/model/deepseek_cuda.h"
 #include "specula/model/llama_cuda.h"
 #endif
 
 namespace specula {
 
 ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights, const ModelRunnerOptions& options)
-    : options_(options) {
+    : config_(config), options_(options) {
   ModelRunnerOptions& o = options_;
   const bool gpu = o.device.is_cuda();
   SPECULA_CHECK(!gpu || cuda_available(), "--device {}: this build or machine has no CUDA device", o.device.str());
@@ -24,7 +25,8 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
   SPECULA_CHECK(o.kv_cache_tokens >= 0, "kv_cache_tokens {} is not valid; it must be >= 0 (0: automatic)",
                 o.kv_cache_tokens);
   if (o.attention_backend.empty()) o.attention_backend = gpu ? "cuda" : "cpu";
-  if (!o.kv_dtype) o.kv_dtype = gpu ? DType::bf16 : DType::f32;
+  const bool mla = config.is_mla();
+  if (!o.kv_dtype) o.kv_dtype = gpu || mla ? DType::bf16 : DType::f32;
   // Default: the model's context, capped at 8192 tokens so a long-context model's cache fits in
   // memory (--max-context-len raises it).
   if (o.max_context_len == 0) o.max_context_len = std::min(config.max_position_embeddings, 8192);
@@ -36,47 +38,47 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
                 "cuda_graph_verify_tokens {} is not valid; it must be in [0, max_context_len {})", o.cuda_graph_verify_tokens,
                 o.max_context_len);
   SPECULA_CHECK(o.cuda_graph_max_bs >= 1, "cuda_graph_max_bs {} is not valid; it must be >= 1", o.cuda_graph_max_bs);
-  model_ = std::make_unique<LlamaModel>(config, weights);
-  AttentionBackendOptions bo;
-#ifdef SPECULA_HAS_CUDA
-  if (gpu) {
-    auto cuda_model = std::make_shared<LlamaCudaModel>(*model_, o.device, o.deterministic);
-    bo.cuda_stream = cuda_model->stream();
-    cuda_model_ = cuda_model;
-  }
-#endif
-  bo.device = o.device;
-  bo.deterministic = o.deterministic;
-  bo.page_size = o.page_size;
-  bo.max_context_len = o.max_context_len;
-  backend_ = make_attention_backend(o.attention_backend, bo);
-  // The CPU path attends with f32 queries; the GPU path with bf16 ones.
-  for (const AttentionLayer& layer : model_->attention_layers()) {
-    backend_->check_layer(layer, gpu ? DType::bf16 : DType::f32, *o.kv_dtype);
+  double kv_bytes_per_token = 0;
+  if (mla) {
+    SPECULA_CHECK(*o.kv_dtype == DType::bf16 || *o.kv_dtype == DType::fp8_e4m3,
+                  "KV cache dtype {} is not available for {} (MLA); use bf16 or fp8_e4m3", dtype_name(*o.kv_dtype),
+                  config.architecture);
+    init_mla(weights);
+    kv_bytes_per_token = static_cast<double>(config.num_hidden_layers) *
+                         static_cast<double>(mla_row_bytes(mla_format(), config.mla.kv_lora_rank, config.mla.qk_rope_head_dim));
+  } else {
+    init_llama(weights);
+    kv_bytes_per_token = static_cast<double>(2 * config.num_hidden_layers * config.num_key_value_heads *
+                                             config.head_dim * dtype_size(*o.kv_dtype));
   }
 
   const auto round_up = [&](int64_t tokens) { return (tokens + o.page_size - 1) / o.page_size * o.page_size; };
   const int64_t context = round_up(o.max_context_len);
   if (o.kv_cache_tokens == 0) {
-    const auto bytes_per_token = static_cast<double>(2 * config.num_hidden_layers * config.num_key_value_heads *
-                                                     config.head_dim * dtype_size(*o.kv_dtype));
-    const auto by_memory = static_cast<int64_t>(o.kv_cache_memory_gib * (1ull << 30) / bytes_per_token);
+    const auto by_memory = static_cast<int64_t>(o.kv_cache_memory_gib * (1ull << 30) / kv_bytes_per_token);
     o.kv_cache_tokens = std::max(context, std::min(context * o.max_running_requests, by_memory));
   }
   o.kv_cache_tokens = round_up(o.kv_cache_tokens);
   SPECULA_CHECK(o.kv_cache_tokens >= context,
                 "kv_cache_tokens {} cannot hold one request of max_context_len {}; give at least {}",
                 o.kv_cache_tokens, o.max_context_len, context);
-  const bool graphs = gpu && o.cuda_graph;
+  // MLA models run their steps eagerly (no captured graphs yet).
+  const bool graphs = gpu && o.cuda_graph && !mla;
   // With graphs, pages for the padding rows of a graph batch to read and write: one token for
   // decode, the tree after it for verify.
   const int64_t padding_tokens = graphs ? round_up(1 + o.cuda_graph_verify_tokens) : 0;
   allocator_ = std::make_unique<PagedTokenAllocator>(o.kv_cache_tokens + padding_tokens, o.page_size);
   // With graphs, one more row for padding: it is never handed to a request.
   req_pool_ = std::make_unique<ReqToTokenPool>(o.max_running_requests + (graphs ? 1 : 0), o.max_context_len);
-  kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
-                                                      config.num_key_value_heads, config.head_dim, config.head_dim,
-                                                      *o.kv_dtype, o.device});
+  if (mla) {
+    mla_kv_pool_ = std::make_unique<MLAKVPool>(MLAKVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
+                                                               config.mla.kv_lora_rank, config.mla.qk_rope_head_dim,
+                                                               mla_format(), 0, o.device});
+  } else {
+    kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
+                                                        config.num_key_value_heads, config.head_dim, config.head_dim,
+                                                        *o.kv_dtype, o.device});
+  }
 #ifdef SPECULA_HAS_CUDA
   if (graphs) {
     std::vector<int> sizes = o.cuda_graph_batch_sizes;
@@ -102,11 +104,76 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
 #endif
 }
 
+void ModelRunner::init_llama(const WeightSource& weights) {
+  const ModelRunnerOptions& o = options_;
+  const bool gpu = o.device.is_cuda();
+  model_ = std::make_unique<LlamaModel>(config_, weights);
+  AttentionBackendOptions bo;
+#ifdef SPECULA_HAS_CUDA
+  if (gpu) {
+    auto cuda_model = std::make_shared<LlamaCudaModel>(*model_, o.device, o.deterministic);
+    bo.cuda_stream = cuda_model->stream();
+    cuda_model_ = cuda_model;
+  }
+#endif
+  bo.device = o.device;
+  bo.deterministic = o.deterministic;
+  bo.page_size = o.page_size;
+  bo.max_context_len = o.max_context_len;
+  backend_ = make_attention_backend(o.attention_backend, bo);
+  // The CPU path attends with f32 queries; the GPU path with bf16 ones.
+  for (const AttentionLayer& layer : model_->attention_layers()) {
+    backend_->check_layer(layer, gpu ? DType::bf16 : DType::f32, *o.kv_dtype);
+  }
+}
+
+void ModelRunner::init_mla(const WeightSource& weights) {
+  const ModelRunnerOptions& o = options_;
+  const bool gpu = o.device.is_cuda();
+  mla_model_ = std::make_unique<DeepseekModel>(config_, weights);
+  MlaBackendOptions bo;
+#ifdef SPECULA_HAS_CUDA
+  if (gpu) {
+    auto cuda_model = std::make_shared<DeepseekCudaModel>(*mla_model_, o.device);
+    bo.cuda_stream = cuda_model->stream();
+    mla_cuda_model_ = cuda_model;
+  }
+#endif
+  bo.device = o.device;
+  bo.page_size = o.page_size;
+  bo.max_context_len = o.max_context_len;
+  mla_backend_ = make_mla_backend(o.attention_backend, bo);
+  for (const MlaLayer& layer : mla_model_->mla_layers()) {
+    mla_backend_->check_layer(layer, gpu ? DType::bf16 : DType::f32, mla_format());
+  }
+}
+
+MlaKVFormat ModelRunner::mla_format() const {
+  return *options_.kv_dtype == DType::fp8_e4m3 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
+}
+
+const LlamaModel& ModelRunner::model() const {
+  SPECULA_CHECK(model_ != nullptr, "{} is not a Llama-family model (it uses multi-head latent attention)",
+                config_.architecture);
+  return *model_;
+}
+
+MHAKVPool& ModelRunner::kv_pool() {
+  SPECULA_CHECK(kv_pool_ != nullptr, "{} keeps a latent (MLA) KV cache, not a per-head one", config_.architecture);
+  return *kv_pool_;
+}
+
+AttentionBackend& ModelRunner::backend() {
+  SPECULA_CHECK(backend_ != nullptr, "{} attends through an MLA backend", config_.architecture);
+  return *backend_;
+}
+
 size_t ModelRunner::weight_bytes() const {
 #ifdef SPECULA_HAS_CUDA
   if (cuda_model_) return static_cast<const LlamaCudaModel*>(cuda_model_.get())->weight_bytes();
+  if (mla_cuda_model_) return static_cast<const DeepseekCudaModel*>(mla_cuda_model_.get())->weight_bytes();
 #endif
-  return model_->weight_bytes();
+  return model_ ? model_->weight_bytes() : mla_model_->weight_bytes();
 }
 
 std::vector<int> ModelRunner::cuda_graph_batch_sizes() const {
@@ -119,6 +186,7 @@ std::vector<int> ModelRunner::cuda_graph_batch_sizes() const {
 void* ModelRunner::cuda_stream() const {
 #ifdef SPECULA_HAS_CUDA
   if (cuda_model_) return static_cast<const LlamaCudaModel*>(cuda_model_.get())->stream();
+  if (mla_cuda_model_) return static_cast<const DeepseekCudaModel*>(mla_cuda_model_.get())->stream();
 #endif
   return nullptr;
 }
@@ -139,6 +207,20 @@ ModelRunner::~ModelRunner() = default;
 
 void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens, HiddenCapture* capture) {
   batch.req_to_token_pool = req_pool_.get();
+  if (mla_model_) {
+    SPECULA_CHECK(capture == nullptr, "{}: capturing hidden states for a draft head is not supported",
+                  config_.architecture);
+    batch.mla_kv_pool = mla_kv_pool_.get();
+    mla_backend_->init_forward_metadata(batch);
+#ifdef SPECULA_HAS_CUDA
+    if (mla_cuda_model_) {
+      static_cast<DeepseekCudaModel*>(mla_cuda_model_.get())->forward(batch, *mla_backend_, logits, all_tokens);
+      return;
+    }
+#endif
+    mla_model_->forward(batch, *mla_backend_, logits, all_tokens);
+    return;
+  }
   batch.token_to_kv_pool = kv_pool_.get();
 #ifdef SPECULA_HAS_CUDA
   if (cuda_model_) {

@@ -2,6 +2,9 @@
 // besides the batch itself: the executor (CPU or CUDA), the attention backend, the request table
 // (ReqToTokenPool), the paged KV allocator and the KV pool. The scheduler fills a ForwardBatch
 // with request slots and KV slots from these pools and calls forward().
+// Two model kinds: Llama-family decoders (an AttentionBackend over an MHAKVPool) and DeepSeek's
+// multi-head latent attention models (config.is_mla(): an MlaAttentionBackend over an MLAKVPool,
+// whose format follows kv_dtype: bf16, or fp8_e4m3 for the 656-byte fp8_ds_mla rows).
 #pragma once
 
 #include <memory>
@@ -10,9 +13,12 @@
 #include <vector>
 
 #include "specula/attention/backend.h"
+#include "specula/attention/mla/mla_backend.h"
 #include "specula/kv/mha_kv_pool.h"
+#include "specula/kv/mla_kv_pool.h"
 #include "specula/kv/req_to_token_pool.h"
 #include "specula/kv/token_allocator.h"
+#include "specula/model/deepseek.h"
 #include "specula/model/llama.h"
 #include "specula/model/weights.h"
 
@@ -22,7 +28,7 @@ struct ModelRunnerOptions {
   Device device = Device::cpu();
   std::string attention_backend;  // empty: "cpu" on the CPU, "cuda" on a GPU
   int page_size = 16;
-  std::optional<DType> kv_dtype;  // unset: f32 on the CPU, bf16 on a GPU
+  std::optional<DType> kv_dtype;  // unset: f32 on the CPU, bf16 on a GPU; MLA models: bf16
   int max_context_len = 0;        // 0: the model's max_position_embeddings, at most 8192
   int max_running_requests = 64;  // rows of the request table
   // KV cache size in tokens; 0: enough for max_running_requests full contexts, at most
@@ -51,16 +57,20 @@ class ModelRunner {
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
-  const ModelConfig& config() const { return model_->config(); }
+  const ModelConfig& config() const { return config_; }
   const ModelRunnerOptions& options() const { return options_; }
-  const LlamaModel& model() const { return *model_; }
+  // The Llama-family model; throws specula::Error for MLA models.
+  const LlamaModel& model() const;
   int max_context_len() const { return options_.max_context_len; }
   int page_size() const { return options_.page_size; }
 
   ReqToTokenPool& req_pool() { return *req_pool_; }
   PagedTokenAllocator& allocator() { return *allocator_; }
-  MHAKVPool& kv_pool() { return *kv_pool_; }
-  AttentionBackend& backend() { return *backend_; }
+  // The pool and backend of Llama-family models; throw specula::Error for MLA models.
+  MHAKVPool& kv_pool();
+  AttentionBackend& backend();
+  // MLA models only (nullptr otherwise).
+  MLAKVPool* mla_kv_pool() { return mla_kv_pool_.get(); }
   // Bytes of weights as the executor holds them (f32 on the CPU; bf16 matrices on a GPU when the
   // checkpoint is bf16): what one decode step must read.
   size_t weight_bytes() const;
@@ -84,9 +94,19 @@ class ModelRunner {
                HiddenCapture* capture = nullptr);
 
  private:
+  // The model and attention backend of each kind, on the CPU or the GPU.
+  void init_llama(const WeightSource& weights);
+  void init_mla(const WeightSource& weights);
+  MlaKVFormat mla_format() const;  // from kv_dtype: bf16, or fp8_e4m3 for fp8_ds_mla
+
+  ModelConfig config_;
   ModelRunnerOptions options_;
   std::unique_ptr<LlamaModel> model_;
-  std::shared_ptr<void> cuda_model_;  // LlamaCudaModel in CUDA builds when running on a GPU
+  std::unique_ptr<DeepseekModel> mla_model_;
+  std::unique_ptr<MlaAttentionBackend> mla_backend_;
+  std::unique_ptr<MLAKVPool> mla_kv_pool_;
+  std::shared_ptr<void> cuda_model_;      // LlamaCudaModel in CUDA builds on a GPU
+  std::shared_ptr<void> mla_cuda_model_;  // DeepseekCudaModel in CUDA builds on a GPU
   std::unique_ptr<AttentionBackend> backend_;
   std::unique_ptr<ReqToTokenPool> req_pool_;
   std::unique_ptr<PagedTokenAllocator> allocator_;

@@ -84,4 +84,17 @@ void CudaLinear::operator()(const float* x, const Buffer& w, const Buffer& bias,
   if (bias.data() != nullptr) ck::add_bias_rows(y, bias.data_as<const float>(), n, out, s);
 }
 
+void CudaLinear::batched(Strided x, Strided w, bool w_transposed, float* y, int64_t ldy, int64_t stride_y, int64_t n,
+                         int in, int out, int batch) const {
+  // Row-major y_b = x_b op(w_b) is column-major y_b^T = op(w_b)^T x_b^T: a row-major [in, out] w_b
+  // reads as the column-major [out, in] matrix wanted; a row-major [out, in] one needs a transpose.
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t status = cublasSgemmStridedBatched(
+      static_cast<cublasHandle_t>(handle_), w_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, out,
+      static_cast<int>(n), in, &one, w.data, static_cast<int>(w.ld), w.stride, x.data, static_cast<int>(x.ld), x.stride,
+      &zero, y, static_cast<int>(ldy), stride_y, batch);
+  SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS batched GEMM ({} x [{} x {} x {}]) failed with status {}", batch,
+                n, in, out, static_cast<int>(status));
+}
+
 }  // namespace specula

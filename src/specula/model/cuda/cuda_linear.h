@@ -31,6 +31,15 @@ class CudaLinear {
   // hi, lo: bf16 scratch of n * in values when needs_split, else unused.
   void operator()(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out, void* hi,
                   void* lo) const;
+  // Per-head products of f32 operands (MLA's W_UK / W_UV), for b in [0, batch):
+  // y_b[n, out] = x_b[n, in] * w_b, w_b [in, out] (w_transposed false) or [out, in]^T (true);
+  // operand b starts stride_* floats after operand b - 1 and its rows are ld* floats apart.
+  struct Strided {
+    const float* data;
+    int64_t ld, stride;
+  };
+  void batched(Strided x, Strided w, bool w_transposed, float* y, int64_t ldy, int64_t stride_y, int64_t n, int in,
+               int out, int batch) const;
 
  private:
   void* stream_;

@@ -1,0 +1,74 @@
+// MLA decoder kernels: one block per row (norm) or per (token, head) (packing).
+#include "specula/model/cuda/mla_ops.h"
+
+#include <cuda_bf16.h>
+
+#include "specula/core/cuda_check.h"
+#include "specula/model/cuda/reduce.cuh"
+
+namespace specula::cuda_kernels {
+
+namespace {
+
+__global__ void rms_norm_strided_kernel(const float* x, int64_t x_stride, const float* w, float* y, int64_t y_stride,
+                                        int width, float eps) {
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * x_stride;
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * y_stride;
+  float sum = 0.0f;
+  for (int i = static_cast<int>(threadIdx.x); i < width; i += static_cast<int>(blockDim.x)) sum += xr[i] * xr[i];
+  const float inv = rsqrtf(block_sum(sum) / static_cast<float>(width) + eps);
+  for (int i = static_cast<int>(threadIdx.x); i < width; i += static_cast<int>(blockDim.x)) yr[i] = w[i] * (xr[i] * inv);
+}
+
+// Rotates the rope_dim values of src into dst (element j of the pair turned by angle i at
+// offsets a and a + partner), as CpuRope does: f32 angles, cos/sin times rope_factor.
+template <typename Store>
+__device__ void rotate_pairs(const float* src, const MlaPackParams& p, int32_t position, Store store) {
+  const int half = p.rope_dim / 2, step = p.interleave ? 2 : 1, partner = p.interleave ? 1 : half;
+  for (int i = static_cast<int>(threadIdx.x); i < half; i += static_cast<int>(blockDim.x)) {
+    const float angle = static_cast<float>(position) * p.inv_freq[i];
+    const float c = cosf(angle) * p.rope_factor, s = sinf(angle) * p.rope_factor;
+    const int a = i * step;
+    const float x0 = src[a], x1 = src[a + partner];
+    store(a, x0 * c - x1 * s);
+    store(a + partner, x1 * c + x0 * s);
+  }
+}
+
+// blockIdx.x: token; blockIdx.y: query head, or heads for the token's RoPE key.
+__global__ void mla_pack_kernel(MlaPackParams p) {
+  const int64_t t = blockIdx.x;
+  const int h = static_cast<int>(blockIdx.y);
+  const int32_t position = p.positions[t];
+  if (h == p.heads) {
+    float* k = p.k_pe_out + t * p.rope_dim;
+    rotate_pairs(p.kv_a + t * p.kv_a_stride, p, position, [&](int i, float v) { k[i] = v; });
+    return;
+  }
+  const int width = p.kv_lora_rank + p.rope_dim;
+  auto* out = static_cast<__nv_bfloat16*>(p.q_out) + (t * p.heads + h) * width;
+  const float* lat = p.q_latent + (t * p.heads + h) * p.kv_lora_rank;
+  for (int i = static_cast<int>(threadIdx.x); i < p.kv_lora_rank; i += static_cast<int>(blockDim.x)) {
+    out[i] = __float2bfloat16_rn(lat[i]);
+  }
+  rotate_pairs(p.q + t * p.q_stride + static_cast<int64_t>(h) * p.qk_head_dim + p.q_pe_offset, p, position,
+               [&](int i, float v) { out[p.kv_lora_rank + i] = __float2bfloat16_rn(v); });
+}
+
+}  // namespace
+
+void rms_norm_strided(const float* x, int64_t x_stride, const float* w, float* y, int64_t y_stride, int64_t rows,
+                      int width, float eps, cudaStream_t s) {
+  if (rows == 0) return;
+  rms_norm_strided_kernel<<<static_cast<unsigned>(rows), row_threads(width), 0, s>>>(x, x_stride, w, y, y_stride, width,
+                                                                                     eps);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void mla_pack(const MlaPackParams& p, cudaStream_t s) {
+  if (p.n == 0) return;
+  mla_pack_kernel<<<dim3(static_cast<unsigned>(p.n), static_cast<unsigned>(p.heads + 1)), 128, 0, s>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace specula::cuda_kernels

@@ -1,0 +1,221 @@
+// DeepseekCudaModel: upload, then the decoder step as cuBLAS products, the MLA kernels of
+// model/cuda/mla_ops, the shared element-wise kernels and the MLA backend, on the model's stream.
+#include "specula/model/deepseek_cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "specula/core/cuda_check.h"
+#include "specula/core/error.h"
+#include "specula/model/cuda/cuda_linear.h"
+#include "specula/model/cuda/fused_ops.h"
+#include "specula/model/cuda/mla_ops.h"
+#include "specula/model/cuda/model_ops.h"
+
+namespace specula {
+
+namespace ck = cuda_kernels;
+
+namespace {
+
+enum Slot : size_t {
+  kIds, kPositions, kX, kXn, kIn, kQa, kQ, kQLatent, kQAbs, kKvC, kKPe, kOut, kOutF32, kValues, kO, kGateUp, kAct,
+  kRows, kSelected, kLogits, kHi, kLo
+};
+
+std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts) {
+  std::vector<float> all;
+  for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
+  return all;
+}
+
+}  // namespace
+
+DeepseekCudaModel::DeepseekCudaModel(const DeepseekModel& host, Device device) : host_(host), device_(device) {
+  SPECULA_CHECK(device.is_cuda(), "DeepseekCudaModel needs a CUDA device, not {}", device.str());
+  CUDA_CHECK(cudaSetDevice(device.index));
+  // A blocking stream: it stays ordered with the synchronous copies of core/ (legacy stream).
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  stream_ = stream;
+  linear_ = std::make_unique<CudaLinear>(device, stream_, false);
+  embed_ = upload_weight(host.embedding(), device);
+  final_norm_ = upload_f32(host.final_norm(), device);
+  if (&host.lm_head() != &host.embedding()) lm_head_ = upload_weight(host.lm_head(), device);
+  inv_freq_ = upload_f32(host.inv_freq(), device);
+  for (const DeepseekModel::Layer& l : host.layers()) {
+    Layer d;
+    d.input_norm = upload_f32(l.input_norm, device);
+    d.post_norm = upload_f32(l.post_norm, device);
+    // Both down-projections read the same normalised x: one product.
+    d.w_in = upload_weight(concat({l.wq.empty() ? &l.wq_a : &l.wq, &l.wkv_a}), device);
+    d.q_a_norm = upload_f32(l.q_a_norm, device);
+    d.wq_b = upload_weight(l.wq_b, device);
+    d.kv_a_norm = upload_f32(l.kv_a_norm, device);
+    d.wkv_b = upload_f32(l.wkv_b, device);
+    d.wo = upload_weight(l.wo, device);
+    d.w_gate_up = upload_weight(concat({&l.w_gate, &l.w_up}), device);
+    d.w_down = upload_weight(l.w_down, device);
+    layers_.push_back(std::move(d));
+  }
+}
+
+DeepseekCudaModel::~DeepseekCudaModel() {
+  linear_.reset();
+  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+size_t DeepseekCudaModel::weight_bytes() const {
+  auto held = [](const Buffer& b) { return b.data() != nullptr ? b.nbytes() : 0; };
+  size_t bytes = held(embed_) + held(final_norm_) + held(lm_head_);
+  for (const Layer& l : layers_) {
+    for (const Buffer* b : {&l.input_norm, &l.post_norm, &l.w_in, &l.q_a_norm, &l.wq_b, &l.kv_a_norm, &l.wkv_b, &l.wo,
+                            &l.w_gate_up, &l.w_down}) {
+      bytes += held(*b);
+    }
+  }
+  return bytes;
+}
+
+Buffer& DeepseekCudaModel::scratch(size_t slot, DType dtype, int64_t elements) {
+  Buffer& b = slots_.at(slot);
+  if (b.data() == nullptr || b.dtype() != dtype || b.numel() < elements) {
+    b = Buffer(dtype, {std::max<int64_t>(elements, 1)}, device_);
+  }
+  return b;
+}
+
+void DeepseekCudaModel::linear(const float* x, const Buffer& w, float* y, int64_t n, int in, int out) {
+  void* hi = nullptr;
+  void* lo = nullptr;
+  if (linear_->needs_split(w, n, in)) {
+    hi = scratch(kHi, DType::bf16, n * in).data();
+    lo = scratch(kLo, DType::bf16, n * in).data();
+  }
+  (*linear_)(x, w, Buffer{}, y, n, in, out, hi, lo);
+}
+
+void DeepseekCudaModel::forward(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits,
+                                bool all_tokens) {
+  const ModelConfig& c = host_.config();
+  const MlaConfig& m = c.mla;
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int64_t n = batch.num_tokens();
+  SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
+                "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
+  for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+  const int h = c.hidden_size, H = c.num_attention_heads, R = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+  const int nope = m.qk_nope_head_dim, qk = nope + rope, vd = m.v_head_dim, inter = c.intermediate_size;
+  const int q_width = m.q_lora_rank > 0 ? m.q_lora_rank : H * qk, in_width = q_width + R + rope;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  auto* ids = scratch(kIds, DType::i32, n).data_as<int32_t>();
+  auto* pos = scratch(kPositions, DType::i32, n).data_as<int32_t>();
+  CUDA_CHECK(cudaMemcpyAsync(ids, batch.input_ids.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  CUDA_CHECK(cudaMemcpyAsync(pos, batch.positions.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  float* x = scratch(kX, DType::f32, n * h).data_as<float>();
+  float* xn = scratch(kXn, DType::f32, n * h).data_as<float>();
+  float* in = scratch(kIn, DType::f32, n * in_width).data_as<float>();
+  float* qa = m.q_lora_rank > 0 ? scratch(kQa, DType::f32, n * m.q_lora_rank).data_as<float>() : nullptr;
+  float* q = m.q_lora_rank > 0 ? scratch(kQ, DType::f32, n * H * qk).data_as<float>() : in;
+  const int64_t q_stride = m.q_lora_rank > 0 ? static_cast<int64_t>(H) * qk : in_width;
+  float* q_latent = scratch(kQLatent, DType::f32, n * H * R).data_as<float>();
+  Buffer& q_abs = scratch(kQAbs, DType::bf16, n * H * (R + rope));
+  Buffer& kv_c = scratch(kKvC, DType::f32, n * R);
+  Buffer& k_pe = scratch(kKPe, DType::f32, n * rope);
+  Buffer& out = scratch(kOut, DType::bf16, n * H * R);
+  float* out_f32 = scratch(kOutF32, DType::f32, n * H * R).data_as<float>();
+  float* values = scratch(kValues, DType::f32, n * H * vd).data_as<float>();
+  float* o = scratch(kO, DType::f32, n * h).data_as<float>();
+  float* gate_up = scratch(kGateUp, DType::f32, n * 2 * inter).data_as<float>();
+  float* act = scratch(kAct, DType::f32, n * inter).data_as<float>();
+  const TensorView q_view(q_abs.data(), DType::bf16, {n, H, R + rope}, device_);
+  const TensorView kv_c_view(kv_c.data(), DType::f32, {n, R}, device_);
+  const TensorView k_pe_view(k_pe.data(), DType::f32, {n, rope}, device_);
+  const TensorView out_view(out.data(), DType::bf16, {n, H, R}, device_);
+
+  if (embed_.dtype() == DType::bf16) {
+    ck::embed_rows_bf16(embed_.data(), ids, x, n, h, 1.0f, s);
+  } else {
+    ck::embed_rows(embed_.data_as<const float>(), ids, x, n, h, 1.0f, s);
+  }
+  ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& w = layers_[l];
+    linear(xn, w.w_in, in, n, h, in_width);
+    if (m.q_lora_rank > 0) {
+      ck::rms_norm_strided(in, in_width, w.q_a_norm.data_as<const float>(), qa, m.q_lora_rank, n, m.q_lora_rank, eps, s);
+      linear(qa, w.wq_b, q, n, m.q_lora_rank, H * qk);
+    }
+    const float* wkv_b = w.wkv_b.data_as<const float>();
+    const int64_t head_rows = static_cast<int64_t>(nope + vd) * R;  // kv_b_proj floats per head
+    if (n > 0) {
+      // Absorption: q_latent[:, h] = q_nope[:, h] W_UK[h].
+      linear_->batched({q, q_stride, qk}, {wkv_b, R, head_rows}, false, q_latent, static_cast<int64_t>(H) * R, R, n,
+                       nope, R, H);
+    }
+    ck::rms_norm_strided(in + q_width, in_width, w.kv_a_norm.data_as<const float>(), kv_c.data_as<float>(), R, n, R, eps,
+                         s);
+    ck::MlaPackParams pack{};
+    pack.q_latent = q_latent;
+    pack.q = q;
+    pack.q_stride = q_stride;
+    pack.qk_head_dim = qk;
+    pack.q_pe_offset = nope;
+    pack.kv_a = in + q_width + R;
+    pack.kv_a_stride = in_width;
+    pack.positions = pos;
+    pack.inv_freq = inv_freq_.data_as<const float>();
+    pack.rope_factor = host_.rope_attention_factor();
+    pack.interleave = m.rope_interleave;
+    pack.q_out = q_abs.data();
+    pack.k_pe_out = k_pe.data_as<float>();
+    pack.n = n;
+    pack.heads = H;
+    pack.kv_lora_rank = R;
+    pack.rope_dim = rope;
+    ck::mla_pack(pack, s);
+    backend.forward(q_view, kv_c_view, k_pe_view, out_view, host_.mla_layers()[l], batch, MlaForwardOptions{});
+    ck::bf16_to_f32(out.data(), out_f32, n * H * R, s);
+    if (n > 0) {
+      // values[:, h] = o[:, h] W_UV[h]^T.
+      linear_->batched({out_f32, static_cast<int64_t>(H) * R, R}, {wkv_b + static_cast<int64_t>(nope) * R, R, head_rows},
+                       true, values, static_cast<int64_t>(H) * vd, vd, n, R, vd, H);
+    }
+    linear(values, w.wo, o, n, H * vd, h);
+    ck::add_rms_norm_rows(x, o, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
+    linear(xn, w.w_gate_up, gate_up, n, h, 2 * inter);
+    ck::gated_activation_fused(gate_up, act, n, inter, false, s);
+    linear(act, w.w_down, o, n, inter, h);
+    // The residual add, fused with the next layer's input norm.
+    if (l + 1 < layers_.size()) {
+      ck::add_rms_norm_rows(x, o, layers_[l + 1].input_norm.data_as<const float>(), xn, n, h, eps, s);
+    } else {
+      ck::add_inplace(x, o, n * h, s);
+    }
+  }
+
+  // Final norm and lm_head over the rows whose logits are wanted.
+  std::vector<int32_t> rows;
+  int32_t end = 0;
+  for (int r = 0; r < batch.batch_size && !all_tokens; ++r) rows.push_back((end += batch.query_len(r)) - 1);
+  if (all_tokens) {
+    for (int32_t t = 0; t < n; ++t) rows.push_back(t);
+  }
+  const auto count = static_cast<int64_t>(rows.size());
+  auto* row_ids = scratch(kRows, DType::i32, count).data_as<int32_t>();
+  CUDA_CHECK(cudaMemcpyAsync(row_ids, rows.data(), rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+  float* selected = scratch(kSelected, DType::f32, count * h).data_as<float>();
+  ck::gather_rows(x, row_ids, selected, count, h, s);
+  ck::rms_norm_rows(selected, final_norm_.data_as<const float>(), selected, count, h, eps, s);
+  float* result = scratch(kLogits, DType::f32, count * c.vocab_size).data_as<float>();
+  linear(selected, lm_head_.data() != nullptr ? lm_head_ : embed_, result, count, h, c.vocab_size);
+  const size_t values_out = static_cast<size_t>(count) * static_cast<size_t>(c.vocab_size);
+  float* host = pinned_.reserve_as<float>(values_out);
+  CUDA_CHECK(cudaMemcpyAsync(host, result, values_out * sizeof(float), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  logits.assign(host, host + values_out);
+}
+
+}  // namespace specula

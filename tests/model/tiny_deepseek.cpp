@@ -1,0 +1,209 @@
+// The reference follows transformers' DeepseekV2Attention: q_pe and k_pe rotated over pairs,
+// keys [k_nope ; k_pe] and values from kv_b_proj applied to the normalised compressed KV, softmax
+// scale qk_head_dim^-1/2 times YaRN's mscale(factor, mscale_all_dim)^2.
+#include "tiny_deepseek.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace specula::test {
+
+namespace {
+
+constexpr double kYarnFactor = 4.0, kYarnOriginal = 64.0, kMscale = 1.0, kMscaleAllDim = 0.8;
+
+double get_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+using Vec = std::vector<double>;
+
+Vec matvec(const std::vector<float>& w, const Vec& x, int64_t out, int64_t row_offset = 0) {
+  Vec y(static_cast<size_t>(out), 0.0);
+  const size_t in = x.size();
+  for (int64_t o = 0; o < out; ++o) {
+    const float* row = w.data() + static_cast<size_t>(row_offset + o) * in;
+    for (size_t i = 0; i < in; ++i) y[static_cast<size_t>(o)] += static_cast<double>(row[i]) * x[i];
+  }
+  return y;
+}
+
+Vec rms(const Vec& x, const std::vector<float>& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = w[i] * x[i] * inv;
+  return y;
+}
+
+// Inverse frequencies of the rope dims (transformers' yarn with truncation, or the default).
+Vec inv_freq(const DeepseekShape& s) {
+  const int d = s.rope;
+  Vec f(static_cast<size_t>(d / 2));
+  auto dim_of = [&](double rot) { return d * std::log(kYarnOriginal / (rot * 2 * M_PI)) / (2 * std::log(s.theta)); };
+  const double low = std::max(std::floor(dim_of(32.0)), 0.0);
+  double high = std::min(std::ceil(dim_of(1.0)), static_cast<double>(d - 1));
+  if (high == low) high += 0.001;
+  for (int i = 0; i < d / 2; ++i) {
+    const double base = std::pow(s.theta, -2.0 * i / d);
+    if (!s.yarn) {
+      f[static_cast<size_t>(i)] = base;
+      continue;
+    }
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    f[static_cast<size_t>(i)] = base / kYarnFactor * ramp + base * (1 - ramp);
+  }
+  return f;
+}
+
+void rotate(double* x, const Vec& freq, int position, double factor, bool interleave) {
+  const int half = static_cast<int>(freq.size());
+  for (int i = 0; i < half; ++i) {
+    const double angle = position * freq[static_cast<size_t>(i)];
+    const double c = std::cos(angle) * factor, s = std::sin(angle) * factor;
+    double& a = interleave ? x[2 * i] : x[i];
+    double& b = interleave ? x[2 * i + 1] : x[i + half];
+    const double a0 = a, b0 = b;
+    a = a0 * c - b0 * s;
+    b = b0 * c + a0 * s;
+  }
+}
+
+}  // namespace
+
+TinyDeepseek make_tiny_deepseek(const DeepseekShape& s, uint32_t seed) {
+  TinyDeepseek m{s, {}};
+  std::mt19937 rng(seed);
+  TinyWeights& w = m.weights;
+  const int qk = s.nope + s.rope;
+  w.add(rng, "model.embed_tokens.weight", {s.vocab, s.hidden}, 1.0f);
+  w.add(rng, "model.norm.weight", {s.hidden}, 0.1f, 1.0f);
+  w.add(rng, "lm_head.weight", {s.vocab, s.hidden}, 0.2f);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    w.add(rng, p + "input_layernorm.weight", {s.hidden}, 0.1f, 1.0f);
+    w.add(rng, p + "post_attention_layernorm.weight", {s.hidden}, 0.1f, 1.0f);
+    if (s.q_lora > 0) {
+      w.add(rng, p + "self_attn.q_a_proj.weight", {s.q_lora, s.hidden}, 0.2f);
+      w.add(rng, p + "self_attn.q_a_layernorm.weight", {s.q_lora}, 0.1f, 1.0f);
+      w.add(rng, p + "self_attn.q_b_proj.weight", {s.heads * qk, s.q_lora}, 0.2f);
+    } else {
+      w.add(rng, p + "self_attn.q_proj.weight", {s.heads * qk, s.hidden}, 0.2f);
+    }
+    w.add(rng, p + "self_attn.kv_a_proj_with_mqa.weight", {s.kv_lora + s.rope, s.hidden}, 0.2f);
+    w.add(rng, p + "self_attn.kv_a_layernorm.weight", {s.kv_lora}, 0.1f, 1.0f);
+    w.add(rng, p + "self_attn.kv_b_proj.weight", {s.heads * (s.nope + s.v), s.kv_lora}, 0.15f);
+    w.add(rng, p + "self_attn.o_proj.weight", {s.hidden, s.heads * s.v}, 0.2f);
+    w.add(rng, p + "mlp.gate_proj.weight", {s.inter, s.hidden}, 0.2f);
+    w.add(rng, p + "mlp.up_proj.weight", {s.inter, s.hidden}, 0.2f);
+    w.add(rng, p + "mlp.down_proj.weight", {s.hidden, s.inter}, 0.2f);
+  }
+  return m;
+}
+
+nlohmann::json deepseek_config(const DeepseekShape& s) {
+  nlohmann::json c = {{"architectures", {s.arch}}, {"model_type", s.arch == "DeepseekV3ForCausalLM" ? "deepseek_v3" : "deepseek_v2"},
+                      {"vocab_size", s.vocab}, {"hidden_size", s.hidden}, {"intermediate_size", s.inter},
+                      {"moe_intermediate_size", 32}, {"num_hidden_layers", s.layers},
+                      {"num_attention_heads", s.heads}, {"num_key_value_heads", s.heads},
+                      {"kv_lora_rank", s.kv_lora}, {"qk_nope_head_dim", s.nope}, {"qk_rope_head_dim", s.rope},
+                      {"v_head_dim", s.v}, {"rms_norm_eps", s.eps}, {"rope_theta", s.theta},
+                      {"max_position_embeddings", 256}, {"tie_word_embeddings", false}, {"hidden_act", "silu"},
+                      {"attention_bias", false}, {"n_routed_experts", nullptr}, {"first_k_dense_replace", 0},
+                      {"bos_token_id", 256}, {"eos_token_id", 257}};
+  c["q_lora_rank"] = s.q_lora > 0 ? nlohmann::json(s.q_lora) : nlohmann::json(nullptr);
+  if (s.arch == "DeepseekV3ForCausalLM") c["rope_interleave"] = s.interleave;
+  if (s.yarn) {
+    c["rope_scaling"] = {{"type", "yarn"}, {"factor", kYarnFactor}, {"original_max_position_embeddings", kYarnOriginal},
+                         {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", kMscale}, {"mscale_all_dim", kMscaleAllDim}};
+  }
+  return c;
+}
+
+std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFormat cache,
+                                              const std::vector<int32_t>& ids) {
+  const DeepseekShape& s = model.shape;
+  auto W = [&](const std::string& name) -> const std::vector<float>& { return model.weights.at(name); };
+  const int n = static_cast<int>(ids.size()), H = s.hidden, qk = s.nope + s.rope;
+  const Vec freq = inv_freq(s);
+  const double rope_factor = s.yarn ? get_mscale(kYarnFactor, kMscale) / get_mscale(kYarnFactor, kMscaleAllDim) : 1.0;
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk));
+  if (s.yarn) scale *= get_mscale(kYarnFactor, kMscaleAllDim) * get_mscale(kYarnFactor, kMscaleAllDim);
+  std::vector<Vec> h(static_cast<size_t>(n), Vec(static_cast<size_t>(H)));
+  for (int t = 0; t < n; ++t) {
+    for (int i = 0; i < H; ++i) h[static_cast<size_t>(t)][static_cast<size_t>(i)] = W("model.embed_tokens.weight")[static_cast<size_t>(ids[static_cast<size_t>(t)] * H + i)];
+  }
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    std::vector<Vec> q(static_cast<size_t>(n)), k(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+    for (int t = 0; t < n; ++t) {
+      const Vec x = rms(h[static_cast<size_t>(t)], W(p + "input_layernorm.weight"), s.eps);
+      Vec& qt = q[static_cast<size_t>(t)];
+      if (s.q_lora > 0) {
+        const Vec qa = rms(matvec(W(p + "self_attn.q_a_proj.weight"), x, s.q_lora), W(p + "self_attn.q_a_layernorm.weight"), s.eps);
+        qt = matvec(W(p + "self_attn.q_b_proj.weight"), qa, s.heads * qk);
+      } else {
+        qt = matvec(W(p + "self_attn.q_proj.weight"), x, s.heads * qk);
+      }
+      for (int hd = 0; hd < s.heads; ++hd) rotate(qt.data() + hd * qk + s.nope, freq, t, rope_factor, s.interleave);
+      const Vec kv_a = matvec(W(p + "self_attn.kv_a_proj_with_mqa.weight"), x, s.kv_lora + s.rope);
+      Vec c = rms(Vec(kv_a.begin(), kv_a.begin() + s.kv_lora), W(p + "self_attn.kv_a_layernorm.weight"), s.eps);
+      Vec k_pe(kv_a.begin() + s.kv_lora, kv_a.end());
+      rotate(k_pe.data(), freq, t, rope_factor, s.interleave);
+      // The cache keeps [c ; k_pe] in its format: keys and values see the decoded row.
+      std::vector<float> row_in(c.begin(), c.end()), pe_in(k_pe.begin(), k_pe.end());
+      std::vector<uint8_t> row(static_cast<size_t>(mla_row_bytes(cache, s.kv_lora, s.rope)));
+      std::vector<float> decoded(static_cast<size_t>(s.kv_lora + s.rope));
+      encode_mla_row(cache, row_in.data(), pe_in.data(), s.kv_lora, s.rope, row.data());
+      decode_mla_row(cache, row.data(), s.kv_lora, s.rope, decoded.data());
+      c.assign(decoded.begin(), decoded.begin() + s.kv_lora);
+      k_pe.assign(decoded.begin() + s.kv_lora, decoded.end());
+      const Vec kv = matvec(W(p + "self_attn.kv_b_proj.weight"), c, s.heads * (s.nope + s.v));
+      Vec& kt = k[static_cast<size_t>(t)];
+      Vec& vt = v[static_cast<size_t>(t)];
+      for (int hd = 0; hd < s.heads; ++hd) {
+        const auto head = kv.begin() + hd * (s.nope + s.v);
+        kt.insert(kt.end(), head, head + s.nope);
+        kt.insert(kt.end(), k_pe.begin(), k_pe.end());
+        vt.insert(vt.end(), head + s.nope, head + s.nope + s.v);
+      }
+    }
+    for (int t = 0; t < n; ++t) {
+      Vec attn(static_cast<size_t>(s.heads * s.v), 0.0);
+      for (int hd = 0; hd < s.heads; ++hd) {
+        Vec score(static_cast<size_t>(t + 1));
+        double mx = -INFINITY;
+        for (int j = 0; j <= t; ++j) {
+          double dot = 0;
+          for (int d = 0; d < qk; ++d) dot += q[static_cast<size_t>(t)][static_cast<size_t>(hd * qk + d)] * k[static_cast<size_t>(j)][static_cast<size_t>(hd * qk + d)];
+          score[static_cast<size_t>(j)] = dot * scale;
+          mx = std::max(mx, score[static_cast<size_t>(j)]);
+        }
+        double z = 0;
+        for (double& sc : score) z += (sc = std::exp(sc - mx));
+        for (int j = 0; j <= t; ++j) {
+          for (int d = 0; d < s.v; ++d) attn[static_cast<size_t>(hd * s.v + d)] += score[static_cast<size_t>(j)] / z * v[static_cast<size_t>(j)][static_cast<size_t>(hd * s.v + d)];
+        }
+      }
+      const Vec o = matvec(W(p + "self_attn.o_proj.weight"), attn, H);
+      Vec& ht = h[static_cast<size_t>(t)];
+      for (int i = 0; i < H; ++i) ht[static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
+      const Vec x = rms(ht, W(p + "post_attention_layernorm.weight"), s.eps);
+      const Vec g = matvec(W(p + "mlp.gate_proj.weight"), x, s.inter), u = matvec(W(p + "mlp.up_proj.weight"), x, s.inter);
+      Vec act(static_cast<size_t>(s.inter));
+      for (int i = 0; i < s.inter; ++i) {
+        const double gi = g[static_cast<size_t>(i)];
+        act[static_cast<size_t>(i)] = gi / (1.0 + std::exp(-gi)) * u[static_cast<size_t>(i)];
+      }
+      const Vec d = matvec(W(p + "mlp.down_proj.weight"), act, H);
+      for (int i = 0; i < H; ++i) ht[static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
+    }
+  }
+  std::vector<double> logits;
+  for (int t = 0; t < n; ++t) {
+    const Vec row = matvec(W("lm_head.weight"), rms(h[static_cast<size_t>(t)], W("model.norm.weight"), s.eps), s.vocab);
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  return logits;
+}
+
+}  // namespace specula::test

@@ -1,0 +1,39 @@
+// A tiny random DeepSeek-V2/V3 checkpoint (dense MLP layers) and an independent float64
+// implementation of the Hugging Face definition in the expanded form (per-head keys and values
+// from kv_b_proj, full causal softmax, no KV cache), for the CPU and CUDA model tests.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "specula/kv/mla_kv_pool.h"
+#include "tiny_checkpoint.h"
+
+namespace specula::test {
+
+struct DeepseekShape {
+  std::string arch = "DeepseekV2ForCausalLM";
+  int vocab = 259, hidden = 96, inter = 128, layers = 2, heads = 4;
+  int q_lora = 0;  // 0: q_proj
+  int kv_lora = 64, nope = 32, rope = 16, v = 24;
+  bool yarn = false;        // rope_scaling yarn, factor 4 over 64 original positions, DeepSeek's mscales
+  bool interleave = true;   // rope_interleave
+  double eps = 1e-6, theta = 10000.0;
+};
+
+struct TinyDeepseek {
+  DeepseekShape shape;
+  TinyWeights weights;
+};
+
+TinyDeepseek make_tiny_deepseek(const DeepseekShape& shape, uint32_t seed);
+nlohmann::json deepseek_config(const DeepseekShape& shape);
+
+// Logits of every position of ids, [ids.size(), vocab]. The cached latent rows (c, and k_pe after
+// RoPE) go through the cache format's encoding first, as the model's keys and values do.
+std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFormat cache,
+                                              const std::vector<int32_t>& ids);
+
+}  // namespace specula::test
