@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 
+#include "specula/runtime/engine.h"
 #include "specula/runtime/generator.h"
 #include "tiny_deepseek.h"
 
@@ -53,7 +55,7 @@ TEST_P(CudaDeepseek, MatchesTheReferenceAndTheCpuPath) {
   Generator cpu(dir, co);
   const MlaKVFormat format = p.kv_dtype == DType::fp8_e4m3 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
   // The GPU rounds absorbed queries and attention outputs to bf16.
-  const double tol = format == MlaKVFormat::bf16 ? 2e-2 : 4e-2;
+  const double tol = format == MlaKVFormat::bf16 ? 3e-2 : 6e-2;
   std::vector<int32_t> ids = gpu.tokenizer().encode("Multi-head latent attention on the GPU, 2 x 512 + 64 wide.");
   // A prompt longer than one 64-slot page and one 64-key tile.
   for (int i = 0; i < 40; ++i) ids.push_back(static_cast<int32_t>(97 + i % 26));
@@ -72,23 +74,20 @@ TEST_P(CudaDeepseek, MatchesTheReferenceAndTheCpuPath) {
   EXPECT_GT(max_abs, 0.5);
   EXPECT_LT(max_err, tol * std::max(1.0, max_abs)) << "max |logit| " << max_abs;
   EXPECT_LT(max_cpu_diff, tol * std::max(1.0, max_abs)) << "max |logit| " << max_abs;
+  std::printf("%s: max |logit| %.3f, max error vs float64 %.2e, vs the CPU path %.2e\n", p.name.c_str(), max_abs,
+              max_err, max_cpu_diff);
 
   GenerateRequest r;
   r.prompt_ids = ids;
-  r.max_new_tokens = 8;
+  r.max_new_tokens = 16;
   r.ignore_eos = true;
   const auto out = gpu.generate(r).output_ids;
-  ASSERT_EQ(out.size(), 8u);
-  std::vector<int32_t> seq = ids;
-  for (int32_t token : out) {
-    const auto logits = test::deepseek_reference_logits(m, format, seq);
-    std::vector<double> row(logits.end() - shape.vocab, logits.end());
-    const auto best = std::max_element(row.begin(), row.end()) - row.begin();
-    std::vector<double> sorted = row;
-    std::sort(sorted.rbegin(), sorted.rend());
-    if (sorted[0] - sorted[1] > 2 * tol * std::max(1.0, max_abs)) EXPECT_EQ(token, best) << "step " << seq.size() - ids.size();
-    seq.push_back(token);
-  }
+  ASSERT_EQ(out.size(), 16u);
+  // Decode steps round as the prompt's logits do: a margin of a few times the measured error.
+  const double margin = std::max(4 * max_err, 1e-3 * max_abs);
+  const test::GreedyCheck check = test::check_greedy(m, format, ids, out, margin);
+  EXPECT_GT(check.checked, 0);
+  EXPECT_TRUE(check.mismatches.empty()) << check.mismatches.front();
   std::filesystem::remove_all(dir);
 }
 
@@ -97,6 +96,57 @@ INSTANTIATE_TEST_SUITE_P(All, CudaDeepseek,
                                            GpuCase{"QLoraFp8Page64", 64, false, DType::fp8_e4m3, 64},
                                            GpuCase{"YarnFp8Page16", 0, true, DType::fp8_e4m3, 16}),
                          [](const auto& info) { return info.param.name; });
+
+// Several requests decoding together through captured graphs (5 requests run in the graph of 8,
+// with 3 padding rows), each against the reference.
+TEST(CudaDeepseekEngine, BatchedGraphDecodeMatchesTheReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  test::DeepseekShape shape;
+  shape.arch = "DeepseekV3ForCausalLM";
+  shape.hidden = 128;
+  shape.heads = 16;
+  shape.kv_lora = 512;
+  shape.rope = 64;
+  shape.q_lora = 64;
+  const test::TinyDeepseek m = test::make_tiny_deepseek(shape, seed);
+  const auto dir = std::filesystem::temp_directory_path() / ("specula_cuda_deepseek_batch_" + std::to_string(seed));
+  test::write_tiny_checkpoint(dir, test::deepseek_config(shape), m.weights);
+  EngineOptions o;
+  o.background_thread = false;
+  o.runner.device = Device::cuda(0);
+  o.runner.page_size = 16;
+  o.runner.max_context_len = 128;
+  o.runner.max_running_requests = 8;
+  o.runner.cuda_graph_batch_sizes = {1, 2, 4, 8};
+  Engine engine(dir, o);
+  ASSERT_EQ(engine.runner().cuda_graph_batch_sizes(), std::vector<int>({1, 2, 4, 8}));
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (int len : {3, 17, 40, 9, 66}) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < len; ++i) ids.push_back(static_cast<int32_t>(rng() % 256));
+    EngineRequest r;
+    r.prompt_ids = ids;
+    r.max_new_tokens = 8;
+    r.ignore_eos = true;
+    prompts.push_back(ids);
+    handles.push_back(engine.submit(r));
+  }
+  engine.run_until_idle();
+  int checked = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const RequestOutput out = handles[i]->wait();
+    ASSERT_EQ(out.output_ids.size(), 8u);
+    const test::GreedyCheck check = test::check_greedy(m, MlaKVFormat::bf16, prompts[i], out.output_ids, 0.4);
+    EXPECT_TRUE(check.mismatches.empty()) << "request " << i << ": " << check.mismatches.front();
+    checked += check.checked;
+  }
+  EXPECT_GT(checked, 10);
+  std::filesystem::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace specula

@@ -36,4 +36,14 @@ nlohmann::json deepseek_config(const DeepseekShape& shape);
 std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFormat cache,
                                               const std::vector<int32_t>& ids);
 
+// Walks a greedy continuation of prompt: at each step where the reference's top two logits are
+// more than margin apart, the token must be the reference's argmax. Returns the steps checked and
+// a description of every mismatch.
+struct GreedyCheck {
+  int checked = 0;
+  std::vector<std::string> mismatches;
+};
+GreedyCheck check_greedy(const TinyDeepseek& model, MlaKVFormat cache, const std::vector<int32_t>& prompt,
+                         const std::vector<int32_t>& output, double margin);
+
 }  // namespace specula::test

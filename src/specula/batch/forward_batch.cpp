@@ -85,4 +85,29 @@ void ForwardBatch::validate() const {
   }
 }
 
+ForwardBatch padding_decode_batch(int batch_size, int32_t req_row, int32_t slot) {
+  ForwardBatch b;
+  b.forward_mode = ForwardMode::DECODE;
+  b.batch_size = batch_size;
+  b.input_ids.assign(static_cast<size_t>(batch_size), 0);
+  b.positions.assign(static_cast<size_t>(batch_size), 0);
+  b.req_pool_indices.assign(static_cast<size_t>(batch_size), req_row);
+  b.seq_lens.assign(static_cast<size_t>(batch_size), 1);
+  b.out_cache_loc.assign(static_cast<size_t>(batch_size), slot);
+  return b;
+}
+
+ForwardBatch pad_decode_batch(const ForwardBatch& batch, int batch_size, int32_t req_row, int32_t slot) {
+  ForwardBatch padded = batch;
+  const ForwardBatch pad = padding_decode_batch(batch_size - batch.batch_size, req_row, slot);
+  auto append = [](std::vector<int32_t>& a, const std::vector<int32_t>& b) { a.insert(a.end(), b.begin(), b.end()); };
+  append(padded.input_ids, pad.input_ids);
+  append(padded.positions, pad.positions);
+  append(padded.req_pool_indices, pad.req_pool_indices);
+  append(padded.seq_lens, pad.seq_lens);
+  append(padded.out_cache_loc, pad.out_cache_loc);
+  padded.batch_size = batch_size;
+  return padded;
+}
+
 }  // namespace specula

@@ -73,4 +73,11 @@ struct ForwardBatch {
   void validate() const;
 };
 
+// CUDA-graph padding (SGLang's CudaGraphRunner pads a batch up to a captured size): a DECODE
+// batch of batch_size one-token requests of token id 0 at position 0 in request row req_row,
+// whose token is KV slot slot (a page set aside for padding). Pools are left unset.
+ForwardBatch padding_decode_batch(int batch_size, int32_t req_row, int32_t slot);
+// `batch` (DECODE) with padding requests appended up to batch_size.
+ForwardBatch pad_decode_batch(const ForwardBatch& batch, int batch_size, int32_t req_row, int32_t slot);
+
 }  // namespace specula

@@ -123,7 +123,8 @@ void add_bench_generate_command(CLI::App& bench) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand("generate", "Prefill and decode speed of one request");
   cmd->add_option("--model", o->model, "Hugging Face model folder");
-  cmd->add_option("--synthetic", o->synthetic, "A random-weight model of a named shape: llama3-8b, llama3.2-1b, tiny");
+  cmd->add_option("--synthetic", o->synthetic,
+                  "A random-weight model of a named shape: llama3-8b, llama3.2-1b, deepseek-v2-lite-dense, tiny");
   cmd->add_option("--device", o->device, "cpu")->capture_default_str();
   cmd->add_option("--prompt-len", o->prompt_len, "Prompt tokens")->capture_default_str();
   cmd->add_option("--decode-len", o->decode_len, "Generated tokens")->capture_default_str();

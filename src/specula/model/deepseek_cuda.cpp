@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_graph.h"
 #include "specula/core/error.h"
 #include "specula/model/cuda/cuda_linear.h"
 #include "specula/model/cuda/fused_ops.h"
@@ -18,11 +20,6 @@ namespace specula {
 namespace ck = cuda_kernels;
 
 namespace {
-
-enum Slot : size_t {
-  kIds, kPositions, kX, kXn, kIn, kQa, kQ, kQLatent, kQAbs, kKvC, kKPe, kOut, kOutF32, kValues, kO, kGateUp, kAct,
-  kRows, kSelected, kLogits, kHi, kLo
-};
 
 std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts) {
   std::vector<float> all;
@@ -62,6 +59,7 @@ DeepseekCudaModel::DeepseekCudaModel(const DeepseekModel& host, Device device) :
 }
 
 DeepseekCudaModel::~DeepseekCudaModel() {
+  graphs_.clear();
   linear_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
@@ -78,58 +76,47 @@ size_t DeepseekCudaModel::weight_bytes() const {
   return bytes;
 }
 
-Buffer& DeepseekCudaModel::scratch(size_t slot, DType dtype, int64_t elements) {
-  Buffer& b = slots_.at(slot);
-  if (b.data() == nullptr || b.dtype() != dtype || b.numel() < elements) {
-    b = Buffer(dtype, {std::max<int64_t>(elements, 1)}, device_);
-  }
-  return b;
+Buffer& DeepseekCudaModel::scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements) {
+  return ws.get(slot, dtype, elements, device_);
 }
 
-void DeepseekCudaModel::linear(const float* x, const Buffer& w, float* y, int64_t n, int in, int out) {
+void DeepseekCudaModel::linear(Workspace& ws, const float* x, const Buffer& w, float* y, int64_t n, int in, int out) {
   void* hi = nullptr;
   void* lo = nullptr;
   if (linear_->needs_split(w, n, in)) {
-    hi = scratch(kHi, DType::bf16, n * in).data();
-    lo = scratch(kLo, DType::bf16, n * in).data();
+    hi = scratch(ws, kHi, DType::bf16, n * in).data();
+    lo = scratch(ws, kLo, DType::bf16, n * in).data();
   }
   (*linear_)(x, w, Buffer{}, y, n, in, out, hi, lo);
 }
 
-void DeepseekCudaModel::forward(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits,
-                                bool all_tokens) {
+void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBackend& backend, Workspace& ws, int64_t n) {
   const ModelConfig& c = host_.config();
   const MlaConfig& m = c.mla;
   const auto s = static_cast<cudaStream_t>(stream_);
-  const int64_t n = batch.num_tokens();
-  SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
-                "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
-  for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
   const int h = c.hidden_size, H = c.num_attention_heads, R = m.kv_lora_rank, rope = m.qk_rope_head_dim;
   const int nope = m.qk_nope_head_dim, qk = nope + rope, vd = m.v_head_dim, inter = c.intermediate_size;
   const int q_width = m.q_lora_rank > 0 ? m.q_lora_rank : H * qk, in_width = q_width + R + rope;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  auto* ids = scratch(kIds, DType::i32, n).data_as<int32_t>();
-  auto* pos = scratch(kPositions, DType::i32, n).data_as<int32_t>();
-  CUDA_CHECK(cudaMemcpyAsync(ids, batch.input_ids.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-  CUDA_CHECK(cudaMemcpyAsync(pos, batch.positions.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-  float* x = scratch(kX, DType::f32, n * h).data_as<float>();
-  float* xn = scratch(kXn, DType::f32, n * h).data_as<float>();
-  float* in = scratch(kIn, DType::f32, n * in_width).data_as<float>();
-  float* qa = m.q_lora_rank > 0 ? scratch(kQa, DType::f32, n * m.q_lora_rank).data_as<float>() : nullptr;
-  float* q = m.q_lora_rank > 0 ? scratch(kQ, DType::f32, n * H * qk).data_as<float>() : in;
+  const int32_t* ids = scratch(ws, kIds, DType::i32, n).data_as<const int32_t>();
+  const int32_t* pos = scratch(ws, kPositions, DType::i32, n).data_as<const int32_t>();
+  float* x = scratch(ws, kX, DType::f32, n * h).data_as<float>();
+  float* xn = scratch(ws, kXn, DType::f32, n * h).data_as<float>();
+  float* in = scratch(ws, kIn, DType::f32, n * in_width).data_as<float>();
+  float* qa = m.q_lora_rank > 0 ? scratch(ws, kQa, DType::f32, n * m.q_lora_rank).data_as<float>() : nullptr;
+  float* q = m.q_lora_rank > 0 ? scratch(ws, kQ, DType::f32, n * H * qk).data_as<float>() : in;
   const int64_t q_stride = m.q_lora_rank > 0 ? static_cast<int64_t>(H) * qk : in_width;
-  float* q_latent = scratch(kQLatent, DType::f32, n * H * R).data_as<float>();
-  Buffer& q_abs = scratch(kQAbs, DType::bf16, n * H * (R + rope));
-  Buffer& kv_c = scratch(kKvC, DType::f32, n * R);
-  Buffer& k_pe = scratch(kKPe, DType::f32, n * rope);
-  Buffer& out = scratch(kOut, DType::bf16, n * H * R);
-  float* out_f32 = scratch(kOutF32, DType::f32, n * H * R).data_as<float>();
-  float* values = scratch(kValues, DType::f32, n * H * vd).data_as<float>();
-  float* o = scratch(kO, DType::f32, n * h).data_as<float>();
-  float* gate_up = scratch(kGateUp, DType::f32, n * 2 * inter).data_as<float>();
-  float* act = scratch(kAct, DType::f32, n * inter).data_as<float>();
+  float* q_latent = scratch(ws, kQLatent, DType::f32, n * H * R).data_as<float>();
+  Buffer& q_abs = scratch(ws, kQAbs, DType::bf16, n * H * (R + rope));
+  Buffer& kv_c = scratch(ws, kKvC, DType::f32, n * R);
+  Buffer& k_pe = scratch(ws, kKPe, DType::f32, n * rope);
+  Buffer& out = scratch(ws, kOut, DType::bf16, n * H * R);
+  float* out_f32 = scratch(ws, kOutF32, DType::f32, n * H * R).data_as<float>();
+  float* values = scratch(ws, kValues, DType::f32, n * H * vd).data_as<float>();
+  float* o = scratch(ws, kO, DType::f32, n * h).data_as<float>();
+  float* gate_up = scratch(ws, kGateUp, DType::f32, n * 2 * inter).data_as<float>();
+  float* act = scratch(ws, kAct, DType::f32, n * inter).data_as<float>();
   const TensorView q_view(q_abs.data(), DType::bf16, {n, H, R + rope}, device_);
   const TensorView kv_c_view(kv_c.data(), DType::f32, {n, R}, device_);
   const TensorView k_pe_view(k_pe.data(), DType::f32, {n, rope}, device_);
@@ -143,10 +130,10 @@ void DeepseekCudaModel::forward(const ForwardBatch& batch, MlaAttentionBackend& 
   ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
-    linear(xn, w.w_in, in, n, h, in_width);
+    linear(ws, xn, w.w_in, in, n, h, in_width);
     if (m.q_lora_rank > 0) {
       ck::rms_norm_strided(in, in_width, w.q_a_norm.data_as<const float>(), qa, m.q_lora_rank, n, m.q_lora_rank, eps, s);
-      linear(qa, w.wq_b, q, n, m.q_lora_rank, H * qk);
+      linear(ws, qa, w.wq_b, q, n, m.q_lora_rank, H * qk);
     }
     const float* wkv_b = w.wkv_b.data_as<const float>();
     const int64_t head_rows = static_cast<int64_t>(nope + vd) * R;  // kv_b_proj floats per head
@@ -183,11 +170,11 @@ void DeepseekCudaModel::forward(const ForwardBatch& batch, MlaAttentionBackend& 
       linear_->batched({out_f32, static_cast<int64_t>(H) * R, R}, {wkv_b + static_cast<int64_t>(nope) * R, R, head_rows},
                        true, values, static_cast<int64_t>(H) * vd, vd, n, R, vd, H);
     }
-    linear(values, w.wo, o, n, H * vd, h);
+    linear(ws, values, w.wo, o, n, H * vd, h);
     ck::add_rms_norm_rows(x, o, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
-    linear(xn, w.w_gate_up, gate_up, n, h, 2 * inter);
+    linear(ws, xn, w.w_gate_up, gate_up, n, h, 2 * inter);
     ck::gated_activation_fused(gate_up, act, n, inter, false, s);
-    linear(act, w.w_down, o, n, inter, h);
+    linear(ws, act, w.w_down, o, n, inter, h);
     // The residual add, fused with the next layer's input norm.
     if (l + 1 < layers_.size()) {
       ck::add_rms_norm_rows(x, o, layers_[l + 1].input_norm.data_as<const float>(), xn, n, h, eps, s);
@@ -196,26 +183,122 @@ void DeepseekCudaModel::forward(const ForwardBatch& batch, MlaAttentionBackend& 
     }
   }
 
-  // Final norm and lm_head over the rows whose logits are wanted.
-  std::vector<int32_t> rows;
-  int32_t end = 0;
-  for (int r = 0; r < batch.batch_size && !all_tokens; ++r) rows.push_back((end += batch.query_len(r)) - 1);
-  if (all_tokens) {
-    for (int32_t t = 0; t < n; ++t) rows.push_back(t);
+}
+
+float* DeepseekCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_t count) {
+  const ModelConfig& c = host_.config();
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int h = c.hidden_size;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const float* x = ws.slots[kX].data_as<const float>();
+  float* selected = scratch(ws, kSelected, DType::f32, count * h).data_as<float>();
+  if (row_ids != nullptr) {
+    ck::gather_rows(x, row_ids, selected, count, h, s);
+    ck::rms_norm_rows(selected, final_norm_.data_as<const float>(), selected, count, h, eps, s);
+  } else {
+    ck::rms_norm_rows(x, final_norm_.data_as<const float>(), selected, count, h, eps, s);
   }
-  const auto count = static_cast<int64_t>(rows.size());
-  auto* row_ids = scratch(kRows, DType::i32, count).data_as<int32_t>();
-  CUDA_CHECK(cudaMemcpyAsync(row_ids, rows.data(), rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-  float* selected = scratch(kSelected, DType::f32, count * h).data_as<float>();
-  ck::gather_rows(x, row_ids, selected, count, h, s);
-  ck::rms_norm_rows(selected, final_norm_.data_as<const float>(), selected, count, h, eps, s);
-  float* result = scratch(kLogits, DType::f32, count * c.vocab_size).data_as<float>();
-  linear(selected, lm_head_.data() != nullptr ? lm_head_ : embed_, result, count, h, c.vocab_size);
-  const size_t values_out = static_cast<size_t>(count) * static_cast<size_t>(c.vocab_size);
-  float* host = pinned_.reserve_as<float>(values_out);
-  CUDA_CHECK(cudaMemcpyAsync(host, result, values_out * sizeof(float), cudaMemcpyDeviceToHost, s));
+  float* out = scratch(ws, kLogits, DType::f32, count * c.vocab_size).data_as<float>();
+  linear(ws, selected, lm_head_.data() != nullptr ? lm_head_ : embed_, out, count, h, c.vocab_size);
+  return out;
+}
+
+namespace {
+
+void upload_ids(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t s) {
+  // From pageable memory the call returns once the data is staged, so src may go away after.
+  CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+}
+
+void download_logits(PinnedBuffer& pinned, const float* src, size_t count, std::vector<float>& logits, cudaStream_t s) {
+  float* host = pinned.reserve_as<float>(count);
+  CUDA_CHECK(cudaMemcpyAsync(host, src, count * sizeof(float), cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
-  logits.assign(host, host + values_out);
+  logits.assign(host, host + count);
+}
+
+}  // namespace
+
+void DeepseekCudaModel::forward(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits,
+                                bool all_tokens) {
+  const ModelConfig& c = host_.config();
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int64_t n = batch.num_tokens();
+  SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
+                "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
+  for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+  upload_ids(scratch(eager_, kIds, DType::i32, n), batch.input_ids, s);
+  upload_ids(scratch(eager_, kPositions, DType::i32, n), batch.positions, s);
+  run_layers(batch, backend, eager_, n);
+  // Every token's logits, or each request's last token's (all of them in a decode step).
+  std::vector<int32_t> rows;
+  if (!all_tokens && n != batch.batch_size) {
+    int32_t end = 0;
+    for (int r = 0; r < batch.batch_size; ++r) rows.push_back((end += batch.query_len(r)) - 1);
+  }
+  const int64_t count = rows.empty() ? n : static_cast<int64_t>(rows.size());
+  const int32_t* row_ids = nullptr;
+  if (!rows.empty()) {
+    Buffer& b = scratch(eager_, kRows, DType::i32, count);
+    upload_ids(b, rows, s);
+    row_ids = b.data_as<const int32_t>();
+  }
+  const float* out = run_head(eager_, row_ids, count);
+  download_logits(pinned_, out, static_cast<size_t>(count) * static_cast<size_t>(c.vocab_size), logits, s);
+}
+
+void DeepseekCudaModel::capture_decode_graphs(MlaAttentionBackend& backend, std::vector<int> batch_sizes,
+                                              int32_t padding_req_row, int32_t padding_slot, ReqToTokenPool* req_pool,
+                                              MLAKVPool* kv_pool) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  padding_req_row_ = padding_req_row;
+  padding_slot_ = padding_slot;
+  graph_req_pool_ = req_pool;
+  graph_kv_pool_ = kv_pool;
+  std::sort(batch_sizes.begin(), batch_sizes.end(), std::greater<>());
+  // The largest first: its warm-up sizes the graph workspace, which is then frozen.
+  for (int bs : batch_sizes) {
+    SPECULA_CHECK(bs >= 1, "CUDA-graph batch size {} is not valid", bs);
+    ForwardBatch b = padding_decode_batch(bs, padding_req_row_, padding_slot_);
+    b.req_to_token_pool = graph_req_pool_;
+    b.mla_kv_pool = graph_kv_pool_;
+    backend.init_forward_metadata_capture_cuda_graph(b);
+    upload_ids(scratch(graph_ws_, kIds, DType::i32, bs), b.input_ids, s);
+    upload_ids(scratch(graph_ws_, kPositions, DType::i32, bs), b.positions, s);
+    // A warm-up outside the capture lets cuBLAS and the backend do their one-time set-up.
+    run_layers(b, backend, graph_ws_, bs);
+    run_head(graph_ws_, nullptr, bs);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    graph_ws_.frozen = true;
+    graphs_[bs] = std::make_unique<CudaGraph>(stream_, [&] {
+      run_layers(b, backend, graph_ws_, bs);
+      run_head(graph_ws_, nullptr, bs);
+    });
+  }
+}
+
+bool DeepseekCudaModel::forward_decode_graph(const ForwardBatch& batch, MlaAttentionBackend& backend,
+                                             std::vector<float>& logits) {
+  if (batch.forward_mode != ForwardMode::DECODE) return false;
+  const auto it = graphs_.lower_bound(batch.batch_size);
+  if (it == graphs_.end()) return false;
+  const ModelConfig& c = host_.config();
+  for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const ForwardBatch padded = pad_decode_batch(batch, it->first, padding_req_row_, padding_slot_);
+  backend.init_forward_metadata_replay_cuda_graph(padded);
+  upload_ids(graph_ws_.slots[kIds], padded.input_ids, s);
+  upload_ids(graph_ws_.slots[kPositions], padded.positions, s);
+  it->second->launch(stream_);
+  download_logits(pinned_, graph_ws_.slots[kLogits].data_as<const float>(),
+                  static_cast<size_t>(batch.batch_size) * static_cast<size_t>(c.vocab_size), logits, s);
+  return true;
+}
+
+std::vector<int> DeepseekCudaModel::graph_batch_sizes() const {
+  std::vector<int> sizes;
+  for (const auto& [bs, graph] : graphs_) sizes.push_back(bs);
+  return sizes;
 }
 
 }  // namespace specula

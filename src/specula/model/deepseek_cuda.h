@@ -1,23 +1,26 @@
-// DeepseekCudaModel: the same decoder as DeepseekModel, executed on a CUDA device, eagerly (no
-// captured graphs yet). Weight matrices are held in bf16 when the checkpoint's values are bf16
+// DeepseekCudaModel: the same decoder as DeepseekModel, executed on a CUDA device; DECODE steps
+// can run as CUDA graphs captured per batch size, padded up to the next captured size. Weight matrices are held in bf16 when the checkpoint's values are bf16
 // (else f32), except kv_b_proj, whose per-head halves W_UK and W_UV multiply f32 activations in
 // cuBLAS strided-batched sgemms; activations are f32. One product computes q (or q_a) and the
 // latent [c ; k_pe] together; bf16 absorbed queries go to the CUDA MLA backend, which writes the
 // latent rows into the pool (bf16 or fp8_ds_mla) and returns latent outputs.
 #pragma once
 
-#include <array>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "specula/attention/mla/mla_backend.h"
 #include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
+#include "specula/model/cuda/workspace.h"
 #include "specula/model/deepseek.h"
 
 namespace specula {
 
+class CudaGraph;
 class CudaLinear;
+class ReqToTokenPool;
 
 class DeepseekCudaModel {
  public:
@@ -34,6 +37,16 @@ class DeepseekCudaModel {
   void forward(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits,
                bool all_tokens = false);
 
+  // As LlamaCudaModel's: one DECODE-step graph per batch size, after the backend's
+  // init_cuda_graph_state(max size); padding rows are one-token requests in padding_req_row
+  // whose token is KV slot padding_slot.
+  void capture_decode_graphs(MlaAttentionBackend& backend, std::vector<int> batch_sizes, int32_t padding_req_row,
+                             int32_t padding_slot, ReqToTokenPool* req_pool, MLAKVPool* kv_pool);
+  // Runs a DECODE batch through the smallest captured graph that holds it; false (nothing run)
+  // when there is none.
+  bool forward_decode_graph(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits);
+  std::vector<int> graph_batch_sizes() const;
+
  private:
   struct Layer {
     Buffer input_norm, post_norm;
@@ -42,9 +55,19 @@ class DeepseekCudaModel {
     Buffer wkv_b;      // f32 [heads * (nope + v), kv_lora_rank]
     Buffer wo, w_gate_up, w_down;
   };
-  // Activation buffer `slot`, grown to hold `elements` values of dtype.
-  Buffer& scratch(size_t slot, DType dtype, int64_t elements);
-  void linear(const float* x, const Buffer& w, float* y, int64_t n, int in, int out);
+  enum Slot : size_t {
+    kIds, kPositions, kX, kXn, kIn, kQa, kQ, kQLatent, kQAbs, kKvC, kKPe, kOut, kOutF32, kValues, kO, kGateUp, kAct,
+    kRows, kSelected, kLogits, kHi, kLo, kNumSlots
+  };
+  using Workspace = CudaWorkspace<kNumSlots>;
+  Buffer& scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements);
+  void linear(Workspace& ws, const float* x, const Buffer& w, float* y, int64_t n, int in, int out);
+  // The decoder layers over n tokens whose ids and positions are in kIds / kPositions; the final
+  // hidden states are left in kX.
+  void run_layers(const ForwardBatch& batch, MlaAttentionBackend& backend, Workspace& ws, int64_t n);
+  // Final norm and lm_head over `count` rows of kX (row ids in device memory, or the first `count`
+  // rows when nullptr); returns the f32 logits (kLogits).
+  float* run_head(Workspace& ws, const int32_t* row_ids, int64_t count);
 
   const DeepseekModel& host_;
   Device device_;
@@ -53,7 +76,13 @@ class DeepseekCudaModel {
   PinnedBuffer pinned_;
   Buffer embed_, final_norm_, lm_head_, inv_freq_;
   std::vector<Layer> layers_;
-  std::array<Buffer, 22> slots_;  // activations, grown with the batch
+  Workspace eager_;
+  Workspace graph_ws_;
+  std::map<int, std::unique_ptr<CudaGraph>> graphs_;  // by batch size
+  int32_t padding_req_row_ = -1;
+  int32_t padding_slot_ = 0;
+  ReqToTokenPool* graph_req_pool_ = nullptr;
+  MLAKVPool* graph_kv_pool_ = nullptr;
 };
 
 }  // namespace specula

@@ -80,13 +80,7 @@ LlamaCudaModel::~LlamaCudaModel() {
 }
 
 Buffer& LlamaCudaModel::scratch(Workspace& ws, size_t slot, DType dtype, int64_t elements) {
-  SPECULA_ASSERT(slot < kSlots);
-  Buffer& b = ws.slots[slot];
-  if (b.data() == nullptr || b.dtype() != dtype || b.numel() < elements) {
-    SPECULA_CHECK(!ws.frozen, "CUDA-graph workspace slot {} holds {} elements; {} are needed", slot, b.numel(), elements);
-    b = Buffer(dtype, {std::max<int64_t>(elements, 1)}, device_);
-  }
-  return b;
+  return ws.get(slot, dtype, elements, device_);
 }
 
 void LlamaCudaModel::linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n,
@@ -269,14 +263,7 @@ void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backen
 }
 
 ForwardBatch LlamaCudaModel::padding_batch(int batch_size) const {
-  ForwardBatch b;
-  b.forward_mode = ForwardMode::DECODE;
-  b.batch_size = batch_size;
-  b.input_ids.assign(static_cast<size_t>(batch_size), 0);
-  b.positions.assign(static_cast<size_t>(batch_size), 0);
-  b.req_pool_indices.assign(static_cast<size_t>(batch_size), padding_req_row_);
-  b.seq_lens.assign(static_cast<size_t>(batch_size), 1);
-  b.out_cache_loc.assign(static_cast<size_t>(batch_size), padding_slot_);
+  ForwardBatch b = padding_decode_batch(batch_size, padding_req_row_, padding_slot_);
   b.req_to_token_pool = graph_req_pool_;
   b.token_to_kv_pool = graph_kv_pool_;
   return b;
@@ -317,15 +304,7 @@ bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBa
   for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
   const auto s = static_cast<cudaStream_t>(stream_);
   const int bs = it->first;
-  ForwardBatch padded = batch;
-  const ForwardBatch pad = padding_batch(bs - batch.batch_size);
-  auto append = [](std::vector<int32_t>& a, const std::vector<int32_t>& b) { a.insert(a.end(), b.begin(), b.end()); };
-  append(padded.input_ids, pad.input_ids);
-  append(padded.positions, pad.positions);
-  append(padded.req_pool_indices, pad.req_pool_indices);
-  append(padded.seq_lens, pad.seq_lens);
-  append(padded.out_cache_loc, pad.out_cache_loc);
-  padded.batch_size = bs;
+  const ForwardBatch padded = pad_decode_batch(batch, bs, padding_req_row_, padding_slot_);
   backend.init_forward_metadata_replay_cuda_graph(padded);
   upload_async(graph_ws_.slots[0], padded.input_ids, s);
   upload_async(graph_ws_.slots[1], padded.positions, s);

@@ -16,6 +16,7 @@
 #include "specula/attention/backend.h"
 #include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
+#include "specula/model/cuda/workspace.h"
 #include "specula/model/llama.h"
 
 namespace specula {
@@ -76,14 +77,8 @@ class LlamaCudaModel {
     Buffer w_gate_up, b_gate_up;  // [2 intermediate, hidden]: gate_proj | up_proj
     Buffer w_down, b_down, q_norm, k_norm;
   };
-  // Activation buffers by slot. The eager set grows with the batch; the graph set is sized by the
-  // largest captured batch and then frozen, so captured kernels keep valid pointers.
   static constexpr size_t kSlots = 20;
-  struct Workspace {
-    std::array<Buffer, kSlots> slots;
-    bool frozen = false;
-  };
-
+  using Workspace = CudaWorkspace<kSlots>;
   Buffer& scratch(Workspace& ws, size_t slot, DType dtype, int64_t elements);
   // y[n, out] = x[n, in] w[out, in]^T (+ bias)
   void linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out);

@@ -19,7 +19,7 @@ uint64_t mix(uint64_t x) {
 }
 }  // namespace
 
-std::vector<std::string> synthetic_names() { return {"llama3-8b", "llama3.2-1b", "tiny"}; }
+std::vector<std::string> synthetic_names() { return {"llama3-8b", "llama3.2-1b", "deepseek-v2-lite-dense", "tiny"}; }
 
 ModelConfig synthetic_config(const std::string& name) {
   ModelConfig c;
@@ -35,11 +35,28 @@ ModelConfig synthetic_config(const std::string& name) {
     c.num_attention_heads = 32, c.num_key_value_heads = 8, c.head_dim = 64, c.max_position_embeddings = 8192;
     c.rope_theta = 500000.0;
     c.tie_word_embeddings = true;
+  } else if (name == "deepseek-v2-lite-dense") {
+    // DeepSeek-V2-Lite's attention (MLA, no q_lora, YaRN x40) with every layer's MLP dense at the
+    // size of its first (dense) layer: specula runs no MoE.
+    c.architecture = "DeepseekV2ForCausalLM";
+    c.model_type = "deepseek_v2";
+    c.rms_norm_eps = 1e-6;
+    c.vocab_size = 102400, c.hidden_size = 2048, c.intermediate_size = 10944, c.num_hidden_layers = 27;
+    c.num_attention_heads = 16, c.num_key_value_heads = 16, c.head_dim = 64, c.max_position_embeddings = 163840;
+    c.mla = MlaConfig{0, 512, 128, 64, 128, true, 0.0};
+    c.rope_scaling.type = "yarn";
+    c.rope_scaling.factor = 40.0;
+    c.rope_scaling.original_max_position_embeddings = 4096;
+    c.rope_scaling.mscale = 0.707;
+    c.rope_scaling.mscale_all_dim = 0.707;
+    const double mscale = 0.1 * 0.707 * std::log(40.0) + 1.0;
+    c.mla.softmax_scale = mscale * mscale / std::sqrt(192.0);
   } else if (name == "tiny") {
     c.vocab_size = 259, c.hidden_size = 256, c.intermediate_size = 640, c.num_hidden_layers = 8;
     c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64, c.max_position_embeddings = 1024;
   } else {
-    SPECULA_CHECK(false, "synthetic model '{}' is not known; known: llama3-8b, llama3.2-1b, tiny", name);
+    SPECULA_CHECK(false, "synthetic model '{}' is not known; known: llama3-8b, llama3.2-1b, deepseek-v2-lite-dense, tiny",
+                  name);
   }
   c.eos_token_ids = {};
   c.layer_sliding_window.assign(static_cast<size_t>(c.num_hidden_layers), -1);
@@ -67,9 +84,16 @@ TensorView SyntheticWeights::get(const std::string& name, const Shape& shape) co
 
 size_t SyntheticWeights::total_bytes() const {
   const ModelConfig& c = config_;
-  const size_t h = static_cast<size_t>(c.hidden_size), q = static_cast<size_t>(c.num_attention_heads) * c.head_dim;
-  const size_t kv = static_cast<size_t>(c.num_key_value_heads) * c.head_dim;
-  const size_t layer = 2 * h + 2 * h * q + 2 * h * kv + 3 * h * static_cast<size_t>(c.intermediate_size);
+  const size_t h = static_cast<size_t>(c.hidden_size), heads = static_cast<size_t>(c.num_attention_heads);
+  const size_t q = heads * static_cast<size_t>(c.head_dim), kv = static_cast<size_t>(c.num_key_value_heads) * c.head_dim;
+  size_t attention = 2 * h * q + 2 * h * kv;
+  if (c.is_mla()) {
+    const MlaConfig& m = c.mla;
+    const size_t qk = static_cast<size_t>(m.qk_nope_head_dim + m.qk_rope_head_dim), rank = static_cast<size_t>(m.kv_lora_rank);
+    attention = h * heads * qk + h * (rank + static_cast<size_t>(m.qk_rope_head_dim)) + rank +
+                heads * static_cast<size_t>(m.qk_nope_head_dim + m.v_head_dim) * rank + heads * static_cast<size_t>(m.v_head_dim) * h;
+  }
+  const size_t layer = 2 * h + attention + 3 * h * static_cast<size_t>(c.intermediate_size);
   const size_t params = static_cast<size_t>(c.vocab_size) * h * (c.tie_word_embeddings ? 1 : 2) + h +
                         layer * static_cast<size_t>(c.num_hidden_layers);
   return params * 2;  // bf16

@@ -10,7 +10,8 @@
 
 namespace specula {
 
-// "llama3-8b" (Llama-3-8B), "llama3.2-1b" (Llama-3.2-1B), "tiny" (the shipped model's shape).
+// "llama3-8b" (Llama-3-8B), "llama3.2-1b" (Llama-3.2-1B), "deepseek-v2-lite-dense" (DeepSeek-V2-Lite
+// with dense MLPs), "tiny" (the shipped model's shape).
 ModelConfig synthetic_config(const std::string& name);
 std::vector<std::string> synthetic_names();
 

@@ -62,8 +62,7 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
   SPECULA_CHECK(o.kv_cache_tokens >= context,
                 "kv_cache_tokens {} cannot hold one request of max_context_len {}; give at least {}",
                 o.kv_cache_tokens, o.max_context_len, context);
-  // MLA models run their steps eagerly (no captured graphs yet).
-  const bool graphs = gpu && o.cuda_graph && !mla;
+  const bool graphs = gpu && o.cuda_graph;
   // With graphs, pages for the padding rows of a graph batch to read and write: one token for
   // decode, the tree after it for verify.
   const int64_t padding_tokens = graphs ? round_up(1 + o.cuda_graph_verify_tokens) : 0;
@@ -96,9 +95,17 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
       const int32_t padding_slot = padding.at(0);
       padding_slot_ = padding_slot;
       const int max_bs = *std::max_element(sizes.begin(), sizes.end());
-      backend_->init_cuda_graph_state(max_bs, max_bs * std::max(1, o.cuda_graph_verify_tokens));
-      static_cast<LlamaCudaModel*>(cuda_model_.get())
-          ->capture_decode_graphs(*backend_, sizes, padding_req_row_, padding_slot, req_pool_.get(), kv_pool_.get());
+      const int max_tokens = max_bs * std::max(1, o.cuda_graph_verify_tokens);
+      if (mla) {
+        mla_backend_->init_cuda_graph_state(max_bs, max_tokens);
+        static_cast<DeepseekCudaModel*>(mla_cuda_model_.get())
+            ->capture_decode_graphs(*mla_backend_, sizes, padding_req_row_, padding_slot, req_pool_.get(),
+                                    mla_kv_pool_.get());
+      } else {
+        backend_->init_cuda_graph_state(max_bs, max_tokens);
+        static_cast<LlamaCudaModel*>(cuda_model_.get())
+            ->capture_decode_graphs(*backend_, sizes, padding_req_row_, padding_slot, req_pool_.get(), kv_pool_.get());
+      }
     }
   }
 #endif
@@ -179,6 +186,7 @@ size_t ModelRunner::weight_bytes() const {
 std::vector<int> ModelRunner::cuda_graph_batch_sizes() const {
 #ifdef SPECULA_HAS_CUDA
   if (cuda_model_) return static_cast<const LlamaCudaModel*>(cuda_model_.get())->graph_batch_sizes();
+  if (mla_cuda_model_) return static_cast<const DeepseekCudaModel*>(mla_cuda_model_.get())->graph_batch_sizes();
 #endif
   return {};
 }
@@ -211,13 +219,16 @@ void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool 
     SPECULA_CHECK(capture == nullptr, "{}: capturing hidden states for a draft head is not supported",
                   config_.architecture);
     batch.mla_kv_pool = mla_kv_pool_.get();
-    mla_backend_->init_forward_metadata(batch);
 #ifdef SPECULA_HAS_CUDA
     if (mla_cuda_model_) {
-      static_cast<DeepseekCudaModel*>(mla_cuda_model_.get())->forward(batch, *mla_backend_, logits, all_tokens);
+      auto* model = static_cast<DeepseekCudaModel*>(mla_cuda_model_.get());
+      if (use_cuda_graph_ && !all_tokens && model->forward_decode_graph(batch, *mla_backend_, logits)) return;
+      mla_backend_->init_forward_metadata(batch);
+      model->forward(batch, *mla_backend_, logits, all_tokens);
       return;
     }
 #endif
+    mla_backend_->init_forward_metadata(batch);
     mla_model_->forward(batch, *mla_backend_, logits, all_tokens);
     return;
   }

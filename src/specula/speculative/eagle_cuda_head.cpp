@@ -167,13 +167,7 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
 EagleCudaHead::~EagleCudaHead() = default;
 
 Buffer& EagleCudaHead::scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements) {
-  Buffer& b = ws.slots[slot];
-  if (b.data() == nullptr || b.dtype() != dtype || b.numel() < elements) {
-    SPECULA_CHECK(!ws.frozen, "draft-loop CUDA-graph workspace slot {} holds {} elements; {} are needed",
-                  static_cast<int>(slot), b.numel(), elements);
-    b = Buffer(dtype, {std::max<int64_t>(elements, 1)}, draft_kv_.config().device);
-  }
-  return b;
+  return ws.get(slot, dtype, elements, draft_kv_.config().device);
 }
 
 void EagleCudaHead::linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in,

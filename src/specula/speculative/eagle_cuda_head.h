@@ -22,6 +22,7 @@
 #include "specula/attention/backend.h"
 #include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
+#include "specula/model/cuda/workspace.h"
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/model/eagle_head.h"
 #include "specula/speculative/eagle_tree.h"
@@ -90,10 +91,7 @@ class EagleCudaHead {
     kIds, kPos, kFeatures, kRowIds, kEmb, kX, kA, kNormed, kQkv, kQ, kK, kV, kAttnBf16, kAttn, kO, kXn, kGateUp, kAct,
     kSelected, kLogits, kTopTokens, kTopProbs, kHi, kLo, kNumSlots
   };
-  struct Workspace {
-    std::array<Buffer, kNumSlots> slots;
-    bool frozen = false;
-  };
+  using Workspace = CudaWorkspace<kNumSlots>;
   // Writes the rows' K/V to the draft pool and their attention output (bf16 views).
   using Attend = std::function<void(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out)>;
 
