@@ -22,7 +22,7 @@ int choose_mla_splits(int64_t base_items, int max_keys, int num_sms, int chunk_t
   int splits = 1;
   if (base_items > 0 && base_items < num_sms) {
     const int64_t want = (2 * static_cast<int64_t>(num_sms) + base_items - 1) / base_items;
-    const int64_t cap = std::max<int64_t>(1, max_keys / 256);
+    const int64_t cap = std::max<int64_t>(1, max_keys / 64);
     splits = static_cast<int>(std::min<int64_t>({want, cap, 64}));
   }
   if (chunk_tokens > 0) splits = std::max(splits, (max_keys + chunk_tokens - 1) / chunk_tokens);

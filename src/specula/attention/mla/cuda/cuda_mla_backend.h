@@ -16,7 +16,8 @@
 namespace specula {
 
 // Splits of the key range per (unit, row block): about two work items per multiprocessor, never
-// below 256 keys per split, at most 64; and at least ceil(max_keys / chunk_tokens) when
+// below one 64-key tile per split (small batches are latency-bound: more splits, fewer serial
+// tiles per block), at most 64; and at least ceil(max_keys / chunk_tokens) when
 // chunk_tokens > 0 (the chunked-prefix bound).
 int choose_mla_splits(int64_t base_items, int max_keys, int num_sms, int chunk_tokens);
 
