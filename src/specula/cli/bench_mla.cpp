@@ -31,7 +31,8 @@ struct MlaBenchCase {
   int batch_size = 128;
   int num_q_heads = 128;
   int seq_len = 4096;  // committed keys per request
-  int q_len = 1;       // 1: DECODE; > 1: TARGET_VERIFY, causal (MTP)
+  int q_len = 1;       // 1: DECODE; > 1: TARGET_VERIFY, causal (MTP), or EXTEND with `extend`
+  bool extend = false;  // q_len new tokens after seq_len cached ones (absorbed prefill)
   MlaKVFormat format = MlaKVFormat::bf16;
   int topk = 0;        // > 0: sparse
   bool indexer = false;  // time the lightning indexer (64 heads x 128) instead of attention
@@ -91,11 +92,13 @@ MlaBenchResult time_case(const MlaBenchCase& c, Device device) {
   std::iota(page_ids.begin(), page_ids.end(), 1);
   std::shuffle(page_ids.begin(), page_ids.end(), rng);
   ForwardBatch batch;
-  batch.forward_mode = c.q_len == 1 ? ForwardMode::DECODE : ForwardMode::TARGET_VERIFY;
+  batch.forward_mode = c.extend       ? ForwardMode::EXTEND
+                       : c.q_len == 1 ? ForwardMode::DECODE
+                                      : ForwardMode::TARGET_VERIFY;
   batch.batch_size = c.batch_size;
   batch.req_to_token_pool = &req_pool;
   batch.mla_kv_pool = &pool;
-  if (c.q_len > 1) {
+  if (c.q_len > 1 && !c.extend) {
     auto spec = std::make_shared<SpecInfo>();
     spec->num_draft_tokens = c.q_len;
     batch.spec_info = spec;
@@ -108,7 +111,11 @@ MlaBenchResult time_case(const MlaBenchCase& c, Device device) {
     }
     req_pool.write(rows[static_cast<size_t>(i)], 0, slots);
     batch.req_pool_indices.push_back(rows[static_cast<size_t>(i)]);
-    batch.seq_lens.push_back(c.q_len == 1 ? kv_len : c.seq_len);
+    batch.seq_lens.push_back(c.q_len == 1 || c.extend ? kv_len : c.seq_len);
+    if (c.extend) {
+      batch.extend_prefix_lens.push_back(c.seq_len);
+      batch.extend_seq_lens.push_back(c.q_len);
+    }
     for (int j = kv_len - c.q_len; j < kv_len; ++j) {
       batch.out_cache_loc.push_back(slots[static_cast<size_t>(j)]);
       batch.input_ids.push_back(1);
@@ -171,7 +178,7 @@ MlaBenchResult time_case(const MlaBenchCase& c, Device device) {
     fo.topk_indices = topk;
     keys_per_token = c.topk;
   } else {
-    keys_per_token = c.seq_len + (c.q_len + 1) / 2.0;  // causal MTP: the mean visible keys
+    keys_per_token = c.seq_len + (c.q_len + 1) / 2.0;  // causal: the mean visible keys
   }
   const TensorView none;
   r.seconds = cuda_median_seconds([&] { backend->forward(q, none, none, out, layer, batch, fo); }, 20);
@@ -190,7 +197,8 @@ int run_mla_bench(const MlaBenchOptions& o) {
 #ifdef SPECULA_HAS_CUDA
   const CudaCeilings ceilings = measure_cuda_ceilings(device);
   std::vector<MlaBenchCase> cases;
-  auto add = [&](std::string name, int heads, int q_len, MlaKVFormat fmt, int topk, bool indexer = false) {
+  auto add = [&](std::string name, int heads, int q_len, MlaKVFormat fmt, int topk, bool indexer = false,
+                 int batch_size = 128, int seq_len = 4096, bool extend = false) {
     MlaBenchCase c;
     c.name = std::move(name);
     c.num_q_heads = heads;
@@ -198,6 +206,9 @@ int run_mla_bench(const MlaBenchOptions& o) {
     c.format = fmt;
     c.topk = topk;
     c.indexer = indexer;
+    c.batch_size = batch_size;
+    c.seq_len = seq_len;
+    c.extend = extend;
     cases.push_back(c);
   };
   add("dense bf16 h128 q1 L4096", 128, 1, MlaKVFormat::bf16, 0);
@@ -207,6 +218,10 @@ int run_mla_bench(const MlaBenchOptions& o) {
   add("sparse fp8 h128 q2 topk2048", 128, 2, MlaKVFormat::fp8_ds_mla, 2048);
   add("sparse bf16 h128 q2 topk2048", 128, 2, MlaKVFormat::bf16, 2048);
   add("indexer h64 q2 L4096 topk2048", 128, 2, MlaKVFormat::fp8_ds_mla, 2048, true);
+  // Absorbed prefill, against which the expanded form (per-head K/V from kv_b_proj, 192 + 128
+  // wide instead of 576 + 512) is weighed in docs/PERFORMANCE.md.
+  add("extend bf16 h16 B1 S4096", 16, 4096, MlaKVFormat::bf16, 0, false, 1, 0, true);
+  add("extend bf16 h128 B1 S4096", 128, 4096, MlaKVFormat::bf16, 0, false, 1, 0, true);
   std::vector<MlaBenchResult> results;
   for (const MlaBenchCase& c : cases) {
     if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
