@@ -130,11 +130,26 @@ TEST(DeepseekConfig, MixtureOfExpertsLayersAreAClearError) {
   // Every layer dense (first_k_dense_replace covers them all): accepted.
   j["first_k_dense_replace"] = 2;
   EXPECT_TRUE(parse_model_config(j.dump()).is_mla());
-  j["attention_bias"] = true;
-  EXPECT_THROW(parse_model_config(j.dump()), Error);
+  auto expect_error = [](const nlohmann::json& bad, const std::string& says) {
+    try {
+      parse_model_config(bad.dump());
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json bad = j;
+  bad["attention_bias"] = true;
+  expect_error(bad, "attention_bias is not supported");
+  bad = j;
+  bad["hidden_act"] = "gelu_pytorch_tanh";
+  expect_error(bad, "activation 'gelu_pytorch_tanh' is not supported for DeepseekV2ForCausalLM");
+  bad = j;
+  bad["quantization_config"] = {{"quant_method", "fp8"}};
+  expect_error(bad, "quantized checkpoints (quantization_config) are not supported");
 }
 
-TEST(DeepseekConfig, AKvCacheDtypeMlaCannotHoldIsAClearError) {
+TEST(DeepseekConfig, OptionsMlaCannotServeAreClearErrors) {
   const uint32_t seed = std::random_device{}();
   const test::TinyDeepseek m = test::make_tiny_deepseek(test::DeepseekShape{}, seed);
   const auto dir = std::filesystem::temp_directory_path() / ("specula_deepseek_dtype_" + std::to_string(seed));
@@ -143,9 +158,17 @@ TEST(DeepseekConfig, AKvCacheDtypeMlaCannotHoldIsAClearError) {
   o.kv_dtype = DType::f16;
   try {
     Generator gen(dir, o);
-    FAIL() << "an f16 latent cache was accepted";
+    ADD_FAILURE() << "an f16 latent cache was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("use bf16 or fp8_e4m3"), std::string::npos) << e.what();
+  }
+  GeneratorOptions det;
+  det.deterministic = true;
+  try {
+    Generator gen(dir, det);
+    ADD_FAILURE() << "deterministic mode was accepted for an MLA model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("deterministic inference is not available"), std::string::npos) << e.what();
   }
   std::filesystem::remove_all(dir);
 }

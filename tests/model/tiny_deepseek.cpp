@@ -11,6 +11,8 @@ namespace specula::test {
 
 namespace {
 
+// q_a_layernorm / kv_a_layernorm keep RMSNorm's default eps whatever rms_norm_eps says.
+constexpr double kLatentEps = 1e-6;
 constexpr double kYarnFactor = 4.0, kYarnOriginal = 64.0, kMscale = 1.0, kMscaleAllDim = 0.8;
 
 double get_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
@@ -142,14 +144,14 @@ std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFo
       const Vec x = rms(h[static_cast<size_t>(t)], W(p + "input_layernorm.weight"), s.eps);
       Vec& qt = q[static_cast<size_t>(t)];
       if (s.q_lora > 0) {
-        const Vec qa = rms(matvec(W(p + "self_attn.q_a_proj.weight"), x, s.q_lora), W(p + "self_attn.q_a_layernorm.weight"), s.eps);
+        const Vec qa = rms(matvec(W(p + "self_attn.q_a_proj.weight"), x, s.q_lora), W(p + "self_attn.q_a_layernorm.weight"), kLatentEps);
         qt = matvec(W(p + "self_attn.q_b_proj.weight"), qa, s.heads * qk);
       } else {
         qt = matvec(W(p + "self_attn.q_proj.weight"), x, s.heads * qk);
       }
       for (int hd = 0; hd < s.heads; ++hd) rotate(qt.data() + hd * qk + s.nope, freq, t, rope_factor, s.interleave);
       const Vec kv_a = matvec(W(p + "self_attn.kv_a_proj_with_mqa.weight"), x, s.kv_lora + s.rope);
-      Vec c = rms(Vec(kv_a.begin(), kv_a.begin() + s.kv_lora), W(p + "self_attn.kv_a_layernorm.weight"), s.eps);
+      Vec c = rms(Vec(kv_a.begin(), kv_a.begin() + s.kv_lora), W(p + "self_attn.kv_a_layernorm.weight"), kLatentEps);
       Vec k_pe(kv_a.begin() + s.kv_lora, kv_a.end());
       rotate(k_pe.data(), freq, t, rope_factor, s.interleave);
       // The cache keeps [c ; k_pe] in its format: keys and values see the decoded row.

@@ -20,7 +20,7 @@ struct DeepseekShape {
   int kv_lora = 64, nope = 32, rope = 16, v = 24;
   bool yarn = false;        // rope_scaling yarn, factor 4 over 64 original positions, DeepSeek's mscales
   bool interleave = true;   // rope_interleave
-  double eps = 1e-6, theta = 10000.0;
+  double eps = 1e-5, theta = 10000.0;  // rms_norm_eps: not the latent norms' 1e-6
 };
 
 struct TinyDeepseek {

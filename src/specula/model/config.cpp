@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "specula/core/error.h"
+#include "specula/model/rope.h"
 
 namespace specula {
 
@@ -31,8 +32,6 @@ double number_or(const json& j, const char* key, double fallback) {
   return j[key].get<double>();
 }
 
-double yarn_get_mscale(double factor, double mscale) { return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
-
 // The DeepSeek-V2/V3 fields (after rope scaling is known: the softmax scale depends on it).
 void parse_mla(const json& j, ModelConfig& c) {
   MlaConfig& m = c.mla;
@@ -43,11 +42,13 @@ void parse_mla(const json& j, ModelConfig& c) {
   m.v_head_dim = require_int(j, "v_head_dim", 1);
   m.rope_interleave = !j.contains("rope_interleave") || !j["rope_interleave"].is_boolean() || j["rope_interleave"].get<bool>();
   m.softmax_scale = 1.0 / std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim));
-  if (c.rope_scaling.type == "yarn" && c.rope_scaling.mscale_all_dim != 0) {
+  if (c.rope_scaling.mscale_all_dim != 0) {
     const double mscale = yarn_get_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
     m.softmax_scale *= mscale * mscale;
   }
   SPECULA_CHECK(!c.attention_bias, "config.json: attention_bias is not supported for {}", c.architecture);
+  SPECULA_CHECK(c.hidden_act == "silu", "config.json: activation '{}' is not supported for {}; supported: silu",
+                c.hidden_act, c.architecture);
   // Mixture-of-experts layers: every moe_layer_freq-th layer from first_k_dense_replace on.
   if (j.contains("n_routed_experts") && j["n_routed_experts"].is_number_integer() && j["n_routed_experts"].get<int>() > 0) {
     const int first_dense = j.contains("first_k_dense_replace") ? require_int(j, "first_k_dense_replace", 0) : 0;
@@ -99,6 +100,8 @@ ModelConfig parse_config_object(const json& j) {
   SPECULA_CHECK(std::find(supported.begin(), supported.end(), c.architecture) != supported.end(),
                 "architecture '{}' is not supported; supported: {}", c.architecture, fmt::join(supported, ", "));
   c.model_type = j.value("model_type", "");
+  SPECULA_CHECK(!j.contains("quantization_config"),
+                "config.json: quantized checkpoints (quantization_config) are not supported; give bf16, f16 or f32 weights");
   c.vocab_size = require_int(j, "vocab_size", 1);
   c.hidden_size = require_int(j, "hidden_size", 1);
   c.intermediate_size = require_int(j, "intermediate_size", 1);

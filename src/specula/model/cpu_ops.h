@@ -28,9 +28,10 @@ void cpu_silu_mul(std::vector<float>& gate, const std::vector<float>& up);
 void cpu_final_logits(const float* x, const ForwardBatch& batch, bool all_tokens, const std::vector<float>& norm,
                       const std::vector<float>& lm_head, int hidden, int vocab, float eps, std::vector<float>& logits);
 
-// Rotate-half RoPE of n tokens at `positions`: cos/sin are computed once per token in f32 (as
-// Hugging Face does) and scaled by attention_factor (yarn), then applied to any number of
-// [n, heads, head_dim] tensors.
+// RoPE of n tokens at `positions`: cos/sin are computed once per token in f32 (as Hugging Face
+// does) and scaled by attention_factor (yarn), then applied to any number of tensors: contiguous
+// [n, heads, head_dim] ones (rotate-half), or head slices of wider rows, over halves or adjacent
+// pairs.
 class CpuRope {
  public:
   CpuRope(std::span<const int32_t> positions, const std::vector<float>& inv_freq, float attention_factor);

@@ -92,7 +92,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, MlaAttentionBackend& back
     cpu_rms_norm(x.data(), w.input_norm, xn.data(), n, hidden, eps);
     if (m.q_lora_rank > 0) {
       cpu_linear(xn.data(), w.wq_a, q_a.data(), n, hidden, m.q_lora_rank);
-      cpu_rms_norm(q_a.data(), w.q_a_norm, q_a.data(), n, m.q_lora_rank, eps);
+      cpu_rms_norm(q_a.data(), w.q_a_norm, q_a.data(), n, m.q_lora_rank, kLatentNormEps);
       cpu_linear(q_a.data(), w.wq_b, q.data(), n, m.q_lora_rank, H * qk);
     } else {
       cpu_linear(xn.data(), w.wq, q.data(), n, hidden, H * qk);
@@ -104,7 +104,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, MlaAttentionBackend& back
     float* c_rows = kv_c.data_as<float>();
     float* pe_rows = k_pe.data_as<float>();
     for (int64_t t = 0; t < n; ++t) {
-      cpu_rms_norm(kv_a.data() + t * latent, w.kv_a_norm, c_rows + t * R, 1, R, eps);
+      cpu_rms_norm(kv_a.data() + t * latent, w.kv_a_norm, c_rows + t * R, 1, R, kLatentNormEps);
       std::copy_n(kv_a.data() + t * latent + R, rope_dim, pe_rows + t * rope_dim);
       for (int hd = 0; hd < H; ++hd) {
         std::copy_n(q.data() + (t * H + hd) * qk + nope, rope_dim, qa + (t * H + hd) * latent + R);

@@ -21,6 +21,10 @@ namespace specula {
 
 class DeepseekModel {
  public:
+  // transformers builds q_a_layernorm and kv_a_layernorm with RMSNorm's default eps, not the
+  // config's rms_norm_eps.
+  static constexpr float kLatentNormEps = 1e-6f;
+
   // Throws specula::Error for configs that are not MLA models.
   DeepseekModel(const ModelConfig& config, const WeightSource& weights);
 

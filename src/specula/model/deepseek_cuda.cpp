@@ -14,28 +14,15 @@
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/mla_ops.h"
 #include "specula/model/cuda/model_ops.h"
+#include "specula/model/cuda/step_io.h"
 
 namespace specula {
 
 namespace ck = cuda_kernels;
 
-namespace {
-
-std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts) {
-  std::vector<float> all;
-  for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
-  return all;
-}
-
-}  // namespace
-
 DeepseekCudaModel::DeepseekCudaModel(const DeepseekModel& host, Device device) : host_(host), device_(device) {
   SPECULA_CHECK(device.is_cuda(), "DeepseekCudaModel needs a CUDA device, not {}", device.str());
-  CUDA_CHECK(cudaSetDevice(device.index));
-  // A blocking stream: it stays ordered with the synchronous copies of core/ (legacy stream).
-  cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreate(&stream));
-  stream_ = stream;
+  stream_ = create_model_stream(device);
   linear_ = std::make_unique<CudaLinear>(device, stream_, false);
   embed_ = upload_weight(host.embedding(), device);
   final_norm_ = upload_f32(host.final_norm(), device);
@@ -46,13 +33,13 @@ DeepseekCudaModel::DeepseekCudaModel(const DeepseekModel& host, Device device) :
     d.input_norm = upload_f32(l.input_norm, device);
     d.post_norm = upload_f32(l.post_norm, device);
     // Both down-projections read the same normalised x: one product.
-    d.w_in = upload_weight(concat({l.wq.empty() ? &l.wq_a : &l.wq, &l.wkv_a}), device);
+    d.w_in = upload_weight(stack_rows({l.wq.empty() ? &l.wq_a : &l.wq, &l.wkv_a}), device);
     d.q_a_norm = upload_f32(l.q_a_norm, device);
     d.wq_b = upload_weight(l.wq_b, device);
     d.kv_a_norm = upload_f32(l.kv_a_norm, device);
     d.wkv_b = upload_f32(l.wkv_b, device);
     d.wo = upload_weight(l.wo, device);
-    d.w_gate_up = upload_weight(concat({&l.w_gate, &l.w_up}), device);
+    d.w_gate_up = upload_weight(stack_rows({&l.w_gate, &l.w_up}), device);
     d.w_down = upload_weight(l.w_down, device);
     layers_.push_back(std::move(d));
   }
@@ -132,7 +119,8 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
     const Layer& w = layers_[l];
     linear(ws, xn, w.w_in, in, n, h, in_width);
     if (m.q_lora_rank > 0) {
-      ck::rms_norm_strided(in, in_width, w.q_a_norm.data_as<const float>(), qa, m.q_lora_rank, n, m.q_lora_rank, eps, s);
+      ck::rms_norm_strided(in, in_width, w.q_a_norm.data_as<const float>(), qa, m.q_lora_rank, n, m.q_lora_rank,
+                           DeepseekModel::kLatentNormEps, s);
       linear(ws, qa, w.wq_b, q, n, m.q_lora_rank, H * qk);
     }
     const float* wkv_b = w.wkv_b.data_as<const float>();
@@ -142,8 +130,8 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
       linear_->batched({q, q_stride, qk}, {wkv_b, R, head_rows}, false, q_latent, static_cast<int64_t>(H) * R, R, n,
                        nope, R, H);
     }
-    ck::rms_norm_strided(in + q_width, in_width, w.kv_a_norm.data_as<const float>(), kv_c.data_as<float>(), R, n, R, eps,
-                         s);
+    ck::rms_norm_strided(in + q_width, in_width, w.kv_a_norm.data_as<const float>(), kv_c.data_as<float>(), R, n, R,
+                         DeepseekModel::kLatentNormEps, s);
     ck::MlaPackParams pack{};
     pack.q_latent = q_latent;
     pack.q = q;
@@ -205,11 +193,6 @@ float* DeepseekCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_
 
 namespace {
 
-void upload_ids(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t s) {
-  // From pageable memory the call returns once the data is staged, so src may go away after.
-  CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-}
-
 void download_logits(PinnedBuffer& pinned, const float* src, size_t count, std::vector<float>& logits, cudaStream_t s) {
   float* host = pinned.reserve_as<float>(count);
   CUDA_CHECK(cudaMemcpyAsync(host, src, count * sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -227,20 +210,15 @@ void DeepseekCudaModel::forward(const ForwardBatch& batch, MlaAttentionBackend& 
   SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
                 "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
   for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-  upload_ids(scratch(eager_, kIds, DType::i32, n), batch.input_ids, s);
-  upload_ids(scratch(eager_, kPositions, DType::i32, n), batch.positions, s);
+  upload_i32_async(scratch(eager_, kIds, DType::i32, n), batch.input_ids, s);
+  upload_i32_async(scratch(eager_, kPositions, DType::i32, n), batch.positions, s);
   run_layers(batch, backend, eager_, n);
-  // Every token's logits, or each request's last token's (all of them in a decode step).
-  std::vector<int32_t> rows;
-  if (!all_tokens && n != batch.batch_size) {
-    int32_t end = 0;
-    for (int r = 0; r < batch.batch_size; ++r) rows.push_back((end += batch.query_len(r)) - 1);
-  }
+  const std::vector<int32_t> rows = logit_rows(batch, all_tokens);
   const int64_t count = rows.empty() ? n : static_cast<int64_t>(rows.size());
   const int32_t* row_ids = nullptr;
   if (!rows.empty()) {
     Buffer& b = scratch(eager_, kRows, DType::i32, count);
-    upload_ids(b, rows, s);
+    upload_i32_async(b, rows, s);
     row_ids = b.data_as<const int32_t>();
   }
   const float* out = run_head(eager_, row_ids, count);
@@ -263,8 +241,8 @@ void DeepseekCudaModel::capture_decode_graphs(MlaAttentionBackend& backend, std:
     b.req_to_token_pool = graph_req_pool_;
     b.mla_kv_pool = graph_kv_pool_;
     backend.init_forward_metadata_capture_cuda_graph(b);
-    upload_ids(scratch(graph_ws_, kIds, DType::i32, bs), b.input_ids, s);
-    upload_ids(scratch(graph_ws_, kPositions, DType::i32, bs), b.positions, s);
+    upload_i32_async(scratch(graph_ws_, kIds, DType::i32, bs), b.input_ids, s);
+    upload_i32_async(scratch(graph_ws_, kPositions, DType::i32, bs), b.positions, s);
     // A warm-up outside the capture lets cuBLAS and the backend do their one-time set-up.
     run_layers(b, backend, graph_ws_, bs);
     run_head(graph_ws_, nullptr, bs);
@@ -287,8 +265,8 @@ bool DeepseekCudaModel::forward_decode_graph(const ForwardBatch& batch, MlaAtten
   const auto s = static_cast<cudaStream_t>(stream_);
   const ForwardBatch padded = pad_decode_batch(batch, it->first, padding_req_row_, padding_slot_);
   backend.init_forward_metadata_replay_cuda_graph(padded);
-  upload_ids(graph_ws_.slots[kIds], padded.input_ids, s);
-  upload_ids(graph_ws_.slots[kPositions], padded.positions, s);
+  upload_i32_async(graph_ws_.slots[kIds], padded.input_ids, s);
+  upload_i32_async(graph_ws_.slots[kPositions], padded.positions, s);
   it->second->launch(stream_);
   download_logits(pinned_, graph_ws_.slots[kLogits].data_as<const float>(),
                   static_cast<size_t>(batch.batch_size) * static_cast<size_t>(c.vocab_size), logits, s);

@@ -1,9 +1,10 @@
 // DeepseekCudaModel: the same decoder as DeepseekModel, executed on a CUDA device; DECODE steps
-// can run as CUDA graphs captured per batch size, padded up to the next captured size. Weight matrices are held in bf16 when the checkpoint's values are bf16
-// (else f32), except kv_b_proj, whose per-head halves W_UK and W_UV multiply f32 activations in
-// cuBLAS strided-batched sgemms; activations are f32. One product computes q (or q_a) and the
-// latent [c ; k_pe] together; bf16 absorbed queries go to the CUDA MLA backend, which writes the
-// latent rows into the pool (bf16 or fp8_ds_mla) and returns latent outputs.
+// can run as CUDA graphs captured per batch size, padded up to the next captured size. Weight
+// matrices are held in bf16 when the checkpoint's values are bf16 (else f32), except kv_b_proj,
+// whose per-head halves W_UK and W_UV multiply f32 activations in cuBLAS strided-batched sgemms;
+// activations are f32. One product computes q (or q_a) and the latent [c ; k_pe] together; bf16
+// absorbed queries go to the CUDA MLA backend, which writes the latent rows into the pool (bf16
+// or fp8_ds_mla) and returns latent outputs.
 #pragma once
 
 #include <map>

@@ -17,6 +17,7 @@
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/cuda_linear.h"
 #include "specula/model/cuda/model_ops.h"
+#include "specula/model/cuda/step_io.h"
 
 namespace specula {
 
@@ -36,21 +37,12 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deter
                     "deterministic inference needs matrix widths that are multiples of 8; this model has {}", w);
     }
   }
-  CUDA_CHECK(cudaSetDevice(device.index));
-  // A blocking stream: it stays ordered with the synchronous copies of core/ (legacy stream).
-  cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreate(&stream));
-  stream_ = stream;
+  stream_ = create_model_stream(device);
   linear_ = std::make_unique<CudaLinear>(device, stream_, deterministic);
   embed_ = upload_weight(host.embedding(), device);
   final_norm_ = upload_f32(host.final_norm(), device);
   if (&host.lm_head() != &host.embedding()) lm_head_ = upload_weight(host.lm_head(), device);
   inv_freq_ = upload_f32(host.inv_freq(), device);
-  auto concat = [](std::initializer_list<const std::vector<float>*> parts) {
-    std::vector<float> all;
-    for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
-    return all;
-  };
   for (const LlamaModel::Layer& l : host.layers()) {
     Layer d;
     d.input_norm = upload_f32(l.input_norm, device);
@@ -58,12 +50,12 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deter
     d.post_attn_norm = upload_f32(l.post_attn_norm, device);
     d.post_ffn_norm = upload_f32(l.post_ffn_norm, device);
     // q|k|v and gate|up as one matrix each: one product (and one pass over x) instead of 3 and 2.
-    d.w_qkv = upload_weight(concat({&l.wq, &l.wk, &l.wv}), device);
-    d.b_qkv = upload_f32(concat({&l.bq, &l.bk, &l.bv}), device);
+    d.w_qkv = upload_weight(stack_rows({&l.wq, &l.wk, &l.wv}), device);
+    d.b_qkv = upload_f32(stack_rows({&l.bq, &l.bk, &l.bv}), device);
     d.wo = upload_weight(l.wo, device);
     d.bo = upload_f32(l.bo, device);
-    d.w_gate_up = upload_weight(concat({&l.w_gate, &l.w_up}), device);
-    d.b_gate_up = upload_f32(concat({&l.b_gate, &l.b_up}), device);
+    d.w_gate_up = upload_weight(stack_rows({&l.w_gate, &l.w_up}), device);
+    d.b_gate_up = upload_f32(stack_rows({&l.b_gate, &l.b_up}), device);
     d.w_down = upload_weight(l.w_down, device);
     d.b_down = upload_f32(l.b_down, device);
     d.q_norm = upload_f32(l.q_norm, device);
@@ -211,10 +203,6 @@ float* LlamaCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_t c
 }
 
 namespace {
-void upload_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t s) {
-  // From pageable memory the call returns once the data is staged, so src may go away after.
-  CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-}
 // Logits (and the captured hidden states of the first capture->data.size() values of slot 5)
 // to the host through pinned memory, then one sync.
 void download(PinnedBuffer& pinned, std::vector<float>& logits, const float* src, int64_t count, HiddenCapture* capture,
@@ -239,23 +227,15 @@ void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backen
   SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
                 "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
   for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-  upload_async(scratch(eager_, 0, DType::i32, n), batch.input_ids, s);
-  upload_async(scratch(eager_, 1, DType::i32, n), batch.positions, s);
+  upload_i32_async(scratch(eager_, 0, DType::i32, n), batch.input_ids, s);
+  upload_i32_async(scratch(eager_, 1, DType::i32, n), batch.positions, s);
   run_layers(batch, backend, eager_, n, capture);
-  std::vector<int32_t> rows;
-  if (!all_tokens && n != batch.batch_size) {
-    int32_t end = 0;
-    for (int r = 0; r < batch.batch_size; ++r) {
-      end += batch.query_len(r);
-      rows.push_back(end - 1);
-    }
-  }
-  // One token per request (decode) or all tokens: the rows are all of them, in order.
+  const std::vector<int32_t> rows = logit_rows(batch, all_tokens);
   const int64_t count = rows.empty() ? n : static_cast<int64_t>(rows.size());
   const int32_t* row_ids = nullptr;
   if (!rows.empty()) {
     Buffer& b = scratch(eager_, 15, DType::i32, count);
-    upload_async(b, rows, s);
+    upload_i32_async(b, rows, s);
     row_ids = b.data_as<const int32_t>();
   }
   const float* out = run_head(eager_, row_ids, count);
@@ -282,8 +262,8 @@ void LlamaCudaModel::capture_decode_graphs(AttentionBackend& backend, std::vecto
     SPECULA_CHECK(bs >= 1, "CUDA-graph batch size {} is not valid", bs);
     const ForwardBatch b = padding_batch(bs);
     backend.init_forward_metadata_capture_cuda_graph(b);
-    upload_async(scratch(graph_ws_, 0, DType::i32, bs), b.input_ids, s);
-    upload_async(scratch(graph_ws_, 1, DType::i32, bs), b.positions, s);
+    upload_i32_async(scratch(graph_ws_, 0, DType::i32, bs), b.input_ids, s);
+    upload_i32_async(scratch(graph_ws_, 1, DType::i32, bs), b.positions, s);
     // A warm-up outside the capture lets cuBLAS and the backend do their one-time set-up.
     run_layers(b, backend, graph_ws_, bs);
     run_head(graph_ws_, nullptr, bs);
@@ -306,8 +286,8 @@ bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBa
   const int bs = it->first;
   const ForwardBatch padded = pad_decode_batch(batch, bs, padding_req_row_, padding_slot_);
   backend.init_forward_metadata_replay_cuda_graph(padded);
-  upload_async(graph_ws_.slots[0], padded.input_ids, s);
-  upload_async(graph_ws_.slots[1], padded.positions, s);
+  upload_i32_async(graph_ws_.slots[0], padded.input_ids, s);
+  upload_i32_async(graph_ws_.slots[1], padded.positions, s);
   it->second->launch(stream_);
   download(pinned_, logits, graph_ws_.slots[17].data_as<const float>(), static_cast<int64_t>(batch.batch_size) * c.vocab_size,
            nullptr, nullptr, s);
@@ -360,8 +340,8 @@ void LlamaCudaModel::capture_verify_graphs(AttentionBackend& backend, std::vecto
     HiddenCapture capture;
     capture.layers = verify_capture_layers_;
     backend.init_forward_metadata_capture_cuda_graph(b);
-    upload_async(scratch(verify_ws_, 0, DType::i32, n), b.input_ids, s);
-    upload_async(scratch(verify_ws_, 1, DType::i32, n), b.positions, s);
+    upload_i32_async(scratch(verify_ws_, 0, DType::i32, n), b.input_ids, s);
+    upload_i32_async(scratch(verify_ws_, 1, DType::i32, n), b.positions, s);
     run_layers(b, backend, verify_ws_, n, &capture);
     run_head(verify_ws_, nullptr, n);
     CUDA_CHECK(cudaStreamSynchronize(s));
@@ -406,8 +386,8 @@ bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBa
     run = &padded;
   }
   backend.init_forward_metadata_replay_cuda_graph(*run);
-  upload_async(verify_ws_.slots[0], run->input_ids, s);
-  upload_async(verify_ws_.slots[1], run->positions, s);
+  upload_i32_async(verify_ws_.slots[0], run->input_ids, s);
+  upload_i32_async(verify_ws_.slots[1], run->positions, s);
   it->second->launch(stream_);
   const int64_t n = batch.num_tokens();
   if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, c.hidden_size);

@@ -65,17 +65,20 @@ RopeFrequencies yarn(const ModelConfig& c) {
     const double keep = 1.0 - ramp;  // share of the original (extrapolated) frequency
     r.inv_freq[static_cast<size_t>(i)] = static_cast<float>(interpolation * (1.0 - keep) + extrapolation * keep);
   }
-  auto get_mscale = [&](double mscale) { return s.factor <= 1 ? 1.0 : 0.1 * mscale * std::log(s.factor) + 1.0; };
   double factor = s.attention_factor;
   if (factor <= 0) {
     // DeepSeek's configs give both mscales; the part the softmax scale does not take scales cos/sin.
-    factor = s.mscale != 0 && s.mscale_all_dim != 0 ? get_mscale(s.mscale) / get_mscale(s.mscale_all_dim) : get_mscale(1.0);
+    factor = s.mscale != 0 && s.mscale_all_dim != 0
+                 ? yarn_get_mscale(s.factor, s.mscale) / yarn_get_mscale(s.factor, s.mscale_all_dim)
+                 : yarn_get_mscale(s.factor, 1.0);
   }
   r.attention_factor = static_cast<float>(factor);
   return r;
 }
 
 }  // namespace
+
+double yarn_get_mscale(double factor, double mscale) { return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
 
 RopeFrequencies compute_rope_frequencies(const ModelConfig& c) {
   const RopeScaling& s = c.rope_scaling;

@@ -16,4 +16,7 @@ struct RopeFrequencies {
 
 RopeFrequencies compute_rope_frequencies(const ModelConfig& config);
 
+// YaRN's magnitude correction 0.1 * mscale * ln(factor) + 1 (1 when factor <= 1).
+double yarn_get_mscale(double factor, double mscale);
+
 }  // namespace specula

@@ -137,6 +137,8 @@ void ModelRunner::init_llama(const WeightSource& weights) {
 void ModelRunner::init_mla(const WeightSource& weights) {
   const ModelRunnerOptions& o = options_;
   const bool gpu = o.device.is_cuda();
+  SPECULA_CHECK(!o.deterministic, "deterministic inference is not available for {} (multi-head latent attention) yet",
+                config_.architecture);
   mla_model_ = std::make_unique<DeepseekModel>(config_, weights);
   MlaBackendOptions bo;
 #ifdef SPECULA_HAS_CUDA

@@ -40,7 +40,7 @@ struct ModelRunnerOptions {
   // holds it, padded; larger batches run eagerly.
   bool cuda_graph = true;
   // Batch-invariant execution (SGLang's --enable-deterministic-inference): a request's logits do
-  // not depend on the other requests of its batch. Slower GPU prefill.
+  // not depend on the other requests of its batch. Slower GPU prefill. Llama-family models only.
   bool deterministic = false;
   int cuda_graph_max_bs = 64;
   std::vector<int> cuda_graph_batch_sizes;
@@ -103,10 +103,11 @@ class ModelRunner {
   ModelRunnerOptions options_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<DeepseekModel> mla_model_;
-  std::unique_ptr<MlaAttentionBackend> mla_backend_;
   std::unique_ptr<MLAKVPool> mla_kv_pool_;
   std::shared_ptr<void> cuda_model_;      // LlamaCudaModel in CUDA builds on a GPU
   std::shared_ptr<void> mla_cuda_model_;  // DeepseekCudaModel in CUDA builds on a GPU
+  // Declared after the executors, so it goes first: it runs on their stream.
+  std::unique_ptr<MlaAttentionBackend> mla_backend_;
   std::unique_ptr<AttentionBackend> backend_;
   std::unique_ptr<ReqToTokenPool> req_pool_;
   std::unique_ptr<PagedTokenAllocator> allocator_;

@@ -98,11 +98,6 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
   page_stride_ = (options.max_context_len + options.page_size - 1) / options.page_size;
   linear_ = std::make_unique<CudaLinear>(device, stream, false);
   const EagleWeights& w = head.weights();
-  auto concat = [](std::initializer_list<const std::vector<float>*> parts) {
-    std::vector<float> all;
-    for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
-    return all;
-  };
   embed_ = upload_weight(w.embed.empty() ? head.target().embedding() : w.embed, device);
   fc_ = upload_weight(w.fc, device);
   fc_bias_ = upload_f32(w.fc_bias, device);
@@ -110,9 +105,9 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
   hidden_norm_ = upload_f32(w.hidden_norm, device);
   post_norm_ = upload_f32(w.post_norm, device);
   final_norm_ = upload_f32(w.final_norm, device);
-  w_qkv_ = upload_weight(concat({&w.wq, &w.wk, &w.wv}), device);
+  w_qkv_ = upload_weight(stack_rows({&w.wq, &w.wk, &w.wv}), device);
   wo_ = upload_weight(w.wo, device);
-  w_gate_up_ = upload_weight(concat({&w.w_gate, &w.w_up}), device);
+  w_gate_up_ = upload_weight(stack_rows({&w.w_gate, &w.w_up}), device);
   w_down_ = upload_weight(w.w_down, device);
   lm_head_ = upload_weight(head.kind() == EagleKind::EAGLE ? head.target().lm_head() : w.lm_head, device);
   inv_freq_ = upload_f32(head.inv_freq(), device);

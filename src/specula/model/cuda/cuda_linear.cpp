@@ -33,6 +33,12 @@ Buffer upload_weight(const std::vector<float>& v, Device device) {
   return b;
 }
 
+std::vector<float> stack_rows(std::initializer_list<const std::vector<float>*> parts) {
+  std::vector<float> all;
+  for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
+  return all;
+}
+
 CudaLinear::CudaLinear(Device device, void* stream, bool deterministic) : stream_(stream), deterministic_(deterministic) {
   CUDA_CHECK(cudaSetDevice(device.index));
   cublasHandle_t handle = nullptr;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "specula/core/tensor.h"
@@ -16,6 +17,8 @@ Buffer upload_f32(const std::vector<float>& v, Device device);
 // A weight matrix as bf16 when every value is exactly a bf16 (a bf16 checkpoint), which halves
 // what each step reads and loses nothing; otherwise as f32.
 Buffer upload_weight(const std::vector<float>& v, Device device);
+// Row-major matrices with the same width stacked into one (one product instead of several).
+std::vector<float> stack_rows(std::initializer_list<const std::vector<float>*> parts);
 
 class CudaLinear {
  public:

@@ -20,8 +20,8 @@ __global__ void rms_norm_strided_kernel(const float* x, int64_t x_stride, const 
   for (int i = static_cast<int>(threadIdx.x); i < width; i += static_cast<int>(blockDim.x)) yr[i] = w[i] * (xr[i] * inv);
 }
 
-// Rotates the rope_dim values of src into dst (element j of the pair turned by angle i at
-// offsets a and a + partner), as CpuRope does: f32 angles, cos/sin times rope_factor.
+// Rotates the rope_dim values of src through store(offset, value): pair i (offsets a and a +
+// partner) turns by angle i, as CpuRope does: f32 angles, cos/sin times rope_factor.
 template <typename Store>
 __device__ void rotate_pairs(const float* src, const MlaPackParams& p, int32_t position, Store store) {
   const int half = p.rope_dim / 2, step = p.interleave ? 2 : 1, partner = p.interleave ? 1 : half;

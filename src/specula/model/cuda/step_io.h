@@ -1,0 +1,25 @@
+// Host/device plumbing shared by the GPU decoders (LlamaCudaModel, DeepseekCudaModel): their
+// stream, the per-step uploads of ids, positions and row lists, and which rows' logits a step
+// returns.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "specula/batch/forward_batch.h"
+#include "specula/core/tensor.h"
+
+namespace specula {
+
+// A blocking stream on device: it stays ordered with core/'s synchronous copies (legacy stream).
+void* create_model_stream(Device device);
+// dst[0, src.size()) = src on stream s. From pageable memory the call returns once the data is
+// staged, so src may go away after.
+void upload_i32_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t s);
+// The token rows whose logits a step returns: each request's last token, or every token with
+// all_tokens. Empty when that is every token of the batch in order (all_tokens, or a decode step).
+std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens);
+
+}  // namespace specula
