@@ -6,20 +6,17 @@
 
 #include "specula/core/error.h"
 #include "specula/model/cpu_ops.h"
-#include "specula/model/rope.h"
 #include "specula/model/weight_loader.h"
 
 namespace specula {
 
-DeepseekModel::DeepseekModel(const ModelConfig& c, const WeightSource& ckpt) : config_(c) {
+DeepseekModel::DeepseekModel(const ModelConfig& c, const WeightSource& ckpt) : CpuDecoder(c) {
   SPECULA_CHECK(c.is_mla(), "{} is not a multi-head latent attention model", c.architecture);
   const MlaConfig& m = c.mla;
   const int64_t h = c.hidden_size, heads = c.num_attention_heads;
   const int64_t q_out = heads * (m.qk_nope_head_dim + m.qk_rope_head_dim);
   F32WeightLoader load(ckpt);
-  embed_ = load("model.embed_tokens.weight", {c.vocab_size, h});
-  final_norm_ = load("model.norm.weight", {h});
-  if (!c.tie_word_embeddings) lm_head_ = load("lm_head.weight", {c.vocab_size, h});
+  load_ends(load, 0.0f);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Layer w;
@@ -49,13 +46,10 @@ DeepseekModel::DeepseekModel(const ModelConfig& c, const WeightSource& ckpt) : c
     a.scaling = static_cast<float>(m.softmax_scale);
     mla_layers_.push_back(a);
   }
-  const RopeFrequencies rope = compute_rope_frequencies(c);
-  inv_freq_ = rope.inv_freq;
-  rope_attention_factor_ = rope.attention_factor;
 }
 
 size_t DeepseekModel::weight_bytes() const {
-  size_t floats = embed_.size() + final_norm_.size() + lm_head_.size();
+  size_t floats = ends_floats();
   for (const Layer& l : layers_) {
     for (const auto* v : {&l.input_norm, &l.post_norm, &l.wq, &l.wq_a, &l.q_a_norm, &l.wq_b, &l.wkv_a, &l.kv_a_norm,
                           &l.wkv_b, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
@@ -72,20 +66,15 @@ void DeepseekModel::forward(const ForwardBatch& batch, MlaAttentionBackend& back
   const int64_t n = batch.num_tokens();
   const int hidden = c.hidden_size, H = c.num_attention_heads, R = m.kv_lora_rank, rope_dim = m.qk_rope_head_dim;
   const int nope = m.qk_nope_head_dim, qk = nope + rope_dim, vd = m.v_head_dim, latent = R + rope_dim;
-  SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
-                "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
-  std::vector<float> x(static_cast<size_t>(n * hidden)), xn(x.size()), o(x.size());
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t id = batch.input_ids[static_cast<size_t>(t)];
-    SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-    std::copy_n(embed_.begin() + static_cast<int64_t>(id) * hidden, hidden, x.begin() + t * hidden);
-  }
+  std::vector<float> x;
+  embed_tokens(batch, 1.0f, x);
+  std::vector<float> xn(x.size()), o(x.size());
   std::vector<float> q(static_cast<size_t>(n * H * qk)), q_a(static_cast<size_t>(n * m.q_lora_rank));
   std::vector<float> kv_a(static_cast<size_t>(n * latent)), values(static_cast<size_t>(n * H * vd));
   std::vector<float> gate(static_cast<size_t>(n * c.intermediate_size)), up(gate.size());
   Buffer q_abs(DType::f32, {n, H, latent}), kv_c(DType::f32, {n, R}), k_pe(DType::f32, {n, rope_dim});
   Buffer attn(DType::f32, {n, H, R});
-  const CpuRope rope(batch.positions, inv_freq_, rope_attention_factor_);
+  const CpuRope rope(batch.positions, inv_freq(), rope_attention_factor());
   const float eps = static_cast<float>(c.rms_norm_eps);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
@@ -132,7 +121,7 @@ void DeepseekModel::forward(const ForwardBatch& batch, MlaAttentionBackend& back
     cpu_linear(gate.data(), w.w_down, o.data(), n, c.intermediate_size, hidden);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
-  cpu_final_logits(x.data(), batch, all_tokens, final_norm_, lm_head(), hidden, c.vocab_size, eps, logits);
+  final_logits(x.data(), batch, all_tokens, logits);
 }
 
 }  // namespace specula

@@ -15,11 +15,12 @@
 
 #include "specula/attention/mla/mla_backend.h"
 #include "specula/model/config.h"
+#include "specula/model/cpu_decoder.h"
 #include "specula/model/weights.h"
 
 namespace specula {
 
-class DeepseekModel {
+class DeepseekModel : public CpuDecoder {
  public:
   // transformers builds q_a_layernorm and kv_a_layernorm with RMSNorm's default eps, not the
   // config's rms_norm_eps.
@@ -28,7 +29,6 @@ class DeepseekModel {
   // Throws specula::Error for configs that are not MLA models.
   DeepseekModel(const ModelConfig& config, const WeightSource& weights);
 
-  const ModelConfig& config() const { return config_; }
   const std::vector<MlaLayer>& mla_layers() const { return mla_layers_; }
   size_t weight_bytes() const;  // all weights as held (f32)
 
@@ -50,19 +50,10 @@ class DeepseekModel {
     std::vector<float> w_gate, w_up, w_down;
   };
   const std::vector<Layer>& layers() const { return layers_; }
-  const std::vector<float>& embedding() const { return embed_; }
-  const std::vector<float>& final_norm() const { return final_norm_; }
-  const std::vector<float>& lm_head() const { return lm_head_.empty() ? embed_ : lm_head_; }
-  const std::vector<float>& inv_freq() const { return inv_freq_; }
-  float rope_attention_factor() const { return rope_attention_factor_; }
 
  private:
-  ModelConfig config_;
-  std::vector<float> embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
   std::vector<MlaLayer> mla_layers_;
-  std::vector<float> inv_freq_;  // [qk_rope_head_dim / 2]
-  float rope_attention_factor_ = 1.0f;
 };
 
 }  // namespace specula

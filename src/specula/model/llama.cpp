@@ -8,12 +8,11 @@
 
 #include "specula/core/error.h"
 #include "specula/model/cpu_ops.h"
-#include "specula/model/rope.h"
 #include "specula/model/weight_loader.h"
 
 namespace specula {
 
-LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt) : config_(c) {
+LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt) : CpuDecoder(c) {
   const int64_t h = c.hidden_size, q_out = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t kv_out = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
   F32WeightLoader load(ckpt);
@@ -25,9 +24,7 @@ LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt) : config_
     }
     return w;
   };
-  embed_ = load("model.embed_tokens.weight", {c.vocab_size, h});
-  final_norm_ = norm("model.norm.weight");
-  if (!c.tie_word_embeddings) lm_head_ = load("lm_head.weight", {c.vocab_size, h});
+  load_ends(load, c.gemma2 ? 1.0f : 0.0f);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     Layer layer;
@@ -75,13 +72,10 @@ LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt) : config_
     if (c.query_pre_attn_scalar > 0) a.scaling = static_cast<float>(1.0 / std::sqrt(c.query_pre_attn_scalar));
     attention_layers_.push_back(a);
   }
-  const RopeFrequencies rope = compute_rope_frequencies(c);
-  inv_freq_ = rope.inv_freq;
-  rope_attention_factor_ = rope.attention_factor;
 }
 
 size_t LlamaModel::weight_bytes() const {
-  size_t floats = embed_.size() + final_norm_.size() + lm_head_.size();
+  size_t floats = ends_floats();
   for (const Layer& l : layers_) {
     for (const auto* v : {&l.input_norm, &l.post_norm, &l.post_attn_norm, &l.post_ffn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
                           &l.bq, &l.bk, &l.bv, &l.bo, &l.b_gate, &l.b_up, &l.b_down, &l.q_norm, &l.k_norm, &l.w_gate,
@@ -97,21 +91,12 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   const ModelConfig& c = config_;
   const int64_t n = batch.num_tokens();
   const int hidden = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
-                "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
-  std::vector<float> x(static_cast<size_t>(n * hidden)), xn(x.size());
-  for (int64_t t = 0; t < n; ++t) {
-    const int32_t id = batch.input_ids[static_cast<size_t>(t)];
-    SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-    std::copy_n(embed_.begin() + static_cast<int64_t>(id) * hidden, hidden, x.begin() + t * hidden);
-  }
-  if (c.gemma2) {
-    const float scale = std::sqrt(static_cast<float>(hidden));
-    for (float& v : x) v *= scale;
-  }
+  std::vector<float> x;
+  embed_tokens(batch, c.gemma2 ? std::sqrt(static_cast<float>(hidden)) : 1.0f, x);
+  std::vector<float> xn(x.size());
   Buffer q(DType::f32, {n, Hq, D}), k(DType::f32, {n, Hkv, D}), v(DType::f32, {n, Hkv, D}), attn(DType::f32, {n, Hq, D});
   std::vector<float> o(x.size()), gate(static_cast<size_t>(n * c.intermediate_size)), up(gate.size());
-  const CpuRope rope(batch.positions, inv_freq_, rope_attention_factor_);
+  const CpuRope rope(batch.positions, inv_freq(), rope_attention_factor());
   const float eps = static_cast<float>(c.rms_norm_eps);
   const bool gelu = c.hidden_act == "gelu_pytorch_tanh";
   const size_t captured = capture != nullptr ? capture->layers.size() : 0;
@@ -169,10 +154,10 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   }
   for (size_t e = 0; e < captured; ++e) {
     if (capture->layers[e] != HiddenCapture::kFinalNormed) continue;
-    cpu_rms_norm(x.data(), final_norm_, xn.data(), n, hidden, eps);
+    cpu_rms_norm(x.data(), final_norm(), xn.data(), n, hidden, eps);
     store(e, xn.data());
   }
-  cpu_final_logits(x.data(), batch, all_tokens, final_norm_, lm_head(), hidden, c.vocab_size, eps, logits);
+  final_logits(x.data(), batch, all_tokens, logits);
   if (c.final_logit_softcapping > 0) {
     const auto cap = static_cast<float>(c.final_logit_softcapping);
     for (float& v : logits) v = cap * std::tanh(v / cap);

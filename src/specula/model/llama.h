@@ -9,16 +9,16 @@
 
 #include "specula/attention/backend.h"
 #include "specula/model/config.h"
+#include "specula/model/cpu_decoder.h"
 #include "specula/model/hidden_capture.h"
 #include "specula/model/weights.h"
 
 namespace specula {
 
-class LlamaModel {
+class LlamaModel : public CpuDecoder {
  public:
   LlamaModel(const ModelConfig& config, const WeightSource& weights);
 
-  const ModelConfig& config() const { return config_; }
   // One AttentionLayer per decoder layer (for backend checks and KV pool sizing).
   const std::vector<AttentionLayer>& attention_layers() const { return attention_layers_; }
   // Bytes of weights one decode step reads (all of them, as held: f32).
@@ -44,21 +44,10 @@ class LlamaModel {
   };
 
   const std::vector<Layer>& layers() const { return layers_; }
-  const std::vector<float>& embedding() const { return embed_; }
-  const std::vector<float>& final_norm() const { return final_norm_; }
-  const std::vector<float>& lm_head() const { return lm_head_.empty() ? embed_ : lm_head_; }
-  const std::vector<float>& inv_freq() const { return inv_freq_; }
-  float rope_attention_factor() const { return rope_attention_factor_; }
 
  private:
-  ModelConfig config_;
-  std::vector<float> embed_;      // [vocab, hidden]
-  std::vector<float> final_norm_; // [hidden]
-  std::vector<float> lm_head_;    // [vocab, hidden] (empty when tied: embed_ is used)
   std::vector<Layer> layers_;
   std::vector<AttentionLayer> attention_layers_;
-  std::vector<float> inv_freq_;   // [head_dim / 2]
-  float rope_attention_factor_ = 1.0f;
 };
 
 }  // namespace specula
