@@ -24,10 +24,7 @@ DeepseekCudaModel::DeepseekCudaModel(const DeepseekModel& host, Device device) :
   SPECULA_CHECK(device.is_cuda(), "DeepseekCudaModel needs a CUDA device, not {}", device.str());
   stream_ = create_model_stream(device);
   linear_ = std::make_unique<CudaLinear>(device, stream_, false);
-  embed_ = upload_weight(host.embedding(), device);
-  final_norm_ = upload_f32(host.final_norm(), device);
-  if (&host.lm_head() != &host.embedding()) lm_head_ = upload_weight(host.lm_head(), device);
-  inv_freq_ = upload_f32(host.inv_freq(), device);
+  ends_ = std::make_unique<CudaDecoderEnds>(host, device);
   for (const DeepseekModel::Layer& l : host.layers()) {
     Layer d;
     d.input_norm = upload_f32(l.input_norm, device);
@@ -53,7 +50,7 @@ DeepseekCudaModel::~DeepseekCudaModel() {
 
 size_t DeepseekCudaModel::weight_bytes() const {
   auto held = [](const Buffer& b) { return b.data() != nullptr ? b.nbytes() : 0; };
-  size_t bytes = held(embed_) + held(final_norm_) + held(lm_head_);
+  size_t bytes = ends_->bytes();
   for (const Layer& l : layers_) {
     for (const Buffer* b : {&l.input_norm, &l.post_norm, &l.w_in, &l.q_a_norm, &l.wq_b, &l.kv_a_norm, &l.wkv_b, &l.wo,
                             &l.w_gate_up, &l.w_down}) {
@@ -109,11 +106,7 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
   const TensorView k_pe_view(k_pe.data(), DType::f32, {n, rope}, device_);
   const TensorView out_view(out.data(), DType::bf16, {n, H, R}, device_);
 
-  if (embed_.dtype() == DType::bf16) {
-    ck::embed_rows_bf16(embed_.data(), ids, x, n, h, 1.0f, s);
-  } else {
-    ck::embed_rows(embed_.data_as<const float>(), ids, x, n, h, 1.0f, s);
-  }
+  ends_->embed_rows(ids, x, n, 1.0f, s);
   ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
@@ -141,7 +134,7 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
     pack.kv_a = in + q_width + R;
     pack.kv_a_stride = in_width;
     pack.positions = pos;
-    pack.inv_freq = inv_freq_.data_as<const float>();
+    pack.inv_freq = ends_->inv_freq().data_as<const float>();
     pack.rope_factor = host_.rope_attention_factor();
     pack.interleave = m.rope_interleave;
     pack.q_out = q_abs.data();
@@ -175,19 +168,11 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
 
 float* DeepseekCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_t count) {
   const ModelConfig& c = host_.config();
-  const auto s = static_cast<cudaStream_t>(stream_);
-  const int h = c.hidden_size;
-  const auto eps = static_cast<float>(c.rms_norm_eps);
-  const float* x = ws.slots[kX].data_as<const float>();
-  float* selected = scratch(ws, kSelected, DType::f32, count * h).data_as<float>();
-  if (row_ids != nullptr) {
-    ck::gather_rows(x, row_ids, selected, count, h, s);
-    ck::rms_norm_rows(selected, final_norm_.data_as<const float>(), selected, count, h, eps, s);
-  } else {
-    ck::rms_norm_rows(x, final_norm_.data_as<const float>(), selected, count, h, eps, s);
-  }
+  float* selected = scratch(ws, kSelected, DType::f32, count * c.hidden_size).data_as<float>();
   float* out = scratch(ws, kLogits, DType::f32, count * c.vocab_size).data_as<float>();
-  linear(ws, selected, lm_head_.data() != nullptr ? lm_head_ : embed_, out, count, h, c.vocab_size);
+  ends_->logits(ws.slots[kX].data_as<const float>(), row_ids, count, selected, out,
+                [&](const float* x, const Buffer& w, float* y, int64_t n, int in, int o) { linear(ws, x, w, y, n, in, o); },
+                static_cast<cudaStream_t>(stream_));
   return out;
 }
 
@@ -229,54 +214,39 @@ void DeepseekCudaModel::capture_decode_graphs(MlaAttentionBackend& backend, std:
                                               int32_t padding_req_row, int32_t padding_slot, ReqToTokenPool* req_pool,
                                               MLAKVPool* kv_pool) {
   const auto s = static_cast<cudaStream_t>(stream_);
-  padding_req_row_ = padding_req_row;
-  padding_slot_ = padding_slot;
-  graph_req_pool_ = req_pool;
-  graph_kv_pool_ = kv_pool;
-  std::sort(batch_sizes.begin(), batch_sizes.end(), std::greater<>());
-  // The largest first: its warm-up sizes the graph workspace, which is then frozen.
-  for (int bs : batch_sizes) {
-    SPECULA_CHECK(bs >= 1, "CUDA-graph batch size {} is not valid", bs);
-    ForwardBatch b = padding_decode_batch(bs, padding_req_row_, padding_slot_);
-    b.req_to_token_pool = graph_req_pool_;
-    b.mla_kv_pool = graph_kv_pool_;
-    backend.init_forward_metadata_capture_cuda_graph(b);
-    upload_i32_async(scratch(graph_ws_, kIds, DType::i32, bs), b.input_ids, s);
-    upload_i32_async(scratch(graph_ws_, kPositions, DType::i32, bs), b.positions, s);
-    // A warm-up outside the capture lets cuBLAS and the backend do their one-time set-up.
-    run_layers(b, backend, graph_ws_, bs);
-    run_head(graph_ws_, nullptr, bs);
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    graph_ws_.frozen = true;
-    graphs_[bs] = std::make_unique<CudaGraph>(stream_, [&] {
-      run_layers(b, backend, graph_ws_, bs);
-      run_head(graph_ws_, nullptr, bs);
-    });
-  }
+  graphs_.capture(
+      std::move(batch_sizes), padding_req_row, padding_slot, stream_,
+      [&](ForwardBatch& b) {
+        b.req_to_token_pool = req_pool;
+        b.mla_kv_pool = kv_pool;
+        backend.init_forward_metadata_capture_cuda_graph(b);
+        upload_i32_async(scratch(graph_ws_, kIds, DType::i32, b.batch_size), b.input_ids, s);
+        upload_i32_async(scratch(graph_ws_, kPositions, DType::i32, b.batch_size), b.positions, s);
+      },
+      [&](const ForwardBatch& b) {
+        run_layers(b, backend, graph_ws_, b.batch_size);
+        run_head(graph_ws_, nullptr, b.batch_size);
+      },
+      [&] { graph_ws_.frozen = true; });
 }
 
 bool DeepseekCudaModel::forward_decode_graph(const ForwardBatch& batch, MlaAttentionBackend& backend,
                                              std::vector<float>& logits) {
-  if (batch.forward_mode != ForwardMode::DECODE) return false;
-  const auto it = graphs_.lower_bound(batch.batch_size);
-  if (it == graphs_.end()) return false;
+  ForwardBatch padded;
+  const CudaGraph* graph = graphs_.find(batch, &padded);
+  if (graph == nullptr) return false;
   const ModelConfig& c = host_.config();
   for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
   const auto s = static_cast<cudaStream_t>(stream_);
-  const ForwardBatch padded = pad_decode_batch(batch, it->first, padding_req_row_, padding_slot_);
   backend.init_forward_metadata_replay_cuda_graph(padded);
   upload_i32_async(graph_ws_.slots[kIds], padded.input_ids, s);
   upload_i32_async(graph_ws_.slots[kPositions], padded.positions, s);
-  it->second->launch(stream_);
+  graph->launch(stream_);
   download_logits(pinned_, graph_ws_.slots[kLogits].data_as<const float>(),
                   static_cast<size_t>(batch.batch_size) * static_cast<size_t>(c.vocab_size), logits, s);
   return true;
 }
 
-std::vector<int> DeepseekCudaModel::graph_batch_sizes() const {
-  std::vector<int> sizes;
-  for (const auto& [bs, graph] : graphs_) sizes.push_back(bs);
-  return sizes;
-}
+std::vector<int> DeepseekCudaModel::graph_batch_sizes() const { return graphs_.batch_sizes(); }
 
 }  // namespace specula

@@ -7,19 +7,19 @@
 // or fp8_ds_mla) and returns latent outputs.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <vector>
 
 #include "specula/attention/mla/mla_backend.h"
 #include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
+#include "specula/model/cuda/decode_graphs.h"
+#include "specula/model/cuda/decoder_ends.h"
 #include "specula/model/cuda/workspace.h"
 #include "specula/model/deepseek.h"
 
 namespace specula {
 
-class CudaGraph;
 class CudaLinear;
 class ReqToTokenPool;
 
@@ -75,15 +75,11 @@ class DeepseekCudaModel {
   void* stream_ = nullptr;  // cudaStream_t
   std::unique_ptr<CudaLinear> linear_;
   PinnedBuffer pinned_;
-  Buffer embed_, final_norm_, lm_head_, inv_freq_;
+  std::unique_ptr<CudaDecoderEnds> ends_;
   std::vector<Layer> layers_;
   Workspace eager_;
   Workspace graph_ws_;
-  std::map<int, std::unique_ptr<CudaGraph>> graphs_;  // by batch size
-  int32_t padding_req_row_ = -1;
-  int32_t padding_slot_ = 0;
-  ReqToTokenPool* graph_req_pool_ = nullptr;
-  MLAKVPool* graph_kv_pool_ = nullptr;
+  DecodeGraphs graphs_;
 };
 
 }  // namespace specula

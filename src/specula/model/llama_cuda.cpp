@@ -39,10 +39,7 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deter
   }
   stream_ = create_model_stream(device);
   linear_ = std::make_unique<CudaLinear>(device, stream_, deterministic);
-  embed_ = upload_weight(host.embedding(), device);
-  final_norm_ = upload_f32(host.final_norm(), device);
-  if (&host.lm_head() != &host.embedding()) lm_head_ = upload_weight(host.lm_head(), device);
-  inv_freq_ = upload_f32(host.inv_freq(), device);
+  ends_ = std::make_unique<CudaDecoderEnds>(host, device);
   for (const LlamaModel::Layer& l : host.layers()) {
     Layer d;
     d.input_norm = upload_f32(l.input_norm, device);
@@ -88,7 +85,7 @@ void LlamaCudaModel::linear(Workspace& ws, const float* x, const Buffer& w, cons
 
 size_t LlamaCudaModel::weight_bytes() const {
   auto held = [](const Buffer& b) { return b.data() != nullptr ? b.nbytes() : 0; };
-  size_t bytes = held(embed_) + held(final_norm_) + held(lm_head_);
+  size_t bytes = ends_->bytes();
   for (const Layer& l : layers_) {
     for (const Buffer* b : {&l.input_norm, &l.post_norm, &l.post_attn_norm, &l.post_ffn_norm, &l.w_qkv, &l.b_qkv, &l.wo,
                             &l.bo, &l.w_gate_up, &l.b_gate_up, &l.w_down, &l.b_down, &l.q_norm, &l.k_norm}) {
@@ -124,11 +121,7 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   const float embed_scale = c.gemma2 ? std::sqrt(static_cast<float>(h)) : 1.0f;
-  if (embed_.dtype() == DType::bf16) {
-    ck::embed_rows_bf16(embed_.data(), ids, x, n, h, embed_scale, s);
-  } else {
-    ck::embed_rows(embed_.data_as<const float>(), ids, x, n, h, embed_scale, s);
-  }
+  ends_->embed_rows(ids, x, n, embed_scale, s);
   ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
   const size_t captured = capture != nullptr ? capture->layers.size() : 0;
   if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, h);
@@ -148,7 +141,7 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
     ck::QkvEpilogueParams e{};
     e.qkv = qkv;
     e.positions = pos;
-    e.inv_freq = inv_freq_.data_as<const float>();
+    e.inv_freq = ends_->inv_freq().data_as<const float>();
     e.rope_factor = host_.rope_attention_factor();
     e.q_norm = w.q_norm.data() != nullptr ? w.q_norm.data_as<const float>() : nullptr;
     e.k_norm = w.k_norm.data() != nullptr ? w.k_norm.data_as<const float>() : nullptr;
@@ -179,26 +172,20 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
   }
   for (size_t e = 0; e < captured; ++e) {
     if (capture->layers[e] != HiddenCapture::kFinalNormed) continue;
-    ck::rms_norm_rows(x, final_norm_.data_as<const float>(), xn, n, h, eps, s);
+    ck::rms_norm_rows(x, ends_->final_norm().data_as<const float>(), xn, n, h, eps, s);
     store(e, xn);
   }
 }
 
 float* LlamaCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_t count) {
   const ModelConfig& c = host_.config();
-  const auto s = static_cast<cudaStream_t>(stream_);
-  const int h = c.hidden_size;
-  const float* x = ws.slots[2].data_as<const float>();
-  float* selected = scratch(ws, 16, DType::f32, count * h).data_as<float>();
-  if (row_ids != nullptr) {
-    ck::gather_rows(x, row_ids, selected, count, h, s);
-    ck::rms_norm_rows(selected, final_norm_.data_as<const float>(), selected, count, h, static_cast<float>(c.rms_norm_eps), s);
-  } else {
-    ck::rms_norm_rows(x, final_norm_.data_as<const float>(), selected, count, h, static_cast<float>(c.rms_norm_eps), s);
-  }
+  float* selected = scratch(ws, 16, DType::f32, count * c.hidden_size).data_as<float>();
   float* out = scratch(ws, 17, DType::f32, count * c.vocab_size).data_as<float>();
-  linear(ws, selected, lm_head_.data() != nullptr ? lm_head_ : embed_, Buffer{}, out, count, h, c.vocab_size);
-  if (c.final_logit_softcapping > 0) ck::softcap(out, count * c.vocab_size, static_cast<float>(c.final_logit_softcapping), s);
+  ends_->logits(ws.slots[2].data_as<const float>(), row_ids, count, selected, out,
+                [&](const float* x, const Buffer& w, float* y, int64_t n, int in, int o) {
+                  linear(ws, x, w, Buffer{}, y, n, in, o);
+                },
+                static_cast<cudaStream_t>(stream_));
   return out;
 }
 
@@ -242,53 +229,36 @@ void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backen
   download(pinned_, logits, out, count * c.vocab_size, capture, eager_.slots[5].data_as<const float>(), s);
 }
 
-ForwardBatch LlamaCudaModel::padding_batch(int batch_size) const {
-  ForwardBatch b = padding_decode_batch(batch_size, padding_req_row_, padding_slot_);
-  b.req_to_token_pool = graph_req_pool_;
-  b.token_to_kv_pool = graph_kv_pool_;
-  return b;
-}
-
 void LlamaCudaModel::capture_decode_graphs(AttentionBackend& backend, std::vector<int> batch_sizes, int32_t padding_req_row,
                                            int32_t padding_slot, ReqToTokenPool* req_pool, MHAKVPool* kv_pool) {
   const auto s = static_cast<cudaStream_t>(stream_);
-  padding_req_row_ = padding_req_row;
-  padding_slot_ = padding_slot;
-  graph_req_pool_ = req_pool;
-  graph_kv_pool_ = kv_pool;
-  std::sort(batch_sizes.begin(), batch_sizes.end(), std::greater<>());
-  // The largest first: its warm-up sizes the graph workspace, which is then frozen.
-  for (int bs : batch_sizes) {
-    SPECULA_CHECK(bs >= 1, "CUDA-graph batch size {} is not valid", bs);
-    const ForwardBatch b = padding_batch(bs);
-    backend.init_forward_metadata_capture_cuda_graph(b);
-    upload_i32_async(scratch(graph_ws_, 0, DType::i32, bs), b.input_ids, s);
-    upload_i32_async(scratch(graph_ws_, 1, DType::i32, bs), b.positions, s);
-    // A warm-up outside the capture lets cuBLAS and the backend do their one-time set-up.
-    run_layers(b, backend, graph_ws_, bs);
-    run_head(graph_ws_, nullptr, bs);
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    graph_ws_.frozen = true;
-    graphs_[bs] = std::make_unique<CudaGraph>(stream_, [&] {
-      run_layers(b, backend, graph_ws_, bs);
-      run_head(graph_ws_, nullptr, bs);
-    });
-  }
+  graphs_.capture(
+      std::move(batch_sizes), padding_req_row, padding_slot, stream_,
+      [&](ForwardBatch& b) {
+        b.req_to_token_pool = req_pool;
+        b.token_to_kv_pool = kv_pool;
+        backend.init_forward_metadata_capture_cuda_graph(b);
+        upload_i32_async(scratch(graph_ws_, 0, DType::i32, b.batch_size), b.input_ids, s);
+        upload_i32_async(scratch(graph_ws_, 1, DType::i32, b.batch_size), b.positions, s);
+      },
+      [&](const ForwardBatch& b) {
+        run_layers(b, backend, graph_ws_, b.batch_size);
+        run_head(graph_ws_, nullptr, b.batch_size);
+      },
+      [&] { graph_ws_.frozen = true; });
 }
 
 bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits) {
-  if (batch.forward_mode != ForwardMode::DECODE) return false;
-  const auto it = graphs_.lower_bound(batch.batch_size);
-  if (it == graphs_.end()) return false;
+  ForwardBatch padded;
+  const CudaGraph* graph = graphs_.find(batch, &padded);
+  if (graph == nullptr) return false;
   const ModelConfig& c = host_.config();
   for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
   const auto s = static_cast<cudaStream_t>(stream_);
-  const int bs = it->first;
-  const ForwardBatch padded = pad_decode_batch(batch, bs, padding_req_row_, padding_slot_);
   backend.init_forward_metadata_replay_cuda_graph(padded);
   upload_i32_async(graph_ws_.slots[0], padded.input_ids, s);
   upload_i32_async(graph_ws_.slots[1], padded.positions, s);
-  it->second->launch(stream_);
+  graph->launch(stream_);
   download(pinned_, logits, graph_ws_.slots[17].data_as<const float>(), static_cast<int64_t>(batch.batch_size) * c.vocab_size,
            nullptr, nullptr, s);
   return true;
@@ -396,10 +366,6 @@ bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBa
   return true;
 }
 
-std::vector<int> LlamaCudaModel::graph_batch_sizes() const {
-  std::vector<int> sizes;
-  for (const auto& [bs, g] : graphs_) sizes.push_back(bs);
-  return sizes;
-}
+std::vector<int> LlamaCudaModel::graph_batch_sizes() const { return graphs_.batch_sizes(); }
 
 }  // namespace specula

@@ -16,6 +16,8 @@
 #include "specula/attention/backend.h"
 #include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
+#include "specula/model/cuda/decode_graphs.h"
+#include "specula/model/cuda/decoder_ends.h"
 #include "specula/model/cuda/workspace.h"
 #include "specula/model/llama.h"
 
@@ -89,7 +91,6 @@ class LlamaCudaModel {
   // Final norm and lm_head over `count` rows of slot 2 (row ids in device memory, or the first
   // `count` rows when nullptr); returns the f32 logits in slot 17.
   float* run_head(Workspace& ws, const int32_t* row_ids, int64_t count);
-  ForwardBatch padding_batch(int batch_size) const;
   ForwardBatch verify_padding_batch(int batch_size) const;
 
   const LlamaModel& host_;
@@ -98,11 +99,11 @@ class LlamaCudaModel {
   void* stream_ = nullptr;  // cudaStream_t
   std::unique_ptr<CudaLinear> linear_;
   PinnedBuffer pinned_;  // logits and captured states on their way to the host
-  Buffer embed_, final_norm_, lm_head_, inv_freq_;
+  std::unique_ptr<CudaDecoderEnds> ends_;
   std::vector<Layer> layers_;
   Workspace eager_;
   Workspace graph_ws_;
-  std::map<int, std::unique_ptr<CudaGraph>> graphs_;  // by batch size
+  DecodeGraphs graphs_;
   Workspace verify_ws_;
   std::map<int, std::unique_ptr<CudaGraph>> verify_graphs_;  // by batch size
   int verify_tokens_ = 0;
@@ -110,10 +111,6 @@ class LlamaCudaModel {
   int32_t verify_padding_row_ = -1;
   ReqToTokenPool* verify_req_pool_ = nullptr;
   MHAKVPool* verify_kv_pool_ = nullptr;
-  int32_t padding_req_row_ = -1;
-  int32_t padding_slot_ = 0;
-  ReqToTokenPool* graph_req_pool_ = nullptr;
-  MHAKVPool* graph_kv_pool_ = nullptr;
 };
 
 }  // namespace specula
