@@ -24,6 +24,19 @@ struct GpuCase {
   bool interleave = true;  // rope_interleave
 };
 
+// The widths the CUDA MLA backend serves (kv_lora_rank 512, rope 64), small elsewhere.
+test::DeepseekShape gpu_shape() {
+  test::DeepseekShape s;
+  s.arch = "DeepseekV3ForCausalLM";
+  s.hidden = 128;
+  s.heads = 16;
+  s.kv_lora = 512;
+  s.rope = 64;
+  s.nope = 32;
+  s.v = 32;
+  return s;
+}
+
 void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.name; }
 
 class CudaDeepseek : public ::testing::TestWithParam<GpuCase> {};
@@ -33,14 +46,7 @@ TEST_P(CudaDeepseek, MatchesTheReferenceAndTheCpuPath) {
   const GpuCase& p = GetParam();
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << p.name << " seed=" << seed);
-  test::DeepseekShape shape;
-  shape.arch = "DeepseekV3ForCausalLM";
-  shape.hidden = 128;
-  shape.heads = 16;
-  shape.kv_lora = 512;
-  shape.rope = 64;
-  shape.nope = 32;
-  shape.v = 32;
+  test::DeepseekShape shape = gpu_shape();
   shape.q_lora = p.q_lora;
   shape.yarn = p.yarn;
   shape.interleave = p.interleave;
@@ -66,13 +72,9 @@ TEST_P(CudaDeepseek, MatchesTheReferenceAndTheCpuPath) {
   const std::vector<double> want = test::deepseek_reference_logits(m, format, ids);
   ASSERT_EQ(got.size(), want.size());
   ASSERT_EQ(on_cpu.size(), want.size());
-  double max_err = 0, max_cpu_diff = 0, max_abs = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << i;
-    max_err = std::max(max_err, std::fabs(got[i] - want[i]));
-    max_cpu_diff = std::max(max_cpu_diff, static_cast<double>(std::fabs(got[i] - on_cpu[i])));
-    max_abs = std::max(max_abs, std::fabs(want[i]));
-  }
+  const auto [max_err, max_abs, finite] = test::logit_error(got, want);
+  ASSERT_TRUE(finite);
+  const double max_cpu_diff = test::logit_error(got, std::vector<double>(on_cpu.begin(), on_cpu.end())).max_err;
   EXPECT_GT(max_abs, 0.5);
   EXPECT_LT(max_err, tol * std::max(1.0, max_abs)) << "max |logit| " << max_abs;
   EXPECT_LT(max_cpu_diff, tol * std::max(1.0, max_abs)) << "max |logit| " << max_abs;
@@ -106,12 +108,7 @@ TEST(CudaDeepseekEngine, BatchedGraphDecodeMatchesTheReference) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed=" << seed);
-  test::DeepseekShape shape;
-  shape.arch = "DeepseekV3ForCausalLM";
-  shape.hidden = 128;
-  shape.heads = 16;
-  shape.kv_lora = 512;
-  shape.rope = 64;
+  test::DeepseekShape shape = gpu_shape();
   shape.q_lora = 64;
   const test::TinyDeepseek m = test::make_tiny_deepseek(shape, seed);
   const auto dir = std::filesystem::temp_directory_path() / ("specula_cuda_deepseek_batch_" + std::to_string(seed));

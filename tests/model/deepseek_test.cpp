@@ -46,11 +46,8 @@ TEST_P(Deepseek, MatchesTheFloat64ExpandedReference) {
   const std::vector<float> got = gen.prompt_logits(ids);
   const std::vector<double> want = test::deepseek_reference_logits(m, format, ids);
   ASSERT_EQ(got.size(), want.size());
-  double max_err = 0, max_abs = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    max_err = std::max(max_err, std::fabs(got[i] - want[i]));
-    max_abs = std::max(max_abs, std::fabs(want[i]));
-  }
+  const auto [max_err, max_abs, finite] = test::logit_error(got, want);
+  ASSERT_TRUE(finite);
   EXPECT_GT(max_abs, 0.5);
   EXPECT_LT(max_err, tol * std::max(1.0, max_abs)) << "max |logit| " << max_abs;
 

@@ -211,6 +211,16 @@ std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFo
   return logits;
 }
 
+LogitError logit_error(const std::vector<float>& got, const std::vector<double>& want) {
+  LogitError e;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    e.finite = e.finite && std::isfinite(got[i]);
+    e.max_err = std::max(e.max_err, std::fabs(got[i] - want[i]));
+    e.max_abs = std::max(e.max_abs, std::fabs(want[i]));
+  }
+  return e;
+}
+
 GreedyCheck check_greedy(const TinyDeepseek& model, MlaKVFormat cache, const std::vector<int32_t>& prompt,
                          const std::vector<int32_t>& output, double margin) {
   GreedyCheck result;

@@ -36,6 +36,14 @@ nlohmann::json deepseek_config(const DeepseekShape& shape);
 std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFormat cache,
                                               const std::vector<int32_t>& ids);
 
+// How far logits are from the reference: max |got - want| over all entries, max |want|, and
+// whether every got is finite.
+struct LogitError {
+  double max_err = 0, max_abs = 0;
+  bool finite = true;
+};
+LogitError logit_error(const std::vector<float>& got, const std::vector<double>& want);
+
 // Walks a greedy continuation of prompt: at each step where the reference's top two logits are
 // more than margin apart, the token must be the reference's argmax. Returns the steps checked and
 // a description of every mismatch.
