@@ -243,4 +243,19 @@ GreedyCheck check_greedy(const TinyDeepseek& model, MlaKVFormat cache, const std
   return result;
 }
 
+GreedyCheck decode_and_check(Generator& gen, const TinyDeepseek& model, MlaKVFormat cache,
+                             const std::vector<int32_t>& prompt, int max_new, const LogitError& prompt_error) {
+  GenerateRequest r;
+  r.prompt_ids = prompt;
+  r.max_new_tokens = max_new;
+  r.ignore_eos = true;
+  const std::vector<int32_t> out = gen.generate(r).output_ids;
+  const double margin = std::max(4 * prompt_error.max_err, 1e-3 * prompt_error.max_abs);
+  GreedyCheck check = check_greedy(model, cache, prompt, out, margin);
+  if (static_cast<int>(out.size()) != max_new) {
+    check.mismatches.push_back(std::to_string(out.size()) + " tokens generated, " + std::to_string(max_new) + " asked");
+  }
+  return check;
+}
+
 }  // namespace specula::test

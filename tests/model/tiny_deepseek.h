@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "specula/kv/mla_kv_pool.h"
+#include "specula/runtime/generator.h"
 #include "tiny_checkpoint.h"
 
 namespace specula::test {
@@ -53,5 +54,11 @@ struct GreedyCheck {
 };
 GreedyCheck check_greedy(const TinyDeepseek& model, MlaKVFormat cache, const std::vector<int32_t>& prompt,
                          const std::vector<int32_t>& output, double margin);
+
+// Greedy-decodes max_new tokens after prompt with gen and checks them with check_greedy, at a
+// margin of a few times the error measured on the prompt's logits (decode steps round as those
+// do). A continuation of the wrong length is a mismatch.
+GreedyCheck decode_and_check(Generator& gen, const TinyDeepseek& model, MlaKVFormat cache,
+                             const std::vector<int32_t>& prompt, int max_new, const LogitError& prompt_error);
 
 }  // namespace specula::test
