@@ -28,7 +28,6 @@ namespace {
 namespace ck = cuda_kernels;
 
 constexpr int kSupportedHeadDims[] = {64, 80, 96, 128, 256};
-constexpr int kMaxDecodeHeads = 8;  // query heads per decode block (decode.cu)
 
 template <typename T>
 constexpr DType dtype_of() {
@@ -50,6 +49,12 @@ class DeviceArray {
     buffer_ = Buffer(dtype_of<T>(), {static_cast<int64_t>(std::max<size_t>(n, 1))}, device);
     capacity_ = std::max<size_t>(n, 1);
   }
+  // Like reserve; newly allocated entries are zero (ordered on `stream`).
+  void reserve_zeroed(size_t n, Device device, cudaStream_t stream) {
+    const T* before = data();
+    reserve(n, device);
+    if (data() != before) CUDA_CHECK(cudaMemsetAsync(data(), 0, capacity_ * sizeof(T), stream));
+  }
   void upload(const std::vector<T>& host, Device device, cudaStream_t stream) {
     reserve(host.size(), device);
     if (!host.empty()) {
@@ -66,7 +71,7 @@ class DeviceArray {
 
 int head_blocks(int num_q_heads, int num_kv_heads) {
   const int group = num_q_heads / num_kv_heads;
-  const int heads = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : kMaxDecodeHeads;
+  const int heads = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : ck::kDecodeHeadsPerBlock;
   return (group + heads - 1) / heads;
 }
 
@@ -96,11 +101,13 @@ std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType
 int choose_decode_splits(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms) {
   const int64_t blocks = static_cast<int64_t>(batch_size) * kv_head_blocks;
   if (blocks <= 0 || blocks >= num_sms) return 1;
-  // About two blocks per multiprocessor. Measured on an H200 at B=1 L=32768: 1.02 TB/s with two,
-  // 0.88 TB/s with eight (shorter splits pay the per-block q load and merge more often).
+  // About two blocks per multiprocessor: as many as the tensor-core kernel keeps resident (its
+  // shared memory allows two). Measured on an H200 at B=1 L=32768, page 16 (decode_tc.cu with the
+  // in-kernel merge), KV TB/s by split count: 8: 1.53, 16: 2.49, 24: 2.66, 33: 2.76, 48: 2.43,
+  // 64: 2.49.
   const int64_t want = (2 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
   const int64_t by_length = std::max<int64_t>(1, (max_kv_len + 255) / 256);
-  return static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, 64));
+  return static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, ck::kMaxDecodeSplits));
 }
 
 struct CudaAttentionBackend::State {
@@ -128,6 +135,7 @@ struct CudaAttentionBackend::State {
     DeviceArray<int32_t> cu_q, kv_lens, pages, out_loc, items;
     DeviceArray<int32_t> tree_slots, tree_lens, prefix_lens;  // TARGET_VERIFY through the tree kernel
     DeviceArray<float> partial_out, partial_lse;
+    DeviceArray<int32_t> split_counters;  // decode.cu's merge counts; zero between launches
     DeviceArray<int64_t> mask_offsets;
     DeviceArray<uint8_t> custom_mask;
   };
@@ -263,6 +271,7 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
       const size_t rows = static_cast<size_t>(max_splits) * static_cast<size_t>(st.num_tokens) * st.max_q_heads;
       arrays.partial_lse.reserve(rows, st.device);
       arrays.partial_out.reserve(rows * st.max_head_dim, st.device);
+      arrays.split_counters.reserve_zeroed(static_cast<size_t>(st.num_tokens) * st.max_q_heads, st.device, st.stream);
     }
     return;
   }
@@ -481,6 +490,7 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
     split.num_splits = it->second;
     split.partial_out = it->second > 1 ? st.active->partial_out.data() : nullptr;
     split.partial_lse = it->second > 1 ? st.active->partial_lse.data() : nullptr;
+    split.counters = it->second > 1 ? st.active->split_counters.data() : nullptr;
     split.num_tokens = n;
     ck::launch_decode(p, split, st.stream);
   } else {
@@ -523,11 +533,13 @@ void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens)
   }
   g.partial_lse.reserve(rows, st.device);
   g.partial_out.reserve(rows * st.max_head_dim, st.device);
+  g.split_counters.reserve_zeroed(static_cast<size_t>(max_bs) * st.max_q_heads, st.device, st.stream);
   for (auto* a : {&g.cu_q, &g.kv_lens, &g.pages, &g.out_loc, &g.items, &g.tree_slots, &g.tree_lens, &g.prefix_lens}) {
     a->freeze();
   }
   g.partial_lse.freeze();
   g.partial_out.freeze();
+  g.split_counters.freeze();
   g.mask_offsets.freeze();
   g.custom_mask.freeze();
   st.graph_mode = true;

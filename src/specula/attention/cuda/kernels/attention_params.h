@@ -50,16 +50,24 @@ struct AttentionParams {
 
 // Split-KV decode: every (sequence, KV head) is cut into num_splits key ranges computed in the
 // kernel from the sequence's length, so one plan (num_splits) serves any lengths: what a CUDA
-// graph needs. With num_splits > 1 the partial results go to the workspace and a combine kernel
-// merges them.
+// graph needs. With num_splits > 1 the partial results go to the workspace, and the last block
+// of each (token, head block) to finish (counted in `counters`) merges them.
 struct DecodeSplit {
   int32_t num_splits;
   float* partial_out;  // [num_splits, num_tokens, num_q_heads, v_head_dim]
   float* partial_lse;  // [num_splits, num_tokens, num_q_heads]
+  int32_t* counters;   // [num_tokens, num_q_heads], zero before a launch and left zero after it
   int64_t num_tokens;
 };
 
 void launch_decode(const AttentionParams& params, const DecodeSplit& split, cudaStream_t stream);
+
+// Most query heads of one KV head served by one decode block (GQA heads packed so each K/V row is
+// read once for all of them); larger groups take several blocks.
+inline constexpr int kDecodeHeadsPerBlock = 8;
+
+// Most key splits of one decode (the merge keeps one weight per split and head in shared memory).
+inline constexpr int kMaxDecodeSplits = 64;
 
 // Prefill / extend / verify: work items of kPrefillTileRows query rows of one sequence, built by
 // the backend.

@@ -1,17 +1,20 @@
-// Split-KV decode (flash-decoding) over a paged KV cache.
+// Split-KV decode (flash-decoding) over a paged KV cache, on CUDA cores: the path for fp8 caches
+// and for caches whose dtype differs from the query's or whose v_head_dim differs from head_dim;
+// everything else goes to the tensor-core kernel (decode_tc.cu).
 //
-// Grid: (num_splits, num_kv_heads x head_blocks, num_seqs); 128 threads. A block serves up to
+// Grid: (num_kv_heads x head_blocks, num_splits, num_seqs); 128 threads. A block serves up to
 // kHeads query heads of one KV head (GQA heads packed: each K/V row is read once for all of
 // them) over one key range. Lanes are grouped in "subgroups" of LPK lanes; a subgroup owns one
 // key at a time and each lane holds 8 consecutive elements of that key's row (16-byte loads for
 // 16-bit caches), so a warp works on 32 / LPK keys at once, kUnroll deep to keep loads in
 // flight. Scores use exp2 with log2(e) folded into q. Subgroups are merged through shared
-// memory; with several splits a second kernel (combine) merges the splits.
-#include "specula/attention/cuda/kernels/attention_params.h"
-#include "specula/attention/cuda/kernels/convert.cuh"
-#include "specula/attention/cuda/kernels/io.cuh"
+// memory; with several splits the last block to finish merges the splits (decode_block.cuh).
 #include <type_traits>
 
+#include "specula/attention/cuda/kernels/attention_params.h"
+#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/attention/cuda/kernels/decode_block.cuh"
+#include "specula/attention/cuda/kernels/io.cuh"
 #include "specula/core/cuda_check.h"
 
 namespace specula::cuda_kernels {
@@ -77,22 +80,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams 
   __shared__ float sm_l[kSubgroups][kHeads];
   __shared__ float sm_o[kSubgroups][kHeads][kRowWidth];
 
-  const int seq = blockIdx.z;
-  const int group = p.num_q_heads / p.num_kv_heads;
-  const int head_blocks = (group + kHeads - 1) / kHeads;
-  const int kv_head = blockIdx.y / head_blocks;
-  const int head_block = blockIdx.y % head_blocks;
-  const int head0 = kv_head * group + head_block * kHeads;
-  const int num_heads = min(kHeads, group - head_block * kHeads);
-  const int64_t token = p.cu_seqlens_q[seq];
-  const int kv_len = p.seq_lens_k[seq];
-  const int pos = kv_len - 1;
-  int kv_start = 0;
-  if (p.window_left >= 0) kv_start = max(0, pos - p.window_left);
-  if (p.chunk_size > 0) kv_start = max(kv_start, pos / p.chunk_size * p.chunk_size);
-  const int per_split = (kv_len - kv_start + split.num_splits - 1) / split.num_splits;
-  const int begin = kv_start + blockIdx.x * per_split;
-  const int end = min(kv_len, begin + per_split);
+  const DecodeBlock b = decode_block(p, split, kHeads);
+  const int kv_head = b.kv_head;
+  const int head0 = b.head0;
+  const int num_heads = b.num_heads;
+  const int64_t token = b.token;
+  const int begin = b.begin;
+  const int end = b.end;
 
   const int lane = threadIdx.x & 31;
   const int subgroup = (threadIdx.x >> 5) * kSubPerWarp + lane / LPK;
@@ -122,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams 
     for (int e = 0; e < kEpl; ++e) o[h][e] = 0.0f;
   }
 
-  const int32_t* pages = p.page_table + static_cast<int64_t>(seq) * p.page_table_stride;
+  const int32_t* pages = p.page_table + static_cast<int64_t>(b.seq) * p.page_table_stride;
   const KV* k_cache = static_cast<const KV*>(p.k_cache);
   const KV* v_cache = static_cast<const KV*>(p.v_cache);
   for (int base = begin; base < end; base += kSubgroups * kUnroll) {
@@ -188,76 +182,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams 
   }
   __syncthreads();
 
-  for (int idx = threadIdx.x; idx < num_heads * p.v_head_dim; idx += kThreads) {
-    const int h = idx / p.v_head_dim;
-    const int d = idx % p.v_head_dim;
-    float mx = kNegInf;
-    for (int g = 0; g < kSubgroups; ++g) mx = fmaxf(mx, sm_m[g][h]);
-    float sum_l = 0.0f, sum_o = 0.0f;
-    if (mx != kNegInf) {
-      for (int g = 0; g < kSubgroups; ++g) {
-        const float w = exp2f(sm_m[g][h] - mx);
-        sum_l += w * sm_l[g][h];
-        sum_o += w * sm_o[g][h][d];
-      }
-    }
-    // Natural-log LSE of this key range (m is in log2 units).
-    const float lse = sum_l > 0.0f ? (mx + log2f(sum_l)) * kLn2 : kNegInf;
-    const float o_norm = sum_l > 0.0f ? sum_o / sum_l : 0.0f;
-    const int head = head0 + h;
-    if (split.num_splits == 1) {
-      float total = lse;
-      float out_scale = 1.0f;
-      if (p.sinks != nullptr) {
-        const float sink = p.sinks[head];
-        const float mm = fmaxf(lse, sink);
-        total = mm + logf((lse == kNegInf ? 0.0f : expf(lse - mm)) + expf(sink - mm));
-        out_scale = lse == kNegInf ? 0.0f : expf(lse - total);
-      }
-      store_io(p.out, p.io_dtype, token * p.out_stride_token + head * p.out_stride_head + d,
-               o_norm * out_scale * p.v_descale);
-      if (p.lse != nullptr && d == 0) p.lse[token * p.lse_stride_token + head] = total;
-    } else {
-      const int64_t row = (static_cast<int64_t>(blockIdx.x) * split.num_tokens + token) * p.num_q_heads + head;
-      split.partial_out[row * p.v_head_dim + d] = o_norm;
-      if (d == 0) split.partial_lse[row] = lse;
-    }
-  }
-}
-
-// Merges the splits of one (token, head): grid (num_tokens, num_q_heads).
-__global__ void combine_kernel(const AttentionParams p, const DecodeSplit split) {
-  const int64_t token = blockIdx.x;
-  const int head = blockIdx.y;
-  float mx = kNegInf;
-  for (int s = 0; s < split.num_splits; ++s) {
-    mx = fmaxf(mx, split.partial_lse[(s * split.num_tokens + token) * p.num_q_heads + head]);
-  }
-  const float sink = p.sinks != nullptr ? p.sinks[head] : kNegInf;
-  const float mm = fmaxf(mx, sink);
-  float denom = 0.0f;
-  if (mm != kNegInf) {
-    for (int s = 0; s < split.num_splits; ++s) {
-      const float lse = split.partial_lse[(s * split.num_tokens + token) * p.num_q_heads + head];
-      if (lse != kNegInf) denom += expf(lse - mm);
-    }
-    if (p.sinks != nullptr) denom += expf(sink - mm);
-  }
-  for (int d = threadIdx.x; d < p.v_head_dim; d += blockDim.x) {
-    float acc = 0.0f;
-    if (denom > 0.0f) {
-      for (int s = 0; s < split.num_splits; ++s) {
-        const int64_t row = (s * split.num_tokens + token) * p.num_q_heads + head;
-        const float lse = split.partial_lse[row];
-        if (lse != kNegInf) acc += expf(lse - mm) * split.partial_out[row * p.v_head_dim + d];
-      }
-      acc /= denom;
-    }
-    store_io(p.out, p.io_dtype, token * p.out_stride_token + head * p.out_stride_head + d, acc * p.v_descale);
-  }
-  if (p.lse != nullptr && threadIdx.x == 0) {
-    p.lse[token * p.lse_stride_token + head] = denom > 0.0f ? mm + logf(denom) : kNegInf;
-  }
+  finish_decode<kSubgroups>(p, split, b, &sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], kHeads, kRowWidth);
 }
 
 template <typename KV, int LPK>
@@ -266,13 +191,13 @@ void launch_heads(const AttentionParams& p, const DecodeSplit& split, cudaStream
   auto run = [&](auto heads_tag) {
     constexpr int kHeads = decltype(heads_tag)::value;
     const int head_blocks = (group + kHeads - 1) / kHeads;
-    const dim3 grid(split.num_splits, p.num_kv_heads * head_blocks, p.num_seqs);
+    const dim3 grid(p.num_kv_heads * head_blocks, split.num_splits, p.num_seqs);
     decode_kernel<KV, LPK, kHeads><<<grid, kThreads, 0, stream>>>(p, split);
   };
   if (group <= 1) run(std::integral_constant<int, 1>{});
   else if (group <= 2) run(std::integral_constant<int, 2>{});
   else if (group <= 4) run(std::integral_constant<int, 4>{});
-  else run(std::integral_constant<int, 8>{});
+  else run(std::integral_constant<int, kDecodeHeadsPerBlock>{});
 }
 
 template <typename KV>
@@ -290,17 +215,18 @@ void launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStrea
   SPECULA_REQUIRE(p.head_dim % kEpl == 0 && p.v_head_dim % kEpl == 0 && p.head_dim <= 256 && p.v_head_dim <= 256,
                   "decode: head_dim " + std::to_string(p.head_dim) + " / v_head_dim " + std::to_string(p.v_head_dim) +
                       " must be multiples of 8 up to 256");
-  switch (p.kv_dtype) {
-    case kBF16: launch_for_kv<__nv_bfloat16>(p, split, stream); break;
-    case kF16: launch_for_kv<__half>(p, split, stream); break;
-    case kFp8E4m3: launch_for_kv<__nv_fp8_e4m3>(p, split, stream); break;
-    default: SPECULA_REQUIRE(false, "decode: KV dtype code " + std::to_string(p.kv_dtype) + " is not supported");
+  SPECULA_REQUIRE(split.num_splits >= 1 && split.num_splits <= kMaxDecodeSplits,
+                  "decode: " + std::to_string(split.num_splits) + " splits; allowed 1 to " +
+                      std::to_string(kMaxDecodeSplits));
+  if (!launch_decode_tc(p, split, stream)) {
+    switch (p.kv_dtype) {
+      case kBF16: launch_for_kv<__nv_bfloat16>(p, split, stream); break;
+      case kF16: launch_for_kv<__half>(p, split, stream); break;
+      case kFp8E4m3: launch_for_kv<__nv_fp8_e4m3>(p, split, stream); break;
+      default: SPECULA_REQUIRE(false, "decode: KV dtype code " + std::to_string(p.kv_dtype) + " is not supported");
+    }
   }
   CUDA_CHECK(cudaGetLastError());
-  if (split.num_splits > 1) {
-    combine_kernel<<<dim3(static_cast<unsigned>(split.num_tokens), p.num_q_heads), 128, 0, stream>>>(p, split);
-    CUDA_CHECK(cudaGetLastError());
-  }
 }
 
 }  // namespace specula::cuda_kernels

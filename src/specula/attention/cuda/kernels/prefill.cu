@@ -14,6 +14,7 @@
 #include "specula/attention/cuda/kernels/convert.cuh"
 #include "specula/attention/cuda/kernels/io.cuh"
 #include "specula/attention/cuda/kernels/mma.cuh"
+#include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/core/cuda_check.h"
 
 namespace specula::cuda_kernels {
@@ -204,34 +205,9 @@ struct Prefill {
         }
       }
 
-      // Online softmax: this thread holds rows g (elements 0, 1) and g + 8 (elements 2, 3); the
-      // four lanes of a quad share each row.
+      // Online softmax: this thread holds rows g and g + 8.
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        float mx = m[rr];
-#pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        // A row that has seen nothing keeps max -inf; subtracting 0 keeps its terms at 0.
-        const float m_use = mx == kNegInf ? 0.0f : mx;
-        const float alpha = exp2f(m[rr] - m_use);
-        m[rr] = mx;
-        l[rr] *= alpha;
-#pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
-          o[nt][2 * rr] *= alpha;
-          o[nt][2 * rr + 1] *= alpha;
-        }
-#pragma unroll
-        for (int nt = 0; nt < kKeys / 8; ++nt) {
-          const float p0 = exp2f(s[nt][2 * rr] - m_use);
-          const float p1 = exp2f(s[nt][2 * rr + 1] - m_use);
-          s[nt][2 * rr] = p0;
-          s[nt][2 * rr + 1] = p1;
-          l[rr] += p0 + p1;
-        }
-      }
+      for (int rr = 0; rr < 2; ++rr) online_softmax_row(s, rr, m[rr], l[rr], o);
 
       // O += P V; the probabilities' C fragments are the A operand.
 #pragma unroll

@@ -1,0 +1,180 @@
+// What the two split-KV decode kernels share: which query heads and keys a block serves, and the
+// block's last step, which merges the partial softmax states of its parts (subgroups or warps)
+// held in shared memory and writes either the output (one split) or the split's partial result.
+#pragma once
+
+#include "specula/attention/cuda/kernels/attention_params.h"
+#include "specula/attention/cuda/kernels/io.cuh"
+
+namespace specula::cuda_kernels {
+
+// Split boundaries fall on multiples of this many keys, so a tensor-core tile never straddles
+// two splits' pages unevenly.
+inline constexpr int kDecodeSplitAlign = 16;
+
+struct DecodeBlock {
+  int seq;
+  int split;
+  int kv_head;
+  int head0;      // first query head
+  int num_heads;  // <= heads per block
+  int64_t token;  // query row of the sequence
+  int begin;      // keys [begin, end) of this split; empty when begin >= end
+  int end;
+};
+
+// Grid: (num_kv_heads x head_blocks, num_splits, num_seqs). Heads vary fastest so the blocks that
+// read the interleaved rows of the same cache slots run side by side.
+__device__ __forceinline__ DecodeBlock decode_block(const AttentionParams& p, const DecodeSplit& split,
+                                                    int heads_per_block) {
+  DecodeBlock b;
+  b.seq = blockIdx.z;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int head_blocks = (group + heads_per_block - 1) / heads_per_block;
+  b.split = blockIdx.y;
+  b.kv_head = blockIdx.x / head_blocks;
+  const int head_block = blockIdx.x % head_blocks;
+  b.head0 = b.kv_head * group + head_block * heads_per_block;
+  b.num_heads = min(heads_per_block, group - head_block * heads_per_block);
+  b.token = p.cu_seqlens_q[b.seq];
+  const int kv_len = p.seq_lens_k[b.seq];
+  const int pos = kv_len - 1;
+  int kv_start = 0;
+  if (p.window_left >= 0) kv_start = max(0, pos - p.window_left);
+  if (p.chunk_size > 0) kv_start = max(kv_start, pos / p.chunk_size * p.chunk_size);
+  int per_split = (kv_len - kv_start + split.num_splits - 1) / split.num_splits;
+  per_split = (per_split + kDecodeSplitAlign - 1) / kDecodeSplitAlign * kDecodeSplitAlign;
+  b.begin = kv_start + b.split * per_split;
+  b.end = min(kv_len, b.begin + per_split);
+  return b;
+}
+
+// With several splits: called by every thread once this block's partial rows are written. The
+// last block of its (token, head block) to get here merges all splits' partial rows, so no second
+// kernel (and no launch gap) is needed; it also resets the counter for the next launch, which
+// keeps CUDA-graph replays valid.
+__device__ __forceinline__ void merge_splits_if_last(const AttentionParams& p, const DecodeSplit& split,
+                                                     const DecodeBlock& b) {
+  constexpr float kNegInf = -__builtin_huge_valf();
+  __shared__ float weight[kDecodeHeadsPerBlock][kMaxDecodeSplits];
+  __shared__ float total_lse[kDecodeHeadsPerBlock];
+  __shared__ bool last;
+  __threadfence();  // this thread's partial rows are visible device-wide before the count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* counter = split.counters + b.token * gridDim.x + blockIdx.x;
+    last = atomicAdd(counter, 1) == split.num_splits - 1;
+    if (last) *counter = 0;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  auto row_of = [&](int s, int h) {
+    return (static_cast<int64_t>(s) * split.num_tokens + b.token) * p.num_q_heads + b.head0 + h;
+  };
+  // Split weights of each head: one warp per head, a lane per split (two with more than 32).
+  static_assert(kMaxDecodeSplits <= 64, "two splits per lane");
+  const int lane = threadIdx.x & 31;
+  for (int h = threadIdx.x >> 5; h < b.num_heads; h += blockDim.x >> 5) {
+    float lse[2];
+    float mx = kNegInf;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int s = lane + 32 * k;
+      lse[k] = s < split.num_splits ? __ldcg(split.partial_lse + row_of(s, h)) : kNegInf;
+      mx = fmaxf(mx, lse[k]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const float sink = p.sinks != nullptr ? p.sinks[b.head0 + h] : kNegInf;
+    const float mm = fmaxf(mx, sink);
+    float e[2], denom = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      e[k] = lse[k] == kNegInf ? 0.0f : expf(lse[k] - mm);
+      denom += e[k];
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, off);
+    if (p.sinks != nullptr && mm != kNegInf) denom += expf(sink - mm);
+#pragma unroll
+    for (int k = 0; k < 2; ++k) weight[h][lane + 32 * k] = denom > 0.0f ? e[k] / denom : 0.0f;
+    if (lane == 0) total_lse[h] = denom > 0.0f ? mm + logf(denom) : kNegInf;
+  }
+  __syncthreads();
+  // Four output elements per thread, every split's loads independent (latency, not bandwidth,
+  // bounds this tail).
+  const int quads = p.v_head_dim / 4;
+  for (int idx = threadIdx.x; idx < b.num_heads * quads; idx += blockDim.x) {
+    const int h = idx / quads;
+    const int d = (idx % quads) * 4;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 16
+    for (int s = 0; s < split.num_splits; ++s) {
+      const float w = weight[h][s];
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(split.partial_out + row_of(s, h) * p.v_head_dim + d));
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+    const int64_t out = b.token * p.out_stride_token + (b.head0 + h) * p.out_stride_head + d;
+    store_io(p.out, p.io_dtype, out, acc.x * p.v_descale);
+    store_io(p.out, p.io_dtype, out + 1, acc.y * p.v_descale);
+    store_io(p.out, p.io_dtype, out + 2, acc.z * p.v_descale);
+    store_io(p.out, p.io_dtype, out + 3, acc.w * p.v_descale);
+    if (p.lse != nullptr && d == 0) p.lse[b.token * p.lse_stride_token + b.head0 + h] = total_lse[h];
+  }
+}
+
+// Merges kParts partial states per head: m (running max, log2 units), l (sum of exp2) and o
+// (unnormalised output) at sm_m[part * heads_stride + h], sm_l[...] and
+// sm_o[(part * heads_stride + h) * o_stride + d]. Must be called by every thread after a barrier.
+template <int kParts>
+__device__ __forceinline__ void finish_decode(const AttentionParams& p, const DecodeSplit& split,
+                                              const DecodeBlock& b, const float* sm_m, const float* sm_l,
+                                              const float* sm_o, int heads_stride, int o_stride) {
+  constexpr float kNegInf = -__builtin_huge_valf();
+  for (int idx = threadIdx.x; idx < b.num_heads * p.v_head_dim; idx += blockDim.x) {
+    const int h = idx / p.v_head_dim;
+    const int d = idx % p.v_head_dim;
+    float mx = kNegInf;
+    for (int g = 0; g < kParts; ++g) mx = fmaxf(mx, sm_m[g * heads_stride + h]);
+    float sum_l = 0.0f, sum_o = 0.0f;
+    if (mx != kNegInf) {
+      for (int g = 0; g < kParts; ++g) {
+        const float w = exp2f(sm_m[g * heads_stride + h] - mx);
+        sum_l += w * sm_l[g * heads_stride + h];
+        sum_o += w * sm_o[(g * heads_stride + h) * o_stride + d];
+      }
+    }
+    // Natural-log LSE of this key range (m is in log2 units).
+    const float lse = sum_l > 0.0f ? (mx + log2f(sum_l)) * kLn2 : kNegInf;
+    const float o_norm = sum_l > 0.0f ? sum_o / sum_l : 0.0f;
+    const int head = b.head0 + h;
+    if (split.num_splits == 1) {
+      float total = lse;
+      float out_scale = 1.0f;
+      if (p.sinks != nullptr) {
+        const float sink = p.sinks[head];
+        const float mm = fmaxf(lse, sink);
+        total = mm + logf((lse == kNegInf ? 0.0f : expf(lse - mm)) + expf(sink - mm));
+        out_scale = lse == kNegInf ? 0.0f : expf(lse - total);
+      }
+      store_io(p.out, p.io_dtype, b.token * p.out_stride_token + head * p.out_stride_head + d,
+               o_norm * out_scale * p.v_descale);
+      if (p.lse != nullptr && d == 0) p.lse[b.token * p.lse_stride_token + head] = total;
+    } else {
+      const int64_t row = (static_cast<int64_t>(b.split) * split.num_tokens + b.token) * p.num_q_heads + head;
+      split.partial_out[row * p.v_head_dim + d] = o_norm;
+      if (d == 0) split.partial_lse[row] = lse;
+    }
+  }
+  if (split.num_splits > 1) merge_splits_if_last(p, split, b);
+}
+
+// Tensor-core decode (decode_tc.cu) for 16-bit caches of the query's dtype and head_dim ==
+// v_head_dim in {64, 80, 96, 128, 256}; returns false (launching nothing) for anything else.
+bool launch_decode_tc(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream);
+
+}  // namespace specula::cuda_kernels
