@@ -244,6 +244,34 @@ TEST_F(CudaAttention, Fp8KvAndF16) {
   }
 }
 
+// Decode of every head_dim over caches that are converted on the way to the tensor cores (fp8
+// with descales; a 16-bit cache of the other type than the query's), with one request long
+// enough to be split and merged.
+TEST_F(CudaAttention, DecodeConvertedCachesEveryHeadDim) {
+  auto rng = rng_for_shapes();
+  std::uniform_int_distribution<int> len(2000, 3000);
+  for (int d : {64, 80, 96, 128, 256}) {
+    for (auto [q_dtype, kv_dtype] : {std::pair{DType::bf16, DType::fp8_e4m3}, std::pair{DType::f16, DType::fp8_e4m3},
+                                     std::pair{DType::bf16, DType::f16}}) {
+      HarnessConfig c;
+      c.mode = ForwardMode::DECODE;
+      c.requests = random_requests(rng, 2, 300, 1, ForwardMode::DECODE);
+      c.requests.push_back({len(rng), 1});
+      c.head_dim = d;
+      c.num_q_heads = 12;
+      c.num_kv_heads = 2;
+      c.page_size = 16;
+      c.q_dtype = q_dtype;
+      c.kv_dtype = kv_dtype;
+      if (kv_dtype == DType::fp8_e4m3) {
+        c.k_scale = 0.031f;
+        c.v_scale = 0.45f;
+      }
+      check_cuda(c, "decode converted cache");
+    }
+  }
+}
+
 TEST_F(CudaAttention, PrefillBatchedEqualsPerRequestBitwise) {
   auto rng = rng_for_shapes();
   HarnessConfig c;

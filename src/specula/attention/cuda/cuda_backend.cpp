@@ -5,6 +5,7 @@
 #include "specula/attention/cuda/cuda_backend.h"
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -71,8 +72,7 @@ class DeviceArray {
 
 int head_blocks(int num_q_heads, int num_kv_heads) {
   const int group = num_q_heads / num_kv_heads;
-  const int heads = group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : ck::kDecodeHeadsPerBlock;
-  return (group + heads - 1) / heads;
+  return (group + ck::kDecodeHeadsPerBlock - 1) / ck::kDecodeHeadsPerBlock;
 }
 
 }  // namespace
@@ -102,7 +102,7 @@ int choose_decode_splits(int batch_size, int kv_head_blocks, int max_kv_len, int
   const int64_t blocks = static_cast<int64_t>(batch_size) * kv_head_blocks;
   if (blocks <= 0 || blocks >= num_sms) return 1;
   // About two blocks per multiprocessor: as many as the tensor-core kernel keeps resident (its
-  // shared memory allows two). Measured on an H200 at B=1 L=32768, page 16 (decode_tc.cu with the
+  // shared memory allows two). Measured on an H200 at B=1 L=32768, page 16 (kernels/decode.cu with the
   // in-kernel merge), KV TB/s by split count: 8: 1.53, 16: 2.49, 24: 2.66, 33: 2.76, 48: 2.43,
   // 64: 2.49.
   const int64_t want = (2 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
@@ -430,6 +430,10 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
   const bool decode = batch.forward_mode == ForwardMode::DECODE;
   SPECULA_CHECK(!(local && st.has_custom_mask), "layer {}: local attention with a tree mask is not supported",
                 layer.layer_id);
+  // The decode kernel indexes cache rows (slot x KV heads + head) in 32 bits.
+  SPECULA_CHECK(pool.num_slots() * layer.num_kv_heads <= std::numeric_limits<int32_t>::max(),
+                "KV pool of {} slots x {} KV heads exceeds the cuda backend's {} cache rows", pool.num_slots(),
+                layer.num_kv_heads, std::numeric_limits<int32_t>::max());
   ck::AttentionParams p{};
   p.q = q.data();
   p.q_stride_token = q.stride(0);

@@ -7,6 +7,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace specula::cuda_kernels {
 
@@ -62,6 +63,26 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Eight packed fp8 e4m3 values -> eight 16-bit MMA operands in 16 bytes, exactly (every e4m3
+// value is an f16 and a bf16), through the paired hardware conversion to f16.
+template <typename T>
+__device__ __forceinline__ uint4 fp8x8_to_operand(const uint2& raw) {
+  const uint32_t words[2] = {raw.x, raw.y};
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+    if constexpr (std::is_same_v<T, __half>) {
+      out[i] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+    } else {
+      const float2 f = __half22float2(__half2(h));
+      out[i] = pack2<T>(f.x, f.y);
+    }
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 }  // namespace specula::cuda_kernels

@@ -1,231 +1,272 @@
-// Split-KV decode (flash-decoding) over a paged KV cache, on CUDA cores: the path for fp8 caches
-// and for caches whose dtype differs from the query's or whose v_head_dim differs from head_dim;
-// everything else goes to the tensor-core kernel (decode_tc.cu).
+// Split-KV decode (flash-decoding) over a paged KV cache, on tensor cores.
 //
-// Grid: (num_kv_heads x head_blocks, num_splits, num_seqs); 128 threads. A block serves up to
-// kHeads query heads of one KV head (GQA heads packed: each K/V row is read once for all of
-// them) over one key range. Lanes are grouped in "subgroups" of LPK lanes; a subgroup owns one
-// key at a time and each lane holds 8 consecutive elements of that key's row (16-byte loads for
-// 16-bit caches), so a warp works on 32 / LPK keys at once, kUnroll deep to keep loads in
-// flight. Scores use exp2 with log2(e) folded into q. Subgroups are merged through shared
-// memory; with several splits the last block to finish merges the splits (decode_block.cuh).
+// Grid: (num_kv_heads x head_blocks, num_splits, num_seqs) (decode_block.cuh). A block serves up
+// to 8 query heads of one KV head over one key range; they are rows 0-7 of mma.sync m16n8k16
+// (rows 8-15 stay zero and are never read back), so each K/V row is read once for all of them.
+// 4 warps; each streams its own 16-key tiles (tiles w, w + 4, ...) through a kStages-deep
+// cp.async pipeline in its own shared-memory region, so the main loop has no block barrier and
+// the bytes in flight do not depend on registers (a scalar kernel that kept its loads in
+// registers had 16 KB per block in flight and reached 49% of the copy rate). Per tile:
+// S = Q K^T (D/16 x 2 mma), online softmax within each quad, O += P V (D/8 mma). The four warps'
+// states merge at the end; with several splits the last block of a head group merges the splits.
 #include <type_traits>
 
-#include "specula/attention/cuda/kernels/attention_params.h"
 #include "specula/attention/cuda/kernels/convert.cuh"
 #include "specula/attention/cuda/kernels/decode_block.cuh"
-#include "specula/attention/cuda/kernels/io.cuh"
+#include "specula/attention/cuda/kernels/mma.cuh"
+#include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/core/cuda_check.h"
 
 namespace specula::cuda_kernels {
 
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kEpl = 8;     // elements per lane per row
-constexpr int kUnroll = 4;  // keys per subgroup per iteration, loaded before any is used
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kKeys = 16;  // keys per warp tile
 constexpr float kNegInf = -__builtin_huge_valf();
 
-// 8 consecutive cache elements, kept packed in registers until used (16 bytes for 16-bit
-// caches, 8 for fp8), so many keys' loads can be in flight per thread.
-template <typename KV>
-struct Raw8 {
-  using type = uint4;
+// Q: the query's type; KV: the cache's; T: the MMA operand type. A 16-bit cache is the operand
+// type (a query of the other 16-bit type is converted, which is exact within f16's range, where
+// rounding K would not be) and is copied straight into operand tiles; an fp8 cache is staged raw
+// and each tile is converted exactly into a per-warp operand tile of the query's type before its
+// math. The conversion makes fp8 issue-bound, so it keeps two stages: three blocks then fit per
+// SM to hide its latency (H200, B=256 L=1024: 0.27 ms with four stages, 0.22 ms with two).
+template <typename T, typename KV, int D>
+struct Shape {
+  static constexpr bool kConvert = sizeof(KV) == 1;
+  static constexpr int kStride = D + 8;  // operand rows, padded: ldmatrix stays conflict-free
+  static constexpr int kRawStride = kConvert ? D + 16 : kStride;  // staged rows, in KV elements
+  static constexpr int kChunks = D * static_cast<int>(sizeof(KV)) / 16;  // 16-byte chunks per row
+  static constexpr int kStages = D <= 128 ? (kConvert ? 2 : 3) : 2;
+  static constexpr int kRawTile = kKeys * kRawStride;  // elements of one staged K or V tile
+  static constexpr size_t kWarpRawBytes = sizeof(KV) * kStages * 2 * kRawTile;  // [stage][K, V]
+  static constexpr size_t kWarpOperandBytes = kConvert ? sizeof(T) * 2 * kKeys * kStride : 0;
+  static constexpr size_t kPipeBytes = kWarps * (kWarpRawBytes + kWarpOperandBytes);
+  static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kDecodeHeadsPerBlock * (D + 2);
+  static constexpr size_t kSmemBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
 };
-template <>
-struct Raw8<__nv_fp8_e4m3> {
-  using type = uint2;
-};
 
-template <typename KV>
-__device__ __forceinline__ typename Raw8<KV>::type load_raw8(const KV* src) {
-  return __ldg(reinterpret_cast<const typename Raw8<KV>::type*>(src));
-}
-
-template <typename KV>
-__device__ __forceinline__ void unpack8(const typename Raw8<KV>::type& raw, float (&dst)[kEpl]);
-
-template <>
-__device__ __forceinline__ void unpack8<__nv_bfloat16>(const uint4& raw, float (&dst)[kEpl]) {
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    dst[2 * i] = __uint_as_float(words[i] << 16);
-    dst[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-  }
-}
-
-template <>
-__device__ __forceinline__ void unpack8<__half>(const uint4& raw, float (&dst)[kEpl]) {
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
-    dst[2 * i] = f.x;
-    dst[2 * i + 1] = f.y;
-  }
-}
-
-template <>
-__device__ __forceinline__ void unpack8<__nv_fp8_e4m3>(const uint2& raw, float (&dst)[kEpl]) {
-  fp8x8_to_float(raw, dst);
-}
-
-template <typename KV, int LPK, int kHeads>
+template <typename Q, typename T, typename KV, int D>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams p, const DecodeSplit split) {
-  constexpr int kSubPerWarp = 32 / LPK;
-  constexpr int kSubgroups = (kThreads / 32) * kSubPerWarp;
-  constexpr int kRowWidth = LPK * kEpl;
-  __shared__ float sm_m[kSubgroups][kHeads];
-  __shared__ float sm_l[kSubgroups][kHeads];
-  __shared__ float sm_o[kSubgroups][kHeads][kRowWidth];
-
-  const DecodeBlock b = decode_block(p, split, kHeads);
-  const int kv_head = b.kv_head;
-  const int head0 = b.head0;
-  const int num_heads = b.num_heads;
-  const int64_t token = b.token;
-  const int begin = b.begin;
-  const int end = b.end;
-
+  using S = Shape<T, KV, D>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
-  const int subgroup = (threadIdx.x >> 5) * kSubPerWarp + lane / LPK;
-  const int d0 = (lane % LPK) * kEpl;
-  const bool k_lane = d0 < p.head_dim;
-  const bool v_lane = d0 < p.v_head_dim;
-  const bool capped = p.logit_cap > 0.0f;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  KV* pipe = reinterpret_cast<KV*>(smem_raw + warp * S::kWarpRawBytes);
+  T* operand = reinterpret_cast<T*>(smem_raw + kWarps * S::kWarpRawBytes + warp * S::kWarpOperandBytes);
 
-  // q pre-multiplied by the scale, the K descale and (without soft-cap) log2(e).
-  float q[kHeads][kEpl];
-  const float q_mul = p.scale * p.k_descale * (capped ? 1.0f : kLog2e);
-#pragma unroll
-  for (int h = 0; h < kHeads; ++h) {
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) {
-      q[h][e] = (h < num_heads && k_lane)
-                    ? load_io(p.q, p.io_dtype, token * p.q_stride_token + (head0 + h) * p.q_stride_head + d0 + e) * q_mul
-                    : 0.0f;
-    }
-  }
-  float m[kHeads], l[kHeads], o[kHeads][kEpl];
-#pragma unroll
-  for (int h = 0; h < kHeads; ++h) {
-    m[h] = kNegInf;
-    l[h] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kEpl; ++e) o[h][e] = 0.0f;
-  }
-
+  const DecodeBlock b = decode_block(p, split, kDecodeHeadsPerBlock);
   const int32_t* pages = p.page_table + static_cast<int64_t>(b.seq) * p.page_table_stride;
   const KV* k_cache = static_cast<const KV*>(p.k_cache);
   const KV* v_cache = static_cast<const KV*>(p.v_cache);
-  for (int base = begin; base < end; base += kSubgroups * kUnroll) {
-    using Raw = typename Raw8<KV>::type;
-    Raw k_raw[kUnroll], v_raw[kUnroll];
-    bool valid[kUnroll];
+  const int num_tiles = b.begin < b.end ? (b.end - b.begin + kKeys - 1) / kKeys : 0;
+  const int my_tiles = warp < num_tiles ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
+
+  // Lane r < 16 finds the cache row of key r of a tile (-1 past the range); every lane then
+  // copies chunks of all 16 rows. Rows are looked up one tile ahead of their copy, so the page
+  // table read's latency overlaps a tile's math instead of delaying the copy.
+  auto tile_row = [&](int i) -> int32_t {
+    const int j = b.begin + (warp + i * kWarps) * kKeys + (lane & 15);
+    if (i >= my_tiles || j >= b.end) return -1;
+    return (pages[j / p.page_size] * p.page_size + j % p.page_size) * p.num_kv_heads + b.kv_head;
+  };
+  auto load_tile = [&](int i, int32_t row) {
+    KV* k_dst = pipe + (i % S::kStages) * 2 * S::kRawTile;
+    KV* v_dst = k_dst + S::kRawTile;
+    constexpr int kPerRow = 16 / static_cast<int>(sizeof(KV));  // elements per chunk
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = base + u * kSubgroups + subgroup;
-      valid[u] = j < end;
-      const int64_t slot = valid[u] ? static_cast<int64_t>(pages[j / p.page_size]) * p.page_size + j % p.page_size : 0;
-      const int64_t row = slot * p.num_kv_heads + kv_head;
-      k_raw[u] = (valid[u] && k_lane) ? load_raw8<KV>(k_cache + row * p.head_dim + d0) : Raw{};
-      v_raw[u] = (valid[u] && v_lane) ? load_raw8<KV>(v_cache + row * p.v_head_dim + d0) : Raw{};
-    }
-    float s[kUnroll][kHeads];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float kf[kEpl];
-      unpack8<KV>(k_raw[u], kf);
-#pragma unroll
-      for (int h = 0; h < kHeads; ++h) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) dot = fmaf(q[h][e], kf[e], dot);
-#pragma unroll
-        for (int off = LPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-        if (capped) dot = p.logit_cap * tanhf(dot / p.logit_cap) * kLog2e;
-        s[u][h] = valid[u] ? dot : kNegInf;
+    for (int it = 0; it < (kKeys * S::kChunks + 31) / 32; ++it) {
+      const int c = lane + 32 * it;
+      const int r = c / S::kChunks;
+      const int ch = c % S::kChunks;
+      const int32_t src_row = __shfl_sync(0xffffffffu, row, r & (kKeys - 1));
+      if (r < kKeys) {
+        const int64_t offset = static_cast<int64_t>(src_row < 0 ? 0 : src_row) * D + ch * kPerRow;
+        cp_async_16(k_dst + r * S::kRawStride + ch * kPerRow, k_cache + offset, src_row >= 0);
+        cp_async_16(v_dst + r * S::kRawStride + ch * kPerRow, v_cache + offset, src_row >= 0);
       }
     }
+  };
+
 #pragma unroll
-    for (int h = 0; h < kHeads; ++h) {
-      float m_new = m[h];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) m_new = fmaxf(m_new, s[u][h]);
-      if (m_new == kNegInf) continue;  // nothing visible yet for this subgroup
-      const float alpha = exp2f(m[h] - m_new);  // m = -inf gives 0
-      l[h] *= alpha;
-#pragma unroll
-      for (int e = 0; e < kEpl; ++e) o[h][e] *= alpha;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const float pu = exp2f(s[u][h] - m_new);
-        l[h] += pu;
-        float vf[kEpl];
-        unpack8<KV>(v_raw[u], vf);
-#pragma unroll
-        for (int e = 0; e < kEpl; ++e) o[h][e] = fmaf(pu, vf[e], o[h][e]);
+  for (int i = 0; i < S::kStages - 1; ++i) {
+    if (i < my_tiles) load_tile(i, tile_row(i));
+    cp_async_commit();
+  }
+  int32_t next_row = tile_row(S::kStages - 1);
+
+  // Q as the A operand straight from global memory (rows g < num_heads; rows 8-15 are zero),
+  // while the first tiles are in flight.
+  uint32_t q_frag[D / 16][4];
+  {
+    const bool valid = g < b.num_heads;
+    const Q* q = static_cast<const Q*>(p.q) + b.token * p.q_stride_token +
+                 static_cast<int64_t>(b.head0 + (valid ? g : 0)) * p.q_stride_head + 2 * t;
+    auto pair = [&](const Q* src) -> uint32_t {
+      if (!valid) return 0u;
+      const uint32_t raw = __ldg(reinterpret_cast<const unsigned int*>(src));
+      if constexpr (std::is_same_v<Q, T>) {
+        return raw;
+      } else {
+        const Q* v = reinterpret_cast<const Q*>(&raw);
+        return pack2<T>(to_float(v[0]), to_float(v[1]));
       }
-      m[h] = m_new;
+    };
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      q_frag[ks][0] = pair(q + ks * 16);
+      q_frag[ks][2] = pair(q + ks * 16 + 8);
+      q_frag[ks][1] = q_frag[ks][3] = 0u;
     }
   }
 
+  float o[D / 8][4];
 #pragma unroll
-  for (int h = 0; h < kHeads; ++h) {
-    if (lane % LPK == 0) {
-      sm_m[subgroup][h] = m[h];
-      sm_l[subgroup][h] = l[h];
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float m = kNegInf;
+  float l = 0.0f;
+  const float score_mul = p.scale * p.k_descale;
+  const bool capped = p.logit_cap > 0.0f;
+
+  for (int i = 0; i < my_tiles; ++i) {
+    if (i + S::kStages - 1 < my_tiles) load_tile(i + S::kStages - 1, next_row);
+    cp_async_commit();
+    next_row = tile_row(i + S::kStages);
+    cp_async_wait<S::kStages - 1>();
+    __syncwarp();
+    const KV* k_raw = pipe + (i % S::kStages) * 2 * S::kRawTile;
+    const KV* v_raw = k_raw + S::kRawTile;
+    const T* k_tile;
+    const T* v_tile;
+    if constexpr (S::kConvert) {
+#pragma unroll
+      for (int it = 0; it < 2 * D / 32; ++it) {  // 16 rows x D / 8 chunks of eight elements
+        const int c = lane + 32 * it;
+        const int r = c / (D / 8);
+        const int col = (c % (D / 8)) * 8;
+        *reinterpret_cast<uint4*>(operand + r * S::kStride + col) =
+            fp8x8_to_operand<T>(*reinterpret_cast<const uint2*>(k_raw + r * S::kRawStride + col));
+        *reinterpret_cast<uint4*>(operand + (kKeys + r) * S::kStride + col) =
+            fp8x8_to_operand<T>(*reinterpret_cast<const uint2*>(v_raw + r * S::kRawStride + col));
+      }
+      __syncwarp();
+      k_tile = operand;
+      v_tile = operand + kKeys * S::kStride;
+    } else {
+      k_tile = k_raw;
+      v_tile = v_raw;
+    }
+
+    float s[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, k_tile + ((lane & 7) + (lane >> 4) * 8) * S::kStride + ks * 16 + ((lane >> 3) & 1) * 8);
+      mma_16816<T>(s[0], q_frag[ks], kb[0], kb[1]);
+      mma_16816<T>(s[1], q_frag[ks], kb[2], kb[3]);
+    }
+
+    const int tile_start = b.begin + (warp + i * kWarps) * kKeys;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = s[nt][e] * score_mul;
+        if (capped) v = p.logit_cap * tanhf(v / p.logit_cap);
+        s[nt][e] = tile_start + nt * 8 + 2 * t + e < b.end ? v * kLog2e : kNegInf;
+      }
+    }
+    online_softmax_row(s, 0, m, l, o);
+
+    const uint32_t a[4] = {pack2<T>(s[0][0], s[0][1]), 0u, pack2<T>(s[1][0], s[1][1]), 0u};
+#pragma unroll
+    for (int np = 0; np < D / 16; ++np) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, v_tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * S::kStride + np * 16 + (lane >> 4) * 8);
+      mma_16816<T>(o[2 * np], a, vb[0], vb[1]);
+      mma_16816<T>(o[2 * np + 1], a, vb[2], vb[3]);
+    }
+    __syncwarp();  // this stage is refilled kStages - 1 tiles from now
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline buffers become the merge area
+
+  float* sm_m = reinterpret_cast<float*>(smem_raw);
+  float* sm_l = sm_m + kWarps * kDecodeHeadsPerBlock;
+  float* sm_o = sm_l + kWarps * kDecodeHeadsPerBlock;
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g < b.num_heads) {
+    const int row = warp * kDecodeHeadsPerBlock + g;
+    if (t == 0) {
+      sm_m[row] = m;
+      sm_l[row] = l;
     }
 #pragma unroll
-    for (int e = 0; e < kEpl; ++e) sm_o[subgroup][h][d0 + e] = o[h][e];
+    for (int nt = 0; nt < D / 8; ++nt) {
+      sm_o[row * D + nt * 8 + 2 * t] = o[nt][0];
+      sm_o[row * D + nt * 8 + 2 * t + 1] = o[nt][1];
+    }
   }
   __syncthreads();
-
-  finish_decode<kSubgroups>(p, split, b, &sm_m[0][0], &sm_l[0][0], &sm_o[0][0][0], kHeads, kRowWidth);
+  finish_decode<kWarps>(p, split, b, sm_m, sm_l, sm_o, kDecodeHeadsPerBlock, D);
 }
 
-template <typename KV, int LPK>
-void launch_heads(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+template <typename Q, typename T, typename KV, int D>
+void launch_typed(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  constexpr size_t smem = Shape<T, KV, D>::kSmemBytes;
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<Q, T, KV, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    return true;
+  }();
+  (void)configured;
   const int group = p.num_q_heads / p.num_kv_heads;
-  auto run = [&](auto heads_tag) {
-    constexpr int kHeads = decltype(heads_tag)::value;
-    const int head_blocks = (group + kHeads - 1) / kHeads;
-    const dim3 grid(p.num_kv_heads * head_blocks, split.num_splits, p.num_seqs);
-    decode_kernel<KV, LPK, kHeads><<<grid, kThreads, 0, stream>>>(p, split);
-  };
-  if (group <= 1) run(std::integral_constant<int, 1>{});
-  else if (group <= 2) run(std::integral_constant<int, 2>{});
-  else if (group <= 4) run(std::integral_constant<int, 4>{});
-  else run(std::integral_constant<int, kDecodeHeadsPerBlock>{});
+  const int head_blocks = (group + kDecodeHeadsPerBlock - 1) / kDecodeHeadsPerBlock;
+  const dim3 grid(p.num_kv_heads * head_blocks, split.num_splits, p.num_seqs);
+  decode_kernel<Q, T, KV, D><<<grid, kThreads, smem, stream>>>(p, split);
 }
 
-template <typename KV>
-void launch_for_kv(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
-  const int width = p.head_dim > p.v_head_dim ? p.head_dim : p.v_head_dim;
-  if (width <= 64) launch_heads<KV, 8>(p, split, stream);
-  else if (width <= 128) launch_heads<KV, 16>(p, split, stream);
-  else launch_heads<KV, 32>(p, split, stream);
+template <typename Q, typename T, typename KV>
+bool launch_dim(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  switch (p.head_dim) {
+    case 64: launch_typed<Q, T, KV, 64>(p, split, stream); return true;
+    case 80: launch_typed<Q, T, KV, 80>(p, split, stream); return true;
+    case 96: launch_typed<Q, T, KV, 96>(p, split, stream); return true;
+    case 128: launch_typed<Q, T, KV, 128>(p, split, stream); return true;
+    case 256: launch_typed<Q, T, KV, 256>(p, split, stream); return true;
+    default: return false;
+  }
+}
+
+template <typename Q>
+bool launch_kv(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  switch (p.kv_dtype) {
+    case kBF16: return launch_dim<Q, __nv_bfloat16, __nv_bfloat16>(p, split, stream);
+    case kF16: return launch_dim<Q, __half, __half>(p, split, stream);
+    case kFp8E4m3: return launch_dim<Q, Q, __nv_fp8_e4m3>(p, split, stream);
+    default: return false;
+  }
 }
 
 }  // namespace
 
 void launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
   if (p.num_seqs == 0) return;
-  SPECULA_REQUIRE(p.head_dim % kEpl == 0 && p.v_head_dim % kEpl == 0 && p.head_dim <= 256 && p.v_head_dim <= 256,
-                  "decode: head_dim " + std::to_string(p.head_dim) + " / v_head_dim " + std::to_string(p.v_head_dim) +
-                      " must be multiples of 8 up to 256");
   SPECULA_REQUIRE(split.num_splits >= 1 && split.num_splits <= kMaxDecodeSplits,
                   "decode: " + std::to_string(split.num_splits) + " splits; allowed 1 to " +
                       std::to_string(kMaxDecodeSplits));
-  if (!launch_decode_tc(p, split, stream)) {
-    switch (p.kv_dtype) {
-      case kBF16: launch_for_kv<__nv_bfloat16>(p, split, stream); break;
-      case kF16: launch_for_kv<__half>(p, split, stream); break;
-      case kFp8E4m3: launch_for_kv<__nv_fp8_e4m3>(p, split, stream); break;
-      default: SPECULA_REQUIRE(false, "decode: KV dtype code " + std::to_string(p.kv_dtype) + " is not supported");
-    }
-  }
+  const bool launched = p.head_dim == p.v_head_dim &&
+                        (p.io_dtype == kBF16 ? launch_kv<__nv_bfloat16>(p, split, stream)
+                                             : p.io_dtype == kF16 && launch_kv<__half>(p, split, stream));
+  SPECULA_REQUIRE(launched, "decode: head_dim " + std::to_string(p.head_dim) + " / v_head_dim " +
+                                std::to_string(p.v_head_dim) + ", query dtype code " + std::to_string(p.io_dtype) +
+                                ", KV dtype code " + std::to_string(p.kv_dtype) +
+                                " are not supported (head_dim == v_head_dim in 64, 80, 96, 128, 256; bf16/f16 "
+                                "queries; bf16/f16/fp8_e4m3 caches)");
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,6 +1,7 @@
-// What the two split-KV decode kernels share: which query heads and keys a block serves, and the
-// block's last step, which merges the partial softmax states of its parts (subgroups or warps)
-// held in shared memory and writes either the output (one split) or the split's partial result.
+// The split-KV decode kernel's block-level pieces: which query heads and keys a block serves, and
+// the block's last step, which merges the partial softmax states of its warps held in shared
+// memory and writes either the output (one split) or the split's partial result, merging all
+// splits when it is the last block of its head group.
 #pragma once
 
 #include "specula/attention/cuda/kernels/attention_params.h"
@@ -172,9 +173,5 @@ __device__ __forceinline__ void finish_decode(const AttentionParams& p, const De
   }
   if (split.num_splits > 1) merge_splits_if_last(p, split, b);
 }
-
-// Tensor-core decode (decode_tc.cu) for 16-bit caches of the query's dtype and head_dim ==
-// v_head_dim in {64, 80, 96, 128, 256}; returns false (launching nothing) for anything else.
-bool launch_decode_tc(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream);
 
 }  // namespace specula::cuda_kernels
