@@ -4,12 +4,15 @@
 #include "specula/kv/cuda/copy_slots.h"
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 
 namespace specula::cuda_kernels {
 
 namespace {
 
 __global__ void copy_slots_kernel(CopySlotsParams p) {
+  pdl_wait();
+  pdl_trigger();
   auto* base = static_cast<unsigned char*>(p.buffers[blockIdx.x]);
   const int64_t row = p.row_bytes[blockIdx.x];
   for (int m = 0; m < p.num_moves; ++m) {
@@ -31,7 +34,7 @@ __global__ void copy_slots_kernel(CopySlotsParams p) {
 
 void launch_copy_slots(const CopySlotsParams& params, cudaStream_t stream) {
   if (params.num_moves == 0 || params.num_buffers == 0) return;
-  copy_slots_kernel<<<params.num_buffers, 256, 0, stream>>>(params);
+  launch_pdl(copy_slots_kernel, params.num_buffers, 256, 0, stream, params);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -14,6 +14,7 @@
 
 #include "specula/attention/cuda/kernels/dtype_codes.h"
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 #include "specula/kv/cuda/mla_set_kv_buffer.h"
 
 namespace specula::cuda_kernels {
@@ -59,6 +60,8 @@ __device__ __forceinline__ void store_bf16(uint8_t* dst, float v) {
 }
 
 __global__ void mla_set_kv_kernel(MlaSetKVParams p) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t token = blockIdx.x;
   uint8_t* row = static_cast<uint8_t*>(p.cache) + static_cast<int64_t>(p.loc[token]) * p.row_bytes;
   const void* kv_c = static_cast<const char*>(p.kv_c) + token * p.kv_c_stride * (p.kv_c_dtype == kF32 ? 4 : 2);
@@ -95,6 +98,8 @@ __global__ void mla_set_kv_kernel(MlaSetKVParams p) {
 }
 
 __global__ void mla_set_index_k_kernel(MlaSetIndexKParams p) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (token >= p.num_tokens) return;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -124,7 +129,7 @@ void launch_mla_set_kv_buffer(const MlaSetKVParams& p, cudaStream_t stream) {
                   "mla_set_kv_buffer: format " + std::to_string(p.format) + " with kv_lora_rank " +
                       std::to_string(p.kv_lora_rank) + " and qk_rope_head_dim " + std::to_string(p.qk_rope_head_dim) +
                       " is not supported; fp8_ds_mla needs a multiple of 128 and an even RoPE dim");
-  mla_set_kv_kernel<<<static_cast<unsigned>(p.num_tokens), kThreads, 0, stream>>>(p);
+  launch_pdl(mla_set_kv_kernel, static_cast<unsigned>(p.num_tokens), kThreads, 0, stream, p);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -136,7 +141,7 @@ void launch_mla_set_index_k(const MlaSetIndexKParams& p, cudaStream_t stream) {
                   "mla_set_index_k: index_head_dim " + std::to_string(p.index_head_dim) +
                       " is not supported; it must be a positive multiple of 16");
   const auto blocks = static_cast<unsigned>((p.num_tokens + kWarps - 1) / kWarps);
-  mla_set_index_k_kernel<<<blocks, kThreads, 0, stream>>>(p);
+  launch_pdl(mla_set_index_k_kernel, blocks, kThreads, 0, stream, p);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/reduce.cuh"
 
@@ -17,6 +18,8 @@ constexpr int kMaxHeadDim = 256;
 constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kEpilogueWarps * 32) qkv_epilogue_kernel(QkvEpilogueParams p) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ float head[kEpilogueWarps][kMaxHeadDim];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int heads = p.num_q_heads + 2 * p.num_kv_heads;
@@ -65,6 +68,8 @@ __global__ void __launch_bounds__(kEpilogueWarps * 32) qkv_epilogue_kernel(QkvEp
 }
 
 __global__ void gated_fused_kernel(const float* gate_up, float* out, int64_t n, int inter, bool gelu) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * inter) return;
   const int64_t t = i / inter;
@@ -77,6 +82,8 @@ __global__ void gated_fused_kernel(const float* gate_up, float* out, int64_t n, 
 
 __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ o, const float* __restrict__ w,
                                     float* __restrict__ y, int width, float eps) {
+  pdl_wait();
+  pdl_trigger();
   float* xr = x + static_cast<int64_t>(blockIdx.x) * width;
   const float* orow = o + static_cast<int64_t>(blockIdx.x) * width;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * width;
@@ -98,21 +105,23 @@ void qkv_epilogue(const QkvEpilogueParams& p, cudaStream_t s) {
                   "qkv_epilogue: head_dim " + std::to_string(p.head_dim) + " is not supported; it must be even and <= 256");
   const int64_t items = p.n * (p.num_q_heads + 2 * p.num_kv_heads);
   if (items == 0) return;
-  qkv_epilogue_kernel<<<static_cast<unsigned>((items + kEpilogueWarps - 1) / kEpilogueWarps), kEpilogueWarps * 32, 0, s>>>(p);
+  launch_pdl(qkv_epilogue_kernel, static_cast<unsigned>((items + kEpilogueWarps - 1) / kEpilogueWarps),
+             kEpilogueWarps * 32, 0, s, p);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void gated_activation_fused(const float* gate_up, float* out, int64_t n, int inter, bool gelu, cudaStream_t s) {
   const int64_t count = n * inter;
   if (count == 0) return;
-  gated_fused_kernel<<<static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, s>>>(gate_up, out, n, inter, gelu);
+  launch_pdl(gated_fused_kernel, static_cast<unsigned>((count + kThreads - 1) / kThreads), kThreads, 0, s, gate_up,
+             out, n, inter, gelu);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void add_rms_norm_rows(float* x, const float* o, const float* w, float* y, int64_t rows, int width, float eps,
                        cudaStream_t s) {
   if (rows == 0) return;
-  add_rms_norm_kernel<<<static_cast<unsigned>(rows), row_threads(width), 0, s>>>(x, o, w, y, width, eps);
+  launch_pdl(add_rms_norm_kernel, static_cast<unsigned>(rows), row_threads(width), 0, s, x, o, w, y, width, eps);
   CUDA_CHECK(cudaGetLastError());
 }
 

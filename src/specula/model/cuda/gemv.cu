@@ -5,6 +5,7 @@
 #include <string>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 #include "specula/model/cuda/gemv.h"
 
 namespace specula::cuda_kernels {
@@ -72,16 +73,27 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
 #pragma unroll
     for (int f = 0; f < kFeat; ++f) acc[r][f] = 0.0f;
   }
-  int c = lane;
-  for (; c + 32 * (kUnrollChunks - 1) < chunks; c += 32 * kUnrollChunks) {
-    uint4 wv[kUnrollChunks][kFeat];
+  uint4 wv[kUnrollChunks][kFeat];
+  auto load_group = [&](int c) {
 #pragma unroll
     for (int u = 0; u < kUnrollChunks; ++u) {
 #pragma unroll
       for (int f = 0; f < kFeat; ++f) wv[u][f] = load_stream(rows[f] + c + 32 * u);
     }
+  };
+  // The weights do not depend on earlier kernels: the first group's loads are issued before
+  // waiting for the activations, so they overlap the previous kernel's tail (cuda_pdl.cuh).
+  int c = lane;
+  bool full = c + 32 * (kUnrollChunks - 1) < chunks;
+  if (full) load_group(c);
+  pdl_wait();
+  pdl_trigger();
+  while (full) {
 #pragma unroll
     for (int u = 0; u < kUnrollChunks; ++u) accumulate<kRows, kFeat>(wv[u], x, in, c + 32 * u, acc);
+    c += 32 * kUnrollChunks;
+    full = c + 32 * (kUnrollChunks - 1) < chunks;
+    if (full) load_group(c);
   }
   for (; c < chunks; c += 32) {
     uint4 wv[kFeat];
@@ -116,8 +128,8 @@ void launch(const void* w, const float* x, float* y, int in, int out, cudaStream
   constexpr int kUnrollChunks = kRows == 1 ? kUnroll : 1;
   const int per_block = kWarpsPerBlock * kFeat;
   const unsigned blocks = static_cast<unsigned>((out + per_block - 1) / per_block);
-  gemv_kernel<kRows, kFeat, kUnrollChunks>
-      <<<blocks, kWarpsPerBlock * 32, 0, s>>>(static_cast<const uint4*>(w), x, y, in, out);
+  launch_pdl(gemv_kernel<kRows, kFeat, kUnrollChunks>, blocks, kWarpsPerBlock * 32, 0, s, static_cast<const uint4*>(w),
+             x, y, in, out);
 }
 
 }  // namespace

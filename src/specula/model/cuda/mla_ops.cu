@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 #include "specula/model/cuda/reduce.cuh"
 
 namespace specula::cuda_kernels {
@@ -12,6 +13,8 @@ namespace {
 
 __global__ void rms_norm_strided_kernel(const float* x, int64_t x_stride, const float* w, float* y, int64_t y_stride,
                                         int width, float eps) {
+  pdl_wait();
+  pdl_trigger();
   const float* xr = x + static_cast<int64_t>(blockIdx.x) * x_stride;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * y_stride;
   float sum = 0.0f;
@@ -37,6 +40,8 @@ __device__ void rotate_pairs(const float* src, const MlaPackParams& p, int32_t p
 
 // blockIdx.x: token; blockIdx.y: query head, or heads for the token's RoPE key.
 __global__ void mla_pack_kernel(MlaPackParams p) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int h = static_cast<int>(blockIdx.y);
   const int32_t position = p.positions[t];
@@ -60,14 +65,14 @@ __global__ void mla_pack_kernel(MlaPackParams p) {
 void rms_norm_strided(const float* x, int64_t x_stride, const float* w, float* y, int64_t y_stride, int64_t rows,
                       int width, float eps, cudaStream_t s) {
   if (rows == 0) return;
-  rms_norm_strided_kernel<<<static_cast<unsigned>(rows), row_threads(width), 0, s>>>(x, x_stride, w, y, y_stride, width,
-                                                                                     eps);
+  launch_pdl(rms_norm_strided_kernel, static_cast<unsigned>(rows), row_threads(width), 0, s, x, x_stride, w, y,
+             y_stride, width, eps);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void mla_pack(const MlaPackParams& p, cudaStream_t s) {
   if (p.n == 0) return;
-  mla_pack_kernel<<<dim3(static_cast<unsigned>(p.n), static_cast<unsigned>(p.heads + 1)), 128, 0, s>>>(p);
+  launch_pdl(mla_pack_kernel, dim3(static_cast<unsigned>(p.n), static_cast<unsigned>(p.heads + 1)), 128, 0, s, p);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 #include "specula/speculative/cuda/draft_kernels.h"
 
 namespace specula::cuda_kernels {
@@ -171,6 +172,8 @@ void dispatch_kcap(int k, F&& f) {
 // f64 across threads.
 template <int KCAP>
 __global__ void __launch_bounds__(kTopKMaxThreads) draft_top_k_kernel(const DraftTopKParams p) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ float sm_f[32];
   __shared__ double sm_d[32];
   __shared__ float sm_v[(kTopKMaxThreads / 32) * KCAP];
@@ -245,6 +248,8 @@ __device__ __forceinline__ void block_copy_rows(float* dst, const float* src, in
 // One block per request.
 __global__ void __launch_bounds__(kTreeThreads) draft_init_kernel(const DraftTreeState st, const int32_t* root_tokens,
                                                                   const float* root_probs, const float* root_hidden) {
+  pdl_wait();
+  pdl_trigger();
   const int b = static_cast<int>(blockIdx.x), k = st.k;
   const int64_t cand0 = static_cast<int64_t>(b) * num_candidates(k, st.num_steps);
   const int tid = static_cast<int>(threadIdx.x);
@@ -273,6 +278,8 @@ template <int KCAP>
 __global__ void __launch_bounds__(kTreeThreads)
     draft_select_kernel(const DraftTreeState st, int step, const int32_t* child_tokens, const float* child_probs,
                         const float* step_hidden) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ int32_t sm_branch[];  // [k, step]: the old rows' branches
   __shared__ float sm_v[(kTreeThreads / 32) * KCAP];
   __shared__ int32_t sm_id[(kTreeThreads / 32) * KCAP];
@@ -342,7 +349,7 @@ void draft_top_k(const DraftTopKParams& p, cudaStream_t s) {
   const int threads = p.vocab >= 8192 ? kTopKMaxThreads : (p.vocab >= 1024 ? 256 : 128);
   dispatch_kcap(p.k, [&](auto kcap_tag) {
     constexpr int KCAP = decltype(kcap_tag)::value;
-    draft_top_k_kernel<KCAP><<<static_cast<unsigned>(p.rows), threads, 0, s>>>(p);
+    launch_pdl(draft_top_k_kernel<KCAP>, static_cast<unsigned>(p.rows), threads, 0, s, p);
   });
   CUDA_CHECK(cudaGetLastError());
 }
@@ -351,7 +358,8 @@ void draft_init(const DraftTreeState& st, const int32_t* root_tokens, const floa
                 cudaStream_t s) {
   check_tree_state(st, "draft_init");
   if (st.batch == 0) return;
-  draft_init_kernel<<<static_cast<unsigned>(st.batch), kTreeThreads, 0, s>>>(st, root_tokens, root_probs, root_hidden);
+  launch_pdl(draft_init_kernel, static_cast<unsigned>(st.batch), kTreeThreads, 0, s, st, root_tokens, root_probs,
+             root_hidden);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -369,8 +377,8 @@ void draft_select(const DraftTreeState& st, int step, const int32_t* child_token
                                          std::to_string(st.k) + " needs more than 48 KiB of shared memory");
   dispatch_kcap(st.k, [&](auto kcap_tag) {
     constexpr int KCAP = decltype(kcap_tag)::value;
-    draft_select_kernel<KCAP><<<static_cast<unsigned>(st.batch), kTreeThreads, smem, s>>>(st, step, child_tokens,
-                                                                                          child_probs, step_hidden);
+    launch_pdl(draft_select_kernel<KCAP>, static_cast<unsigned>(st.batch), kTreeThreads, smem, s, st, step,
+               child_tokens, child_probs, step_hidden);
   });
   CUDA_CHECK(cudaGetLastError());
 }

@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 #include "specula/model/cuda/reduce.cuh"
 #include "specula/speculative/cuda/eagle_input.h"
 
@@ -12,6 +13,8 @@ namespace {
 template <bool BF16>
 __global__ void eagle3_input_kernel(const void* embed, const int32_t* ids, const float* x, const float* input_norm,
                                     const float* hidden_norm, float* a, float* x_out, int hidden, float eps) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int64_t id = ids[t];
   const float* xr = x + t * hidden;
@@ -50,9 +53,11 @@ void eagle3_attention_input(const void* embed, bool embed_bf16, const int32_t* i
   const auto blocks = static_cast<unsigned>(n);
   const int threads = row_threads(hidden);
   if (embed_bf16) {
-    eagle3_input_kernel<true><<<blocks, threads, 0, s>>>(embed, ids, x, input_norm, hidden_norm, a, x_out, hidden, eps);
+    launch_pdl(eagle3_input_kernel<true>, blocks, threads, 0, s, embed, ids, x, input_norm, hidden_norm, a, x_out,
+               hidden, eps);
   } else {
-    eagle3_input_kernel<false><<<blocks, threads, 0, s>>>(embed, ids, x, input_norm, hidden_norm, a, x_out, hidden, eps);
+    launch_pdl(eagle3_input_kernel<false>, blocks, threads, 0, s, embed, ids, x, input_norm, hidden_norm, a, x_out,
+               hidden, eps);
   }
   CUDA_CHECK(cudaGetLastError());
 }

@@ -16,6 +16,7 @@
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -51,6 +52,8 @@ template <typename Q, typename T, typename KV, int D>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams p, const DecodeSplit split) {
   using S = Shape<T, KV, D>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  pdl_wait();
+  pdl_trigger();
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
@@ -227,7 +230,7 @@ void launch_typed(const AttentionParams& p, const DecodeSplit& split, cudaStream
   const int group = p.num_q_heads / p.num_kv_heads;
   const int head_blocks = (group + kDecodeHeadsPerBlock - 1) / kDecodeHeadsPerBlock;
   const dim3 grid(p.num_kv_heads * head_blocks, split.num_splits, p.num_seqs);
-  decode_kernel<Q, T, KV, D><<<grid, kThreads, smem, stream>>>(p, split);
+  launch_pdl(decode_kernel<Q, T, KV, D>, grid, kThreads, smem, stream, p, split);
 }
 
 template <typename Q, typename T, typename KV>

@@ -6,6 +6,7 @@
 #include "specula/attention/cuda/kernels/dtype_codes.h"
 #include "specula/attention/cuda/kernels/merge_state.h"
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -15,6 +16,8 @@ constexpr float kNegInf = -__builtin_huge_valf();
 
 template <typename T>
 __global__ void merge_state_kernel(const MergeStateParams p) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= p.num_rows) return;
   const int lane = threadIdx.x & 31;
@@ -43,9 +46,9 @@ void launch_merge_state(const MergeStateParams& p, cudaStream_t stream) {
   constexpr int kWarps = 4;
   const dim3 grid(static_cast<unsigned>((p.num_rows + kWarps - 1) / kWarps));
   switch (p.dtype) {
-    case kF32: merge_state_kernel<float><<<grid, kWarps * 32, 0, stream>>>(p); break;
-    case kF16: merge_state_kernel<__half><<<grid, kWarps * 32, 0, stream>>>(p); break;
-    case kBF16: merge_state_kernel<__nv_bfloat16><<<grid, kWarps * 32, 0, stream>>>(p); break;
+    case kF32: launch_pdl(merge_state_kernel<float>, grid, kWarps * 32, 0, stream, p); break;
+    case kF16: launch_pdl(merge_state_kernel<__half>, grid, kWarps * 32, 0, stream, p); break;
+    case kBF16: launch_pdl(merge_state_kernel<__nv_bfloat16>, grid, kWarps * 32, 0, stream, p); break;
     default: SPECULA_REQUIRE(false, "merge_state: dtype code " + std::to_string(p.dtype) + " is not supported");
   }
   CUDA_CHECK(cudaGetLastError());

@@ -16,6 +16,7 @@
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -260,6 +261,8 @@ struct Prefill {
 
 template <typename T, typename KV, int D>
 __global__ void __launch_bounds__(kThreads) prefill_kernel(const AttentionParams p, const PrefillWork work) {
+  pdl_wait();
+  pdl_trigger();
   Prefill<T, KV, D>::run(p, work);
 }
 
@@ -273,7 +276,7 @@ void launch_typed(const AttentionParams& p, const PrefillWork& work, cudaStream_
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned>(work.num_items), static_cast<unsigned>(p.num_q_heads));
-  prefill_kernel<T, KV, D><<<grid, kThreads, smem, stream>>>(p, work);
+  launch_pdl(prefill_kernel<T, KV, D>, grid, kThreads, smem, stream, p, work);
 }
 
 template <typename T, typename KV>

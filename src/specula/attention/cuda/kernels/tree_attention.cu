@@ -16,6 +16,7 @@
 
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -65,6 +66,8 @@ struct AttnConfig {
 
 template <int HEAD_DIM, int GMAX>
 __global__ void __launch_bounds__(AttnConfig<HEAD_DIM>::kThreads) tree_attention_kernel(const TreeAttentionParams p) {
+  pdl_wait();
+  pdl_trigger();
   using Cfg = AttnConfig<HEAD_DIM>;
   constexpr int LPK = Cfg::kLpk, kSubgroups = Cfg::kSubgroups, kWarps = Cfg::kWarps;
   constexpr int kUnroll = GMAX >= 8 ? 2 : 4;  // keys per subgroup per iteration; fewer where q/o take the registers
@@ -239,7 +242,7 @@ void launch(const TreeAttentionParams& p, cudaStream_t s) {
     constexpr int GMAX = decltype(gmax_tag)::value;
     const int head_blocks = (group + GMAX - 1) / GMAX;
     const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.num_kv_heads * head_blocks));
-    tree_attention_kernel<HEAD_DIM, GMAX><<<grid, AttnConfig<HEAD_DIM>::kThreads, 0, s>>>(p);
+    launch_pdl(tree_attention_kernel<HEAD_DIM, GMAX>, grid, AttnConfig<HEAD_DIM>::kThreads, 0, s, p);
   };
   if (group <= 1) run(std::integral_constant<int, 1>{});
   else if (group <= 2) run(std::integral_constant<int, 2>{});
