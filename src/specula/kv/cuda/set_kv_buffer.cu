@@ -36,18 +36,10 @@ void launch_for_src(const SetKVParams& p, cudaStream_t stream) {
   const unsigned chunks = static_cast<unsigned>((std::max(p.row_k, p.row_v) + kThreads - 1) / kThreads);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), chunks);
   switch (p.cache_dtype) {
-    case kF32:
-      launch_pdl(set_kv_kernel<Src, float>, grid, kThreads, 0, stream, p);
-      break;
-    case kF16:
-      launch_pdl(set_kv_kernel<Src, __half>, grid, kThreads, 0, stream, p);
-      break;
-    case kBF16:
-      launch_pdl(set_kv_kernel<Src, __nv_bfloat16>, grid, kThreads, 0, stream, p);
-      break;
-    case kFp8E4m3:
-      launch_pdl(set_kv_kernel<Src, __nv_fp8_e4m3>, grid, kThreads, 0, stream, p);
-      break;
+    case kF32: launch_pdl(set_kv_kernel<Src, float>, grid, kThreads, 0, stream, p); break;
+    case kF16: launch_pdl(set_kv_kernel<Src, __half>, grid, kThreads, 0, stream, p); break;
+    case kBF16: launch_pdl(set_kv_kernel<Src, __nv_bfloat16>, grid, kThreads, 0, stream, p); break;
+    case kFp8E4m3: launch_pdl(set_kv_kernel<Src, __nv_fp8_e4m3>, grid, kThreads, 0, stream, p); break;
     default: SPECULA_REQUIRE(false, "set_kv_buffer: cache dtype code " + std::to_string(p.cache_dtype) + " is not supported");
   }
 }

@@ -6,6 +6,7 @@
 
 #include "specula/attention/cuda/kernels/attention_params.h"
 #include "specula/attention/cuda/kernels/io.cuh"
+#include "specula/attention/cuda/kernels/online_softmax.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -154,14 +155,8 @@ __device__ __forceinline__ void finish_decode(const AttentionParams& p, const De
     const float o_norm = sum_l > 0.0f ? sum_o / sum_l : 0.0f;
     const int head = b.head0 + h;
     if (split.num_splits == 1) {
-      float total = lse;
       float out_scale = 1.0f;
-      if (p.sinks != nullptr) {
-        const float sink = p.sinks[head];
-        const float mm = fmaxf(lse, sink);
-        total = mm + logf((lse == kNegInf ? 0.0f : expf(lse - mm)) + expf(sink - mm));
-        out_scale = lse == kNegInf ? 0.0f : expf(lse - total);
-      }
+      const float total = p.sinks != nullptr ? join_sink(lse, p.sinks[head], out_scale) : lse;
       store_io(p.out, p.io_dtype, b.token * p.out_stride_token + head * p.out_stride_head + d,
                o_norm * out_scale * p.v_descale);
       if (p.lse != nullptr && d == 0) p.lse[b.token * p.lse_stride_token + head] = total;

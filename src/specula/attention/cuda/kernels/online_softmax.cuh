@@ -35,4 +35,15 @@ __device__ __forceinline__ void online_softmax_row(float (&s)[kScoreTiles][4], i
   }
 }
 
+// An attention sink joins the softmax denominator only. Given a row's natural-log LSE over its
+// keys, returns the LSE with the sink and sets out_scale, the factor the sink leaves on the
+// output (0 when no key was visible).
+__device__ __forceinline__ float join_sink(float lse, float sink, float& out_scale) {
+  constexpr float kNegInf = -__builtin_huge_valf();
+  const float mm = fmaxf(lse, sink);
+  const float total = mm + logf((lse == kNegInf ? 0.0f : expf(lse - mm)) + expf(sink - mm));
+  out_scale = lse == kNegInf ? 0.0f : expf(lse - total);
+  return total;
+}
+
 }  // namespace specula::cuda_kernels

@@ -237,14 +237,8 @@ struct Prefill {
       const int r = warp * 16 + g + 8 * rr;
       if (r >= rows_valid) continue;
       const float lse = sum > 0.0f ? m[rr] * kLn2 + logf(sum) : kNegInf;
-      float total = lse;
       float out_scale = 1.0f;
-      if (p.sinks != nullptr) {
-        const float sink = p.sinks[head];
-        const float mm = fmaxf(lse, sink);
-        total = mm + logf((lse == kNegInf ? 0.0f : expf(lse - mm)) + expf(sink - mm));
-        out_scale = lse == kNegInf ? 0.0f : expf(lse - total);
-      }
+      const float total = p.sinks != nullptr ? join_sink(lse, p.sinks[head], out_scale) : lse;
       const float factor = sum > 0.0f ? out_scale / sum * p.v_descale : 0.0f;
       const int64_t token = q_start + q_tile + r;
       const int64_t base = token * p.out_stride_token + static_cast<int64_t>(head) * p.out_stride_head;
