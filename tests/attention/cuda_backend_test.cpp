@@ -172,6 +172,23 @@ TEST_F(CudaAttention, SoftCapSinksAndCustomScale) {
   }
 }
 
+// One long request over few KV heads: more than 32 splits (the merge's second split per lane)
+// and attention sinks joined after the splits are merged.
+TEST_F(CudaAttention, DecodeManySplitsWithSinks) {
+  std::mt19937 rng = rng_for_shapes();
+  std::uniform_int_distribution<int> len(9000, 11000);
+  HarnessConfig c;
+  c.mode = ForwardMode::DECODE;
+  c.requests = {{len(rng), 1}, {len(rng), 1}};
+  c.num_q_heads = 6;
+  c.num_kv_heads = 1;
+  c.head_dim = 64;
+  c.page_size = 16;
+  c.sinks = true;
+  check_cuda(c, "decode many splits, sinks");
+  EXPECT_GT(choose_decode_splits(2, 1, 9000, 132), 32);
+}
+
 TEST_F(CudaAttention, TreeMask) {
   auto rng = rng_for_shapes();
   for (int draft : {1, 8, 33, 64}) {

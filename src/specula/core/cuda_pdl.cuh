@@ -14,14 +14,20 @@
 
 namespace specula {
 
+// launch_pdl always asks for the relaxed ordering, so device code built for an architecture
+// without griddepcontrol would run unordered: refuse to build it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "specula's kernels use programmatic dependent launch and need sm_90 or newer (CMAKE_CUDA_ARCHITECTURES)"
+#endif
+
 __device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__)
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
 __device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

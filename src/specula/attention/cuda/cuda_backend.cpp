@@ -430,10 +430,6 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
   const bool decode = batch.forward_mode == ForwardMode::DECODE;
   SPECULA_CHECK(!(local && st.has_custom_mask), "layer {}: local attention with a tree mask is not supported",
                 layer.layer_id);
-  // The decode kernel indexes cache rows (slot x KV heads + head) in 32 bits.
-  SPECULA_CHECK(pool.num_slots() * layer.num_kv_heads <= std::numeric_limits<int32_t>::max(),
-                "KV pool of {} slots x {} KV heads exceeds the cuda backend's {} cache rows", pool.num_slots(),
-                layer.num_kv_heads, std::numeric_limits<int32_t>::max());
   ck::AttentionParams p{};
   p.q = q.data();
   p.q_stride_token = q.stride(0);
@@ -486,6 +482,10 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
   }
 
   if (decode) {
+    // The decode kernel indexes cache rows (slot x KV heads + head) in 32 bits.
+    SPECULA_CHECK(pool.num_slots() * layer.num_kv_heads <= std::numeric_limits<int32_t>::max(),
+                  "KV pool of {} slots x {} KV heads exceeds the decode kernel's {} cache rows", pool.num_slots(),
+                  layer.num_kv_heads, std::numeric_limits<int32_t>::max());
     const auto it = st.splits.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, local});
     SPECULA_CHECK(it != st.splits.end(),
                   "layer {} ({} query / {} KV heads) was not passed to check_layer before init_forward_metadata",

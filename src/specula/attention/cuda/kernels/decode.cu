@@ -28,8 +28,9 @@ constexpr int kKeys = 16;  // keys per warp tile
 constexpr float kNegInf = -__builtin_huge_valf();
 
 // Q: the query's type; KV: the cache's; T: the MMA operand type. A 16-bit cache is the operand
-// type (a query of the other 16-bit type is converted, which is exact within f16's range, where
-// rounding K would not be) and is copied straight into operand tiles; an fp8 cache is staged raw
+// type and is copied straight into operand tiles; a query of the other 16-bit type is converted
+// (a bf16 query into an f16 cache's type is exact within f16's range; an f16 query into a bf16
+// cache's type keeps 8 significant bits, where prefill converts the cache instead); an fp8 cache is staged raw
 // and each tile is converted exactly into a per-warp operand tile of the query's type before its
 // math. The conversion makes fp8 issue-bound, so it keeps two stages: three blocks then fit per
 // SM to hide its latency (H200, B=256 L=1024: 0.27 ms with four stages, 0.22 ms with two).
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams 
       mma_16816<T>(o[2 * np], a, vb[0], vb[1]);
       mma_16816<T>(o[2 * np + 1], a, vb[2], vb[3]);
     }
-    __syncwarp();  // this stage is refilled kStages - 1 tiles from now
+    __syncwarp();  // the next iteration's copy refills this stage
   }
   cp_async_wait<0>();
   __syncthreads();  // the pipeline buffers become the merge area
@@ -262,6 +263,10 @@ void launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStrea
   SPECULA_REQUIRE(split.num_splits >= 1 && split.num_splits <= kMaxDecodeSplits,
                   "decode: " + std::to_string(split.num_splits) + " splits; allowed 1 to " +
                       std::to_string(kMaxDecodeSplits));
+  SPECULA_REQUIRE(split.num_splits == 1 || (split.partial_out != nullptr && split.partial_lse != nullptr &&
+                                            split.counters != nullptr),
+                  "decode: " + std::to_string(split.num_splits) +
+                      " splits need the partial-result and counter buffers");
   const bool launched = p.head_dim == p.v_head_dim &&
                         (p.io_dtype == kBF16 ? launch_kv<__nv_bfloat16>(p, split, stream)
                                              : p.io_dtype == kF16 && launch_kv<__half>(p, split, stream));

@@ -10,8 +10,8 @@
 
 namespace specula::cuda_kernels {
 
-// Split boundaries fall on multiples of this many keys, so a tensor-core tile never straddles
-// two splits' pages unevenly.
+// Splits are whole multiples of this many keys from the first visible key, so with page sizes of
+// 16 or more and no window every 16-key tile lies in one page.
 inline constexpr int kDecodeSplitAlign = 16;
 
 struct DecodeBlock {

@@ -1,5 +1,5 @@
-// Loads and stores of query/output elements, whose dtype (bf16 or f16) is a run-time code: a
-// branch per element is far cheaper than doubling every kernel's instantiations.
+// Stores of output elements, whose dtype (bf16 or f16) is a run-time code: a branch per element is
+// far cheaper than doubling every kernel's instantiations for the output alone.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,11 +10,6 @@
 #include "specula/attention/cuda/kernels/dtype_codes.h"
 
 namespace specula::cuda_kernels {
-
-__device__ __forceinline__ float load_io(const void* base, int32_t dtype, int64_t index) {
-  return dtype == kBF16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index])
-                        : __half2float(static_cast<const __half*>(base)[index]);
-}
 
 __device__ __forceinline__ void store_io(void* base, int32_t dtype, int64_t index, float value) {
   if (dtype == kBF16) {
