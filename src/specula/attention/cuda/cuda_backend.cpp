@@ -101,10 +101,10 @@ std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType
 int choose_decode_splits(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms) {
   const int64_t blocks = static_cast<int64_t>(batch_size) * kv_head_blocks;
   if (blocks <= 0 || blocks >= num_sms) return 1;
-  // About two blocks per multiprocessor: as many as the tensor-core kernel keeps resident (its
-  // shared memory allows two). Measured on an H200 at B=1 L=32768, page 16 (kernels/decode.cu with the
-  // in-kernel merge), KV TB/s by split count: 8: 1.53, 16: 2.49, 24: 2.66, 33: 2.76, 48: 2.43,
-  // 64: 2.49.
+  // About two blocks per multiprocessor: what the decode kernel keeps resident at head_dim 96-128
+  // with 16-bit caches (fp8 and smaller heads fit more, head_dim 256 one). Measured on an H200 at
+  // B=1 L=32768, page 16 (kernels/decode.cu with the in-kernel merge), KV TB/s by split count:
+  // 8: 1.53, 16: 2.49, 24: 2.66, 33: 2.76, 48: 2.43, 64: 2.49.
   const int64_t want = (2 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
   const int64_t by_length = std::max<int64_t>(1, (max_kv_len + 255) / 256);
   return static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, ck::kMaxDecodeSplits));
