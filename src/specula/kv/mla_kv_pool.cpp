@@ -88,6 +88,16 @@ void check_source(const TensorView& t, const Shape& shape, Device device, std::s
   SPECULA_CHECK(t.stride(1) == 1, "{} {} must have contiguous rows", what, t.str());
 }
 
+// Device slot indices: contiguous i32 on the pool's device. Returns how many.
+int64_t check_device_loc(const TensorView& loc, Device device, std::string_view what) {
+  const int64_t n = loc.numel();
+  check_dtype(loc, DType::i32, what);
+  check_shape(loc, {n}, what);
+  check_device(loc, device, what);
+  SPECULA_CHECK(loc.stride(0) == 1, "{} {} must be contiguous", what, loc.str());
+  return n;
+}
+
 // Row i of a 2-D source as f32.
 void source_row(const TensorView& t, size_t i, std::vector<float>& out) {
   const size_t elem = dtype_size(t.dtype());
@@ -260,11 +270,7 @@ void MLAKVPool::set_mla_kv_buffer(int layer_id, const TensorView& loc, const Ten
   check_layer(layer_id);
   SPECULA_CHECK(config_.device.is_cuda(), "this set_mla_kv_buffer is for CUDA pools; the pool is on {}",
                 config_.device.str());
-  const int64_t n = loc.numel();
-  check_dtype(loc, DType::i32, "set_mla_kv_buffer loc");
-  check_shape(loc, {n}, "set_mla_kv_buffer loc");
-  check_device(loc, config_.device, "set_mla_kv_buffer loc");
-  SPECULA_CHECK(loc.stride(0) == 1, "set_mla_kv_buffer loc {} must be contiguous", loc.str());
+  const int64_t n = check_device_loc(loc, config_.device, "set_mla_kv_buffer loc");
   check_source(kv_c, {n, config_.kv_lora_rank}, config_.device, "set_mla_kv_buffer kv_c");
   check_source(k_pe, {n, config_.qk_rope_head_dim}, config_.device, "set_mla_kv_buffer k_pe");
 #ifdef SPECULA_HAS_CUDA
@@ -309,11 +315,7 @@ void MLAKVPool::set_index_k(int layer_id, const TensorView& loc, const TensorVie
   check_layer(layer_id);
   SPECULA_CHECK(config_.index_head_dim > 0, "set_index_k: this MLA KV pool keeps no indexer keys (index_head_dim 0)");
   SPECULA_CHECK(config_.device.is_cuda(), "this set_index_k is for CUDA pools; the pool is on {}", config_.device.str());
-  const int64_t n = loc.numel();
-  check_dtype(loc, DType::i32, "set_index_k loc");
-  check_shape(loc, {n}, "set_index_k loc");
-  check_device(loc, config_.device, "set_index_k loc");
-  SPECULA_CHECK(loc.stride(0) == 1, "set_index_k loc {} must be contiguous", loc.str());
+  const int64_t n = check_device_loc(loc, config_.device, "set_index_k loc");
   check_source(k, {n, config_.index_head_dim}, config_.device, "set_index_k k");
 #ifdef SPECULA_HAS_CUDA
   cuda_kernels::MlaSetIndexKParams p{};

@@ -79,6 +79,17 @@ EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const Lla
   const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
   const int64_t inter = config_.intermediate_size;
   auto load = [&](const std::string& name, const Shape& shape) { return to_f32(ckpt.get(name, shape)); };
+  // The decoder layer's attention and MLP weights under prefix p; q/k/v read attn_in features.
+  auto load_layer = [&](const std::string& p, int64_t attn_in) {
+    w_.wq = load(p + "self_attn.q_proj.weight", {q_out, attn_in});
+    w_.wk = load(p + "self_attn.k_proj.weight", {kv_out, attn_in});
+    w_.wv = load(p + "self_attn.v_proj.weight", {kv_out, attn_in});
+    w_.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
+    w_.post_norm = load(p + "post_attention_layernorm.weight", {h});
+    w_.w_gate = load(p + "mlp.gate_proj.weight", {inter, h});
+    w_.w_up = load(p + "mlp.up_proj.weight", {inter, h});
+    w_.w_down = load(p + "mlp.down_proj.weight", {h, inter});
+  };
   const bool own_embed = ckpt.contains("embed_tokens.weight");
   SPECULA_CHECK(config_.vocab_size == t.vocab_size,
                 "the draft head's vocab_size {} does not match the target's {}", config_.vocab_size, t.vocab_size);
@@ -96,15 +107,7 @@ EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const Lla
     draft_vocab_ = t.vocab_size;
     w_.fc = load("fc.weight", {h, 2 * h});
     if (ckpt.contains("fc.bias")) w_.fc_bias = load("fc.bias", {h});
-    const std::string p = ckpt.contains("layers.0.self_attn.q_proj.weight") ? "layers.0." : "model.layers.0.";
-    w_.wq = load(p + "self_attn.q_proj.weight", {q_out, h});
-    w_.wk = load(p + "self_attn.k_proj.weight", {kv_out, h});
-    w_.wv = load(p + "self_attn.v_proj.weight", {kv_out, h});
-    w_.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
-    w_.post_norm = load(p + "post_attention_layernorm.weight", {h});
-    w_.w_gate = load(p + "mlp.gate_proj.weight", {inter, h});
-    w_.w_up = load(p + "mlp.up_proj.weight", {inter, h});
-    w_.w_down = load(p + "mlp.down_proj.weight", {h, inter});
+    load_layer(ckpt.contains("layers.0.self_attn.q_proj.weight") ? "layers.0." : "model.layers.0.", h);
   } else {
     const int64_t target_hidden = j.contains("target_hidden_size") && j["target_hidden_size"].is_number_integer()
                                       ? j["target_hidden_size"].get<int64_t>()
@@ -138,17 +141,9 @@ EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const Lla
                   draft_vocab_, t.vocab_size);
     w_.fc = load("fc.weight", {h, 3 * th});
     attn_in = 2 * h;
-    const std::string p = "midlayer.";
-    w_.input_norm = load(p + "input_layernorm.weight", {h});
-    w_.hidden_norm = load(p + "hidden_norm.weight", {h});
-    w_.wq = load(p + "self_attn.q_proj.weight", {q_out, attn_in});
-    w_.wk = load(p + "self_attn.k_proj.weight", {kv_out, attn_in});
-    w_.wv = load(p + "self_attn.v_proj.weight", {kv_out, attn_in});
-    w_.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
-    w_.post_norm = load(p + "post_attention_layernorm.weight", {h});
-    w_.w_gate = load(p + "mlp.gate_proj.weight", {inter, h});
-    w_.w_up = load(p + "mlp.up_proj.weight", {inter, h});
-    w_.w_down = load(p + "mlp.down_proj.weight", {h, inter});
+    w_.input_norm = load("midlayer.input_layernorm.weight", {h});
+    w_.hidden_norm = load("midlayer.hidden_norm.weight", {h});
+    load_layer("midlayer.", attn_in);
     w_.final_norm = load("norm.weight", {h});
     w_.lm_head = load("lm_head.weight", {draft_vocab_, h});
     if (ckpt.contains("d2t")) {
