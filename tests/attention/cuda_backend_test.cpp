@@ -124,6 +124,29 @@ TEST_F(CudaAttention, ExtendWithPrefixAndNonCausal) {
   }
 }
 
+// Long prefills: many query tiles per sequence and many K/V tiles per block (the wgmma kernel's
+// stage ring wraps several times), both 16-bit types, both of its head dims, paged and unpaged.
+TEST_F(CudaAttention, LongPrefillEveryWgmmaShape) {
+  auto rng = rng_for_shapes();
+  std::uniform_int_distribution<int> jitter(0, 97);
+  for (int d : {64, 128}) {
+    for (DType t : {DType::bf16, DType::f16}) {
+      for (bool causal : {true, false}) {
+        HarnessConfig c;
+        c.requests = {{jitter(rng), 900 + jitter(rng)}, {600 + jitter(rng), 257 + jitter(rng)}, {0, 1 + jitter(rng)}};
+        c.head_dim = d;
+        c.num_q_heads = 4;
+        c.num_kv_heads = 2;
+        c.q_dtype = t;
+        c.kv_dtype = t;
+        c.causal = causal;
+        c.page_size = causal ? 64 : 1;
+        check_cuda(c, causal ? "long causal prefill" : "long non-causal prefill");
+      }
+    }
+  }
+}
+
 TEST_F(CudaAttention, SlidingWindow) {
   auto rng = rng_for_shapes();
   for (int window : {0, 5, 64, 200}) {

@@ -79,6 +79,6 @@ struct PrefillWork {
 void launch_prefill(const AttentionParams& params, const PrefillWork& work, cudaStream_t stream);
 
 // Query rows per prefill work item.
-inline constexpr int kPrefillTileRows = 64;
+inline constexpr int kPrefillTileRows = 128;
 
 }  // namespace specula::cuda_kernels

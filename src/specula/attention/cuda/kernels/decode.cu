@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams 
         s[nt][e] = tile_start + nt * 8 + 2 * t + e < b.end ? v * kLog2e : kNegInf;
       }
     }
-    online_softmax_row(s, 0, m, l, o);
+    online_softmax_row(s, 0, 1.0f, m, l, o);
 
     const uint32_t a[4] = {pack2<T>(s[0][0], s[0][1]), 0u, pack2<T>(s[1][0], s[1][1]), 0u};
 #pragma unroll

@@ -1,20 +1,22 @@
 // Online-softmax update of one query row held in mma.sync fragments (mma.cuh's C layout): the
 // thread holds elements 2 rr and 2 rr + 1 of every 8-column tile of row g + 8 rr, and the four
-// lanes of a quad share the row. Scores are in log2 units and become probabilities in place; the
-// running max m, this thread's share of the sum l and the output fragments are rescaled.
+// lanes of a quad share the row. Scores times `scale` (> 0) are in log2 units; they become
+// probabilities in place, and the running max m (log2 units), this thread's share of the sum l
+// and the output fragments are rescaled. Folding the scale in here costs one FFMA per score.
 #pragma once
 
 namespace specula::cuda_kernels {
 
 template <int kScoreTiles, int kOutTiles>
-__device__ __forceinline__ void online_softmax_row(float (&s)[kScoreTiles][4], int rr, float& m, float& l,
+__device__ __forceinline__ void online_softmax_row(float (&s)[kScoreTiles][4], int rr, float scale, float& m, float& l,
                                                    float (&o)[kOutTiles][4]) {
   constexpr float kNegInf = -__builtin_huge_valf();
-  float mx = m;
+  float mx = kNegInf;
 #pragma unroll
   for (int nt = 0; nt < kScoreTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  mx = fmaxf(m, mx * scale);
   // A row that has seen nothing keeps max -inf; subtracting 0 keeps its terms at 0.
   const float m_use = mx == kNegInf ? 0.0f : mx;
   const float alpha = exp2f(m - m_use);
@@ -27,8 +29,8 @@ __device__ __forceinline__ void online_softmax_row(float (&s)[kScoreTiles][4], i
   }
 #pragma unroll
   for (int nt = 0; nt < kScoreTiles; ++nt) {
-    const float p0 = exp2f(s[nt][2 * rr] - m_use);
-    const float p1 = exp2f(s[nt][2 * rr + 1] - m_use);
+    const float p0 = exp2f(fmaf(s[nt][2 * rr], scale, -m_use));
+    const float p1 = exp2f(fmaf(s[nt][2 * rr + 1], scale, -m_use));
     s[nt][2 * rr] = p0;
     s[nt][2 * rr + 1] = p1;
     l += p0 + p1;

@@ -1,7 +1,8 @@
-// Prefill / extend / verify attention over a paged KV cache on tensor cores (FlashAttention-2
-// structure on mma.sync; a later wgmma + TMA mainloop replaces mainloop() below).
+// Prefill / extend / verify attention over a paged KV cache on tensor cores: the mma.sync kernel
+// (FlashAttention-2 structure) for the cases the wgmma kernel (prefill_wgmma.cu) does not take:
+// fp8 or other-type caches, and head_dim 80, 96 and 256.
 //
-// Grid: (work items, num_q_heads); 128 threads = 4 warps, each owning 16 of the tile's 64
+// Grid: (work items, num_q_heads); 256 threads = 8 warps, each owning 16 of the tile's 128
 // query rows. Per K/V tile of kKeys keys: S = Q K^T in registers, scale / soft-cap / masks, online
 // softmax in log2 units, P (rounded to the operand type) times V accumulated in registers.
 // K/V tiles are gathered page by page into padded shared-memory rows (row stride head_dim + 8
@@ -15,6 +16,7 @@
 #include "specula/attention/cuda/kernels/io.cuh"
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
+#include "specula/attention/cuda/kernels/prefill_wgmma.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
 
@@ -208,7 +210,7 @@ struct Prefill {
 
       // Online softmax: this thread holds rows g and g + 8.
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) online_softmax_row(s, rr, m[rr], l[rr], o);
+      for (int rr = 0; rr < 2; ++rr) online_softmax_row(s, rr, 1.0f, m[rr], l[rr], o);
 
       // O += P V; the probabilities' C fragments are the A operand.
 #pragma unroll
@@ -300,7 +302,9 @@ void launch_kv(const AttentionParams& p, const PrefillWork& work, cudaStream_t s
 void launch_prefill(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
   if (work.num_items == 0) return;
   SPECULA_REQUIRE(p.v_head_dim == p.head_dim, "prefill: v_head_dim must equal head_dim");
-  if (p.io_dtype == kBF16) {
+  if (prefill_wgmma_supports(p)) {
+    launch_prefill_wgmma(p, work, stream);
+  } else if (p.io_dtype == kBF16) {
     launch_kv<__nv_bfloat16>(p, work, stream);
   } else {
     launch_kv<__half>(p, work, stream);

@@ -1,0 +1,315 @@
+// Prefill / extend / verify attention on Hopper's warpgroup MMA, for caches of the query's 16-bit
+// type at head_dim 64 and 128 (prefill.cu serves the other cases on mma.sync).
+//
+// One block per (query head, work item of kPrefillTileRows = 128 query rows): two consumer
+// warpgroups of 64 rows each and one producer warpgroup.
+// - The producer gathers K/V tiles of 128 keys page by page with cp.async into a 3-stage ring of
+//   128-byte-swizzled tiles; each stage's `full` mbarrier completes when its copies land, and its
+//   `empty` mbarrier when both warpgroups are done reading it.
+// - Each consumer warpgroup keeps S (64 x 128 scores), O (64 x head_dim) and the probabilities P
+//   in registers. Per tile it issues, in one batch, O += P(previous tile) V(previous tile) and
+//   S = Q K^T, then runs the masks and the online softmax on S while the tensor cores work.
+// - The two warpgroups take turns issuing their batches (named barriers), so one's softmax runs
+//   while the other's matrix products do: the tensor cores are not left idle during exp2.
+#include "specula/attention/cuda/kernels/prefill_wgmma.h"
+
+#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/attention/cuda/kernels/io.cuh"
+#include "specula/attention/cuda/kernels/online_softmax.cuh"
+#include "specula/attention/cuda/kernels/wgmma.cuh"
+#include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
+
+namespace specula::cuda_kernels {
+
+namespace {
+
+constexpr float kNegInf = -__builtin_huge_valf();
+constexpr int kRows = kPrefillTileRows;
+static_assert(kRows == 128, "two warpgroups of 64 query rows");
+constexpr int kKeys = 128;
+constexpr int kStages = 3;
+constexpr int kConsumerThreads = 256;
+constexpr int kProducerThreads = 128;
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
+static_assert(kProducerThreads == kKeys, "one producer thread per key row of a tile");
+// Registers per thread after the warpgroups rebalance them (the block starts with 65536 / 384):
+// the producer needs few, the consumers hold S, O and P.
+constexpr int kProducerRegisters = 56;
+constexpr int kConsumerRegisters = 224;
+static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+// Named barrier ids: 1 + w is warpgroup w's turn to issue; kQReady orders the Q tile.
+constexpr int kQReady = 3;
+
+template <int D>
+struct Layout {
+  static constexpr int kChunks = D / 8;                     // 16-byte chunks per row
+  static constexpr int kQBytes = kRows * D * 2;
+  static constexpr int kTileBytes = kKeys * D * 2;          // one K or V tile
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr size_t kSmemBytes = 1024 + kQBytes + kStages * kStageBytes + 2 * kStages * sizeof(uint64_t);
+};
+
+// The producer warpgroup: warp w copies rows 32 w .. 32 w + 31 of every K and V tile.
+template <typename T, int D>
+__device__ void produce(const AttentionParams& p, const int32_t* pages, int kv_head, int kv_len, int tile_first,
+                        int num_tiles, unsigned char* stages, uint64_t* full, uint64_t* empty) {
+  using L = Layout<D>;
+  constexpr int kRowsPerPass = 32 / L::kChunks;
+  const T* k_cache = static_cast<const T*>(p.k_cache);
+  const T* v_cache = static_cast<const T*>(p.v_cache);
+  const int lane = threadIdx.x & 31;
+  const int row0 = 32 * ((threadIdx.x - kConsumerThreads) / 32);
+  const int ch = lane % L::kChunks;
+  for (int i = 0; i < num_tiles; ++i) {
+    const int stage = i % kStages;
+    if (i >= kStages) mbarrier_wait(&empty[stage], ((i / kStages) - 1) & 1);
+    // The cache slot of row row0 + lane (-1 past the sequence), looked up once per row.
+    const int j = (tile_first + i) * kKeys + row0 + lane;
+    const int32_t slot = j < kv_len ? pages[j / p.page_size] * p.page_size + j % p.page_size : -1;
+    unsigned char* k_tile = stages + stage * L::kStageBytes;
+    unsigned char* v_tile = k_tile + L::kTileBytes;
+#pragma unroll 4
+    for (int pass = 0; pass < 32 / kRowsPerPass; ++pass) {
+      const int r = pass * kRowsPerPass + lane / L::kChunks;
+      const int sl = __shfl_sync(0xffffffffu, slot, r);
+      const bool valid = sl >= 0;
+      const int64_t offset = (static_cast<int64_t>(valid ? sl : 0) * p.num_kv_heads + kv_head) * D + ch * 8;
+      const int dst = swizzled_offset(kKeys, row0 + r, ch * 8);
+      cp_async_16(k_tile + dst, k_cache + offset, valid);
+      cp_async_16(v_tile + dst, v_cache + offset, valid);
+    }
+    mbarrier_arrive_cp_async(&full[stage]);
+  }
+  cp_async_wait<0>();  // no copy may be in flight when this thread exits
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const AttentionParams p, const PrefillWork work) {
+  using L = Layout<D>;
+  pdl_wait();
+  pdl_trigger();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  unsigned char* sQ = smem_raw + ((1024u - (smem_address(smem_raw) & 1023u)) & 1023u);
+  unsigned char* stages = sQ + L::kQBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * L::kStageBytes);
+  uint64_t* empty = full + kStages;
+
+  // Blocks run heads fastest and items last to first: the last tiles of a causal sequence see the
+  // most keys, and starting with them leaves the short ones to fill the tail.
+  const int item = work.num_items - 1 - static_cast<int>(blockIdx.x / p.num_q_heads);
+  const int seq = work.items[2 * item];
+  const int q_tile = work.items[2 * item + 1];
+  const int head = static_cast<int>(blockIdx.x % p.num_q_heads);
+  const int kv_head = head / (p.num_q_heads / p.num_kv_heads);
+  const int q_start = p.cu_seqlens_q[seq];
+  const int q_len = p.cu_seqlens_q[seq + 1] - q_start;
+  const int kv_len = p.seq_lens_k[seq];
+  const int q_kv_offset = kv_len - q_len;
+  const int rows_valid = min(kRows, q_len - q_tile);
+  const int pos_min = q_kv_offset + q_tile;
+  const int pos_max = pos_min + rows_valid - 1;
+  const bool custom = p.custom_mask != nullptr;
+  const bool causal = p.causal && !custom;
+  const int kv_end = causal ? min(kv_len, pos_max + 1) : kv_len;
+  const int kv_begin = p.window_left >= 0 ? max(0, pos_min - p.window_left) : 0;
+  const int tile_first = kv_begin / kKeys;
+  const int num_tiles = max(0, (kv_end + kKeys - 1) / kKeys - tile_first);
+  const int32_t* pages = p.page_table + static_cast<int64_t>(seq) * p.page_table_stride;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&full[s], kProducerThreads);  // one cp.async arrival per producer thread
+      mbarrier_init(&empty[s], 8);  // one arrival per consumer warp
+    }
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= kConsumerThreads) {
+    setmaxnreg_dec<kProducerRegisters>();
+    produce<T, D>(p, pages, kv_head, kv_len, tile_first, num_tiles, stages, full, empty);
+    return;
+  }
+
+  setmaxnreg_inc<kConsumerRegisters>();
+  const int wg = threadIdx.x / 128;
+  const int warp = (threadIdx.x / 32) % 4;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  // Q tile; rows past the sequence are zero.
+  const T* q = static_cast<const T*>(p.q);
+  for (int c = threadIdx.x; c < kRows * L::kChunks; c += kConsumerThreads) {
+    const int r = c / L::kChunks;
+    const int ch = c % L::kChunks;
+    const bool valid = r < rows_valid;
+    const T* src = q + static_cast<int64_t>(q_start + q_tile + (valid ? r : 0)) * p.q_stride_token +
+                   static_cast<int64_t>(head) * p.q_stride_head + ch * 8;
+    cp_async_16(sQ + swizzled_offset(kRows, r, ch * 8), src, valid);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_barrier_sync(kQReady, kConsumerThreads);
+  if (wg == 1) named_barrier_arrive(1, kConsumerThreads);  // warpgroup 0 issues first
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  float s[kKeys / 8][4];
+  uint32_t pf[kKeys / 16][4];
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.0f, 0.0f};
+  const float score_mul = p.scale * p.k_descale;
+  const bool capped = p.logit_cap > 0.0f;
+  const float cap_mul = capped ? score_mul / p.logit_cap : 0.0f;
+  const float cap_log2 = p.logit_cap * kLog2e;
+  const float unit = capped ? 1.0f : score_mul * kLog2e;  // raw score -> log2 units
+  const int64_t mask_offset = custom ? p.mask_offsets[seq] : 0;
+  const uint32_t q_addr = smem_address(sQ) + wg * 64 * 128;
+  const int row_base = wg * 64 + warp * 16 + g;  // this thread's rows: row_base and row_base + 8
+
+  for (int i = 0; i < num_tiles; ++i) {
+    const int stage = i % kStages;
+    const int prev = (i + kStages - 1) % kStages;
+    mbarrier_wait(&full[stage], (i / kStages) & 1);
+    fence_proxy_async();
+    const uint32_t k_addr = smem_address(stages + stage * L::kStageBytes);
+    named_barrier_sync(1 + wg, kConsumerThreads);
+    wgmma_fence();
+    if (i > 0) {
+      const uint32_t v_addr = smem_address(stages + prev * L::kStageBytes + L::kTileBytes);
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        wgmma_rs_mn<D, T>(o, pf[kk], wgmma_desc(v_addr + kk * 16 * 128, kKeys * 128));
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint32_t a = q_addr + (ks / 4) * kRows * 128 + (ks % 4) * 32;
+      const uint32_t b = k_addr + (ks / 4) * kKeys * 128 + (ks % 4) * 32;
+      wgmma_ss<kKeys, T>(s, wgmma_desc(a, 0), wgmma_desc(b, 0), ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    named_barrier_arrive(2 - wg, kConsumerThreads);
+    wgmma_wait<0>();
+    fence_operands(s);
+    fence_operands(o);
+    fence_operands(pf);
+    if (i > 0 && lane == 0) mbarrier_arrive(&empty[prev]);
+
+    // Soft-cap (in log2 units) or leave the scale to the softmax; masks only on tiles that need
+    // them, so the common tile runs without a branch per score.
+    if (capped) {
+#pragma unroll
+      for (int nt = 0; nt < kKeys / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = cap_log2 * tanhf(s[nt][e] * cap_mul);
+      }
+    }
+    const int tile_start = (tile_first + i) * kKeys;
+    const bool need_mask = !(tile_start + kKeys <= kv_len && (!causal || tile_start + kKeys - 1 <= pos_min) &&
+                             (p.window_left < 0 || tile_start >= pos_max - p.window_left) && !custom);
+    if (need_mask) {
+#pragma unroll
+      for (int nt = 0; nt < kKeys / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int qi = q_tile + row_base + (e >= 2 ? 8 : 0);
+          const int j = tile_start + nt * 8 + 2 * t + (e & 1);
+          const int pos = q_kv_offset + qi;
+          bool visible = j < kv_len && (!causal || j <= pos) && (p.window_left < 0 || j >= pos - p.window_left);
+          if (custom && qi < q_len && j < kv_len) {
+            visible = visible && p.custom_mask[mask_offset + static_cast<int64_t>(qi) * kv_len + j] != 0;
+          }
+          if (!visible) s[nt][e] = kNegInf;
+        }
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) online_softmax_row(s, rr, unit, m[rr], l[rr], o);
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      pf[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  }
+  if (num_tiles > 0) {
+    const uint32_t v_addr = smem_address(stages + ((num_tiles - 1) % kStages) * L::kStageBytes + L::kTileBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      wgmma_rs_mn<D, T>(o, pf[kk], wgmma_desc(v_addr + kk * 16 * 128, kKeys * 128));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o);
+    fence_operands(pf);
+  }
+  // Warpgroup 1 arrived once more on warpgroup 0's turn than warpgroup 0 waited.
+  if (wg == 0) named_barrier_sync(1, kConsumerThreads);
+
+  // Normalise and write; a sink joins the denominator only.
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float sum = l[rr];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int r = row_base + 8 * rr;
+    if (r >= rows_valid) continue;
+    const float lse = sum > 0.0f ? m[rr] * kLn2 + logf(sum) : kNegInf;
+    float out_scale = 1.0f;
+    const float total = p.sinks != nullptr ? join_sink(lse, p.sinks[head], out_scale) : lse;
+    const float factor = sum > 0.0f ? out_scale / sum * p.v_descale : 0.0f;
+    const int64_t token = q_start + q_tile + r;
+    const int64_t base = token * p.out_stride_token + static_cast<int64_t>(head) * p.out_stride_head;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; ++nt) {
+      const int col = nt * 8 + 2 * t;
+      store_io(p.out, p.io_dtype, base + col, o[nt][2 * rr] * factor);
+      store_io(p.out, p.io_dtype, base + col + 1, o[nt][2 * rr + 1] * factor);
+    }
+    if (p.lse != nullptr && t == 0) p.lse[token * p.lse_stride_token + head] = total;
+  }
+}
+
+template <typename T, int D>
+void launch_typed(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
+  constexpr size_t smem = Layout<D>::kSmemBytes;
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(work.num_items) * static_cast<unsigned>(p.num_q_heads));
+  launch_pdl(prefill_wgmma_kernel<T, D>, grid, kThreads, smem, stream, p, work);
+}
+
+template <typename T>
+void launch_dim(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
+  if (p.head_dim == 64) {
+    launch_typed<T, 64>(p, work, stream);
+  } else {
+    launch_typed<T, 128>(p, work, stream);
+  }
+}
+
+}  // namespace
+
+bool prefill_wgmma_supports(const AttentionParams& p) {
+  return p.kv_dtype == p.io_dtype && (p.head_dim == 64 || p.head_dim == 128) && p.v_head_dim == p.head_dim;
+}
+
+void launch_prefill_wgmma(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
+  if (p.io_dtype == kBF16) {
+    launch_dim<__nv_bfloat16>(p, work, stream);
+  } else {
+    launch_dim<__half>(p, work, stream);
+  }
+}
+
+}  // namespace specula::cuda_kernels

@@ -1,0 +1,163 @@
+// Hopper warpgroup primitives (sm_90a): wgmma.mma_async with shared-memory descriptors, the
+// fences around it, mbarriers fed by cp.async, and named barriers.
+//
+// Shared-memory operand tiles use the 128-byte swizzle: a tile of R rows x 64 16-bit columns is R
+// rows of 128 bytes whose 16-byte chunk c of row r sits at chunk c ^ (r % 8); wider tiles are
+// several such 64-column blocks one after another. Tiles start on 1024-byte boundaries (the
+// swizzle repeats every 8 rows), so a descriptor can address any 16-column step of a block by
+// adding its byte offset to the start address.
+//
+// Accumulator fragments of m64nNk16 (f32): warp w of the warpgroup owns rows 16w..16w+15, and
+// within the warp d[j][0..3] sit exactly where mma.sync m16n8k16 keeps the C tile of columns
+// 8j..8j+7 (mma.cuh), so the online-softmax helpers and the score-to-operand repacking carry over.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "specula/attention/cuda/kernels/mma.cuh"
+
+namespace specula::cuda_kernels {
+
+// Byte offset of element (row, col) of a swizzled tile of `rows` rows (16-bit elements).
+__device__ __forceinline__ int swizzled_offset(int rows, int row, int col) {
+  return (col >> 6) * rows * 128 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
+}
+
+// Descriptor of a 128-byte-swizzled operand. K-major (rows = M or N, 64-column blocks along K):
+// the stride between 8-row groups is 1024 bytes and the leading offset is unused. MN-major (the
+// operand's rows run along K): `leading` is the byte distance between 64-column blocks of MN.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_addr, uint32_t leading_bytes) {
+  return static_cast<uint64_t>((smem_addr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(1024u >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Pins a register for the compiler: values produced by an asynchronous wgmma must not be read
+// before the wait that completes it, nor its inputs reused before then.
+template <int kRows>
+__device__ __forceinline__ void fence_operands(float (&r)[kRows][4]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
+  }
+}
+template <int kRows>
+__device__ __forceinline__ void fence_operands(uint32_t (&r)[kRows][4]) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+  }
+}
+
+// Writes of the generic proxy (cp.async, st.shared) become visible to wgmma's reads.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+// Arrives once every cp.async this thread issued so far has landed (counted in the init count).
+__device__ __forceinline__ void mbarrier_arrive_cp_async(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// Moves registers between warpgroups: the block's allocation is fixed, a warpgroup that needs few
+// gives them up (dec) and one that holds large fragments takes them (inc).
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+// Named barriers among `threads` threads (id 0 is __syncthreads').
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The operand lists of m64n64 (32 accumulators) and m64n128 (64).
+#define SPECULA_WGMMA_REGS_32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define SPECULA_WGMMA_REGS_64 SPECULA_WGMMA_REGS_32 ", " "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SPECULA_WGMMA_ACC_32(d) \
+  "+f"((d)[0][0]), "+f"((d)[0][1]), "+f"((d)[0][2]), "+f"((d)[0][3]), "+f"((d)[1][0]), "+f"((d)[1][1]), "+f"((d)[1][2]), "+f"((d)[1][3]), \
+  "+f"((d)[2][0]), "+f"((d)[2][1]), "+f"((d)[2][2]), "+f"((d)[2][3]), "+f"((d)[3][0]), "+f"((d)[3][1]), "+f"((d)[3][2]), "+f"((d)[3][3]), \
+  "+f"((d)[4][0]), "+f"((d)[4][1]), "+f"((d)[4][2]), "+f"((d)[4][3]), "+f"((d)[5][0]), "+f"((d)[5][1]), "+f"((d)[5][2]), "+f"((d)[5][3]), \
+  "+f"((d)[6][0]), "+f"((d)[6][1]), "+f"((d)[6][2]), "+f"((d)[6][3]), "+f"((d)[7][0]), "+f"((d)[7][1]), "+f"((d)[7][2]), "+f"((d)[7][3])
+#define SPECULA_WGMMA_ACC_64(d) \
+  "+f"((d)[0][0]), "+f"((d)[0][1]), "+f"((d)[0][2]), "+f"((d)[0][3]), "+f"((d)[1][0]), "+f"((d)[1][1]), "+f"((d)[1][2]), "+f"((d)[1][3]), \
+  "+f"((d)[2][0]), "+f"((d)[2][1]), "+f"((d)[2][2]), "+f"((d)[2][3]), "+f"((d)[3][0]), "+f"((d)[3][1]), "+f"((d)[3][2]), "+f"((d)[3][3]), \
+  "+f"((d)[4][0]), "+f"((d)[4][1]), "+f"((d)[4][2]), "+f"((d)[4][3]), "+f"((d)[5][0]), "+f"((d)[5][1]), "+f"((d)[5][2]), "+f"((d)[5][3]), \
+  "+f"((d)[6][0]), "+f"((d)[6][1]), "+f"((d)[6][2]), "+f"((d)[6][3]), "+f"((d)[7][0]), "+f"((d)[7][1]), "+f"((d)[7][2]), "+f"((d)[7][3]), \
+  "+f"((d)[8][0]), "+f"((d)[8][1]), "+f"((d)[8][2]), "+f"((d)[8][3]), "+f"((d)[9][0]), "+f"((d)[9][1]), "+f"((d)[9][2]), "+f"((d)[9][3]), \
+  "+f"((d)[10][0]), "+f"((d)[10][1]), "+f"((d)[10][2]), "+f"((d)[10][3]), "+f"((d)[11][0]), "+f"((d)[11][1]), "+f"((d)[11][2]), "+f"((d)[11][3]), \
+  "+f"((d)[12][0]), "+f"((d)[12][1]), "+f"((d)[12][2]), "+f"((d)[12][3]), "+f"((d)[13][0]), "+f"((d)[13][1]), "+f"((d)[13][2]), "+f"((d)[13][3]), \
+  "+f"((d)[14][0]), "+f"((d)[14][1]), "+f"((d)[14][2]), "+f"((d)[14][3]), "+f"((d)[15][0]), "+f"((d)[15][1]), "+f"((d)[15][2]), "+f"((d)[15][3])
+
+// D (m64 x N) = or += A (m64 x k16, shared memory, K-major) x B (k16 x N, shared memory, K-major);
+// scale_d == 0 overwrites D.
+template <int N, typename T>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int scale_d);
+// D += A (registers, the m16n8k16 A layout per warp) x B (shared memory, MN-major).
+template <int N, typename T>
+__device__ __forceinline__ void wgmma_rs_mn(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b);
+
+#define SPECULA_DEFINE_WGMMA(N, T, PTX_TYPE, REGS, ACC, A_SS, SCALE_SS, A_RS, SCALE_RS)                         \
+  template <>                                                                                                 \
+  __device__ __forceinline__ void wgmma_ss<N, T>(float (&d)[N / 8][4], uint64_t a, uint64_t b, int scale_d) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE_SS ", 0;\n"                                        \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " {" REGS "}, " A_SS \
+                 ", p, 1, 1, 0, 0;\n}\n"                                                                      \
+                 : ACC(d)                                                                                     \
+                 : "l"(a), "l"(b), "r"(scale_d));                                                             \
+  }                                                                                                           \
+  template <>                                                                                                 \
+  __device__ __forceinline__ void wgmma_rs_mn<N, T>(float (&d)[N / 8][4], const uint32_t(&a)[4], uint64_t b) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE_RS ", 0;\n"                                        \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " {" REGS "}, " A_RS \
+                 ", p, 1, 1, 1;\n}\n"                                                                         \
+                 : ACC(d)                                                                                     \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                               \
+  }
+
+SPECULA_DEFINE_WGMMA(64, __nv_bfloat16, "bf16", SPECULA_WGMMA_REGS_32, SPECULA_WGMMA_ACC_32, "%32, %33", "%34",
+                     "{%32, %33, %34, %35}, %36", "%37")
+SPECULA_DEFINE_WGMMA(64, __half, "f16", SPECULA_WGMMA_REGS_32, SPECULA_WGMMA_ACC_32, "%32, %33", "%34",
+                     "{%32, %33, %34, %35}, %36", "%37")
+SPECULA_DEFINE_WGMMA(128, __nv_bfloat16, "bf16", SPECULA_WGMMA_REGS_64, SPECULA_WGMMA_ACC_64, "%64, %65", "%66",
+                     "{%64, %65, %66, %67}, %68", "%69")
+SPECULA_DEFINE_WGMMA(128, __half, "f16", SPECULA_WGMMA_REGS_64, SPECULA_WGMMA_ACC_64, "%64, %65", "%66",
+                     "{%64, %65, %66, %67}, %68", "%69")
+
+#undef SPECULA_DEFINE_WGMMA
+#undef SPECULA_WGMMA_REGS_32
+#undef SPECULA_WGMMA_REGS_64
+#undef SPECULA_WGMMA_ACC_32
+#undef SPECULA_WGMMA_ACC_64
+
+}  // namespace specula::cuda_kernels
