@@ -64,13 +64,13 @@ Buffer& DeepseekCudaModel::scratch(Workspace& ws, Slot slot, DType dtype, int64_
   return ws.get(slot, dtype, elements, device_);
 }
 
+std::pair<void*, void*> DeepseekCudaModel::split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in) {
+  if (!linear_->needs_split(w, n, in)) return {nullptr, nullptr};
+  return {scratch(ws, kHi, DType::bf16, n * in).data(), scratch(ws, kLo, DType::bf16, n * in).data()};
+}
+
 void DeepseekCudaModel::linear(Workspace& ws, const float* x, const Buffer& w, float* y, int64_t n, int in, int out) {
-  void* hi = nullptr;
-  void* lo = nullptr;
-  if (linear_->needs_split(w, n, in)) {
-    hi = scratch(ws, kHi, DType::bf16, n * in).data();
-    lo = scratch(ws, kLo, DType::bf16, n * in).data();
-  }
+  const auto [hi, lo] = split_scratch(ws, w, n, in);
   (*linear_)(x, w, Buffer{}, y, n, in, out, hi, lo);
 }
 
@@ -153,8 +153,8 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
     }
     linear(ws, values, w.wo, o, n, H * vd, h);
     ck::add_rms_norm_rows(x, o, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
-    linear(ws, xn, w.w_gate_up, gate_up, n, h, 2 * inter);
-    ck::gated_activation_fused(gate_up, act, n, inter, false, s);
+    const auto [hi, lo] = split_scratch(ws, w.w_gate_up, n, h);
+    linear_->gated(xn, w.w_gate_up, Buffer{}, act, n, h, inter, false, gate_up, hi, lo);
     linear(ws, act, w.w_down, o, n, inter, h);
     // The residual add, fused with the next layer's input norm.
     if (l + 1 < layers_.size()) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "specula/attention/mla/mla_backend.h"
@@ -62,6 +63,8 @@ class DeepseekCudaModel {
   };
   using Workspace = CudaWorkspace<kNumSlots>;
   Buffer& scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements);
+  // The bf16 hi/lo scratch a product of w over n rows needs (nullptrs when it needs none).
+  std::pair<void*, void*> split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in);
   void linear(Workspace& ws, const float* x, const Buffer& w, float* y, int64_t n, int in, int out);
   // The decoder layers over n tokens whose ids and positions are in kIds / kPositions; the final
   // hidden states are left in kX.

@@ -72,14 +72,14 @@ Buffer& LlamaCudaModel::scratch(Workspace& ws, size_t slot, DType dtype, int64_t
   return ws.get(slot, dtype, elements, device_);
 }
 
+std::pair<void*, void*> LlamaCudaModel::split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in) {
+  if (!linear_->needs_split(w, n, in)) return {nullptr, nullptr};
+  return {scratch(ws, 18, DType::bf16, n * in).data(), scratch(ws, 19, DType::bf16, n * in).data()};
+}
+
 void LlamaCudaModel::linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n,
                             int in, int out) {
-  void* hi = nullptr;
-  void* lo = nullptr;
-  if (linear_->needs_split(w, n, in)) {
-    hi = scratch(ws, 18, DType::bf16, n * in).data();
-    lo = scratch(ws, 19, DType::bf16, n * in).data();
-  }
+  const auto [hi, lo] = split_scratch(ws, w, n, in);
   (*linear_)(x, w, bias, y, n, in, out, hi, lo);
 }
 
@@ -155,12 +155,11 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
     e.head_dim = D;
     ck::qkv_epilogue(e, s);
     backend.forward(q_view, k_view, v_view, a_view, host_.attention_layers()[l], batch);
-    ck::bf16_to_f32(ab.data(), attn, n * Hq * D, s);
-    linear(ws, attn, w.wo, w.bo, o, n, Hq * D, h);
+    linear_->product_bf16_x(ab.data(), w.wo, w.bo, o, n, Hq * D, h, attn);
     if (w.post_attn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_attn_norm.data_as<const float>(), o, n, h, eps, s);
     ck::add_rms_norm_rows(x, o, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
-    linear(ws, xn, w.w_gate_up, w.b_gate_up, gate_up, n, h, 2 * inter);
-    ck::gated_activation_fused(gate_up, act, n, inter, c.hidden_act == "gelu_pytorch_tanh", s);
+    const auto [hi, lo] = split_scratch(ws, w.w_gate_up, n, h);
+    linear_->gated(xn, w.w_gate_up, w.b_gate_up, act, n, h, inter, c.hidden_act == "gelu_pytorch_tanh", gate_up, hi, lo);
     linear(ws, act, w.w_down, w.b_down, o, n, inter, h);
     if (w.post_ffn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_ffn_norm.data_as<const float>(), o, n, h, eps, s);
     // The residual add, fused with the next layer's input norm.

@@ -11,6 +11,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "specula/attention/backend.h"
@@ -82,6 +83,8 @@ class LlamaCudaModel {
   static constexpr size_t kSlots = 20;
   using Workspace = CudaWorkspace<kSlots>;
   Buffer& scratch(Workspace& ws, size_t slot, DType dtype, int64_t elements);
+  // The bf16 hi/lo scratch a product of w over n rows needs (nullptrs when it needs none).
+  std::pair<void*, void*> split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in);
   // y[n, out] = x[n, in] w[out, in]^T (+ bias)
   void linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out);
   // The decoder layers over n tokens whose ids and positions are in slots 0 and 1; the final

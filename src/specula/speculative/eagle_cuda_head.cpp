@@ -165,14 +165,14 @@ Buffer& EagleCudaHead::scratch(Workspace& ws, Slot slot, DType dtype, int64_t el
   return ws.get(slot, dtype, elements, draft_kv_.config().device);
 }
 
+std::pair<void*, void*> EagleCudaHead::split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in) {
+  if (!linear_->needs_split(w, n, in)) return {nullptr, nullptr};
+  return {scratch(ws, kHi, DType::bf16, n * in).data(), scratch(ws, kLo, DType::bf16, n * in).data()};
+}
+
 void EagleCudaHead::linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in,
                            int out) {
-  void* hi = nullptr;
-  void* lo = nullptr;
-  if (linear_->needs_split(w, n, in)) {
-    hi = scratch(ws, kHi, DType::bf16, n * in).data();
-    lo = scratch(ws, kLo, DType::bf16, n * in).data();
-  }
+  const auto [hi, lo] = split_scratch(ws, w, n, in);
   (*linear_)(x, w, bias, y, n, in, out, hi, lo);
 }
 
@@ -240,11 +240,10 @@ void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const 
   ck::qkv_epilogue(e, s);
   attend(TensorView(qb.data(), DType::bf16, {n, Hq, D}, device), TensorView(kb.data(), DType::bf16, {n, Hkv, D}, device),
          TensorView(vb.data(), DType::bf16, {n, Hkv, D}, device), TensorView(ab.data(), DType::bf16, {n, Hq, D}, device));
-  ck::bf16_to_f32(ab.data(), attn, n * Hq * D, s);
-  linear(ws, attn, wo_, Buffer{}, o, n, Hq * D, h);
+  linear_->product_bf16_x(ab.data(), wo_, Buffer{}, o, n, Hq * D, h, attn);
   ck::add_rms_norm_rows(x, o, post_norm_.data_as<const float>(), xn, n, h, eps, s);
-  linear(ws, xn, w_gate_up_, Buffer{}, gate_up, n, h, 2 * inter);
-  ck::gated_activation_fused(gate_up, act, n, inter, false, s);
+  const auto [hi, lo] = split_scratch(ws, w_gate_up_, n, h);
+  linear_->gated(xn, w_gate_up_, Buffer{}, act, n, h, inter, false, gate_up, hi, lo);
   linear(ws, act, w_down_, Buffer{}, o, n, inter, h);
   if (eagle3 && row_ids == nullptr && rows == n) {
     // Every row's logits (a draft step): the residual add and the final norm in one launch.

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "specula/attention/backend.h"
@@ -96,6 +97,8 @@ class EagleCudaHead {
   using Attend = std::function<void(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out)>;
 
   Buffer& scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements);
+  // The bf16 hi/lo scratch a product of w over n rows needs (nullptrs when it needs none).
+  std::pair<void*, void*> split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in);
   void linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out);
   // The head over n rows of ids, positions and hidden_in (device; target features when
   // from_target, else [n, hidden]). Leaves the next hidden states in kX and the logits of `rows`

@@ -9,6 +9,7 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
+#include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/gemv.h"
 #include "specula/model/cuda/model_ops.h"
 
@@ -88,6 +89,46 @@ void CudaLinear::operator()(const float* x, const Buffer& w, const Buffer& bias,
   SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM ({} x {} x {}) failed with status {}", n, in, out,
                 static_cast<int>(status));
   if (bias.data() != nullptr) ck::add_bias_rows(y, bias.data_as<const float>(), n, out, s);
+}
+
+void CudaLinear::product_bf16_x(const void* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in,
+                                int out, float* x_f32) const {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  if (w.dtype() == DType::f32) {
+    ck::bf16_to_f32(x, x_f32, n * in, s);
+    (*this)(x_f32, w, bias, y, n, in, out, nullptr, nullptr);
+    return;
+  }
+  if (!needs_split(w, n, in)) {
+    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
+      ck::gemv_bf16_xbf16(w.data(), static_cast<const uint16_t*>(x) + r * in, y + r * out, rows, in, out, s);
+    }
+  } else {
+    // x is exactly bf16: one tensor-core GEMM, no hi/lo split.
+    const float one = 1.0f, zero = 0.0f;
+    const cublasStatus_t status =
+        cublasGemmEx(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one,
+                     w.data(), CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT);
+    SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM ({} x {} x {}) failed with status {}", n, in, out,
+                  static_cast<int>(status));
+  }
+  if (bias.data() != nullptr) ck::add_bias_rows(y, bias.data_as<const float>(), n, out, s);
+}
+
+void CudaLinear::gated(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int inter,
+                       bool gelu, float* gate_up, void* hi, void* lo) const {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  if (w.dtype() == DType::bf16 && bias.data() == nullptr && !needs_split(w, n, in)) {
+    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
+      ck::gemv_bf16_gated(w.data(), x + r * in, y + r * inter, rows, in, inter, gelu, s);
+    }
+    return;
+  }
+  (*this)(x, w, bias, gate_up, n, in, 2 * inter, hi, lo);
+  ck::gated_activation_fused(gate_up, y, n, inter, gelu, s);
 }
 
 void CudaLinear::batched(Strided x, Strided w, bool w_transposed, float* y, int64_t ldy, int64_t stride_y, int64_t n,

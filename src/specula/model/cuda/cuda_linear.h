@@ -34,6 +34,16 @@ class CudaLinear {
   // hi, lo: bf16 scratch of n * in values when needs_split, else unused.
   void operator()(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out, void* hi,
                   void* lo) const;
+  // y[n, out] = x w^T (+ bias) with bf16 activations x [n, in] (attention's output). The GEMV and
+  // the tensor-core GEMM read x as it is; f32 weights need it as f32 in x_f32 (n * in values).
+  void product_bf16_x(const void* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out,
+                      float* x_f32) const;
+  // The gated MLP's first half: y[n, inter] = act(x w_gate^T) * (x w_up^T) for w = [gate; up]
+  // ([2 inter, in]), act silu or gelu_tanh. One GEMV launch when the GEMV serves n rows and there
+  // is no bias; otherwise the product into gate_up (n * 2 inter f32 values) and the activation
+  // kernel. hi, lo as for operator().
+  void gated(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int inter, bool gelu,
+             float* gate_up, void* hi, void* lo) const;
   // Per-head products of f32 operands (MLA's W_UK / W_UV), for b in [0, batch):
   // y_b[n, out] = x_b[n, in] * w_b, w_b [in, out] (w_transposed false) or [out, in]^T (true);
   // operand b starts stride_* floats after operand b - 1 and its rows are ld* floats apart.

@@ -6,6 +6,7 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
+#include "specula/model/cuda/activation.cuh"
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/reduce.cuh"
 
@@ -75,9 +76,7 @@ __global__ void gated_fused_kernel(const float* gate_up, float* out, int64_t n, 
   const int64_t t = i / inter;
   const int c = static_cast<int>(i % inter);
   const float g = gate_up[t * 2 * inter + c], u = gate_up[t * 2 * inter + inter + c];
-  const float act = gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)))
-                         : g / (1.0f + expf(-g));
-  out[i] = act * u;
+  out[i] = gate_activation(g, gelu) * u;
 }
 
 __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ o, const float* __restrict__ w,

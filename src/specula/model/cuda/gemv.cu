@@ -1,11 +1,13 @@
-// gemv_bf16: one warp per output feature; lanes stride over the row in 8-element (16-byte)
-// chunks, four chunks in flight per lane, then a warp reduction per activation row.
+// The decode GEMV: one warp per output feature (a few when several activation rows share the
+// weights); lanes stride over the row in 8-element (16-byte) chunks, four loads in flight per
+// lane, then a warp reduction per activation row.
 #include <cuda_bf16.h>
 
 #include <string>
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
+#include "specula/model/cuda/activation.cuh"
 #include "specula/model/cuda/gemv.h"
 
 namespace specula::cuda_kernels {
@@ -34,39 +36,58 @@ __device__ __forceinline__ void unpack(const uint4& wv, float (&w)[8]) {
   w[4] = lo_bf16(wv.z), w[5] = hi_bf16(wv.z), w[6] = lo_bf16(wv.w), w[7] = hi_bf16(wv.w);
 }
 
+// Eight activations of one row as f32 (bf16 -> f32 is exact).
+__device__ __forceinline__ void load_x8(const float* x, int64_t offset, float (&v)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(x + offset);
+  const float4 b = *reinterpret_cast<const float4*>(x + offset + 4);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load_x8(const __nv_bfloat16* x, int64_t offset, float (&v)[8]) {
+  unpack(*reinterpret_cast<const uint4*>(x + offset), v);
+}
+
 // One chunk of kFeat weight rows against kRows activation rows. The activations are loaded once
 // per chunk and reused for every feature (with one feature per warp, re-reading them per row
 // made several rows L1-bound). Each (row, feature) sum adds chunk dot products in ascending
 // chunk order whatever kRows and kFeat are, so a row's result does not depend on the batch.
-template <int kRows, int kFeat>
-__device__ __forceinline__ void accumulate(const uint4 (&wv)[kFeat], const float* x, int in, int chunk,
+template <int kRows, int kFeat, typename TX>
+__device__ __forceinline__ void accumulate(const uint4 (&wv)[kFeat], const TX* x, int in, int chunk,
                                            float (&acc)[kRows][kFeat]) {
   float w[kFeat][8];
 #pragma unroll
   for (int f = 0; f < kFeat; ++f) unpack(wv[f], w[f]);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(r) * in) + chunk * 2;
-    const float4 a = xr[0], b = xr[1];
+    float v[8];
+    load_x8(x, static_cast<int64_t>(r) * in + chunk * 8, v);
 #pragma unroll
     for (int f = 0; f < kFeat; ++f) {
-      acc[r][f] += w[f][0] * a.x + w[f][1] * a.y + w[f][2] * a.z + w[f][3] * a.w + w[f][4] * b.x + w[f][5] * b.y +
-                   w[f][6] * b.z + w[f][7] * b.w;
+      acc[r][f] += w[f][0] * v[0] + w[f][1] * v[1] + w[f][2] * v[2] + w[f][3] * v[3] + w[f][4] * v[4] + w[f][5] * v[5] +
+                   w[f][6] * v[6] + w[f][7] * v[7];
     }
   }
 }
 
-template <int kRows, int kFeat, int kUnrollChunks>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* __restrict__ w, const float* __restrict__ x,
+// Plain: a warp computes features first .. first + kFeat - 1 of `out`. Gated (w stacks the gate
+// rows over the up rows, `out` of each): a warp computes kFeat / 2 outputs, reading their gate
+// rows and their up rows, and stores act(gate) * up, so the activation needs no kernel of its own.
+enum Epilogue { kPlain, kSiluMul, kGeluMul };
+
+template <int kRows, int kFeat, int kUnrollChunks, typename TX, int kEpi>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* __restrict__ w, const TX* __restrict__ x,
                                                                   float* __restrict__ y, int in, int out) {
-  const int first = (blockIdx.x * kWarpsPerBlock + static_cast<int>(threadIdx.x) / 32) * kFeat;
+  constexpr int kOut = kEpi == kPlain ? kFeat : kFeat / 2;
+  const int first = (blockIdx.x * kWarpsPerBlock + static_cast<int>(threadIdx.x) / 32) * kOut;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   if (first >= out) return;
   const int chunks = in / 8;
   // Features past the end read the last row (valid memory) and are not stored.
   const uint4* rows[kFeat];
 #pragma unroll
-  for (int f = 0; f < kFeat; ++f) rows[f] = w + static_cast<int64_t>(min(first + f, out - 1)) * chunks;
+  for (int f = 0; f < kFeat; ++f) {
+    const int row = min(first + f % kOut, out - 1) + (f < kOut ? 0 : out);
+    rows[f] = w + static_cast<int64_t>(row) * chunks;
+  }
   float acc[kRows][kFeat];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -113,42 +134,62 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-      for (int f = 0; f < kFeat; ++f) {
-        if (first + f < out) y[static_cast<int64_t>(r) * out + first + f] = acc[r][f];
+      for (int f = 0; f < kOut; ++f) {
+        if (first + f >= out) continue;
+        const float v = kEpi == kPlain ? acc[r][f] : gate_activation(acc[r][f], kEpi == kGeluMul) * acc[r][f + kOut];
+        y[static_cast<int64_t>(r) * out + first + f] = v;
       }
     }
   }
 }
 
-// One feature per warp and four chunks in flight for a single row (bandwidth-bound); four
-// features per warp sharing the activations for several rows.
-template <int kRows>
-void launch(const void* w, const float* x, float* y, int in, int out, cudaStream_t s) {
-  constexpr int kFeat = kRows == 1 ? 1 : 4;
-  constexpr int kUnrollChunks = kRows == 1 ? kUnroll : 1;
-  const int per_block = kWarpsPerBlock * kFeat;
+// One row: one feature per warp (two rows of weights when gated) with four chunks in flight
+// (bandwidth-bound); several rows: four weight rows per warp sharing the activations.
+template <int kRows, typename TX, int kEpi>
+void launch(const void* w, const TX* x, float* y, int in, int out, cudaStream_t s) {
+  constexpr int kFeat = kRows == 1 ? (kEpi == kPlain ? 1 : 2) : 4;
+  constexpr int kUnrollChunks = kRows == 1 ? kUnroll / kFeat : 1;
+  constexpr int kOut = kEpi == kPlain ? kFeat : kFeat / 2;
+  const int per_block = kWarpsPerBlock * kOut;
   const unsigned blocks = static_cast<unsigned>((out + per_block - 1) / per_block);
-  launch_pdl(gemv_kernel<kRows, kFeat, kUnrollChunks>, blocks, kWarpsPerBlock * 32, 0, s, static_cast<const uint4*>(w),
-             x, y, in, out);
+  launch_pdl(gemv_kernel<kRows, kFeat, kUnrollChunks, TX, kEpi>, blocks, kWarpsPerBlock * 32, 0, s,
+             static_cast<const uint4*>(w), x, y, in, out);
+}
+
+template <typename TX, int kEpi>
+void launch_rows(const void* w, const TX* x, float* y, int rows, int in, int out, cudaStream_t s) {
+  SPECULA_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && in % 8 == 0 && out >= 1,
+                  "gemv_bf16: rows " + std::to_string(rows) + ", in " + std::to_string(in) + ", out " +
+                      std::to_string(out) + ": rows must be 1..8, in a multiple of 8 and out >= 1");
+  switch (rows) {
+    case 1: launch<1, TX, kEpi>(w, x, y, in, out, s); break;
+    case 2: launch<2, TX, kEpi>(w, x, y, in, out, s); break;
+    case 3: launch<3, TX, kEpi>(w, x, y, in, out, s); break;
+    case 4: launch<4, TX, kEpi>(w, x, y, in, out, s); break;
+    case 5: launch<5, TX, kEpi>(w, x, y, in, out, s); break;
+    case 6: launch<6, TX, kEpi>(w, x, y, in, out, s); break;
+    case 7: launch<7, TX, kEpi>(w, x, y, in, out, s); break;
+    default: launch<8, TX, kEpi>(w, x, y, in, out, s); break;
+  }
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 void gemv_bf16(const void* w, const float* x, float* y, int rows, int in, int out, cudaStream_t s) {
-  SPECULA_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && in % 8 == 0 && out >= 1,
-                  "gemv_bf16: rows " + std::to_string(rows) + ", in " + std::to_string(in) + ", out " +
-                      std::to_string(out) + ": rows must be 1..8, in a multiple of 8 and out >= 1");
-  switch (rows) {
-    case 1: launch<1>(w, x, y, in, out, s); break;
-    case 2: launch<2>(w, x, y, in, out, s); break;
-    case 3: launch<3>(w, x, y, in, out, s); break;
-    case 4: launch<4>(w, x, y, in, out, s); break;
-    case 5: launch<5>(w, x, y, in, out, s); break;
-    case 6: launch<6>(w, x, y, in, out, s); break;
-    case 7: launch<7>(w, x, y, in, out, s); break;
-    default: launch<8>(w, x, y, in, out, s); break;
+  launch_rows<float, kPlain>(w, x, y, rows, in, out, s);
+}
+
+void gemv_bf16_xbf16(const void* w, const void* x, float* y, int rows, int in, int out, cudaStream_t s) {
+  launch_rows<__nv_bfloat16, kPlain>(w, static_cast<const __nv_bfloat16*>(x), y, rows, in, out, s);
+}
+
+void gemv_bf16_gated(const void* w, const float* x, float* y, int rows, int in, int inter, bool gelu, cudaStream_t s) {
+  if (gelu) {
+    launch_rows<float, kGeluMul>(w, x, y, rows, in, inter, s);
+  } else {
+    launch_rows<float, kSiluMul>(w, x, y, rows, in, inter, s);
   }
-  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace specula::cuda_kernels
