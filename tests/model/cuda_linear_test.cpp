@@ -72,12 +72,14 @@ class CudaLinearTest : public ::testing::Test {
 
 TEST_F(CudaLinearTest, GatedProductMatchesReferenceAndTheUnfusedPath) {
   CudaLinear linear(Device::cuda(0), stream_, false);
-  const int in = 776, inter = 203;  // an odd feature count: the last warp's second output is past the end
-  const std::vector<float> w = random_bf16_values(rng_, static_cast<size_t>(2 * inter) * in, 0.05f);
-  const Buffer wd = device_bf16(w);
-  for (bool gelu : {false, true}) {
+  // An odd feature count (the last warp's second output is past the end); rows of 776 (one warp
+  // per feature group) and of 2048 (two warps share each group).
+  const int inter = 203;
+  for (auto [in, gelu] : {std::pair{776, false}, std::pair{776, true}, std::pair{2048, false}}) {
+    const std::vector<float> w = random_bf16_values(rng_, static_cast<size_t>(2 * inter) * in, 0.05f);
+    const Buffer wd = device_bf16(w);
     for (int n : {1, 2, 5, 8, 12}) {
-      SCOPED_TRACE(::testing::Message() << "n=" << n << " gelu=" << gelu);
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " in=" << in << " gelu=" << gelu);
       const std::vector<float> x = random_bf16_values(rng_, static_cast<size_t>(n) * in, 1.0f);
       const Buffer xd = device_f32(x);
       Buffer fused(DType::f32, {int64_t{n} * inter}, Device::cuda(0));
@@ -105,7 +107,7 @@ TEST_F(CudaLinearTest, GatedProductMatchesReferenceAndTheUnfusedPath) {
 
 TEST_F(CudaLinearTest, Bf16ActivationsMatchReferenceAndTheF32Path) {
   CudaLinear linear(Device::cuda(0), stream_, false);
-  const int in = 512, out = 333;
+  const int in = 2048, out = 333;  // two warps share each feature group
   const std::vector<float> w = random_bf16_values(rng_, static_cast<size_t>(out) * in, 0.05f);
   const std::vector<float> bias = random_bf16_values(rng_, static_cast<size_t>(out), 0.5f);
   const Buffer wd = device_bf16(w), bd = device_f32(bias);

@@ -73,20 +73,30 @@ __device__ __forceinline__ void accumulate(const uint4 (&wv)[kFeat], const TX* x
 // rows and their up rows, and stores act(gate) * up, so the activation needs no kernel of its own.
 enum Epilogue { kPlain, kSiluMul, kGeluMul };
 
-template <int kRows, int kFeat, int kUnrollChunks, typename TX, int kEpi>
+// kSplit warps share each group of features, part p taking chunks p * 32 + lane + k * 32 kSplit
+// and the parts' sums added in order through shared memory: a small matrix then has enough warps
+// to keep memory busy without a sparse last wave. kSplit depends only on the matrix's shape, so
+// a row's result still does not depend on the batch.
+template <int kRows, int kFeat, int kUnrollChunks, int kSplit, typename TX, int kEpi>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* __restrict__ w, const TX* __restrict__ x,
                                                                   float* __restrict__ y, int in, int out) {
   constexpr int kOut = kEpi == kPlain ? kFeat : kFeat / 2;
-  const int first = (blockIdx.x * kWarpsPerBlock + static_cast<int>(threadIdx.x) / 32) * kOut;
+  constexpr int kGroups = kWarpsPerBlock / kSplit;
+  __shared__ float partial[kSplit > 1 ? kGroups * kSplit * kRows * kFeat : 1];
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int group = warp / kSplit;
+  const int part = warp % kSplit;
+  const int first = (static_cast<int>(blockIdx.x) * kGroups + group) * kOut;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  if (first >= out) return;
-  const int chunks = in / 8;
+  if (kSplit == 1 && first >= out) return;
+  const bool active = first < out;
+  const int chunks = active ? in / 8 : 0;
   // Features past the end read the last row (valid memory) and are not stored.
   const uint4* rows[kFeat];
 #pragma unroll
   for (int f = 0; f < kFeat; ++f) {
     const int row = min(first + f % kOut, out - 1) + (f < kOut ? 0 : out);
-    rows[f] = w + static_cast<int64_t>(row) * chunks;
+    rows[f] = w + static_cast<int64_t>(row) * (in / 8);
   }
   float acc[kRows][kFeat];
 #pragma unroll
@@ -94,29 +104,30 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
 #pragma unroll
     for (int f = 0; f < kFeat; ++f) acc[r][f] = 0.0f;
   }
+  constexpr int kStride = 32 * kSplit;
   uint4 wv[kUnrollChunks][kFeat];
   auto load_group = [&](int c) {
 #pragma unroll
     for (int u = 0; u < kUnrollChunks; ++u) {
 #pragma unroll
-      for (int f = 0; f < kFeat; ++f) wv[u][f] = load_stream(rows[f] + c + 32 * u);
+      for (int f = 0; f < kFeat; ++f) wv[u][f] = load_stream(rows[f] + c + kStride * u);
     }
   };
   // The weights do not depend on earlier kernels: the first group's loads are issued before
   // waiting for the activations, so they overlap the previous kernel's tail (cuda_pdl.cuh).
-  int c = lane;
-  bool full = c + 32 * (kUnrollChunks - 1) < chunks;
+  int c = part * 32 + lane;
+  bool full = c + kStride * (kUnrollChunks - 1) < chunks;
   if (full) load_group(c);
   pdl_wait();
   pdl_trigger();
   while (full) {
 #pragma unroll
-    for (int u = 0; u < kUnrollChunks; ++u) accumulate<kRows, kFeat>(wv[u], x, in, c + 32 * u, acc);
-    c += 32 * kUnrollChunks;
-    full = c + 32 * (kUnrollChunks - 1) < chunks;
+    for (int u = 0; u < kUnrollChunks; ++u) accumulate<kRows, kFeat>(wv[u], x, in, c + kStride * u, acc);
+    c += kStride * kUnrollChunks;
+    full = c + kStride * (kUnrollChunks - 1) < chunks;
     if (full) load_group(c);
   }
-  for (; c < chunks; c += 32) {
+  for (; c < chunks; c += kStride) {
     uint4 wv[kFeat];
 #pragma unroll
     for (int f = 0; f < kFeat; ++f) wv[f] = load_stream(rows[f] + c);
@@ -128,6 +139,26 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
     for (int f = 0; f < kFeat; ++f) {
 #pragma unroll
       for (int offset = 16; offset > 0; offset /= 2) acc[r][f] += __shfl_xor_sync(0xffffffffu, acc[r][f], offset);
+    }
+  }
+  if constexpr (kSplit > 1) {
+    float* mine = partial + (group * kSplit + part) * kRows * kFeat;
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int f = 0; f < kFeat; ++f) mine[r * kFeat + f] = acc[r][f];
+      }
+    }
+    __syncthreads();
+    if (part != 0 || !active) return;
+#pragma unroll
+    for (int p = 1; p < kSplit; ++p) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int f = 0; f < kFeat; ++f) acc[r][f] += mine[p * kRows * kFeat + r * kFeat + f];
+      }
     }
   }
   if (lane == 0) {
@@ -145,15 +176,38 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
 
 // One row: one feature per warp (two rows of weights when gated) with four chunks in flight
 // (bandwidth-bound); several rows: four weight rows per warp sharing the activations.
-template <int kRows, typename TX, int kEpi>
+template <int kRows, int kSplit, typename TX, int kEpi>
 void launch(const void* w, const TX* x, float* y, int in, int out, cudaStream_t s) {
   constexpr int kFeat = kRows == 1 ? (kEpi == kPlain ? 1 : 2) : 4;
   constexpr int kUnrollChunks = kRows == 1 ? kUnroll / kFeat : 1;
   constexpr int kOut = kEpi == kPlain ? kFeat : kFeat / 2;
-  const int per_block = kWarpsPerBlock * kOut;
+  const int per_block = kWarpsPerBlock / kSplit * kOut;
   const unsigned blocks = static_cast<unsigned>((out + per_block - 1) / per_block);
-  launch_pdl(gemv_kernel<kRows, kFeat, kUnrollChunks, TX, kEpi>, blocks, kWarpsPerBlock * 32, 0, s,
+  launch_pdl(gemv_kernel<kRows, kFeat, kUnrollChunks, kSplit, TX, kEpi>, blocks, kWarpsPerBlock * 32, 0, s,
              static_cast<const uint4*>(w), x, y, in, out);
+}
+
+// Two warps per feature group when one per group would leave the GPU's resident warps (about 40
+// per SM with this kernel's registers) short of two full waves and each row is long enough to
+// share: q|k|v, o_proj and down_proj of 8B-class shapes, gate|up of 1B-class ones. (Splitting the
+// 8B's gated gate|up too measured 207-208 tok/s against 208, so it is not.)
+bool split_rows(int in, int out) {
+  static const int resident_warps = [] {
+    int device = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return 40 * sms;
+  }();
+  return in >= 2048 && out < 2 * resident_warps;
+}
+
+template <int kRows, typename TX, int kEpi>
+void launch_split(const void* w, const TX* x, float* y, int in, int out, cudaStream_t s) {
+  if (split_rows(in, out)) {
+    launch<kRows, 2, TX, kEpi>(w, x, y, in, out, s);
+  } else {
+    launch<kRows, 1, TX, kEpi>(w, x, y, in, out, s);
+  }
 }
 
 template <typename TX, int kEpi>
@@ -162,14 +216,14 @@ void launch_rows(const void* w, const TX* x, float* y, int rows, int in, int out
                   "gemv_bf16: rows " + std::to_string(rows) + ", in " + std::to_string(in) + ", out " +
                       std::to_string(out) + ": rows must be 1..8, in a multiple of 8 and out >= 1");
   switch (rows) {
-    case 1: launch<1, TX, kEpi>(w, x, y, in, out, s); break;
-    case 2: launch<2, TX, kEpi>(w, x, y, in, out, s); break;
-    case 3: launch<3, TX, kEpi>(w, x, y, in, out, s); break;
-    case 4: launch<4, TX, kEpi>(w, x, y, in, out, s); break;
-    case 5: launch<5, TX, kEpi>(w, x, y, in, out, s); break;
-    case 6: launch<6, TX, kEpi>(w, x, y, in, out, s); break;
-    case 7: launch<7, TX, kEpi>(w, x, y, in, out, s); break;
-    default: launch<8, TX, kEpi>(w, x, y, in, out, s); break;
+    case 1: launch_split<1, TX, kEpi>(w, x, y, in, out, s); break;
+    case 2: launch_split<2, TX, kEpi>(w, x, y, in, out, s); break;
+    case 3: launch_split<3, TX, kEpi>(w, x, y, in, out, s); break;
+    case 4: launch_split<4, TX, kEpi>(w, x, y, in, out, s); break;
+    case 5: launch_split<5, TX, kEpi>(w, x, y, in, out, s); break;
+    case 6: launch_split<6, TX, kEpi>(w, x, y, in, out, s); break;
+    case 7: launch_split<7, TX, kEpi>(w, x, y, in, out, s); break;
+    default: launch_split<8, TX, kEpi>(w, x, y, in, out, s); break;
   }
   CUDA_CHECK(cudaGetLastError());
 }

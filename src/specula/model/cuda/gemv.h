@@ -18,8 +18,9 @@ void gemv_bf16(const void* w, const float* x, float* y, int rows, int in, int ou
 // The same with bf16 activations x [rows, in] (attention's output feeds o_proj without a copy).
 void gemv_bf16_xbf16(const void* w, const void* x, float* y, int rows, int in, int out, cudaStream_t s);
 // The gated MLP's first product and its activation in one launch: w stacks the gate rows over the
-// up rows ([2 inter, in]); y [rows, inter] = act(x gate^T) * (x up^T), act silu or gelu_tanh, the
-// same bits as gemv_bf16 followed by gated_activation_fused.
+// up rows ([2 inter, in]); y [rows, inter] = act(x gate^T) * (x up^T), act silu or gelu_tanh. The
+// same bits as gemv_bf16 followed by gated_activation_fused wherever both launches give a feature
+// group the same number of warps (gemv.cu's split_rows).
 void gemv_bf16_gated(const void* w, const float* x, float* y, int rows, int in, int inter, bool gelu, cudaStream_t s);
 
 }  // namespace specula::cuda_kernels
