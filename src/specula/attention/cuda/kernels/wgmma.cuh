@@ -101,28 +101,40 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// The operand lists of m64n64 (32 accumulators) and m64n128 (64).
-#define SPECULA_WGMMA_REGS_32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define SPECULA_WGMMA_REGS_64 SPECULA_WGMMA_REGS_32 ", " "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+// The operand lists of m64n64 (32 accumulators), m64n128 (64) and m64n256 (128).
+#define SPECULA_WGMMA_ACC4(d, i) "+f"((d)[i][0]), "+f"((d)[i][1]), "+f"((d)[i][2]), "+f"((d)[i][3])
+#define SPECULA_WGMMA_REGS_32 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
+  ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define SPECULA_WGMMA_REGS_64 SPECULA_WGMMA_REGS_32 \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
+  ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SPECULA_WGMMA_REGS_128 SPECULA_WGMMA_REGS_64 \
+  ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
+  ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
+  ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111" \
+  ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 #define SPECULA_WGMMA_ACC_32(d) \
-  "+f"((d)[0][0]), "+f"((d)[0][1]), "+f"((d)[0][2]), "+f"((d)[0][3]), "+f"((d)[1][0]), "+f"((d)[1][1]), "+f"((d)[1][2]), "+f"((d)[1][3]), \
-  "+f"((d)[2][0]), "+f"((d)[2][1]), "+f"((d)[2][2]), "+f"((d)[2][3]), "+f"((d)[3][0]), "+f"((d)[3][1]), "+f"((d)[3][2]), "+f"((d)[3][3]), \
-  "+f"((d)[4][0]), "+f"((d)[4][1]), "+f"((d)[4][2]), "+f"((d)[4][3]), "+f"((d)[5][0]), "+f"((d)[5][1]), "+f"((d)[5][2]), "+f"((d)[5][3]), \
-  "+f"((d)[6][0]), "+f"((d)[6][1]), "+f"((d)[6][2]), "+f"((d)[6][3]), "+f"((d)[7][0]), "+f"((d)[7][1]), "+f"((d)[7][2]), "+f"((d)[7][3])
+  SPECULA_WGMMA_ACC4(d, 0), SPECULA_WGMMA_ACC4(d, 1), SPECULA_WGMMA_ACC4(d, 2), SPECULA_WGMMA_ACC4(d, 3), \
+  SPECULA_WGMMA_ACC4(d, 4), SPECULA_WGMMA_ACC4(d, 5), SPECULA_WGMMA_ACC4(d, 6), SPECULA_WGMMA_ACC4(d, 7)
 #define SPECULA_WGMMA_ACC_64(d) \
-  "+f"((d)[0][0]), "+f"((d)[0][1]), "+f"((d)[0][2]), "+f"((d)[0][3]), "+f"((d)[1][0]), "+f"((d)[1][1]), "+f"((d)[1][2]), "+f"((d)[1][3]), \
-  "+f"((d)[2][0]), "+f"((d)[2][1]), "+f"((d)[2][2]), "+f"((d)[2][3]), "+f"((d)[3][0]), "+f"((d)[3][1]), "+f"((d)[3][2]), "+f"((d)[3][3]), \
-  "+f"((d)[4][0]), "+f"((d)[4][1]), "+f"((d)[4][2]), "+f"((d)[4][3]), "+f"((d)[5][0]), "+f"((d)[5][1]), "+f"((d)[5][2]), "+f"((d)[5][3]), \
-  "+f"((d)[6][0]), "+f"((d)[6][1]), "+f"((d)[6][2]), "+f"((d)[6][3]), "+f"((d)[7][0]), "+f"((d)[7][1]), "+f"((d)[7][2]), "+f"((d)[7][3]), \
-  "+f"((d)[8][0]), "+f"((d)[8][1]), "+f"((d)[8][2]), "+f"((d)[8][3]), "+f"((d)[9][0]), "+f"((d)[9][1]), "+f"((d)[9][2]), "+f"((d)[9][3]), \
-  "+f"((d)[10][0]), "+f"((d)[10][1]), "+f"((d)[10][2]), "+f"((d)[10][3]), "+f"((d)[11][0]), "+f"((d)[11][1]), "+f"((d)[11][2]), "+f"((d)[11][3]), \
-  "+f"((d)[12][0]), "+f"((d)[12][1]), "+f"((d)[12][2]), "+f"((d)[12][3]), "+f"((d)[13][0]), "+f"((d)[13][1]), "+f"((d)[13][2]), "+f"((d)[13][3]), \
-  "+f"((d)[14][0]), "+f"((d)[14][1]), "+f"((d)[14][2]), "+f"((d)[14][3]), "+f"((d)[15][0]), "+f"((d)[15][1]), "+f"((d)[15][2]), "+f"((d)[15][3])
+  SPECULA_WGMMA_ACC_32(d), SPECULA_WGMMA_ACC4(d, 8), SPECULA_WGMMA_ACC4(d, 9), SPECULA_WGMMA_ACC4(d, 10), \
+  SPECULA_WGMMA_ACC4(d, 11), SPECULA_WGMMA_ACC4(d, 12), SPECULA_WGMMA_ACC4(d, 13), SPECULA_WGMMA_ACC4(d, 14), \
+  SPECULA_WGMMA_ACC4(d, 15)
+#define SPECULA_WGMMA_ACC_128(d) \
+  SPECULA_WGMMA_ACC_64(d), SPECULA_WGMMA_ACC4(d, 16), SPECULA_WGMMA_ACC4(d, 17), SPECULA_WGMMA_ACC4(d, 18), \
+  SPECULA_WGMMA_ACC4(d, 19), SPECULA_WGMMA_ACC4(d, 20), SPECULA_WGMMA_ACC4(d, 21), SPECULA_WGMMA_ACC4(d, 22), \
+  SPECULA_WGMMA_ACC4(d, 23), SPECULA_WGMMA_ACC4(d, 24), SPECULA_WGMMA_ACC4(d, 25), SPECULA_WGMMA_ACC4(d, 26), \
+  SPECULA_WGMMA_ACC4(d, 27), SPECULA_WGMMA_ACC4(d, 28), SPECULA_WGMMA_ACC4(d, 29), SPECULA_WGMMA_ACC4(d, 30), \
+  SPECULA_WGMMA_ACC4(d, 31)
 
 // D (m64 x N) = or += A (m64 x k16, shared memory, K-major) x B (k16 x N, shared memory, K-major);
 // scale_d == 0 overwrites D.
 template <int N, typename T>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t a, uint64_t b, int scale_d);
+// D += A (shared memory, K-major) x B (shared memory, MN-major).
+template <int N, typename T>
+__device__ __forceinline__ void wgmma_ss_mn(float (&d)[N / 8][4], uint64_t a, uint64_t b);
 // D += A (registers, the m16n8k16 A layout per warp) x B (shared memory, MN-major).
 template <int N, typename T>
 __device__ __forceinline__ void wgmma_rs_mn(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b);
@@ -135,6 +147,14 @@ __device__ __forceinline__ void wgmma_rs_mn(float (&d)[N / 8][4], const uint32_t
                  ", p, 1, 1, 0, 0;\n}\n"                                                                      \
                  : ACC(d)                                                                                     \
                  : "l"(a), "l"(b), "r"(scale_d));                                                             \
+  }                                                                                                           \
+  template <>                                                                                                 \
+  __device__ __forceinline__ void wgmma_ss_mn<N, T>(float (&d)[N / 8][4], uint64_t a, uint64_t b) {           \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SCALE_SS ", 0;\n"                                        \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." PTX_TYPE "." PTX_TYPE " {" REGS "}, " A_SS \
+                 ", p, 1, 1, 0, 1;\n}\n"                                                                      \
+                 : ACC(d)                                                                                     \
+                 : "l"(a), "l"(b), "r"(1));                                                                   \
   }                                                                                                           \
   template <>                                                                                                 \
   __device__ __forceinline__ void wgmma_rs_mn<N, T>(float (&d)[N / 8][4], const uint32_t(&a)[4], uint64_t b) { \
@@ -153,11 +173,16 @@ SPECULA_DEFINE_WGMMA(128, __nv_bfloat16, "bf16", SPECULA_WGMMA_REGS_64, SPECULA_
                      "{%64, %65, %66, %67}, %68", "%69")
 SPECULA_DEFINE_WGMMA(128, __half, "f16", SPECULA_WGMMA_REGS_64, SPECULA_WGMMA_ACC_64, "%64, %65", "%66",
                      "{%64, %65, %66, %67}, %68", "%69")
+SPECULA_DEFINE_WGMMA(256, __nv_bfloat16, "bf16", SPECULA_WGMMA_REGS_128, SPECULA_WGMMA_ACC_128, "%128, %129",
+                     "%130", "{%128, %129, %130, %131}, %132", "%133")
 
 #undef SPECULA_DEFINE_WGMMA
 #undef SPECULA_WGMMA_REGS_32
 #undef SPECULA_WGMMA_REGS_64
+#undef SPECULA_WGMMA_REGS_128
 #undef SPECULA_WGMMA_ACC_32
 #undef SPECULA_WGMMA_ACC_64
+#undef SPECULA_WGMMA_ACC_128
+#undef SPECULA_WGMMA_ACC4
 
 }  // namespace specula::cuda_kernels

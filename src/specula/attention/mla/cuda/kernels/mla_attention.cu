@@ -16,6 +16,8 @@
 
 #include "specula/attention/cuda/kernels/convert.cuh"
 #include "specula/attention/cuda/kernels/mma.cuh"
+#include "specula/attention/mla/cuda/kernels/mla_items.cuh"
+#include "specula/attention/mla/cuda/kernels/mla_wgmma.h"
 #include "specula/core/cuda_check.h"
 
 namespace specula::cuda_kernels {
@@ -43,66 +45,10 @@ struct Smem {
 __device__ __forceinline__ int swz(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) << 4); }
 __device__ __forceinline__ int swz_p(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
 
-// What one work item covers, decoded from its MlaWorkItem.
-struct Item {
-  int64_t row0;       // global query row of the block's row 0 (token * num_q_heads + head)
-  int rows;           // valid rows in the block
-  int key_begin;      // [key_begin, key_end): dense key positions or sparse list entries
-  int key_end;
-  int unit;
-  int split;
-  int q_len, kv_len;  // dense
-};
-
-// Dense items come from the planned list (requests differ in rows); sparse ones are implied by
-// the block index (every token has the same head blocks and splits), so sparse steps need no
-// per-step upload and replay inside CUDA graphs as they are.
-__device__ __forceinline__ MlaWorkItem item_of(const MlaAttentionParams& p) {
-  if (p.slots == nullptr) return p.items[blockIdx.x];
-  const int head_blocks = (p.num_q_heads + kMlaBlockRows - 1) / kMlaBlockRows;
-  const int per_unit = head_blocks * p.num_splits;
-  const int bid = static_cast<int>(blockIdx.x);
-  return {bid / per_unit, (bid % per_unit) / p.num_splits, bid % p.num_splits, 0};
-}
-
-__device__ Item decode_item(const MlaAttentionParams& p, const MlaWorkItem& w) {
-  Item it{};
-  it.unit = w.unit;
-  it.split = w.split;
-  const int H = p.num_q_heads;
-  int total_keys;
-  if (p.slots != nullptr) {
-    it.row0 = static_cast<int64_t>(w.unit) * H + w.row_block * kMlaBlockRows;
-    it.rows = min(kMlaBlockRows, H - w.row_block * kMlaBlockRows);
-    total_keys = p.topk;
-    it.key_end = p.topk;
-  } else {
-    it.q_len = p.q_lens[w.unit];
-    it.kv_len = p.kv_lens[w.unit];
-    const int first_row = w.row_block * kMlaBlockRows;
-    it.row0 = static_cast<int64_t>(p.first_token[w.unit]) * H + first_row;
-    it.rows = min(kMlaBlockRows, it.q_len * H - first_row);
-    total_keys = it.kv_len;
-    // Causal tile skipping: no row of this block sees past its last token's position.
-    const int last_token = min(it.q_len - 1, (first_row + kMlaBlockRows - 1) / H);
-    it.key_end = min(it.kv_len, it.kv_len - it.q_len + last_token + 1);
-  }
-  const int per_split = (total_keys + p.num_splits - 1) / p.num_splits;
-  const int chunk = (per_split + p.split_align - 1) / p.split_align * p.split_align;
-  it.key_begin = min(w.split * chunk, it.key_end);
-  it.key_end = min((w.split + 1) * chunk, it.key_end);
-  if (it.rows < 0) it.rows = 0;
-  return it;
-}
-
-// Global slot of key position j of the item (dense: through the page table; sparse: the list),
-// or -1 when there is none.
-__device__ __forceinline__ int64_t key_slot(const MlaAttentionParams& p, const Item& it, int j) {
-  if (j >= it.key_end) return -1;
-  if (p.slots != nullptr) return p.slots[static_cast<int64_t>(it.unit) * p.topk + j];
-  const int page = p.page_table[static_cast<int64_t>(it.unit) * p.max_pages + j / p.page_size];
-  return static_cast<int64_t>(page) * p.page_size + j % p.page_size;
-}
+using mla::Item;
+using mla::decode_item;
+using mla::item_of;
+using mla::key_slot;
 
 __device__ void load_q(const MlaAttentionParams& p, const Item& it, uint8_t* smem) {
   const auto* q = static_cast<const uint8_t*>(p.q);
@@ -441,6 +387,10 @@ size_t mla_attention_smem_bytes(bool fp8) { return static_cast<size_t>(Smem::tot
 void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream) {
   if (params.max_items == 0) return;
   const bool fp8 = params.fp8 != 0;
+  if (!fp8) {
+    launch_mla_wgmma(params, stream);
+    return;
+  }
   const size_t smem = mla_attention_smem_bytes(fp8);
   // Attributes are per function and cheap to set; setting them every launch keeps this stateless.
   if (fp8) {

@@ -1,0 +1,71 @@
+// What one MLA work item covers (shared by the MLA attention kernels): its query rows, its key
+// range after causal tile skipping and the split, and the cache slot of each key.
+#pragma once
+
+#include <cstdint>
+
+#include "specula/attention/mla/cuda/kernels/mla_attention.h"
+
+namespace specula::cuda_kernels::mla {
+
+struct Item {
+  int64_t row0;       // global query row of the block's row 0 (token * num_q_heads + head)
+  int rows;           // valid rows in the block
+  int key_begin;      // [key_begin, key_end): dense key positions or sparse list entries
+  int key_end;
+  int unit;
+  int split;
+  int q_len, kv_len;  // dense
+};
+
+// Dense items come from the planned list (requests differ in rows); sparse ones are implied by
+// the block index (every token has the same head blocks and splits), so sparse steps need no
+// per-step upload and replay inside CUDA graphs as they are.
+__device__ __forceinline__ MlaWorkItem item_of(const MlaAttentionParams& p) {
+  if (p.slots == nullptr) return p.items[blockIdx.x];
+  const int head_blocks = (p.num_q_heads + kMlaBlockRows - 1) / kMlaBlockRows;
+  const int per_unit = head_blocks * p.num_splits;
+  const int bid = static_cast<int>(blockIdx.x);
+  return {bid / per_unit, (bid % per_unit) / p.num_splits, bid % p.num_splits, 0};
+}
+
+__device__ __forceinline__ Item decode_item(const MlaAttentionParams& p, const MlaWorkItem& w) {
+  Item it{};
+  it.unit = w.unit;
+  it.split = w.split;
+  const int H = p.num_q_heads;
+  int total_keys;
+  if (p.slots != nullptr) {
+    it.row0 = static_cast<int64_t>(w.unit) * H + w.row_block * kMlaBlockRows;
+    it.rows = min(kMlaBlockRows, H - w.row_block * kMlaBlockRows);
+    total_keys = p.topk;
+    it.key_end = p.topk;
+  } else {
+    it.q_len = p.q_lens[w.unit];
+    it.kv_len = p.kv_lens[w.unit];
+    const int first_row = w.row_block * kMlaBlockRows;
+    it.row0 = static_cast<int64_t>(p.first_token[w.unit]) * H + first_row;
+    it.rows = min(kMlaBlockRows, it.q_len * H - first_row);
+    total_keys = it.kv_len;
+    // Causal tile skipping: no row of this block sees past its last token's position.
+    const int last_token = min(it.q_len - 1, (first_row + kMlaBlockRows - 1) / H);
+    it.key_end = min(it.kv_len, it.kv_len - it.q_len + last_token + 1);
+  }
+  const int per_split = (total_keys + p.num_splits - 1) / p.num_splits;
+  const int chunk = (per_split + p.split_align - 1) / p.split_align * p.split_align;
+  it.key_begin = min(w.split * chunk, it.key_end);
+  it.key_end = min((w.split + 1) * chunk, it.key_end);
+  if (it.rows < 0) it.rows = 0;
+  return it;
+}
+
+// Global slot of key position j of the item (dense: through the page table; sparse: the list),
+// or -1 when there is none.
+__device__ __forceinline__ int64_t key_slot(const MlaAttentionParams& p, const Item& it, int j) {
+  if (j >= it.key_end) return -1;
+  if (p.slots != nullptr) return p.slots[static_cast<int64_t>(it.unit) * p.topk + j];
+  const int page = p.page_table[static_cast<int64_t>(it.unit) * p.max_pages + j / p.page_size];
+  return static_cast<int64_t>(page) * p.page_size + j % p.page_size;
+}
+
+}  // namespace specula::cuda_kernels::mla

@@ -1,0 +1,396 @@
+// Absorbed MLA attention on Hopper's warpgroup MMA, bf16 latent cache. One block of 384 threads
+// per work item (64 query rows, a range of keys), three warpgroups:
+// - the producer gathers each 64-key tile (64 latent rows of 576 bf16) with cp.async into one of
+//   two stages of nine 128-byte-swizzled column blocks, and publishes which keys exist;
+// - warpgroup 0 computes S = Q K^T (m64n64, Q and K from shared memory), masks, runs the online
+//   softmax, writes P into the stage's RoPE block (dead once S is done) with the rescale factor
+//   of every row, and accumulates O[:, 0:256] += P V[:, 0:256] with P from its registers;
+// - warpgroup 1 accumulates O[:, 256:512] += P V[:, 256:512] with P from shared memory.
+// A thread holds 128 f32 accumulators of O (m64n256). Warpgroup 0 issues the next tile's S
+// right behind this tile's P V, so the tensor cores run one while it waits for the other.
+#include "specula/attention/mla/cuda/kernels/mla_wgmma.h"
+
+#include <cuda_bf16.h>
+
+#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/attention/cuda/kernels/wgmma.cuh"
+#include "specula/attention/mla/cuda/kernels/mla_items.cuh"
+#include "specula/core/cuda_check.h"
+
+namespace specula::cuda_kernels {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr float kNegInf = -__builtin_huge_valf();
+constexpr int kRows = kMlaBlockRows;
+constexpr int kKeys = kMlaBlockKeys;
+static_assert(kRows == 64 && kKeys == 64, "one m64 warpgroup tile of rows, one swizzle block of keys");
+constexpr int kBlocks = (kMlaLoraRank + kMlaRopeDim) / 64;  // 9 column blocks of 64
+constexpr int kBlockBytes = 64 * 128;
+constexpr int kTileBytes = kBlocks * kBlockBytes;
+constexpr int kRopeBlock = kBlocks - 1;
+constexpr int kHalfBlocks = kMlaLoraRank / 64 / 2;  // value columns per warpgroup: 4 blocks
+constexpr int kConsumerThreads = 256;
+constexpr int kProducerThreads = 128;
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
+constexpr int kProducerRegisters = 56;
+constexpr int kConsumerRegisters = 224;
+static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+// Named barriers: Q landed; P of stage s ready (2 + s); the end statistics.
+constexpr int kBarQ = 1;
+constexpr int kBarP = 2;
+constexpr int kBarEnd = 4;
+
+struct Layout {
+  static constexpr int q = 0;
+  __host__ __device__ static constexpr int stage(int s) { return (1 + s) * kTileBytes; }
+  static constexpr int full = 3 * kTileBytes;    // uint64 [2]: the stage's copies landed
+  static constexpr int empty = full + 16;        // uint64 [2]: both warpgroups are done with it
+  static constexpr int valid = empty + 16;       // uint64 [2]: bit k = key k of the tile exists
+  static constexpr int alpha = valid + 16;       // f32 [2][64]: rescale of O before the stage's P V
+  static constexpr int stats = alpha + 2 * 256;  // f32 [2][64]: row sum and max at the end
+  static constexpr int bytes = stats + 2 * 256 + 1024;  // + alignment of the swizzled tiles
+};
+
+// Producer warp w gathers rows 16 w .. 16 w + 15 of every tile: lane = 8 * (row % 4) + chunk, so
+// eight lanes read 128 contiguous bytes of a row per column block.
+__device__ void produce(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
+  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
+  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
+  auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
+  const int warp = (threadIdx.x - kConsumerThreads) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int chunk = lane & 7;
+  for (int i = 0; i < num_tiles; ++i) {
+    const int s = i & 1;
+    if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
+    const int64_t slot = mla::key_slot(p, it, it.key_begin + i * kKeys + 16 * warp + (lane & 15));
+    const uint32_t present = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
+    uint8_t* stage = smem + Layout::stage(s);
+#pragma unroll
+    for (int pass = 0; pass < 4; ++pass) {
+      const int r = pass * 4 + (lane >> 3);
+      const int64_t sl = __shfl_sync(0xffffffffu, slot, r);
+      const int row = 16 * warp + r;
+      const uint8_t* src = p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + chunk * 16;
+      const int dst = row * 128 + ((chunk ^ (row & 7)) << 4);
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) cp_async_16(stage + b * kBlockBytes + dst, src + b * 128, sl >= 0);
+    }
+    if (lane == 0) {
+      reinterpret_cast<uint16_t*>(&valid[s])[warp] = static_cast<uint16_t>(present);
+      mbarrier_arrive(&full[s]);  // releases the valid bits; the copies arrive below
+    }
+    mbarrier_arrive_cp_async(&full[s]);
+  }
+  cp_async_wait<0>();
+}
+
+// Which keys the rows of this thread may see beyond the tile's existence bits (dense steps: the
+// causal limit of the row's token and, for tree verification, its draft-token bits).
+struct RowRules {
+  int limit[2];
+  uint64_t bits[2];
+  int min_limit;  // the block's smallest limit: tiles wholly below it need no per-row mask
+  int draft0;     // first draft-token key position (tree steps)
+  bool tree;
+  bool dense;
+};
+
+__device__ RowRules row_rules(const MlaAttentionParams& p, const mla::Item& it, int row_base) {
+  RowRules rr{};
+  rr.dense = p.slots == nullptr;
+  rr.tree = rr.dense && p.tree_bits != nullptr;
+  rr.min_limit = INT32_MAX;
+  rr.draft0 = INT32_MAX;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    rr.limit[i] = INT32_MAX;
+    rr.bits[i] = ~0ull;
+  }
+  if (!rr.dense) return rr;
+  const int H = p.num_q_heads;
+  const int first = p.first_token[it.unit];
+  rr.draft0 = it.kv_len - it.q_len;
+  rr.min_limit = rr.draft0 + static_cast<int>(it.row0 / H) - first;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = row_base + 8 * i;
+    if (r >= it.rows) continue;  // its scores are never written
+    const int token = static_cast<int>((it.row0 + r) / H);
+    rr.limit[i] = rr.draft0 + token - first;
+    if (rr.tree) rr.bits[i] = p.tree_bits[token];
+  }
+  return rr;
+}
+
+// Warpgroup 0: scores, softmax, P for both halves, O[:, 0:256].
+__device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem,
+                             float (&o)[32][4], float (&m)[2], float (&l)[2]) {
+  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
+  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
+  const auto* valid = reinterpret_cast<const uint64_t*>(smem + Layout::valid);
+  auto* alpha_out = reinterpret_cast<float*>(smem + Layout::alpha);
+  const int warp = (threadIdx.x >> 5) & 3;
+  const int lane = threadIdx.x & 31;
+  const int t = lane & 3;
+  const int row_base = warp * 16 + (lane >> 2);
+  const RowRules rules = row_rules(p, it, row_base);
+  const uint32_t q_addr = smem_address(smem + Layout::q);
+  float s[8][4];
+  uint32_t pf[4][4];
+  for (int i = 0; i < num_tiles; ++i) {
+    const int st = i & 1;
+    mbarrier_wait(&full[st], (i >> 1) & 1);
+    fence_proxy_async();
+    const uint32_t k_addr = smem_address(smem + Layout::stage(st));
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBlocks * 4; ++ks) {
+      const uint32_t off = (ks / 4) * kBlockBytes + (ks % 4) * 32;
+      wgmma_ss<64, bf16>(s, wgmma_desc(q_addr + off, 0), wgmma_desc(k_addr + off, 0), ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();  // this S and the previous tile's P V
+    fence_operands(s);
+    fence_operands(o);
+    fence_operands(pf);
+    if (i > 0 && lane == 0) mbarrier_arrive(&empty[(i - 1) & 1]);
+
+    const int key0 = it.key_begin + i * kKeys;
+    const uint64_t exists = valid[st];
+    const bool per_row = rules.dense && (key0 + kKeys - 1 > rules.min_limit || (rules.tree && key0 + kKeys > rules.draft0));
+    if (exists != ~0ull || per_row) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = 8 * j + 2 * t + (e & 1);
+          const int r = e >> 1;
+          bool visible = (exists >> key) & 1ull;
+          if (per_row) {
+            const int pos = key0 + key;
+            visible = visible && pos <= rules.limit[r] &&
+                      (pos < rules.draft0 || !rules.tree || ((rules.bits[r] >> (pos - rules.draft0)) & 1ull));
+          }
+          if (!visible) s[j][e] = kNegInf;
+        }
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r], mx * p.scale_log2);
+      // A row that has seen no key keeps -inf; subtracting 0 instead avoids inf - inf.
+      const float base = m_new == kNegInf ? 0.0f : m_new;
+      alpha[r] = exp2f(m[r] - base);
+      m[r] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], p.scale_log2, -base));
+        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], p.scale_log2, -base));
+        sum += s[j][2 * r] + s[j][2 * r + 1];
+      }
+      l[r] = l[r] * alpha[r] + sum;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      pf[kk][0] = pack2<bf16>(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = pack2<bf16>(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = pack2<bf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = pack2<bf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    // P (bf16, as this warpgroup multiplies it) into the stage's RoPE block, for warpgroup 1.
+    uint8_t* p_block = smem + Layout::stage(st) + kRopeBlock * kBlockBytes;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = 16 * kk + 8 * h + 2 * t;
+        *reinterpret_cast<uint32_t*>(p_block + swizzled_offset(kRows, row_base, col)) = pf[kk][2 * h];
+        *reinterpret_cast<uint32_t*>(p_block + swizzled_offset(kRows, row_base + 8, col)) = pf[kk][2 * h + 1];
+      }
+    }
+    if (t == 0) {
+      alpha_out[st * kRows + row_base] = alpha[0];
+      alpha_out[st * kRows + row_base + 8] = alpha[1];
+    }
+    fence_proxy_async();
+    named_barrier_arrive(kBarP + st, kConsumerThreads);
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs_mn<256, bf16>(o, pf[kk], wgmma_desc(k_addr + kk * 16 * 128, kBlockBytes));
+    wgmma_commit();
+  }
+  wgmma_wait<0>();
+  fence_operands(o);
+  fence_operands(pf);
+  if (num_tiles > 0 && lane == 0) mbarrier_arrive(&empty[(num_tiles - 1) & 1]);
+}
+
+// Warpgroup 1: O[:, 256:512] with P and the rescale factors from warpgroup 0.
+__device__ void consume_right(int num_tiles, uint8_t* smem, float (&o)[32][4]) {
+  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
+  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
+  const auto* alpha_in = reinterpret_cast<const float*>(smem + Layout::alpha);
+  const int warp = (threadIdx.x >> 5) & 3;
+  const int lane = threadIdx.x & 31;
+  const int row_base = warp * 16 + (lane >> 2);
+  for (int i = 0; i < num_tiles; ++i) {
+    const int st = i & 1;
+    mbarrier_wait(&full[st], (i >> 1) & 1);
+    named_barrier_sync(kBarP + st, kConsumerThreads);
+    fence_proxy_async();
+    const float a0 = alpha_in[st * kRows + row_base];
+    const float a1 = alpha_in[st * kRows + row_base + 8];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      o[n][0] *= a0;
+      o[n][1] *= a0;
+      o[n][2] *= a1;
+      o[n][3] *= a1;
+    }
+    const uint32_t k_addr = smem_address(smem + Layout::stage(st));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_ss_mn<256, bf16>(o, wgmma_desc(k_addr + kRopeBlock * kBlockBytes + kk * 32, 0),
+                             wgmma_desc(k_addr + kHalfBlocks * kBlockBytes + kk * 16 * 128, kBlockBytes));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o);
+    if (lane == 0) mbarrier_arrive(&empty[st]);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const MlaAttentionParams p) {
+  if (p.slots == nullptr && static_cast<int>(blockIdx.x) >= *p.num_items) return;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_address(smem_raw) & 1023u)) & 1023u);
+  const mla::Item it = mla::decode_item(p, mla::item_of(p));
+  const int num_tiles = it.key_end > it.key_begin ? (it.key_end - it.key_begin + kKeys - 1) / kKeys : 0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) {
+      // Full: every producer thread's copies plus one arrival per producer warp for the bits.
+      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::full) + s, kProducerThreads + 4);
+      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::empty) + s, 8);  // one per consumer warp
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x >= kConsumerThreads) {
+    setmaxnreg_dec<kProducerRegisters>();
+    produce(p, it, num_tiles, smem);
+    return;
+  }
+  setmaxnreg_inc<kConsumerRegisters>();
+  const int wg = threadIdx.x >> 7;
+  const int lane = threadIdx.x & 31;
+  const int t = lane & 3;
+  const int row_base = ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2);
+
+  // Q: 64 rows x 576 as nine swizzled column blocks; rows past the block's are zero.
+  const auto* q = static_cast<const uint8_t*>(p.q);
+  for (int c = threadIdx.x; c < kRows * kBlocks * 8; c += kConsumerThreads) {
+    const int row = c / (kBlocks * 8);
+    const int chunk = c % (kBlocks * 8);
+    const bool ok = row < it.rows;
+    const uint8_t* src = q + (ok ? (it.row0 + row) * (kBlocks * 128) + chunk * 16 : 0);
+    cp_async_16(smem + Layout::q + swizzled_offset(kRows, row, chunk * 8), src, ok);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_barrier_sync(kBarQ, kConsumerThreads);
+
+  float o[32][4];
+#pragma unroll
+  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.0f, 0.0f};
+  auto* stats = reinterpret_cast<float*>(smem + Layout::stats);
+  if (wg == 0) {
+    consume_left(p, it, num_tiles, smem, o, m, l);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+      if (t == 0) {
+        stats[row_base + 8 * r] = l[r];
+        stats[kRows + row_base + 8 * r] = m[r];
+      }
+    }
+  } else {
+    consume_right(num_tiles, smem, o);
+  }
+  named_barrier_sync(kBarEnd, kConsumerThreads);
+  if (wg == 1) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] = stats[row_base + 8 * r];
+      m[r] = stats[kRows + row_base + 8 * r];
+    }
+  }
+
+  // Normalise and write this warpgroup's 256 columns (partials in f32 when the keys are split).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row_in = row_base + 8 * r;
+    if (row_in >= it.rows) continue;
+    const int64_t row = it.row0 + row_in;
+    const float lse2 = l[r] > 0.0f ? m[r] + log2f(l[r]) : kNegInf;
+    float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    if (p.num_splits > 1) {
+      const int64_t part_row = static_cast<int64_t>(it.split) * p.num_tokens * p.num_q_heads + row;
+      float* dst = p.part_o + part_row * kMlaLoraRank + wg * 256;
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        *reinterpret_cast<float2*>(dst + n * 8 + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      }
+      if (t == 0 && wg == 0) p.part_lse[part_row] = lse2;
+      continue;
+    }
+    float lse = lse2 * 0.6931471805599453f;
+    if (p.sinks != nullptr) {
+      const float sink = p.sinks[row % p.num_q_heads];
+      const float mm = fmaxf(lse, sink);
+      const float merged = mm + logf(expf(lse - mm) + expf(sink - mm));
+      inv *= expf(lse - merged);
+      lse = merged;
+    }
+    auto* out = static_cast<bf16*>(p.out) + row * kMlaLoraRank + wg * 256;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      *reinterpret_cast<uint32_t*>(out + n * 8 + 2 * t) = pack2<bf16>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    }
+    if (p.lse != nullptr && t == 0 && wg == 0) p.lse[row] = lse;
+  }
+}
+
+}  // namespace
+
+void launch_mla_wgmma(const MlaAttentionParams& params, cudaStream_t stream) {
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::bytes));
+    return true;
+  }();
+  (void)configured;
+  mla_wgmma_kernel<<<params.max_items, kThreads, Layout::bytes, stream>>>(params);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace specula::cuda_kernels
