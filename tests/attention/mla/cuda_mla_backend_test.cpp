@@ -39,6 +39,11 @@ std::vector<NamedCase> cases() {
       longd.extend_lens = {1};
       longd.num_q_heads = 128;
       all.push_back({"DecodeLongSplit128Heads" + f + p, longd});
+      // More row blocks than SMs: no split, so every block walks many tiles through both stages.
+      MlaCase many = d;
+      many.prefix_lens = random_lens(rng, 140, 300, 700);
+      many.extend_lens.assign(140, 1);
+      all.push_back({"DecodeManyTilesUnsplit" + f + p, many});
       MlaCase e = d;
       e.mode = ForwardMode::EXTEND;
       e.prefix_lens = random_lens(rng, 3, 0, 300);

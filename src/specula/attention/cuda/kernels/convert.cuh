@@ -85,4 +85,19 @@ __device__ __forceinline__ uint4 fp8x8_to_operand(const uint2& raw) {
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
+// Eight packed fp8 e4m3 values times their group's scale, each rounded once to bf16 (how the
+// MLA kernels turn fp8_ds_mla rows into MMA operands).
+__device__ __forceinline__ uint4 fp8x8_scaled_to_bf16(const uint2& raw, float scale) {
+  const uint32_t words[2] = {raw.x, raw.y};
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    out[i] = pack2<__nv_bfloat16>(f.x * scale, f.y * scale);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 }  // namespace specula::cuda_kernels

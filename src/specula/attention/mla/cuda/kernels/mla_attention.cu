@@ -1,347 +1,471 @@
-// Absorbed MLA attention kernels (see mla_attention.h). Layout of one block (256 threads):
-//   warp w: row group rg = w % 4 (16 query rows), half = w / 4. For S = Q K^T a warp computes
-//   its 16 rows x 32 of the tile's 64 keys; the two halves exchange row maxima and write P to
-//   shared memory; for O += P V a warp owns its 16 rows x 256 of the 512 latent columns, so a
-//   thread keeps 128 f32 accumulators.
-// Shared memory: Q (64 x 576 bf16), K tiles (64 x 576 bf16; two stages for bf16 caches, one
-// plus a raw 64 x 656-byte staging tile for fp8_ds_mla, dequantised to bf16 in shared memory),
-// P (64 x 64 bf16) and row statistics. Rows of 16-byte chunks are XOR-swizzled by row & 7 so
-// that ldmatrix reads of 8 rows at one column hit 8 different bank groups.
+// Absorbed MLA attention kernels (see mla_attention.h) on Hopper's warpgroup MMA. One block of
+// 384 threads per work item (64 query rows, a range of keys), three warpgroups:
+// - the producer gathers each 64-key tile (64 latent rows of 576 values) into one of two stages of
+//   nine 128-byte-swizzled bf16 column blocks and publishes which keys exist. bf16 rows go there
+//   with cp.async; fp8_ds_mla rows land raw (each 64-value group in the unused half of its own
+//   128-byte destination row) and the producer dequantises them in place;
+// - warpgroup 0 computes S = Q K^T (m64n64, Q and K from shared memory), masks, runs the online
+//   softmax, writes P into the stage's RoPE block (dead once S is done) with the rescale factor
+//   of every row, and accumulates O[:, 0:256] += P V[:, 0:256] with P from its registers;
+// - warpgroup 1 accumulates O[:, 256:512] += P V[:, 256:512] with P from shared memory.
+// A thread holds 128 f32 accumulators of O (m64n256).
+// num_splits > 1 writes f32 partials that the combine kernel merges.
 #include "specula/attention/mla/cuda/kernels/mla_attention.h"
 
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
-
-#include <cmath>
 
 #include "specula/attention/cuda/kernels/convert.cuh"
-#include "specula/attention/cuda/kernels/mma.cuh"
+#include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_items.cuh"
-#include "specula/attention/mla/cuda/kernels/mla_wgmma.h"
 #include "specula/core/cuda_check.h"
 
 namespace specula::cuda_kernels {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kDim = kMlaLoraRank + kMlaRopeDim;  // 576
-constexpr int kChunks = kDim / 8;                  // 16-byte chunks per bf16 row: 72
-constexpr int kRowBytes = kDim * 2;                // 1152
-constexpr int kTileBytes = kMlaBlockKeys * kRowBytes;
-constexpr int kFp8RowBytes = kMlaLoraRank + 4 * (kMlaLoraRank / 128) + 2 * kMlaRopeDim;  // 656
-constexpr int kPBytes = kMlaBlockRows * kMlaBlockKeys * 2;
-constexpr float kNegInf = -INFINITY;
+using bf16 = __nv_bfloat16;
+constexpr float kNegInf = -__builtin_huge_valf();
+constexpr int kRows = kMlaBlockRows;
+constexpr int kKeys = kMlaBlockKeys;
+static_assert(kRows == 64 && kKeys == 64, "one m64 warpgroup tile of rows, one swizzle block of keys");
+constexpr int kBlocks = (kMlaLoraRank + kMlaRopeDim) / 64;  // 9 column blocks of 64
+constexpr int kBlockBytes = 64 * 128;
+constexpr int kTileBytes = kBlocks * kBlockBytes;
+constexpr int kRopeBlock = kBlocks - 1;
+constexpr int kHalfBlocks = kMlaLoraRank / 64 / 2;  // value columns per warpgroup: 4 blocks
+constexpr int kConsumerThreads = 256;
+constexpr int kProducerThreads = 128;
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
+constexpr int kProducerRegisters = 56;
+constexpr int kConsumerRegisters = 224;
+static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+// Named barriers: Q landed; P of stage s ready (2 + s); the end statistics.
+constexpr int kBarQ = 1;
+constexpr int kBarP = 2;
+constexpr int kBarEnd = 4;
 
-struct Smem {
+struct Layout {
   static constexpr int q = 0;
-  static constexpr int k = q + kMlaBlockRows * kRowBytes;
-  __host__ __device__ static constexpr int stats(bool fp8) { return k + (fp8 ? 1 : 2) * kTileBytes; }
-  __host__ __device__ static constexpr int p(bool fp8) { return stats(fp8) + 4 * kMlaBlockRows * 4; }
-  __host__ __device__ static constexpr int raw(bool fp8) { return p(fp8) + kPBytes; }
-  __host__ __device__ static constexpr int total(bool fp8) { return raw(fp8) + (fp8 ? kMlaBlockKeys * kFp8RowBytes : 0); }
+  __host__ __device__ static constexpr int stage(int s) { return (1 + s) * kTileBytes; }
+  static constexpr int full = 3 * kTileBytes;    // uint64 [2]: the stage's copies landed
+  static constexpr int empty = full + 16;        // uint64 [2]: both warpgroups are done with it
+  static constexpr int valid = empty + 16;       // uint64 [2]: bit k = key k of the tile exists
+  static constexpr int alpha = valid + 16;       // f32 [2][64]: rescale of O before the stage's P V
+  static constexpr int stats = alpha + 2 * 256;  // f32 [2][64]: row sum and max at the end
+  static constexpr int scales = stats + 2 * 256;  // f32 [2][64][4]: fp8 rows' group scales
+  static constexpr int bytes = scales + 2 * 1024 + 1024;  // + alignment of the swizzled tiles
 };
 
-__device__ __forceinline__ int swz(int row, int chunk) { return row * kRowBytes + ((chunk ^ (row & 7)) << 4); }
-__device__ __forceinline__ int swz_p(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }
-
-using mla::Item;
-using mla::decode_item;
-using mla::item_of;
-using mla::key_slot;
-
-__device__ void load_q(const MlaAttentionParams& p, const Item& it, uint8_t* smem) {
-  const auto* q = static_cast<const uint8_t*>(p.q);
-  for (int c = threadIdx.x; c < kMlaBlockRows * kChunks; c += kThreads) {
-    const int row = c / kChunks;
-    const int chunk = c % kChunks;
-    const bool valid = row < it.rows;
-    const uint8_t* src = q + (valid ? (it.row0 + row) * kRowBytes + chunk * 16 : 0);
-    cp_async_16(smem + Smem::q + swz(row, chunk), src, valid);
-  }
+// The slot of the producer lane's key row (16 w + lane % 16 of the tile) and, published for the
+// consumers, which of warp w's 16 rows exist.
+__device__ __forceinline__ int64_t tile_slots(const MlaAttentionParams& p, const mla::Item& it, int tile, int warp,
+                                              uint64_t* valid) {
+  const int lane = threadIdx.x & 31;
+  const int64_t slot = mla::key_slot(p, it, it.key_begin + tile * kKeys + 16 * warp + (lane & 15));
+  const uint32_t present = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
+  if (lane == 0) reinterpret_cast<uint16_t*>(valid)[warp] = static_cast<uint16_t>(present);
+  return slot;
 }
 
-// bf16 cache: the tile's rows straight into a swizzled K stage (zeros for missing keys, so
-// masked products stay finite).
-__device__ void load_tile_bf16(const MlaAttentionParams& p, const Item& it, int key0, uint8_t* stage) {
-  for (int c = threadIdx.x; c < kMlaBlockKeys * kChunks; c += kThreads) {
-    const int row = c / kChunks;
-    const int chunk = c % kChunks;
-    const int64_t slot = key_slot(p, it, key0 + row);
-    const uint8_t* src = p.cache + (slot >= 0 ? slot * p.row_bytes + chunk * 16 : 0);
-    cp_async_16(stage + swz(row, chunk), src, slot >= 0);
-  }
-}
-
-// fp8 cache: raw 656-byte rows into the staging tile.
-__device__ void load_tile_raw(const MlaAttentionParams& p, const Item& it, int key0, uint8_t* raw) {
-  constexpr int kRawChunks = kFp8RowBytes / 16;  // 41
-  for (int c = threadIdx.x; c < kMlaBlockKeys * kRawChunks; c += kThreads) {
-    const int row = c / kRawChunks;
-    const int chunk = c % kRawChunks;
-    const int64_t slot = key_slot(p, it, key0 + row);
-    const uint8_t* src = p.cache + (slot >= 0 ? slot * p.row_bytes + chunk * 16 : 0);
-    cp_async_16(raw + row * kFp8RowBytes + chunk * 16, src, slot >= 0);
-  }
-}
-
-// Staging tile -> bf16 K stage: value = float(e4m3) * tile scale, rounded to bf16 once (the
-// MMA operand precision); the RoPE part is copied.
-__device__ void dequantise_tile(const uint8_t* raw, uint8_t* stage) {
-  constexpr int kTasks = kMlaLoraRank / 16 + kMlaRopeDim / 8;  // 32 conversions + 8 copies per row
-  for (int c = threadIdx.x; c < kMlaBlockKeys * kTasks; c += kThreads) {
-    const int row = c / kTasks;
-    const int task = c % kTasks;
-    const uint8_t* src_row = raw + row * kFp8RowBytes;
-    if (task >= kMlaLoraRank / 16) {
-      const int chunk = task - kMlaLoraRank / 16;
-      *reinterpret_cast<uint4*>(stage + swz(row, kMlaLoraRank / 8 + chunk)) =
-          *reinterpret_cast<const uint4*>(src_row + kMlaLoraRank + 4 * (kMlaLoraRank / 128) + chunk * 16);
-      continue;
+// bf16 rows: producer warp w gathers rows 16 w .. 16 w + 15 of every tile with cp.async; lane =
+// 8 * (row % 4) + chunk, so eight lanes read 128 contiguous bytes of a row per column block.
+__device__ void produce_bf16(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
+  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
+  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
+  auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
+  const int warp = (threadIdx.x - kConsumerThreads) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int chunk = lane & 7;
+  for (int i = 0; i < num_tiles; ++i) {
+    const int s = i & 1;
+    if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
+    const int64_t slot = tile_slots(p, it, i, warp, &valid[s]);
+    uint8_t* stage = smem + Layout::stage(s);
+#pragma unroll
+    for (int pass = 0; pass < 4; ++pass) {
+      const int r = pass * 4 + (lane >> 3);
+      const int64_t sl = __shfl_sync(0xffffffffu, slot, r);
+      const int row = 16 * warp + r;
+      const uint8_t* src = p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + chunk * 16;
+      const int dst = row * 128 + ((chunk ^ (row & 7)) << 4);
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) cp_async_16(stage + b * kBlockBytes + dst, src + b * 128, sl >= 0);
     }
-    const uint4 packed = *reinterpret_cast<const uint4*>(src_row + task * 16);
-    const float scale = reinterpret_cast<const float*>(src_row + kMlaLoraRank)[task / 8];
-    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-    uint32_t out[8];
+    if (lane == 0) mbarrier_arrive(&full[s]);  // releases the valid bits; the copies arrive below
+    mbarrier_arrive_cp_async(&full[s]);
+  }
+  cp_async_wait<0>();
+}
+
+// fp8_ds_mla rows: the 64 fp8 values of column block b of row r land in bytes 64..127 of that
+// row's 128-byte destination (which they will fill as bf16), the four group scales in a side
+// array and the bf16 RoPE part straight into block 8. Warp w copies and converts its own 16 rows,
+// so a __syncwarp orders the two.
+__device__ void issue_fp8_tile(const MlaAttentionParams& p, int64_t slot, int warp, uint8_t* stage, float* scales) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll 4
+  for (int r = 0; r < 16; ++r) {  // fp8 values: one row per pass, lane = 16-byte chunk
+    const int64_t sl = __shfl_sync(0xffffffffu, slot, r);
+    const int row = 16 * warp + r;
+    const uint8_t* src = p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + lane * 16;
+    cp_async_16(stage + (lane >> 2) * kBlockBytes + row * 128 + 64 + (lane & 3) * 16, src, sl >= 0);
+  }
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      float f[4];
+  for (int pass = 0; pass < 4; ++pass) {  // RoPE: 8 chunks per row, four rows per pass
+    const int r = pass * 4 + (lane >> 3);
+    const int chunk = lane & 7;
+    const int64_t sl = __shfl_sync(0xffffffffu, slot, r);
+    const int row = 16 * warp + r;
+    const uint8_t* src = p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + kMlaLoraRank + 16 + chunk * 16;
+    cp_async_16(stage + kRopeBlock * kBlockBytes + row * 128 + ((chunk ^ (row & 7)) << 4), src, sl >= 0);
+  }
+  const int64_t sl = __shfl_sync(0xffffffffu, slot, lane & 15);
+  if (lane < 16) cp_async_16(scales + (16 * warp + lane) * 4, p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + kMlaLoraRank, sl >= 0);
+  cp_async_commit();
+}
+
+// In place: eight lanes own one (row, block) pair, read its 64 fp8 values, then write 64 bf16.
+__device__ void dequantise_fp8_tile(int warp, uint8_t* stage, const float* scales) {
+  const int lane = threadIdx.x & 31;
+  const int c = lane & 7;
+#pragma unroll 2
+  for (int step = 0; step < 32; step += 4) {
+    uint2 raw[4];
+    int offset[4];
+    float scale[4];
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        __nv_fp8_e4m3 v;
-        v.__x = static_cast<__nv_fp8_storage_t>((words[w] >> (8 * b)) & 0xffu);
-        f[b] = static_cast<float>(v) * scale;
+    for (int u = 0; u < 4; ++u) {
+      const int pair = (step + u) * 4 + (lane >> 3);  // 128 pairs: block = pair / 16
+      const int b = pair >> 4;
+      const int row = 16 * warp + (pair & 15);
+      offset[u] = b * kBlockBytes + row * 128;
+      raw[u] = *reinterpret_cast<const uint2*>(stage + offset[u] + 64 + 8 * c);
+      scale[u] = scales[row * 4 + b / 2];
+      offset[u] += (c ^ (row & 7)) << 4;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < 4; ++u) *reinterpret_cast<uint4*>(stage + offset[u]) = fp8x8_scaled_to_bf16(raw[u], scale[u]);
+  }
+}
+
+// Tile i's copies can only start once tile i - 2 is consumed, which needs tile i - 1 converted,
+// so each tile is converted as soon as it lands; each thread arrives on the stage's full barrier
+// after its own conversions (made visible to the tensor cores' reads).
+__device__ void produce_fp8(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
+  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
+  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
+  auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
+  auto* scales = reinterpret_cast<float*>(smem + Layout::scales);
+  const int warp = (threadIdx.x - kConsumerThreads) >> 5;
+  for (int i = 0; i < num_tiles; ++i) {
+    const int s = i & 1;
+    if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
+    const int64_t slot = tile_slots(p, it, i, warp, &valid[s]);
+    issue_fp8_tile(p, slot, warp, smem + Layout::stage(s), scales + s * kRows * 4);
+    cp_async_wait<0>();
+    __syncwarp();
+    dequantise_fp8_tile(warp, smem + Layout::stage(s), scales + s * kRows * 4);
+    fence_proxy_async();
+    mbarrier_arrive(&full[s]);
+  }
+}
+
+// Which keys the rows of this thread may see beyond the tile's existence bits (dense steps: the
+// causal limit of the row's token and, for tree verification, its draft-token bits).
+struct RowRules {
+  int limit[2];
+  uint64_t bits[2];
+  int min_limit;  // the block's smallest limit: tiles wholly below it need no per-row mask
+  int draft0;     // first draft-token key position (tree steps)
+  bool tree;
+  bool dense;
+};
+
+__device__ RowRules row_rules(const MlaAttentionParams& p, const mla::Item& it, int row_base) {
+  RowRules rr{};
+  rr.dense = p.slots == nullptr;
+  rr.tree = rr.dense && p.tree_bits != nullptr;
+  rr.min_limit = INT32_MAX;
+  rr.draft0 = INT32_MAX;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    rr.limit[i] = INT32_MAX;
+    rr.bits[i] = ~0ull;
+  }
+  if (!rr.dense) return rr;
+  const int H = p.num_q_heads;
+  const int first = p.first_token[it.unit];
+  rr.draft0 = it.kv_len - it.q_len;
+  rr.min_limit = rr.draft0 + static_cast<int>(it.row0 / H) - first;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = row_base + 8 * i;
+    if (r >= it.rows) continue;  // its scores are never written
+    const int token = static_cast<int>((it.row0 + r) / H);
+    rr.limit[i] = rr.draft0 + token - first;
+    if (rr.tree) rr.bits[i] = p.tree_bits[token];
+  }
+  return rr;
+}
+
+// Warpgroup 0: scores, softmax, P for both halves, O[:, 0:256].
+__device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem,
+                             float (&o)[32][4], float (&m)[2], float (&l)[2]) {
+  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
+  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
+  const auto* valid = reinterpret_cast<const uint64_t*>(smem + Layout::valid);
+  auto* alpha_out = reinterpret_cast<float*>(smem + Layout::alpha);
+  const int warp = (threadIdx.x >> 5) & 3;
+  const int lane = threadIdx.x & 31;
+  const int t = lane & 3;
+  const int row_base = warp * 16 + (lane >> 2);
+  const RowRules rules = row_rules(p, it, row_base);
+  const uint32_t q_addr = smem_address(smem + Layout::q);
+  float s[8][4];
+  uint32_t pf[4][4];
+  for (int i = 0; i < num_tiles; ++i) {
+    const int st = i & 1;
+    mbarrier_wait(&full[st], (i >> 1) & 1);
+    fence_proxy_async();
+    const uint32_t k_addr = smem_address(smem + Layout::stage(st));
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBlocks * 4; ++ks) {
+      const uint32_t off = (ks / 4) * kBlockBytes + (ks % 4) * 32;
+      wgmma_ss<64, bf16>(s, wgmma_desc(q_addr + off, 0), wgmma_desc(k_addr + off, 0), ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s);
+
+    const int key0 = it.key_begin + i * kKeys;
+    const uint64_t exists = valid[st];
+    const bool per_row = rules.dense && (key0 + kKeys - 1 > rules.min_limit || (rules.tree && key0 + kKeys > rules.draft0));
+    if (exists != ~0ull || per_row) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = 8 * j + 2 * t + (e & 1);
+          const int r = e >> 1;
+          bool visible = (exists >> key) & 1ull;
+          if (per_row) {
+            const int pos = key0 + key;
+            visible = visible && pos <= rules.limit[r] &&
+                      (pos < rules.draft0 || !rules.tree || ((rules.bits[r] >> (pos - rules.draft0)) & 1ull));
+          }
+          if (!visible) s[j][e] = kNegInf;
+        }
       }
-      out[2 * w] = pack2<__nv_bfloat16>(f[0], f[1]);
-      out[2 * w + 1] = pack2<__nv_bfloat16>(f[2], f[3]);
     }
-    *reinterpret_cast<uint4*>(stage + swz(row, 2 * task)) = make_uint4(out[0], out[1], out[2], out[3]);
-    *reinterpret_cast<uint4*>(stage + swz(row, 2 * task + 1)) = make_uint4(out[4], out[5], out[6], out[7]);
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r], mx * p.scale_log2);
+      // A row that has seen no key keeps -inf; subtracting 0 instead avoids inf - inf.
+      const float base = m_new == kNegInf ? 0.0f : m_new;
+      alpha[r] = exp2f(m[r] - base);
+      m[r] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], p.scale_log2, -base));
+        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], p.scale_log2, -base));
+        sum += s[j][2 * r] + s[j][2 * r + 1];
+      }
+      l[r] = l[r] * alpha[r] + sum;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      pf[kk][0] = pack2<bf16>(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = pack2<bf16>(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = pack2<bf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = pack2<bf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    // P (bf16, as this warpgroup multiplies it) into the stage's RoPE block, for warpgroup 1.
+    uint8_t* p_block = smem + Layout::stage(st) + kRopeBlock * kBlockBytes;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = 16 * kk + 8 * h + 2 * t;
+        *reinterpret_cast<uint32_t*>(p_block + swizzled_offset(kRows, row_base, col)) = pf[kk][2 * h];
+        *reinterpret_cast<uint32_t*>(p_block + swizzled_offset(kRows, row_base + 8, col)) = pf[kk][2 * h + 1];
+      }
+    }
+    if (t == 0) {
+      alpha_out[st * kRows + row_base] = alpha[0];
+      alpha_out[st * kRows + row_base + 8] = alpha[1];
+    }
+    fence_proxy_async();
+    named_barrier_arrive(kBarP + st, kConsumerThreads);
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs_mn<256, bf16>(o, pf[kk], wgmma_desc(k_addr + kk * 16 * 128, kBlockBytes));
+    wgmma_commit();
+    // Waiting here rather than behind the next S hands the stage back a whole S earlier; the
+    // tensor cores meanwhile run warpgroup 1's half.
+    wgmma_wait<0>();
+    fence_operands(o);
+    fence_operands(pf);
+    if (lane == 0) mbarrier_arrive(&empty[st]);
+  }
+}
+
+// Warpgroup 1: O[:, 256:512] with P and the rescale factors from warpgroup 0.
+__device__ void consume_right(int num_tiles, uint8_t* smem, float (&o)[32][4]) {
+  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
+  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
+  const auto* alpha_in = reinterpret_cast<const float*>(smem + Layout::alpha);
+  const int warp = (threadIdx.x >> 5) & 3;
+  const int lane = threadIdx.x & 31;
+  const int row_base = warp * 16 + (lane >> 2);
+  for (int i = 0; i < num_tiles; ++i) {
+    const int st = i & 1;
+    mbarrier_wait(&full[st], (i >> 1) & 1);
+    named_barrier_sync(kBarP + st, kConsumerThreads);
+    fence_proxy_async();
+    const float a0 = alpha_in[st * kRows + row_base];
+    const float a1 = alpha_in[st * kRows + row_base + 8];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      o[n][0] *= a0;
+      o[n][1] *= a0;
+      o[n][2] *= a1;
+      o[n][3] *= a1;
+    }
+    const uint32_t k_addr = smem_address(smem + Layout::stage(st));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_ss_mn<256, bf16>(o, wgmma_desc(k_addr + kRopeBlock * kBlockBytes + kk * 32, 0),
+                             wgmma_desc(k_addr + kHalfBlocks * kBlockBytes + kk * 16 * 128, kBlockBytes));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o);
+    if (lane == 0) mbarrier_arrive(&empty[st]);
   }
 }
 
 template <bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAttentionParams p) {
   if (p.slots == nullptr && static_cast<int>(blockIdx.x) >= *p.num_items) return;
-  extern __shared__ __align__(128) uint8_t smem[];
-  const Item it = decode_item(p, item_of(p));
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int rg = warp & 3;
-  const int half = warp >> 2;
-  const int g = lane >> 2;
-  const int tq = lane & 3;
-  float* s_max = reinterpret_cast<float*>(smem + Smem::stats(kFp8));  // [2][64]
-  float* s_sum = s_max + 2 * kMlaBlockRows;                             // [2][64]
-  uint8_t* s_p = smem + Smem::p(kFp8);
-  uint8_t* raw = smem + Smem::raw(kFp8);
-
-  // Per-lane facts of its two rows (r = rg * 16 + g and + 8): the last visible key position and
-  // the tree bits (dense only).
-  int limit[2];
-  uint64_t bits[2];
-  int draft0 = 0;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = rg * 16 + g + 8 * i;
-    limit[i] = -1;
-    bits[i] = ~0ull;
-    if (r >= it.rows) continue;
-    if (p.slots != nullptr) {
-      limit[i] = INT32_MAX;
-      continue;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_address(smem_raw) & 1023u)) & 1023u);
+  const mla::Item it = mla::decode_item(p, mla::item_of(p));
+  const int num_tiles = it.key_end > it.key_begin ? (it.key_end - it.key_begin + kKeys - 1) / kKeys : 0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) {
+      // Full: every producer thread (bf16: its copies, plus one arrival per warp for the bits).
+      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::full) + s, kProducerThreads + (kFp8 ? 0 : 4));
+      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::empty) + s, 8);  // one per consumer warp
     }
-    const int token = static_cast<int>((it.row0 + r) / p.num_q_heads);
-    const int index = token - p.first_token[it.unit];
-    limit[i] = it.kv_len - it.q_len + index;
-    if (p.tree_bits != nullptr) bits[i] = p.tree_bits[token];
-  }
-  if (p.slots == nullptr) draft0 = it.kv_len - it.q_len;
-
-  float acc[32][4];
-#pragma unroll
-  for (int n = 0; n < 32; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  float m_run[2] = {kNegInf, kNegInf};
-  float l_run[2] = {0.0f, 0.0f};
-
-  const int num_tiles = it.key_end > it.key_begin ? (it.key_end - it.key_begin + kMlaBlockKeys - 1) / kMlaBlockKeys : 0;
-  load_q(p, it, smem);
-  if (num_tiles > 0) {
-    if constexpr (kFp8) {
-      load_tile_raw(p, it, it.key_begin, raw);
-    } else {
-      load_tile_bf16(p, it, it.key_begin, smem + Smem::k);
-    }
-  }
-  cp_async_commit();
-  if constexpr (kFp8) {
-    if (num_tiles > 0) {
-      cp_async_wait<0>();
-      __syncthreads();
-      dequantise_tile(raw, smem + Smem::k);
-      __syncthreads();
-      if (num_tiles > 1) load_tile_raw(p, it, it.key_begin + kMlaBlockKeys, raw);
-      cp_async_commit();
-    }
-  }
-
-  for (int t = 0; t < num_tiles; ++t) {
-    const int key0 = it.key_begin + t * kMlaBlockKeys;
-    uint8_t* stage;
-    if constexpr (kFp8) {
-      stage = smem + Smem::k;
-      if (t > 0) {
-        cp_async_wait<0>();
-        __syncthreads();
-        dequantise_tile(raw, stage);
-        __syncthreads();
-        if (t + 1 < num_tiles) load_tile_raw(p, it, key0 + kMlaBlockKeys, raw);
-        cp_async_commit();
-      }
-    } else {
-      stage = smem + Smem::k + (t & 1) * kTileBytes;
-      if (t + 1 < num_tiles) load_tile_bf16(p, it, key0 + kMlaBlockKeys, smem + Smem::k + ((t + 1) & 1) * kTileBytes);
-      cp_async_commit();
-      cp_async_wait<1>();
-      __syncthreads();
-    }
-
-    // S = Q K^T: 16 rows x 32 keys per warp.
-    float s[4][4];
-#pragma unroll
-    for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll 4
-    for (int kc = 0; kc < kDim / 16; ++kc) {
-      uint32_t a[4];
-      ldmatrix_x4(a, smem + Smem::q + swz(rg * 16 + (lane & 15), 2 * kc + (lane >> 4)));
-#pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {
-        uint32_t b[4];
-        const int key = half * 32 + pair * 16 + (lane >> 4) * 8 + (lane & 7);
-        ldmatrix_x4(b, stage + swz(key, 2 * kc + ((lane >> 3) & 1)));
-        mma_16816<__nv_bfloat16>(s[2 * pair], a, b[0], b[1]);
-        mma_16816<__nv_bfloat16>(s[2 * pair + 1], a, b[2], b[3]);
-      }
-    }
-
-    // Mask, scale (log2 domain) and the row maxima of this warp's 32 keys.
-    float tile_max[2] = {kNegInf, kNegInf};
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e >> 1;
-        const int j = key0 + half * 32 + n * 8 + 2 * tq + (e & 1);
-        bool visible = j < it.key_end && j <= limit[i];
-        if (p.slots != nullptr) {
-          visible = visible && p.slots[static_cast<int64_t>(it.unit) * p.topk + j] >= 0;
-        } else if (p.tree_bits != nullptr && j >= draft0) {  // tree steps have q_len <= 64
-          visible = visible && ((bits[i] >> (j - draft0)) & 1ull);
-        }
-        s[n][e] = visible ? s[n][e] * p.scale_log2 : kNegInf;
-        tile_max[i] = fmaxf(tile_max[i], s[n][e]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
-      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
-      if (tq == 0) s_max[half * kMlaBlockRows + rg * 16 + g + 8 * i] = tile_max[i];
-    }
-    __syncthreads();
-    float alpha[2];
-    float base[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = rg * 16 + g + 8 * i;
-      const float m_new = fmaxf(m_run[i], fmaxf(s_max[r], s_max[kMlaBlockRows + r]));
-      // A row that has seen no key yet keeps -inf; subtracting 0 instead avoids inf - inf.
-      base[i] = m_new == kNegInf ? 0.0f : m_new;
-      alpha[i] = exp2f(m_run[i] - base[i]);
-      m_run[i] = m_new;
-      l_run[i] *= alpha[i];
-    }
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      acc[n][0] *= alpha[0];
-      acc[n][1] *= alpha[0];
-      acc[n][2] *= alpha[1];
-      acc[n][3] *= alpha[1];
-    }
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      const float p0 = exp2f(s[n][0] - base[0]);
-      const float p1 = exp2f(s[n][1] - base[0]);
-      const float p2 = exp2f(s[n][2] - base[1]);
-      const float p3 = exp2f(s[n][3] - base[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
-      const int key = half * 32 + n * 8 + 2 * tq;
-      const int r = rg * 16 + g;
-      *reinterpret_cast<uint32_t*>(s_p + swz_p(r, key >> 3) + (key & 7) * 2) = pack2<__nv_bfloat16>(p0, p1);
-      *reinterpret_cast<uint32_t*>(s_p + swz_p(r + 8, key >> 3) + (key & 7) * 2) = pack2<__nv_bfloat16>(p2, p3);
-    }
-    __syncthreads();
-
-    // O += P V over this warp's 256 latent columns.
-#pragma unroll
-    for (int kk = 0; kk < kMlaBlockKeys / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, s_p + swz_p(rg * 16 + (lane & 15), 2 * kk + (lane >> 4)));
-#pragma unroll
-      for (int dp = 0; dp < 16; ++dp) {
-        uint32_t b[4];
-        const int key = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        ldmatrix_x4_trans(b, stage + swz(key, half * 32 + dp * 2 + (lane >> 4)));
-        mma_16816<__nv_bfloat16>(acc[2 * dp], a, b[0], b[1]);
-        mma_16816<__nv_bfloat16>(acc[2 * dp + 1], a, b[2], b[3]);
-      }
-    }
-    __syncthreads();
-  }
-
-  cp_async_wait<0>();  // nothing may still be landing when the block exits (no tiles: Q only)
-  // Row sums: quad lanes, then the two halves.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
-    l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
-    if (tq == 0) s_sum[half * kMlaBlockRows + rg * 16 + g + 8 * i] = l_run[i];
   }
   __syncthreads();
+  if (threadIdx.x >= kConsumerThreads) {
+    setmaxnreg_dec<kProducerRegisters>();
+    if constexpr (kFp8) {
+      produce_fp8(p, it, num_tiles, smem);
+    } else {
+      produce_bf16(p, it, num_tiles, smem);
+    }
+    return;
+  }
+  setmaxnreg_inc<kConsumerRegisters>();
+  const int wg = threadIdx.x >> 7;
+  const int lane = threadIdx.x & 31;
+  const int t = lane & 3;
+  const int row_base = ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2);
+
+  // Q: 64 rows x 576 as nine swizzled column blocks; rows past the block's are zero.
+  const auto* q = static_cast<const uint8_t*>(p.q);
+  for (int c = threadIdx.x; c < kRows * kBlocks * 8; c += kConsumerThreads) {
+    const int row = c / (kBlocks * 8);
+    const int chunk = c % (kBlocks * 8);
+    const bool ok = row < it.rows;
+    const uint8_t* src = q + (ok ? (it.row0 + row) * (kBlocks * 128) + chunk * 16 : 0);
+    cp_async_16(smem + Layout::q + swizzled_offset(kRows, row, chunk * 8), src, ok);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_barrier_sync(kBarQ, kConsumerThreads);
+
+  float o[32][4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = rg * 16 + g + 8 * i;
-    if (r >= it.rows) continue;
-    const float l = s_sum[r] + s_sum[kMlaBlockRows + r];
-    const int64_t row = it.row0 + r;
-    const float lse2 = l > 0.0f ? m_run[i] + log2f(l) : kNegInf;
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.0f, 0.0f};
+  auto* stats = reinterpret_cast<float*>(smem + Layout::stats);
+  if (wg == 0) {
+    consume_left(p, it, num_tiles, smem, o, m, l);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+      l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+      if (t == 0) {
+        stats[row_base + 8 * r] = l[r];
+        stats[kRows + row_base + 8 * r] = m[r];
+      }
+    }
+  } else {
+    consume_right(num_tiles, smem, o);
+  }
+  named_barrier_sync(kBarEnd, kConsumerThreads);
+  if (wg == 1) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[r] = stats[row_base + 8 * r];
+      m[r] = stats[kRows + row_base + 8 * r];
+    }
+  }
+
+  // Normalise and write this warpgroup's 256 columns (partials in f32 when the keys are split).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row_in = row_base + 8 * r;
+    if (row_in >= it.rows) continue;
+    const int64_t row = it.row0 + row_in;
+    const float lse2 = l[r] > 0.0f ? m[r] + log2f(l[r]) : kNegInf;
+    float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     if (p.num_splits > 1) {
-      float* dst = p.part_o + (static_cast<int64_t>(it.split) * p.num_tokens * p.num_q_heads + row) * kMlaLoraRank;
+      const int64_t part_row = static_cast<int64_t>(it.split) * p.num_tokens * p.num_q_heads + row;
+      float* dst = p.part_o + part_row * kMlaLoraRank + wg * 256;
 #pragma unroll
       for (int n = 0; n < 32; ++n) {
-        const int col = half * 256 + n * 8 + 2 * tq;
-        *reinterpret_cast<float2*>(dst + col) = make_float2(acc[n][2 * i] * inv, acc[n][2 * i + 1] * inv);
+        *reinterpret_cast<float2*>(dst + n * 8 + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
       }
-      if (tq == 0) p.part_lse[static_cast<int64_t>(it.split) * p.num_tokens * p.num_q_heads + row] = lse2;
+      if (t == 0 && wg == 0) p.part_lse[part_row] = lse2;
       continue;
     }
     float lse = lse2 * 0.6931471805599453f;
     if (p.sinks != nullptr) {
       const float sink = p.sinks[row % p.num_q_heads];
-      const float m = fmaxf(lse, sink);
-      const float merged = m + logf(expf(lse - m) + expf(sink - m));
+      const float mm = fmaxf(lse, sink);
+      const float merged = mm + logf(expf(lse - mm) + expf(sink - mm));
       inv *= expf(lse - merged);
       lse = merged;
     }
-    auto* out = static_cast<__nv_bfloat16*>(p.out) + row * kMlaLoraRank;
+    auto* out = static_cast<bf16*>(p.out) + row * kMlaLoraRank + wg * 256;
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
-      const int col = half * 256 + n * 8 + 2 * tq;
-      *reinterpret_cast<uint32_t*>(out + col) = pack2<__nv_bfloat16>(acc[n][2 * i] * inv, acc[n][2 * i + 1] * inv);
+      *reinterpret_cast<uint32_t*>(out + n * 8 + 2 * t) = pack2<bf16>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     }
-    if (p.lse != nullptr && tq == 0 && half == 0) p.lse[row] = lse;
+    if (p.lse != nullptr && t == 0 && wg == 0) p.lse[row] = lse;
   }
 }
 
@@ -382,23 +506,18 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const MlaAttentionPara
 
 }  // namespace
 
-size_t mla_attention_smem_bytes(bool fp8) { return static_cast<size_t>(Smem::total(fp8)); }
-
 void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream) {
   if (params.max_items == 0) return;
-  const bool fp8 = params.fp8 != 0;
-  if (!fp8) {
-    launch_mla_wgmma(params, stream);
-    return;
-  }
-  const size_t smem = mla_attention_smem_bytes(fp8);
-  // Attributes are per function and cheap to set; setting them every launch keeps this stateless.
-  if (fp8) {
-    CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    mla_attention_kernel<true><<<params.max_items, kThreads, smem, stream>>>(params);
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::bytes));
+    CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::bytes));
+    return true;
+  }();
+  (void)configured;
+  if (params.fp8 != 0) {
+    mla_attention_kernel<true><<<params.max_items, kThreads, Layout::bytes, stream>>>(params);
   } else {
-    CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    mla_attention_kernel<false><<<params.max_items, kThreads, smem, stream>>>(params);
+    mla_attention_kernel<false><<<params.max_items, kThreads, Layout::bytes, stream>>>(params);
   }
   CUDA_CHECK(cudaGetLastError());
 }

@@ -62,8 +62,6 @@ struct MlaAttentionParams {
   int32_t num_tokens;
 };
 
-// Shared memory the attention kernel needs (bytes), for cudaFuncSetAttribute.
-size_t mla_attention_smem_bytes(bool fp8);
 void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream);
 // num_splits > 1: merges the splits of every row into out / lse, with sinks.
 void launch_mla_combine(const MlaAttentionParams& params, cudaStream_t stream);
