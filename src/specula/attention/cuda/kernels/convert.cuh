@@ -65,16 +65,21 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Pair i (0..3) of eight packed fp8 e4m3 values as f16, exactly (every e4m3 value is an f16), through
+// the paired hardware conversion.
+__device__ __forceinline__ __half2_raw fp8_pair_to_half2(const uint2& raw, int i) {
+  const uint32_t word = i < 2 ? raw.x : raw.y;
+  return __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> (16 * (i % 2))), __NV_E4M3);
+}
+
 // Eight packed fp8 e4m3 values -> eight 16-bit MMA operands in 16 bytes, exactly (every e4m3
-// value is an f16 and a bf16), through the paired hardware conversion to f16.
+// value is also a bf16).
 template <typename T>
 __device__ __forceinline__ uint4 fp8x8_to_operand(const uint2& raw) {
-  const uint32_t words[2] = {raw.x, raw.y};
   uint32_t out[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+    const __half2_raw h = fp8_pair_to_half2(raw, i);
     if constexpr (std::is_same_v<T, __half>) {
       out[i] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
     } else {
@@ -86,15 +91,12 @@ __device__ __forceinline__ uint4 fp8x8_to_operand(const uint2& raw) {
 }
 
 // Eight packed fp8 e4m3 values times their group's scale, each rounded once to bf16 (how the
-// MLA kernels turn fp8_ds_mla rows into MMA operands).
+// MLA kernel turns fp8_ds_mla rows into MMA operands).
 __device__ __forceinline__ uint4 fp8x8_scaled_to_bf16(const uint2& raw, float scale) {
-  const uint32_t words[2] = {raw.x, raw.y};
   uint32_t out[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2))), __NV_E4M3);
-    const float2 f = __half22float2(__half2(h));
+    const float2 f = __half22float2(__half2(fp8_pair_to_half2(raw, i)));
     out[i] = pack2<__nv_bfloat16>(f.x * scale, f.y * scale);
   }
   return make_uint4(out[0], out[1], out[2], out[3]);

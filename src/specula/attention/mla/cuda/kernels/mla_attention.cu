@@ -94,7 +94,8 @@ __device__ void produce_bf16(const MlaAttentionParams& p, const mla::Item& it, i
     if (lane == 0) mbarrier_arrive(&full[s]);  // releases the valid bits; the copies arrive below
     mbarrier_arrive_cp_async(&full[s]);
   }
-  cp_async_wait<0>();
+  // No drain before exiting: the consumers wait on every tile's full barrier, so the block
+  // outlives all copies.
 }
 
 // fp8_ds_mla rows: the 64 fp8 values of column block b of row r land in bytes 64..127 of that
@@ -120,7 +121,9 @@ __device__ void issue_fp8_tile(const MlaAttentionParams& p, int64_t slot, int wa
     cp_async_16(stage + kRopeBlock * kBlockBytes + row * 128 + ((chunk ^ (row & 7)) << 4), src, sl >= 0);
   }
   const int64_t sl = __shfl_sync(0xffffffffu, slot, lane & 15);
-  if (lane < 16) cp_async_16(scales + (16 * warp + lane) * 4, p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + kMlaLoraRank, sl >= 0);
+  if (lane < 16) {
+    cp_async_16(scales + (16 * warp + lane) * 4, p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + kMlaLoraRank, sl >= 0);
+  }
   cp_async_commit();
 }
 
@@ -241,7 +244,8 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
 
     const int key0 = it.key_begin + i * kKeys;
     const uint64_t exists = valid[st];
-    const bool per_row = rules.dense && (key0 + kKeys - 1 > rules.min_limit || (rules.tree && key0 + kKeys > rules.draft0));
+    const bool per_row =
+        rules.dense && (key0 + kKeys - 1 > rules.min_limit || (rules.tree && key0 + kKeys > rules.draft0));
     if (exists != ~0ull || per_row) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -321,6 +325,7 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pf);
+    __syncwarp();  // every lane's P stores precede the release
     if (lane == 0) mbarrier_arrive(&empty[st]);
   }
 }
@@ -357,6 +362,7 @@ __device__ void consume_right(int num_tiles, uint8_t* smem, float (&o)[32][4]) {
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(o);
+    __syncwarp();  // every lane's reads of the stage's rescale factors precede the release
     if (lane == 0) mbarrier_arrive(&empty[st]);
   }
 }
@@ -508,17 +514,11 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const MlaAttentionPara
 
 void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream) {
   if (params.max_items == 0) return;
-  static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::bytes));
-    CUDA_CHECK(cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::bytes));
-    return true;
-  }();
-  (void)configured;
-  if (params.fp8 != 0) {
-    mla_attention_kernel<true><<<params.max_items, kThreads, Layout::bytes, stream>>>(params);
-  } else {
-    mla_attention_kernel<false><<<params.max_items, kThreads, Layout::bytes, stream>>>(params);
-  }
+  // The attribute belongs to the current device's context: set on every launch (it is cheap), so a
+  // second GPU in the process gets it too.
+  const auto kernel = params.fp8 != 0 ? mla_attention_kernel<true> : mla_attention_kernel<false>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::bytes));
+  kernel<<<params.max_items, kThreads, Layout::bytes, stream>>>(params);
   CUDA_CHECK(cudaGetLastError());
 }
 
