@@ -49,7 +49,8 @@ struct Layout {
   __host__ __device__ static constexpr int stage(int s) { return (1 + s) * kTileBytes; }
   static constexpr int full = 3 * kTileBytes;    // uint64 [2]: the stage's copies landed
   static constexpr int empty = full + 16;        // uint64 [2]: both warpgroups are done with it
-  static constexpr int valid = empty + 16;       // uint64 [2]: bit k = key k of the tile exists
+  static constexpr int landed = empty + 16;      // uint64 [2]: fp8 rows' raw copies landed
+  static constexpr int valid = landed + 16;      // uint64 [2]: bit k = key k of the tile exists
   static constexpr int alpha = valid + 16;       // f32 [2][64]: rescale of O before the stage's P V
   static constexpr int stats = alpha + 2 * 256;  // f32 [2][64]: row sum and max at the end
   static constexpr int scales = stats + 2 * 256;  // f32 [2][64][4]: fp8 rows' group scales
@@ -128,11 +129,13 @@ __device__ void issue_fp8_tile(const MlaAttentionParams& p, int64_t slot, int wa
 }
 
 // In place: eight lanes own one (row, block) pair, read its 64 fp8 values, then write 64 bf16.
-__device__ void dequantise_fp8_tile(int warp, uint8_t* stage, const float* scales) {
+// Warp w converts rows 16 w .. 16 w + 15, blocks 0..3 (part 0: the producer) or 4..7 (part 1:
+// warpgroup 1, which is otherwise idle while warpgroup 0 computes S).
+__device__ void dequantise_fp8_part(int warp, int part, uint8_t* stage, const float* scales) {
   const int lane = threadIdx.x & 31;
   const int c = lane & 7;
 #pragma unroll 2
-  for (int step = 0; step < 32; step += 4) {
+  for (int step = 16 * part; step < 16 * part + 16; step += 4) {
     uint2 raw[4];
     int offset[4];
     float scale[4];
@@ -153,22 +156,25 @@ __device__ void dequantise_fp8_tile(int warp, uint8_t* stage, const float* scale
 }
 
 // Tile i's copies can only start once tile i - 2 is consumed, which needs tile i - 1 converted,
-// so each tile is converted as soon as it lands; each thread arrives on the stage's full barrier
-// after its own conversions (made visible to the tensor cores' reads).
+// so each tile is converted as soon as it lands, half here and half by warpgroup 1; each thread
+// arrives on the stage's full barrier after its own conversions (made visible to the tensor
+// cores' reads).
 __device__ void produce_fp8(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
   auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
   auto* scales = reinterpret_cast<float*>(smem + Layout::scales);
+  auto* landed = reinterpret_cast<uint64_t*>(smem + Layout::landed);
   const int warp = (threadIdx.x - kConsumerThreads) >> 5;
   for (int i = 0; i < num_tiles; ++i) {
     const int s = i & 1;
     if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
     const int64_t slot = tile_slots(p, it, i, warp, &valid[s]);
     issue_fp8_tile(p, slot, warp, smem + Layout::stage(s), scales + s * kRows * 4);
+    mbarrier_arrive_cp_async(&landed[s]);
     cp_async_wait<0>();
     __syncwarp();
-    dequantise_fp8_tile(warp, smem + Layout::stage(s), scales + s * kRows * 4);
+    dequantise_fp8_part(warp, 0, smem + Layout::stage(s), scales + s * kRows * 4);
     fence_proxy_async();
     mbarrier_arrive(&full[s]);
   }
@@ -330,7 +336,9 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
   }
 }
 
-// Warpgroup 1: O[:, 256:512] with P and the rescale factors from warpgroup 0.
+// Warpgroup 1: O[:, 256:512] with P and the rescale factors from warpgroup 0 (and, for fp8 rows,
+// half of each tile's dequantisation first).
+template <bool kFp8>
 __device__ void consume_right(int num_tiles, uint8_t* smem, float (&o)[32][4]) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
@@ -340,6 +348,13 @@ __device__ void consume_right(int num_tiles, uint8_t* smem, float (&o)[32][4]) {
   const int row_base = warp * 16 + (lane >> 2);
   for (int i = 0; i < num_tiles; ++i) {
     const int st = i & 1;
+    if constexpr (kFp8) {
+      mbarrier_wait(reinterpret_cast<uint64_t*>(smem + Layout::landed) + st, (i >> 1) & 1);
+      const auto* scales = reinterpret_cast<const float*>(smem + Layout::scales) + st * kRows * 4;
+      dequantise_fp8_part(warp, 1, smem + Layout::stage(st), scales);
+      fence_proxy_async();
+      mbarrier_arrive(&full[st]);
+    }
     mbarrier_wait(&full[st], (i >> 1) & 1);
     named_barrier_sync(kBarP + st, kConsumerThreads);
     fence_proxy_async();
@@ -376,8 +391,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
   const int num_tiles = it.key_end > it.key_begin ? (it.key_end - it.key_begin + kKeys - 1) / kKeys : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; ++s) {
-      // Full: every producer thread (bf16: its copies, plus one arrival per warp for the bits).
-      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::full) + s, kProducerThreads + (kFp8 ? 0 : 4));
+      // Full: every producer thread (bf16: its copies, plus one arrival per warp for the bits;
+      // fp8: after its conversions, as does every thread of warpgroup 1).
+      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::full) + s, kProducerThreads + (kFp8 ? 128 : 4));
+      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::landed) + s, kProducerThreads);
       mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::empty) + s, 8);  // one per consumer warp
     }
   }
@@ -429,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
       }
     }
   } else {
-    consume_right(num_tiles, smem, o);
+    consume_right<kFp8>(num_tiles, smem, o);
   }
   named_barrier_sync(kBarEnd, kConsumerThreads);
   if (wg == 1) {
