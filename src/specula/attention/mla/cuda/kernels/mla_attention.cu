@@ -3,7 +3,8 @@
 // - the producer gathers each 64-key tile (64 latent rows of 576 values) into one of two stages of
 //   nine 128-byte-swizzled bf16 column blocks and publishes which keys exist. bf16 rows go there
 //   with cp.async; fp8_ds_mla rows land raw (each 64-value group in the unused half of its own
-//   128-byte destination row) and the producer dequantises them in place;
+//   128-byte destination row) and are dequantised in place, half by the producer and half by
+//   warpgroup 1;
 // - warpgroup 0 computes S = Q K^T (m64n64, Q and K from shared memory), masks, runs the online
 //   softmax, writes P into the stage's RoPE block (dead once S is done) with the rescale factor
 //   of every row, and accumulates O[:, 0:256] += P V[:, 0:256] with P from its registers;
