@@ -13,6 +13,7 @@
 #include "specula/core/cuda_graph.h"
 #include "specula/core/error.h"
 #include "specula/core/pinned_buffer.h"
+#include "specula/kv/mha_kv_pool.h"
 #include "specula/kv/req_to_token_pool.h"
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/cuda_linear.h"
@@ -119,6 +120,14 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
   const TensorView v_view(vb.data(), DType::bf16, {n, Hkv, D}, device_);
   const TensorView a_view(ab.data(), DType::bf16, {n, Hq, D}, device_);
   const float eps = static_cast<float>(c.rms_norm_eps);
+  // The q/k/v epilogue writes K and V straight into the cache (slot 6 holds out_cache_loc) when
+  // the pool holds rows it can write; otherwise the backend writes them.
+  MHAKVPool* kv_pool = batch.token_to_kv_pool;
+  const bool fused_kv_write = kv_pool != nullptr && kv_pool->config().device == device_ &&
+                              (kv_pool->dtype() == DType::bf16 || kv_pool->dtype() == DType::fp8_e4m3) &&
+                              kv_pool->config().num_kv_heads == Hkv && kv_pool->config().head_dim == D &&
+                              kv_pool->config().v_head_dim == D;
+  const int32_t* kv_loc = fused_kv_write ? scratch(ws, 6, DType::i32, n).data_as<const int32_t>() : nullptr;
 
   const float embed_scale = c.gemma2 ? std::sqrt(static_cast<float>(h)) : 1.0f;
   ends_->embed_rows(ids, x, n, embed_scale, s);
@@ -153,8 +162,18 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
     e.num_q_heads = Hq;
     e.num_kv_heads = Hkv;
     e.head_dim = D;
+    ForwardOptions fo;
+    if (kv_loc != nullptr) {
+      e.k_cache = kv_pool->k_buffer(static_cast<int>(l)).data();
+      e.v_cache = kv_pool->v_buffer(static_cast<int>(l)).data();
+      e.cache_loc = kv_loc;
+      e.cache_dtype = static_cast<int>(kv_pool->dtype());
+      e.k_scale = kv_pool->k_scale(static_cast<int>(l));
+      e.v_scale = kv_pool->v_scale(static_cast<int>(l));
+      fo.save_kv_cache = false;
+    }
     ck::qkv_epilogue(e, s);
-    backend.forward(q_view, k_view, v_view, a_view, host_.attention_layers()[l], batch);
+    backend.forward(q_view, k_view, v_view, a_view, host_.attention_layers()[l], batch, fo);
     linear_->product_bf16_x(ab.data(), w.wo, w.bo, o, n, Hq * D, h, attn);
     if (w.post_attn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_attn_norm.data_as<const float>(), o, n, h, eps, s);
     ck::add_rms_norm_rows(x, o, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
@@ -215,6 +234,7 @@ void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backen
   for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
   upload_i32_async(scratch(eager_, 0, DType::i32, n), batch.input_ids, s);
   upload_i32_async(scratch(eager_, 1, DType::i32, n), batch.positions, s);
+  upload_i32_async(scratch(eager_, 6, DType::i32, n), batch.out_cache_loc, s);
   run_layers(batch, backend, eager_, n, capture);
   const std::vector<int32_t> rows = logit_rows(batch, all_tokens);
   const int64_t count = rows.empty() ? n : static_cast<int64_t>(rows.size());
@@ -239,6 +259,7 @@ void LlamaCudaModel::capture_decode_graphs(AttentionBackend& backend, std::vecto
         backend.init_forward_metadata_capture_cuda_graph(b);
         upload_i32_async(scratch(graph_ws_, 0, DType::i32, b.batch_size), b.input_ids, s);
         upload_i32_async(scratch(graph_ws_, 1, DType::i32, b.batch_size), b.positions, s);
+        upload_i32_async(scratch(graph_ws_, 6, DType::i32, b.batch_size), b.out_cache_loc, s);
       },
       [&](const ForwardBatch& b) {
         run_layers(b, backend, graph_ws_, b.batch_size);
@@ -257,6 +278,7 @@ bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBa
   backend.init_forward_metadata_replay_cuda_graph(padded);
   upload_i32_async(graph_ws_.slots[0], padded.input_ids, s);
   upload_i32_async(graph_ws_.slots[1], padded.positions, s);
+  upload_i32_async(graph_ws_.slots[6], padded.out_cache_loc, s);
   graph->launch(stream_);
   download(pinned_, logits, graph_ws_.slots[17].data_as<const float>(), static_cast<int64_t>(batch.batch_size) * c.vocab_size,
            nullptr, nullptr, s);
@@ -311,6 +333,7 @@ void LlamaCudaModel::capture_verify_graphs(AttentionBackend& backend, std::vecto
     backend.init_forward_metadata_capture_cuda_graph(b);
     upload_i32_async(scratch(verify_ws_, 0, DType::i32, n), b.input_ids, s);
     upload_i32_async(scratch(verify_ws_, 1, DType::i32, n), b.positions, s);
+    upload_i32_async(scratch(verify_ws_, 6, DType::i32, n), b.out_cache_loc, s);
     run_layers(b, backend, verify_ws_, n, &capture);
     run_head(verify_ws_, nullptr, n);
     CUDA_CHECK(cudaStreamSynchronize(s));
@@ -357,6 +380,7 @@ bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBa
   backend.init_forward_metadata_replay_cuda_graph(*run);
   upload_i32_async(verify_ws_.slots[0], run->input_ids, s);
   upload_i32_async(verify_ws_.slots[1], run->positions, s);
+  upload_i32_async(verify_ws_.slots[6], run->out_cache_loc, s);
   it->second->launch(stream_);
   const int64_t n = batch.num_tokens();
   if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, c.hidden_size);

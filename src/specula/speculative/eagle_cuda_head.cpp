@@ -177,7 +177,8 @@ void EagleCudaHead::linear(Workspace& ws, const float* x, const Buffer& w, const
 }
 
 void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const int32_t* positions, const float* hidden_in,
-                            bool from_target, const Attend& attend, const int32_t* row_ids, int64_t rows) {
+                            bool from_target, const Attend& attend, const int32_t* row_ids, int64_t rows,
+                            const int32_t* kv_slots) {
   const ModelConfig& c = head_.config();
   const auto s = static_cast<cudaStream_t>(stream_);
   const Device device = draft_kv_.config().device;
@@ -237,6 +238,14 @@ void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const 
   e.num_q_heads = Hq;
   e.num_kv_heads = Hkv;
   e.head_dim = D;
+  if (kv_slots != nullptr) {
+    e.k_cache = draft_kv_.k_buffer(0).data();
+    e.v_cache = draft_kv_.v_buffer(0).data();
+    e.cache_loc = kv_slots;
+    e.cache_dtype = static_cast<int>(draft_kv_.dtype());
+    e.k_scale = draft_kv_.k_scale(0);
+    e.v_scale = draft_kv_.v_scale(0);
+  }
   ck::qkv_epilogue(e, s);
   attend(TensorView(qb.data(), DType::bf16, {n, Hq, D}, device), TensorView(kb.data(), DType::bf16, {n, Hkv, D}, device),
          TensorView(vb.data(), DType::bf16, {n, Hkv, D}, device), TensorView(ab.data(), DType::bf16, {n, Hq, D}, device));
@@ -336,11 +345,11 @@ void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
   const ExtendLayout l = extend_layout(batch);
   const int32_t* ints = ext_ints_.data_as<const int32_t>();
   const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
-    attend_tree(q, k, v, out, ints + l.slots, N, ints + l.pages, ints + l.prefix_lens, ints + l.branch, N, 0,
+    attend_tree(q, k, v, out, nullptr, N, ints + l.pages, ints + l.prefix_lens, ints + l.branch, N, 0,
                 ints + l.branch_lens);
   };
   forward(ws, rows, ints + l.ids, ints + l.positions, ext_floats_.data_as<const float>(), true, attend, ints + l.last_rows,
-          batch);
+          batch, ints + l.slots);
   top_k(ws.slots[kLogits].data_as<const float>(), batch, scratch(ws, kTopTokens, DType::i32, static_cast<int64_t>(batch) * K).data_as<int32_t>(), scratch(ws, kTopProbs, DType::f32, static_cast<int64_t>(batch) * K).data_as<float>());
   ck::gather_rows(ws.slots[kX].data_as<const float>(), ints + l.last_rows,
                   scratch(ws, kNormed, DType::f32, static_cast<int64_t>(batch) * h).data_as<float>(), batch, h, s);
@@ -404,8 +413,10 @@ void EagleCudaHead::attend_tree(const TensorView& q, const TensorView& k, const 
                                 const int32_t* branch, int branch_stride, int branch_len, const int32_t* branch_lens) {
   const AttentionLayer& layer = head_.attention_layer();
   const int64_t rows = q.shape()[0];
-  draft_kv_.set_kv_buffer(0, TensorView(const_cast<int32_t*>(slots), DType::i32, {rows}, draft_kv_.config().device), k, v,
-                          stream_);
+  if (slots != nullptr) {
+    draft_kv_.set_kv_buffer(0, TensorView(const_cast<int32_t*>(slots), DType::i32, {rows}, draft_kv_.config().device), k,
+                            v, stream_);
+  }
   ck::TreeAttentionParams p{};
   p.q = q.data();
   p.k_cache = draft_kv_.k_buffer(0).data();
@@ -455,10 +466,11 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
   for (int step = 1; step < params_.num_steps; ++step) {
     const int32_t* slots = ints + l.step_slots + (step - 1) * rows;
     const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
-      attend_tree(q, k, v, out, slots, K, ints + l.pages, ints + l.prefix_lens, st.branch, params_.num_steps, step,
+      attend_tree(q, k, v, out, nullptr, K, ints + l.pages, ints + l.prefix_lens, st.branch, params_.num_steps, step,
                   nullptr);
     };
-    forward(ws, rows, st.row_tokens, ints + l.positions + (step - 1) * rows, st.row_hidden, false, attend, nullptr, rows);
+    forward(ws, rows, st.row_tokens, ints + l.positions + (step - 1) * rows, st.row_hidden, false, attend, nullptr, rows,
+            slots);
     top_k(ws.slots[kLogits].data_as<const float>(), rows, top_tokens, top_probs);
     ck::draft_select(st, step, top_tokens, top_probs, ws.slots[kX].data_as<const float>(), s);
   }

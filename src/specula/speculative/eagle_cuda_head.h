@@ -103,10 +103,14 @@ class EagleCudaHead {
   // The head over n rows of ids, positions and hidden_in (device; target features when
   // from_target, else [n, hidden]). Leaves the next hidden states in kX and the logits of `rows`
   // rows in kLogits: the rows of row_ids (device), or the first ones when row_ids is nullptr.
+  // kv_slots (device, [n]) or nullptr: the q/k/v epilogue writes K/V into the draft pool there,
+  // and attend must not write them again.
   void forward(Workspace& ws, int64_t n, const int32_t* ids, const int32_t* positions, const float* hidden_in,
-               bool from_target, const Attend& attend, const int32_t* row_ids, int64_t rows);
-  // Writes the rows' K/V at `slots` and attends each row over its sequence's prefix plus its
-  // branch (kernels/tree_attention): the draft loop's and the graphed extend's attention.
+               bool from_target, const Attend& attend, const int32_t* row_ids, int64_t rows,
+               const int32_t* kv_slots = nullptr);
+  // Writes the rows' K/V at `slots` (unless nullptr: already written) and attends each row over
+  // its sequence's prefix plus its branch (kernels/tree_attention): the draft loop's and the
+  // graphed extend's attention.
   void attend_tree(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const int32_t* slots, int rows_per_seq, const int32_t* pages, const int32_t* prefix_lens,
                    const int32_t* branch, int branch_stride, int branch_len, const int32_t* branch_lens);

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/attention/cuda/kernels/dtype_codes.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
 #include "specula/model/cuda/activation.cuh"
@@ -43,14 +45,31 @@ __global__ void __launch_bounds__(kEpilogueWarps * 32) qkv_epilogue_kernel(QkvEp
     for (int i = lane; i < D; i += 32) x[i] = norm[i] * (x[i] * inv);
     __syncwarp();
   }
-  __nv_bfloat16* dst;
+  const int kv_head = is_q ? 0 : (h - p.num_q_heads) % p.num_kv_heads;
+  // Where the row goes: q, or a K/V row of the cache (to_cache), or of k / v.
+  const bool to_cache = !is_q && p.k_cache != nullptr;
+  void* dst_base;
+  int64_t row;
   if (is_q) {
-    dst = static_cast<__nv_bfloat16*>(p.q) + (t * p.num_q_heads + h) * D;
-  } else if (is_k) {
-    dst = static_cast<__nv_bfloat16*>(p.k) + (t * p.num_kv_heads + (h - p.num_q_heads)) * D;
+    dst_base = p.q;
+    row = t * p.num_q_heads + h;
+  } else if (to_cache) {
+    dst_base = is_k ? p.k_cache : p.v_cache;
+    row = static_cast<int64_t>(p.cache_loc[t]) * p.num_kv_heads + kv_head;
   } else {
-    dst = static_cast<__nv_bfloat16*>(p.v) + (t * p.num_kv_heads + (h - p.num_q_heads - p.num_kv_heads)) * D;
+    dst_base = is_k ? p.k : p.v;
+    row = t * p.num_kv_heads + kv_head;
   }
+  const bool fp8 = to_cache && p.cache_dtype == kFp8E4m3;
+  const float div = is_k ? p.k_scale : p.v_scale;
+  auto put = [&](int i, float value) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(value);
+    if (fp8) {
+      static_cast<__nv_fp8_e4m3*>(dst_base)[row * D + i] = from_float<__nv_fp8_e4m3>(__bfloat162float(b) / div);
+    } else {
+      static_cast<__nv_bfloat16*>(dst_base)[row * D + i] = b;
+    }
+  };
   if (is_q || is_k) {
     const float pos = static_cast<float>(p.positions[t]);
     for (int i = lane; i < half; i += 32) {
@@ -60,11 +79,11 @@ __global__ void __launch_bounds__(kEpilogueWarps * 32) qkv_epilogue_kernel(QkvEp
       cs *= p.rope_factor;
       sn *= p.rope_factor;
       const float a = x[i], b = x[i + half];
-      dst[i] = __float2bfloat16_rn(a * cs - b * sn);
-      dst[i + half] = __float2bfloat16_rn(b * cs + a * sn);
+      put(i, a * cs - b * sn);
+      put(i + half, b * cs + a * sn);
     }
   } else {
-    for (int i = lane; i < D; i += 32) dst[i] = __float2bfloat16_rn(x[i]);
+    for (int i = lane; i < D; i += 32) put(i, x[i]);
   }
 }
 
@@ -102,6 +121,8 @@ __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restri
 void qkv_epilogue(const QkvEpilogueParams& p, cudaStream_t s) {
   SPECULA_REQUIRE(p.head_dim % 2 == 0 && p.head_dim <= kMaxHeadDim,
                   "qkv_epilogue: head_dim " + std::to_string(p.head_dim) + " is not supported; it must be even and <= 256");
+  SPECULA_REQUIRE(p.k_cache == nullptr || p.cache_dtype == kBF16 || p.cache_dtype == kFp8E4m3,
+                  "qkv_epilogue: cache dtype code " + std::to_string(p.cache_dtype) + " is not supported; bf16 or fp8_e4m3");
   const int64_t items = p.n * (p.num_q_heads + 2 * p.num_kv_heads);
   if (items == 0) return;
   launch_pdl(qkv_epilogue_kernel, static_cast<unsigned>((items + kEpilogueWarps - 1) / kEpilogueWarps),

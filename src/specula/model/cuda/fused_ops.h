@@ -21,6 +21,15 @@ struct QkvEpilogueParams {
   void* q;                 // bf16 [n, num_q_heads, head_dim]
   void* k;                 // bf16 [n, num_kv_heads, head_dim]
   void* v;                 // bf16 [n, num_kv_heads, head_dim]
+  // When k_cache is set, K and V rows go straight into the paged KV cache (rows [num_slots,
+  // num_kv_heads, head_dim] of cache_dtype, bf16 or fp8 e4m3) at cache_loc[t] instead of into k
+  // and v: the attention then runs with save_kv_cache off, one launch fewer per layer. Values
+  // are rounded to bf16 first, so the cache holds what set_kv_buffer would have written.
+  void* k_cache;
+  void* v_cache;
+  const int32_t* cache_loc;  // [n]
+  int cache_dtype;           // DTypeCode
+  float k_scale, v_scale;    // fp8: the cache holds value / scale
   int64_t n;
   int num_q_heads, num_kv_heads, head_dim;  // head_dim even, at most 256
 };

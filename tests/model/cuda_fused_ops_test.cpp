@@ -1,0 +1,182 @@
+// The q/k/v epilogue with the KV write folded in: K and V land in the paged cache exactly as the
+// separate path (epilogue into k / v, then set_kv_buffer) puts them there, bf16 and fp8 caches,
+// with per-head norms and RoPE; q is the same either way; both match a float64 reference.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda_test_support.h"
+#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/core/device.h"
+#include "specula/kv/cuda/set_kv_buffer.h"
+#include "specula/model/cuda/fused_ops.h"
+
+namespace specula {
+namespace {
+
+namespace ck = cuda_kernels;
+using testing::DeviceArray;
+using testing::from_bf16;
+
+struct EpilogueCase {
+  int n, num_q_heads, num_kv_heads, head_dim;
+  bool norms;
+  int cache_dtype;
+  float k_scale, v_scale;
+};
+
+float fp8_e4m3_to_float(uint8_t b) {
+  const int sign = b >> 7, exp = (b >> 3) & 15, man = b & 7;
+  const double v = exp == 0 ? std::ldexp(man / 8.0, -6) : std::ldexp(1.0 + man / 8.0, exp - 7);
+  return static_cast<float>(sign ? -v : v);
+}
+
+// The float64 value of head row `head` (q | k | v order) of token t after norm and RoPE.
+std::vector<double> reference_row(const std::vector<float>& qkv, const std::vector<float>& norm_w, int t, int head,
+                                  const EpilogueCase& c, int position, const std::vector<float>& inv_freq,
+                                  bool rope, bool normed) {
+  const int D = c.head_dim, heads = c.num_q_heads + 2 * c.num_kv_heads;
+  std::vector<double> x(static_cast<size_t>(D));
+  for (int i = 0; i < D; ++i) x[static_cast<size_t>(i)] = qkv[(static_cast<size_t>(t) * heads + head) * D + i];
+  if (normed) {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    const double inv = 1.0 / std::sqrt(ss / D + 1e-6);
+    for (int i = 0; i < D; ++i) x[static_cast<size_t>(i)] = norm_w[static_cast<size_t>(i)] * x[static_cast<size_t>(i)] * inv;
+  }
+  if (!rope) return x;
+  std::vector<double> y(x);
+  for (int i = 0; i < D / 2; ++i) {
+    const double angle = static_cast<double>(static_cast<float>(position) * inv_freq[static_cast<size_t>(i)]);
+    const double a = x[static_cast<size_t>(i)], b = x[static_cast<size_t>(i + D / 2)];
+    y[static_cast<size_t>(i)] = a * std::cos(angle) - b * std::sin(angle);
+    y[static_cast<size_t>(i + D / 2)] = b * std::cos(angle) + a * std::sin(angle);
+  }
+  return y;
+}
+
+class CudaQkvEpilogue : public ::testing::TestWithParam<EpilogueCase> {};
+
+TEST_P(CudaQkvEpilogue, CacheWriteEqualsTheSeparateWrite) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const EpilogueCase c = GetParam();
+  std::mt19937_64 rng(testing::test_seed("cuda_model_test") + static_cast<uint64_t>(c.head_dim * 7 + c.n));
+  const int D = c.head_dim, heads = c.num_q_heads + 2 * c.num_kv_heads;
+  const int num_slots = 3 * c.n + 5;
+  const bool fp8 = c.cache_dtype == ck::kFp8E4m3;
+  const size_t elem = fp8 ? 1 : 2;
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f), wdist(0.5f, 1.5f);
+  std::vector<float> qkv(static_cast<size_t>(c.n) * heads * D), q_norm(static_cast<size_t>(D)), k_norm(q_norm.size()),
+      inv_freq(static_cast<size_t>(D / 2));
+  for (float& x : qkv) x = dist(rng);
+  for (float& x : q_norm) x = wdist(rng);
+  for (float& x : k_norm) x = wdist(rng);
+  for (int i = 0; i < D / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / D);
+  std::vector<int32_t> positions(static_cast<size_t>(c.n)), slots(static_cast<size_t>(num_slots));
+  std::uniform_int_distribution<int32_t> pos_dist(0, 4000);
+  for (int32_t& p : positions) p = pos_dist(rng);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(static_cast<size_t>(c.n));  // distinct, scattered destinations
+
+  DeviceArray<float> d_qkv(qkv), d_qn(q_norm), d_kn(k_norm), d_freq(inv_freq);
+  DeviceArray<int32_t> d_pos(positions), d_loc(slots);
+  const size_t q_elems = static_cast<size_t>(c.n) * c.num_q_heads * D, kv_elems = static_cast<size_t>(c.n) * c.num_kv_heads * D;
+  const size_t cache_bytes = static_cast<size_t>(num_slots) * c.num_kv_heads * D * elem;
+  DeviceArray<uint16_t> q_sep(q_elems), q_fused(q_elems), k_sep(kv_elems), v_sep(kv_elems);
+  DeviceArray<uint8_t> kc_sep(cache_bytes), vc_sep(cache_bytes), kc_fused(cache_bytes), vc_fused(cache_bytes);
+  for (auto* a : {&kc_sep, &vc_sep, &kc_fused, &vc_fused}) a->fill_bytes(0x3c);
+
+  ck::QkvEpilogueParams e{};
+  e.qkv = d_qkv.get();
+  e.positions = d_pos.get();
+  e.inv_freq = d_freq.get();
+  e.rope_factor = 1.0f;
+  e.q_norm = c.norms ? d_qn.get() : nullptr;
+  e.k_norm = c.norms ? d_kn.get() : nullptr;
+  e.eps = 1e-6f;
+  e.n = c.n;
+  e.num_q_heads = c.num_q_heads;
+  e.num_kv_heads = c.num_kv_heads;
+  e.head_dim = D;
+  // Separate: the epilogue into k / v, then set_kv_buffer.
+  e.q = q_sep.get();
+  e.k = k_sep.get();
+  e.v = v_sep.get();
+  ck::qkv_epilogue(e, nullptr);
+  ck::SetKVParams w{};
+  w.k = k_sep.get();
+  w.v = v_sep.get();
+  w.k_stride = w.v_stride = static_cast<int64_t>(c.num_kv_heads) * D;
+  w.src_dtype = ck::kBF16;
+  w.k_cache = kc_sep.get();
+  w.v_cache = vc_sep.get();
+  w.cache_dtype = c.cache_dtype;
+  w.loc = d_loc.get();
+  w.num_tokens = c.n;
+  w.row_k = w.row_v = c.num_kv_heads * D;
+  w.k_scale = c.k_scale;
+  w.v_scale = c.v_scale;
+  ck::launch_set_kv_buffer(w, nullptr);
+  // Fused: the epilogue writes the cache itself.
+  e.q = q_fused.get();
+  e.k = e.v = nullptr;
+  e.k_cache = kc_fused.get();
+  e.v_cache = vc_fused.get();
+  e.cache_loc = d_loc.get();
+  e.cache_dtype = c.cache_dtype;
+  e.k_scale = c.k_scale;
+  e.v_scale = c.v_scale;
+  ck::qkv_epilogue(e, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+
+  EXPECT_EQ(q_fused.download(), q_sep.download());
+  const std::vector<uint8_t> kf = kc_fused.download(), vf = vc_fused.download();
+  EXPECT_EQ(kf, kc_sep.download());
+  EXPECT_EQ(vf, vc_sep.download());
+
+  // The cache rows against float64: bf16 rounding (and fp8's 3-bit mantissa) of the reference.
+  const double rel = fp8 ? 0.07 : 0.008;
+  auto cached = [&](const std::vector<uint8_t>& cache, size_t index, float scale) {
+    if (fp8) return static_cast<double>(fp8_e4m3_to_float(cache[index])) * scale;
+    uint16_t bits;
+    std::copy_n(cache.data() + 2 * index, 2, reinterpret_cast<uint8_t*>(&bits));
+    return static_cast<double>(from_bf16(bits));
+  };
+  for (int t = 0; t < c.n; ++t) {
+    for (int g = 0; g < c.num_kv_heads; ++g) {
+      const std::vector<double> k = reference_row(qkv, k_norm, t, c.num_q_heads + g, c, positions[static_cast<size_t>(t)],
+                                                  inv_freq, true, c.norms);
+      const std::vector<double> v =
+          reference_row(qkv, k_norm, t, c.num_q_heads + c.num_kv_heads + g, c, 0, inv_freq, false, false);
+      for (int i = 0; i < D; ++i) {
+        const size_t at = (static_cast<size_t>(slots[static_cast<size_t>(t)]) * c.num_kv_heads + g) * D + i;
+        const double ek = std::abs(cached(kf, at, c.k_scale) - k[static_cast<size_t>(i)]);
+        const double ev = std::abs(cached(vf, at, c.v_scale) - v[static_cast<size_t>(i)]);
+        ASSERT_LE(ek, rel * std::abs(k[static_cast<size_t>(i)]) + 2e-3 * c.k_scale) << "k token " << t << " head " << g << " dim " << i;
+        ASSERT_LE(ev, rel * std::abs(v[static_cast<size_t>(i)]) + 2e-3 * c.v_scale) << "v token " << t << " head " << g << " dim " << i;
+      }
+    }
+  }
+  // Slots no token maps to keep their fill.
+  std::vector<bool> used(static_cast<size_t>(num_slots), false);
+  for (int32_t s : slots) used[static_cast<size_t>(s)] = true;
+  const size_t row_bytes = static_cast<size_t>(c.num_kv_heads) * D * elem;
+  for (int s = 0; s < num_slots; ++s) {
+    if (used[static_cast<size_t>(s)]) continue;
+    for (size_t b = 0; b < row_bytes; ++b) ASSERT_EQ(kf[static_cast<size_t>(s) * row_bytes + b], 0x3c) << "slot " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaQkvEpilogue,
+                         ::testing::Values(EpilogueCase{1, 32, 8, 128, false, ck::kBF16, 1.0f, 1.0f},
+                                           EpilogueCase{19, 16, 4, 64, true, ck::kBF16, 1.0f, 1.0f},
+                                           EpilogueCase{7, 12, 2, 256, true, ck::kFp8E4m3, 0.5f, 2.0f},
+                                           EpilogueCase{33, 8, 8, 80, false, ck::kFp8E4m3, 1.0f, 0.25f}));
+
+}  // namespace
+}  // namespace specula
