@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "cuda_test_support.h"
@@ -17,6 +18,7 @@
 #include "specula/core/device.h"
 #include "specula/model/cuda/cuda_linear.h"
 #include "specula/model/cuda/fused_ops.h"
+#include "specula/model/cuda/gemv.h"
 #include "specula/model/cuda/model_ops.h"
 
 namespace specula {
@@ -72,14 +74,15 @@ class CudaLinearTest : public ::testing::Test {
 
 TEST_F(CudaLinearTest, GatedProductMatchesReferenceAndTheUnfusedPath) {
   CudaLinear linear(Device::cuda(0), stream_, false);
-  // An odd feature count (the last warp's second output is past the end); rows of 776 (one warp
-  // per feature group) and of 2048 (two warps share each group).
-  const int inter = 203;
-  for (auto [in, gelu] : {std::pair{776, false}, std::pair{776, true}, std::pair{2048, false}}) {
+  // Odd feature counts (the last warp's second output is past the end); small matrices (the tiny
+  // kernel, rows of 776 split over four warps) and larger ones (rows of 776 on one warp per
+  // feature group, of 2048 on two).
+  for (auto [inter, in, gelu] : {std::tuple{203, 776, false}, std::tuple{203, 776, true}, std::tuple{701, 776, false},
+                                 std::tuple{301, 2048, false}}) {
     const std::vector<float> w = random_bf16_values(rng_, static_cast<size_t>(2 * inter) * in, 0.05f);
     const Buffer wd = device_bf16(w);
     for (int n : {1, 2, 5, 8, 12}) {
-      SCOPED_TRACE(::testing::Message() << "n=" << n << " in=" << in << " gelu=" << gelu);
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " in=" << in << " inter=" << inter << " gelu=" << gelu);
       const std::vector<float> x = random_bf16_values(rng_, static_cast<size_t>(n) * in, 1.0f);
       const Buffer xd = device_f32(x);
       Buffer fused(DType::f32, {int64_t{n} * inter}, Device::cuda(0));
@@ -105,29 +108,65 @@ TEST_F(CudaLinearTest, GatedProductMatchesReferenceAndTheUnfusedPath) {
   }
 }
 
+// Every row of a GEMV of n rows is bit for bit the GEMV of that row alone (what the deterministic
+// mode's batch invariance stands on) and matches float64, for each of the kernel's shapes: tiny
+// matrices with rows walked by one warp or split over four, larger ones with one or two warps
+// per feature group.
+TEST_F(CudaLinearTest, GemvRowsAreBatchInvariantAndMatchReference) {
+  for (auto [in, out] : {std::pair{256, 259}, std::pair{640, 256}, std::pair{1024, 1100}, std::pair{2048, 777}}) {
+    const std::vector<float> w = random_bf16_values(rng_, static_cast<size_t>(out) * in, 0.05f);
+    const Buffer wd = device_bf16(w);
+    const int max_rows = cuda_kernels::kGemvMaxRows;
+    const std::vector<float> x = random_bf16_values(rng_, static_cast<size_t>(max_rows) * in, 1.0f);
+    const Buffer xd = device_f32(x);
+    Buffer alone(DType::f32, {int64_t{max_rows} * out}, Device::cuda(0)), batch(DType::f32, {int64_t{max_rows} * out}, Device::cuda(0));
+    for (int r = 0; r < max_rows; ++r) {
+      cuda_kernels::gemv_bf16(wd.data(), xd.data_as<float>() + int64_t{r} * in, alone.data_as<float>() + int64_t{r} * out, 1,
+                              in, out, stream_);
+    }
+    const std::vector<float> want = host(alone);
+    for (int n = 2; n <= max_rows; ++n) {
+      SCOPED_TRACE(::testing::Message() << "in=" << in << " out=" << out << " n=" << n);
+      cuda_kernels::gemv_bf16(wd.data(), xd.data_as<float>(), batch.data_as<float>(), n, in, out, stream_);
+      const std::vector<float> got = host(batch);
+      for (int r = 0; r < n; ++r) {
+        for (int o = 0; o < out; ++o) {
+          const size_t i = static_cast<size_t>(r) * out + o;
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << "row " << r << " feature " << o;
+          const double ref = dot(x, r, w, o, in);
+          ASSERT_NEAR(got[i], ref, 1e-4 * (1.0 + std::abs(ref))) << "row " << r << " feature " << o;
+        }
+      }
+    }
+  }
+}
+
 TEST_F(CudaLinearTest, Bf16ActivationsMatchReferenceAndTheF32Path) {
   CudaLinear linear(Device::cuda(0), stream_, false);
-  const int in = 2048, out = 333;  // two warps share each feature group
-  const std::vector<float> w = random_bf16_values(rng_, static_cast<size_t>(out) * in, 0.05f);
-  const std::vector<float> bias = random_bf16_values(rng_, static_cast<size_t>(out), 0.5f);
-  const Buffer wd = device_bf16(w), bd = device_f32(bias);
-  for (int n : {1, 3, 8, 20}) {
-    SCOPED_TRACE(::testing::Message() << "n=" << n);
-    const std::vector<float> x = random_bf16_values(rng_, static_cast<size_t>(n) * in, 1.0f);
-    const Buffer xb = device_bf16(x);
-    Buffer x_f32(DType::f32, {int64_t{n} * in}, Device::cuda(0));
-    Buffer got_d(DType::f32, {int64_t{n} * out}, Device::cuda(0)), want_d(DType::f32, {int64_t{n} * out}, Device::cuda(0));
-    Buffer hi(DType::bf16, {int64_t{n} * in}, Device::cuda(0)), lo(DType::bf16, {int64_t{n} * in}, Device::cuda(0));
-    linear.product_bf16_x(xb.data(), wd, bd, got_d.data_as<float>(), n, in, out, x_f32.data_as<float>());
-    cuda_kernels::bf16_to_f32(xb.data(), x_f32.data_as<float>(), int64_t{n} * in, stream_);
-    linear(x_f32.data_as<float>(), wd, bd, want_d.data_as<float>(), n, in, out, hi.data(), lo.data());
-    const std::vector<float> got = host(got_d), want = host(want_d);
-    for (int r = 0; r < n; ++r) {
-      for (int o = 0; o < out; ++o) {
-        const size_t i = static_cast<size_t>(r) * out + o;
-        ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << "row " << r << " feature " << o;
-        const double ref = dot(x, r, w, o, in) + bias[static_cast<size_t>(o)];
-        ASSERT_NEAR(got[i], ref, 1e-4 * (1.0 + std::abs(ref))) << "row " << r << " feature " << o;
+  // Rows of 2048: a tiny matrix (four warps per feature) and a larger one (two warps per group).
+  const int in = 2048;
+  for (int out : {333, 777}) {
+    const std::vector<float> w = random_bf16_values(rng_, static_cast<size_t>(out) * in, 0.05f);
+    const std::vector<float> bias = random_bf16_values(rng_, static_cast<size_t>(out), 0.5f);
+    const Buffer wd = device_bf16(w), bd = device_f32(bias);
+    for (int n : {1, 3, 8, 20}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " out=" << out);
+      const std::vector<float> x = random_bf16_values(rng_, static_cast<size_t>(n) * in, 1.0f);
+      const Buffer xb = device_bf16(x);
+      Buffer x_f32(DType::f32, {int64_t{n} * in}, Device::cuda(0));
+      Buffer got_d(DType::f32, {int64_t{n} * out}, Device::cuda(0)), want_d(DType::f32, {int64_t{n} * out}, Device::cuda(0));
+      Buffer hi(DType::bf16, {int64_t{n} * in}, Device::cuda(0)), lo(DType::bf16, {int64_t{n} * in}, Device::cuda(0));
+      linear.product_bf16_x(xb.data(), wd, bd, got_d.data_as<float>(), n, in, out, x_f32.data_as<float>());
+      cuda_kernels::bf16_to_f32(xb.data(), x_f32.data_as<float>(), int64_t{n} * in, stream_);
+      linear(x_f32.data_as<float>(), wd, bd, want_d.data_as<float>(), n, in, out, hi.data(), lo.data());
+      const std::vector<float> got = host(got_d), want = host(want_d);
+      for (int r = 0; r < n; ++r) {
+        for (int o = 0; o < out; ++o) {
+          const size_t i = static_cast<size_t>(r) * out + o;
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << "row " << r << " feature " << o;
+          const double ref = dot(x, r, w, o, in) + bias[static_cast<size_t>(o)];
+          ASSERT_NEAR(got[i], ref, 1e-4 * (1.0 + std::abs(ref))) << "row " << r << " feature " << o;
+        }
       }
     }
   }

@@ -262,8 +262,22 @@ TEST(CudaDraftKernels, TreeExpansionMatchesDraftStepsBookkeeping) {
     }
     DeviceArray<int32_t> d_root_tokens(root_tokens);
     DeviceArray<float> d_root_probs(root_probs), d_root_hidden(root_hidden);
+    // The roots go through a store indexed by request (shuffled rows, more rows than requests,
+    // filled with garbage first), as the draft extend leaves them for the next draft loop.
+    const int store_rows = B + 3;
+    std::vector<int32_t> rows_of(static_cast<size_t>(store_rows));
+    std::iota(rows_of.begin(), rows_of.end(), 0);
+    std::shuffle(rows_of.begin(), rows_of.end(), rng);
+    rows_of.resize(static_cast<size_t>(B));
+    DeviceArray<int32_t> d_rows(rows_of), store_tokens(static_cast<size_t>(store_rows) * K);
+    DeviceArray<float> store_probs(static_cast<size_t>(store_rows) * K), store_hidden(static_cast<size_t>(store_rows) * H);
+    store_tokens.fill_bytes(0x7f);
+    store_probs.fill_bytes(0x7f);
+    store_hidden.fill_bytes(0x7f);
+    ck::draft_store_roots({store_hidden.get(), store_tokens.get(), store_probs.get(), H, K}, d_rows.get(), B,
+                          d_root_hidden.get(), d_root_tokens.get(), d_root_probs.get(), nullptr);
     const ck::DraftTreeState st = tree.state();
-    ck::draft_init(st, d_root_tokens.get(), d_root_probs.get(), d_root_hidden.get(), nullptr);
+    ck::draft_init(st, store_tokens.get(), store_probs.get(), store_hidden.get(), d_rows.get(), nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     expect_state(h, st, 1, "after draft_init");
 
@@ -398,7 +412,7 @@ TEST(CudaDraftKernels, CapturedInAGraphAndDeterministic) {
   CUDA_CHECK(cudaStreamCreate(&stream));
   auto run_step = [&] {
     ck::draft_top_k({root_logits.get(), B, V, K, nullptr, root_tokens.get(), root_probs.get()}, stream);
-    ck::draft_init(st, root_tokens.get(), root_probs.get(), root_hidden.get(), stream);
+    ck::draft_init(st, root_tokens.get(), root_probs.get(), root_hidden.get(), nullptr, stream);
     ck::tree_attention(attn.p, stream);
     ck::draft_top_k({step_logits.get(), rows, V, K, nullptr, child_tokens.get(), child_probs.get()}, stream);
     ck::draft_select(st, 1, child_tokens.get(), child_probs.get(), step_hidden.get(), stream);

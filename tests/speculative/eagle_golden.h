@@ -83,8 +83,9 @@ inline void check_golden(EagleKind kind, Device device, float prob_tolerance) {
       // The root's top 8: a chain worker with topk 8 keeps exactly those.
       Pair pair(device);
       EagleWorker worker(*pair.runner, EagleOptions{kind, head, SpecParams{1, 8, 9}});
-      DraftState state;
-      prefill(*pair.runner, worker, ids, target_next, state);
+      DraftState prefilled;
+      const int32_t req = prefill(*pair.runner, worker, ids, target_next, prefilled);
+      const DraftState state = worker.root_on_host(req, prefilled);
       const auto top_ids = prompt["first_step_top_ids"].get<std::vector<int32_t>>();
       const auto top_probs = prompt["first_step_top_probs"].get<std::vector<float>>();
       ASSERT_EQ(state.root_tokens.size(), top_ids.size());

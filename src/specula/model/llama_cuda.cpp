@@ -141,11 +141,20 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
     CUDA_CHECK(cudaMemcpy2DAsync(captured_states + e * static_cast<size_t>(h), captured * h * sizeof(float), src,
                                  h * sizeof(float), h * sizeof(float), static_cast<size_t>(n), cudaMemcpyDeviceToDevice, s));
   };
+  // Where the residual stream entering layer l is captured (entry e of slot 5), or nullptr. From
+  // layer 1 on, the add + RMSNorm that produces it writes the copy too.
+  auto capture_dst = [&](size_t l) -> float* {
+    for (size_t e = 0; e < captured; ++e) {
+      if (capture->layers[e] == static_cast<int>(l)) return captured_states + e * static_cast<size_t>(h);
+    }
+    return nullptr;
+  };
+  const auto capture_stride = static_cast<int64_t>(captured) * h;
+  for (size_t e = 0; e < captured; ++e) {
+    if (capture->layers[e] == 0) store(e, x);  // the embedding: no add + RMSNorm produced it
+  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
-    for (size_t e = 0; e < captured; ++e) {
-      if (capture->layers[e] == static_cast<int>(l)) store(e, x);
-    }
     linear(ws, xn, w.w_qkv, w.b_qkv, qkv, n, h, qkv_width);
     ck::QkvEpilogueParams e{};
     e.qkv = qkv;
@@ -183,7 +192,8 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
     if (w.post_ffn_norm.data() != nullptr) ck::rms_norm_rows(o, w.post_ffn_norm.data_as<const float>(), o, n, h, eps, s);
     // The residual add, fused with the next layer's input norm.
     if (l + 1 < layers_.size()) {
-      ck::add_rms_norm_rows(x, o, layers_[l + 1].input_norm.data_as<const float>(), xn, n, h, eps, s);
+      ck::add_rms_norm_rows(x, o, layers_[l + 1].input_norm.data_as<const float>(), xn, n, h, eps, s, capture_dst(l + 1),
+                            capture_stride);
     } else {
       ck::add_inplace(x, o, n * h, s);
     }

@@ -38,32 +38,28 @@ void copy_columns(float* dst, int dst_width, int offset, const float* src, int w
 
 }  // namespace
 
-// Where each staged input of a loop of `batch` requests sits: ints then floats.
+// Where each staged input of a loop of `batch` requests sits (all ints; the roots are in the store).
 struct EagleCudaHead::LoopLayout {
-  int64_t root_tokens = 0, step_slots = 0, positions = 0, prefix_lens = 0, pages = 0, ints = 0;
-  int64_t root_probs = 0, root_hidden = 0, floats = 0;
+  int64_t root_rows = 0, step_slots = 0, positions = 0, prefix_lens = 0, pages = 0, ints = 0;
 };
 
 EagleCudaHead::LoopLayout EagleCudaHead::layout(int batch) const {
   const int64_t rows = static_cast<int64_t>(batch) * params_.topk;
   const int64_t steps = params_.num_steps - 1;
   LoopLayout l;
-  l.root_tokens = 0;
-  l.step_slots = l.root_tokens + rows;
+  l.root_rows = 0;
+  l.step_slots = l.root_rows + batch;
   l.positions = l.step_slots + steps * rows;
   l.prefix_lens = l.positions + steps * rows;
   l.pages = l.prefix_lens + batch;
   l.ints = l.pages + static_cast<int64_t>(batch) * page_stride_;
-  l.root_probs = 0;
-  l.root_hidden = rows;
-  l.floats = l.root_hidden + static_cast<int64_t>(batch) * head_.hidden_size();
   return l;
 }
 
 // The extend graphs' staged inputs for `batch` requests of N = num_draft_tokens rows each.
 struct EagleCudaHead::ExtendLayout {
   int64_t ids = 0, positions = 0, slots = 0, prefix_lens = 0, pages = 0, branch = 0, branch_lens = 0, last_rows = 0,
-          ints = 0, floats = 0;
+          req_rows = 0, ints = 0, floats = 0;
 };
 
 EagleCudaHead::ExtendLayout EagleCudaHead::extend_layout(int batch) const {
@@ -76,7 +72,8 @@ EagleCudaHead::ExtendLayout EagleCudaHead::extend_layout(int batch) const {
   l.branch = l.pages + static_cast<int64_t>(batch) * page_stride_;
   l.branch_lens = l.branch + rows * N;
   l.last_rows = l.branch_lens + rows;
-  l.ints = l.last_rows + batch;
+  l.req_rows = l.last_rows + batch;
+  l.ints = l.req_rows + batch;
   l.floats = rows * head_.feature_size();
   return l;
 }
@@ -88,9 +85,10 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
   SPECULA_CHECK(device.is_cuda() && draft_kv.dtype() == DType::bf16, "the GPU draft head needs a bf16 KV pool on a GPU");
   SPECULA_CHECK(params.topk <= ck::kMaxDraftTopK, "speculative topk {} is not supported on the GPU; the limit is {}",
                 params.topk, ck::kMaxDraftTopK);
-  SPECULA_CHECK(options.page_size >= 1 && options.max_context_len >= 1 && options.max_batch >= 1,
-                "EagleCudaHead options: page_size {}, max_context_len {}, max_batch {} must be >= 1", options.page_size,
-                options.max_context_len, options.max_batch);
+  SPECULA_CHECK(options.page_size >= 1 && options.max_context_len >= 1 && options.max_batch >= 1 &&
+                    options.num_req_rows >= 1,
+                "EagleCudaHead options: page_size {}, max_context_len {}, max_batch {}, num_req_rows {} must be >= 1",
+                options.page_size, options.max_context_len, options.max_batch, options.num_req_rows);
   const ModelConfig& c = head.config();
   SPECULA_CHECK(c.hidden_size % 8 == 0 && c.intermediate_size % 8 == 0 && head.feature_size() % 8 == 0,
                 "the GPU draft head needs widths that are multiples of 8 (hidden {}, intermediate {}, features {})",
@@ -120,7 +118,12 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
   const int64_t h = head.hidden_size();
   const LoopLayout l = layout(options.max_batch);
   loop_ints_ = Buffer(DType::i32, {l.ints}, device);
-  loop_floats_ = Buffer(DType::f32, {l.floats}, device);
+  // Zeroed: padding requests start from the padding row, which then holds valid token ids.
+  const int64_t store_rows = static_cast<int64_t>(options.num_req_rows) + 1;
+  roots_hidden_ = Buffer(DType::f32, {store_rows * h}, device);
+  roots_tokens_ = Buffer(DType::i32, {store_rows * params.topk}, device);
+  roots_probs_ = Buffer(DType::f32, {store_rows * params.topk}, device);
+  for (Buffer* b : {&roots_hidden_, &roots_tokens_, &roots_probs_}) b->zero();
   frontier_scores_ = Buffer(DType::f32, {rows}, device);
   frontier_nodes_ = Buffer(DType::i32, {rows}, device);
   row_tokens_ = Buffer(DType::i32, {rows}, device);
@@ -289,11 +292,16 @@ void EagleCudaHead::top_k(const float* logits, int64_t rows, int32_t* tokens, fl
 }
 
 void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend, const float* features,
-                           const std::vector<int32_t>& last_rows, std::vector<float>& root_hidden,
-                           std::vector<int32_t>& root_tokens, std::vector<float>& root_probs) {
+                           const std::vector<int32_t>& last_rows, const std::vector<int32_t>& req_pool_indices) {
   const auto s = static_cast<cudaStream_t>(stream_);
   const int64_t n = batch.num_tokens();
   const auto rows = static_cast<int64_t>(last_rows.size());
+  SPECULA_CHECK(req_pool_indices.size() == last_rows.size(), "draft extend: {} request indices for {} rows",
+                req_pool_indices.size(), last_rows.size());
+  for (int32_t r : req_pool_indices) {
+    SPECULA_CHECK(r >= 0 && r < options_.num_req_rows, "draft extend: request index {} is out of range [0, {})", r,
+                  options_.num_req_rows);
+  }
   const int h = head_.hidden_size();
   const int K = params_.topk;
   Workspace& ws = extend_ws_;
@@ -306,6 +314,10 @@ void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend,
   CUDA_CHECK(cudaMemcpyAsync(feats.data(), features, static_cast<size_t>(n * head_.feature_size()) * sizeof(float),
                              cudaMemcpyHostToDevice, s));
   upload_async(row_ids.data(), last_rows, s);
+  if (extend_rows_.data() == nullptr || extend_rows_.numel() < rows) {
+    extend_rows_ = Buffer(DType::i32, {rows}, draft_kv_.config().device);
+  }
+  upload_async(extend_rows_.data(), req_pool_indices, s);
   const AttentionLayer& layer = head_.attention_layer();
   const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
     backend.forward(q, k, v, out, layer, batch);
@@ -318,24 +330,33 @@ void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend,
   // The rows' hidden states (forward's kSelected holds them normed for EAGLE-3).
   float* hidden = scratch(ws, kNormed, DType::f32, rows * h).data_as<float>();
   ck::gather_rows(ws.slots[kX].data_as<const float>(), row_ids.data_as<const int32_t>(), hidden, rows, h, s);
-  download_roots(ws, rows, root_hidden, root_tokens, root_probs);
+  store_roots(ws, extend_rows_.data_as<const int32_t>(), static_cast<int>(rows));
 }
 
-void EagleCudaHead::download_roots(Workspace& ws, int64_t rows, std::vector<float>& root_hidden,
-                                   std::vector<int32_t>& root_tokens, std::vector<float>& root_probs) {
+void EagleCudaHead::store_roots(Workspace& ws, const int32_t* store_rows, int rows) {
+  ck::DraftRootStore store{roots_hidden_.data_as<float>(), roots_tokens_.data_as<int32_t>(),
+                           roots_probs_.data_as<float>(), head_.hidden_size(), params_.topk};
+  ck::draft_store_roots(store, store_rows, rows, ws.slots[kNormed].data_as<const float>(),
+                        ws.slots[kTopTokens].data_as<const int32_t>(), ws.slots[kTopProbs].data_as<const float>(),
+                        static_cast<cudaStream_t>(stream_));
+}
+
+void EagleCudaHead::read_root(int32_t req_pool_idx, std::vector<float>& hidden, std::vector<int32_t>& tokens,
+                              std::vector<float>& probs) {
+  SPECULA_CHECK(req_pool_idx >= 0 && req_pool_idx < options_.num_req_rows, "request index {} is out of range [0, {})",
+                req_pool_idx, options_.num_req_rows);
   const auto s = static_cast<cudaStream_t>(stream_);
-  const auto nh = static_cast<size_t>(rows * head_.hidden_size()), nk = static_cast<size_t>(rows * params_.topk);
-  auto* host = static_cast<char*>(pinned_.reserve((nh + 2 * nk) * 4));
-  CUDA_CHECK(cudaMemcpyAsync(host, ws.slots[kNormed].data(), nh * 4, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaMemcpyAsync(host + nh * 4, ws.slots[kTopTokens].data(), nk * 4, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaMemcpyAsync(host + (nh + nk) * 4, ws.slots[kTopProbs].data(), nk * 4, cudaMemcpyDeviceToHost, s));
+  const int h = head_.hidden_size(), K = params_.topk;
+  hidden.resize(static_cast<size_t>(h));
+  tokens.resize(static_cast<size_t>(K));
+  probs.resize(static_cast<size_t>(K));
+  CUDA_CHECK(cudaMemcpyAsync(hidden.data(), roots_hidden_.data_as<float>() + static_cast<int64_t>(req_pool_idx) * h,
+                             static_cast<size_t>(h) * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(tokens.data(), roots_tokens_.data_as<int32_t>() + static_cast<int64_t>(req_pool_idx) * K,
+                             static_cast<size_t>(K) * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(probs.data(), roots_probs_.data_as<float>() + static_cast<int64_t>(req_pool_idx) * K,
+                             static_cast<size_t>(K) * 4, cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaStreamSynchronize(s));
-  const auto* hf = reinterpret_cast<const float*>(host);
-  const auto* ti = reinterpret_cast<const int32_t*>(host + nh * 4);
-  const auto* tp = reinterpret_cast<const float*>(host + (nh + nk) * 4);
-  root_hidden.assign(hf, hf + nh);
-  root_tokens.assign(ti, ti + nk);
-  root_probs.assign(tp, tp + nk);
 }
 
 void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
@@ -353,10 +374,10 @@ void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
   top_k(ws.slots[kLogits].data_as<const float>(), batch, scratch(ws, kTopTokens, DType::i32, static_cast<int64_t>(batch) * K).data_as<int32_t>(), scratch(ws, kTopProbs, DType::f32, static_cast<int64_t>(batch) * K).data_as<float>());
   ck::gather_rows(ws.slots[kX].data_as<const float>(), ints + l.last_rows,
                   scratch(ws, kNormed, DType::f32, static_cast<int64_t>(batch) * h).data_as<float>(), batch, h, s);
+  store_roots(ws, ints + l.req_rows, batch);
 }
 
-bool EagleCudaHead::extend_after_cycle(std::span<const DraftExtendInput> requests, std::vector<float>& root_hidden,
-                                       std::vector<int32_t>& root_tokens, std::vector<float>& root_probs) {
+bool EagleCudaHead::extend_after_cycle(std::span<const DraftExtendInput> requests) {
   const auto B = static_cast<int>(requests.size());
   const int N = params_.num_draft_tokens;
   const auto graph = extend_graphs_.lower_bound(B);
@@ -366,7 +387,6 @@ bool EagleCudaHead::extend_after_cycle(std::span<const DraftExtendInput> request
   }
   stage_extend(requests, graph->first);
   graph->second->launch(stream_);
-  download_roots(extend_graph_ws_, B, root_hidden, root_tokens, root_probs);
   return true;
 }
 
@@ -385,6 +405,11 @@ void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int
     const int len = r != nullptr ? r->len : 1;
     at(l.prefix_lens + b) = r != nullptr ? start : 1;
     at(l.last_rows + b) = b * N + len - 1;
+    if (r != nullptr) {
+      SPECULA_CHECK(r->req_pool_idx >= 0 && r->req_pool_idx < options_.num_req_rows,
+                    "draft extend: request index {} is out of range [0, {})", r->req_pool_idx, options_.num_req_rows);
+    }
+    at(l.req_rows + b) = r != nullptr ? r->req_pool_idx : padding_root_row();
     const int pages = (start + options_.page_size - 1) / options_.page_size;
     SPECULA_CHECK(start + len <= options_.max_context_len, "a draft extend to {} tokens exceeds max_context_len {}",
                   start + len, options_.max_context_len);
@@ -445,7 +470,6 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
   const int64_t rows = static_cast<int64_t>(batch) * K;
   const LoopLayout l = layout(batch);
   int32_t* ints = loop_ints_.data_as<int32_t>();
-  const float* floats = loop_floats_.data_as<const float>();
   ck::DraftTreeState st{};
   st.batch = batch;
   st.k = K;
@@ -460,7 +484,8 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
   st.cand_tokens = cand_tokens_.data_as<int32_t>();
   st.cand_parents = cand_parents_.data_as<int32_t>();
   st.cand_scores = cand_scores_.data_as<float>();
-  ck::draft_init(st, ints + l.root_tokens, floats + l.root_probs, floats + l.root_hidden, s);
+  ck::draft_init(st, roots_tokens_.data_as<const int32_t>(), roots_probs_.data_as<const float>(),
+                 roots_hidden_.data_as<const float>(), ints + l.root_rows, s);
   int32_t* top_tokens = scratch(ws, kTopTokens, DType::i32, rows * K).data_as<int32_t>();
   float* top_probs = scratch(ws, kTopProbs, DType::f32, rows * K).data_as<float>();
   for (int step = 1; step < params_.num_steps; ++step) {
@@ -479,15 +504,19 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
 void EagleCudaHead::stage_loop(std::span<const DraftLoopInput> requests, int bs) {
   const auto s = static_cast<cudaStream_t>(stream_);
   const auto B = static_cast<int>(requests.size());
-  const int K = params_.topk, S = params_.num_steps, h = head_.hidden_size();
+  const int K = params_.topk, S = params_.num_steps;
   const LoopLayout l = layout(bs);
   const int64_t rows = static_cast<int64_t>(bs) * K;
   host_ints_.assign(static_cast<size_t>(l.ints), options_.padding_slot);
-  host_floats_.assign(static_cast<size_t>(l.floats), 0.0f);
   for (int b = 0; b < bs; ++b) {
     const bool real = b < B;
     const DraftLoopInput* r = real ? &requests[static_cast<size_t>(b)] : nullptr;
     const int kv_len = real ? r->kv_len : 1;
+    if (real) {
+      SPECULA_CHECK(r->req_pool_idx >= 0 && r->req_pool_idx < options_.num_req_rows,
+                    "draft loop: request index {} is out of range [0, {})", r->req_pool_idx, options_.num_req_rows);
+    }
+    host_ints_[static_cast<size_t>(l.root_rows + b)] = real ? r->req_pool_idx : padding_root_row();
     host_ints_[static_cast<size_t>(l.prefix_lens + b)] = kv_len;
     const int pages = (kv_len + options_.page_size - 1) / options_.page_size;
     SPECULA_CHECK(pages <= page_stride_, "a draft prefix of {} tokens exceeds max_context_len {}", kv_len,
@@ -498,18 +527,14 @@ void EagleCudaHead::stage_loop(std::span<const DraftLoopInput> requests, int bs)
     }
     for (int j = 0; j < K; ++j) {
       const int64_t row = static_cast<int64_t>(b) * K + j;
-      host_ints_[static_cast<size_t>(l.root_tokens + row)] = real ? r->root_tokens[j] : 0;
-      host_floats_[static_cast<size_t>(l.root_probs + row)] = real ? r->root_probs[j] : 1.0f;
       for (int step = 1; step < S; ++step) {
         const int64_t at = (step - 1) * rows + row;
         if (real) host_ints_[static_cast<size_t>(l.step_slots + at)] = r->req_row[kv_len + (step - 1) * K + j];
         host_ints_[static_cast<size_t>(l.positions + at)] = real ? kv_len - 1 + step : step;
       }
     }
-    if (real) std::copy_n(r->root_hidden, h, host_floats_.begin() + l.root_hidden + static_cast<int64_t>(b) * h);
   }
   upload_async(loop_ints_.data(), host_ints_, s);
-  upload_async(loop_floats_.data(), host_floats_, s);
 }
 
 void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates) {
@@ -519,12 +544,25 @@ void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::ve
   candidates.assign(requests.size(), {});
   if (B == 0) return;
   if (S == 1) {
-    // No steps: the tree's candidates are the root's top-k.
+    // No steps: the tree's candidates are the root's top-k, read from the root store.
+    auto* host = static_cast<char*>(pinned_.reserve(static_cast<size_t>(2 * B * K) * 4));
+    const size_t bytes = static_cast<size_t>(K) * 4;
     for (int b = 0; b < B; ++b) {
-      const DraftLoopInput& r = requests[static_cast<size_t>(b)];
+      const int32_t row = requests[static_cast<size_t>(b)].req_pool_idx;
+      SPECULA_CHECK(row >= 0 && row < options_.num_req_rows, "draft loop: request index {} is out of range [0, {})", row,
+                    options_.num_req_rows);
+      CUDA_CHECK(cudaMemcpyAsync(host + 2 * b * bytes, roots_tokens_.data_as<int32_t>() + row * K, bytes,
+                                 cudaMemcpyDeviceToHost, s));
+      CUDA_CHECK(cudaMemcpyAsync(host + (2 * b + 1) * bytes, roots_probs_.data_as<float>() + row * K, bytes,
+                                 cudaMemcpyDeviceToHost, s));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    for (int b = 0; b < B; ++b) {
+      const auto* tokens = reinterpret_cast<const int32_t*>(host + 2 * b * bytes);
+      const auto* probs = reinterpret_cast<const float*>(host + (2 * b + 1) * bytes);
       DraftCandidates& c = candidates[static_cast<size_t>(b)];
-      c.tokens.assign(r.root_tokens, r.root_tokens + K);
-      c.scores.assign(r.root_probs, r.root_probs + K);
+      c.tokens.assign(tokens, tokens + K);
+      c.scores.assign(probs, probs + K);
       c.parents.assign(static_cast<size_t>(K), -1);
       c.depths.assign(static_cast<size_t>(K), 1);
     }

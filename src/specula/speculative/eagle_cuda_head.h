@@ -2,9 +2,11 @@
 // Weights as the checkpoint holds them (bf16 matrices), f32 activations, a bf16 draft KV pool;
 // the products and element-wise kernels of the target's GPU decoder (model/cuda).
 //   - extend(): DRAFT_EXTEND through the CUDA attention backend (eagerly: prefill chunks of any
-//     length), then the top-k of each request's last row: the roots of the next cycle.
+//     length), then the top-k of each request's last row: the roots of the next cycle, which stay
+//     on the device in a root store indexed by request (SGLang keeps them in its spec_info too).
 //   - extend_after_cycle(): the same after a cycle, as a CUDA graph per batch size, each request's
-//     accepted pairs padded to num_draft_tokens rows (the tree kernel with causal branches).
+//     accepted pairs padded to num_draft_tokens rows (the tree kernel with causal branches). It
+//     is launched and not waited for: the host goes on while the head runs.
 //   - draft_loop(): num_steps - 1 head steps over batch x topk rows, each followed by the top-k
 //     of every row and the selection of each request's topk best children (kernels in
 //     speculative/cuda), with the draft's attention over the shared prefix plus the row's branch.
@@ -34,13 +36,12 @@ class CudaGraph;
 class CudaLinear;
 
 // One request of a draft loop: its KV length, its request row (req_to_token; positions
-// [kv_len, kv_len + (num_steps - 1) * topk) are the loop's scratch slots) and its root.
+// [kv_len, kv_len + (num_steps - 1) * topk) are the loop's scratch slots) and its index in the
+// request pool, whose root the last extend left in the root store.
 struct DraftLoopInput {
   int kv_len = 0;
   const int32_t* req_row = nullptr;
-  const int32_t* root_tokens = nullptr;  // [topk] target ids
-  const float* root_probs = nullptr;     // [topk]
-  const float* root_hidden = nullptr;    // [hidden]
+  int32_t req_pool_idx = -1;
 };
 
 // One request's draft pairs after a cycle: len <= num_draft_tokens pairs at positions
@@ -48,6 +49,7 @@ struct DraftLoopInput {
 struct DraftExtendInput {
   int start = 0;
   int len = 0;
+  int32_t req_pool_idx = -1;
   const int32_t* req_row = nullptr;
   const int32_t* tokens = nullptr;
   const float* features = nullptr;
@@ -57,6 +59,7 @@ struct EagleCudaHeadOptions {
   int page_size = 1;
   int max_context_len = 0;
   int max_batch = 1;                  // requests per loop
+  int num_req_rows = 1;               // rows of the request pool (the root store has one more, for padding)
   std::vector<int> graph_batch_sizes;  // empty: no graphs
   int32_t padding_slot = -1;           // a KV slot padding rows may write (graphs only)
 };
@@ -72,16 +75,20 @@ class EagleCudaHead {
 
   // DRAFT_EXTEND over the batch (backend metadata initialised for it; its pool is the draft pool)
   // with target features [num_tokens, feature_size] on the host. For each of last_rows: the head's
-  // hidden state [hidden] and its top-k (target ids, probabilities), on the host.
+  // hidden state [hidden] and its top-k (target ids, probabilities) go into the root store at the
+  // matching request pool index (req_pool_indices).
   void extend(const ForwardBatch& batch, AttentionBackend& backend, const float* features,
-              const std::vector<int32_t>& last_rows, std::vector<float>& root_hidden, std::vector<int32_t>& root_tokens,
-              std::vector<float>& root_probs);
+              const std::vector<int32_t>& last_rows, const std::vector<int32_t>& req_pool_indices);
 
   // The draft extend after a cycle as a CUDA graph (SGLang's draft-extend graph runner): each
   // request's pairs padded to num_draft_tokens rows, attending over its prefix plus its own new
-  // pairs causally. False (nothing run) when no graph holds the batch; then use extend().
-  bool extend_after_cycle(std::span<const DraftExtendInput> requests, std::vector<float>& root_hidden,
-                          std::vector<int32_t>& root_tokens, std::vector<float>& root_probs);
+  // pairs causally; the roots go into the root store. False (nothing run) when no graph holds the
+  // batch; then use extend().
+  bool extend_after_cycle(std::span<const DraftExtendInput> requests);
+
+  // Row req_pool_idx of the root store on the host (one sync; for tests and tools).
+  void read_root(int32_t req_pool_idx, std::vector<float>& hidden, std::vector<int32_t>& tokens,
+                 std::vector<float>& probs);
 
   // The tree expansion of every request; fills each request's candidates (tokens, parents,
   // scores, depths), as EagleWorker's CPU loop does.
@@ -127,10 +134,10 @@ class EagleCudaHead {
   struct ExtendLayout;
   ExtendLayout extend_layout(int batch) const;
   void extend_launches(Workspace& ws, int batch);
-  // Root hidden states, tokens and probabilities of `rows` rows (kNormed, kTopTokens, kTopProbs of
-  // ws) to the host, one sync.
-  void download_roots(Workspace& ws, int64_t rows, std::vector<float>& root_hidden, std::vector<int32_t>& root_tokens,
-                      std::vector<float>& root_probs);
+  // The roots of `rows` requests (kNormed, kTopTokens, kTopProbs of ws) into the root store at
+  // store_rows (device).
+  void store_roots(Workspace& ws, const int32_t* store_rows, int rows);
+  int padding_root_row() const { return options_.num_req_rows; }
 
   const EagleHead& head_;
   SpecParams params_;
@@ -143,7 +150,10 @@ class EagleCudaHead {
       lm_head_, d2t_, inv_freq_;
   Workspace extend_ws_, loop_ws_, extend_graph_ws_;
   // The loop's device state (sized for max_batch) and its staged inputs.
-  Buffer loop_ints_, loop_floats_;
+  Buffer loop_ints_;
+  // The root store: each request's root (hidden, top-k tokens and probabilities) by request
+  // pool index, written by the extends and read by the draft loop.
+  Buffer roots_hidden_, roots_tokens_, roots_probs_, extend_rows_;
   Buffer frontier_scores_, frontier_nodes_, row_tokens_, row_hidden_, branch_, cand_tokens_, cand_parents_, cand_scores_;
   PinnedBuffer pinned_;  // downloads
   std::vector<int32_t> host_ints_;

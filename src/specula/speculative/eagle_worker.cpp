@@ -45,6 +45,7 @@ EagleWorker::EagleWorker(ModelRunner& target, const EagleOptions& options) : tar
     ho.page_size = target.page_size();
     ho.max_context_len = target.max_context_len();
     ho.max_batch = target.options().max_running_requests;
+    ho.num_req_rows = target.req_pool().size();
     ho.graph_batch_sizes = target.cuda_graph_batch_sizes();
     ho.padding_slot = target.cuda_graph_padding_slot();
     cuda_head_ = std::make_unique<EagleCudaHead>(*head_, p, *draft_kv_, target.cuda_stream(), ho);
@@ -84,20 +85,19 @@ void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
   const auto start = std::chrono::steady_clock::now();
 #ifdef SPECULA_HAS_CUDA
   if (cuda_head_) {
-    // After a cycle (at most num_draft_tokens pairs per request): the captured graph.
+    // After a cycle (at most num_draft_tokens pairs per request): the captured graph, launched
+    // and not waited for; the roots stay in the head's root store.
     std::vector<DraftExtendInput> inputs;
     std::vector<DraftExtendItem*> used;
     for (DraftExtendItem& it : items) {
       if (it.next_tokens.empty()) continue;
-      inputs.push_back({it.start, static_cast<int>(it.next_tokens.size()), target_.req_pool().row(it.req_pool_idx),
-                        it.next_tokens.data(), it.features});
+      inputs.push_back({it.start, static_cast<int>(it.next_tokens.size()), it.req_pool_idx,
+                        target_.req_pool().row(it.req_pool_idx), it.next_tokens.data(), it.features});
       used.push_back(&it);
     }
-    std::vector<float> hidden, probs;
-    std::vector<int32_t> tokens;
     if (used.empty()) return;
-    if (cuda_head_->extend_after_cycle(inputs, hidden, tokens, probs)) {
-      store_roots(used, hidden, tokens, probs);
+    if (cuda_head_->extend_after_cycle(inputs)) {
+      for (DraftExtendItem* it : used) it->state->on_device = true;
       timing_.draft_extend_s += seconds_since(start);
       return;
     }
@@ -135,10 +135,8 @@ void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
 #ifdef SPECULA_HAS_CUDA
   if (cuda_head_) {
     const std::vector<int32_t> rows(last_rows.begin(), last_rows.end());
-    std::vector<float> hidden, probs;
-    std::vector<int32_t> tokens;
-    cuda_head_->extend(b, *extend_backend_, features.data(), rows, hidden, tokens, probs);
-    store_roots(used, hidden, tokens, probs);
+    cuda_head_->extend(b, *extend_backend_, features.data(), rows, b.req_pool_indices);
+    for (DraftExtendItem* it : used) it->state->on_device = true;
     timing_.draft_extend_s += seconds_since(start);
     return;
   }
@@ -155,17 +153,15 @@ void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
   timing_.draft_extend_s += seconds_since(start);
 }
 
-void EagleWorker::store_roots(const std::vector<DraftExtendItem*>& items, const std::vector<float>& hidden,
-                              const std::vector<int32_t>& tokens, const std::vector<float>& probs) const {
-  const auto h = static_cast<int64_t>(head_->hidden_size());
-  const auto K = static_cast<int64_t>(options_.params.topk);
-  for (size_t i = 0; i < items.size(); ++i) {
-    DraftState& s = *items[i]->state;
-    const auto r = static_cast<int64_t>(i);
-    s.root_hidden.assign(hidden.begin() + r * h, hidden.begin() + (r + 1) * h);
-    s.root_tokens.assign(tokens.begin() + r * K, tokens.begin() + (r + 1) * K);
-    s.root_probs.assign(probs.begin() + r * K, probs.begin() + (r + 1) * K);
-  }
+DraftState EagleWorker::root_on_host(int32_t req_pool_idx, const DraftState& state) const {
+  if (!state.on_device) return state;
+  DraftState out;
+#ifdef SPECULA_HAS_CUDA
+  cuda_head_->read_root(req_pool_idx, out.root_hidden, out.root_tokens, out.root_probs);
+#else
+  (void)req_pool_idx;
+#endif
+  return out;
 }
 
 void EagleWorker::draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& cands) {
@@ -173,9 +169,8 @@ void EagleWorker::draft_steps(std::span<CycleItem> items, std::vector<DraftCandi
   if (cuda_head_) {
     std::vector<DraftLoopInput> inputs;
     for (const CycleItem& it : items) {
-      SPECULA_ASSERT(it.state->valid());
-      inputs.push_back({it.kv_len, target_.req_pool().row(it.req_pool_idx), it.state->root_tokens.data(),
-                        it.state->root_probs.data(), it.state->root_hidden.data()});
+      SPECULA_ASSERT(it.state->on_device);
+      inputs.push_back({it.kv_len, target_.req_pool().row(it.req_pool_idx), it.req_pool_idx});
     }
     cuda_head_->draft_loop(inputs, cands);
     return;

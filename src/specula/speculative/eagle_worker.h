@@ -35,12 +35,14 @@ struct EagleOptions {
   SpecParams params{7, 1, 8};
 };
 
-// What the draft knows about a request between cycles: its root (the last draft pair).
+// What the draft knows about a request between cycles: its root (the last draft pair). The CPU
+// head keeps it here; the GPU head keeps it in its root store on the device (on_device).
 struct DraftState {
   std::vector<float> root_hidden;     // [hidden] the head's output at the root
   std::vector<int32_t> root_tokens;   // [topk] the root's top-k tokens (target ids), best first
   std::vector<float> root_probs;      // [topk] their draft probabilities
-  bool valid() const { return !root_tokens.empty(); }
+  bool on_device = false;
+  bool valid() const { return on_device || !root_tokens.empty(); }
 };
 
 // Draft pairs [start, start + next_tokens.size()) of one request.
@@ -93,14 +95,14 @@ class EagleWorker {
   const std::vector<int>& capture_layers() const { return head_->capture_layers(); }
 
   void draft_extend(std::span<DraftExtendItem> items);
+  // The request's root on the host: `state` itself for the CPU head, its row of the GPU head's
+  // root store otherwise (one sync; for tests and tools).
+  DraftState root_on_host(int32_t req_pool_idx, const DraftState& state) const;
   void run_cycle(std::span<CycleItem> items);
   const SpecTiming& timing() const { return timing_; }
 
  private:
   void draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& candidates);
-  // The GPU head's roots ([items, hidden], [items, topk] x 2) into each item's DraftState.
-  void store_roots(const std::vector<DraftExtendItem*>& items, const std::vector<float>& hidden,
-                   const std::vector<int32_t>& tokens, const std::vector<float>& probs) const;
   void verify(std::span<CycleItem> items);
   // Softmax over the draft vocabulary and the top-k, as target ids.
   void top_k(const float* logits, std::vector<int32_t>& tokens, std::vector<float>& probs) const;

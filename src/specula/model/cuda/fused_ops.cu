@@ -99,16 +99,19 @@ __global__ void gated_fused_kernel(const float* gate_up, float* out, int64_t n, 
 }
 
 __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restrict__ o, const float* __restrict__ w,
-                                    float* __restrict__ y, int width, float eps) {
+                                    float* __restrict__ y, int width, float eps, float* __restrict__ copy,
+                                    int64_t copy_stride) {
   pdl_wait();
   pdl_trigger();
   float* xr = x + static_cast<int64_t>(blockIdx.x) * width;
   const float* orow = o + static_cast<int64_t>(blockIdx.x) * width;
   float* yr = y + static_cast<int64_t>(blockIdx.x) * width;
+  float* cr = copy != nullptr ? copy + static_cast<int64_t>(blockIdx.x) * copy_stride : nullptr;
   float sum = 0.0f;
   for (int i = threadIdx.x; i < width; i += blockDim.x) {
     const float v = xr[i] + orow[i];
     xr[i] = v;
+    if (cr != nullptr) cr[i] = v;
     sum += v * v;
   }
   const float inv = rsqrtf(block_sum(sum) / static_cast<float>(width) + eps);
@@ -139,9 +142,10 @@ void gated_activation_fused(const float* gate_up, float* out, int64_t n, int int
 }
 
 void add_rms_norm_rows(float* x, const float* o, const float* w, float* y, int64_t rows, int width, float eps,
-                       cudaStream_t s) {
+                       cudaStream_t s, float* copy, int64_t copy_stride) {
   if (rows == 0) return;
-  launch_pdl(add_rms_norm_kernel, static_cast<unsigned>(rows), row_threads(width), 0, s, x, o, w, y, width, eps);
+  launch_pdl(add_rms_norm_kernel, static_cast<unsigned>(rows), row_threads(width), 0, s, x, o, w, y, width, eps, copy,
+             copy_stride);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -51,15 +51,17 @@ __device__ __forceinline__ void load_x8(const __nv_bfloat16* x, int64_t offset, 
 // made several rows L1-bound). Each (row, feature) sum adds chunk dot products in ascending
 // chunk order whatever kRows and kFeat are, so a row's result does not depend on the batch.
 template <int kRows, int kFeat, typename TX>
-__device__ __forceinline__ void accumulate(const uint4 (&wv)[kFeat], const TX* x, int in, int chunk,
+__device__ __forceinline__ void accumulate(const uint4 (&wv)[kFeat], const TX* x, int in, int chunk, int rows,
                                            float (&acc)[kRows][kFeat]) {
   float w[kFeat][8];
 #pragma unroll
   for (int f = 0; f < kFeat; ++f) unpack(wv[f], w[f]);
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
+    // Rows past `rows` repeat the last one (valid memory, results not stored): no branch stands
+    // between the rows' loads, so they are all in flight at once.
     float v[8];
-    load_x8(x, static_cast<int64_t>(r) * in + chunk * 8, v);
+    load_x8(x, static_cast<int64_t>(min(r, rows - 1)) * in + chunk * 8, v);
 #pragma unroll
     for (int f = 0; f < kFeat; ++f) {
       acc[r][f] += w[f][0] * v[0] + w[f][1] * v[1] + w[f][2] * v[2] + w[f][3] * v[3] + w[f][4] * v[4] + w[f][5] * v[5] +
@@ -76,10 +78,12 @@ enum Epilogue { kPlain, kSiluMul, kGeluMul };
 // kSplit warps share each group of features, part p taking chunks p * 32 + lane + k * 32 kSplit
 // and the parts' sums added in order through shared memory: a small matrix then has enough warps
 // to keep memory busy without a sparse last wave. kSplit depends only on the matrix's shape, so
-// a row's result still does not depend on the batch.
-template <int kRows, int kFeat, int kUnrollChunks, int kSplit, typename TX, int kEpi>
+// a row's result still does not depend on the batch. With kRuntimeRows, `rows` (<= kRows)
+// activation rows are present and only they are stored; otherwise there are kRows.
+template <int kRows, int kFeat, int kUnrollChunks, int kSplit, bool kRuntimeRows, typename TX, int kEpi>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* __restrict__ w, const TX* __restrict__ x,
-                                                                  float* __restrict__ y, int in, int out) {
+                                                                  float* __restrict__ y, int in, int out, int rows) {
+  if constexpr (!kRuntimeRows) rows = kRows;
   constexpr int kOut = kEpi == kPlain ? kFeat : kFeat / 2;
   constexpr int kGroups = kWarpsPerBlock / kSplit;
   __shared__ float partial[kSplit > 1 ? kGroups * kSplit * kRows * kFeat : 1];
@@ -92,11 +96,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
   const bool active = first < out;
   const int chunks = active ? in / 8 : 0;
   // Features past the end read the last row (valid memory) and are not stored.
-  const uint4* rows[kFeat];
+  const uint4* w_rows[kFeat];
 #pragma unroll
   for (int f = 0; f < kFeat; ++f) {
     const int row = min(first + f % kOut, out - 1) + (f < kOut ? 0 : out);
-    rows[f] = w + static_cast<int64_t>(row) * (in / 8);
+    w_rows[f] = w + static_cast<int64_t>(row) * (in / 8);
   }
   float acc[kRows][kFeat];
 #pragma unroll
@@ -110,7 +114,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
 #pragma unroll
     for (int u = 0; u < kUnrollChunks; ++u) {
 #pragma unroll
-      for (int f = 0; f < kFeat; ++f) wv[u][f] = load_stream(rows[f] + c + kStride * u);
+      for (int f = 0; f < kFeat; ++f) wv[u][f] = load_stream(w_rows[f] + c + kStride * u);
     }
   };
   // The weights do not depend on earlier kernels: the first group's loads are issued before
@@ -122,7 +126,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
   pdl_trigger();
   while (full) {
 #pragma unroll
-    for (int u = 0; u < kUnrollChunks; ++u) accumulate<kRows, kFeat>(wv[u], x, in, c + kStride * u, acc);
+    for (int u = 0; u < kUnrollChunks; ++u) accumulate<kRows, kFeat>(wv[u], x, in, c + kStride * u, rows, acc);
     c += kStride * kUnrollChunks;
     full = c + kStride * (kUnrollChunks - 1) < chunks;
     if (full) load_group(c);
@@ -130,8 +134,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
   for (; c < chunks; c += kStride) {
     uint4 wv[kFeat];
 #pragma unroll
-    for (int f = 0; f < kFeat; ++f) wv[f] = load_stream(rows[f] + c);
-    accumulate<kRows, kFeat>(wv, x, in, c, acc);
+    for (int f = 0; f < kFeat; ++f) wv[f] = load_stream(w_rows[f] + c);
+    accumulate<kRows, kFeat>(wv, x, in, c, rows, acc);
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -146,6 +150,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
+        if (r >= rows) break;
 #pragma unroll
         for (int f = 0; f < kFeat; ++f) mine[r * kFeat + f] = acc[r][f];
       }
@@ -156,6 +161,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
     for (int p = 1; p < kSplit; ++p) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
+        if (r >= rows) break;
 #pragma unroll
         for (int f = 0; f < kFeat; ++f) acc[r][f] += mine[p * kRows * kFeat + r * kFeat + f];
       }
@@ -164,6 +170,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_kernel(const uint4* 
   if (lane == 0) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
+      if (r >= rows) break;
 #pragma unroll
       for (int f = 0; f < kOut; ++f) {
         if (first + f >= out) continue;
@@ -183,8 +190,36 @@ void launch(const void* w, const TX* x, float* y, int in, int out, cudaStream_t 
   constexpr int kOut = kEpi == kPlain ? kFeat : kFeat / 2;
   const int per_block = kWarpsPerBlock / kSplit * kOut;
   const unsigned blocks = static_cast<unsigned>((out + per_block - 1) / per_block);
-  launch_pdl(gemv_kernel<kRows, kFeat, kUnrollChunks, kSplit, TX, kEpi>, blocks, kWarpsPerBlock * 32, 0, s,
-             static_cast<const uint4*>(w), x, y, in, out);
+  launch_pdl(gemv_kernel<kRows, kFeat, kUnrollChunks, kSplit, false, TX, kEpi>, blocks, kWarpsPerBlock * 32, 0, s,
+             static_cast<const uint4*>(w), x, y, in, out, kRows);
+}
+
+// Matrices of at most this many weights are latency-bound at decode sizes (the shipped model's
+// and draft heads' 256-wide layers): one kernel for any row count, one feature (gated: one
+// output) per warp so that every row adds only its FMAs and reduction to a warp's chain, and
+// kTinySplit warps per feature when one warp would walk the row in several dependent loads.
+constexpr int64_t kTinyWeights = int64_t{1} << 20;
+constexpr int kTinySplit = 4;
+
+bool tiny(int in, int weight_rows) { return static_cast<int64_t>(in) * weight_rows <= kTinyWeights; }
+// A row of in / 8 chunks needs one load per lane of one warp, or of kTinySplit warps.
+bool tiny_split(int in) { return in / 8 > 32; }
+
+// One row exactly, or up to kGemvMaxRows (rows past `rows` computed on the last row's values and
+// dropped: cheaper than a kernel per row count for latency-bound products).
+template <int kSplit, typename TX, int kEpi>
+void launch_tiny(const void* w, const TX* x, float* y, int rows, int in, int out, cudaStream_t s) {
+  constexpr int kFeat = kEpi == kPlain ? 1 : 2;
+  constexpr int kOut = kEpi == kPlain ? kFeat : kFeat / 2;
+  const int per_block = kWarpsPerBlock / kSplit * kOut;
+  const unsigned blocks = static_cast<unsigned>((out + per_block - 1) / per_block);
+  if (rows == 1) {
+    launch_pdl(gemv_kernel<1, kFeat, 1, kSplit, false, TX, kEpi>, blocks, kWarpsPerBlock * 32, 0, s,
+               static_cast<const uint4*>(w), x, y, in, out, rows);
+  } else {
+    launch_pdl(gemv_kernel<kGemvMaxRows, kFeat, 1, kSplit, true, TX, kEpi>, blocks, kWarpsPerBlock * 32, 0, s,
+               static_cast<const uint4*>(w), x, y, in, out, rows);
+  }
 }
 
 // Two warps per feature group when one per group would leave the GPU's resident warps (about 40
@@ -215,6 +250,16 @@ void launch_rows(const void* w, const TX* x, float* y, int rows, int in, int out
   SPECULA_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && in % 8 == 0 && out >= 1,
                   "gemv_bf16: rows " + std::to_string(rows) + ", in " + std::to_string(in) + ", out " +
                       std::to_string(out) + ": rows must be 1..8, in a multiple of 8 and out >= 1");
+  // Gated: w holds 2 x out rows; judged as the plain product over w is, so both take one path.
+  if (tiny(in, kEpi == kPlain ? out : 2 * out)) {
+    if (tiny_split(in)) {
+      launch_tiny<kTinySplit, TX, kEpi>(w, x, y, rows, in, out, s);
+    } else {
+      launch_tiny<1, TX, kEpi>(w, x, y, rows, in, out, s);
+    }
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   switch (rows) {
     case 1: launch_split<1, TX, kEpi>(w, x, y, in, out, s); break;
     case 2: launch_split<2, TX, kEpi>(w, x, y, in, out, s); break;

@@ -247,16 +247,18 @@ __device__ __forceinline__ void block_copy_rows(float* dst, const float* src, in
 
 // One block per request.
 __global__ void __launch_bounds__(kTreeThreads) draft_init_kernel(const DraftTreeState st, const int32_t* root_tokens,
-                                                                  const float* root_probs, const float* root_hidden) {
+                                                                  const float* root_probs, const float* root_hidden,
+                                                                  const int32_t* root_rows) {
   pdl_wait();
   pdl_trigger();
   const int b = static_cast<int>(blockIdx.x), k = st.k;
+  const int64_t root = root_rows != nullptr ? root_rows[b] : b;
   const int64_t cand0 = static_cast<int64_t>(b) * num_candidates(k, st.num_steps);
   const int tid = static_cast<int>(threadIdx.x);
   if (tid < k) {
     const int r = b * k + tid;
-    const int32_t token = root_tokens[r];
-    const float prob = root_probs[r];
+    const int32_t token = root_tokens[root * k + tid];
+    const float prob = root_probs[root * k + tid];
     st.cand_tokens[cand0 + tid] = token;
     st.cand_parents[cand0 + tid] = -1;
     st.cand_scores[cand0 + tid] = prob;
@@ -266,8 +268,25 @@ __global__ void __launch_bounds__(kTreeThreads) draft_init_kernel(const DraftTre
     // Step 1's own slot; with num_steps == 1 no step runs and there is none.
     if (st.num_steps >= 2) st.branch[static_cast<int64_t>(r) * st.num_steps] = st.step_slots[r];
   }
-  block_copy_rows(st.row_hidden + static_cast<int64_t>(b) * k * st.hidden,
-                  root_hidden + static_cast<int64_t>(b) * st.hidden, k, st.hidden, [](int) { return 0; });
+  block_copy_rows(st.row_hidden + static_cast<int64_t>(b) * k * st.hidden, root_hidden + root * st.hidden, k, st.hidden,
+                  [](int) { return 0; });
+}
+
+// One block per request.
+__global__ void __launch_bounds__(kTreeThreads) draft_store_roots_kernel(const DraftRootStore store,
+                                                                         const int32_t* store_rows, const float* hidden,
+                                                                         const int32_t* tokens, const float* probs) {
+  pdl_wait();
+  pdl_trigger();
+  const int b = static_cast<int>(blockIdx.x), k = store.k;
+  const int64_t row = store_rows[b];
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < k) {
+    store.tokens[row * k + tid] = tokens[static_cast<int64_t>(b) * k + tid];
+    store.probs[row * k + tid] = probs[static_cast<int64_t>(b) * k + tid];
+  }
+  block_copy_rows(store.hidden + row * store.hidden_size, hidden + static_cast<int64_t>(b) * store.hidden_size, 1,
+                  store.hidden_size, [](int) { return 0; });
 }
 
 // One block per request; child c = j * k + t of the request (j its parent row, t the rank)
@@ -355,11 +374,23 @@ void draft_top_k(const DraftTopKParams& p, cudaStream_t s) {
 }
 
 void draft_init(const DraftTreeState& st, const int32_t* root_tokens, const float* root_probs, const float* root_hidden,
-                cudaStream_t s) {
+                const int32_t* root_rows, cudaStream_t s) {
   check_tree_state(st, "draft_init");
   if (st.batch == 0) return;
   launch_pdl(draft_init_kernel, static_cast<unsigned>(st.batch), kTreeThreads, 0, s, st, root_tokens, root_probs,
-             root_hidden);
+             root_hidden, root_rows);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void draft_store_roots(const DraftRootStore& store, const int32_t* store_rows, int batch, const float* hidden,
+                       const int32_t* tokens, const float* probs, cudaStream_t s) {
+  SPECULA_REQUIRE(store.k >= 1 && store.k <= kMaxDraftTopK && store.hidden_size >= 0 && batch >= 0,
+                  "draft_store_roots: topk " + std::to_string(store.k) + ", hidden " + std::to_string(store.hidden_size) +
+                      ", batch " + std::to_string(batch) + " are not valid; topk must be in [1, " +
+                      std::to_string(kMaxDraftTopK) + "]");
+  if (batch == 0) return;
+  launch_pdl(draft_store_roots_kernel, static_cast<unsigned>(batch), kTreeThreads, 0, s, store, store_rows, hidden,
+             tokens, probs);
   CUDA_CHECK(cudaGetLastError());
 }
 

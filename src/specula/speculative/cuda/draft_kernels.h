@@ -44,12 +44,27 @@ struct DraftTreeState {
 
 inline int draft_num_candidates(int k, int num_steps) { return k + (num_steps - 1) * k * k; }
 
-// Before step 1: candidates 0..k-1 and the frontier from the root's top-k.
+// Before step 1: candidates 0..k-1 and the frontier from the root's top-k. Request b's root is
+// row root_rows[b] of the root arrays (a store indexed by request), or row b when root_rows is
+// nullptr.
 void draft_init(const DraftTreeState& st,
-                const int32_t* root_tokens,  // [batch, k]
-                const float* root_probs,     // [batch, k]
-                const float* root_hidden,    // [batch, hidden]
+                const int32_t* root_tokens,  // [root rows, k]
+                const float* root_probs,     // [root rows, k]
+                const float* root_hidden,    // [root rows, hidden]
+                const int32_t* root_rows,    // [batch] or nullptr
                 cudaStream_t s);
+
+// The roots a draft extend produced for `batch` requests (hidden [batch, hidden], tokens and
+// probs [batch, k]) into rows store_rows[b] of a root store (the arrays draft_init reads), so
+// the next cycle's draft loop starts from them without a trip through the host.
+struct DraftRootStore {
+  float* hidden;    // [store rows, hidden]
+  int32_t* tokens;  // [store rows, k]
+  float* probs;     // [store rows, k]
+  int hidden_size, k;
+};
+void draft_store_roots(const DraftRootStore& store, const int32_t* store_rows, int batch, const float* hidden,
+                       const int32_t* tokens, const float* probs, cudaStream_t s);
 
 // After step `step` (1 <= step <= num_steps - 1): appends each row's k children as candidates
 // k + (step-1)*k*k + j*k + t and makes the request's k best children the new frontier.
