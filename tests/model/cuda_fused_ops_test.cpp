@@ -1,6 +1,7 @@
 // The q/k/v epilogue with the KV write folded in: K and V land in the paged cache exactly as the
 // separate path (epilogue into k / v, then set_kv_buffer) puts them there, bf16 and fp8 caches,
-// with per-head norms and RoPE; q is the same either way; both match a float64 reference.
+// with per-head norms and RoPE, and the cache rows match a float64 reference; q is the same
+// either way; slots no token maps to are left alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -168,7 +169,10 @@ TEST_P(CudaQkvEpilogue, CacheWriteEqualsTheSeparateWrite) {
   const size_t row_bytes = static_cast<size_t>(c.num_kv_heads) * D * elem;
   for (int s = 0; s < num_slots; ++s) {
     if (used[static_cast<size_t>(s)]) continue;
-    for (size_t b = 0; b < row_bytes; ++b) ASSERT_EQ(kf[static_cast<size_t>(s) * row_bytes + b], 0x3c) << "slot " << s;
+    for (size_t b = 0; b < row_bytes; ++b) {
+      ASSERT_EQ(kf[static_cast<size_t>(s) * row_bytes + b], 0x3c) << "k slot " << s;
+      ASSERT_EQ(vf[static_cast<size_t>(s) * row_bytes + b], 0x3c) << "v slot " << s;
+    }
   }
 }
 

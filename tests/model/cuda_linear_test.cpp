@@ -119,7 +119,8 @@ TEST_F(CudaLinearTest, GemvRowsAreBatchInvariantAndMatchReference) {
     const int max_rows = cuda_kernels::kGemvMaxRows;
     const std::vector<float> x = random_bf16_values(rng_, static_cast<size_t>(max_rows) * in, 1.0f);
     const Buffer xd = device_f32(x);
-    Buffer alone(DType::f32, {int64_t{max_rows} * out}, Device::cuda(0)), batch(DType::f32, {int64_t{max_rows} * out}, Device::cuda(0));
+    Buffer alone(DType::f32, {int64_t{max_rows} * out}, Device::cuda(0));
+    Buffer batch(DType::f32, {int64_t{max_rows} * out}, Device::cuda(0));
     for (int r = 0; r < max_rows; ++r) {
       cuda_kernels::gemv_bf16(wd.data(), xd.data_as<float>() + int64_t{r} * in, alone.data_as<float>() + int64_t{r} * out, 1,
                               in, out, stream_);
@@ -127,8 +128,12 @@ TEST_F(CudaLinearTest, GemvRowsAreBatchInvariantAndMatchReference) {
     const std::vector<float> want = host(alone);
     for (int n = 2; n <= max_rows; ++n) {
       SCOPED_TRACE(::testing::Message() << "in=" << in << " out=" << out << " n=" << n);
+      CUDA_CHECK(cudaMemsetAsync(batch.data(), 0xff, batch.nbytes(), stream_));  // NaN: rows left unwritten show
       cuda_kernels::gemv_bf16(wd.data(), xd.data_as<float>(), batch.data_as<float>(), n, in, out, stream_);
       const std::vector<float> got = host(batch);
+      for (size_t i = static_cast<size_t>(n) * out; i < got.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), 0xffffffffu) << "rows past " << n << " were written";
+      }
       for (int r = 0; r < n; ++r) {
         for (int o = 0; o < out; ++o) {
           const size_t i = static_cast<size_t>(r) * out + o;

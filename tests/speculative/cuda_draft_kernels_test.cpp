@@ -276,6 +276,28 @@ TEST(CudaDraftKernels, TreeExpansionMatchesDraftStepsBookkeeping) {
     store_hidden.fill_bytes(0x7f);
     ck::draft_store_roots({store_hidden.get(), store_tokens.get(), store_probs.get(), H, K}, d_rows.get(), B,
                           d_root_hidden.get(), d_root_tokens.get(), d_root_probs.get(), nullptr);
+    {
+      // Request b's root sits in row rows_of[b]; the other rows keep their fill.
+      const std::vector<int32_t> got_tokens = store_tokens.download();
+      const std::vector<float> got_probs = store_probs.download(), got_hidden = store_hidden.download();
+      std::vector<int> owner(static_cast<size_t>(store_rows), -1);
+      for (int b = 0; b < B; ++b) owner[static_cast<size_t>(rows_of[static_cast<size_t>(b)])] = b;
+      for (int row = 0; row < store_rows; ++row) {
+        const int b = owner[static_cast<size_t>(row)];
+        for (int j = 0; j < K; ++j) {
+          const size_t at = static_cast<size_t>(row) * K + j;
+          if (b < 0) {
+            ASSERT_EQ(got_tokens[at], 0x7f7f7f7f) << "store row " << row;
+            continue;
+          }
+          ASSERT_EQ(got_tokens[at], root_tokens[static_cast<size_t>(b) * K + j]) << "store row " << row;
+          ASSERT_EQ(got_probs[at], root_probs[static_cast<size_t>(b) * K + j]) << "store row " << row;
+        }
+        for (int i = 0; b >= 0 && i < H; ++i) {
+          ASSERT_EQ(got_hidden[static_cast<size_t>(row) * H + i], root_hidden[static_cast<size_t>(b) * H + i]);
+        }
+      }
+    }
     const ck::DraftTreeState st = tree.state();
     ck::draft_init(st, store_tokens.get(), store_probs.get(), store_hidden.get(), d_rows.get(), nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());

@@ -141,20 +141,24 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, AttentionBackend& bac
     CUDA_CHECK(cudaMemcpy2DAsync(captured_states + e * static_cast<size_t>(h), captured * h * sizeof(float), src,
                                  h * sizeof(float), h * sizeof(float), static_cast<size_t>(n), cudaMemcpyDeviceToDevice, s));
   };
-  // Where the residual stream entering layer l is captured (entry e of slot 5), or nullptr. From
-  // layer 1 on, the add + RMSNorm that produces it writes the copy too.
+  // The first capture entry of the residual stream entering layer l (captured.size() if none).
+  // From layer 1 on, the add + RMSNorm that produces that stream writes this entry too; layer 0's
+  // entries (the embedding) and repeated entries of one layer are copied.
+  auto first_entry = [&](size_t l) {
+    size_t e = 0;
+    while (e < captured && capture->layers[e] != static_cast<int>(l)) ++e;
+    return e;
+  };
   auto capture_dst = [&](size_t l) -> float* {
-    for (size_t e = 0; e < captured; ++e) {
-      if (capture->layers[e] == static_cast<int>(l)) return captured_states + e * static_cast<size_t>(h);
-    }
-    return nullptr;
+    const size_t e = first_entry(l);
+    return e < captured ? captured_states + e * static_cast<size_t>(h) : nullptr;
   };
   const auto capture_stride = static_cast<int64_t>(captured) * h;
-  for (size_t e = 0; e < captured; ++e) {
-    if (capture->layers[e] == 0) store(e, x);  // the embedding: no add + RMSNorm produced it
-  }
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
+    for (size_t e = 0; e < captured; ++e) {
+      if (capture->layers[e] == static_cast<int>(l) && (l == 0 || e != first_entry(l))) store(e, x);
+    }
     linear(ws, xn, w.w_qkv, w.b_qkv, qkv, n, h, qkv_width);
     ck::QkvEpilogueParams e{};
     e.qkv = qkv;

@@ -365,9 +365,8 @@ void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
   const int64_t rows = static_cast<int64_t>(batch) * N;
   const ExtendLayout l = extend_layout(batch);
   const int32_t* ints = ext_ints_.data_as<const int32_t>();
-  const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
-    attend_tree(q, k, v, out, nullptr, N, ints + l.pages, ints + l.prefix_lens, ints + l.branch, N, 0,
-                ints + l.branch_lens);
+  const Attend attend = [&](const TensorView& q, const TensorView&, const TensorView&, const TensorView& out) {
+    attend_tree(q, out, N, ints + l.pages, ints + l.prefix_lens, ints + l.branch, N, 0, ints + l.branch_lens);
   };
   forward(ws, rows, ints + l.ids, ints + l.positions, ext_floats_.data_as<const float>(), true, attend, ints + l.last_rows,
           batch, ints + l.slots);
@@ -409,7 +408,7 @@ void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int
       SPECULA_CHECK(r->req_pool_idx >= 0 && r->req_pool_idx < options_.num_req_rows,
                     "draft extend: request index {} is out of range [0, {})", r->req_pool_idx, options_.num_req_rows);
     }
-    at(l.req_rows + b) = r != nullptr ? r->req_pool_idx : padding_root_row();
+    at(l.req_rows + b) = r != nullptr ? r->req_pool_idx : -1;  // padding requests store no root
     const int pages = (start + options_.page_size - 1) / options_.page_size;
     SPECULA_CHECK(start + len <= options_.max_context_len, "a draft extend to {} tokens exceeds max_context_len {}",
                   start + len, options_.max_context_len);
@@ -433,15 +432,11 @@ void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int
   upload_async(ext_floats_.data(), host_floats_, s);
 }
 
-void EagleCudaHead::attend_tree(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                                const int32_t* slots, int rows_per_seq, const int32_t* pages, const int32_t* prefix_lens,
-                                const int32_t* branch, int branch_stride, int branch_len, const int32_t* branch_lens) {
+void EagleCudaHead::attend_tree(const TensorView& q, const TensorView& out, int rows_per_seq, const int32_t* pages,
+                                const int32_t* prefix_lens, const int32_t* branch, int branch_stride, int branch_len,
+                                const int32_t* branch_lens) {
   const AttentionLayer& layer = head_.attention_layer();
   const int64_t rows = q.shape()[0];
-  if (slots != nullptr) {
-    draft_kv_.set_kv_buffer(0, TensorView(const_cast<int32_t*>(slots), DType::i32, {rows}, draft_kv_.config().device), k,
-                            v, stream_);
-  }
   ck::TreeAttentionParams p{};
   p.q = q.data();
   p.k_cache = draft_kv_.k_buffer(0).data();
@@ -490,9 +485,8 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
   float* top_probs = scratch(ws, kTopProbs, DType::f32, rows * K).data_as<float>();
   for (int step = 1; step < params_.num_steps; ++step) {
     const int32_t* slots = ints + l.step_slots + (step - 1) * rows;
-    const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
-      attend_tree(q, k, v, out, nullptr, K, ints + l.pages, ints + l.prefix_lens, st.branch, params_.num_steps, step,
-                  nullptr);
+    const Attend attend = [&](const TensorView& q, const TensorView&, const TensorView&, const TensorView& out) {
+      attend_tree(q, out, K, ints + l.pages, ints + l.prefix_lens, st.branch, params_.num_steps, step, nullptr);
     };
     forward(ws, rows, st.row_tokens, ints + l.positions + (step - 1) * rows, st.row_hidden, false, attend, nullptr, rows,
             slots);

@@ -100,7 +100,8 @@ class EagleCudaHead {
     kSelected, kLogits, kTopTokens, kTopProbs, kHi, kLo, kNumSlots
   };
   using Workspace = CudaWorkspace<kNumSlots>;
-  // Writes the rows' K/V to the draft pool and their attention output (bf16 views).
+  // The rows' attention output (bf16 views), writing their K/V to the draft pool first unless
+  // forward's epilogue already did (kv_slots).
   using Attend = std::function<void(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out)>;
 
   Buffer& scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements);
@@ -115,12 +116,11 @@ class EagleCudaHead {
   void forward(Workspace& ws, int64_t n, const int32_t* ids, const int32_t* positions, const float* hidden_in,
                bool from_target, const Attend& attend, const int32_t* row_ids, int64_t rows,
                const int32_t* kv_slots = nullptr);
-  // Writes the rows' K/V at `slots` (unless nullptr: already written) and attends each row over
-  // its sequence's prefix plus its branch (kernels/tree_attention): the draft loop's and the
-  // graphed extend's attention.
-  void attend_tree(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-                   const int32_t* slots, int rows_per_seq, const int32_t* pages, const int32_t* prefix_lens,
-                   const int32_t* branch, int branch_stride, int branch_len, const int32_t* branch_lens);
+  // Attends each row (its K/V already in the draft pool) over its sequence's prefix plus its
+  // branch (kernels/tree_attention): the draft loop's and the graphed extend's attention.
+  void attend_tree(const TensorView& q, const TensorView& out, int rows_per_seq, const int32_t* pages,
+                   const int32_t* prefix_lens, const int32_t* branch, int branch_stride, int branch_len,
+                   const int32_t* branch_lens);
   // Softmax and top-k (target ids, best first) of `rows` rows of draft logits, on the device.
   void top_k(const float* logits, int64_t rows, int32_t* tokens, float* probs);
   // The launches of a loop of `batch` requests whose inputs are staged (graph-capturable).
@@ -137,6 +137,8 @@ class EagleCudaHead {
   // The roots of `rows` requests (kNormed, kTopTokens, kTopProbs of ws) into the root store at
   // store_rows (device).
   void store_roots(Workspace& ws, const int32_t* store_rows, int rows);
+  // The store row padding requests of a loop read: zero from the start (valid token ids), never
+  // written.
   int padding_root_row() const { return options_.num_req_rows; }
 
   const EagleHead& head_;

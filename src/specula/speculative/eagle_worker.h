@@ -51,7 +51,7 @@ struct DraftExtendItem {
   int start = 0;
   std::vector<int32_t> next_tokens;  // the token after each pair's position
   const float* features = nullptr;   // [next_tokens.size(), feature_size] target features
-  DraftState* state = nullptr;       // updated with the new root
+  DraftState* state = nullptr;       // updated with the new root (the GPU head: marked on_device)
 };
 
 struct CycleItem {
@@ -74,7 +74,9 @@ struct CycleItem {
 // the host at the points measured: the target forward returns its logits to the host).
 struct SpecTiming {
   int64_t cycles = 0;
-  double draft_extend_s = 0;  // the head over accepted tokens (and prefill chunks)
+  // The head over accepted tokens (and prefill chunks); the GPU head's extend after a cycle is
+  // launched and not waited for, so this is its host time and its GPU time lands in draft_steps_s.
+  double draft_extend_s = 0;
   double draft_steps_s = 0;   // tree expansion: num_steps - 1 head forwards and top-k
   double verify_s = 0;        // building the trees and the target's TARGET_VERIFY forward
   double accept_s = 0;        // verification and moving the accepted KV

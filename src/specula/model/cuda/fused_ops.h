@@ -39,8 +39,8 @@ void qkv_epilogue(const QkvEpilogueParams& p, cudaStream_t s);
 void gated_activation_fused(const float* gate_up, float* out, int64_t n, int inter, bool gelu, cudaStream_t s);
 
 // x[r, :] += o[r, :]; y[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps). When copy is set, the
-// new x[r, :] also goes to copy[r * copy_stride, + width) (a captured hidden state, without a
-// copy node of its own).
+// new x[r, :] also goes to copy[r * copy_stride + i] for i < width (a captured hidden state,
+// without a copy node of its own).
 void add_rms_norm_rows(float* x, const float* o, const float* w, float* y, int64_t rows, int width, float eps,
                        cudaStream_t s, float* copy = nullptr, int64_t copy_stride = 0);
 

@@ -1,6 +1,7 @@
 // The decode GEMV: one warp per output feature (a few when several activation rows share the
 // weights); lanes stride over the row in 8-element (16-byte) chunks, four loads in flight per
-// lane, then a warp reduction per activation row.
+// lane for one row (tiny matrices: one chunk per lane, split over warps), then a warp reduction
+// per activation row.
 #include <cuda_bf16.h>
 
 #include <string>

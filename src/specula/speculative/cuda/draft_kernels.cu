@@ -280,6 +280,7 @@ __global__ void __launch_bounds__(kTreeThreads) draft_store_roots_kernel(const D
   pdl_trigger();
   const int b = static_cast<int>(blockIdx.x), k = store.k;
   const int64_t row = store_rows[b];
+  if (row < 0) return;  // a padding request
   const int tid = static_cast<int>(threadIdx.x);
   if (tid < k) {
     store.tokens[row * k + tid] = tokens[static_cast<int64_t>(b) * k + tid];

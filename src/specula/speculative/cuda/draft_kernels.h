@@ -56,7 +56,8 @@ void draft_init(const DraftTreeState& st,
 
 // The roots a draft extend produced for `batch` requests (hidden [batch, hidden], tokens and
 // probs [batch, k]) into rows store_rows[b] of a root store (the arrays draft_init reads), so
-// the next cycle's draft loop starts from them without a trip through the host.
+// the next cycle's draft loop starts from them without a trip through the host. Requests with
+// store_rows[b] < 0 (padding) store nothing.
 struct DraftRootStore {
   float* hidden;    // [store rows, hidden]
   int32_t* tokens;  // [store rows, k]
