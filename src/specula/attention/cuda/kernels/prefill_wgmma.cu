@@ -16,6 +16,7 @@
 #include "specula/attention/cuda/kernels/convert.cuh"
 #include "specula/attention/cuda/kernels/io.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
+#include "specula/attention/cuda/kernels/prefill_epilogue.cuh"
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
@@ -252,28 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
   // Warpgroup 1 arrived once more on warpgroup 0's turn than warpgroup 0 waited.
   if (wg == 0) named_barrier_sync(1, kConsumerThreads);
 
-  // Normalise and write; a sink joins the denominator only.
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float sum = l[rr];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int r = row_base + 8 * rr;
-    if (r >= rows_valid) continue;
-    const float lse = sum > 0.0f ? m[rr] * kLn2 + logf(sum) : kNegInf;
-    float out_scale = 1.0f;
-    const float total = p.sinks != nullptr ? join_sink(lse, p.sinks[head], out_scale) : lse;
-    const float factor = sum > 0.0f ? out_scale / sum * p.v_descale : 0.0f;
-    const int64_t token = q_start + q_tile + r;
-    const int64_t base = token * p.out_stride_token + static_cast<int64_t>(head) * p.out_stride_head;
-#pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      const int col = nt * 8 + 2 * t;
-      store_io(p.out, p.io_dtype, base + col, o[nt][2 * rr] * factor);
-      store_io(p.out, p.io_dtype, base + col + 1, o[nt][2 * rr + 1] * factor);
-    }
-    if (p.lse != nullptr && t == 0) p.lse[token * p.lse_stride_token + head] = total;
-  }
+  store_prefill_rows<D>(p, o, m, l, row_base, rows_valid, t, head, q_start + q_tile);
 }
 
 template <typename T, int D>
