@@ -2,7 +2,9 @@
 // the support; temperature sampling follows the softmax (frequency check); bad values are named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "specula/core/error.h"
@@ -93,6 +95,42 @@ TEST(Sampler, NonFiniteLogits) {
   for (int i = 0; i < 20; ++i) EXPECT_EQ(s2.sample(with_inf), 1);
   const std::vector<float> hopeless{NAN, -INFINITY};
   EXPECT_THROW(Sampler(SamplingParams{}).sample(hopeless), Error);
+}
+
+// greedy_token (one pass over raw logits, what GPU models compute on the device) agrees with
+// the greedy pick over the cleaned logits on random rows with ties, NaN and infinities mixed in.
+TEST(Sampler, GreedyTokenMatchesTheGreedyPick) {
+  std::mt19937 rng(41);
+  std::uniform_int_distribution<int> small(0, 3);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = 1 + trial % 37;
+    std::vector<float> logits(static_cast<size_t>(n));
+    for (float& x : logits) {
+      const int kind = std::uniform_int_distribution<int>(0, 19)(rng);
+      x = kind == 0 ? NAN : kind == 1 ? -INFINITY : kind == 2 && trial % 5 == 0 ? INFINITY : 0.5f * small(rng);
+    }
+    if (trial % 11 == 0) std::fill(logits.begin(), logits.end(), trial % 2 ? NAN : -INFINITY);
+    const int32_t token = greedy_token(logits);
+    const bool hopeless = std::none_of(logits.begin(), logits.end(), [](float x) { return x > -INFINITY; });
+    if (hopeless) {
+      EXPECT_EQ(token, -1);
+      EXPECT_THROW(Sampler(SamplingParams{}).sample(logits), Error);
+      continue;
+    }
+    float best = -INFINITY;
+    for (float x : logits) best = std::isnan(x) ? best : std::max(best, x);
+    const auto first = std::find(logits.begin(), logits.end(), best) - logits.begin();
+    EXPECT_EQ(token, first) << "trial " << trial;
+    EXPECT_EQ(Sampler(SamplingParams{}).sample(logits), token);
+    Sampler s(SamplingParams{});
+    ASSERT_TRUE(s.picks_argmax());
+    EXPECT_EQ(s.take_argmax(token), token);
+  }
+  EXPECT_THROW(Sampler(SamplingParams{}).take_argmax(-1), Error);
+  SamplingParams penalised;
+  penalised.repetition_penalty = 1.2f;
+  EXPECT_FALSE(Sampler(penalised).picks_argmax());
+  EXPECT_FALSE(Sampler(SamplingParams{0.7f, 0, 1.0f, 0.0f, 1}).picks_argmax());
 }
 
 TEST(Sampler, BadValuesAreNamed) {

@@ -176,19 +176,8 @@ float* DeepseekCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_
   return out;
 }
 
-namespace {
-
-void download_logits(PinnedBuffer& pinned, const float* src, size_t count, std::vector<float>& logits, cudaStream_t s) {
-  float* host = pinned.reserve_as<float>(count);
-  CUDA_CHECK(cudaMemcpyAsync(host, src, count * sizeof(float), cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  logits.assign(host, host + count);
-}
-
-}  // namespace
-
 void DeepseekCudaModel::forward(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits,
-                                bool all_tokens) {
+                                bool all_tokens, std::vector<int32_t>* greedy_ids) {
   const ModelConfig& c = host_.config();
   const auto s = static_cast<cudaStream_t>(stream_);
   const int64_t n = batch.num_tokens();
@@ -207,7 +196,7 @@ void DeepseekCudaModel::forward(const ForwardBatch& batch, MlaAttentionBackend& 
     row_ids = b.data_as<const int32_t>();
   }
   const float* out = run_head(eager_, row_ids, count);
-  download_logits(pinned_, out, static_cast<size_t>(count) * static_cast<size_t>(c.vocab_size), logits, s);
+  download_step(pinned_, out, count, c.vocab_size, logits, greedy_ids, greedy_dev_, nullptr, nullptr, device_, s);
 }
 
 void DeepseekCudaModel::capture_decode_graphs(MlaAttentionBackend& backend, std::vector<int> batch_sizes,
@@ -231,7 +220,7 @@ void DeepseekCudaModel::capture_decode_graphs(MlaAttentionBackend& backend, std:
 }
 
 bool DeepseekCudaModel::forward_decode_graph(const ForwardBatch& batch, MlaAttentionBackend& backend,
-                                             std::vector<float>& logits) {
+                                             std::vector<float>& logits, std::vector<int32_t>* greedy_ids) {
   ForwardBatch padded;
   const CudaGraph* graph = graphs_.find(batch, &padded);
   if (graph == nullptr) return false;
@@ -242,8 +231,8 @@ bool DeepseekCudaModel::forward_decode_graph(const ForwardBatch& batch, MlaAtten
   upload_i32_async(graph_ws_.slots[kIds], padded.input_ids, s);
   upload_i32_async(graph_ws_.slots[kPositions], padded.positions, s);
   graph->launch(stream_);
-  download_logits(pinned_, graph_ws_.slots[kLogits].data_as<const float>(),
-                  static_cast<size_t>(batch.batch_size) * static_cast<size_t>(c.vocab_size), logits, s);
+  download_step(pinned_, graph_ws_.slots[kLogits].data_as<const float>(), batch.batch_size, c.vocab_size, logits,
+                greedy_ids, greedy_dev_, nullptr, nullptr, device_, s);
   return true;
 }
 

@@ -35,9 +35,10 @@ class DeepseekCudaModel {
   void* stream() const { return stream_; }
   size_t weight_bytes() const;
 
-  // As DeepseekModel::forward; the logits come back to the host.
+  // As DeepseekModel::forward; the logits come back to the host, or with greedy_ids only each
+  // returned row's greedy token (as LlamaCudaModel's; also for the graph path below).
   void forward(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits,
-               bool all_tokens = false);
+               bool all_tokens = false, std::vector<int32_t>* greedy_ids = nullptr);
 
   // As LlamaCudaModel's: one DECODE-step graph per batch size, after the backend's
   // init_cuda_graph_state(max size); padding rows are one-token requests in padding_req_row
@@ -46,7 +47,8 @@ class DeepseekCudaModel {
                              int32_t padding_slot, ReqToTokenPool* req_pool, MLAKVPool* kv_pool);
   // Runs a DECODE batch through the smallest captured graph that holds it; false (nothing run)
   // when there is none.
-  bool forward_decode_graph(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits);
+  bool forward_decode_graph(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits,
+                            std::vector<int32_t>* greedy_ids = nullptr);
   std::vector<int> graph_batch_sizes() const;
 
  private:
@@ -78,6 +80,7 @@ class DeepseekCudaModel {
   void* stream_ = nullptr;  // cudaStream_t
   std::unique_ptr<CudaLinear> linear_;
   PinnedBuffer pinned_;
+  Buffer greedy_dev_;  // the device's greedy tokens of a step (download_step)
   std::unique_ptr<CudaDecoderEnds> ends_;
   std::vector<Layer> layers_;
   Workspace eager_;

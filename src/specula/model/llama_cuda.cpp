@@ -221,25 +221,8 @@ float* LlamaCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_t c
   return out;
 }
 
-namespace {
-// Logits (and the captured hidden states of the first capture->data.size() values of slot 5)
-// to the host through pinned memory, then one sync.
-void download(PinnedBuffer& pinned, std::vector<float>& logits, const float* src, int64_t count, HiddenCapture* capture,
-              const float* captured_states, cudaStream_t s) {
-  const size_t captured = capture != nullptr ? capture->data.size() : 0;
-  float* host = pinned.reserve_as<float>(captured + static_cast<size_t>(count));
-  if (captured > 0) {
-    CUDA_CHECK(cudaMemcpyAsync(host, captured_states, captured * sizeof(float), cudaMemcpyDeviceToHost, s));
-  }
-  CUDA_CHECK(cudaMemcpyAsync(host + captured, src, static_cast<size_t>(count) * sizeof(float), cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
-  if (captured > 0) std::copy_n(host, captured, capture->data.begin());
-  logits.assign(host + captured, host + captured + count);
-}
-}  // namespace
-
 void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens,
-                             HiddenCapture* capture) {
+                             HiddenCapture* capture, std::vector<int32_t>* greedy_ids) {
   const ModelConfig& c = host_.config();
   const auto s = static_cast<cudaStream_t>(stream_);
   const int64_t n = batch.num_tokens();
@@ -259,7 +242,8 @@ void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backen
     row_ids = b.data_as<const int32_t>();
   }
   const float* out = run_head(eager_, row_ids, count);
-  download(pinned_, logits, out, count * c.vocab_size, capture, eager_.slots[5].data_as<const float>(), s);
+  download_step(pinned_, out, count, c.vocab_size, logits, greedy_ids, greedy_dev_, capture,
+                eager_.slots[5].data_as<const float>(), device_, s);
 }
 
 void LlamaCudaModel::capture_decode_graphs(AttentionBackend& backend, std::vector<int> batch_sizes, int32_t padding_req_row,
@@ -282,7 +266,8 @@ void LlamaCudaModel::capture_decode_graphs(AttentionBackend& backend, std::vecto
       [&] { graph_ws_.frozen = true; });
 }
 
-bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits) {
+bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits,
+                                          std::vector<int32_t>* greedy_ids) {
   ForwardBatch padded;
   const CudaGraph* graph = graphs_.find(batch, &padded);
   if (graph == nullptr) return false;
@@ -294,8 +279,8 @@ bool LlamaCudaModel::forward_decode_graph(const ForwardBatch& batch, AttentionBa
   upload_i32_async(graph_ws_.slots[1], padded.positions, s);
   upload_i32_async(graph_ws_.slots[6], padded.out_cache_loc, s);
   graph->launch(stream_);
-  download(pinned_, logits, graph_ws_.slots[17].data_as<const float>(), static_cast<int64_t>(batch.batch_size) * c.vocab_size,
-           nullptr, nullptr, s);
+  download_step(pinned_, graph_ws_.slots[17].data_as<const float>(), batch.batch_size, c.vocab_size, logits, greedy_ids,
+                greedy_dev_, nullptr, nullptr, device_, s);
   return true;
 }
 
@@ -360,7 +345,7 @@ void LlamaCudaModel::capture_verify_graphs(AttentionBackend& backend, std::vecto
 }
 
 bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits,
-                                          HiddenCapture* capture) {
+                                          HiddenCapture* capture, std::vector<int32_t>* greedy_ids) {
   if (batch.forward_mode != ForwardMode::TARGET_VERIFY || batch.spec_info == nullptr ||
       batch.spec_info->num_draft_tokens != verify_tokens_ || batch.spec_info->custom_mask.empty() ||
       !batch.spec_info->prefix_visible) {
@@ -398,8 +383,8 @@ bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBa
   it->second->launch(stream_);
   const int64_t n = batch.num_tokens();
   if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, c.hidden_size);
-  download(pinned_, logits, verify_ws_.slots[17].data_as<const float>(), n * c.vocab_size, capture,
-           verify_ws_.slots[5].data_as<const float>(), s);
+  download_step(pinned_, verify_ws_.slots[17].data_as<const float>(), n, c.vocab_size, logits, greedy_ids, greedy_dev_,
+                capture, verify_ws_.slots[5].data_as<const float>(), device_, s);
   return true;
 }
 

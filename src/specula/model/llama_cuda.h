@@ -42,9 +42,11 @@ class LlamaCudaModel {
   // Bytes of weights as held on the device (what one decode step reads).
   size_t weight_bytes() const;
 
-  // As LlamaModel::forward; logits (and captured hidden states) come back to the host.
+  // As LlamaModel::forward; logits (and captured hidden states) come back to the host. With
+  // greedy_ids, only each returned row's greedy token does, found on the device (download_step in
+  // model/cuda/step_io.h), and logits is left as it was. The same for the graph paths below.
   void forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens = false,
-               HiddenCapture* capture = nullptr);
+               HiddenCapture* capture = nullptr, std::vector<int32_t>* greedy_ids = nullptr);
 
   // Captures one DECODE-step graph per batch size. The backend must have had
   // init_cuda_graph_state(max size). Padding rows (capture, and batches smaller than their
@@ -54,7 +56,8 @@ class LlamaCudaModel {
                              int32_t padding_slot, ReqToTokenPool* req_pool, MHAKVPool* kv_pool);
   // Runs a DECODE batch through the smallest captured graph that holds it; false (nothing run)
   // when there is none, and the caller runs forward().
-  bool forward_decode_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits);
+  bool forward_decode_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits,
+                            std::vector<int32_t>* greedy_ids = nullptr);
   std::vector<int> graph_batch_sizes() const;
 
   // TARGET_VERIFY graphs for speculative decoding (SGLang captures them in the same runner): one
@@ -70,7 +73,7 @@ class LlamaCudaModel {
   // it: logits of every token and the captured hidden states come back to the host. False
   // (nothing run) when no graph fits or the capture asks for other layers.
   bool forward_verify_graph(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits,
-                            HiddenCapture* capture);
+                            HiddenCapture* capture, std::vector<int32_t>* greedy_ids = nullptr);
 
  private:
   struct Layer {
@@ -102,6 +105,7 @@ class LlamaCudaModel {
   void* stream_ = nullptr;  // cudaStream_t
   std::unique_ptr<CudaLinear> linear_;
   PinnedBuffer pinned_;  // logits and captured states on their way to the host
+  Buffer greedy_dev_;    // the device's greedy tokens of a step (download_step)
   std::unique_ptr<CudaDecoderEnds> ends_;
   std::vector<Layer> layers_;
   Workspace eager_;

@@ -2,8 +2,10 @@
 #include "specula/runtime/model_runner.h"
 
 #include <algorithm>
+#include <span>
 
 #include "specula/core/error.h"
+#include "specula/runtime/sampler.h"
 #ifdef SPECULA_HAS_CUDA
 #include "specula/model/deepseek_cuda.h"
 #include "specula/model/llama_cuda.h"
@@ -215,7 +217,19 @@ void ModelRunner::capture_verify_graphs(const std::vector<int>& capture_layers) 
 
 ModelRunner::~ModelRunner() = default;
 
-void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens, HiddenCapture* capture) {
+namespace {
+// The CPU models' greedy tokens, from their host logits.
+void greedy_rows(const std::vector<float>& logits, int vocab, std::vector<int32_t>& ids) {
+  const size_t rows = logits.size() / static_cast<size_t>(vocab);
+  ids.resize(rows);
+  for (size_t r = 0; r < rows; ++r) {
+    ids[r] = greedy_token(std::span<const float>(logits).subspan(r * static_cast<size_t>(vocab), static_cast<size_t>(vocab)));
+  }
+}
+}  // namespace
+
+void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens, HiddenCapture* capture,
+                          std::vector<int32_t>* greedy_ids) {
   batch.req_to_token_pool = req_pool_.get();
   if (mla_model_) {
     SPECULA_CHECK(capture == nullptr, "{}: capturing hidden states for a draft head is not supported",
@@ -224,31 +238,35 @@ void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool 
 #ifdef SPECULA_HAS_CUDA
     if (mla_cuda_model_) {
       auto* model = static_cast<DeepseekCudaModel*>(mla_cuda_model_.get());
-      if (use_cuda_graph_ && !all_tokens && model->forward_decode_graph(batch, *mla_backend_, logits)) return;
+      if (use_cuda_graph_ && !all_tokens && model->forward_decode_graph(batch, *mla_backend_, logits, greedy_ids)) return;
       mla_backend_->init_forward_metadata(batch);
-      model->forward(batch, *mla_backend_, logits, all_tokens);
+      model->forward(batch, *mla_backend_, logits, all_tokens, greedy_ids);
       return;
     }
 #endif
     mla_backend_->init_forward_metadata(batch);
     mla_model_->forward(batch, *mla_backend_, logits, all_tokens);
-    return;
-  }
-  batch.token_to_kv_pool = kv_pool_.get();
+  } else {
+    batch.token_to_kv_pool = kv_pool_.get();
 #ifdef SPECULA_HAS_CUDA
-  if (cuda_model_) {
-    auto* model = static_cast<LlamaCudaModel*>(cuda_model_.get());
-    if (use_cuda_graph_ && !all_tokens && capture == nullptr && model->forward_decode_graph(batch, *backend_, logits)) {
+    if (cuda_model_) {
+      auto* model = static_cast<LlamaCudaModel*>(cuda_model_.get());
+      if (use_cuda_graph_ && !all_tokens && capture == nullptr &&
+          model->forward_decode_graph(batch, *backend_, logits, greedy_ids)) {
+        return;
+      }
+      if (use_cuda_graph_ && all_tokens && model->forward_verify_graph(batch, *backend_, logits, capture, greedy_ids)) {
+        return;
+      }
+      backend_->init_forward_metadata(batch);
+      model->forward(batch, *backend_, logits, all_tokens, capture, greedy_ids);
       return;
     }
-    if (use_cuda_graph_ && all_tokens && model->forward_verify_graph(batch, *backend_, logits, capture)) return;
-    backend_->init_forward_metadata(batch);
-    model->forward(batch, *backend_, logits, all_tokens, capture);
-    return;
-  }
 #endif
-  backend_->init_forward_metadata(batch);
-  model_->forward(batch, *backend_, logits, all_tokens, capture);
+    backend_->init_forward_metadata(batch);
+    model_->forward(batch, *backend_, logits, all_tokens, capture);
+  }
+  if (greedy_ids != nullptr) greedy_rows(logits, config_.vocab_size, *greedy_ids);
 }
 
 }  // namespace specula

@@ -89,9 +89,12 @@ class ModelRunner {
 
   // Points the batch at the pools, builds the backend's metadata and runs the model: f32 logits of
   // the last token of each request ([batch_size, vocab]), or of every token with all_tokens.
-  // capture (optional): hidden states of every token for a draft head (graphs are not used then).
+  // capture (optional): hidden states of every token for a draft head. greedy_ids (optional):
+  // instead of the logits (then left as they were), each returned row's greedy token
+  // (greedy_token in runtime/sampler.h, -1 when a row holds nothing above -inf); GPU models find
+  // them on the device and download only the ids.
   void forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens = false,
-               HiddenCapture* capture = nullptr);
+               HiddenCapture* capture = nullptr, std::vector<int32_t>* greedy_ids = nullptr);
 
  private:
   // The model and attention backend of each kind, on the CPU or the GPU.

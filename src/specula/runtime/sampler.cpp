@@ -28,6 +28,24 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
+int32_t greedy_token(std::span<const float> logits) {
+  // One pass: NaN and -inf never compare greater, and `>` keeps the first of equal maxima.
+  float best = -INFINITY;
+  int32_t token = -1;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > best) {
+      best = logits[i];
+      token = static_cast<int32_t>(i);
+    }
+  }
+  return token;
+}
+
+int32_t checked_greedy_token(int32_t token) {
+  SPECULA_CHECK(token >= 0, "sampling from logits that are all NaN or -inf");
+  return token;
+}
+
 Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) { params_.validate(); }
 
 void Sampler::observe_prompt(std::span<const int32_t> prompt_ids) { seen_.insert(prompt_ids.begin(), prompt_ids.end()); }
@@ -103,8 +121,8 @@ size_t Sampler::filter(std::span<const float> logits, std::vector<int32_t>& orde
 }
 
 int32_t Sampler::pick(std::span<const float> raw) {
+  if (params_.temperature == 0.0f) return checked_greedy_token(greedy_token(raw));
   const std::span<const float> logits = clean(raw);
-  if (params_.temperature == 0.0f) return argmax(logits);
   std::vector<int32_t> order;
   std::vector<double> probs;
   const size_t keep = filter(logits, order, probs);
@@ -122,6 +140,12 @@ void Sampler::distribution(std::span<const float> raw, std::vector<float>& out) 
   for (size_t i = 0; i < keep; ++i) sum += probs[i];
   out.assign(logits.size(), 0.0f);
   for (size_t i = 0; i < keep; ++i) out[static_cast<size_t>(order[i])] = static_cast<float>(probs[i] / sum);
+}
+
+int32_t Sampler::take_argmax(int32_t token) {
+  SPECULA_ASSERT(picks_argmax());
+  record(checked_greedy_token(token));
+  return token;
 }
 
 double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }

@@ -43,6 +43,11 @@ class Sampler {
     return params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
   }
   void distribution(std::span<const float> logits, std::vector<float>& probs);
+  // Whether the token is a function of the raw logits' argmax alone (greedy, no penalties), so a
+  // GPU model can find it on the device; take_argmax then records that token (greedy_token's
+  // -1 raises sample()'s error).
+  bool picks_argmax() const { return greedy() && !has_penalties(); }
+  int32_t take_argmax(int32_t token);
   double uniform();
   void record(int32_t token);
 
@@ -63,5 +68,10 @@ class Sampler {
 };
 
 int32_t argmax(std::span<const float> logits);
+// The greedy choice over raw logits: the lowest id of the largest value, NaN counting as -inf
+// (+inf dominates); -1 when no value is above -inf. One pass, no copy.
+int32_t greedy_token(std::span<const float> logits);
+// token, or the error a greedy pick over logits with nothing above -inf raises (token -1).
+int32_t checked_greedy_token(int32_t token);
 
 }  // namespace specula

@@ -477,8 +477,13 @@ void Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
   }
   HiddenCapture capture;
   if (spec_ != nullptr) capture.layers = spec_->capture_layers();
+  // Greedy requests without penalties need only each row's argmax: found where the logits are
+  // (on a GPU, one id per row is downloaded instead of the vocabulary's logits).
+  const bool argmax_only =
+      std::all_of(plan.begin(), plan.end(), [](const Planned& p) { return p.req->sampler.picks_argmax(); });
   try {
-    runner_.forward(b, logits_, /*all_tokens=*/false, spec_ != nullptr ? &capture : nullptr);
+    runner_.forward(b, logits_, /*all_tokens=*/false, spec_ != nullptr ? &capture : nullptr,
+                    argmax_only ? &greedy_ids_ : nullptr);
   } catch (const std::exception& e) {
     // A failed step ends its requests with the reason rather than losing them silently; the KV
     // it was writing is not cached.
@@ -493,7 +498,8 @@ void Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
         if (spec_ == nullptr) cache_unfinished(r);
         continue;
       }
-      const int32_t token = r.sampler.sample(std::span<const float>(logits_).subspan(i * vocab, vocab));
+      const int32_t token = argmax_only ? r.sampler.take_argmax(greedy_ids_[i])
+                                        : r.sampler.sample(std::span<const float>(logits_).subspan(i * vocab, vocab));
       if (plan[i].extend > 1 && spec_ == nullptr) cache_unfinished(r);
       process_token(r, token);
     } catch (const std::exception& e) {

@@ -136,6 +136,7 @@ class Scheduler {
   double new_token_ratio_;
   SchedulerStats stats_;
   std::vector<float> logits_;
+  std::vector<int32_t> greedy_ids_;  // a step's greedy tokens when every request picks the argmax
 };
 
 }  // namespace specula

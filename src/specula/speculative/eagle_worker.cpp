@@ -289,7 +289,11 @@ void EagleWorker::verify(std::span<CycleItem> items) {
   b.spec_info = info;
   HiddenCapture capture;
   capture.layers = head_->capture_layers();
-  target_.forward(b, logits_, /*all_tokens=*/true, &capture);
+  // All-greedy cycles need only each tree token's argmax (on a GPU target, found on the device).
+  const bool argmax_only = std::all_of(items.begin(), items.end(), [](const CycleItem& it) {
+    return it.sampler == nullptr || it.sampler->greedy();
+  });
+  target_.forward(b, logits_, /*all_tokens=*/true, &capture, argmax_only ? &greedy_ids_ : nullptr);
   const auto verified = std::chrono::steady_clock::now();
   const auto vocab = static_cast<size_t>(target_.config().vocab_size);
   const auto width = static_cast<size_t>(head_->feature_size());
@@ -298,11 +302,15 @@ void EagleWorker::verify(std::span<CycleItem> items) {
   std::vector<int32_t> src, dst;
   for (size_t i = 0; i < items.size(); ++i) {
     CycleItem& it = items[i];
-    const float* logits = logits_.data() + i * static_cast<size_t>(N) * vocab;
     if (it.sampler == nullptr || it.sampler->greedy()) {
-      for (int n = 0; n < N; ++n) argmax_ids[static_cast<size_t>(n)] = argmax({logits + static_cast<size_t>(n) * vocab, vocab});
+      for (int n = 0; n < N; ++n) {
+        const size_t row = i * static_cast<size_t>(N) + static_cast<size_t>(n);
+        argmax_ids[static_cast<size_t>(n)] =
+            checked_greedy_token(argmax_only ? greedy_ids_[row] : greedy_token({logits_.data() + row * vocab, vocab}));
+      }
       it.result = verify_greedy(it.tree, argmax_ids);
     } else {
+      const float* logits = logits_.data() + i * static_cast<size_t>(N) * vocab;
       probs.resize(static_cast<size_t>(N) * vocab);
       for (int n = 0; n < N; ++n) {
         it.sampler->distribution({logits + static_cast<size_t>(n) * vocab, vocab}, row_probs);

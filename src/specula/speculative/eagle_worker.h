@@ -117,6 +117,7 @@ class EagleWorker {
   std::unique_ptr<DraftCascadeBackend> step_backend_;  // CPU head
   std::unique_ptr<EagleCudaHead> cuda_head_;           // GPU head
   std::vector<float> logits_;
+  std::vector<int32_t> greedy_ids_;  // the verify's argmax per tree token in all-greedy cycles
   SpecTiming timing_;
 };
 

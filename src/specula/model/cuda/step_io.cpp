@@ -1,7 +1,10 @@
 // GPU decoder plumbing.
 #include "specula/model/cuda/step_io.h"
 
+#include <algorithm>
+
 #include "specula/core/cuda_check.h"
+#include "specula/model/cuda/argmax.h"
 
 namespace specula {
 
@@ -25,6 +28,34 @@ std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens) {
     rows.push_back(end - 1);
   }
   return rows;
+}
+
+void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
+                   std::vector<int32_t>* greedy_ids, Buffer& ids, HiddenCapture* capture, const float* captured_states,
+                   Device device, cudaStream_t s) {
+  const size_t captured = capture != nullptr ? capture->data.size() : 0;
+  const auto count = static_cast<size_t>(rows) * static_cast<size_t>(greedy_ids != nullptr ? 1 : vocab);
+  const size_t item = greedy_ids != nullptr ? sizeof(int32_t) : sizeof(float);
+  auto* host = static_cast<unsigned char*>(pinned.reserve(captured * sizeof(float) + count * item));
+  if (captured > 0) {
+    CUDA_CHECK(cudaMemcpyAsync(host, captured_states, captured * sizeof(float), cudaMemcpyDeviceToHost, s));
+  }
+  const void* results = src;
+  if (greedy_ids != nullptr) {
+    if (ids.data() == nullptr || ids.numel() < rows) ids = Buffer(DType::i32, {rows}, device);
+    cuda_kernels::argmax_rows(src, rows, vocab, ids.data_as<int32_t>(), s);
+    results = ids.data();
+  }
+  CUDA_CHECK(cudaMemcpyAsync(host + captured * sizeof(float), results, count * item, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  if (captured > 0) std::copy_n(reinterpret_cast<const float*>(host), captured, capture->data.begin());
+  if (greedy_ids != nullptr) {
+    const auto* first = reinterpret_cast<const int32_t*>(host + captured * sizeof(float));
+    greedy_ids->assign(first, first + count);
+  } else {
+    const auto* first = reinterpret_cast<const float*>(host + captured * sizeof(float));
+    logits.assign(first, first + count);
+  }
 }
 
 }  // namespace specula

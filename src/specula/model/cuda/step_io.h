@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "specula/batch/forward_batch.h"
+#include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
+#include "specula/model/hidden_capture.h"
 
 namespace specula {
 
@@ -21,5 +23,14 @@ void upload_i32_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t
 // The token rows whose logits a step returns: each request's last token, or every token with
 // all_tokens. Empty when that is every token of the batch in order (all_tokens, or a decode step).
 std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens);
+
+// A step's results to the host through pinned memory, with one sync: with capture, the first
+// capture->data.size() floats of captured_states into capture->data; then the rows x vocab
+// logits at src into logits or, with greedy_ids, only each row's greedy token, found on the
+// device (cuda_kernels::argmax_rows into ids, a device buffer grown here): 4 bytes per row cross
+// instead of the vocabulary's logits and the host does not scan them.
+void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
+                   std::vector<int32_t>* greedy_ids, Buffer& ids, HiddenCapture* capture, const float* captured_states,
+                   Device device, cudaStream_t s);
 
 }  // namespace specula

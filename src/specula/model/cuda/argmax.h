@@ -1,0 +1,15 @@
+// Greedy tokens on the GPU: each row's argmax over f32 logits, so a greedy step downloads one id
+// per row instead of the vocabulary's logits and the host does not scan them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace specula::cuda_kernels {
+
+// out[r] = the lowest index of the largest value of row r of x [rows, width], NaN counting as
+// -inf, or -1 when the row holds no value above -inf: the host's greedy_token (runtime/sampler.h).
+void argmax_rows(const float* x, int64_t rows, int width, int32_t* out, cudaStream_t s);
+
+}  // namespace specula::cuda_kernels
