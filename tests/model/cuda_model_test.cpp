@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/runtime/generator.h"
+#include "specula/runtime/sampler.h"
 
 namespace specula {
 namespace {
@@ -37,6 +38,18 @@ TEST(CudaModel, ShippedModelMatchesCpuAndGreedyReference) {
       }
       // bf16 q/k/v and KV cache on the GPU: logits within a few hundredths of the f32 CPU path.
       EXPECT_LT(max_diff, 0.1);
+      // The greedy ids found on the device are the host's greedy pick over the same logits.
+      const std::vector<int32_t> greedy = gpu.prompt_greedy_ids(ids);
+      const size_t vocab = b.size() / ids.size();
+      ASSERT_EQ(greedy.size(), ids.size());
+      for (size_t t = 0; t < ids.size(); ++t) {
+        EXPECT_EQ(greedy[t], greedy_token({b.data() + t * vocab, vocab})) << "position " << t;
+      }
+      const std::vector<int32_t> cpu_greedy = cpu.prompt_greedy_ids(ids);
+      ASSERT_EQ(cpu_greedy.size(), ids.size());
+      for (size_t t = 0; t < ids.size(); ++t) {
+        EXPECT_EQ(cpu_greedy[t], greedy_token({a.data() + t * vocab, vocab})) << "CPU, position " << t;
+      }
       // Greedy tokens equal the reference wherever its top-2 margin is comfortable.
       const auto margins = p["greedy_margins"].get<std::vector<double>>();
       const auto expected = p["greedy_ids"].get<std::vector<int32_t>>();

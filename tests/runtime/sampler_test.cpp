@@ -97,8 +97,9 @@ TEST(Sampler, NonFiniteLogits) {
   EXPECT_THROW(Sampler(SamplingParams{}).sample(hopeless), Error);
 }
 
-// greedy_token (one pass over raw logits, what GPU models compute on the device) agrees with
-// the greedy pick over the cleaned logits on random rows with ties, NaN and infinities mixed in.
+// greedy_token (one pass over raw logits, what GPU models compute on the device) agrees with a
+// direct reference and with the sampling path at top_k = 1 (which cleans the logits and stably
+// sorts them) on random rows with ties, NaN and infinities mixed in.
 TEST(Sampler, GreedyTokenMatchesTheGreedyPick) {
   std::mt19937 rng(41);
   std::uniform_int_distribution<int> small(0, 3);
@@ -115,6 +116,7 @@ TEST(Sampler, GreedyTokenMatchesTheGreedyPick) {
     if (hopeless) {
       EXPECT_EQ(token, -1);
       EXPECT_THROW(Sampler(SamplingParams{}).sample(logits), Error);
+      EXPECT_THROW(Sampler(SamplingParams{1.0f, 1, 1.0f, 0.0f, 3}).sample(logits), Error);
       continue;
     }
     float best = -INFINITY;
@@ -122,6 +124,7 @@ TEST(Sampler, GreedyTokenMatchesTheGreedyPick) {
     const auto first = std::find(logits.begin(), logits.end(), best) - logits.begin();
     EXPECT_EQ(token, first) << "trial " << trial;
     EXPECT_EQ(Sampler(SamplingParams{}).sample(logits), token);
+    EXPECT_EQ(Sampler(SamplingParams{1.0f, 1, 1.0f, 0.0f, 3}).sample(logits), token) << "trial " << trial;
     Sampler s(SamplingParams{});
     ASSERT_TRUE(s.picks_argmax());
     EXPECT_EQ(s.take_argmax(token), token);

@@ -15,7 +15,9 @@ namespace specula {
 // call an untimed write over twice the L2 is queued, so every call starts with a cold cache (as
 // a layer does after the previous layer's weights went through the L2) and the GPU is still busy
 // with that write while the host queues the start event and the call: the host's launch latency
-// (3-5 us on the device machine) does not land between the two events.
+// does not land between the two events. The write leaves dirty
+// lines that the timed call's misses evict, as a previous layer's writes would (Triton's
+// do_bench flushes the same way).
 template <typename Fn>
 double cuda_median_seconds(const Fn& fn, int reps, int warmup = 2) {
   int device = 0, l2_bytes = 0;

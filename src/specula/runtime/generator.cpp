@@ -48,6 +48,20 @@ GenerateResult Generator::generate(const GenerateRequest& request, const std::fu
 }
 
 std::vector<float> Generator::prompt_logits(const std::vector<int32_t>& prompt_ids) {
+  std::vector<float> logits;
+  prompt_forward(prompt_ids, logits, nullptr);
+  return logits;
+}
+
+std::vector<int32_t> Generator::prompt_greedy_ids(const std::vector<int32_t>& prompt_ids) {
+  std::vector<float> logits;
+  std::vector<int32_t> ids;
+  prompt_forward(prompt_ids, logits, &ids);
+  return ids;
+}
+
+void Generator::prompt_forward(const std::vector<int32_t>& prompt_ids, std::vector<float>& logits,
+                               std::vector<int32_t>* greedy_ids) {
   ModelRunner& runner = engine_->runner();
   SPECULA_CHECK(!prompt_ids.empty() && static_cast<int>(prompt_ids.size()) <= runner.max_context_len(),
                 "prompt of {} tokens; it must have 1 to {} tokens", prompt_ids.size(), runner.max_context_len());
@@ -76,9 +90,7 @@ std::vector<float> Generator::prompt_logits(const std::vector<int32_t>& prompt_i
   b.extend_prefix_lens = {0};
   b.extend_seq_lens = {n};
   b.out_cache_loc = *slots;
-  std::vector<float> logits;
-  runner.forward(b, logits, true);
-  return logits;
+  runner.forward(b, logits, true, nullptr, greedy_ids);
 }
 
 }  // namespace specula

@@ -48,8 +48,14 @@ class Generator {
 
   // Logits of every prompt position (f32, [prompt_len, vocab]); for tests against reference dumps.
   std::vector<float> prompt_logits(const std::vector<int32_t>& prompt_ids);
+  // The greedy next token after every prompt position (ModelRunner::forward's greedy_ids: found
+  // where the logits are, -1 where a row holds nothing above -inf).
+  std::vector<int32_t> prompt_greedy_ids(const std::vector<int32_t>& prompt_ids);
 
  private:
+  // One EXTEND forward of the prompt over every position, into logits or greedy_ids.
+  void prompt_forward(const std::vector<int32_t>& prompt_ids, std::vector<float>& logits,
+                      std::vector<int32_t>* greedy_ids);
   static EngineOptions engine_options(const GeneratorOptions& options);
   std::unique_ptr<Engine> engine_;
 };

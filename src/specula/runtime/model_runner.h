@@ -90,9 +90,9 @@ class ModelRunner {
   // Points the batch at the pools, builds the backend's metadata and runs the model: f32 logits of
   // the last token of each request ([batch_size, vocab]), or of every token with all_tokens.
   // capture (optional): hidden states of every token for a draft head. greedy_ids (optional):
-  // instead of the logits (then left as they were), each returned row's greedy token
-  // (greedy_token in runtime/sampler.h, -1 when a row holds nothing above -inf); GPU models find
-  // them on the device and download only the ids.
+  // each returned row's greedy token (greedy_token in runtime/sampler.h, -1 when a row holds
+  // nothing above -inf) instead of the logits; GPU models find them on the device, download only
+  // the ids and leave logits as it was, CPU models fill logits too.
   void forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens = false,
                HiddenCapture* capture = nullptr, std::vector<int32_t>* greedy_ids = nullptr);
 

@@ -291,7 +291,7 @@ void EagleWorker::verify(std::span<CycleItem> items) {
   capture.layers = head_->capture_layers();
   // All-greedy cycles need only each tree token's argmax (on a GPU target, found on the device).
   const bool argmax_only = std::all_of(items.begin(), items.end(), [](const CycleItem& it) {
-    return it.sampler == nullptr || it.sampler->greedy();
+    return it.sampler == nullptr || it.sampler->picks_argmax();
   });
   target_.forward(b, logits_, /*all_tokens=*/true, &capture, argmax_only ? &greedy_ids_ : nullptr);
   const auto verified = std::chrono::steady_clock::now();
@@ -306,9 +306,12 @@ void EagleWorker::verify(std::span<CycleItem> items) {
       for (int n = 0; n < N; ++n) {
         const size_t row = i * static_cast<size_t>(N) + static_cast<size_t>(n);
         argmax_ids[static_cast<size_t>(n)] =
-            checked_greedy_token(argmax_only ? greedy_ids_[row] : greedy_token({logits_.data() + row * vocab, vocab}));
+            argmax_only ? greedy_ids_[row] : greedy_token({logits_.data() + row * vocab, vocab});
       }
+      // A row with nothing above -inf has argmax -1, which matches no tree token; only an
+      // emitted bonus token of -1 is an error.
       it.result = verify_greedy(it.tree, argmax_ids);
+      checked_greedy_token(it.result.bonus_token);
     } else {
       const float* logits = logits_.data() + i * static_cast<size_t>(N) * vocab;
       probs.resize(static_cast<size_t>(N) * vocab);

@@ -2,6 +2,7 @@
 // `>` keeps the lowest index on ties and skips NaN), then warps and the block reduce by (larger
 // value, then lower index).
 #include <climits>
+#include <cstdint>
 #include <string>
 
 #include "specula/core/cuda_check.h"
@@ -33,8 +34,10 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restric
       index = j;
     }
   };
-  // Rows of a multiple of four values start 16-byte aligned: float4 loads, four in flight.
-  const int quads = width % 4 == 0 ? width / 4 : 0;
+  // Rows of a multiple of four values from an aligned base start 16-byte aligned: float4 loads,
+  // four in flight.
+  const bool aligned = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const int quads = aligned && width % 4 == 0 ? width / 4 : 0;
   const float4* row4 = reinterpret_cast<const float4*>(row);
 #pragma unroll 4
   for (int q = static_cast<int>(threadIdx.x); q < quads; q += kThreads) {

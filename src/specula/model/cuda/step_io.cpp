@@ -42,7 +42,7 @@ void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int voc
   }
   const void* results = src;
   if (greedy_ids != nullptr) {
-    if (ids.data() == nullptr || ids.numel() < rows) ids = Buffer(DType::i32, {rows}, device);
+    if (ids.data() == nullptr || ids.numel() < rows) ids = Buffer(DType::i32, {std::max<int64_t>(rows, 1)}, device);
     cuda_kernels::argmax_rows(src, rows, vocab, ids.data_as<int32_t>(), s);
     results = ids.data();
   }

@@ -1,6 +1,6 @@
 // Host/device plumbing shared by the GPU decoders (LlamaCudaModel, DeepseekCudaModel): their
-// stream, the per-step uploads of ids, positions and row lists, and which rows' logits a step
-// returns.
+// stream, the per-step uploads of ids, positions and row lists, which rows' logits a step
+// returns, and the step's download (logits, or greedy ids found on the device).
 #pragma once
 
 #include <cuda_runtime_api.h>
