@@ -54,7 +54,7 @@ inline int32_t prefill(ModelRunner& runner, EagleWorker& worker, const std::vect
   runner.req_pool().write(row, 0, slots);
   HiddenCapture capture;
   capture.layers = worker.capture_layers();
-  EXPECT_EQ(argmax(extend_forward(runner, ids, row, slots, &capture)), expect_next);
+  EXPECT_EQ(greedy_token(extend_forward(runner, ids, row, slots, &capture)), expect_next);
   DraftExtendItem it;
   it.req_pool_idx = row;
   it.start = 0;

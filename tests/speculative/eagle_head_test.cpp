@@ -91,7 +91,7 @@ TEST(EagleCycles, CachedDraftStateEqualsAFreshRecompute) {
     DraftState state;
     std::vector<int32_t> seq = prompt;
     // The target's greedy next token after the prompt, from a plain forward.
-    const int32_t first = argmax(spec_fixtures::last_token_logits(*pair.runner, prompt));
+    const int32_t first = greedy_token(spec_fixtures::last_token_logits(*pair.runner, prompt));
     const int32_t row = prefill(*pair.runner, worker, prompt, first, state);
     seq.push_back(first);
     // Three cycles; the request's row keeps its KV slots and gets fresh scratch slots each time.

@@ -23,11 +23,6 @@ void SamplingParams::validate() const {
                 "frequency_penalty {} / presence_penalty {} must be finite", frequency_penalty, presence_penalty);
 }
 
-int32_t argmax(std::span<const float> logits) {
-  SPECULA_CHECK(!logits.empty(), "argmax of no logits");
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
 int32_t greedy_token(std::span<const float> logits) {
   // One pass: NaN and -inf never compare greater, and `>` keeps the first of equal maxima.
   float best = -INFINITY;

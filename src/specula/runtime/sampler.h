@@ -67,7 +67,6 @@ class Sampler {
   size_t filter(std::span<const float> logits, std::vector<int32_t>& order, std::vector<double>& probs) const;
 };
 
-int32_t argmax(std::span<const float> logits);
 // The greedy choice over raw logits: the lowest id of the largest value, NaN counting as -inf
 // (+inf dominates); -1 when no value is above -inf. One pass, no copy.
 int32_t greedy_token(std::span<const float> logits);
