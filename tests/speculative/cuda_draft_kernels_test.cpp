@@ -21,6 +21,8 @@
 #include "specula/core/cuda_check.h"
 #include "specula/core/device.h"
 #include "specula/speculative/cuda/draft_kernels.h"
+#include "specula/speculative/eagle_tree.h"
+#include "specula/speculative/verify.h"
 
 namespace specula::testing {
 namespace {
@@ -359,6 +361,152 @@ TEST(CudaDraftKernels, TreeExpansionMatchesDraftStepsBookkeeping) {
         ASSERT_EQ(parents[o], h.parents[b][i]) << "request " << b << " candidate " << i;
         ASSERT_EQ(std::bit_cast<uint32_t>(scores[o]), std::bit_cast<uint32_t>(h.scores[b][i]))
             << "request " << b << " candidate " << i << ": " << scores[o] << " vs " << h.scores[b][i];
+      }
+    }
+  }
+}
+
+// draft_top1_select against draft_top_k + draft_select for chains (topk 1): from the same roots,
+// over the same per-step logits (vocabularies of 259, 4096 and 32000, with and without d2t,
+// with exact ties), every array of the two states is equal bit for bit after every step.
+TEST(CudaDraftKernels, Top1SelectEqualsTopKThenSelect) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(test_seed(kBinary) + 2);
+  struct Case {
+    int batch, num_steps, hidden, vocab;
+    bool d2t, ties;
+  };
+  const std::vector<Case> cases = {{1, 2, 64, 259, false, false},   {3, 7, 256, 259, true, true},
+                                   {5, 4, 130, 4096, true, false},  {2, 6, 4096, 32000, false, true},
+                                   {16, 8, 96, 1000, true, true}};
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::uniform_real_distribution<float> uniform(0.01f, 1.0f);
+  std::uniform_int_distribution<int32_t> token_dist(0, 150000);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "batch " << c.batch << " num_steps " << c.num_steps << " hidden " << c.hidden
+                                      << " vocab " << c.vocab << " d2t " << c.d2t << " ties " << c.ties);
+    const int B = c.batch, S = c.num_steps, H = c.hidden, V = c.vocab;
+    std::vector<int32_t> step_slots(static_cast<size_t>(S - 1) * B);
+    std::iota(step_slots.begin(), step_slots.end(), 7000);
+    std::shuffle(step_slots.begin(), step_slots.end(), rng);
+    DraftTreeArrays two(B, 1, S, H, step_slots), fused(B, 1, S, H, step_slots);
+    for (DraftTreeArrays* t : {&two, &fused}) {
+      for (DeviceArray<int32_t>* a : {&t->frontier_nodes, &t->row_tokens, &t->branch, &t->cand_tokens, &t->cand_parents}) {
+        a->fill_bytes(0xff);
+      }
+      t->cand_scores.fill_bytes(0xff);
+    }
+    std::vector<int32_t> root_tokens(static_cast<size_t>(B));
+    std::vector<float> root_probs(static_cast<size_t>(B)), root_hidden(static_cast<size_t>(B) * H);
+    for (auto& t : root_tokens) t = token_dist(rng);
+    for (auto& p : root_probs) p = uniform(rng);
+    for (auto& x : root_hidden) x = normal(rng);
+    DeviceArray<int32_t> d_root_tokens(root_tokens);
+    DeviceArray<float> d_root_probs(root_probs), d_root_hidden(root_hidden);
+    std::vector<int64_t> d2t(static_cast<size_t>(V));
+    std::uniform_int_distribution<int64_t> offset(0, 200000);
+    for (int64_t& d : d2t) d = offset(rng);
+    DeviceArray<int64_t> d_d2t(d2t);
+    const int64_t* map = c.d2t ? d_d2t.get() : nullptr;
+    const ck::DraftTreeState st2 = two.state(), stf = fused.state();
+    ck::draft_init(st2, d_root_tokens.get(), d_root_probs.get(), d_root_hidden.get(), nullptr, nullptr);
+    ck::draft_init(stf, d_root_tokens.get(), d_root_probs.get(), d_root_hidden.get(), nullptr, nullptr);
+    DeviceArray<int32_t> child_tokens(static_cast<size_t>(B));
+    DeviceArray<float> child_probs(static_cast<size_t>(B));
+    for (int step = 1; step < S; ++step) {
+      std::vector<float> logits(static_cast<size_t>(B) * V), step_hidden(static_cast<size_t>(B) * H);
+      for (float& x : logits) x = c.ties ? std::round(normal(rng) * 2.0f) / 2.0f : normal(rng);
+      for (float& x : step_hidden) x = normal(rng);
+      DeviceArray<float> d_logits(logits), d_step_hidden(step_hidden);
+      ck::DraftTopKParams p{};
+      p.logits = d_logits.get();
+      p.rows = B;
+      p.vocab = V;
+      p.k = 1;
+      p.d2t = map;
+      p.tokens = child_tokens.get();
+      p.probs = child_probs.get();
+      ck::draft_top_k(p, nullptr);
+      ck::draft_select(st2, step, child_tokens.get(), child_probs.get(), d_step_hidden.get(), nullptr);
+      ck::draft_top1_select(stf, step, d_logits.get(), V, map, d_step_hidden.get(), nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      SCOPED_TRACE(::testing::Message() << "after step " << step);
+      auto same_bits = [](const auto& a, const auto& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+      };
+      ASSERT_TRUE(same_bits(two.cand_tokens.download(), fused.cand_tokens.download()));
+      ASSERT_TRUE(same_bits(two.cand_parents.download(), fused.cand_parents.download()));
+      ASSERT_TRUE(same_bits(two.cand_scores.download(), fused.cand_scores.download()));
+      ASSERT_TRUE(same_bits(two.frontier_scores.download(), fused.frontier_scores.download()));
+      ASSERT_TRUE(same_bits(two.frontier_nodes.download(), fused.frontier_nodes.download()));
+      ASSERT_TRUE(same_bits(two.row_tokens.download(), fused.row_tokens.download()));
+      ASSERT_TRUE(same_bits(two.row_hidden.download(), fused.row_hidden.download()));
+      // Entries past a row's path are never read; compare the path (steps so far, plus the next
+      // step's own slot when one follows).
+      const std::vector<int32_t> b2 = two.branch.download(), bf = fused.branch.download();
+      const int len = std::min(step + 1, S - 1);
+      for (int b = 0; b < B; ++b) {
+        for (int d = 0; d < len; ++d) {
+          ASSERT_EQ(b2[static_cast<size_t>(b) * S + d], bf[static_cast<size_t>(b) * S + d]) << "request " << b << " depth " << d;
+        }
+      }
+      // The chosen child is a real token: row 0's best (not a fill value).
+      const std::vector<int32_t> got = fused.row_tokens.download();
+      for (int32_t t : got) ASSERT_GE(t, 0);
+    }
+  }
+}
+
+// chain_extend_inputs against the host's verify_greedy over the same chains: the accepted run,
+// the emitted tokens (ids of the accepted rows) and the last row, for chains that accept
+// nothing, part of the chain and all of it, with greedy tokens of -1 among them.
+TEST(CudaDraftKernels, ChainExtendInputsFollowGreedyVerification) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(test_seed(kBinary) + 3);
+  std::uniform_int_distribution<int32_t> token_dist(0, 300);
+  for (const int n : {2, 4, 8}) {
+    for (const int batch : {1, 5, 16}) {
+      SCOPED_TRACE(::testing::Message() << "num_draft_tokens " << n << " batch " << batch);
+      std::vector<int32_t> ids(static_cast<size_t>(batch) * n), greedy(ids.size());
+      for (auto& t : ids) t = token_dist(rng);
+      for (int b = 0; b < batch; ++b) {
+        // Request b agrees with its chain for its first (b mod n + rng) rows, then differs.
+        const int agree = b == 0 ? n : static_cast<int>((b + rng()) % static_cast<uint64_t>(n));
+        for (int q = 0; q < n; ++q) {
+          const size_t at = static_cast<size_t>(b) * n + q;
+          if (q < agree && q + 1 < n) {
+            greedy[at] = ids[at + 1];
+          } else {
+            greedy[at] = rng() % 4 == 0 ? -1 : token_dist(rng);
+          }
+        }
+      }
+      DeviceArray<int32_t> d_ids(ids), d_greedy(greedy), d_ext(ids.size()), d_last(static_cast<size_t>(batch));
+      d_ext.fill_bytes(0xff);
+      ck::chain_extend_inputs(batch, n, d_ids.get(), d_greedy.get(), d_ext.get(), d_last.get(), nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<int32_t> ext = d_ext.download(), last = d_last.download();
+      DraftCandidates chain;
+      for (int d = 1; d < n; ++d) {
+        chain.tokens.push_back(0);
+        chain.parents.push_back(d - 2);
+        chain.scores.push_back(1.0f);
+        chain.depths.push_back(d);
+      }
+      for (int b = 0; b < batch; ++b) {
+        const size_t base = static_cast<size_t>(b) * n;
+        for (int d = 1; d < n; ++d) chain.tokens[static_cast<size_t>(d - 1)] = ids[base + static_cast<size_t>(d)];
+        const DraftTree tree = build_tree(ids[base], chain, n);
+        const VerifyResult r =
+            verify_greedy(tree, std::span<const int32_t>(greedy).subspan(base, static_cast<size_t>(n)));
+        const auto a = static_cast<int>(r.accepted_nodes.size());
+        ASSERT_EQ(last[static_cast<size_t>(b)], static_cast<int32_t>(base) + a - 1) << "request " << b;
+        std::vector<int32_t> emitted = r.accepted_tokens;
+        emitted.push_back(std::max(r.bonus_token, 0));
+        for (int q = 0; q < a; ++q) {
+          ASSERT_EQ(ext[base + static_cast<size_t>(q)], emitted[static_cast<size_t>(q)]) << "request " << b << " row " << q;
+        }
+        for (int q = a; q < n; ++q) ASSERT_GE(ext[base + static_cast<size_t>(q)], 0) << "request " << b << " row " << q;
       }
     }
   }

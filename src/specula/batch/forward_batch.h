@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -34,6 +35,14 @@ inline bool is_extend_like(ForwardMode m) {
          m == ForwardMode::TARGET_VERIFY;
 }
 
+// A TARGET_VERIFY step's results as a GPU model holds them on the device, for on_device_results.
+struct VerifyDeviceResults {
+  const int32_t* input_ids = nullptr;   // [num_tokens] the tree tokens the step ran over
+  const int32_t* greedy_ids = nullptr;  // [num_tokens] each row's greedy token (-1: none above -inf)
+  const float* captured = nullptr;      // [num_tokens, feature width] the captured hidden states
+  int64_t num_tokens = 0;
+};
+
 // Speculative-decoding input attached to a batch (EAGLE's verify/draft inputs grow from this).
 struct SpecInfo {
   int num_draft_tokens = 0;
@@ -45,6 +54,17 @@ struct SpecInfo {
   // carries information. The CUDA backend then attends as decode does, per query over the prefix
   // plus the tree tokens it sees.
   bool prefix_visible = false;
+  // Tree tokens still on the GPU (the draft loop's output, written on the model's stream): tree
+  // tokens [1, num_draft_tokens) of request r are the int32s at device_tree_tokens + r *
+  // device_tree_pitch, and input_ids holds placeholders there. A GPU model copies them into its
+  // ids before running, so the verify follows the draft loop with no host round trip; CPU models
+  // refuse such a batch.
+  const int32_t* device_tree_tokens = nullptr;
+  int64_t device_tree_pitch = 0;
+  // Called by a GPU model, for a verify asked for greedy ids and captured states, once the step's
+  // downloads are queued on its stream and before it waits for them: device work queued here
+  // (EAGLE's draft extend for all-greedy chains) runs while the host handles the results.
+  std::function<void(const VerifyDeviceResults&)> on_device_results;
   virtual ~SpecInfo() = default;
 };
 

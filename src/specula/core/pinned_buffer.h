@@ -17,6 +17,7 @@ class PinnedBuffer {
 
   // At least `bytes` of pinned memory; the old contents are lost when it grows.
   void* reserve(size_t bytes);
+  const void* data() const { return data_; }
   template <typename T>
   T* reserve_as(size_t count) {
     return static_cast<T*>(reserve(count * sizeof(T)));

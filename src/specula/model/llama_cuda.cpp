@@ -39,6 +39,9 @@ LlamaCudaModel::LlamaCudaModel(const LlamaModel& host, Device device, bool deter
     }
   }
   stream_ = create_model_stream(device);
+  cudaEvent_t results = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&results, cudaEventDisableTiming));
+  results_event_ = results;
   linear_ = std::make_unique<CudaLinear>(device, stream_, deterministic);
   ends_ = std::make_unique<CudaDecoderEnds>(host, device);
   for (const LlamaModel::Layer& l : host.layers()) {
@@ -66,6 +69,7 @@ LlamaCudaModel::~LlamaCudaModel() {
   graphs_.clear();
   verify_graphs_.clear();
   linear_.reset();
+  if (results_event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(results_event_));
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
@@ -229,7 +233,7 @@ void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backen
   SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
                 "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
   for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-  upload_i32_async(scratch(eager_, 0, DType::i32, n), batch.input_ids, s);
+  upload_ids_async(scratch(eager_, 0, DType::i32, n), batch, batch.batch_size, s);
   upload_i32_async(scratch(eager_, 1, DType::i32, n), batch.positions, s);
   upload_i32_async(scratch(eager_, 6, DType::i32, n), batch.out_cache_loc, s);
   run_layers(batch, backend, eager_, n, capture);
@@ -243,7 +247,18 @@ void LlamaCudaModel::forward(const ForwardBatch& batch, AttentionBackend& backen
   }
   const float* out = run_head(eager_, row_ids, count);
   download_step(pinned_, out, count, c.vocab_size, logits, greedy_ids, greedy_dev_, capture,
-                eager_.slots[5].data_as<const float>(), device_, s);
+                eager_.slots[5].data_as<const float>(), device_, s, results_hook(batch, eager_, greedy_ids, capture),
+                static_cast<cudaEvent_t>(results_event_));
+}
+
+std::function<void()> LlamaCudaModel::results_hook(const ForwardBatch& batch, const Workspace& ws,
+                                                   const std::vector<int32_t>* greedy_ids, const HiddenCapture* capture) {
+  const SpecInfo* info = batch.spec_info.get();
+  if (info == nullptr || !info->on_device_results || greedy_ids == nullptr || capture == nullptr) return {};
+  return [this, info, &ws, n = batch.num_tokens()] {
+    info->on_device_results({ws.slots[0].data_as<const int32_t>(), greedy_dev_.data_as<const int32_t>(),
+                             ws.slots[5].data_as<const float>(), n});
+  };
 }
 
 void LlamaCudaModel::capture_decode_graphs(AttentionBackend& backend, std::vector<int> batch_sizes, int32_t padding_req_row,
@@ -377,14 +392,15 @@ bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, AttentionBa
     run = &padded;
   }
   backend.init_forward_metadata_replay_cuda_graph(*run);
-  upload_i32_async(verify_ws_.slots[0], run->input_ids, s);
+  upload_ids_async(verify_ws_.slots[0], *run, batch.batch_size, s);
   upload_i32_async(verify_ws_.slots[1], run->positions, s);
   upload_i32_async(verify_ws_.slots[6], run->out_cache_loc, s);
   it->second->launch(stream_);
   const int64_t n = batch.num_tokens();
   if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, c.hidden_size);
   download_step(pinned_, verify_ws_.slots[17].data_as<const float>(), n, c.vocab_size, logits, greedy_ids, greedy_dev_,
-                capture, verify_ws_.slots[5].data_as<const float>(), device_, s);
+                capture, verify_ws_.slots[5].data_as<const float>(), device_, s,
+                results_hook(batch, verify_ws_, greedy_ids, capture), static_cast<cudaEvent_t>(results_event_));
   return true;
 }
 

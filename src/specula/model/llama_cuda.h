@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <utility>
@@ -98,11 +99,17 @@ class LlamaCudaModel {
   // `count` rows when nullptr); returns the f32 logits in slot 17.
   float* run_head(Workspace& ws, const int32_t* row_ids, int64_t count);
   ForwardBatch verify_padding_batch(int batch_size) const;
+  // The batch's SpecInfo::on_device_results over ws's ids and captured states and the step's
+  // greedy ids, for download_step; empty when the batch has none or the step returns no greedy
+  // ids or captured states.
+  std::function<void()> results_hook(const ForwardBatch& batch, const Workspace& ws,
+                                     const std::vector<int32_t>* greedy_ids, const HiddenCapture* capture);
 
   const LlamaModel& host_;
   Device device_;
   bool deterministic_;
   void* stream_ = nullptr;  // cudaStream_t
+  void* results_event_ = nullptr;  // cudaEvent_t: a step's downloads done (download_step)
   std::unique_ptr<CudaLinear> linear_;
   PinnedBuffer pinned_;  // logits and captured states on their way to the host
   Buffer greedy_dev_;    // the device's greedy tokens of a step (download_step)

@@ -231,6 +231,10 @@ void greedy_rows(const std::vector<float>& logits, int vocab, std::vector<int32_
 void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens, HiddenCapture* capture,
                           std::vector<int32_t>* greedy_ids) {
   batch.req_to_token_pool = req_pool_.get();
+  SPECULA_CHECK(batch.spec_info == nullptr || batch.spec_info->device_tree_tokens == nullptr ||
+                    (cuda_model_ != nullptr && !mla_model_),
+                "{}: a verify batch whose tree tokens are on the GPU needs a Llama-family model on the GPU",
+                config_.architecture);
   if (mla_model_) {
     SPECULA_CHECK(capture == nullptr, "{}: capturing hidden states for a draft head is not supported",
                   config_.architecture);

@@ -425,11 +425,49 @@ void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int
       // Causal among the request's new pairs: row q sees new pairs 0..q.
       at(l.branch_lens + row) = real ? q + 1 : 1;
       for (int i = 0; real && i <= q; ++i) at(l.branch + row * N + i) = r->req_row[start + i];
-      if (real) std::copy_n(r->features + static_cast<size_t>(q) * F, F, host_floats_.begin() + static_cast<int64_t>(row * F));
+      if (real && r->features != nullptr) {
+        std::copy_n(r->features + static_cast<size_t>(q) * F, F, host_floats_.begin() + static_cast<int64_t>(row * F));
+      }
     }
   }
   upload_async(ext_ints_.data(), host_ints_, s);
   upload_async(ext_floats_.data(), host_floats_, s);
+}
+
+bool EagleCudaHead::stage_chain_extend(std::span<const DraftLoopInput> requests) {
+  const auto B = static_cast<int>(requests.size());
+  const int N = params_.num_draft_tokens;
+  const auto graph = extend_graphs_.lower_bound(B);
+  chain_extend_requests_ = 0;
+  if (params_.topk != 1 || B == 0 || graph == extend_graphs_.end()) return false;
+  // Every row as if the whole chain were accepted; launch_chain_extend supplies the ids, the
+  // last rows and the features.
+  const std::vector<int32_t> placeholder(static_cast<size_t>(N), 0);
+  std::vector<DraftExtendInput> inputs;
+  for (const DraftLoopInput& r : requests) {
+    inputs.push_back({r.kv_len, N, r.req_pool_idx, r.req_row, placeholder.data(), nullptr});
+  }
+  stage_extend(inputs, graph->first);
+  chain_extend_requests_ = B;
+  return true;
+}
+
+void EagleCudaHead::launch_chain_extend(const VerifyDeviceResults& results) {
+  const auto s = static_cast<cudaStream_t>(stream_);
+  const int B = chain_extend_requests_;
+  const int N = params_.num_draft_tokens;
+  SPECULA_CHECK(B > 0 && results.num_tokens >= static_cast<int64_t>(B) * N,
+                "chain extend: a verify of {} tokens does not hold the {} staged chains of {}", results.num_tokens, B, N);
+  const auto graph = extend_graphs_.lower_bound(B);
+  const ExtendLayout l = extend_layout(graph->first);
+  int32_t* ints = ext_ints_.data_as<int32_t>();
+  ck::chain_extend_inputs(B, N, results.input_ids, results.greedy_ids, ints + l.ids, ints + l.last_rows, s);
+  // Rows past the accepted run carry rejected nodes' features; their outputs are never read.
+  CUDA_CHECK(cudaMemcpyAsync(ext_floats_.data(), results.captured,
+                             static_cast<size_t>(B) * N * static_cast<size_t>(head_.feature_size()) * sizeof(float),
+                             cudaMemcpyDeviceToDevice, s));
+  graph->second->launch(stream_);
+  chain_extend_requests_ = 0;
 }
 
 void EagleCudaHead::attend_tree(const TensorView& q, const TensorView& out, int rows_per_seq, const int32_t* pages,
@@ -490,6 +528,12 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
     };
     forward(ws, rows, st.row_tokens, ints + l.positions + (step - 1) * rows, st.row_hidden, false, attend, nullptr, rows,
             slots);
+    if (K == 1) {
+      ck::draft_top1_select(st, step, ws.slots[kLogits].data_as<const float>(), head_.draft_vocab_size(),
+                            d2t_.data() != nullptr ? d2t_.data_as<const int64_t>() : nullptr,
+                            ws.slots[kX].data_as<const float>(), s);
+      continue;
+    }
     top_k(ws.slots[kLogits].data_as<const float>(), rows, top_tokens, top_probs);
     ck::draft_select(st, step, top_tokens, top_probs, ws.slots[kX].data_as<const float>(), s);
   }
@@ -531,39 +575,31 @@ void EagleCudaHead::stage_loop(std::span<const DraftLoopInput> requests, int bs)
   upload_async(loop_ints_.data(), host_ints_, s);
 }
 
-void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates) {
+void EagleCudaHead::launch_draft_loop(std::span<const DraftLoopInput> requests) {
   const auto s = static_cast<cudaStream_t>(stream_);
   const int K = params_.topk, S = params_.num_steps;
   const auto B = static_cast<int>(requests.size());
-  candidates.assign(requests.size(), {});
+  loop_requests_ = B;
   if (B == 0) return;
+  SPECULA_CHECK(B <= options_.max_batch, "a draft loop of {} requests exceeds the head's max_batch {}", B,
+                options_.max_batch);
+  const int C = ck::draft_num_candidates(K, S);
+  const auto count = static_cast<size_t>(B) * C;
+  auto* host = static_cast<char*>(pinned_.reserve(3 * count * 4));
   if (S == 1) {
     // No steps: the tree's candidates are the root's top-k, read from the root store.
-    auto* host = static_cast<char*>(pinned_.reserve(static_cast<size_t>(2 * B * K) * 4));
     const size_t bytes = static_cast<size_t>(K) * 4;
     for (int b = 0; b < B; ++b) {
       const int32_t row = requests[static_cast<size_t>(b)].req_pool_idx;
       SPECULA_CHECK(row >= 0 && row < options_.num_req_rows, "draft loop: request index {} is out of range [0, {})", row,
                     options_.num_req_rows);
-      CUDA_CHECK(cudaMemcpyAsync(host + 2 * b * bytes, roots_tokens_.data_as<int32_t>() + row * K, bytes,
+      CUDA_CHECK(cudaMemcpyAsync(host + b * bytes, roots_tokens_.data_as<int32_t>() + row * K, bytes,
                                  cudaMemcpyDeviceToHost, s));
-      CUDA_CHECK(cudaMemcpyAsync(host + (2 * b + 1) * bytes, roots_probs_.data_as<float>() + row * K, bytes,
+      CUDA_CHECK(cudaMemcpyAsync(host + 2 * count * 4 + b * bytes, roots_probs_.data_as<float>() + row * K, bytes,
                                  cudaMemcpyDeviceToHost, s));
-    }
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    for (int b = 0; b < B; ++b) {
-      const auto* tokens = reinterpret_cast<const int32_t*>(host + 2 * b * bytes);
-      const auto* probs = reinterpret_cast<const float*>(host + (2 * b + 1) * bytes);
-      DraftCandidates& c = candidates[static_cast<size_t>(b)];
-      c.tokens.assign(tokens, tokens + K);
-      c.scores.assign(probs, probs + K);
-      c.parents.assign(static_cast<size_t>(K), -1);
-      c.depths.assign(static_cast<size_t>(K), 1);
     }
     return;
   }
-  SPECULA_CHECK(B <= options_.max_batch, "a draft loop of {} requests exceeds the head's max_batch {}", B,
-                options_.max_batch);
   const auto graph = graphs_.lower_bound(B);
   const int bs = graph != graphs_.end() ? graph->first : B;
   stage_loop(requests, bs);
@@ -572,25 +608,43 @@ void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::ve
   } else {
     loop_launches(extend_ws_, bs);
   }
-  const int C = ck::draft_num_candidates(K, S);
-  const auto count = static_cast<size_t>(B) * C;
-  auto* host = static_cast<char*>(pinned_.reserve(3 * count * 4));
+  // Queued behind the loop; the caller's next sync on the stream completes them.
   CUDA_CHECK(cudaMemcpyAsync(host, cand_tokens_.data(), count * 4, cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaMemcpyAsync(host + count * 4, cand_parents_.data(), count * 4, cudaMemcpyDeviceToHost, s));
   CUDA_CHECK(cudaMemcpyAsync(host + 2 * count * 4, cand_scores_.data(), count * 4, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+int EagleCudaHead::num_candidates() const { return ck::draft_num_candidates(params_.topk, params_.num_steps); }
+
+void EagleCudaHead::read_draft_candidates(std::vector<DraftCandidates>& candidates) const {
+  const int K = params_.topk, S = params_.num_steps;
+  const int B = loop_requests_;
+  const int C = ck::draft_num_candidates(K, S);
+  const auto count = static_cast<size_t>(B) * C;
+  const auto* host = static_cast<const char*>(pinned_.data());
   const auto* tokens = reinterpret_cast<const int32_t*>(host);
   const auto* parents = reinterpret_cast<const int32_t*>(host + count * 4);
   const auto* scores = reinterpret_cast<const float*>(host + 2 * count * 4);
+  candidates.assign(static_cast<size_t>(B), {});
   for (int b = 0; b < B; ++b) {
     DraftCandidates& c = candidates[static_cast<size_t>(b)];
     const auto first = static_cast<int64_t>(b) * C;
     c.tokens.assign(tokens + first, tokens + first + C);
-    c.parents.assign(parents + first, parents + first + C);
     c.scores.assign(scores + first, scores + first + C);
     c.depths.resize(static_cast<size_t>(C));
     for (int i = 0; i < C; ++i) c.depths[static_cast<size_t>(i)] = i < K ? 1 : 2 + (i - K) / (K * K);
+    if (S == 1) {
+      c.parents.assign(static_cast<size_t>(C), -1);
+    } else {
+      c.parents.assign(parents + first, parents + first + C);
+    }
   }
+}
+
+void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates) {
+  launch_draft_loop(requests);
+  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  read_draft_candidates(candidates);
 }
 
 }  // namespace specula

@@ -86,6 +86,16 @@ class EagleCudaHead {
   // batch; then use extend().
   bool extend_after_cycle(std::span<const DraftExtendInput> requests);
 
+  // The extend after an all-greedy chain cycle (topk 1), queued before the host knows the
+  // outcome. stage_chain_extend (before the verify is launched) stages each request's
+  // num_draft_tokens rows as if the whole chain were accepted; false (nothing staged) when no
+  // extend graph holds the batch. launch_chain_extend (on the stream, behind the verify) takes the
+  // accepted run, the extend's ids and the captured features from the verify's results on the
+  // device (chain_extend_inputs) and replays the graph: the same extend, roots in the store, as
+  // extend_after_cycle over the accepted tokens.
+  bool stage_chain_extend(std::span<const DraftLoopInput> requests);
+  void launch_chain_extend(const VerifyDeviceResults& results);
+
   // Row req_pool_idx of the root store on the host (one sync; for tests and tools).
   void read_root(int32_t req_pool_idx, std::vector<float>& hidden, std::vector<int32_t>& tokens,
                  std::vector<float>& probs);
@@ -93,6 +103,15 @@ class EagleCudaHead {
   // The tree expansion of every request; fills each request's candidates (tokens, parents,
   // scores, depths), as EagleWorker's CPU loop does.
   void draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates);
+  // draft_loop in two halves: the launch (the loop and the candidates' download queued on the
+  // stream, nothing waited for), and, after the caller has synchronised the stream, the
+  // candidates of the last launch's requests. In between, the loop's candidate tokens can feed
+  // the next launches on the stream: request b's are the num_candidates() int32s at
+  // candidate_tokens() + b * num_candidates() (num_steps >= 2).
+  void launch_draft_loop(std::span<const DraftLoopInput> requests);
+  void read_draft_candidates(std::vector<DraftCandidates>& candidates) const;
+  const int32_t* candidate_tokens() const { return cand_tokens_.data_as<const int32_t>(); }
+  int num_candidates() const;
 
  private:
   enum Slot : size_t {
@@ -158,6 +177,8 @@ class EagleCudaHead {
   Buffer roots_hidden_, roots_tokens_, roots_probs_, extend_rows_;
   Buffer frontier_scores_, frontier_nodes_, row_tokens_, row_hidden_, branch_, cand_tokens_, cand_parents_, cand_scores_;
   PinnedBuffer pinned_;  // downloads
+  int loop_requests_ = 0;  // requests of the last launch_draft_loop
+  int chain_extend_requests_ = 0;  // requests of the staged chain extend (0: none)
   std::vector<int32_t> host_ints_;
   std::vector<float> host_floats_;
   std::map<int, std::unique_ptr<CudaGraph>> graphs_;

@@ -82,6 +82,26 @@ void EagleWorker::top_k(const float* logits, std::vector<int32_t>& tokens, std::
 }
 
 void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
+  if (extended_.empty()) {
+    extend_now(items);
+    return;
+  }
+  // The last cycle's extend already ran on the device for its requests (each item starts where
+  // that cycle's KV did and carries its emitted tokens: the run the device accepted).
+  std::vector<DraftExtendItem> rest;
+  for (DraftExtendItem& it : items) {
+    const bool done = std::find(extended_.begin(), extended_.end(), std::pair{it.req_pool_idx, it.start}) != extended_.end();
+    if (done && !it.next_tokens.empty()) {
+      it.state->on_device = true;
+    } else {
+      rest.push_back(std::move(it));
+    }
+  }
+  extended_.clear();
+  extend_now(rest);
+}
+
+void EagleWorker::extend_now(std::span<DraftExtendItem> items) {
   const auto start = std::chrono::steady_clock::now();
 #ifdef SPECULA_HAS_CUDA
   if (cuda_head_) {
@@ -268,7 +288,7 @@ void EagleWorker::draft_steps(std::span<CycleItem> items, std::vector<DraftCandi
   }
 }
 
-void EagleWorker::verify(std::span<CycleItem> items) {
+void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool extend_on_device) {
   const int N = options_.params.num_draft_tokens;
   ForwardBatch b;
   b.forward_mode = ForwardMode::TARGET_VERIFY;
@@ -286,6 +306,19 @@ void EagleWorker::verify(std::span<CycleItem> items) {
     b.seq_lens.push_back(it.kv_len);
     append_tree_mask_full(it.tree, it.kv_len, info->custom_mask);
   }
+  bool extended = false;
+#ifdef SPECULA_HAS_CUDA
+  if (tokens_on_device) {
+    info->device_tree_tokens = cuda_head_->candidate_tokens();
+    info->device_tree_pitch = cuda_head_->num_candidates();
+  }
+  if (extend_on_device) {
+    info->on_device_results = [this, &extended](const VerifyDeviceResults& r) {
+      cuda_head_->launch_chain_extend(r);
+      extended = true;
+    };
+  }
+#endif
   b.spec_info = info;
   HiddenCapture capture;
   capture.layers = head_->capture_layers();
@@ -294,6 +327,10 @@ void EagleWorker::verify(std::span<CycleItem> items) {
     return it.sampler == nullptr || it.sampler->picks_argmax();
   });
   target_.forward(b, logits_, /*all_tokens=*/true, &capture, argmax_only ? &greedy_ids_ : nullptr);
+  if (tokens_on_device) fill_chains(items);
+  if (extended) {
+    for (const CycleItem& it : items) extended_.push_back({it.req_pool_idx, it.kv_len});
+  }
   const auto verified = std::chrono::steady_clock::now();
   const auto vocab = static_cast<size_t>(target_.config().vocab_size);
   const auto width = static_cast<size_t>(head_->feature_size());
@@ -340,9 +377,67 @@ void EagleWorker::verify(std::span<CycleItem> items) {
   timing_.accept_s += seconds_since(verified);
 }
 
+bool EagleWorker::chain_on_device() const {
+  const SpecParams& p = options_.params;
+  return cuda_head_ != nullptr && p.topk == 1 && p.num_steps >= 2;
+}
+
+void EagleWorker::fill_chains(std::span<CycleItem> items) {
+#ifdef SPECULA_HAS_CUDA
+  std::vector<DraftCandidates> cands;
+  cuda_head_->read_draft_candidates(cands);
+  SPECULA_ASSERT(cands.size() == items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    DraftTree tree = build_tree(items[i].root_token, cands[i], options_.params.num_draft_tokens);
+    // The verify ran over the chain's shape with the loop's tokens; a tree of another shape
+    // would mean the two disagree.
+    SPECULA_ASSERT(tree.parents == items[i].tree.parents);
+    items[i].tree = std::move(tree);
+  }
+#else
+  (void)items;
+#endif
+}
+
 void EagleWorker::run_cycle(std::span<CycleItem> items) {
+  extended_.clear();
   if (items.empty()) return;
   auto start = std::chrono::steady_clock::now();
+  if (chain_on_device()) {
+#ifdef SPECULA_HAS_CUDA
+    // A chain's shape, positions, mask and slots do not depend on its tokens: the verify is
+    // prepared and queued right behind the draft loop and reads the loop's tokens on the device.
+    // The host learns the chain's tokens with the verify's results.
+    std::vector<DraftLoopInput> inputs;
+    for (const CycleItem& it : items) {
+      SPECULA_ASSERT(it.state->on_device);
+      inputs.push_back({it.kv_len, target_.req_pool().row(it.req_pool_idx), it.req_pool_idx});
+    }
+    cuda_head_->launch_draft_loop(inputs);
+    timing_.draft_steps_s += seconds_since(start);
+    start = std::chrono::steady_clock::now();
+    const int N = options_.params.num_draft_tokens;
+    DraftCandidates shape;
+    for (int d = 1; d < N; ++d) {
+      shape.tokens.push_back(0);
+      shape.parents.push_back(d - 2);
+      shape.scores.push_back(1.0f);
+      shape.depths.push_back(d);
+    }
+    for (CycleItem& it : items) it.tree = build_tree(it.root_token, shape, N);
+    // All-greedy chains also queue the next draft extend right behind the verify: the device
+    // finds the accepted run itself, and the head runs while the host handles the results.
+    const bool all_greedy = std::all_of(items.begin(), items.end(), [](const CycleItem& it) {
+      return it.sampler == nullptr || it.sampler->picks_argmax();
+    });
+    const bool extend_on_device = all_greedy && cuda_head_->stage_chain_extend(inputs);
+    const double before = timing_.accept_s;
+    verify(items, /*tokens_on_device=*/true, extend_on_device);
+    timing_.verify_s += seconds_since(start) - (timing_.accept_s - before);
+    ++timing_.cycles;
+    return;
+#endif
+  }
   std::vector<DraftCandidates> cands;
   draft_steps(items, cands);
   timing_.draft_steps_s += seconds_since(start);

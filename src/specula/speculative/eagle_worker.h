@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "specula/kv/mha_kv_pool.h"
@@ -75,7 +76,8 @@ struct CycleItem {
 struct SpecTiming {
   int64_t cycles = 0;
   // The head over accepted tokens (and prefill chunks); the GPU head's extend after a cycle is
-  // launched and not waited for, so this is its host time and its GPU time lands in draft_steps_s.
+  // launched and not waited for, so this is its host time and its GPU time lands in draft_steps_s
+  // (for chains on the GPU head, whose draft loop is not waited for either, in verify_s).
   double draft_extend_s = 0;
   double draft_steps_s = 0;   // tree expansion: num_steps - 1 head forwards and top-k
   double verify_s = 0;        // building the trees and the target's TARGET_VERIFY forward
@@ -105,7 +107,16 @@ class EagleWorker {
 
  private:
   void draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& candidates);
-  void verify(std::span<CycleItem> items);
+  // The target's TARGET_VERIFY over the items' trees, then verification and the KV moves.
+  // tokens_on_device: the trees hold the shape only; their tokens are the GPU draft loop's
+  // candidates, read on the device by the verify and on the host (fill_chains) after it.
+  // extend_on_device: the draft extend after the cycle is queued on the device behind the verify
+  // (EagleCudaHead::launch_chain_extend; staged already), and draft_extend skips these requests.
+  void verify(std::span<CycleItem> items, bool tokens_on_device = false, bool extend_on_device = false);
+  void extend_now(std::span<DraftExtendItem> items);
+  // Chains (topk 1) on the GPU head skip the host between the draft loop and the verify.
+  bool chain_on_device() const;
+  void fill_chains(std::span<CycleItem> items);
   // Softmax over the draft vocabulary and the top-k, as target ids.
   void top_k(const float* logits, std::vector<int32_t>& tokens, std::vector<float>& probs) const;
 
@@ -118,6 +129,8 @@ class EagleWorker {
   std::unique_ptr<EagleCudaHead> cuda_head_;           // GPU head
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;  // the verify's argmax per tree token in all-greedy cycles
+  // (request pool index, KV length) of the last cycle's requests whose extend the device ran.
+  std::vector<std::pair<int32_t, int>> extended_;
   SpecTiming timing_;
 };
 

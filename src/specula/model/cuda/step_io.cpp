@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/error.h"
 #include "specula/model/cuda/argmax.h"
 
 namespace specula {
@@ -19,6 +20,22 @@ void upload_i32_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t
   CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
 }
 
+void upload_ids_async(Buffer& dst, const ForwardBatch& batch, int requests, cudaStream_t s) {
+  upload_i32_async(dst, batch.input_ids, s);
+  const SpecInfo* info = batch.spec_info.get();
+  if (info == nullptr || info->device_tree_tokens == nullptr || requests == 0) return;
+  const int N = info->num_draft_tokens;
+  SPECULA_CHECK(batch.forward_mode == ForwardMode::TARGET_VERIFY && N >= 2 &&
+                    batch.input_ids.size() >= static_cast<size_t>(requests) * static_cast<size_t>(N) &&
+                    info->device_tree_pitch >= N - 1,
+                "device tree tokens need a TARGET_VERIFY batch of {} tokens per request and a pitch >= {}, not {}", N,
+                N - 1, info->device_tree_pitch);
+  constexpr size_t kId = sizeof(int32_t);
+  CUDA_CHECK(cudaMemcpy2DAsync(dst.data_as<int32_t>() + 1, static_cast<size_t>(N) * kId, info->device_tree_tokens,
+                               static_cast<size_t>(info->device_tree_pitch) * kId, static_cast<size_t>(N - 1) * kId,
+                               static_cast<size_t>(requests), cudaMemcpyDeviceToDevice, s));
+}
+
 std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens) {
   std::vector<int32_t> rows;
   if (all_tokens || batch.num_tokens() == batch.batch_size) return rows;
@@ -32,7 +49,7 @@ std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens) {
 
 void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
                    std::vector<int32_t>* greedy_ids, Buffer& ids, HiddenCapture* capture, const float* captured_states,
-                   Device device, cudaStream_t s) {
+                   Device device, cudaStream_t s, const std::function<void()>& before_wait, cudaEvent_t done) {
   const size_t captured = capture != nullptr ? capture->data.size() : 0;
   const auto count = static_cast<size_t>(rows) * static_cast<size_t>(greedy_ids != nullptr ? 1 : vocab);
   const size_t item = greedy_ids != nullptr ? sizeof(int32_t) : sizeof(float);
@@ -47,7 +64,14 @@ void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int voc
     results = ids.data();
   }
   CUDA_CHECK(cudaMemcpyAsync(host + captured * sizeof(float), results, count * item, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaStreamSynchronize(s));
+  if (before_wait) {
+    SPECULA_CHECK(done != nullptr, "download_step: work queued before the wait needs an event to wait on");
+    CUDA_CHECK(cudaEventRecord(done, s));
+    before_wait();
+    CUDA_CHECK(cudaEventSynchronize(done));
+  } else {
+    CUDA_CHECK(cudaStreamSynchronize(s));
+  }
   if (captured > 0) std::copy_n(reinterpret_cast<const float*>(host), captured, capture->data.begin());
   if (greedy_ids != nullptr) {
     const auto* first = reinterpret_cast<const int32_t*>(host + captured * sizeof(float));

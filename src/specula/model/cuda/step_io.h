@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "specula/batch/forward_batch.h"
@@ -20,6 +21,10 @@ void* create_model_stream(Device device);
 // dst[0, src.size()) = src on stream s. From pageable memory the call returns once the data is
 // staged, so src may go away after.
 void upload_i32_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t s);
+// A step's token ids: batch.input_ids, then, for a TARGET_VERIFY batch whose tree tokens are on
+// the device (SpecInfo::device_tree_tokens), those of its first `requests` requests copied over
+// the placeholders on the device.
+void upload_ids_async(Buffer& dst, const ForwardBatch& batch, int requests, cudaStream_t s);
 // The token rows whose logits a step returns: each request's last token, or every token with
 // all_tokens. Empty when that is every token of the batch in order (all_tokens, or a decode step).
 std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens);
@@ -29,8 +34,11 @@ std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens);
 // logits at src into logits or, with greedy_ids, only each row's greedy token, found on the
 // device (cuda_kernels::argmax_rows into ids, a device buffer grown here): 4 bytes per row cross
 // instead of the vocabulary's logits and the host does not scan them.
+// before_wait (optional): called once the downloads are queued, with `done` recorded after them;
+// the work it queues on s runs while the host waits only for `done`.
 void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
                    std::vector<int32_t>* greedy_ids, Buffer& ids, HiddenCapture* capture, const float* captured_states,
-                   Device device, cudaStream_t s);
+                   Device device, cudaStream_t s, const std::function<void()>& before_wait = {},
+                   cudaEvent_t done = nullptr);
 
 }  // namespace specula

@@ -1,219 +1,33 @@
-// The EAGLE tree-draft kernels.
-//
-// Selection (draft_top_k, draft_select) uses one scheme: each thread keeps a sorted top-KCAP
-// list in registers (KCAP = k rounded up to a power of two, so the list is fully unrolled and
-// never touches local memory), each warp extracts its best k by k rounds of a shuffle arg-max,
-// and warp 0 does the same over the warps' lists. The order is BetterScore's: higher value
-// first, equal values to the lower index. It is a strict total order on distinct indices, so
-// every lane of a butterfly agrees on the winner and the result does not depend on the thread
-// count: the selection is deterministic and equals the CPU's partial_sort.
-//
-// The draft head's attention is tree_attention (attention/cuda/kernels/tree_attention.h).
-#include <climits>
+// The EAGLE tree-draft kernels: the draft head's top-k, the tree-expansion bookkeeping, their
+// fusions for chains (topk 1), and the chain's greedy verification for the next draft extend.
+// Selection is row_top_k.cuh's (deterministic, equal to the CPU's partial_sort). The draft
+// head's attention is tree_attention (attention/cuda/kernels/tree_attention.h).
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
 #include "specula/speculative/cuda/draft_kernels.h"
+#include "specula/speculative/cuda/row_top_k.cuh"
 
 namespace specula::cuda_kernels {
 
 namespace {
 
-constexpr float kNegInf = -__builtin_huge_valf();
-constexpr int kTopKMaxThreads = 512;
 constexpr int kTreeThreads = 256;  // >= kMaxDraftTopK^2: one child per thread in draft_select
 
-// ---- selection helpers ------------------------------------------------------------------
-
-// BetterScore: a before b.
-__device__ __forceinline__ bool better(float va, int32_t ia, float vb, int32_t ib) {
-  return va != vb ? va > vb : ia < ib;
-}
-
-// A sorted (best first) list of KCAP (value, index) pairs; empty entries are (-inf, INT_MAX),
-// worse than any real entry.
-template <int KCAP>
-struct TopList {
-  float v[KCAP];
-  int32_t id[KCAP];
-
-  __device__ __forceinline__ void clear() {
-#pragma unroll
-    for (int i = 0; i < KCAP; ++i) {
-      v[i] = kNegInf;
-      id[i] = INT_MAX;
-    }
-  }
-
-  __device__ __forceinline__ void insert(float x, int32_t i) {
-    if (!better(x, i, v[KCAP - 1], id[KCAP - 1])) return;
-    v[KCAP - 1] = x;
-    id[KCAP - 1] = i;
-#pragma unroll
-    for (int j = KCAP - 1; j > 0; --j) {
-      if (better(v[j], id[j], v[j - 1], id[j - 1])) {
-        const float tv = v[j];
-        v[j] = v[j - 1];
-        v[j - 1] = tv;
-        const int32_t ti = id[j];
-        id[j] = id[j - 1];
-        id[j - 1] = ti;
-      }
-    }
-  }
-
-  __device__ __forceinline__ void pop_front() {
-#pragma unroll
-    for (int j = 0; j + 1 < KCAP; ++j) {
-      v[j] = v[j + 1];
-      id[j] = id[j + 1];
-    }
-    v[KCAP - 1] = kNegInf;
-    id[KCAP - 1] = INT_MAX;
-  }
-};
-
-// The warp's best k of its lanes' lists, best first, written by lane 0 to out_v/out_id[0..k).
-// Indices are unique across lanes (each element lives in one list), so exactly one lane pops
-// per round; only empty entries share INT_MAX, and popping those changes nothing.
-template <int KCAP>
-__device__ __forceinline__ void warp_select(TopList<KCAP>& list, int k, float* out_v, int32_t* out_id) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  for (int round = 0; round < k; ++round) {
-    float bv = list.v[0];
-    int32_t bi = list.id[0];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-      const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (better(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (list.id[0] == bi) list.pop_front();
-    if (lane == 0) {
-      out_v[round] = bv;
-      out_id[round] = bi;
-    }
-  }
-}
-
-// The block's best k (k <= KCAP) into out_v/out_id (shared memory), visible to every thread on
-// return. blockDim.x must be a multiple of 32; sm_v/sm_id hold (blockDim.x / 32) * KCAP entries.
-template <int KCAP>
-__device__ void block_select(TopList<KCAP>& list, int k, float* sm_v, int32_t* sm_id, float* out_v, int32_t* out_id) {
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int warps = static_cast<int>(blockDim.x) >> 5;
-  warp_select(list, k, sm_v + warp * KCAP, sm_id + warp * KCAP);
-  __syncthreads();
-  if (warp == 0) {
-    TopList<KCAP> merged;
-    merged.clear();
-    if (lane < warps) {
-#pragma unroll
-      for (int i = 0; i < KCAP; ++i) {
-        if (i < k) {
-          merged.v[i] = sm_v[lane * KCAP + i];
-          merged.id[i] = sm_id[lane * KCAP + i];
-        }
-      }
-    }
-    warp_select(merged, k, out_v, out_id);
-  }
-  __syncthreads();
-}
-
-// Block reductions in a fixed order (deterministic); sm holds 32 entries and may be reused
-// right after return.
-__device__ float block_max(float v, float* sm) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  if (lane == 0) sm[warp] = v;
-  __syncthreads();
-  float total = kNegInf;
-  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) total = fmaxf(total, sm[i]);
-  __syncthreads();
-  return total;
-}
-
-__device__ double block_sum(double v, double* sm) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  if (lane == 0) sm[warp] = v;
-  __syncthreads();
-  double total = 0.0;
-  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) total += sm[i];
-  __syncthreads();
-  return total;
-}
-
-// Runs f(std::integral_constant<int, KCAP>) for the smallest power of two KCAP >= k.
-template <typename F>
-void dispatch_kcap(int k, F&& f) {
-  if (k <= 1) f(std::integral_constant<int, 1>{});
-  else if (k <= 2) f(std::integral_constant<int, 2>{});
-  else if (k <= 4) f(std::integral_constant<int, 4>{});
-  else if (k <= 8) f(std::integral_constant<int, 8>{});
-  else f(std::integral_constant<int, 16>{});
-}
-
-// ---- draft_top_k ------------------------------------------------------------------------
-
-// One block per row, three passes over the row (the max, the sum, then p and the local lists);
-// the later passes hit L2. p = float(double(e) / sum) with e = expf(l - max), as
-// EagleWorker::top_k computes it, so equal logits give equal p and fall to the lower id. The
-// sum is Kahan-compensated f32 per thread (f64 conversions cost more than the pass itself),
-// f64 across threads.
+// One block per row.
 template <int KCAP>
 __global__ void __launch_bounds__(kTopKMaxThreads) draft_top_k_kernel(const DraftTopKParams p) {
   pdl_wait();
   pdl_trigger();
-  __shared__ float sm_f[32];
-  __shared__ double sm_d[32];
-  __shared__ float sm_v[(kTopKMaxThreads / 32) * KCAP];
-  __shared__ int32_t sm_id[(kTopKMaxThreads / 32) * KCAP];
-  __shared__ float best_v[KCAP];
-  __shared__ int32_t best_id[KCAP];
+  __shared__ RowTopKShared<KCAP> sm;
   const int64_t row = blockIdx.x;
-  const float* logits = p.logits + row * p.vocab;
-  const int tid = static_cast<int>(threadIdx.x), nthreads = static_cast<int>(blockDim.x);
-
-  float mx = kNegInf;
-  for (int i = tid; i < p.vocab; i += nthreads) mx = fmaxf(mx, logits[i]);
-  mx = block_max(mx, sm_f);
-  float part = 0.0f, comp = 0.0f;
-  for (int i = tid; i < p.vocab; i += nthreads) {
-    const float y = expf(logits[i] - mx) - comp;
-    const float t = part + y;
-    comp = (t - part) - y;
-    part = t;
-  }
-  const double sum = block_sum(static_cast<double>(part), sm_d);
-
-  // Screen before the f64 division: e * inv_sum is within a few ulps (or a subnormal step) of
-  // the exact p, so an element clearly below the list's last entry cannot enter it. The margin
-  // (1e-5 relative, 1e-44 absolute) is far wider than that error; an empty last entry (-inf)
-  // lets everything through.
-  const float inv_sum = static_cast<float>(1.0 / sum);
-  TopList<KCAP> list;
-  list.clear();
-  for (int i = tid; i < p.vocab; i += nthreads) {
-    const float e = expf(logits[i] - mx);
-    if (e * inv_sum < list.v[KCAP - 1] * 0.99999f - 1e-44f) continue;
-    list.insert(static_cast<float>(static_cast<double>(e) / sum), i);
-  }
-  block_select(list, p.k, sm_v, sm_id, best_v, best_id);
+  row_top_k<KCAP>(p.logits + row * p.vocab, p.vocab, p.k, sm);
+  const int tid = static_cast<int>(threadIdx.x);
   if (tid < p.k) {
-    const int32_t id = best_id[tid];
-    const int64_t target = p.d2t != nullptr ? id + p.d2t[id] : id;
-    p.tokens[row * p.k + tid] = static_cast<int32_t>(target);
-    p.probs[row * p.k + tid] = best_v[tid];
+    p.tokens[row * p.k + tid] = target_id(p.d2t, sm.best_id[tid]);
+    p.probs[row * p.k + tid] = sm.best_v[tid];
   }
 }
 
@@ -349,6 +163,59 @@ __global__ void __launch_bounds__(kTreeThreads)
                   [&](int j) { return best_id[j] / k; });
 }
 
+// A chain's (topk 1) selection: request b's one child (token, prob) becomes its frontier; the
+// row's path keeps its slots and the next step's own slot joins it. By one thread.
+__device__ __forceinline__ void top1_select_write(const DraftTreeState& st, int step, int b, int32_t token, float prob) {
+  const int first = step;  // k + (step - 1) * k * k with k = 1
+  const int64_t cand = static_cast<int64_t>(b) * num_candidates(1, st.num_steps) + first;
+  // __fmul_rn: a plain rounded product, never contracted, as the CPU's float multiply.
+  const float score = __fmul_rn(st.frontier_scores[b], prob);
+  st.cand_tokens[cand] = token;
+  st.cand_parents[cand] = st.frontier_nodes[b];
+  st.cand_scores[cand] = score;
+  st.frontier_scores[b] = score;
+  st.frontier_nodes[b] = first;
+  st.row_tokens[b] = token;
+  if (step + 1 <= st.num_steps - 1) {
+    st.branch[static_cast<int64_t>(b) * st.num_steps + step] = st.step_slots[static_cast<int64_t>(step) * st.batch + b];
+  }
+}
+
+// draft_top_k and draft_select fused for topk 1 (a chain): one block per request, whose one row
+// is its frontier. Same row_top_k and thread count as draft_top_k, so the child and its
+// probability equal the two-kernel path's bit for bit.
+__global__ void __launch_bounds__(kTopKMaxThreads)
+    draft_top1_select_kernel(const DraftTreeState st, int step, const float* logits, int vocab, const int64_t* d2t,
+                             const float* step_hidden) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ RowTopKShared<1> sm;
+  const int b = static_cast<int>(blockIdx.x);
+  row_top_k<1>(logits + static_cast<int64_t>(b) * vocab, vocab, 1, sm);
+  if (threadIdx.x == 0) top1_select_write(st, step, b, target_id(d2t, sm.best_id[0]), sm.best_v[0]);
+  block_copy_rows(st.row_hidden + static_cast<int64_t>(b) * st.hidden, step_hidden + static_cast<int64_t>(b) * st.hidden, 1,
+                  st.hidden, [](int) { return 0; });
+}
+
+// One thread per request.
+__global__ void chain_extend_inputs_kernel(int batch, int n, const int32_t* verify_ids, const int32_t* greedy,
+                                           int32_t* ext_ids, int32_t* last_rows) {
+  pdl_wait();
+  pdl_trigger();
+  const int b = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (b >= batch) return;
+  const int64_t base = static_cast<int64_t>(b) * n;
+  int a = 1;
+  while (a < n && verify_ids[base + a] == greedy[base + a - 1]) ++a;
+  // A bonus of -1 (no logit above -inf) fails the cycle on the host; the extend only needs a
+  // valid id until then.
+  const int32_t bonus = max(greedy[base + a - 1], 0);
+  for (int q = 0; q < n; ++q) {
+    ext_ids[base + q] = q == a - 1 ? bonus : (q + 1 < n ? verify_ids[base + q + 1] : 0);
+  }
+  last_rows[b] = static_cast<int32_t>(base + a - 1);
+}
+
 void check_tree_state(const DraftTreeState& st, const char* op) {
   SPECULA_REQUIRE(st.batch >= 0 && st.k >= 1 && st.k <= kMaxDraftTopK && st.num_steps >= 1 && st.hidden >= 0,
                   std::string(op) + ": batch " + std::to_string(st.batch) + ", topk " + std::to_string(st.k) +
@@ -364,9 +231,7 @@ void draft_top_k(const DraftTopKParams& p, cudaStream_t s) {
                   "draft_top_k: topk " + std::to_string(p.k) + " over vocab " + std::to_string(p.vocab) +
                       " is not supported; topk must be in [1, " + std::to_string(kMaxDraftTopK) + "] and <= vocab");
   if (p.rows == 0) return;
-  // Wide rows get more threads so one row is not a long serial loop; narrow ones fewer, so
-  // that the merge does not dominate.
-  const int threads = p.vocab >= 8192 ? kTopKMaxThreads : (p.vocab >= 1024 ? 256 : 128);
+  const int threads = topk_threads(p.vocab);
   dispatch_kcap(p.k, [&](auto kcap_tag) {
     constexpr int KCAP = decltype(kcap_tag)::value;
     launch_pdl(draft_top_k_kernel<KCAP>, static_cast<unsigned>(p.rows), threads, 0, s, p);
@@ -414,4 +279,32 @@ void draft_select(const DraftTreeState& st, int step, const int32_t* child_token
   });
   CUDA_CHECK(cudaGetLastError());
 }
+
+void draft_top1_select(const DraftTreeState& st, int step, const float* logits, int vocab, const int64_t* d2t,
+                       const float* step_hidden, cudaStream_t s) {
+  check_tree_state(st, "draft_top1_select");
+  SPECULA_REQUIRE(st.k == 1 && vocab >= 1 && step >= 1 && step <= st.num_steps - 1,
+                  "draft_top1_select: topk " + std::to_string(st.k) + ", vocab " + std::to_string(vocab) + ", step " +
+                      std::to_string(step) + " are not valid; it needs topk 1, vocab >= 1 and a step in [1, " +
+                      std::to_string(st.num_steps - 1) + "]");
+  SPECULA_REQUIRE(step_hidden != st.row_hidden, "draft_top1_select: step_hidden must not alias row_hidden");
+  if (st.batch == 0) return;
+  launch_pdl(draft_top1_select_kernel, static_cast<unsigned>(st.batch), topk_threads(vocab), 0, s, st, step, logits,
+             vocab, d2t, step_hidden);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+
+void chain_extend_inputs(int batch, int n, const int32_t* verify_ids, const int32_t* greedy, int32_t* ext_ids,
+                         int32_t* last_rows, cudaStream_t s) {
+  SPECULA_REQUIRE(batch >= 0 && n >= 1, "chain_extend_inputs: batch " + std::to_string(batch) + ", num_draft_tokens " +
+                                            std::to_string(n) + " are not valid");
+  if (batch == 0) return;
+  constexpr int kThreads = 128;
+  launch_pdl(chain_extend_inputs_kernel, static_cast<unsigned>((batch + kThreads - 1) / kThreads), kThreads, 0, s, batch,
+             n, verify_ids, greedy, ext_ids, last_rows);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+
 }  // namespace specula::cuda_kernels
