@@ -458,8 +458,8 @@ TEST(CudaDraftKernels, Top1SelectEqualsTopKThenSelect) {
 }
 
 // chain_extend_inputs against the host's verify_greedy over the same chains: the accepted run,
-// the emitted tokens (ids of the accepted rows) and the last row, for chains that accept
-// nothing, part of the chain and all of it, with greedy tokens of -1 among them.
+// the emitted tokens (ids of the accepted rows), the last row and the copied features, for chains
+// that accept nothing, part of the chain and all of it, with greedy tokens of -1 among them.
 TEST(CudaDraftKernels, ChainExtendInputsFollowGreedyVerification) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(test_seed(kBinary) + 3);
@@ -481,11 +481,19 @@ TEST(CudaDraftKernels, ChainExtendInputsFollowGreedyVerification) {
           }
         }
       }
+      const int width = 3 + static_cast<int>(rng() % 70);
+      std::vector<float> features(ids.size() * static_cast<size_t>(width));
+      for (float& f : features) f = static_cast<float>(token_dist(rng)) / 7.0f;
       DeviceArray<int32_t> d_ids(ids), d_greedy(greedy), d_ext(ids.size()), d_last(static_cast<size_t>(batch));
+      DeviceArray<float> d_features(features), d_ext_features(features.size());
       d_ext.fill_bytes(0xff);
-      ck::chain_extend_inputs(batch, n, d_ids.get(), d_greedy.get(), d_ext.get(), d_last.get(), nullptr);
+      d_ext_features.fill_bytes(0xff);
+      ck::ChainExtendParams p{batch, n, d_ids.get(), d_greedy.get(), d_features.get(), width,
+                              d_ext.get(), d_last.get(), d_ext_features.get()};
+      ck::chain_extend_inputs(p, nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<int32_t> ext = d_ext.download(), last = d_last.download();
+      ASSERT_EQ(0, std::memcmp(d_ext_features.download().data(), features.data(), features.size() * sizeof(float)));
       DraftCandidates chain;
       for (int d = 1; d < n; ++d) {
         chain.tokens.push_back(0);

@@ -17,6 +17,9 @@ struct HiddenCapture {
   std::vector<int> layers;
   // Out: [num_tokens, layers.size() * hidden_size]; each token's entries concatenated in order.
   std::vector<float> data;
+  // false: a GPU model keeps the states on the device only (for work queued through
+  // SpecInfo::on_device_results) and leaves data empty.
+  bool download = true;
 
   // Checks the requested layers against a model of num_layers and sizes data for n tokens.
   void prepare(int num_layers, int64_t n, int hidden) {
@@ -24,7 +27,11 @@ struct HiddenCapture {
       SPECULA_CHECK(layer == kFinalNormed || (layer >= 0 && layer < num_layers),
                     "cannot capture the hidden state entering layer {}; the model has {} layers", layer, num_layers);
     }
-    data.assign(static_cast<size_t>(n) * layers.size() * static_cast<size_t>(hidden), 0.0f);
+    if (download) {
+      data.assign(static_cast<size_t>(n) * layers.size() * static_cast<size_t>(hidden), 0.0f);
+    } else {
+      data.clear();
+    }
   }
 };
 

@@ -130,9 +130,9 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
   row_hidden_ = Buffer(DType::f32, {rows * h}, device);
   branch_ = Buffer(DType::i32, {rows * params.num_steps}, device);
   const int64_t cands = static_cast<int64_t>(options.max_batch) * ck::draft_num_candidates(params.topk, params.num_steps);
-  cand_tokens_ = Buffer(DType::i32, {cands}, device);
-  cand_parents_ = Buffer(DType::i32, {cands}, device);
-  cand_scores_ = Buffer(DType::f32, {cands}, device);
+  // Tokens, parents and scores (f32 bits) as three rows of one buffer: one download per loop.
+  cand_pitch_ = cands;
+  cands_ = Buffer(DType::i32, {3 * cands}, device);
 
   std::vector<int> sizes = options.graph_batch_sizes;
   std::erase_if(sizes, [&](int bs) { return bs > options.max_batch; });
@@ -389,14 +389,14 @@ bool EagleCudaHead::extend_after_cycle(std::span<const DraftExtendInput> request
   return true;
 }
 
-void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int bs) {
+void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int bs, bool features) {
   const auto s = static_cast<cudaStream_t>(stream_);
   const auto B = static_cast<int>(requests.size());
   const int N = params_.num_draft_tokens;
   const ExtendLayout l = extend_layout(bs);
   const auto F = static_cast<size_t>(head_.feature_size());
   host_ints_.assign(static_cast<size_t>(l.ints), options_.padding_slot);
-  host_floats_.assign(static_cast<size_t>(l.floats), 0.0f);
+  if (features) host_floats_.assign(static_cast<size_t>(l.floats), 0.0f);
   auto at = [&](int64_t offset) -> int32_t& { return host_ints_[static_cast<size_t>(offset)]; };
   for (int b = 0; b < bs; ++b) {
     const DraftExtendInput* r = b < B ? &requests[static_cast<size_t>(b)] : nullptr;
@@ -425,13 +425,20 @@ void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int
       // Causal among the request's new pairs: row q sees new pairs 0..q.
       at(l.branch_lens + row) = real ? q + 1 : 1;
       for (int i = 0; real && i <= q; ++i) at(l.branch + row * N + i) = r->req_row[start + i];
-      if (real && r->features != nullptr) {
+      if (real && features) {
         std::copy_n(r->features + static_cast<size_t>(q) * F, F, host_floats_.begin() + static_cast<int64_t>(row * F));
       }
     }
   }
   upload_async(ext_ints_.data(), host_ints_, s);
-  upload_async(ext_floats_.data(), host_floats_, s);
+  if (features) {
+    upload_async(ext_floats_.data(), host_floats_, s);
+  } else if (bs > B) {
+    // Padding requests' rows: finite features, so their (unused) outputs stay finite too.
+    const int64_t real_floats = static_cast<int64_t>(B) * N * static_cast<int64_t>(F);
+    CUDA_CHECK(cudaMemsetAsync(ext_floats_.data_as<float>() + real_floats, 0,
+                               static_cast<size_t>(l.floats - real_floats) * sizeof(float), s));
+  }
 }
 
 bool EagleCudaHead::stage_chain_extend(std::span<const DraftLoopInput> requests) {
@@ -447,7 +454,7 @@ bool EagleCudaHead::stage_chain_extend(std::span<const DraftLoopInput> requests)
   for (const DraftLoopInput& r : requests) {
     inputs.push_back({r.kv_len, N, r.req_pool_idx, r.req_row, placeholder.data(), nullptr});
   }
-  stage_extend(inputs, graph->first);
+  stage_extend(inputs, graph->first, /*features=*/false);
   chain_extend_requests_ = B;
   return true;
 }
@@ -461,11 +468,17 @@ void EagleCudaHead::launch_chain_extend(const VerifyDeviceResults& results) {
   const auto graph = extend_graphs_.lower_bound(B);
   const ExtendLayout l = extend_layout(graph->first);
   int32_t* ints = ext_ints_.data_as<int32_t>();
-  ck::chain_extend_inputs(B, N, results.input_ids, results.greedy_ids, ints + l.ids, ints + l.last_rows, s);
-  // Rows past the accepted run carry rejected nodes' features; their outputs are never read.
-  CUDA_CHECK(cudaMemcpyAsync(ext_floats_.data(), results.captured,
-                             static_cast<size_t>(B) * N * static_cast<size_t>(head_.feature_size()) * sizeof(float),
-                             cudaMemcpyDeviceToDevice, s));
+  ck::ChainExtendParams p{};
+  p.batch = B;
+  p.n = N;
+  p.verify_ids = results.input_ids;
+  p.greedy = results.greedy_ids;
+  p.features = results.captured;
+  p.feature_width = head_.feature_size();
+  p.ext_ids = ints + l.ids;
+  p.last_rows = ints + l.last_rows;
+  p.ext_features = ext_floats_.data_as<float>();
+  ck::chain_extend_inputs(p, s);
   graph->second->launch(stream_);
   chain_extend_requests_ = 0;
 }
@@ -514,9 +527,9 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
   st.row_hidden = row_hidden_.data_as<float>();
   st.branch = branch_.data_as<int32_t>();
   st.step_slots = ints + l.step_slots;
-  st.cand_tokens = cand_tokens_.data_as<int32_t>();
-  st.cand_parents = cand_parents_.data_as<int32_t>();
-  st.cand_scores = cand_scores_.data_as<float>();
+  st.cand_tokens = cands_.data_as<int32_t>();
+  st.cand_parents = cands_.data_as<int32_t>() + cand_pitch_;
+  st.cand_scores = reinterpret_cast<float*>(cands_.data_as<int32_t>() + 2 * cand_pitch_);
   ck::draft_init(st, roots_tokens_.data_as<const int32_t>(), roots_probs_.data_as<const float>(),
                  roots_hidden_.data_as<const float>(), ints + l.root_rows, s);
   int32_t* top_tokens = scratch(ws, kTopTokens, DType::i32, rows * K).data_as<int32_t>();
@@ -609,9 +622,8 @@ void EagleCudaHead::launch_draft_loop(std::span<const DraftLoopInput> requests) 
     loop_launches(extend_ws_, bs);
   }
   // Queued behind the loop; the caller's next sync on the stream completes them.
-  CUDA_CHECK(cudaMemcpyAsync(host, cand_tokens_.data(), count * 4, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaMemcpyAsync(host + count * 4, cand_parents_.data(), count * 4, cudaMemcpyDeviceToHost, s));
-  CUDA_CHECK(cudaMemcpyAsync(host + 2 * count * 4, cand_scores_.data(), count * 4, cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpy2DAsync(host, count * 4, cands_.data(), static_cast<size_t>(cand_pitch_) * 4, count * 4, 3,
+                               cudaMemcpyDeviceToHost, s));
 }
 
 int EagleCudaHead::num_candidates() const { return ck::draft_num_candidates(params_.topk, params_.num_steps); }

@@ -110,7 +110,7 @@ class EagleCudaHead {
   // candidate_tokens() + b * num_candidates() (num_steps >= 2).
   void launch_draft_loop(std::span<const DraftLoopInput> requests);
   void read_draft_candidates(std::vector<DraftCandidates>& candidates) const;
-  const int32_t* candidate_tokens() const { return cand_tokens_.data_as<const int32_t>(); }
+  const int32_t* candidate_tokens() const { return cands_.data_as<const int32_t>(); }
   int num_candidates() const;
 
  private:
@@ -147,7 +147,8 @@ class EagleCudaHead {
   // Fill and upload the staged inputs of a loop / graphed extend of bs requests: `requests`
   // first, padding requests after them (valid slots and pages; what graphs are captured with).
   void stage_loop(std::span<const DraftLoopInput> requests, int bs);
-  void stage_extend(std::span<const DraftExtendInput> requests, int bs);
+  // features false: leave the requests' feature rows to the device (launch_chain_extend).
+  void stage_extend(std::span<const DraftExtendInput> requests, int bs, bool features = true);
   struct LoopLayout;
   LoopLayout layout(int batch) const;
   struct ExtendLayout;
@@ -175,7 +176,9 @@ class EagleCudaHead {
   // The root store: each request's root (hidden, top-k tokens and probabilities) by request
   // pool index, written by the extends and read by the draft loop.
   Buffer roots_hidden_, roots_tokens_, roots_probs_, extend_rows_;
-  Buffer frontier_scores_, frontier_nodes_, row_tokens_, row_hidden_, branch_, cand_tokens_, cand_parents_, cand_scores_;
+  Buffer frontier_scores_, frontier_nodes_, row_tokens_, row_hidden_, branch_;
+  Buffer cands_;  // [3, cand_pitch_]: the candidates' tokens, parents and scores (f32 bits)
+  int64_t cand_pitch_ = 0;
   PinnedBuffer pinned_;  // downloads
   int loop_requests_ = 0;  // requests of the last launch_draft_loop
   int chain_extend_requests_ = 0;  // requests of the staged chain extend (0: none)

@@ -322,12 +322,15 @@ void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool
   b.spec_info = info;
   HiddenCapture capture;
   capture.layers = head_->capture_layers();
+  // The device extend reads the captured states where the verify left them.
+  capture.download = !extend_on_device;
   // All-greedy cycles need only each tree token's argmax (on a GPU target, found on the device).
   const bool argmax_only = std::all_of(items.begin(), items.end(), [](const CycleItem& it) {
     return it.sampler == nullptr || it.sampler->picks_argmax();
   });
   target_.forward(b, logits_, /*all_tokens=*/true, &capture, argmax_only ? &greedy_ids_ : nullptr);
   if (tokens_on_device) fill_chains(items);
+  SPECULA_CHECK(extended || capture.download, "the verify ran without the device extend it was prepared for");
   if (extended) {
     for (const CycleItem& it : items) extended_.push_back({it.req_pool_idx, it.kv_len});
   }
@@ -363,8 +366,10 @@ void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool
     const int32_t* row = target_.req_pool().row(it.req_pool_idx);
     for (size_t d = 0; d < it.result.accepted_nodes.size(); ++d) {
       const auto node = static_cast<size_t>(it.result.accepted_nodes[d]);
-      const float* f = capture.data.data() + (i * static_cast<size_t>(N) + node) * width;
-      it.accepted_features.insert(it.accepted_features.end(), f, f + width);
+      if (capture.download) {
+        const float* f = capture.data.data() + (i * static_cast<size_t>(N) + node) * width;
+        it.accepted_features.insert(it.accepted_features.end(), f, f + width);
+      }
       if (node != d) {
         src.push_back(row[it.kv_len + static_cast<int>(node)]);
         dst.push_back(row[it.kv_len + static_cast<int>(d)]);

@@ -19,6 +19,7 @@
 #include "specula/attention/cuda/dtype_code.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
+#include "specula/core/upload_batch.h"
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/kv/req_to_token_pool.h"
 
@@ -56,11 +57,10 @@ class DeviceArray {
     reserve(n, device);
     if (data() != before) CUDA_CHECK(cudaMemsetAsync(data(), 0, capacity_ * sizeof(T), stream));
   }
-  void upload(const std::vector<T>& host, Device device, cudaStream_t stream) {
+  // host's values land in the array at the batch's flush.
+  void upload(const std::vector<T>& host, Device device, UploadBatch& batch) {
     reserve(host.size(), device);
-    if (!host.empty()) {
-      CUDA_CHECK(cudaMemcpyAsync(data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
-    }
+    batch.add(data(), host);
   }
   void freeze() { frozen_ = true; }
 
@@ -113,6 +113,7 @@ int choose_decode_splits(int batch_size, int kv_head_blocks, int max_kv_len, int
 struct CudaAttentionBackend::State {
   Device device;
   cudaStream_t stream = nullptr;
+  UploadBatch uploads{Device::cpu()};  // the step's metadata, flushed once per build_metadata
 
   ForwardMode mode = ForwardMode::IDLE;
   const ForwardBatch* batch = nullptr;
@@ -165,6 +166,7 @@ CudaAttentionBackend::CudaAttentionBackend(const AttentionBackendOptions& option
                 options.attention_chunk_size, options.page_size);
   state_->device = options.device;
   state_->stream = static_cast<cudaStream_t>(options.cuda_stream);
+  state_->uploads = UploadBatch(options.device);
   CUDA_CHECK(cudaSetDevice(options.device.index));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options.device.index));
 }
@@ -198,6 +200,12 @@ int CudaAttentionBackend::plan_splits(int batch_size, int kv_head_blocks, int ma
 }
 
 void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph) {
+  state_->uploads.clear();
+  stage_metadata(batch, graph);
+  state_->uploads.flush(state_->stream);
+}
+
+void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph) {
   State& st = *state_;
   batch.validate();
   SPECULA_CHECK(!graph || batch.forward_mode == ForwardMode::DECODE || batch.forward_mode == ForwardMode::TARGET_VERIFY,
@@ -253,10 +261,10 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
     pages = table.pages;
   }
   const std::vector<int32_t> cu_q = cumulative_lens(q_lens);
-  arrays.cu_q.upload(cu_q, st.device, st.stream);
-  arrays.kv_lens.upload(kv_lens, st.device, st.stream);
-  arrays.pages.upload(pages, st.device, st.stream);
-  arrays.out_loc.upload(batch.out_cache_loc, st.device, st.stream);
+  arrays.cu_q.upload(cu_q, st.device, st.uploads);
+  arrays.kv_lens.upload(kv_lens, st.device, st.uploads);
+  arrays.pages.upload(pages, st.device, st.uploads);
+  arrays.out_loc.upload(batch.out_cache_loc, st.device, st.uploads);
 
   if (batch.forward_mode == ForwardMode::DECODE) {
     const int len_for_plan = graph ? options_.max_context_len : st.max_kv_len;
@@ -285,7 +293,7 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
     }
   }
   st.num_items = static_cast<int>(items.size() / 2);
-  arrays.items.upload(items, st.device, st.stream);
+  arrays.items.upload(items, st.device, st.uploads);
   // A captured verify step always reads a tree mask whose prefix is visible (its kernels were
   // recorded with one).
   SPECULA_CHECK(!graph || (!batch.spec_info->custom_mask.empty() && batch.spec_info->prefix_visible),
@@ -315,16 +323,16 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
           lens[static_cast<size_t>(row)] = count;
         }
       }
-      arrays.tree_slots.upload(slots, st.device, st.stream);
-      arrays.tree_lens.upload(lens, st.device, st.stream);
-      arrays.prefix_lens.upload(batch.seq_lens, st.device, st.stream);
+      arrays.tree_slots.upload(slots, st.device, st.uploads);
+      arrays.tree_lens.upload(lens, st.device, st.uploads);
+      arrays.prefix_lens.upload(batch.seq_lens, st.device, st.uploads);
       st.tree_path = true;
       st.tree_rows_per_seq = N;
     }
     // The full mask only when some layer attends through the prefill kernel.
     if (!st.tree_path || !all_layers_tree_ok_) {
-      arrays.mask_offsets.upload(offsets, st.device, st.stream);
-      arrays.custom_mask.upload(mask, st.device, st.stream);
+      arrays.mask_offsets.upload(offsets, st.device, st.uploads);
+      arrays.custom_mask.upload(mask, st.device, st.uploads);
       st.has_custom_mask = true;
     }
   }
@@ -341,10 +349,10 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
     st.local_num_seqs = local.num_virtual();
     st.local_stride = local.pages_per_local_batch;
     st.local_num_items = static_cast<int>(local_items.size() / 2);
-    st.local_cu_q.upload(local.cu_seqlens_q_local, st.device, st.stream);
-    st.local_kv_lens.upload(local.seqlens_k_local, st.device, st.stream);
-    st.local_pages.upload(local.block_table_local, st.device, st.stream);
-    st.local_items.upload(local_items, st.device, st.stream);
+    st.local_cu_q.upload(local.cu_seqlens_q_local, st.device, st.uploads);
+    st.local_kv_lens.upload(local.seqlens_k_local, st.device, st.uploads);
+    st.local_pages.upload(local.block_table_local, st.device, st.uploads);
+    st.local_items.upload(local_items, st.device, st.uploads);
   }
 }
 

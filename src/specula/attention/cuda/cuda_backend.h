@@ -52,7 +52,9 @@ class CudaAttentionBackend final : public AttentionBackend {
   struct State;  // device buffers and the host plan (cuda_backend.cpp)
   using HeadLayout = std::tuple<int, int, bool>;  // (num_q_heads, num_kv_heads, local)
 
+  // The step's metadata: staged host-side by stage_metadata, then uploaded in one batch.
   void build_metadata(const ForwardBatch& batch, bool graph);
+  void stage_metadata(const ForwardBatch& batch, bool graph);
   // Whether TARGET_VERIFY steps of this layer can attend through the tree kernel (bf16 in and out,
   // no soft-cap, sinks, window or local attention).
   static bool tree_kernel_serves(const AttentionLayer& layer, DType q_dtype, DType kv_dtype);

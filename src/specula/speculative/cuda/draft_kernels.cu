@@ -197,23 +197,25 @@ __global__ void __launch_bounds__(kTopKMaxThreads)
                   st.hidden, [](int) { return 0; });
 }
 
-// One thread per request.
-__global__ void chain_extend_inputs_kernel(int batch, int n, const int32_t* verify_ids, const int32_t* greedy,
-                                           int32_t* ext_ids, int32_t* last_rows) {
+// One block per verify row: its features; the first row's block also walks the request's chain.
+__global__ void __launch_bounds__(kTreeThreads) chain_extend_inputs_kernel(const ChainExtendParams p) {
   pdl_wait();
   pdl_trigger();
-  const int b = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (b >= batch) return;
-  const int64_t base = static_cast<int64_t>(b) * n;
-  int a = 1;
-  while (a < n && verify_ids[base + a] == greedy[base + a - 1]) ++a;
-  // A bonus of -1 (no logit above -inf) fails the cycle on the host; the extend only needs a
-  // valid id until then.
-  const int32_t bonus = max(greedy[base + a - 1], 0);
-  for (int q = 0; q < n; ++q) {
-    ext_ids[base + q] = q == a - 1 ? bonus : (q + 1 < n ? verify_ids[base + q + 1] : 0);
+  const int row = static_cast<int>(blockIdx.x), n = p.n;
+  if (row % n == 0 && threadIdx.x == 0) {
+    const int64_t base = row;
+    int a = 1;
+    while (a < n && p.verify_ids[base + a] == p.greedy[base + a - 1]) ++a;
+    // A bonus of -1 (no logit above -inf) fails the cycle on the host; the extend only needs a
+    // valid id until then.
+    const int32_t bonus = max(p.greedy[base + a - 1], 0);
+    for (int q = 0; q < n; ++q) {
+      p.ext_ids[base + q] = q == a - 1 ? bonus : (q + 1 < n ? p.verify_ids[base + q + 1] : 0);
+    }
+    p.last_rows[row / n] = static_cast<int32_t>(base + a - 1);
   }
-  last_rows[b] = static_cast<int32_t>(base + a - 1);
+  block_copy_rows(p.ext_features + static_cast<int64_t>(row) * p.feature_width,
+                  p.features + static_cast<int64_t>(row) * p.feature_width, 1, p.feature_width, [](int) { return 0; });
 }
 
 void check_tree_state(const DraftTreeState& st, const char* op) {
@@ -295,16 +297,13 @@ void draft_top1_select(const DraftTreeState& st, int step, const float* logits, 
 }
 
 
-void chain_extend_inputs(int batch, int n, const int32_t* verify_ids, const int32_t* greedy, int32_t* ext_ids,
-                         int32_t* last_rows, cudaStream_t s) {
-  SPECULA_REQUIRE(batch >= 0 && n >= 1, "chain_extend_inputs: batch " + std::to_string(batch) + ", num_draft_tokens " +
-                                            std::to_string(n) + " are not valid");
-  if (batch == 0) return;
-  constexpr int kThreads = 128;
-  launch_pdl(chain_extend_inputs_kernel, static_cast<unsigned>((batch + kThreads - 1) / kThreads), kThreads, 0, s, batch,
-             n, verify_ids, greedy, ext_ids, last_rows);
+void chain_extend_inputs(const ChainExtendParams& p, cudaStream_t s) {
+  SPECULA_REQUIRE(p.batch >= 0 && p.n >= 1 && p.feature_width >= 0,
+                  "chain_extend_inputs: batch " + std::to_string(p.batch) + ", num_draft_tokens " + std::to_string(p.n) +
+                      ", feature width " + std::to_string(p.feature_width) + " are not valid");
+  if (p.batch == 0) return;
+  launch_pdl(chain_extend_inputs_kernel, static_cast<unsigned>(p.batch * p.n), kTreeThreads, 0, s, p);
   CUDA_CHECK(cudaGetLastError());
 }
-
 
 }  // namespace specula::cuda_kernels

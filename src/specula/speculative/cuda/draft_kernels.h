@@ -81,14 +81,24 @@ void draft_select(const DraftTreeState& st, int step,
 void draft_top1_select(const DraftTreeState& st, int step, const float* logits, int vocab, const int64_t* d2t,
                        const float* step_hidden, cudaStream_t s);
 
-// Greedy verification of chains (topk 1) on the device, for the draft extend that follows a
-// cycle: request b's chain is verify_ids[b * n, (b + 1) * n) (the root first) and greedy[] the
-// target's greedy token of each of its rows. It accepts a = 1 + the number of leading chain
-// tokens equal to the greedy token of the node before them (verify_greedy's walk on a chain).
-// Then ext_ids[b * n + q] is the emitted token q for q < a (chain tokens 1..a-1, then the bonus
-// greedy[b * n + a - 1]; 0 when that is -1, which the host rejects), a later chain token (or 0)
-// after, and last_rows[b] = b * n + a - 1.
-void chain_extend_inputs(int batch, int n, const int32_t* verify_ids, const int32_t* greedy, int32_t* ext_ids,
-                         int32_t* last_rows, cudaStream_t s);
+// Greedy verification of chains (topk 1) on the device, and the inputs of the draft extend that
+// follows the cycle. Request b's chain is verify_ids[b * n, (b + 1) * n) (the root first) and
+// greedy[] the target's greedy token of each of its rows. It accepts a = 1 + the number of
+// leading chain tokens equal to the greedy token of the node before them (verify_greedy's walk
+// on a chain). Then ext_ids[b * n + q] is the emitted token q for q < a (chain tokens 1..a-1,
+// then the bonus greedy[b * n + a - 1]; 0 when that is -1, which the host rejects), a later chain
+// token (or 0) after; last_rows[b] = b * n + a - 1; and every row's captured features are copied
+// to ext_features (rows past the accepted run are computed by the extend but never read).
+struct ChainExtendParams {
+  int batch, n;
+  const int32_t* verify_ids;  // [batch * n]
+  const int32_t* greedy;      // [batch * n]
+  const float* features;      // [batch * n, feature_width]
+  int feature_width;
+  int32_t* ext_ids;           // [batch * n]
+  int32_t* last_rows;         // [batch]
+  float* ext_features;        // [batch * n, feature_width]
+};
+void chain_extend_inputs(const ChainExtendParams& p, cudaStream_t s);
 
 }  // namespace specula::cuda_kernels
