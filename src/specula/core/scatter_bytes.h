@@ -10,11 +10,12 @@ namespace specula::cuda_kernels {
 
 constexpr int kScatterMax = 16;
 
+// Destination i receives src[offset[i], offset[i] + bytes[i]).
 struct ScatterParams {
-  const unsigned char* src;  // offsets are multiples of 16 bytes
-  int count;                 // <= kScatterMax
-  unsigned char* dst[kScatterMax];
-  uint32_t offset[kScatterMax];
+  const unsigned char* src;          // device; 16-byte aligned, as every offset is a multiple of 16
+  int count;                         // destinations, <= kScatterMax
+  unsigned char* dst[kScatterMax];   // device, any alignment (16-byte ones are copied by words)
+  uint32_t offset[kScatterMax];      // into src
   uint32_t bytes[kScatterMax];
 };
 void scatter_bytes(const ScatterParams& p, cudaStream_t s);

@@ -2,7 +2,8 @@
 // cudaMemcpyAsync costs the host a few microseconds and the stream a DMA of its own between
 // kernels; a step's metadata is a dozen arrays of a few hundred bytes. add() packs each array
 // into one host staging area; flush() copies the area to a device staging buffer and scatters it
-// to the destinations with one kernel, in stream order.
+// to the destinations with one kernel (a block per destination), in stream order. Arrays over
+// kDirectBytes keep a copy of their own: one block would move them slower than a DMA does.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -30,17 +31,21 @@ class UploadBatch {
   // Drops what was added since the last flush.
   void clear() {
     host_.clear();
+    direct_host_.clear();
     entries_.clear();
+    direct_.clear();
   }
 
  private:
+  static constexpr size_t kDirectBytes = 64 * 1024;
   struct Entry {
     void* dst;
     size_t offset, bytes;
   };
   Device device_;
-  std::vector<unsigned char> host_;
-  std::vector<Entry> entries_;
+  std::vector<unsigned char> host_;         // the packed arrays, each at a 16-byte offset
+  std::vector<unsigned char> direct_host_;  // the arrays copied on their own
+  std::vector<Entry> entries_, direct_;
   Buffer staging_;
 };
 

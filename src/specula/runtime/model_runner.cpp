@@ -235,6 +235,8 @@ void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool 
                     (cuda_model_ != nullptr && !mla_model_),
                 "{}: a verify batch whose tree tokens are on the GPU needs a Llama-family model on the GPU",
                 config_.architecture);
+  SPECULA_CHECK(capture == nullptr || capture->download || cuda_model_ != nullptr,
+                "{}: hidden states kept on the device need a model on the GPU", config_.architecture);
   if (mla_model_) {
     SPECULA_CHECK(capture == nullptr, "{}: capturing hidden states for a draft head is not supported",
                   config_.architecture);

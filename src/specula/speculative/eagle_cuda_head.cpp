@@ -592,10 +592,11 @@ void EagleCudaHead::launch_draft_loop(std::span<const DraftLoopInput> requests) 
   const auto s = static_cast<cudaStream_t>(stream_);
   const int K = params_.topk, S = params_.num_steps;
   const auto B = static_cast<int>(requests.size());
-  loop_requests_ = B;
+  loop_requests_ = 0;
   if (B == 0) return;
   SPECULA_CHECK(B <= options_.max_batch, "a draft loop of {} requests exceeds the head's max_batch {}", B,
                 options_.max_batch);
+  loop_requests_ = B;
   const int C = ck::draft_num_candidates(K, S);
   const auto count = static_cast<size_t>(B) * C;
   auto* host = static_cast<char*>(pinned_.reserve(3 * count * 4));

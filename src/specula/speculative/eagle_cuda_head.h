@@ -11,7 +11,12 @@
 //     of every row and the selection of each request's topk best children (kernels in
 //     speculative/cuda), with the draft's attention over the shared prefix plus the row's branch.
 //     One CUDA graph per batch size (SGLang's EAGLEDraftCudaGraphRunner), padded; larger batches
-//     run the same launches eagerly. Only the candidate arrays come back to the host.
+//     run the same launches eagerly. Only the candidate arrays come back to the host, in one
+//     download; launch_draft_loop/read_draft_candidates split it so that the next launches
+//     (the verify, which reads the candidates' tokens on the device) queue behind the loop.
+//     Chains (topk 1) select with one fused kernel per step (draft_top1_select).
+//   - stage_chain_extend()/launch_chain_extend(): for all-greedy chains, the extend after a cycle
+//     queued behind the verify, its accepted run found on the device (chain_extend_inputs).
 #pragma once
 
 #include <array>

@@ -86,12 +86,17 @@ void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
     extend_now(items);
     return;
   }
-  // The last cycle's extend already ran on the device for its requests (each item starts where
-  // that cycle's KV did and carries its emitted tokens: the run the device accepted).
+  // The last cycle's extend already ran on the device for its requests: each item starts where
+  // that cycle's KV did and carries the run the device accepted (the host's verification agrees).
   std::vector<DraftExtendItem> rest;
   for (DraftExtendItem& it : items) {
-    const bool done = std::find(extended_.begin(), extended_.end(), std::pair{it.req_pool_idx, it.start}) != extended_.end();
-    if (done && !it.next_tokens.empty()) {
+    const auto done = std::find_if(extended_.begin(), extended_.end(), [&](const DeviceExtended& e) {
+      return e.req_pool_idx == it.req_pool_idx && e.start == it.start;
+    });
+    if (done != extended_.end() && !it.next_tokens.empty()) {
+      SPECULA_CHECK(it.next_tokens.size() == done->tokens,
+                    "draft extend of request {}: {} tokens after a cycle whose device extend took {}", it.req_pool_idx,
+                    it.next_tokens.size(), done->tokens);
       it.state->on_device = true;
     } else {
       rest.push_back(std::move(it));
@@ -111,6 +116,7 @@ void EagleWorker::extend_now(std::span<DraftExtendItem> items) {
     std::vector<DraftExtendItem*> used;
     for (DraftExtendItem& it : items) {
       if (it.next_tokens.empty()) continue;
+      SPECULA_CHECK(it.features != nullptr, "draft extend of request {}: no target features", it.req_pool_idx);
       inputs.push_back({it.start, static_cast<int>(it.next_tokens.size()), it.req_pool_idx,
                         target_.req_pool().row(it.req_pool_idx), it.next_tokens.data(), it.features});
       used.push_back(&it);
@@ -331,9 +337,6 @@ void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool
   target_.forward(b, logits_, /*all_tokens=*/true, &capture, argmax_only ? &greedy_ids_ : nullptr);
   if (tokens_on_device) fill_chains(items);
   SPECULA_CHECK(extended || capture.download, "the verify ran without the device extend it was prepared for");
-  if (extended) {
-    for (const CycleItem& it : items) extended_.push_back({it.req_pool_idx, it.kv_len});
-  }
   const auto verified = std::chrono::steady_clock::now();
   const auto vocab = static_cast<size_t>(target_.config().vocab_size);
   const auto width = static_cast<size_t>(head_->feature_size());
@@ -379,6 +382,12 @@ void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool
   // Accepted nodes sit at increasing tree indices no smaller than their depth, so moving them in
   // order never overwrites a source that is still to be read.
   target_.kv_pool().copy_slots(src, dst, target_.cuda_stream());
+  // Recorded only once every request verified: a cycle that failed part-way leaves none.
+  if (extended) {
+    for (const CycleItem& it : items) {
+      extended_.push_back({it.req_pool_idx, it.kv_len, it.result.accepted_nodes.size()});
+    }
+  }
   timing_.accept_s += seconds_since(verified);
 }
 

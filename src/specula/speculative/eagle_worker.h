@@ -17,7 +17,6 @@
 #include <filesystem>
 #include <memory>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include "specula/kv/mha_kv_pool.h"
@@ -51,7 +50,9 @@ struct DraftExtendItem {
   int32_t req_pool_idx = -1;
   int start = 0;
   std::vector<int32_t> next_tokens;  // the token after each pair's position
-  const float* features = nullptr;   // [next_tokens.size(), feature_size] target features
+  // [next_tokens.size(), feature_size] target features; may be null for the requests of a cycle
+  // whose extend the device already ran (see draft_extend)
+  const float* features = nullptr;
   DraftState* state = nullptr;       // updated with the new root (the GPU head: marked on_device)
 };
 
@@ -64,15 +65,16 @@ struct CycleItem {
   DraftState* state = nullptr;
   Sampler* sampler = nullptr;
   // Out: the tree, the verification and the target features of the accepted nodes
-  // ([accepted_nodes.size(), feature_size]); the accepted nodes' target KV now sits at positions
-  // [kv_len, kv_len + accepted_nodes.size()).
+  // ([accepted_nodes.size(), feature_size]; empty when the device already ran the draft extend);
+  // the accepted nodes' target KV now sits at positions [kv_len, kv_len + accepted_nodes.size()).
   DraftTree tree;
   VerifyResult result;
   std::vector<float> accepted_features;
 };
 
-// Where a cycle's time goes (host wall clock, summed over cycles; GPU work is synchronous with
-// the host at the points measured: the target forward returns its logits to the host).
+// Where a cycle's time goes (host wall clock, summed over cycles). The host waits for the GPU
+// only where the verify's results come back, so GPU work queued but not waited for shows in the
+// phase that waits for it.
 struct SpecTiming {
   int64_t cycles = 0;
   // The head over accepted tokens (and prefill chunks); the GPU head's extend after a cycle is
@@ -98,6 +100,8 @@ class EagleWorker {
   // What the target's prefill forwards must capture.
   const std::vector<int>& capture_layers() const { return head_->capture_layers(); }
 
+  // After a prefill chunk, or right after run_cycle for its surviving requests (those whose
+  // extend the device already ran, for all-greedy chains on the GPU, are only marked).
   void draft_extend(std::span<DraftExtendItem> items);
   // The request's root on the host: `state` itself for the CPU head, its row of the GPU head's
   // root store otherwise (one sync; for tests and tools).
@@ -129,8 +133,13 @@ class EagleWorker {
   std::unique_ptr<EagleCudaHead> cuda_head_;           // GPU head
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;  // the verify's argmax per tree token in all-greedy cycles
-  // (request pool index, KV length) of the last cycle's requests whose extend the device ran.
-  std::vector<std::pair<int32_t, int>> extended_;
+  // The last cycle's requests whose draft extend the device ran, with the run it accepted.
+  struct DeviceExtended {
+    int32_t req_pool_idx;
+    int start;      // the request's KV length before the cycle
+    size_t tokens;  // accepted draft tokens + the bonus
+  };
+  std::vector<DeviceExtended> extended_;
   SpecTiming timing_;
 };
 

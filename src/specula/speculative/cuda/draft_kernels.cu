@@ -296,7 +296,6 @@ void draft_top1_select(const DraftTreeState& st, int step, const float* logits, 
   CUDA_CHECK(cudaGetLastError());
 }
 
-
 void chain_extend_inputs(const ChainExtendParams& p, cudaStream_t s) {
   SPECULA_REQUIRE(p.batch >= 0 && p.n >= 1 && p.feature_width >= 0,
                   "chain_extend_inputs: batch " + std::to_string(p.batch) + ", num_draft_tokens " + std::to_string(p.n) +

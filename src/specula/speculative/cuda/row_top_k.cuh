@@ -208,7 +208,11 @@ __device__ void row_top_k(const float* logits, int vocab, int k, RowTopKShared<K
 // the merge does not dominate.
 inline int topk_threads(int vocab) { return vocab >= 8192 ? kTopKMaxThreads : (vocab >= 1024 ? 256 : 128); }
 
+// A selected draft id as a target id. INT_MAX is the empty entry a row with nothing above -inf
+// (or only NaN) selects; it becomes id 0, a valid token the verify then judges, instead of an
+// index past the vocabulary.
 __device__ __forceinline__ int32_t target_id(const int64_t* d2t, int32_t id) {
+  if (id == INT_MAX) return 0;
   return static_cast<int32_t>(d2t != nullptr ? id + d2t[id] : id);
 }
 

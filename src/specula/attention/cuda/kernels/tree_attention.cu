@@ -251,7 +251,6 @@ void launch(const TreeAttentionParams& p, cudaStream_t s) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
 }  // namespace
