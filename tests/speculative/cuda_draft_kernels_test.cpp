@@ -494,16 +494,10 @@ TEST(CudaDraftKernels, ChainExtendInputsFollowGreedyVerification) {
       CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<int32_t> ext = d_ext.download(), last = d_last.download();
       ASSERT_EQ(0, std::memcmp(d_ext_features.download().data(), features.data(), features.size() * sizeof(float)));
-      DraftCandidates chain;
-      for (int d = 1; d < n; ++d) {
-        chain.tokens.push_back(0);
-        chain.parents.push_back(d - 2);
-        chain.scores.push_back(1.0f);
-        chain.depths.push_back(d);
-      }
       for (int b = 0; b < batch; ++b) {
         const size_t base = static_cast<size_t>(b) * n;
-        for (int d = 1; d < n; ++d) chain.tokens[static_cast<size_t>(d - 1)] = ids[base + static_cast<size_t>(d)];
+        const DraftCandidates chain =
+            chain_candidates(std::span<const int32_t>(ids).subspan(base + 1, static_cast<size_t>(n - 1)));
         const DraftTree tree = build_tree(ids[base], chain, n);
         const VerifyResult r =
             verify_greedy(tree, std::span<const int32_t>(greedy).subspan(base, static_cast<size_t>(n)));

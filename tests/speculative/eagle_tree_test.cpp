@@ -167,6 +167,18 @@ TEST(EagleTree, TopK1IsAChain) {
   EXPECT_EQ(tree_mask_bitpacked(tree), (std::vector<uint32_t>{1, 3, 7, 15, 31}));
 }
 
+TEST(EagleTree, ChainCandidatesBuildTheChainInOrder) {
+  const Ints tokens = {40, 7, 40, 250};
+  const DraftCandidates c = chain_candidates(tokens);
+  EXPECT_EQ(c.parents, (Ints{-1, 0, 1, 2}));
+  EXPECT_EQ(c.depths, (Ints{1, 2, 3, 4}));
+  const DraftTree tree = build_tree(9, c, 5);
+  EXPECT_EQ(tree.tokens, (Ints{9, 40, 7, 40, 250}));
+  EXPECT_EQ(tree.parents, (Ints{-1, 0, 1, 2, 3}));
+  EXPECT_EQ(tree.candidate, (Ints{-1, 0, 1, 2, 3}));
+  EXPECT_EQ(tree.retrieve_next_token, (Ints{1, 2, 3, 4, -1}));
+}
+
 TEST(EagleTree, BitpackedMaskSpansSeveralWords) {
   // A 40-node chain: rows take two words; row i sets bits 0..i.
   DraftCandidates c;

@@ -94,6 +94,17 @@ std::vector<int32_t> top_k_indices(std::span<const float> scores, int k) {
   return order;
 }
 
+DraftCandidates chain_candidates(std::span<const int32_t> tokens) {
+  DraftCandidates c;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    c.tokens.push_back(tokens[i]);
+    c.parents.push_back(static_cast<int32_t>(i) - 1);
+    c.scores.push_back(1.0f);
+    c.depths.push_back(static_cast<int32_t>(i) + 1);
+  }
+  return c;
+}
+
 DraftTree build_tree(int32_t root_token, const DraftCandidates& candidates, int num_draft_tokens) {
   const size_t num_candidates = candidates.tokens.size();
   SPECULA_CHECK(candidates.parents.size() == num_candidates && candidates.scores.size() == num_candidates &&

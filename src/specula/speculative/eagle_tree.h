@@ -54,6 +54,11 @@ struct DraftTree {
 
 DraftTree build_tree(int32_t root_token, const DraftCandidates& candidates, int num_draft_tokens);
 
+// The candidates of a chain (topk 1): token i at depth i + 1, the child of candidate i - 1, all
+// scored 1. Its tree (build_tree with num_draft_tokens = tokens.size() + 1) keeps them in order;
+// the shape does not depend on the tokens.
+DraftCandidates chain_candidates(std::span<const int32_t> tokens);
+
 // Positions of the nodes: seq_len + depth (seq_len = tokens whose KV exists before the root).
 std::vector<int32_t> tree_positions(const DraftTree& tree, int32_t seq_len);
 // Full mask, u8 row-major [N, seq_len + N]: node i sees every committed token and the nodes on its

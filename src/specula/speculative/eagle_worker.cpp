@@ -21,6 +21,23 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+// Every request of the cycle takes the target's argmax (greedy, no penalties).
+bool all_pick_argmax(std::span<const CycleItem> items) {
+  return std::all_of(items.begin(), items.end(),
+                     [](const CycleItem& it) { return it.sampler == nullptr || it.sampler->picks_argmax(); });
+}
+#ifdef SPECULA_HAS_CUDA
+// The GPU head's draft-loop inputs of the items (their roots are in its store).
+std::vector<DraftLoopInput> loop_inputs(std::span<const CycleItem> items, ReqToTokenPool& req_pool) {
+  std::vector<DraftLoopInput> inputs;
+  for (const CycleItem& it : items) {
+    SPECULA_ASSERT(it.state->on_device);
+    inputs.push_back({it.kv_len, req_pool.row(it.req_pool_idx), it.req_pool_idx});
+  }
+  return inputs;
+}
+#endif
 }  // namespace
 
 EagleWorker::EagleWorker(ModelRunner& target, const EagleOptions& options) : target_(target), options_(options) {
@@ -193,12 +210,7 @@ DraftState EagleWorker::root_on_host(int32_t req_pool_idx, const DraftState& sta
 void EagleWorker::draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& cands) {
 #ifdef SPECULA_HAS_CUDA
   if (cuda_head_) {
-    std::vector<DraftLoopInput> inputs;
-    for (const CycleItem& it : items) {
-      SPECULA_ASSERT(it.state->on_device);
-      inputs.push_back({it.kv_len, target_.req_pool().row(it.req_pool_idx), it.req_pool_idx});
-    }
-    cuda_head_->draft_loop(inputs, cands);
+    cuda_head_->draft_loop(loop_inputs(items, target_.req_pool()), cands);
     return;
   }
 #endif
@@ -331,9 +343,7 @@ void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool
   // The device extend reads the captured states where the verify left them.
   capture.download = !extend_on_device;
   // All-greedy cycles need only each tree token's argmax (on a GPU target, found on the device).
-  const bool argmax_only = std::all_of(items.begin(), items.end(), [](const CycleItem& it) {
-    return it.sampler == nullptr || it.sampler->picks_argmax();
-  });
+  const bool argmax_only = all_pick_argmax(items);
   target_.forward(b, logits_, /*all_tokens=*/true, &capture, argmax_only ? &greedy_ids_ : nullptr);
   if (tokens_on_device) fill_chains(items);
   SPECULA_CHECK(extended || capture.download, "the verify ran without the device extend it was prepared for");
@@ -422,29 +432,16 @@ void EagleWorker::run_cycle(std::span<CycleItem> items) {
     // A chain's shape, positions, mask and slots do not depend on its tokens: the verify is
     // prepared and queued right behind the draft loop and reads the loop's tokens on the device.
     // The host learns the chain's tokens with the verify's results.
-    std::vector<DraftLoopInput> inputs;
-    for (const CycleItem& it : items) {
-      SPECULA_ASSERT(it.state->on_device);
-      inputs.push_back({it.kv_len, target_.req_pool().row(it.req_pool_idx), it.req_pool_idx});
-    }
+    const std::vector<DraftLoopInput> inputs = loop_inputs(items, target_.req_pool());
     cuda_head_->launch_draft_loop(inputs);
     timing_.draft_steps_s += seconds_since(start);
     start = std::chrono::steady_clock::now();
     const int N = options_.params.num_draft_tokens;
-    DraftCandidates shape;
-    for (int d = 1; d < N; ++d) {
-      shape.tokens.push_back(0);
-      shape.parents.push_back(d - 2);
-      shape.scores.push_back(1.0f);
-      shape.depths.push_back(d);
-    }
+    const DraftCandidates shape = chain_candidates(std::vector<int32_t>(static_cast<size_t>(N - 1), 0));
     for (CycleItem& it : items) it.tree = build_tree(it.root_token, shape, N);
     // All-greedy chains also queue the next draft extend right behind the verify: the device
     // finds the accepted run itself, and the head runs while the host handles the results.
-    const bool all_greedy = std::all_of(items.begin(), items.end(), [](const CycleItem& it) {
-      return it.sampler == nullptr || it.sampler->picks_argmax();
-    });
-    const bool extend_on_device = all_greedy && cuda_head_->stage_chain_extend(inputs);
+    const bool extend_on_device = all_pick_argmax(items) && cuda_head_->stage_chain_extend(inputs);
     const double before = timing_.accept_s;
     verify(items, /*tokens_on_device=*/true, extend_on_device);
     timing_.verify_s += seconds_since(start) - (timing_.accept_s - before);
