@@ -65,8 +65,29 @@ TEST_F(CudaAttention, DecodeSplitKvLongSequence) {
   c.head_dim = 128;
   c.page_size = 64;
   check_cuda(c, "decode split-KV");
-  EXPECT_GT(choose_decode_splits(2, 2, 6001, 132), 1);
-  EXPECT_EQ(choose_decode_splits(64, 8, 4096, 132), 1) << "a full batch must not split";
+  EXPECT_GT(choose_decode_plan(2, 2, 6001, 132).splits, 1);
+  EXPECT_EQ(choose_decode_plan(64, 8, 4096, 132).splits, 1) << "a full batch must not split";
+}
+
+// Both decode plans that split: a few head groups get one wide block per multiprocessor, a batch
+// that half-fills the GPU gets two 4-warp blocks per multiprocessor.
+TEST_F(CudaAttention, DecodeSplitPlansWideAndNarrow) {
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto rng = rng_for_shapes();
+  std::uniform_int_distribution<int> len(1500, 2600);
+  for (int bs : {2, sms * 3 / 32}) {
+    const DecodePlan plan = choose_decode_plan(bs, 8, 1500, sms);
+    EXPECT_GT(plan.splits, 1) << "bs " << bs;
+    EXPECT_EQ(plan.warps, bs == 2 ? 8 : 4) << "bs " << bs;
+    HarnessConfig c;
+    c.mode = ForwardMode::DECODE;
+    for (int i = 0; i < bs; ++i) c.requests.push_back({len(rng), 1});
+    c.num_q_heads = 32;
+    c.num_kv_heads = 8;
+    c.page_size = 16;
+    check_cuda(c, bs == 2 ? "decode, wide split plan" : "decode, narrow split plan");
+  }
 }
 
 TEST_F(CudaAttention, Mqa) {
@@ -209,7 +230,7 @@ TEST_F(CudaAttention, DecodeManySplitsWithSinks) {
   c.page_size = 16;
   c.sinks = true;
   check_cuda(c, "decode many splits, sinks");
-  EXPECT_GT(choose_decode_splits(2, 1, 9000, 132), 32);
+  EXPECT_GT(choose_decode_plan(2, 1, 9000, 132).splits, 32);
 }
 
 TEST_F(CudaAttention, TreeMask) {

@@ -32,6 +32,7 @@ struct Options {
   std::string json_path;
   std::string kv_dtype = "bf16";
   std::string filter;
+  std::string l2 = "cold";
   int threads = 0;
   double min_seconds = 0.3;
   bool mla = false;
@@ -122,7 +123,7 @@ struct Result {
   double gflops = 0;
 };
 
-Result time_case(const AttentionBenchCase& c, AttentionBackend& backend, double min_seconds, Device device) {
+Result time_case(const AttentionBenchCase& c, AttentionBackend& backend, const Options& o, Device device) {
   AttentionBenchSetup setup(c, backend, device);
 #ifdef SPECULA_HAS_CUDA
   if (device.is_cuda()) {
@@ -130,7 +131,7 @@ Result time_case(const AttentionBenchCase& c, AttentionBackend& backend, double 
     Result r;
     r.c = c;
     r.iterations = 30;
-    r.seconds = cuda_median_seconds([&] { setup.run_layer(); }, r.iterations, 3);
+    r.seconds = cuda_median_seconds([&] { setup.run_layer(); }, r.iterations, 3, parse_l2_start(o.l2));
     r.query_tokens = setup.num_query_tokens();
     r.kv_gbps = setup.kv_bytes_read() / r.seconds / 1e9;
     r.gflops = setup.attention_flops() / r.seconds / 1e9;
@@ -147,7 +148,7 @@ Result time_case(const AttentionBenchCase& c, AttentionBackend& backend, double 
     setup.run_layer();
     ++iterations;
     elapsed = std::chrono::duration<double>(clock::now() - start).count();
-  } while (elapsed < min_seconds);
+  } while (elapsed < o.min_seconds);
   Result r;
   r.c = c;
   r.iterations = iterations;
@@ -174,6 +175,9 @@ int run(const Options& o) {
   }
   const int threads = own_pool ? own_pool->num_threads() : default_thread_pool().num_threads();
   const std::string backend_name = device.is_cpu() ? "cpu" : "cuda";
+#ifdef SPECULA_HAS_CUDA
+  if (device.is_cuda()) parse_l2_start(o.l2);  // a bad value fails before the ceilings run
+#endif
 
   // Ceilings in GB/s and GFLOP/s, whatever the device.
   double copy_ceiling = 0, flop_ceiling = 0;
@@ -200,7 +204,7 @@ int run(const Options& o) {
     if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
     bo.page_size = c.page_size;
     auto backend = make_attention_backend(backend_name, bo);
-    results.push_back(time_case(c, *backend, o.min_seconds, device));
+    results.push_back(time_case(c, *backend, o, device));
   }
 
   const bool gpu = device.is_cuda();
@@ -208,8 +212,9 @@ int run(const Options& o) {
   fmt::print("specula bench attention  device={} backend={} threads={} kv_dtype={}\n", device.str(), backend_name,
              threads, dtype_name(kv_dtype));
   fmt::print("ceilings measured now: {}\n", ceiling_line);
-  fmt::print("one layer per call; decode: 32 query / 8 KV heads, head_dim 128{}\n\n",
-             gpu ? "; prefill: 32 heads (MHA)" : "; prefill: 32 query / 8 KV heads");
+  fmt::print("one layer per call; decode: 32 query / 8 KV heads, head_dim 128{}{}\n\n",
+             gpu ? "; prefill: 32 heads (MHA)" : "; prefill: 32 query / 8 KV heads",
+             gpu ? fmt::format("; L2 {} at each call's start", o.l2) : "");
   fmt::print("{:<34} {:>9} {:>12} {:>9} {:>8} {:>9} {:>8}\n", "case", "ms/call", "query tok/s",
              gpu ? "KV TB/s" : "KV GB/s", "of copy", gpu ? "TFLOP/s" : "GFLOP/s", "of gemm");
   for (const Result& r : results) {
@@ -225,6 +230,7 @@ int run(const Options& o) {
     j["backend"] = backend_name;
     j["threads"] = threads;
     j["kv_dtype"] = dtype_name(kv_dtype);
+    if (gpu) j["l2_start"] = o.l2;
     j["ceilings"] = {{"copy_gbytes_per_second", copy_ceiling}, {"gemm_gflops", flop_ceiling}, {"what", ceiling_line}};
     for (const Result& r : results) {
       j["results"].push_back({{"case", r.c.name},
@@ -258,10 +264,15 @@ void add_bench_attention_command(CLI::App& bench) {
   cmd->add_option("--threads", options->threads, "CPU threads (default: SPECULA_NUM_THREADS or all cores)");
   cmd->add_option("--filter", options->filter, "Run only cases whose name contains this text");
   cmd->add_option("--min-seconds", options->min_seconds, "Minimum timed seconds per case")->capture_default_str();
+  cmd->add_option("--l2", options->l2,
+                  "GPU: the L2 at each timed call's start: cold (evicted by a read, clean), dirty (evicted by a "
+                  "write, as Triton's do_bench does) or warm")
+      ->capture_default_str();
   cmd->add_flag("--mla", options->mla, "Benchmark MLA and sparse MLA (DeepSeek shapes) instead; CUDA only");
   cmd->callback([options] {
     if (options->mla) {
-      run_mla_bench({options->device == "cpu" ? "cuda" : options->device, options->json_path, options->filter});
+      run_mla_bench({options->device == "cpu" ? "cuda" : options->device, options->json_path, options->filter,
+                     options->l2});
       return;
     }
     run(*options);

@@ -46,7 +46,7 @@ struct MlaBenchResult {
 };
 
 #ifdef SPECULA_HAS_CUDA
-MlaBenchResult time_case(const MlaBenchCase& c, Device device) {
+MlaBenchResult time_case(const MlaBenchCase& c, Device device, L2Start l2) {
   constexpr int kPage = 64;
   constexpr int kIndexHeads = 64;
   constexpr int kIndexDim = 128;
@@ -154,7 +154,7 @@ MlaBenchResult time_case(const MlaBenchCase& c, Device device) {
     Buffer weights(DType::f32, {n, kIndexHeads}, device);
     copy(weights, TensorView(w.data(), DType::f32, {n, kIndexHeads}));
     Buffer out(DType::i32, {n, c.topk}, device);
-    r.seconds = cuda_median_seconds([&] { backend->indexer_topk(q, weights, TensorView(), layer, batch, out, false); }, 20);
+    r.seconds = cuda_median_seconds([&] { backend->indexer_topk(q, weights, TensorView(), layer, batch, out, false); }, 20, 2, l2);
     r.tflops = 2.0 * static_cast<double>(n) * kv_len * kIndexHeads * kIndexDim / r.seconds * 1e-12;
     r.tbps = static_cast<double>(c.batch_size) * kv_len * (kIndexDim + 4) / r.seconds * 1e-12;
     return r;
@@ -181,7 +181,7 @@ MlaBenchResult time_case(const MlaBenchCase& c, Device device) {
     keys_per_token = c.seq_len + (c.q_len + 1) / 2.0;  // causal: the mean visible keys
   }
   const TensorView none;
-  r.seconds = cuda_median_seconds([&] { backend->forward(q, none, none, out, layer, batch, fo); }, 20);
+  r.seconds = cuda_median_seconds([&] { backend->forward(q, none, none, out, layer, batch, fo); }, 20, 2, l2);
   r.tflops = 2.0 * (576 + 512) * static_cast<double>(n) * c.num_q_heads * keys_per_token / r.seconds * 1e-12;
   const double rows_read = c.topk > 0 ? static_cast<double>(n) * c.topk : static_cast<double>(c.batch_size) * kv_len;
   r.tbps = rows_read * static_cast<double>(pool.row_bytes()) / r.seconds * 1e-12;
@@ -195,6 +195,7 @@ int run_mla_bench(const MlaBenchOptions& o) {
   const Device device = parse_device(o.device);
   SPECULA_CHECK(device.is_cuda(), "bench attention --mla runs on a CUDA device, not {}", device.str());
 #ifdef SPECULA_HAS_CUDA
+  const L2Start l2 = parse_l2_start(o.l2);
   const CudaCeilings ceilings = measure_cuda_ceilings(device);
   std::vector<MlaBenchCase> cases;
   auto add = [&](std::string name, int heads, int q_len, MlaKVFormat fmt, int topk, bool indexer = false,
@@ -225,12 +226,14 @@ int run_mla_bench(const MlaBenchOptions& o) {
   std::vector<MlaBenchResult> results;
   for (const MlaBenchCase& c : cases) {
     if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
-    results.push_back(time_case(c, device));
+    results.push_back(time_case(c, device, l2));
   }
   fmt::print("specula bench attention --mla  device={}\n", device.str());
   fmt::print("ceilings measured now: {}: device copy {:.2f} TB/s (read + written), bf16 cuBLAS GEMM {:.0f} TFLOP/s\n",
              ceilings.device_name, ceilings.copy_tbps, ceilings.gemm_tflops);
-  fmt::print("B=128, page 64, kv_lora_rank 512 + rope 64, one layer per call; FLOPs 2 x (576 + 512) per head per key\n\n");
+  fmt::print("B=128, page 64, kv_lora_rank 512 + rope 64, one layer per call; FLOPs 2 x (576 + 512) per head per key; "
+             "L2 {} at each call's start\n\n",
+             o.l2);
   fmt::print("{:<32} {:>9} {:>9} {:>8} {:>9} {:>8}\n", "case", "ms/call", "TB/s", "of copy", "TFLOP/s", "of gemm");
   for (const MlaBenchResult& r : results) {
     fmt::print("{:<32} {:>9.3f} {:>9.2f} {:>7.0f}% {:>9.1f} {:>7.0f}%\n", r.c.name, r.seconds * 1e3, r.tbps,
@@ -239,6 +242,7 @@ int run_mla_bench(const MlaBenchOptions& o) {
   if (!o.json_path.empty()) {
     nlohmann::json j;
     j["device"] = device.str();
+    j["l2_start"] = o.l2;
     j["ceilings"] = {{"copy_tbps", ceilings.copy_tbps}, {"gemm_tflops", ceilings.gemm_tflops}};
     for (const MlaBenchResult& r : results) {
       j["results"].push_back({{"case", r.c.name}, {"seconds_per_call", r.seconds}, {"tbps", r.tbps}, {"tflops", r.tflops}});

@@ -11,6 +11,7 @@ struct MlaBenchOptions {
   std::string device = "cuda";
   std::string json_path;
   std::string filter;
+  std::string l2 = "cold";  // the L2 at each timed call's start: cold, dirty or warm
 };
 
 int run_mla_bench(const MlaBenchOptions& options);

@@ -98,16 +98,27 @@ std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType
   return {};
 }
 
-int choose_decode_splits(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms) {
+DecodePlan choose_decode_plan(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms) {
   const int64_t blocks = static_cast<int64_t>(batch_size) * kv_head_blocks;
-  if (blocks <= 0 || blocks >= num_sms) return 1;
-  // About two blocks per multiprocessor: what the decode kernel keeps resident at head_dim 96-128
-  // with 16-bit caches (fp8 and smaller heads fit more, head_dim 256 one). Measured on an H200 at
-  // B=1 L=32768, page 16 (kernels/decode.cu with the in-kernel merge), KV TB/s by split count:
-  // 8: 1.53, 16: 2.49, 24: 2.66, 33: 2.76, 48: 2.43, 64: 2.49.
-  const int64_t want = (2 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
+  if (blocks <= 0 || blocks >= num_sms) return {};
+  DecodePlan plan;
+  int64_t want = 0;
+  if (2 * blocks <= num_sms) {
+    // One wide block per multiprocessor (128 blocks at B=1 with 8 KV heads, so 4 of 132 idle).
+    // H200, B=1 L=32768, cold L2, KV TB/s (page 16 / 64): 33 splits of 4 warps, two blocks per
+    // multiprocessor, 2.94 / 2.98; 16 splits of 8 warps 3.06-3.10 / 3.12-3.13. Their key loops
+    // end 30-36 us into the kernel, the 4-warp blocks' 18-37 us.
+    plan.warps = ck::kDecodeWideWarps;
+    want = num_sms / blocks;
+  } else {
+    // About two blocks per multiprocessor: what the 4-warp kernel keeps resident at head_dim
+    // 96-128 with 16-bit caches (fp8 and smaller heads fit more, head_dim 256 one).
+    want = (2 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
+  }
   const int64_t by_length = std::max<int64_t>(1, (max_kv_len + 255) / 256);
-  return static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, ck::kMaxDecodeSplits));
+  plan.splits = static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, ck::kMaxDecodeSplits));
+  if (plan.splits == 1) plan.warps = 4;
+  return plan;
 }
 
 struct CudaAttentionBackend::State {
@@ -128,7 +139,7 @@ struct CudaAttentionBackend::State {
   bool has_custom_mask = false;
   bool tree_path = false;  // TARGET_VERIFY with a visible prefix: the tree kernel's arrays are set
   int tree_rows_per_seq = 0;
-  std::map<HeadLayout, int> splits;
+  std::map<HeadLayout, DecodePlan> splits;
 
   // Per-step arrays every mode uses: one set for eager steps (grows freely) and one for CUDA
   // graphs (sized once, frozen, so captured kernels keep valid pointers).
@@ -193,10 +204,10 @@ bool CudaAttentionBackend::tree_kernel_serves(const AttentionLayer& layer, DType
          layer.attn_type == AttentionType::DECODER;
 }
 
-int CudaAttentionBackend::plan_splits(int batch_size, int kv_head_blocks, int max_kv_len) const {
+DecodePlan CudaAttentionBackend::plan_decode(int batch_size, int kv_head_blocks, int max_kv_len) const {
   // Deterministic: the same split of every request's keys whatever the batch and its lengths.
-  if (options_.deterministic) return choose_decode_splits(1, kv_head_blocks, options_.max_context_len, num_sms_);
-  return choose_decode_splits(batch_size, kv_head_blocks, max_kv_len, num_sms_);
+  if (options_.deterministic) return choose_decode_plan(1, kv_head_blocks, options_.max_context_len, num_sms_);
+  return choose_decode_plan(batch_size, kv_head_blocks, max_kv_len, num_sms_);
 }
 
 void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph) {
@@ -271,9 +282,9 @@ void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph)
     int max_splits = 1;
     for (const HeadLayout& layout : layouts_) {
       const auto& [hq, hkv, local] = layout;
-      const int splits = plan_splits(bs, hkv * head_blocks(hq, hkv), len_for_plan);
-      st.splits[layout] = splits;
-      max_splits = std::max(max_splits, splits);
+      const DecodePlan plan = plan_decode(bs, hkv * head_blocks(hq, hkv), len_for_plan);
+      st.splits[layout] = plan;
+      max_splits = std::max(max_splits, plan.splits);
     }
     if (max_splits > 1) {
       const size_t rows = static_cast<size_t>(max_splits) * static_cast<size_t>(st.num_tokens) * st.max_q_heads;
@@ -499,10 +510,12 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
                   "layer {} ({} query / {} KV heads) was not passed to check_layer before init_forward_metadata",
                   layer.layer_id, layer.num_q_heads, layer.num_kv_heads);
     ck::DecodeSplit split{};
-    split.num_splits = it->second;
-    split.partial_out = it->second > 1 ? st.active->partial_out.data() : nullptr;
-    split.partial_lse = it->second > 1 ? st.active->partial_lse.data() : nullptr;
-    split.counters = it->second > 1 ? st.active->split_counters.data() : nullptr;
+    const bool splits = it->second.splits > 1;
+    split.num_splits = it->second.splits;
+    split.warps = it->second.warps;
+    split.partial_out = splits ? st.active->partial_out.data() : nullptr;
+    split.partial_lse = splits ? st.active->partial_lse.data() : nullptr;
+    split.counters = splits ? st.active->split_counters.data() : nullptr;
     split.num_tokens = n;
     ck::launch_decode(p, split, st.stream);
   } else {
@@ -539,7 +552,7 @@ void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens)
   for (int bs = 1; bs <= max_bs; ++bs) {
     for (const HeadLayout& layout : layouts_) {
       const auto& [hq, hkv, local] = layout;
-      const int splits = plan_splits(bs, hkv * head_blocks(hq, hkv), options_.max_context_len);
+      const int splits = plan_decode(bs, hkv * head_blocks(hq, hkv), options_.max_context_len).splits;
       if (splits > 1) rows = std::max(rows, static_cast<size_t>(splits) * bs * st.max_q_heads);
     }
   }

@@ -23,9 +23,16 @@ namespace specula {
 std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType q_dtype, DType kv_dtype,
                                               int page_size);
 
-// Decode split heuristic: about two (sequence, KV-head block, split) blocks per multiprocessor,
-// never splitting when the batch already fills the GPU, never below 256 keys per split.
-int choose_decode_splits(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms);
+// How a decode step's keys are split: splits per (sequence, KV-head block) and warps per block.
+struct DecodePlan {
+  int splits = 1;
+  int warps = 4;
+};
+
+// Decode split heuristic: never splitting when the batch already fills the GPU, never below 256
+// keys per split. Few (sequence, KV-head block) pairs (at most half the multiprocessors) get one
+// wide block per multiprocessor; otherwise about two blocks of 4 warps per multiprocessor.
+DecodePlan choose_decode_plan(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms);
 
 class CudaAttentionBackend final : public AttentionBackend {
  public:
@@ -58,7 +65,7 @@ class CudaAttentionBackend final : public AttentionBackend {
   // Whether TARGET_VERIFY steps of this layer can attend through the tree kernel (bf16 in and out,
   // no soft-cap, sinks, window or local attention).
   static bool tree_kernel_serves(const AttentionLayer& layer, DType q_dtype, DType kv_dtype);
-  int plan_splits(int batch_size, int kv_head_blocks, int max_kv_len) const;
+  DecodePlan plan_decode(int batch_size, int kv_head_blocks, int max_kv_len) const;
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options);
 

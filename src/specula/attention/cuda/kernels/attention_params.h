@@ -54,6 +54,7 @@ struct AttentionParams {
 // of each (token, head block) to finish (counted in `counters`) merges them.
 struct DecodeSplit {
   int32_t num_splits;
+  int32_t warps;       // per block: 4, or kDecodeWideWarps when one block per multiprocessor is planned
   float* partial_out;  // [num_splits, num_tokens, num_q_heads, v_head_dim]
   float* partial_lse;  // [num_splits, num_tokens, num_q_heads]
   int32_t* counters;   // [num_tokens, head groups <= num_q_heads], zero before a launch and after it
@@ -66,7 +67,12 @@ void launch_decode(const AttentionParams& params, const DecodeSplit& split, cuda
 // read once for all of them); larger groups take several blocks.
 inline constexpr int kDecodeHeadsPerBlock = 8;
 
-// Most key splits of one decode (the merge keeps one weight per split and head in shared memory).
+// Warps of a decode block planned alone on its multiprocessor (few head groups, many splits): one
+// wide block keeps as many bytes in flight as two narrow ones, and its warps progress evenly, where
+// two narrow blocks sharing a multiprocessor finish their equal key ranges up to 2x apart.
+inline constexpr int kDecodeWideWarps = 8;
+
+// Most key splits of one decode (bounds the partial-result buffers the backend sizes).
 inline constexpr int kMaxDecodeSplits = 64;
 
 // Prefill / extend / verify: work items of kPrefillTileRows query rows of one sequence, built by

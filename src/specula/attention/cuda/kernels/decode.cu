@@ -3,11 +3,12 @@
 // Grid: (num_kv_heads x head_blocks, num_splits, num_seqs) (decode_block.cuh). A block serves up
 // to 8 query heads of one KV head over one key range; they are rows 0-7 of mma.sync m16n8k16
 // (rows 8-15 stay zero and are never read back), so each K/V row is read once for all of them.
-// 4 warps; each streams its own 16-key tiles (tiles w, w + 4, ...) through a kStages-deep
+// 4 warps, or kDecodeWideWarps when the plan puts one block per multiprocessor (few head groups,
+// many splits); each streams its own 16-key tiles (tiles w, w + warps, ...) through a kStages-deep
 // cp.async pipeline in its own shared-memory region, so the main loop has no block barrier and
 // the bytes in flight do not depend on registers (a scalar kernel that kept its loads in
 // registers had 16 KB per block in flight and reached 49% of the copy rate). Per tile:
-// S = Q K^T (D/16 x 2 mma), online softmax within each quad, O += P V (D/8 mma). The four warps'
+// S = Q K^T (D/16 x 2 mma), online softmax within each quad, O += P V (D/8 mma). The warps'
 // states merge at the end; with several splits the last block of a head group merges the splits.
 #include <type_traits>
 
@@ -22,8 +23,6 @@ namespace specula::cuda_kernels {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
 constexpr int kKeys = 16;  // keys per warp tile
 constexpr float kNegInf = -__builtin_huge_valf();
 
@@ -34,7 +33,7 @@ constexpr float kNegInf = -__builtin_huge_valf();
 // and each tile is converted exactly into a per-warp operand tile of the query's type before its
 // math. The conversion makes fp8 issue-bound, so it keeps two stages: three blocks then fit per
 // SM to hide its latency (H200, B=256 L=1024: 0.27 ms with four stages, 0.22 ms with two).
-template <typename T, typename KV, int D>
+template <typename T, typename KV, int D, int kWarps>
 struct Shape {
   static constexpr bool kConvert = sizeof(KV) == 1;
   static constexpr int kStride = D + 8;  // operand rows, padded: ldmatrix stays conflict-free
@@ -49,9 +48,9 @@ struct Shape {
   static constexpr size_t kSmemBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
 };
 
-template <typename Q, typename T, typename KV, int D>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams p, const DecodeSplit split) {
-  using S = Shape<T, KV, D>;
+template <typename Q, typename T, typename KV, int D, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) decode_kernel(const AttentionParams p, const DecodeSplit split) {
+  using S = Shape<T, KV, D, kWarps>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   pdl_wait();
   pdl_trigger();
@@ -95,12 +94,17 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams 
     }
   };
 
+  // The first tiles' page-table reads all go out before any copy waits on one: a cold start
+  // then costs one page-table latency, not one per stage.
+  int32_t first_rows[S::kStages];
+#pragma unroll
+  for (int i = 0; i < S::kStages; ++i) first_rows[i] = tile_row(i);
 #pragma unroll
   for (int i = 0; i < S::kStages - 1; ++i) {
-    if (i < my_tiles) load_tile(i, tile_row(i));
+    if (i < my_tiles) load_tile(i, first_rows[i]);
     cp_async_commit();
   }
-  int32_t next_row = tile_row(S::kStages - 1);
+  int32_t next_row = first_rows[S::kStages - 1];
 
   // Q as the A operand straight from global memory (rows g < num_heads; rows 8-15 are zero),
   // while the first tiles are in flight.
@@ -219,11 +223,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const AttentionParams 
   finish_decode<kWarps>(p, split, b, sm_m, sm_l, sm_o, kDecodeHeadsPerBlock, D);
 }
 
-template <typename Q, typename T, typename KV, int D>
-void launch_typed(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
-  constexpr size_t smem = Shape<T, KV, D>::kSmemBytes;
+template <typename Q, typename T, typename KV, int D, int kWarps>
+void launch_warps(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  constexpr size_t smem = Shape<T, KV, D, kWarps>::kSmemBytes;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<Q, T, KV, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<Q, T, KV, D, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
     return true;
   }();
@@ -231,7 +235,21 @@ void launch_typed(const AttentionParams& p, const DecodeSplit& split, cudaStream
   const int group = p.num_q_heads / p.num_kv_heads;
   const int head_blocks = (group + kDecodeHeadsPerBlock - 1) / kDecodeHeadsPerBlock;
   const dim3 grid(p.num_kv_heads * head_blocks, split.num_splits, p.num_seqs);
-  launch_pdl(decode_kernel<Q, T, KV, D>, grid, kThreads, smem, stream, p, split);
+  launch_pdl(decode_kernel<Q, T, KV, D, kWarps>, grid, kWarps * 32, smem, stream, p, split);
+}
+
+// A wide block whose pipeline does not fit in a multiprocessor's shared memory (head_dim 256 with
+// 16-bit caches, head_dim 256 fp8) runs as 4 warps: that kernel is alone on its multiprocessor too.
+template <typename Q, typename T, typename KV, int D>
+void launch_typed(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
+  constexpr size_t kMaxSmem = 227 * 1024;
+  if constexpr (Shape<T, KV, D, kDecodeWideWarps>::kSmemBytes <= kMaxSmem) {
+    if (split.warps == kDecodeWideWarps) {
+      launch_warps<Q, T, KV, D, kDecodeWideWarps>(p, split, stream);
+      return;
+    }
+  }
+  launch_warps<Q, T, KV, D, 4>(p, split, stream);
 }
 
 template <typename Q, typename T, typename KV>
@@ -263,6 +281,9 @@ void launch_decode(const AttentionParams& p, const DecodeSplit& split, cudaStrea
   SPECULA_REQUIRE(split.num_splits >= 1 && split.num_splits <= kMaxDecodeSplits,
                   "decode: " + std::to_string(split.num_splits) + " splits; allowed 1 to " +
                       std::to_string(kMaxDecodeSplits));
+  SPECULA_REQUIRE(split.warps == 4 || split.warps == kDecodeWideWarps,
+                  "decode: " + std::to_string(split.warps) + " warps per block; allowed 4 or " +
+                      std::to_string(kDecodeWideWarps));
   SPECULA_REQUIRE(split.num_splits == 1 || (split.partial_out != nullptr && split.partial_lse != nullptr &&
                                             split.counters != nullptr),
                   "decode: " + std::to_string(split.num_splits) +

@@ -58,12 +58,10 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttentionParams& p, co
 __device__ __forceinline__ void merge_splits_if_last(const AttentionParams& p, const DecodeSplit& split,
                                                      const DecodeBlock& b) {
   constexpr float kNegInf = -__builtin_huge_valf();
-  __shared__ float weight[kDecodeHeadsPerBlock][kMaxDecodeSplits];
-  __shared__ float total_lse[kDecodeHeadsPerBlock];
   __shared__ bool last;
-  __threadfence();  // this thread's partial rows are visible device-wide before the count
-  __syncthreads();
+  __syncthreads();  // every thread's partial rows are written...
   if (threadIdx.x == 0) {
+    __threadfence();  // ...and, through the barrier, ordered before the count (as a grid sync does)
     int32_t* counter = split.counters + b.token * gridDim.x + blockIdx.x;
     last = atomicAdd(counter, 1) == split.num_splits - 1;
     if (last) *counter = 0;
@@ -74,58 +72,61 @@ __device__ __forceinline__ void merge_splits_if_last(const AttentionParams& p, c
   auto row_of = [&](int s, int h) {
     return (static_cast<int64_t>(s) * split.num_tokens + b.token) * p.num_q_heads + b.head0 + h;
   };
-  // Split weights of each head: one warp per head, a lane per split (two with more than 32).
-  static_assert(kMaxDecodeSplits <= 64, "two splits per lane");
-  const int lane = threadIdx.x & 31;
-  for (int h = threadIdx.x >> 5; h < b.num_heads; h += blockDim.x >> 5) {
-    float lse[2];
-    float mx = kNegInf;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int s = lane + 32 * k;
-      lse[k] = s < split.num_splits ? __ldcg(split.partial_lse + row_of(s, h)) : kNegInf;
-      mx = fmaxf(mx, lse[k]);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    const float sink = p.sinks != nullptr ? p.sinks[b.head0 + h] : kNegInf;
-    const float mm = fmaxf(mx, sink);
-    float e[2], denom = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      e[k] = lse[k] == kNegInf ? 0.0f : expf(lse[k] - mm);
-      denom += e[k];
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) denom += __shfl_xor_sync(0xffffffffu, denom, off);
-    if (p.sinks != nullptr && mm != kNegInf) denom += expf(sink - mm);
-#pragma unroll
-    for (int k = 0; k < 2; ++k) weight[h][lane + 32 * k] = denom > 0.0f ? e[k] / denom : 0.0f;
-    if (lane == 0) total_lse[h] = denom > 0.0f ? mm + logf(denom) : kNegInf;
-  }
-  __syncthreads();
-  // Four output elements per thread, every split's loads independent (latency, not bandwidth,
-  // bounds this tail).
+  // Four output elements per thread. Each group of kBatch splits is loaded at once (its LSEs with
+  // its rows: one memory latency per group, not one for the weights and one for the rows) and
+  // folded into a running maximum, in split order.
+  constexpr int kBatch = 16;
   const int quads = p.v_head_dim / 4;
   for (int idx = threadIdx.x; idx < b.num_heads * quads; idx += blockDim.x) {
     const int h = idx / quads;
     const int d = (idx % quads) * 4;
+    float run_max = kNegInf, denom = 0.0f;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 16
-    for (int s = 0; s < split.num_splits; ++s) {
-      const float w = weight[h][s];
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(split.partial_out + row_of(s, h) * p.v_head_dim + d));
-      acc.x += w * v.x;
-      acc.y += w * v.y;
-      acc.z += w * v.z;
-      acc.w += w * v.w;
+    for (int s0 = 0; s0 < split.num_splits; s0 += kBatch) {
+      float lse[kBatch];
+      float4 v[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const int s = s0 + k;
+        lse[k] = s < split.num_splits ? __ldcg(split.partial_lse + row_of(s, h)) : kNegInf;
+        v[k] = s < split.num_splits
+                   ? __ldcg(reinterpret_cast<const float4*>(split.partial_out + row_of(s, h) * p.v_head_dim + d))
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+      float mx = run_max;
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) mx = fmaxf(mx, lse[k]);
+      if (mx == kNegInf) continue;
+      const float rescale = run_max == kNegInf ? 0.0f : expf(run_max - mx);
+      denom *= rescale;
+      acc.x *= rescale;
+      acc.y *= rescale;
+      acc.z *= rescale;
+      acc.w *= rescale;
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const float e = lse[k] == kNegInf ? 0.0f : expf(lse[k] - mx);
+        denom += e;
+        acc.x += e * v[k].x;
+        acc.y += e * v[k].y;
+        acc.z += e * v[k].z;
+        acc.w += e * v[k].w;
+      }
+      run_max = mx;
+    }
+    float total_lse = run_max == kNegInf ? kNegInf : run_max + logf(denom);
+    float out_scale = denom > 0.0f ? 1.0f / denom : 0.0f;
+    if (p.sinks != nullptr) {
+      float sink_scale = 1.0f;
+      total_lse = join_sink(total_lse, p.sinks[b.head0 + h], sink_scale);
+      out_scale *= sink_scale;
     }
     const int64_t out = b.token * p.out_stride_token + (b.head0 + h) * p.out_stride_head + d;
-    store_io(p.out, p.io_dtype, out, acc.x * p.v_descale);
-    store_io(p.out, p.io_dtype, out + 1, acc.y * p.v_descale);
-    store_io(p.out, p.io_dtype, out + 2, acc.z * p.v_descale);
-    store_io(p.out, p.io_dtype, out + 3, acc.w * p.v_descale);
-    if (p.lse != nullptr && d == 0) p.lse[b.token * p.lse_stride_token + b.head0 + h] = total_lse[h];
+    store_io(p.out, p.io_dtype, out, acc.x * out_scale * p.v_descale);
+    store_io(p.out, p.io_dtype, out + 1, acc.y * out_scale * p.v_descale);
+    store_io(p.out, p.io_dtype, out + 2, acc.z * out_scale * p.v_descale);
+    store_io(p.out, p.io_dtype, out + 3, acc.w * out_scale * p.v_descale);
+    if (p.lse != nullptr && d == 0) p.lse[b.token * p.lse_stride_token + b.head0 + h] = total_lse;
   }
 }
 
