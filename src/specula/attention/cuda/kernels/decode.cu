@@ -38,7 +38,6 @@ struct Shape {
   static constexpr bool kConvert = sizeof(KV) == 1;
   static constexpr int kStride = D + 8;  // operand rows, padded: ldmatrix stays conflict-free
   static constexpr int kRawStride = kConvert ? D + 16 : kStride;  // staged rows, in KV elements
-  static constexpr int kChunks = D * static_cast<int>(sizeof(KV)) / 16;  // 16-byte chunks per row
   static constexpr int kStages = D <= 128 ? (kConvert ? 2 : 3) : 2;
   static constexpr int kRawTile = kKeys * kRawStride;  // elements of one staged K or V tile
   static constexpr size_t kWarpRawBytes = sizeof(KV) * kStages * 2 * kRawTile;  // [stage][K, V]
@@ -80,11 +79,12 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const AttentionPara
     KV* k_dst = pipe + (i % S::kStages) * 2 * S::kRawTile;
     KV* v_dst = k_dst + S::kRawTile;
     constexpr int kPerRow = 16 / static_cast<int>(sizeof(KV));  // elements per chunk
+    constexpr int kChunks = D * static_cast<int>(sizeof(KV)) / 16;  // 16-byte chunks per row
 #pragma unroll
-    for (int it = 0; it < (kKeys * S::kChunks + 31) / 32; ++it) {
+    for (int it = 0; it < (kKeys * kChunks + 31) / 32; ++it) {
       const int c = lane + 32 * it;
-      const int r = c / S::kChunks;
-      const int ch = c % S::kChunks;
+      const int r = c / kChunks;
+      const int ch = c % kChunks;
       const int32_t src_row = __shfl_sync(0xffffffffu, row, r & (kKeys - 1));
       if (r < kKeys) {
         const int64_t offset = static_cast<int64_t>(src_row < 0 ? 0 : src_row) * D + ch * kPerRow;

@@ -51,24 +51,45 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttentionParams& p, co
   return b;
 }
 
-// With several splits: called by every thread once this block's partial rows are written. The
-// last block of its (token, head block) to get here merges all splits' partial rows, so no second
-// kernel (and no launch gap) is needed; it also resets the counter for the next launch, which
-// keeps CUDA-graph replays valid.
+__device__ __forceinline__ int32_t load_acquire(const int32_t* address) {
+  int32_t value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+  return value;
+}
+
+// With several splits each (token, head block) has two counters: tickets, taken by each block
+// as its key loop ends (before it merges its warps, so the atomic's latency overlaps that work),
+// and rows written, counted once a block's partial rows are visible. The block with the last
+// ticket waits for the others' rows and merges all splits, so no second kernel (and no launch
+// gap) is needed, and it never waits for its own rows' write to be acknowledged. It resets both
+// counters, which keeps CUDA-graph replays valid. Every block that holds a ticket is running,
+// so the wait always ends.
+__device__ __forceinline__ int32_t* split_counters(const DecodeSplit& split, const DecodeBlock& b) {
+  return split.counters + 2 * (b.token * gridDim.x + blockIdx.x);
+}
+
+// Called by every thread once this block's partial rows are written (ticket: thread 0's).
 __device__ __forceinline__ void merge_splits_if_last(const AttentionParams& p, const DecodeSplit& split,
-                                                     const DecodeBlock& b) {
+                                                     const DecodeBlock& b, int32_t ticket) {
   constexpr float kNegInf = -__builtin_huge_valf();
   __shared__ bool last;
+  int32_t* counters = split_counters(split, b);
+  if (threadIdx.x == 0) last = ticket == split.num_splits - 1;
   __syncthreads();  // every thread's partial rows are written...
+  if (!last) {
+    if (threadIdx.x == 0) {
+      __threadfence();  // ...and, through the barrier, ordered before the count (as a grid sync does)
+      atomicAdd(counters + 1, 1);
+    }
+    return;
+  }
   if (threadIdx.x == 0) {
-    __threadfence();  // ...and, through the barrier, ordered before the count (as a grid sync does)
-    int32_t* counter = split.counters + b.token * gridDim.x + blockIdx.x;
-    last = atomicAdd(counter, 1) == split.num_splits - 1;
-    if (last) *counter = 0;
+    counters[0] = 0;
+    while (load_acquire(counters + 1) < split.num_splits - 1) {
+    }
+    counters[1] = 0;
   }
   __syncthreads();
-  if (!last) return;
-  __threadfence();
   auto row_of = [&](int s, int h) {
     return (static_cast<int64_t>(s) * split.num_tokens + b.token) * p.num_q_heads + b.head0 + h;
   };
@@ -138,6 +159,8 @@ __device__ __forceinline__ void finish_decode(const AttentionParams& p, const De
                                               const DecodeBlock& b, const float* sm_m, const float* sm_l,
                                               const float* sm_o, int heads_stride, int o_stride) {
   constexpr float kNegInf = -__builtin_huge_valf();
+  int32_t ticket = 0;
+  if (split.num_splits > 1 && threadIdx.x == 0) ticket = atomicAdd(split_counters(split, b), 1);
   for (int idx = threadIdx.x; idx < b.num_heads * p.v_head_dim; idx += blockDim.x) {
     const int h = idx / p.v_head_dim;
     const int d = idx % p.v_head_dim;
@@ -167,7 +190,7 @@ __device__ __forceinline__ void finish_decode(const AttentionParams& p, const De
       if (d == 0) split.partial_lse[row] = lse;
     }
   }
-  if (split.num_splits > 1) merge_splits_if_last(p, split, b);
+  if (split.num_splits > 1) merge_splits_if_last(p, split, b, ticket);
 }
 
 }  // namespace specula::cuda_kernels
