@@ -139,7 +139,7 @@ struct CudaAttentionBackend::State {
   bool has_custom_mask = false;
   bool tree_path = false;  // TARGET_VERIFY with a visible prefix: the tree kernel's arrays are set
   int tree_rows_per_seq = 0;
-  std::map<HeadLayout, DecodePlan> splits;
+  std::map<HeadLayout, DecodePlan> decode_plans;
 
   // Per-step arrays every mode uses: one set for eager steps (grows freely) and one for CUDA
   // graphs (sized once, frozen, so captured kernels keep valid pointers).
@@ -235,7 +235,7 @@ void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph)
   st.local_num_items = 0;
   st.has_custom_mask = false;
   st.tree_path = false;
-  st.splits.clear();
+  st.decode_plans.clear();
   if (batch.forward_mode == ForwardMode::IDLE || batch.batch_size == 0) return;
   SPECULA_CHECK(batch.req_to_token_pool != nullptr && batch.token_to_kv_pool != nullptr,
                 "the batch has no req_to_token_pool or KV pool");
@@ -283,7 +283,7 @@ void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph)
     for (const HeadLayout& layout : layouts_) {
       const auto& [hq, hkv, local] = layout;
       const DecodePlan plan = plan_decode(bs, hkv * head_blocks(hq, hkv), len_for_plan);
-      st.splits[layout] = plan;
+      st.decode_plans[layout] = plan;
       max_splits = std::max(max_splits, plan.splits);
     }
     if (max_splits > 1) {
@@ -506,8 +506,8 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
     SPECULA_CHECK(pool.num_slots() * layer.num_kv_heads <= std::numeric_limits<int32_t>::max(),
                   "KV pool of {} slots x {} KV heads exceeds the decode kernel's {} cache rows", pool.num_slots(),
                   layer.num_kv_heads, std::numeric_limits<int32_t>::max());
-    const auto it = st.splits.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, local});
-    SPECULA_CHECK(it != st.splits.end(),
+    const auto it = st.decode_plans.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, local});
+    SPECULA_CHECK(it != st.decode_plans.end(),
                   "layer {} ({} query / {} KV heads) was not passed to check_layer before init_forward_metadata",
                   layer.layer_id, layer.num_q_heads, layer.num_kv_heads);
     ck::DecodeSplit split{};

@@ -61,7 +61,8 @@ __device__ __forceinline__ int32_t load_acquire(const int32_t* address) {
 // as its key loop ends (before it merges its warps, so the atomic's latency overlaps that work),
 // and rows written, counted once a block's partial rows are visible. The block with the last
 // ticket waits for the others' rows and merges all splits, so no second kernel (and no launch
-// gap) is needed, and it never waits for its own rows' write to be acknowledged. It resets both
+// gap) is needed, and it never waits for its own rows' write to be acknowledged (the barrier
+// makes them visible to its own threads, the fence and count the others'). It resets both
 // counters, which keeps CUDA-graph replays valid. Every block that holds a ticket is running,
 // so the wait always ends.
 __device__ __forceinline__ int32_t* split_counters(const DecodeSplit& split, const DecodeBlock& b) {
