@@ -242,7 +242,7 @@ void launch_warps(const AttentionParams& p, const DecodeSplit& split, cudaStream
 // 16-bit caches, head_dim 256 fp8) runs as 4 warps: that kernel is alone on its multiprocessor too.
 template <typename Q, typename T, typename KV, int D>
 void launch_typed(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
-  constexpr size_t kMaxSmem = 227 * 1024;
+  constexpr size_t kMaxSmem = 227 * 1024;  // Hopper: the most dynamic shared memory one block may opt in to
   if constexpr (Shape<T, KV, D, kDecodeWideWarps>::kSmemBytes <= kMaxSmem) {
     if (split.warps == kDecodeWideWarps) {
       launch_warps<Q, T, KV, D, kDecodeWideWarps>(p, split, stream);
