@@ -119,6 +119,13 @@ TEST_P(CudaMla, MatchesCpuAndFloat64) {
   const MlaResult got = gpu_fx.run(*gpu);
   const MlaResult want = gpu_fx.reference();
   expect_close(got, cpu_out, want, GetParam().name, c.format == MlaKVFormat::fp8_ds_mla);
+  if (c.format == MlaKVFormat::fp8_ds_mla) {
+    // The kernel's operands are the dequantised rows, each value rounded once to bf16: against a
+    // reference over exactly those, fp8 needs no more slack than bf16 (this catches a dequantiser
+    // that is off by a rounding step, a wrong group scale or a misplaced value).
+    const MlaResult rounded = gpu_fx.reference(true);
+    expect_close(got, rounded, rounded, GetParam().name + " against bf16-rounded operands", false);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaMla, ::testing::ValuesIn(cases()),

@@ -308,7 +308,7 @@ MlaResult MlaFixture::run_graph(MlaAttentionBackend& backend, void* stream) {
 #endif
 }
 
-MlaResult MlaFixture::reference() const {
+MlaResult MlaFixture::reference(bool bf16_operands) const {
   const int64_t n = num_tokens();
   const int H = case_.num_q_heads;
   const int R = case_.kv_lora_rank;
@@ -321,6 +321,7 @@ MlaResult MlaFixture::reference() const {
     rows[r].resize(static_cast<size_t>(kv_lens_[r]) * static_cast<size_t>(D));
     const int32_t* slots = req_pool_->row(batch_.req_pool_indices[r]);
     pool_->read_rows(layer_.layer_id, std::span<const int32_t>(slots, static_cast<size_t>(kv_lens_[r])), rows[r].data());
+    if (bf16_operands) round_to(DType::bf16, rows[r]);
   }
   for (int64_t t = 0; t < n; ++t) {
     const std::vector<int32_t> keys = visible(t);

@@ -58,7 +58,8 @@ class MlaFixture {
   // metadata hooks), replays it, and returns the replay's result.
   MlaResult run_graph(MlaAttentionBackend& backend, void* stream);
   // The float64 reference over the pool's rows; call after run (the new rows are in the pool).
-  MlaResult reference() const;
+  // bf16_operands: over the rows rounded once to bf16, as a GPU's MMA operands hold them.
+  MlaResult reference(bool bf16_operands = false) const;
 
   // The key positions token t sees (dense rules, or its valid sparse indices).
   std::vector<int32_t> visible(int64_t t) const;
