@@ -140,9 +140,9 @@ __device__ void issue_fp8_tile(const MlaAttentionParams& p, int64_t slot, int wa
 }
 
 // In place: four lanes own one (row, block) pair, 16 of its 64 values each; a warp's eight pairs
-// at a time are eight consecutive rows of one block. Each lane reads its 16 raw bytes (with the
-// other steps' before any write: the pair's bf16 overwrite its raw half), then writes 32 bytes of
-// bf16. Warp w converts rows 16 w .. 16 w + 15, column blocks [b_begin, b_end).
+// at a time are eight consecutive rows of one block. Each lane reads its 16 raw bytes, then writes
+// 32 bytes of bf16; a batch's reads all precede its writes, since a pair's bf16 overwrite its raw
+// half. Warp w converts rows 16 w .. 16 w + 15, column blocks [b_begin, b_end).
 __device__ void dequantise_fp8_blocks(int warp, int b_begin, int b_end, uint8_t* stage, const float* scales) {
   const int lane = threadIdx.x & 31;
   const int c = lane & 3;
