@@ -33,6 +33,7 @@ struct Options {
   std::string kv_dtype = "bf16";
   std::string filter;
   std::string l2 = "cold";
+  bool l2_given = false;  // --l2 on the command line (it only means something on a GPU)
   int threads = 0;
   double min_seconds = 0.3;
   bool mla = false;
@@ -163,6 +164,9 @@ int run(const Options& o) {
   const Device device = parse_device(o.device);
   SPECULA_CHECK(device.is_cpu() || cuda_available(),
                 "--device {}: this build or machine has no CUDA device (build with nvcc, run on a GPU)", o.device);
+  SPECULA_CHECK(!(device.is_cpu() && o.l2_given),
+                "--l2 {}: the L2 state at each call's start is set only for CUDA devices, not --device {}", o.l2,
+                o.device);
   const DType kv_dtype = parse_dtype(o.kv_dtype);
   std::unique_ptr<ThreadPool> own_pool;
   AttentionBackendOptions bo;
@@ -264,12 +268,13 @@ void add_bench_attention_command(CLI::App& bench) {
   cmd->add_option("--threads", options->threads, "CPU threads (default: SPECULA_NUM_THREADS or all cores)");
   cmd->add_option("--filter", options->filter, "Run only cases whose name contains this text");
   cmd->add_option("--min-seconds", options->min_seconds, "Minimum timed seconds per case")->capture_default_str();
-  cmd->add_option("--l2", options->l2,
+  CLI::Option* l2 = cmd->add_option("--l2", options->l2,
                   "GPU: the L2 at each timed call's start: cold (evicted by a read, clean), dirty (evicted by a "
                   "write, as Triton's do_bench does) or warm")
       ->capture_default_str();
   cmd->add_flag("--mla", options->mla, "Benchmark MLA and sparse MLA (DeepSeek shapes) instead; CUDA only");
-  cmd->callback([options] {
+  cmd->callback([options, l2] {
+    options->l2_given = l2->count() > 0;
     if (options->mla) {
       run_mla_bench({options->device == "cpu" ? "cuda" : options->device, options->json_path, options->filter,
                      options->l2});
