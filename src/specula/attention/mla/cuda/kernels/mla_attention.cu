@@ -255,7 +255,25 @@ __device__ RowRules row_rules(const MlaAttentionParams& p, const mla::Item& it, 
   return rr;
 }
 
+// O's two rows of this thread times their rescale factors. Once a row's maximum has settled its
+// factor is exactly 1 (exp2 of 0); with kSkipOnes a warp whose 16 rows all have 1 skips the 128
+// multiplies (the same bits: x * 1 = x). Measured on the H200 (TFLOP/s, the skip against none):
+// fp8 dense 339 / 330, sparse 322 / 314; bf16 dense 462 / 520, sparse 440 / 499, so only the fp8
+// kernel skips.
+template <bool kSkipOnes>
+__device__ __forceinline__ void rescale_rows(float (&o)[32][4], float a0, float a1) {
+  if (kSkipOnes && __all_sync(0xffffffffu, a0 == 1.0f && a1 == 1.0f)) return;
+#pragma unroll
+  for (int n = 0; n < 32; ++n) {
+    o[n][0] *= a0;
+    o[n][1] *= a0;
+    o[n][2] *= a1;
+    o[n][3] *= a1;
+  }
+}
+
 // Warpgroup 0: scores, softmax, P for both halves, O[:, 0:256].
+template <bool kFp8>
 __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem,
                              float (&o)[32][4], float (&m)[2], float (&l)[2]) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
@@ -352,13 +370,7 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     }
     fence_proxy_async();
     named_barrier_arrive(kBarP + st, kConsumerThreads);
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
-    }
+    rescale_rows<kFp8>(o, alpha[0], alpha[1]);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_rs_mn<256, bf16>(o, pf[kk], wgmma_desc(k_addr + kk * 16 * 128, kBlockBytes));
@@ -395,15 +407,7 @@ __device__ void consume_right(int num_tiles, uint8_t* smem, float (&o)[32][4]) {
     mbarrier_wait(&full[st], (i >> 1) & 1);
     named_barrier_sync(kBarP + st, kConsumerThreads);
     fence_proxy_async();
-    const float a0 = alpha_in[st * kRows + row_base];
-    const float a1 = alpha_in[st * kRows + row_base + 8];
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      o[n][0] *= a0;
-      o[n][1] *= a0;
-      o[n][2] *= a1;
-      o[n][3] *= a1;
-    }
+    rescale_rows<kFp8>(o, alpha_in[st * kRows + row_base], alpha_in[st * kRows + row_base + 8]);
     const uint32_t k_addr = smem_address(smem + Layout::stage(st));
     wgmma_fence();
 #pragma unroll
@@ -472,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
   float l[2] = {0.0f, 0.0f};
   auto* stats = reinterpret_cast<float*>(smem + Layout::stats);
   if (wg == 0) {
-    consume_left(p, it, num_tiles, smem, o, m, l);
+    consume_left<kFp8>(p, it, num_tiles, smem, o, m, l);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
