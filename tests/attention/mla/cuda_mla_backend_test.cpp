@@ -1,7 +1,8 @@
 // The CUDA MLA backend against the CPU MLA backend (its oracle) and the float64 reference, on the
 // same random batches: every mode, bf16 and fp8_ds_mla caches, page sizes 1 and 64, q_len 1..4,
 // tree masks, chunked prefix, long contexts (split-KV), sparse top-k with -1 padding and sinks,
-// 16/64/128 heads, and CUDA-graph capture/replay.
+// 16/64/128 heads (128-head sparse fp8 steps run as clusters of two blocks), and CUDA-graph
+// capture/replay.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -79,6 +80,11 @@ std::vector<NamedCase> cases() {
       sv.extend_lens.assign(3, 2);
       sv.topk = 64;
       all.push_back({"SparseVerifyTopk64" + f + p, sv});
+      // 128 heads: fp8 steps run as pairs of blocks that share each tile's dequantisation.
+      MlaCase sv128 = sv;
+      sv128.num_q_heads = 128;
+      sv128.topk = 256;
+      all.push_back({"SparseVerifyTopk256Heads128" + f + p, sv128});
     }
   }
   return all;
@@ -135,7 +141,7 @@ TEST(CudaMlaGraph, CapturedStepsReplayLikeEagerOnes) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(seed());
   for (bool tree : {false, true}) {
-    for (int topk : {0, 128}) {
+    for (int topk : {0, 128, 256}) {
       MlaCase c;
       c.mode = tree ? ForwardMode::TARGET_VERIFY : ForwardMode::DECODE;
       c.q_dtype = DType::bf16;
@@ -145,7 +151,7 @@ TEST(CudaMlaGraph, CapturedStepsReplayLikeEagerOnes) {
       c.extend_lens.assign(4, tree ? 6 : 1);
       c.tree_mask = tree;
       c.topk = topk;
-      c.num_q_heads = 64;
+      c.num_q_heads = topk == 256 ? 128 : 64;  // 128 heads: the paired fp8 blocks
       cudaStream_t stream = nullptr;
       ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
       MlaFixture eager_fx(c, Device::cuda(0), seed());

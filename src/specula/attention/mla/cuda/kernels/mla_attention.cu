@@ -11,10 +11,18 @@
 // - warpgroup 1 accumulates O[:, 256:512] += P V[:, 256:512] with P from shared memory.
 // A thread holds 128 f32 accumulators of O (m64n256).
 // num_splits > 1 writes f32 partials that the combine kernel merges.
+//
+// Sparse fp8 steps with a multiple of 128 heads run as clusters of two blocks, the two head blocks
+// of one token, which read the same keys (FlashMLA's "crossover"): the producer and warpgroup 1
+// of each block load the fp8 values of the block's half of a tile's rows into registers a tile
+// ahead, and once the stage is free in both blocks dequantise them into their own stage and
+// bulk-copy the result into the peer's. Each block converts half as many values, and neither the
+// loads' latency nor a staging round trip sits between a stage coming free and its refill.
 #include "specula/attention/mla/cuda/kernels/mla_attention.h"
 
 #include <cuda_bf16.h>
 
+#include "specula/attention/cuda/kernels/cluster.cuh"
 #include "specula/attention/cuda/kernels/convert.cuh"
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_items.cuh"
@@ -44,10 +52,16 @@ static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsum
 // rest of the eight. Measured on the H100 (sparse / dense fp8 TFLOP/s): 0 blocks 293 / 299, 2: 307 /
 // 318, 4: 313 / 329, 6: 291 / 310, 8: 282 / 300.
 constexpr int kFp8ProducerBlocks = 4;
+// Paired blocks: rank r converts tile rows [32 r, 32 r + 32) (four producer threads per row for
+// column blocks 0-3, four of warpgroup 1 for 4-7) and receives the other 32 rows' bf16 from its
+// peer.
+constexpr int kPairRows = kKeys / 2;
+constexpr uint32_t kPairTxBytes = kPairRows * kMlaLoraRank * 2;
 // Named barriers: Q landed; P of stage s ready (2 + s); the end statistics.
 constexpr int kBarQ = 1;
 constexpr int kBarP = 2;
 constexpr int kBarEnd = 4;
+constexpr int kBarPairSent = 5;  // 5 + half: a paired warpgroup's conversions of a tile are done
 
 struct Layout {
   static constexpr int q = 0;
@@ -217,6 +231,121 @@ __device__ void produce_fp8(const MlaAttentionParams& p, const mla::Item& it, in
   }
 }
 
+// A paired block's thread's share of a tile: four threads per row of the block's 32 (tile rows
+// 32 rank + tid / 4), and per thread 16 fp8 values of each of four column blocks (thread c of
+// the row holds values 64 b + 16 c .. + 15, so each load instruction reads whole sectors) with
+// their two group scales: blocks 0-3 for the producer's threads (kHalf 0), blocks 4-7 for
+// warpgroup 1's (kHalf 1). A missing row loads zeros. Loaded a tile ahead into registers, so a
+// stage coming free waits only for the conversion.
+struct PairShare {
+  static constexpr int kBlocksPerThread = (kBlocks - 1) / 2;
+  uint4 raw[kBlocksPerThread];
+  float2 scales;
+};
+
+__device__ __forceinline__ int pair_row(int rank) { return kPairRows * rank + ((threadIdx.x & 127) >> 2); }
+
+template <int kHalf>
+__device__ __forceinline__ void pair_load(const MlaAttentionParams& p, int64_t slot, PairShare& sh) {
+  constexpr int kN = PairShare::kBlocksPerThread;
+  const int c = threadIdx.x & 3;
+  const uint8_t* row = p.cache + (slot >= 0 ? slot : 0) * p.row_bytes;
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int b = 0; b < kN; ++b) {
+    sh.raw[b] = slot >= 0 ? __ldg(reinterpret_cast<const uint4*>(row + 64 * (kN * kHalf + b) + 16 * c)) : zero;
+  }
+  sh.scales = slot >= 0 ? __ldg(reinterpret_cast<const float2*>(row + kMlaLoraRank + 8 * kHalf)) : make_float2(0.0f, 0.0f);
+}
+
+// Dequantises a share into its row of the stage: chunks 2c and 2c + 1 of each of its column blocks.
+template <int kHalf>
+__device__ __forceinline__ void pair_store(const PairShare& sh, int row, uint8_t* stage) {
+  constexpr int kN = PairShare::kBlocksPerThread;
+  const int c = threadIdx.x & 3;
+  auto offset = [&](int block, int h) { return block * kBlockBytes + row * 128 + (((2 * c + h) ^ (row & 7)) << 4); };
+#pragma unroll
+  for (int b = 0; b < kN; ++b) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint2 raw = h == 0 ? make_uint2(sh.raw[b].x, sh.raw[b].y) : make_uint2(sh.raw[b].z, sh.raw[b].w);
+      *reinterpret_cast<uint4*>(stage + offset(kN * kHalf + b, h)) =
+          fp8x8_scaled_to_bf16(raw, b < kN / 2 ? sh.scales.x : sh.scales.y);
+    }
+  }
+}
+
+// Once a warpgroup's 128 threads have stored their blocks of the block's 32 rows of a tile (each
+// fenced for the async proxy), one of them bulk-copies those rows of each block (4 KB, contiguous)
+// into the peer's stage, counted on the peer's full barrier. One copy per column block instead of
+// a 16-byte remote store per chunk: per-chunk st.async (each counted on the peer's mbarrier)
+// measured 308 TFLOP/s, these copies 366 (H200, sparse fp8 h128 q2).
+template <int kHalf>
+__device__ __forceinline__ void pair_send(int rank, uint8_t* stage, uint64_t* full) {
+  named_barrier_sync(kBarPairSent + kHalf, 128);
+  if ((threadIdx.x & 127) != 0) return;
+  constexpr int kN = PairShare::kBlocksPerThread;
+  const uint32_t peer = static_cast<uint32_t>(rank) ^ 1u;
+  const uint32_t peer_full = cluster_map(full, peer);
+#pragma unroll
+  for (int b = 0; b < kN; ++b) {
+    const uint8_t* rows = stage + (kN * kHalf + b) * kBlockBytes + kPairRows * rank * 128;
+    bulk_copy_to_peer(cluster_map(rows, peer), rows, kPairRows * 128, peer_full);
+  }
+}
+
+// Paired blocks' producer: the existence bits and the bf16 RoPE parts (cp.async) of all 64 rows of
+// every tile, and its share (blocks 0-3) of the block's 32 rows. A stage is free once both blocks'
+// consumers are done with it, since the peer writes into it too. (Sending the RoPE part through
+// the pair as well measured 352 TFLOP/s against 366.)
+__device__ void produce_pair(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
+  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
+  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
+  auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
+  const int warp = (threadIdx.x - kConsumerThreads) >> 5;
+  const int lane = threadIdx.x & 31;
+  const int rank = static_cast<int>(cluster_rank());
+  const int row = pair_row(rank);
+  // The share's slot is looked up a tile before its loads, so they never wait for it.
+  auto own_slot = [&](int tile) { return mla::key_slot(p, it, it.key_begin + tile * kKeys + row); };
+  PairShare share;
+  if (num_tiles > 0) pair_load<0>(p, own_slot(0), share);
+  int64_t next_own = own_slot(1);
+  int64_t slot = tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp);
+  for (int i = 0; i < num_tiles; ++i) {
+    const int s = i & 1;
+    if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
+    publish_valid(slot, warp, &valid[s]);
+    uint8_t* stage = smem + Layout::stage(s);
+#pragma unroll
+    for (int pass = 0; pass < 4; ++pass) {  // RoPE: 8 chunks per row, four rows per pass
+      const int r = pass * 4 + (lane >> 3);
+      const int chunk = lane & 7;
+      const int64_t sl = __shfl_sync(0xffffffffu, slot, r);
+      const int rope_row = 16 * warp + r;
+      const uint8_t* src = p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + kMlaLoraRank + 16 + chunk * 16;
+      cp_async_16(stage + kRopeBlock * kBlockBytes + rope_row * 128 + ((chunk ^ (rope_row & 7)) << 4), src, sl >= 0);
+    }
+    mbarrier_arrive_cp_async(&full[s]);
+    pair_store<0>(share, row, stage);
+    fence_proxy_async();
+    mbarrier_arrive(&full[s]);  // this thread's conversions (and lane 0's existence bits)
+    pair_send<0>(rank, stage, &full[s]);
+    if (i + 1 < num_tiles) {
+      pair_load<0>(p, next_own, share);
+      next_own = own_slot(i + 2);
+      slot = tile_slot(p, it, i + 1, warp);
+    }
+  }
+}
+
+// Arrives on this block's mbarrier and, paired, on the peer's copy of it.
+template <bool kPair>
+__device__ __forceinline__ void arrive_here_and_peer(uint64_t* bar) {
+  mbarrier_arrive(bar);
+  if constexpr (kPair) mbarrier_arrive_cluster(cluster_map(bar, cluster_rank() ^ 1u));
+}
+
 // Which keys the rows of this thread may see beyond the tile's existence bits (dense steps: the
 // causal limit of the row's token and, for tree verification, its draft-token bits).
 struct RowRules {
@@ -273,7 +402,7 @@ __device__ __forceinline__ void rescale_rows(float (&o)[32][4], float a0, float 
 }
 
 // Warpgroup 0: scores, softmax, P for both halves, O[:, 0:256].
-template <bool kFp8>
+template <bool kFp8, bool kPair>
 __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem,
                              float (&o)[32][4], float (&m)[2], float (&l)[2]) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
@@ -381,23 +510,52 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     fence_operands(o);
     fence_operands(pf);
     __syncwarp();  // every lane's P stores precede the release
-    if (lane == 0) mbarrier_arrive(&empty[st]);
+    if (lane == 0) arrive_here_and_peer<kPair>(&empty[st]);
   }
 }
 
 // Warpgroup 1: O[:, 256:512] with P and the rescale factors from warpgroup 0 (and, for fp8 rows,
-// half of each tile's dequantisation first).
-template <bool kFp8>
-__device__ void consume_right(int num_tiles, uint8_t* smem, float (&o)[32][4]) {
+// half of each tile's dequantisation first; paired, all of this block's rows of the tile after next,
+// once tile i's stage is free in both blocks).
+template <bool kFp8, bool kPair>
+__device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem,
+                              float (&o)[32][4]) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
   const auto* alpha_in = reinterpret_cast<const float*>(smem + Layout::alpha);
   const int warp = (threadIdx.x >> 5) & 3;
   const int lane = threadIdx.x & 31;
   const int row_base = warp * 16 + (lane >> 2);
+  // Paired: this thread's share (blocks 4-7) of the tile after next, loaded a tile ahead.
+  const int rank = kPair ? static_cast<int>(cluster_rank()) : 0;
+  const int row = pair_row(rank);
+  auto own_slot = [&](int tile) { return mla::key_slot(p, it, it.key_begin + tile * kKeys + row); };
+  PairShare share;
+  int64_t next_own = -1;  // the next share's slot, looked up a tile before its loads
+  auto pair_convert = [&](int tile) {  // the share of `tile` into its stage, then load the next
+    const int s = tile & 1;
+    uint8_t* stage = smem + Layout::stage(s);
+    pair_store<1>(share, row, stage);
+    fence_proxy_async();
+    if ((threadIdx.x & 127) == 0) {
+      mbarrier_arrive_expect_tx(&full[s], kPairTxBytes);
+    } else {
+      mbarrier_arrive(&full[s]);
+    }
+    pair_send<1>(rank, stage, &full[s]);
+    if (tile + 1 < num_tiles) {
+      pair_load<1>(p, next_own, share);
+      next_own = own_slot(tile + 2);
+    }
+  };
+  if constexpr (kPair) {
+    if (num_tiles > 0) pair_load<1>(p, own_slot(0), share);
+    next_own = own_slot(1);
+    for (int t = 0; t < 2 && t < num_tiles; ++t) pair_convert(t);  // both stages start free
+  }
   for (int i = 0; i < num_tiles; ++i) {
     const int st = i & 1;
-    if constexpr (kFp8) {
+    if constexpr (kFp8 && !kPair) {
       mbarrier_wait(reinterpret_cast<uint64_t*>(smem + Layout::landed) + st, (i >> 1) & 1);
       const auto* scales = reinterpret_cast<const float*>(smem + Layout::scales) + st * kRows * 4;
       dequantise_fp8_blocks(warp, kFp8ProducerBlocks, kHalfBlocks * 2, smem + Layout::stage(st), scales);
@@ -419,30 +577,51 @@ __device__ void consume_right(int num_tiles, uint8_t* smem, float (&o)[32][4]) {
     wgmma_wait<0>();
     fence_operands(o);
     __syncwarp();  // every lane's reads of the stage's rescale factors precede the release
-    if (lane == 0) mbarrier_arrive(&empty[st]);
+    if (lane == 0) arrive_here_and_peer<kPair>(&empty[st]);
+    if constexpr (kPair) {
+      if (i + 2 < num_tiles) {
+        mbarrier_wait(&empty[st], (i >> 1) & 1);
+        pair_convert(i + 2);
+      }
+    }
   }
 }
 
-template <bool kFp8>
+// kPair: sparse fp8 steps as clusters of two blocks (see the top of the file).
+template <bool kFp8, bool kPair>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAttentionParams p) {
+  static_assert(kFp8 || !kPair, "only fp8 rows are shared between paired blocks");
   if (p.slots == nullptr && static_cast<int>(blockIdx.x) >= *p.num_items) return;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (smem_address(smem_raw) & 1023u)) & 1023u);
-  const mla::Item it = mla::decode_item(p, mla::item_of(p));
+  const mla::Item it = mla::decode_item(p, mla::item_of(p, kPair));
   const int num_tiles = it.key_end > it.key_begin ? (it.key_end - it.key_begin + kKeys - 1) / kKeys : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; ++s) {
       // Full: every producer thread (bf16: its copies, plus one arrival per warp for the bits;
-      // fp8: after its conversions, as does every thread of warpgroup 1).
-      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::full) + s, kProducerThreads + (kFp8 ? 128 : 4));
+      // fp8: after its conversions; paired: both), and with fp8 every thread of warpgroup 1 after
+      // its conversions (paired, one of them also expects the peer's rows as transaction bytes).
+      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::full) + s,
+                    kPair ? 2 * kProducerThreads + 128 : kProducerThreads + (kFp8 ? 128 : 4));
       mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::landed) + s, kProducerThreads);
-      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::empty) + s, 8);  // one per consumer warp
+      // Empty: one arrival per consumer warp, of both blocks when paired.
+      mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::empty) + s, kPair ? 16 : 8);
     }
   }
-  __syncthreads();
+  if constexpr (kPair) {
+    // The peer arrives on these barriers and writes into the stages: neither block starts before
+    // both have initialised them, and neither exits while the other may still reach into it.
+    if (threadIdx.x == 0) fence_mbarrier_init_cluster();
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
   if (threadIdx.x >= kConsumerThreads) {
     setmaxnreg_dec<kProducerRegisters>();
-    if constexpr (kFp8) {
+    if constexpr (kPair) {
+      produce_pair(p, it, num_tiles, smem);
+      cluster_sync();
+    } else if constexpr (kFp8) {
       produce_fp8(p, it, num_tiles, smem);
     } else {
       produce_bf16(p, it, num_tiles, smem);
@@ -476,7 +655,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
   float l[2] = {0.0f, 0.0f};
   auto* stats = reinterpret_cast<float*>(smem + Layout::stats);
   if (wg == 0) {
-    consume_left<kFp8>(p, it, num_tiles, smem, o, m, l);
+    consume_left<kFp8, kPair>(p, it, num_tiles, smem, o, m, l);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -487,9 +666,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
       }
     }
   } else {
-    consume_right<kFp8>(num_tiles, smem, o);
+    consume_right<kFp8, kPair>(p, it, num_tiles, smem, o);
   }
   named_barrier_sync(kBarEnd, kConsumerThreads);
+  if constexpr (kPair) cluster_sync();
   if (wg == 1) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -572,12 +752,26 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const MlaAttentionPara
 
 void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream) {
   if (params.max_items == 0) return;
+  const bool paired = params.fp8 != 0 && params.slots != nullptr && params.num_q_heads % (2 * kRows) == 0;
+  const auto kernel = paired            ? mla_attention_kernel<true, true>
+                      : params.fp8 != 0 ? mla_attention_kernel<true, false>
+                                        : mla_attention_kernel<false, false>;
   // The attribute belongs to the current device's context: set on every launch (it is cheap), so a
   // second GPU in the process gets it too.
-  const auto kernel = params.fp8 != 0 ? mla_attention_kernel<true> : mla_attention_kernel<false>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::bytes));
-  kernel<<<params.max_items, kThreads, Layout::bytes, stream>>>(params);
-  CUDA_CHECK(cudaGetLastError());
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(params.max_items));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = Layout::bytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = paired ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
 }
 
 void launch_mla_combine(const MlaAttentionParams& params, cudaStream_t stream) {

@@ -20,12 +20,20 @@ struct Item {
 
 // Dense items come from the planned list (requests differ in rows); sparse ones are implied by
 // the block index (every token has the same head blocks and splits), so sparse steps need no
-// per-step upload and replay inside CUDA graphs as they are.
-__device__ __forceinline__ MlaWorkItem item_of(const MlaAttentionParams& p) {
+// per-step upload and replay inside CUDA graphs as they are. Paired blocks (clusters of two, see
+// mla_attention.cu) take head blocks 2j and 2j + 1 of the same token and split: the pair's rank
+// is the fastest-moving part of the index.
+__device__ __forceinline__ MlaWorkItem item_of(const MlaAttentionParams& p, bool paired) {
   if (p.slots == nullptr) return p.items[blockIdx.x];
   const int head_blocks = (p.num_q_heads + kMlaBlockRows - 1) / kMlaBlockRows;
   const int per_unit = head_blocks * p.num_splits;
   const int bid = static_cast<int>(blockIdx.x);
+  if (paired) {
+    const int pairs_per_unit = per_unit / 2;
+    const int pair = bid >> 1;
+    const int within = pair % pairs_per_unit;
+    return {pair / pairs_per_unit, 2 * (within / p.num_splits) + (bid & 1), within % p.num_splits, 0};
+  }
   return {bid / per_unit, (bid % per_unit) / p.num_splits, bid % p.num_splits, 0};
 }
 
