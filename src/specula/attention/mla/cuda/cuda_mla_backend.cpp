@@ -344,6 +344,7 @@ void CudaMlaBackend::forward(const TensorView& q, const TensorView& kv_c, const 
   p.cache = pool.kv_buffer(layer.layer_id).data_as<const uint8_t>();
   p.fp8 = pool.format() == MlaKVFormat::fp8_ds_mla ? 1 : 0;
   p.row_bytes = pool.row_bytes();
+  p.num_slots = pool.num_slots();
   p.page_table = d.page_table.get<const int32_t>();
   p.max_pages = st.max_pages;
   p.page_size = options_.page_size;

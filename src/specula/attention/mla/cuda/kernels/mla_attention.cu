@@ -20,6 +20,8 @@
 // loads' latency nor a staging round trip sits between a stage coming free and its refill.
 #include "specula/attention/mla/cuda/kernels/mla_attention.h"
 
+#include <cuda.h>  // CUtensorMap; the encoder comes through the runtime's driver entry point
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include "specula/attention/cuda/kernels/cluster.cuh"
@@ -89,9 +91,28 @@ __device__ __forceinline__ void publish_valid(int64_t slot, int warp, uint64_t* 
   if ((threadIdx.x & 31) == 0) reinterpret_cast<uint16_t*>(valid)[warp] = static_cast<uint16_t>(present);
 }
 
+// One 64 x 64 box of a 2-D tensor map into shared memory, counted on `bar` as transaction bytes.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_address(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(smem_address(bar))
+      : "memory");
+}
+
+// Dense steps over a page-64 bf16 cache load whole pages by TMA (`map` over the cache as
+// [num_slots, 576] bf16, 64 x 64 boxes, 128-byte swizzle: the stages' layout).
+__device__ __forceinline__ bool tma_pages(const MlaAttentionParams& p) {
+  return p.slots == nullptr && p.fp8 == 0 && p.page_size == kKeys;
+}
+
 // bf16 rows: producer warp w gathers rows 16 w .. 16 w + 15 of every tile with cp.async; lane =
-// 8 * (row % 4) + chunk, so eight lanes read 128 contiguous bytes of a row per column block.
-__device__ void produce_bf16(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
+// 8 * (row % 4) + chunk, so eight lanes read 128 contiguous bytes of a row per column block. With
+// tma_pages, a tile whose 64 keys all exist is one whole page (tiles start on page boundaries), so
+// one thread issues its nine column blocks as tensor copies from the slot of its row 0; a partial
+// last tile keeps cp.async, whose missing rows land as zeros.
+__device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorMap* map, const mla::Item& it, int num_tiles,
+                             uint8_t* smem) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
   auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
@@ -104,6 +125,18 @@ __device__ void produce_bf16(const MlaAttentionParams& p, const mla::Item& it, i
     if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
     publish_valid(slot, warp, &valid[s]);
     uint8_t* stage = smem + Layout::stage(s);
+    if (map != nullptr && it.key_begin + (i + 1) * kKeys <= it.key_end) {
+      if (lane == 0) mbarrier_arrive(&full[s]);  // releases the valid bits
+      if (threadIdx.x == kConsumerThreads) {
+        mbarrier_arrive_expect_tx(&full[s], kTileBytes);
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) tma_load_2d(stage + b * kBlockBytes, map, 64 * b, static_cast<int>(slot), &full[s]);
+      } else {
+        mbarrier_arrive(&full[s]);
+      }
+      slot = tile_slot(p, it, i + 1 < num_tiles ? i + 1 : -1, warp);
+      continue;
+    }
 #pragma unroll
     for (int pass = 0; pass < 4; ++pass) {
       const int r = pass * 4 + (lane >> 3);
@@ -589,7 +622,8 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
 
 // kPair: sparse fp8 steps as clusters of two blocks (see the top of the file).
 template <bool kFp8, bool kPair>
-__global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAttentionParams p) {
+__global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAttentionParams p,
+                                                                     const __grid_constant__ CUtensorMap cache_map) {
   static_assert(kFp8 || !kPair, "only fp8 rows are shared between paired blocks");
   if (p.slots == nullptr && static_cast<int>(blockIdx.x) >= *p.num_items) return;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -624,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
     } else if constexpr (kFp8) {
       produce_fp8(p, it, num_tiles, smem);
     } else {
-      produce_bf16(p, it, num_tiles, smem);
+      produce_bf16(p, tma_pages(p) ? &cache_map : nullptr, it, num_tiles, smem);
     }
     return;
   }
@@ -750,6 +784,30 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const MlaAttentionPara
 
 }  // namespace
 
+// The cache as a [num_slots, 576] bf16 tensor map with 64 x 64 boxes and the 128-byte swizzle.
+CUtensorMap cache_tensor_map(const MlaAttentionParams& p) {
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    SPECULA_REQUIRE(found == cudaDriverEntryPointSuccess && fn != nullptr,
+                    "MLA: the driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12 or newer)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kBlocks * 64), static_cast<cuuint64_t>(p.num_slots)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.row_bytes)};
+  const cuuint32_t box[2] = {64, 64};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint8_t*>(p.cache), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  SPECULA_REQUIRE(r == CUDA_SUCCESS, "MLA: encoding the cache's tensor map failed (CUresult " + std::to_string(r) +
+                                         ", " + std::to_string(p.num_slots) + " rows of " +
+                                         std::to_string(p.row_bytes) + " bytes)");
+  return map;
+}
+
 void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream) {
   if (params.max_items == 0) return;
   const bool paired = params.fp8 != 0 && params.slots != nullptr && params.num_q_heads % (2 * kRows) == 0;
@@ -771,7 +829,9 @@ void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream)
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = paired ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  const bool tma = params.slots == nullptr && params.fp8 == 0 && params.page_size == kKeys;
+  const CUtensorMap map = tma ? cache_tensor_map(params) : CUtensorMap{};
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, map));
 }
 
 void launch_mla_combine(const MlaAttentionParams& params, cudaStream_t stream) {

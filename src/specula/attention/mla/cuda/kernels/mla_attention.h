@@ -33,6 +33,7 @@ struct MlaAttentionParams {
   const uint8_t* cache;       // [num_slots, row_bytes] latent rows
   int32_t fp8;                // 0: bf16 rows (1152 B); 1: fp8_ds_mla rows (656 B)
   int64_t row_bytes;
+  int64_t num_slots;          // rows in cache (dense page-64 bf16 steps load whole pages by TMA)
   // Dense.
   const int32_t* page_table;  // [batch_size, max_pages]
   int32_t max_pages;
