@@ -2,9 +2,10 @@
 // 384 threads per work item (64 query rows, a range of keys), three warpgroups:
 // - the producer gathers each 64-key tile (64 latent rows of 576 values) into one of two stages of
 //   nine 128-byte-swizzled bf16 column blocks and publishes which keys exist; the slots of a tile's
-//   rows are loaded a tile ahead. bf16 rows go there with cp.async; fp8_ds_mla rows land raw (each
-//   64-value group in half of its own 128-byte destination row) and are dequantised in place, half
-//   by the producer and half by warpgroup 1, with the next tile's copies already in flight;
+//   rows are loaded a tile ahead. bf16 rows go there with cp.async (whole pages of a page-64 cache
+//   by TMA); fp8_ds_mla rows land raw (each 64-value group in half of its own 128-byte destination
+//   row) and are dequantised in place, half by the producer and half by warpgroup 1, with the next
+//   tile's copies already in flight (mla_producers.cuh; the layout is in mla_stages.cuh);
 // - warpgroup 0 computes S = Q K^T (m64n64, Q and K from shared memory), masks, runs the online
 //   softmax, writes P into the stage's RoPE block (dead once S is done) with the rescale factor
 //   of every row, and accumulates O[:, 0:256] += P V[:, 0:256] with P from its registers;
@@ -28,6 +29,8 @@
 #include "specula/attention/cuda/kernels/convert.cuh"
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_items.cuh"
+#include "specula/attention/mla/cuda/kernels/mla_producers.cuh"
+#include "specula/attention/mla/cuda/kernels/mla_stages.cuh"
 #include "specula/core/cuda_check.h"
 
 namespace specula::cuda_kernels {
@@ -36,348 +39,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 constexpr float kNegInf = -__builtin_huge_valf();
-constexpr int kRows = kMlaBlockRows;
-constexpr int kKeys = kMlaBlockKeys;
-static_assert(kRows == 64 && kKeys == 64, "one m64 warpgroup tile of rows, one swizzle block of keys");
-constexpr int kBlocks = (kMlaLoraRank + kMlaRopeDim) / 64;  // 9 column blocks of 64
-constexpr int kBlockBytes = 64 * 128;
-constexpr int kTileBytes = kBlocks * kBlockBytes;
-constexpr int kRopeBlock = kBlocks - 1;
-constexpr int kHalfBlocks = kMlaLoraRank / 64 / 2;  // value columns per warpgroup: 4 blocks
-constexpr int kConsumerThreads = 256;
-constexpr int kProducerThreads = 128;
-constexpr int kThreads = kConsumerThreads + kProducerThreads;
-constexpr int kProducerRegisters = 56;
-constexpr int kConsumerRegisters = 224;
-static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
-// fp8_ds_mla tiles: the producer converts column blocks [0, kFp8ProducerBlocks), warpgroup 1 the
-// rest of the eight. Measured on the H100 (sparse / dense fp8 TFLOP/s): 0 blocks 293 / 299, 2: 307 /
-// 318, 4: 313 / 329, 6: 291 / 310, 8: 282 / 300.
-constexpr int kFp8ProducerBlocks = 4;
-// Paired blocks: rank r converts tile rows [32 r, 32 r + 32) (four producer threads per row for
-// column blocks 0-3, four of warpgroup 1 for 4-7) and receives the other 32 rows' bf16 from its
-// peer.
-constexpr int kPairRows = kKeys / 2;
-constexpr uint32_t kPairTxBytes = kPairRows * kMlaLoraRank * 2;
-// Named barriers: Q landed; P of stage s ready (2 + s); the end statistics.
-constexpr int kBarQ = 1;
-constexpr int kBarP = 2;
-constexpr int kBarEnd = 4;
-constexpr int kBarPairSent = 5;  // 5 + half: a paired warpgroup's conversions of a tile are done
 
-struct Layout {
-  static constexpr int q = 0;
-  __host__ __device__ static constexpr int stage(int s) { return (1 + s) * kTileBytes; }
-  static constexpr int full = 3 * kTileBytes;    // uint64 [2]: the stage's copies landed
-  static constexpr int empty = full + 16;        // uint64 [2]: both warpgroups are done with it
-  static constexpr int landed = empty + 16;      // uint64 [2]: fp8 rows' raw copies landed
-  static constexpr int valid = landed + 16;      // uint64 [2]: bit k = key k of the tile exists
-  static constexpr int alpha = valid + 16;       // f32 [2][64]: rescale of O before the stage's P V
-  static constexpr int stats = alpha + 2 * 256;  // f32 [2][64]: row sum and max at the end
-  static constexpr int scales = stats + 2 * 256;  // f32 [2][64][4]: fp8 rows' group scales
-  static constexpr int bytes = scales + 2 * 1024 + 1024;  // + alignment of the swizzled tiles
-};
-
-// The slot of the producer lane's key row in a tile (16 w + lane % 16 of it). Loaded a tile ahead
-// of its copies, so the index (and page-table) load is not in the wait for a free stage.
-__device__ __forceinline__ int64_t tile_slot(const MlaAttentionParams& p, const mla::Item& it, int tile, int warp) {
-  if (tile < 0) return -1;
-  return mla::key_slot(p, it, it.key_begin + tile * kKeys + 16 * warp + ((threadIdx.x & 31) & 15));
-}
-
-// Publishes for the consumers which of warp w's 16 rows of the tile exist.
-__device__ __forceinline__ void publish_valid(int64_t slot, int warp, uint64_t* valid) {
-  const uint32_t present = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
-  if ((threadIdx.x & 31) == 0) reinterpret_cast<uint16_t*>(valid)[warp] = static_cast<uint16_t>(present);
-}
-
-// One 64 x 64 box of a 2-D tensor map into shared memory, counted on `bar` as transaction bytes.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          smem_address(dst)),
-      "l"(map), "r"(x), "r"(y), "r"(smem_address(bar))
-      : "memory");
-}
-
-// Dense steps over a page-64 bf16 cache load whole pages by TMA (`map` over the cache as
-// [num_slots, 576] bf16, 64 x 64 boxes, 128-byte swizzle: the stages' layout).
-__device__ __forceinline__ bool tma_pages(const MlaAttentionParams& p) {
-  return p.slots == nullptr && p.fp8 == 0 && p.page_size == kKeys;
-}
-
-// bf16 rows: producer warp w gathers rows 16 w .. 16 w + 15 of every tile with cp.async; lane =
-// 8 * (row % 4) + chunk, so eight lanes read 128 contiguous bytes of a row per column block. With
-// tma_pages, a tile whose 64 keys all exist is one whole page (tiles start on page boundaries), so
-// one thread issues its nine column blocks as tensor copies from the slot of its row 0; a partial
-// last tile keeps cp.async, whose missing rows land as zeros.
-__device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorMap* map, const mla::Item& it, int num_tiles,
-                             uint8_t* smem) {
-  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
-  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
-  auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
-  const int warp = (threadIdx.x - kConsumerThreads) >> 5;
-  const int lane = threadIdx.x & 31;
-  const int chunk = lane & 7;
-  int64_t slot = tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp);
-  for (int i = 0; i < num_tiles; ++i) {
-    const int s = i & 1;
-    if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
-    publish_valid(slot, warp, &valid[s]);
-    uint8_t* stage = smem + Layout::stage(s);
-    if (map != nullptr && it.key_begin + (i + 1) * kKeys <= it.key_end) {
-      if (lane == 0) mbarrier_arrive(&full[s]);  // releases the valid bits
-      if (threadIdx.x == kConsumerThreads) {
-        mbarrier_arrive_expect_tx(&full[s], kTileBytes);
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b) tma_load_2d(stage + b * kBlockBytes, map, 64 * b, static_cast<int>(slot), &full[s]);
-      } else {
-        mbarrier_arrive(&full[s]);
-      }
-      slot = tile_slot(p, it, i + 1 < num_tiles ? i + 1 : -1, warp);
-      continue;
-    }
-#pragma unroll
-    for (int pass = 0; pass < 4; ++pass) {
-      const int r = pass * 4 + (lane >> 3);
-      const int64_t sl = __shfl_sync(0xffffffffu, slot, r);
-      const int row = 16 * warp + r;
-      const uint8_t* src = p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + chunk * 16;
-      const int dst = row * 128 + ((chunk ^ (row & 7)) << 4);
-#pragma unroll
-      for (int b = 0; b < kBlocks; ++b) cp_async_16(stage + b * kBlockBytes + dst, src + b * 128, sl >= 0);
-    }
-    if (lane == 0) mbarrier_arrive(&full[s]);  // releases the valid bits; the copies arrive below
-    mbarrier_arrive_cp_async(&full[s]);
-    slot = tile_slot(p, it, i + 1 < num_tiles ? i + 1 : -1, warp);
-  }
-  // No drain before exiting: the consumers wait on every tile's full barrier, so the block
-  // outlives all copies.
-}
-
-// fp8_ds_mla rows: the 64 fp8 values of column block b of row r land in one half of that row's
-// 128-byte destination (which they will fill as bf16): bytes 64..127 for even rows, 0..63 for odd
-// ones, so that reading eight consecutive rows' values covers all 32 banks. The four group scales
-// go into a side array and the bf16 RoPE part straight into block 8.
-__device__ __forceinline__ int raw_half(int row) { return (~row & 1) * 64; }
-
-__device__ void issue_fp8_tile(const MlaAttentionParams& p, int64_t slot, int warp, uint8_t* stage, float* scales) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll 4
-  for (int r = 0; r < 16; ++r) {  // fp8 values: one row per pass, lane = 16-byte chunk
-    const int64_t sl = __shfl_sync(0xffffffffu, slot, r);
-    const int row = 16 * warp + r;
-    const uint8_t* src = p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + lane * 16;
-    cp_async_16(stage + (lane >> 2) * kBlockBytes + row * 128 + raw_half(row) + (lane & 3) * 16, src, sl >= 0);
-  }
-#pragma unroll
-  for (int pass = 0; pass < 4; ++pass) {  // RoPE: 8 chunks per row, four rows per pass
-    const int r = pass * 4 + (lane >> 3);
-    const int chunk = lane & 7;
-    const int64_t sl = __shfl_sync(0xffffffffu, slot, r);
-    const int row = 16 * warp + r;
-    const uint8_t* src = p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + kMlaLoraRank + 16 + chunk * 16;
-    cp_async_16(stage + kRopeBlock * kBlockBytes + row * 128 + ((chunk ^ (row & 7)) << 4), src, sl >= 0);
-  }
-  const int64_t sl = __shfl_sync(0xffffffffu, slot, lane & 15);
-  if (lane < 16) {
-    cp_async_16(scales + (16 * warp + lane) * 4, p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + kMlaLoraRank, sl >= 0);
-  }
-  cp_async_commit();
-}
-
-// In place: four lanes own one (row, block) pair, 16 of its 64 values each; a warp's eight pairs
-// at a time are eight consecutive rows of one block. Each lane reads its 16 raw bytes, then writes
-// 32 bytes of bf16; a batch's reads all precede its writes, since a pair's bf16 overwrite its raw
-// half. Warp w converts rows 16 w .. 16 w + 15, column blocks [b_begin, b_end).
-__device__ void dequantise_fp8_blocks(int warp, int b_begin, int b_end, uint8_t* stage, const float* scales) {
-  const int lane = threadIdx.x & 31;
-  const int c = lane & 3;
-  constexpr int kBatch = 2;
-  for (int q0 = 16 * b_begin; q0 < 16 * b_end; q0 += 8 * kBatch) {  // q = 16 block + row in warp
-    uint4 raw[kBatch];
-    int offset[kBatch];
-    int row[kBatch];
-    float scale[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int q = q0 + 8 * u + (lane >> 2);
-      const int b = q >> 4;
-      row[u] = 16 * warp + (q & 15);
-      offset[u] = b * kBlockBytes + row[u] * 128;
-      raw[u] = *reinterpret_cast<const uint4*>(stage + offset[u] + raw_half(row[u]) + 16 * c);
-      scale[u] = scales[row[u] * 4 + b / 2];
-    }
-    __syncwarp();
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int swizzle = row[u] & 7;
-      *reinterpret_cast<uint4*>(stage + offset[u] + (((2 * c) ^ swizzle) << 4)) =
-          fp8x8_scaled_to_bf16(make_uint2(raw[u].x, raw[u].y), scale[u]);
-      *reinterpret_cast<uint4*>(stage + offset[u] + (((2 * c + 1) ^ swizzle) << 4)) =
-          fp8x8_scaled_to_bf16(make_uint2(raw[u].z, raw[u].w), scale[u]);
-    }
-  }
-}
-
-// True for every lane once the barrier's phase of this parity has completed (each lane acquires
-// it itself); the lanes agree, so the warp's choice stays uniform.
-__device__ __forceinline__ bool warp_test_wait(uint64_t* bar, uint32_t parity) {
-  return __all_sync(0xffffffffu, mbarrier_test_wait(bar, parity));
-}
-
-// The producer keeps two tiles in flight: while it waits for tile i to land it issues tile i + 1
-// as soon as tile i - 1 is consumed, then converts tile i (blocks [0, kFp8ProducerBlocks);
-// warpgroup 1 converts the rest) and arrives on its full barrier.
-__device__ void produce_fp8(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
-  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
-  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
-  auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
-  auto* scales = reinterpret_cast<float*>(smem + Layout::scales);
-  auto* landed = reinterpret_cast<uint64_t*>(smem + Layout::landed);
-  const int warp = (threadIdx.x - kConsumerThreads) >> 5;
-  int issued = 0;
-  int64_t slot = tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp);
-  auto issue = [&]() {
-    const int s = issued & 1;
-    publish_valid(slot, warp, &valid[s]);
-    issue_fp8_tile(p, slot, warp, smem + Layout::stage(s), scales + s * kRows * 4);
-    mbarrier_arrive_cp_async(&landed[s]);
-    ++issued;
-    slot = tile_slot(p, it, issued < num_tiles ? issued : -1, warp);
-  };
-  while (issued < num_tiles && issued < 2) issue();  // both stages start free
-  for (int i = 0; i < num_tiles; ++i) {
-    const int s = i & 1;
-    // Issue tile i (if the last wait did not) and tile i + 1 as their stages free up, until tile i
-    // has landed. Tile t's stage is free once tile t - 2 is consumed: phase t / 2 - 1 of its
-    // empty barrier.
-    for (;;) {
-      if (issued <= i + 1 && issued < num_tiles && warp_test_wait(&empty[issued & 1], ((issued >> 1) - 1) & 1)) {
-        issue();
-      }
-      if (issued > i && warp_test_wait(&landed[s], (i >> 1) & 1)) break;
-    }
-    dequantise_fp8_blocks(warp, 0, kFp8ProducerBlocks, smem + Layout::stage(s), scales + s * kRows * 4);
-    fence_proxy_async();
-    mbarrier_arrive(&full[s]);
-  }
-}
-
-// A paired block's thread's share of a tile: four threads per row of the block's 32 (tile rows
-// 32 rank + tid / 4), and per thread 16 fp8 values of each of four column blocks (thread c of
-// the row holds values 64 b + 16 c .. + 15, so each load instruction reads whole sectors) with
-// their two group scales: blocks 0-3 for the producer's threads (kHalf 0), blocks 4-7 for
-// warpgroup 1's (kHalf 1). A missing row loads zeros. Loaded a tile ahead into registers, so a
-// stage coming free waits only for the conversion.
-struct PairShare {
-  static constexpr int kBlocksPerThread = (kBlocks - 1) / 2;
-  uint4 raw[kBlocksPerThread];
-  float2 scales;
-};
-
-__device__ __forceinline__ int pair_row(int rank) { return kPairRows * rank + ((threadIdx.x & 127) >> 2); }
-
-template <int kHalf>
-__device__ __forceinline__ void pair_load(const MlaAttentionParams& p, int64_t slot, PairShare& sh) {
-  constexpr int kN = PairShare::kBlocksPerThread;
-  const int c = threadIdx.x & 3;
-  const uint8_t* row = p.cache + (slot >= 0 ? slot : 0) * p.row_bytes;
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-  for (int b = 0; b < kN; ++b) {
-    sh.raw[b] = slot >= 0 ? __ldg(reinterpret_cast<const uint4*>(row + 64 * (kN * kHalf + b) + 16 * c)) : zero;
-  }
-  sh.scales = slot >= 0 ? __ldg(reinterpret_cast<const float2*>(row + kMlaLoraRank + 8 * kHalf)) : make_float2(0.0f, 0.0f);
-}
-
-// Dequantises a share into its row of the stage: chunks 2c and 2c + 1 of each of its column blocks.
-template <int kHalf>
-__device__ __forceinline__ void pair_store(const PairShare& sh, int row, uint8_t* stage) {
-  constexpr int kN = PairShare::kBlocksPerThread;
-  const int c = threadIdx.x & 3;
-  auto offset = [&](int block, int h) { return block * kBlockBytes + row * 128 + (((2 * c + h) ^ (row & 7)) << 4); };
-#pragma unroll
-  for (int b = 0; b < kN; ++b) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint2 raw = h == 0 ? make_uint2(sh.raw[b].x, sh.raw[b].y) : make_uint2(sh.raw[b].z, sh.raw[b].w);
-      *reinterpret_cast<uint4*>(stage + offset(kN * kHalf + b, h)) =
-          fp8x8_scaled_to_bf16(raw, b < kN / 2 ? sh.scales.x : sh.scales.y);
-    }
-  }
-}
-
-// Once a warpgroup's 128 threads have stored their blocks of the block's 32 rows of a tile (each
-// fenced for the async proxy), one of them bulk-copies those rows of each block (4 KB, contiguous)
-// into the peer's stage, counted on the peer's full barrier. One copy per column block instead of
-// a 16-byte remote store per chunk: per-chunk st.async (each counted on the peer's mbarrier)
-// measured 308 TFLOP/s, these copies 366 (H200, sparse fp8 h128 q2).
-template <int kHalf>
-__device__ __forceinline__ void pair_send(int rank, uint8_t* stage, uint64_t* full) {
-  named_barrier_sync(kBarPairSent + kHalf, 128);
-  if ((threadIdx.x & 127) != 0) return;
-  constexpr int kN = PairShare::kBlocksPerThread;
-  const uint32_t peer = static_cast<uint32_t>(rank) ^ 1u;
-  const uint32_t peer_full = cluster_map(full, peer);
-#pragma unroll
-  for (int b = 0; b < kN; ++b) {
-    const uint8_t* rows = stage + (kN * kHalf + b) * kBlockBytes + kPairRows * rank * 128;
-    bulk_copy_to_peer(cluster_map(rows, peer), rows, kPairRows * 128, peer_full);
-  }
-}
-
-// Paired blocks' producer: the existence bits and the bf16 RoPE parts (cp.async) of all 64 rows of
-// every tile, and its share (blocks 0-3) of the block's 32 rows. A stage is free once both blocks'
-// consumers are done with it, since the peer writes into it too. (Sending the RoPE part through
-// the pair as well measured 352 TFLOP/s against 366.)
-__device__ void produce_pair(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
-  auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
-  auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
-  auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
-  const int warp = (threadIdx.x - kConsumerThreads) >> 5;
-  const int lane = threadIdx.x & 31;
-  const int rank = static_cast<int>(cluster_rank());
-  const int row = pair_row(rank);
-  // The share's slot is looked up a tile before its loads, so they never wait for it.
-  auto own_slot = [&](int tile) { return mla::key_slot(p, it, it.key_begin + tile * kKeys + row); };
-  PairShare share;
-  if (num_tiles > 0) pair_load<0>(p, own_slot(0), share);
-  int64_t next_own = own_slot(1);
-  int64_t slot = tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp);
-  for (int i = 0; i < num_tiles; ++i) {
-    const int s = i & 1;
-    if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
-    publish_valid(slot, warp, &valid[s]);
-    uint8_t* stage = smem + Layout::stage(s);
-#pragma unroll
-    for (int pass = 0; pass < 4; ++pass) {  // RoPE: 8 chunks per row, four rows per pass
-      const int r = pass * 4 + (lane >> 3);
-      const int chunk = lane & 7;
-      const int64_t sl = __shfl_sync(0xffffffffu, slot, r);
-      const int rope_row = 16 * warp + r;
-      const uint8_t* src = p.cache + (sl >= 0 ? sl * p.row_bytes : 0) + kMlaLoraRank + 16 + chunk * 16;
-      cp_async_16(stage + kRopeBlock * kBlockBytes + rope_row * 128 + ((chunk ^ (rope_row & 7)) << 4), src, sl >= 0);
-    }
-    mbarrier_arrive_cp_async(&full[s]);
-    pair_store<0>(share, row, stage);
-    fence_proxy_async();
-    mbarrier_arrive(&full[s]);  // this thread's conversions (and lane 0's existence bits)
-    pair_send<0>(rank, stage, &full[s]);
-    if (i + 1 < num_tiles) {
-      pair_load<0>(p, next_own, share);
-      next_own = own_slot(i + 2);
-      slot = tile_slot(p, it, i + 1, warp);
-    }
-  }
-}
-
-// Arrives on this block's mbarrier and, paired, on the peer's copy of it.
-template <bool kPair>
-__device__ __forceinline__ void arrive_here_and_peer(uint64_t* bar) {
-  mbarrier_arrive(bar);
-  if constexpr (kPair) mbarrier_arrive_cluster(cluster_map(bar, cluster_rank() ^ 1u));
-}
+using namespace mla;
 
 // Which keys the rows of this thread may see beyond the tile's existence bits (dense steps: the
 // causal limit of the row's token and, for tree verification, its draft-token bits).
@@ -782,8 +445,6 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const MlaAttentionPara
   if (p.lse != nullptr && threadIdx.x == 0) p.lse[row] = lse;
 }
 
-}  // namespace
-
 // The cache as a [num_slots, 576] bf16 tensor map with 64 x 64 boxes and the 128-byte swizzle.
 CUtensorMap cache_tensor_map(const MlaAttentionParams& p) {
   static const auto encode = [] {
@@ -807,6 +468,8 @@ CUtensorMap cache_tensor_map(const MlaAttentionParams& p) {
                                          std::to_string(p.row_bytes) + " bytes)");
   return map;
 }
+
+}  // namespace
 
 void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream) {
   if (params.max_items == 0) return;
