@@ -46,7 +46,9 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar_addr) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(bar_addr) : "memory");
 }
 
-// Makes mbarrier initialisations visible to the cluster's other blocks (before cluster_sync).
+// Makes this thread's mbarrier initialisations visible to the async proxy (TMA and bulk copies that
+// complete on them) and to the cluster's other blocks, before the block's or cluster's barrier; a
+// block launched without a cluster is a cluster of one.
 __device__ __forceinline__ void fence_mbarrier_init_cluster() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }

@@ -305,10 +305,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
       mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::empty) + s, kPair ? 16 : 8);
     }
   }
+  // The initialisations become visible to the async proxy (TMA and bulk copies complete on these
+  // barriers) and, paired, to the peer, which arrives on them and writes into the stages: neither
+  // block starts before both have initialised them, and neither exits while the other may still
+  // reach into it.
+  if (threadIdx.x == 0) fence_mbarrier_init_cluster();
   if constexpr (kPair) {
-    // The peer arrives on these barriers and writes into the stages: neither block starts before
-    // both have initialised them, and neither exits while the other may still reach into it.
-    if (threadIdx.x == 0) fence_mbarrier_init_cluster();
     cluster_sync();
   } else {
     __syncthreads();
@@ -492,8 +494,7 @@ void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream)
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = paired ? 1 : 0;
-  const bool tma = params.slots == nullptr && params.fp8 == 0 && params.page_size == kKeys;
-  const CUtensorMap map = tma ? cache_tensor_map(params) : CUtensorMap{};
+  const CUtensorMap map = tma_pages(params) ? cache_tensor_map(params) : CUtensorMap{};
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, map));
 }
 

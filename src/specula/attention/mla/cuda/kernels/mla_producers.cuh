@@ -25,9 +25,11 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
 }
 
 // Dense steps over a page-64 bf16 cache load whole pages by TMA (`map` over the cache as
-// [num_slots, 576] bf16, 64 x 64 boxes, 128-byte swizzle: the stages' layout).
-__device__ __forceinline__ bool tma_pages(const MlaAttentionParams& p) {
-  return p.slots == nullptr && p.fp8 == 0 && p.page_size == kKeys;
+// [num_slots, 576] bf16, 64 x 64 boxes, 128-byte swizzle: the stages' layout). Tiles must start on
+// page boundaries (split boundaries are multiples of 64 keys) and slots fit the copy's int row.
+__host__ __device__ __forceinline__ bool tma_pages(const MlaAttentionParams& p) {
+  return p.slots == nullptr && p.fp8 == 0 && p.page_size == kKeys && p.split_align % kKeys == 0 &&
+         p.num_slots > 0 && p.num_slots <= INT32_MAX;
 }
 
 // bf16 rows: producer warp w gathers rows 16 w .. 16 w + 15 of every tile with cp.async; lane =
@@ -35,7 +37,7 @@ __device__ __forceinline__ bool tma_pages(const MlaAttentionParams& p) {
 // tma_pages, a tile whose 64 keys all exist is one whole page (tiles start on page boundaries), so
 // one thread issues its nine column blocks as tensor copies from the slot of its row 0; a partial
 // last tile keeps cp.async, whose missing rows land as zeros.
-__device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorMap* map, const mla::Item& it, int num_tiles,
+static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorMap* map, const mla::Item& it, int num_tiles,
                              uint8_t* smem) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
@@ -85,7 +87,7 @@ __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorMap* map
 // go into a side array and the bf16 RoPE part straight into block 8.
 __device__ __forceinline__ int raw_half(int row) { return (~row & 1) * 64; }
 
-__device__ void issue_fp8_tile(const MlaAttentionParams& p, int64_t slot, int warp, uint8_t* stage, float* scales) {
+static __device__ void issue_fp8_tile(const MlaAttentionParams& p, int64_t slot, int warp, uint8_t* stage, float* scales) {
   const int lane = threadIdx.x & 31;
 #pragma unroll 4
   for (int r = 0; r < 16; ++r) {  // fp8 values: one row per pass, lane = 16-byte chunk
@@ -114,7 +116,7 @@ __device__ void issue_fp8_tile(const MlaAttentionParams& p, int64_t slot, int wa
 // at a time are eight consecutive rows of one block. Each lane reads its 16 raw bytes, then writes
 // 32 bytes of bf16; a batch's reads all precede its writes, since a pair's bf16 overwrite its raw
 // half. Warp w converts rows 16 w .. 16 w + 15, column blocks [b_begin, b_end).
-__device__ void dequantise_fp8_blocks(int warp, int b_begin, int b_end, uint8_t* stage, const float* scales) {
+static __device__ void dequantise_fp8_blocks(int warp, int b_begin, int b_end, uint8_t* stage, const float* scales) {
   const int lane = threadIdx.x & 31;
   const int c = lane & 3;
   constexpr int kBatch = 2;
@@ -153,7 +155,7 @@ __device__ __forceinline__ bool warp_test_wait(uint64_t* bar, uint32_t parity) {
 // The producer keeps two tiles in flight: while it waits for tile i to land it issues tile i + 1
 // as soon as tile i - 1 is consumed, then converts tile i (blocks [0, kFp8ProducerBlocks);
 // warpgroup 1 converts the rest) and arrives on its full barrier.
-__device__ void produce_fp8(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
+static __device__ void produce_fp8(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
   auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
@@ -255,7 +257,7 @@ __device__ __forceinline__ void pair_send(int rank, uint8_t* stage, uint64_t* fu
 // every tile, and its share (blocks 0-3) of the block's 32 rows. A stage is free once both blocks'
 // consumers are done with it, since the peer writes into it too. (Sending the RoPE part through
 // the pair as well measured 352 TFLOP/s against 366.)
-__device__ void produce_pair(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
+static __device__ void produce_pair(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
   auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
