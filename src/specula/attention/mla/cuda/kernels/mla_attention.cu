@@ -462,8 +462,8 @@ CUtensorMap cache_tensor_map(const MlaAttentionParams& p) {
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.row_bytes)};
   const cuuint32_t box[2] = {64, 64};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint8_t*>(p.cache), dims, strides, box,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint8_t*>(p.cache), dims, strides,
+                            box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   SPECULA_REQUIRE(r == CUDA_SUCCESS, "MLA: encoding the cache's tensor map failed (CUresult " + std::to_string(r) +
                                          ", " + std::to_string(p.num_slots) + " rows of " +

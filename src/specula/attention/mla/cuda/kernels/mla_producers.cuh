@@ -18,8 +18,8 @@ namespace specula::cuda_kernels::mla {
 // One 64 x 64 box of a 2-D tensor map into shared memory, counted on `bar` as transaction bytes.
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          smem_address(dst)),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_address(dst)),
       "l"(map), "r"(x), "r"(y), "r"(smem_address(bar))
       : "memory");
 }
@@ -37,8 +37,8 @@ __host__ __device__ __forceinline__ bool tma_pages(const MlaAttentionParams& p) 
 // tma_pages, a tile whose 64 keys all exist is one whole page (tiles start on page boundaries), so
 // one thread issues its nine column blocks as tensor copies from the slot of its row 0; a partial
 // last tile keeps cp.async, whose missing rows land as zeros.
-static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorMap* map, const mla::Item& it, int num_tiles,
-                             uint8_t* smem) {
+static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorMap* map, const mla::Item& it,
+                                    int num_tiles, uint8_t* smem) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
   auto* valid = reinterpret_cast<uint64_t*>(smem + Layout::valid);
@@ -56,7 +56,9 @@ static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorM
       if (threadIdx.x == kConsumerThreads) {
         mbarrier_arrive_expect_tx(&full[s], kTileBytes);
 #pragma unroll
-        for (int b = 0; b < kBlocks; ++b) tma_load_2d(stage + b * kBlockBytes, map, 64 * b, static_cast<int>(slot), &full[s]);
+        for (int b = 0; b < kBlocks; ++b) {
+          tma_load_2d(stage + b * kBlockBytes, map, 64 * b, static_cast<int>(slot), &full[s]);
+        }
       } else {
         mbarrier_arrive(&full[s]);
       }
@@ -87,7 +89,8 @@ static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorM
 // go into a side array and the bf16 RoPE part straight into block 8.
 __device__ __forceinline__ int raw_half(int row) { return (~row & 1) * 64; }
 
-static __device__ void issue_fp8_tile(const MlaAttentionParams& p, int64_t slot, int warp, uint8_t* stage, float* scales) {
+static __device__ void issue_fp8_tile(const MlaAttentionParams& p, int64_t slot, int warp, uint8_t* stage,
+                                      float* scales) {
   const int lane = threadIdx.x & 31;
 #pragma unroll 4
   for (int r = 0; r < 16; ++r) {  // fp8 values: one row per pass, lane = 16-byte chunk
@@ -214,7 +217,8 @@ __device__ __forceinline__ void pair_load(const MlaAttentionParams& p, int64_t s
   for (int b = 0; b < kN; ++b) {
     sh.raw[b] = slot >= 0 ? __ldg(reinterpret_cast<const uint4*>(row + 64 * (kN * kHalf + b) + 16 * c)) : zero;
   }
-  sh.scales = slot >= 0 ? __ldg(reinterpret_cast<const float2*>(row + kMlaLoraRank + 8 * kHalf)) : make_float2(0.0f, 0.0f);
+  const float2 none = make_float2(0.0f, 0.0f);
+  sh.scales = slot >= 0 ? __ldg(reinterpret_cast<const float2*>(row + kMlaLoraRank + 8 * kHalf)) : none;
 }
 
 // Dequantises a share into its row of the stage: chunks 2c and 2c + 1 of each of its column blocks.
