@@ -200,7 +200,7 @@ static __device__ void produce_fp8(const MlaAttentionParams& p, const mla::Item&
 // warpgroup 1's (kHalf 1). A missing row loads zeros. Loaded a tile ahead into registers, so a
 // stage coming free waits only for the conversion.
 struct PairShare {
-  static constexpr int kBlocksPerThread = (kBlocks - 1) / 2;
+  static constexpr int kBlocksPerThread = kHalfBlocks;
   uint4 raw[kBlocksPerThread];
   float2 scales;
 };
