@@ -108,6 +108,13 @@ MlaFixture::MlaFixture(const MlaCase& c, Device device, uint64_t seed) : case_(c
   pc.format = c.format;
   pc.device = device;
   pool_ = std::make_unique<MLAKVPool>(pc);
+  // Slots no request writes (the tails of last pages, the spare pages) hold NaN bytes, as a reused
+  // pool may: no kernel may let them into a result (0 * NaN is NaN).
+  {
+    const TensorView kv = pool_->kv_buffer(layer_.layer_id);
+    std::vector<uint8_t> nan_bytes(kv.nbytes(), 0xFF);
+    copy(kv, TensorView(nan_bytes.data(), kv.dtype(), kv.shape()));
+  }
   req_pool_ = std::make_unique<ReqToTokenPool>(bs + 2, max_len + ps);
 
   batch_.forward_mode = c.mode;

@@ -30,6 +30,7 @@
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_items.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_producers.cuh"
+#include "specula/attention/mla/cuda/kernels/mla_rows.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_stages.cuh"
 #include "specula/core/cuda_check.h"
 
@@ -38,8 +39,6 @@ namespace specula::cuda_kernels {
 namespace {
 
 using bf16 = __nv_bfloat16;
-constexpr float kNegInf = -__builtin_huge_valf();
-
 using namespace mla;
 
 // fp8 kernels: a row's running maximum moves only when a tile's exceeds it by more than this (log2
@@ -48,44 +47,6 @@ using namespace mla;
 // lazy against eager): sparse fp8 376.6 / 367.9, dense fp8 343.3 / 336.2. The bf16 kernel stays
 // eager: with the skip it is slower (rescale_rows), and without it lazy changes nothing measurable.
 constexpr float kLazyRescale = 8.0f;
-
-// Which keys the rows of this thread may see beyond the tile's existence bits (dense steps: the
-// causal limit of the row's token and, for tree verification, its draft-token bits).
-struct RowRules {
-  int limit[2];
-  uint64_t bits[2];
-  int min_limit;  // the block's smallest limit: tiles wholly below it need no per-row mask
-  int draft0;     // first draft-token key position (tree steps)
-  bool tree;
-  bool dense;
-};
-
-__device__ RowRules row_rules(const MlaAttentionParams& p, const mla::Item& it, int row_base) {
-  RowRules rr{};
-  rr.dense = p.slots == nullptr;
-  rr.tree = rr.dense && p.tree_bits != nullptr;
-  rr.min_limit = INT32_MAX;
-  rr.draft0 = INT32_MAX;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    rr.limit[i] = INT32_MAX;
-    rr.bits[i] = ~0ull;
-  }
-  if (!rr.dense) return rr;
-  const int H = p.num_q_heads;
-  const int first = p.first_token[it.unit];
-  rr.draft0 = it.kv_len - it.q_len;
-  rr.min_limit = rr.draft0 + static_cast<int>(it.row0 / H) - first;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = row_base + 8 * i;
-    if (r >= it.rows) continue;  // its scores are never written
-    const int token = static_cast<int>((it.row0 + r) / H);
-    rr.limit[i] = rr.draft0 + token - first;
-    if (rr.tree) rr.bits[i] = p.tree_bits[token];
-  }
-  return rr;
-}
 
 // O's two rows of this thread times their rescale factors. Once a row's maximum has settled its
 // factor is exactly 1 (exp2 of 0); with kSkipOnes a warp whose 16 rows all have 1 skips the 128
@@ -136,27 +97,7 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     wgmma_wait<0>();
     fence_operands(s);
 
-    const int key0 = it.key_begin + i * kKeys;
-    const uint64_t exists = valid[st];
-    const bool per_row =
-        rules.dense && (key0 + kKeys - 1 > rules.min_limit || (rules.tree && key0 + kKeys > rules.draft0));
-    if (exists != ~0ull || per_row) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = 8 * j + 2 * t + (e & 1);
-          const int r = e >> 1;
-          bool visible = (exists >> key) & 1ull;
-          if (per_row) {
-            const int pos = key0 + key;
-            visible = visible && pos <= rules.limit[r] &&
-                      (pos < rules.draft0 || !rules.tree || ((rules.bits[r] >> (pos - rules.draft0)) & 1ull));
-          }
-          if (!visible) s[j][e] = kNegInf;
-        }
-      }
-    }
+    mask_scores(s, valid[st], rules, it.key_begin + i * kKeys);
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -342,18 +283,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
   const int t = lane & 3;
   const int row_base = ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2);
 
-  // Q: 64 rows x 576 as nine swizzled column blocks; rows past the block's are zero.
-  const auto* q = static_cast<const uint8_t*>(p.q);
-  for (int c = threadIdx.x; c < kRows * kBlocks * 8; c += kConsumerThreads) {
-    const int row = c / (kBlocks * 8);
-    const int chunk = c % (kBlocks * 8);
-    const bool ok = row < it.rows;
-    const uint8_t* src = q + (ok ? (it.row0 + row) * (kBlocks * 128) + chunk * 16 : 0);
-    cp_async_16(smem + Layout::q + swizzled_offset(kRows, row, chunk * 8), src, ok);
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  fence_proxy_async();
+  load_q(p, it, smem + Layout::q, kConsumerThreads);
   named_barrier_sync(kBarQ, kConsumerThreads);
 
   float o[32][4];
@@ -386,39 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
     }
   }
 
-  // Normalise and write this warpgroup's 256 columns (partials in f32 when the keys are split).
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row_in = row_base + 8 * r;
-    if (row_in >= it.rows) continue;
-    const int64_t row = it.row0 + row_in;
-    const float lse2 = l[r] > 0.0f ? m[r] + log2f(l[r]) : kNegInf;
-    float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    if (p.num_splits > 1) {
-      const int64_t part_row = static_cast<int64_t>(it.split) * p.num_tokens * p.num_q_heads + row;
-      float* dst = p.part_o + part_row * kMlaLoraRank + wg * 256;
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        *reinterpret_cast<float2*>(dst + n * 8 + 2 * t) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-      }
-      if (t == 0 && wg == 0) p.part_lse[part_row] = lse2;
-      continue;
-    }
-    float lse = lse2 * 0.6931471805599453f;
-    if (p.sinks != nullptr) {
-      const float sink = p.sinks[row % p.num_q_heads];
-      const float mm = fmaxf(lse, sink);
-      const float merged = mm + logf(expf(lse - mm) + expf(sink - mm));
-      inv *= expf(lse - merged);
-      lse = merged;
-    }
-    auto* out = static_cast<bf16*>(p.out) + row * kMlaLoraRank + wg * 256;
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      *reinterpret_cast<uint32_t*>(out + n * 8 + 2 * t) = pack2<bf16>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    }
-    if (p.lse != nullptr && t == 0 && wg == 0) p.lse[row] = lse;
-  }
+  write_rows(p, it, wg, row_base, o, l, m);
 }
 
 // One block per query row: merges its splits (log2-domain LSEs), folds in the sink, writes bf16.
