@@ -341,13 +341,7 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const MlaAttentionPara
   }
   float lse = total > 0.0f ? (m + log2f(total)) * 0.6931471805599453f : kNegInf;
   float inv = total > 0.0f ? 1.0f / total : 0.0f;
-  if (p.sinks != nullptr) {
-    const float sink = p.sinks[row % p.num_q_heads];
-    const float mm = fmaxf(lse, sink);
-    const float merged = mm + logf(expf(lse - mm) + expf(sink - mm));
-    inv *= expf(lse - merged);
-    lse = merged;
-  }
+  fold_sink(p, row, lse, inv);
   auto* out = static_cast<__nv_bfloat16*>(p.out) + row * kMlaLoraRank + threadIdx.x * 4;
   *reinterpret_cast<uint32_t*>(out) = pack2<__nv_bfloat16>(o[0] * inv, o[1] * inv);
   *reinterpret_cast<uint32_t*>(out + 2) = pack2<__nv_bfloat16>(o[2] * inv, o[3] * inv);

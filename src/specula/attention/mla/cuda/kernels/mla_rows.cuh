@@ -1,6 +1,6 @@
 // What the MLA attention kernel (mla_attention.cu) does per query row: which keys a
 // row may see, the masking of a tile's scores, and the normalised output (or f32 partials when
-// the keys are split) with the LSE and attention sinks.
+// the keys are split) with the LSE and attention sinks, which the split combine also folds in.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -80,6 +80,17 @@ __device__ __forceinline__ void mask_scores(float (&s)[8][4], uint64_t exists, c
   }
 }
 
+// Folds row `row`'s attention sink (a natural-log logit that takes probability mass but adds no
+// value) into its natural-log LSE and the factor that normalises its output.
+__device__ __forceinline__ void fold_sink(const MlaAttentionParams& p, int64_t row, float& lse, float& inv) {
+  if (p.sinks == nullptr) return;
+  const float sink = p.sinks[row % p.num_q_heads];
+  const float mm = fmaxf(lse, sink);
+  const float merged = mm + logf(expf(lse - mm) + expf(sink - mm));
+  inv *= expf(lse - merged);
+  lse = merged;
+}
+
 // Normalises and writes warpgroup wg's 256 columns of O for this thread's two rows (row sum l and
 // maximum m in log2 units, over all the block's keys): f32 partials and a log2 LSE when the keys
 // are split, else bf16 with the natural-log LSE and the sinks folded in.
@@ -105,13 +116,7 @@ __device__ __forceinline__ void write_rows(const MlaAttentionParams& p, const It
       continue;
     }
     float lse = lse2 * 0.6931471805599453f;
-    if (p.sinks != nullptr) {
-      const float sink = p.sinks[row % p.num_q_heads];
-      const float mm = fmaxf(lse, sink);
-      const float merged = mm + logf(expf(lse - mm) + expf(sink - mm));
-      inv *= expf(lse - merged);
-      lse = merged;
-    }
+    fold_sink(p, row, lse, inv);
     auto* out = static_cast<bf16*>(p.out) + row * kMlaLoraRank + wg * 256;
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
