@@ -72,6 +72,15 @@ __device__ __forceinline__ __half2_raw fp8_pair_to_half2(const uint2& raw, int i
   return __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> (16 * (i % 2))), __NV_E4M3);
 }
 
+// Four packed fp8 e4m3 values (lowest byte first) as two packed f16 pairs, exactly.
+__device__ __forceinline__ void fp8x4_to_half2x2(uint32_t word, uint32_t (&out)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(word >> (16 * i)), __NV_E4M3);
+    out[i] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+  }
+}
+
 // Eight packed fp8 e4m3 values -> eight 16-bit MMA operands in 16 bytes, exactly (every e4m3
 // value is also a bf16).
 template <typename T>

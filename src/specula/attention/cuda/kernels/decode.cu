@@ -29,26 +29,36 @@ constexpr float kNegInf = -__builtin_huge_valf();
 // Q: the query's type; KV: the cache's; T: the MMA operand type. A 16-bit cache is the operand
 // type and is copied straight into operand tiles; a query of the other 16-bit type is converted
 // (a bf16 query into an f16 cache's type is exact within f16's range; an f16 query into a bf16
-// cache's type keeps 8 significant bits, where prefill converts the cache instead); an fp8 cache is staged raw
-// and each tile is converted exactly into a per-warp operand tile of the query's type before its
-// math. The conversion makes fp8 issue-bound, so it keeps two stages: three blocks then fit per
-// SM to hide its latency (H200, B=256 L=1024: 0.27 ms with four stages, 0.22 ms with two).
+// cache's type keeps 8 significant bits, where prefill converts the cache instead). An fp8 cache
+// is staged raw and multiplied in f16, into which every e4m3 value converts exactly with one
+// paired instruction (bf16 would take three more; a bf16 query converts exactly within f16's
+// range, as for an f16 cache): each lane converts its K fragments straight
+// from the staged bytes in registers (kConvert below), and each tile's V into a per-warp operand
+// tile that ldmatrix transposes.
 template <typename T, typename KV, int D, int kWarps>
 struct Shape {
   static constexpr bool kConvert = sizeof(KV) == 1;
   static constexpr int kStride = D + 8;  // operand rows, padded: ldmatrix stays conflict-free
   static constexpr int kRawStride = kConvert ? D + 16 : kStride;  // staged rows, in KV elements
+  // fp8: two, so that four 4-warp blocks fit on a multiprocessor (kDecodeMinBlocks).
   static constexpr int kStages = D <= 128 ? (kConvert ? 2 : 3) : 2;
   static constexpr int kRawTile = kKeys * kRawStride;  // elements of one staged K or V tile
   static constexpr size_t kWarpRawBytes = sizeof(KV) * kStages * 2 * kRawTile;  // [stage][K, V]
-  static constexpr size_t kWarpOperandBytes = kConvert ? sizeof(T) * 2 * kKeys * kStride : 0;
+  static constexpr size_t kWarpOperandBytes = kConvert ? sizeof(T) * kKeys * kStride : 0;  // V only
   static constexpr size_t kPipeBytes = kWarps * (kWarpRawBytes + kWarpOperandBytes);
   static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kDecodeHeadsPerBlock * (D + 2);
   static constexpr size_t kSmemBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
 };
 
+// fp8 4-warp blocks up to head_dim 128 take 53 KB of shared memory, so four fit on a
+// multiprocessor if each thread keeps to 128 registers: a batch of 64 sequences x 8 KV heads (512
+// blocks) then runs in one wave instead of a full one and a third.
+template <typename KV, int D, int kWarps>
+constexpr int kDecodeMinBlocks = sizeof(KV) == 1 && kWarps == 4 && D <= 128 ? 4 : 1;
+
 template <typename Q, typename T, typename KV, int D, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32) decode_kernel(const AttentionParams p, const DecodeSplit split) {
+__global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
+    decode_kernel(const AttentionParams p, const DecodeSplit split) {
   using S = Shape<T, KV, D, kWarps>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   pdl_wait();
@@ -111,8 +121,10 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const AttentionPara
   uint32_t q_frag[D / 16][4];
   {
     const bool valid = g < b.num_heads;
+    // An fp8 tile's K fragments come in the head-dimension order of its staged bytes (below), so
+    // lane t takes dims 16 ks + 4 t .. + 3 of Q for mma k = 2t, 2t + 1, 2t + 8, 2t + 9.
     const Q* q = static_cast<const Q*>(p.q) + b.token * p.q_stride_token +
-                 static_cast<int64_t>(b.head0 + (valid ? g : 0)) * p.q_stride_head + 2 * t;
+                 static_cast<int64_t>(b.head0 + (valid ? g : 0)) * p.q_stride_head + (S::kConvert ? 4 : 2) * t;
     auto pair = [&](const Q* src) -> uint32_t {
       if (!valid) return 0u;
       const uint32_t raw = __ldg(reinterpret_cast<const unsigned int*>(src));
@@ -126,7 +138,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const AttentionPara
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
       q_frag[ks][0] = pair(q + ks * 16);
-      q_frag[ks][2] = pair(q + ks * 16 + 8);
+      q_frag[ks][2] = pair(q + ks * 16 + (S::kConvert ? 2 : 8));
       q_frag[ks][1] = q_frag[ks][3] = 0u;
     }
   }
@@ -147,7 +159,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const AttentionPara
     __syncwarp();
     const KV* k_raw = pipe + (i % S::kStages) * 2 * S::kRawTile;
     const KV* v_raw = k_raw + S::kRawTile;
-    const T* k_tile;
+    float s[2][4] = {};
     const T* v_tile;
     if constexpr (S::kConvert) {
 #pragma unroll
@@ -156,25 +168,33 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(const AttentionPara
         const int r = c / (D / 8);
         const int col = (c % (D / 8)) * 8;
         *reinterpret_cast<uint4*>(operand + r * S::kStride + col) =
-            fp8x8_to_operand<T>(*reinterpret_cast<const uint2*>(k_raw + r * S::kRawStride + col));
-        *reinterpret_cast<uint4*>(operand + (kKeys + r) * S::kStride + col) =
             fp8x8_to_operand<T>(*reinterpret_cast<const uint2*>(v_raw + r * S::kRawStride + col));
       }
-      __syncwarp();
-      k_tile = operand;
-      v_tile = operand + kKeys * S::kStride;
-    } else {
-      k_tile = k_raw;
-      v_tile = v_raw;
-    }
-
-    float s[2][4] = {};
+      // S: the m16n8k16 B fragment of keys g and 8 + g, mma k = 2t, 2t + 1, 2t + 8, 2t + 9 taken
+      // from the four staged bytes 16 ks + 4 t .. + 3 of the key's row: one 32-bit load and two
+      // conversions per fragment. Rows are D + 16 bytes apart, so the lanes' words fall in
+      // distinct banks (except head_dim 80, two-way).
+      const auto* k0 = reinterpret_cast<const uint32_t*>(k_raw + g * S::kRawStride) + t;
+      const auto* k1 = reinterpret_cast<const uint32_t*>(k_raw + (8 + g) * S::kRawStride) + t;
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t kb[4];
-      ldmatrix_x4(kb, k_tile + ((lane & 7) + (lane >> 4) * 8) * S::kStride + ks * 16 + ((lane >> 3) & 1) * 8);
-      mma_16816<T>(s[0], q_frag[ks], kb[0], kb[1]);
-      mma_16816<T>(s[1], q_frag[ks], kb[2], kb[3]);
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t b0[2], b1[2];
+        fp8x4_to_half2x2(k0[4 * ks], b0);
+        fp8x4_to_half2x2(k1[4 * ks], b1);
+        mma_16816<T>(s[0], q_frag[ks], b0[0], b0[1]);
+        mma_16816<T>(s[1], q_frag[ks], b1[0], b1[1]);
+      }
+      __syncwarp();
+      v_tile = operand;
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, k_raw + ((lane & 7) + (lane >> 4) * 8) * S::kStride + ks * 16 + ((lane >> 3) & 1) * 8);
+        mma_16816<T>(s[0], q_frag[ks], kb[0], kb[1]);
+        mma_16816<T>(s[1], q_frag[ks], kb[2], kb[3]);
+      }
+      v_tile = v_raw;
     }
 
     const int tile_start = b.begin + (warp + i * kWarps) * kKeys;
@@ -269,7 +289,7 @@ bool launch_kv(const AttentionParams& p, const DecodeSplit& split, cudaStream_t 
   switch (p.kv_dtype) {
     case kBF16: return launch_dim<Q, __nv_bfloat16, __nv_bfloat16>(p, split, stream);
     case kF16: return launch_dim<Q, __half, __half>(p, split, stream);
-    case kFp8E4m3: return launch_dim<Q, Q, __nv_fp8_e4m3>(p, split, stream);
+    case kFp8E4m3: return launch_dim<Q, __half, __nv_fp8_e4m3>(p, split, stream);
     default: return false;
   }
 }
