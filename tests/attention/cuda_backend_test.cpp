@@ -70,23 +70,32 @@ TEST_F(CudaAttention, DecodeSplitKvLongSequence) {
 }
 
 // Both decode plans that split: a few head groups get one wide block per multiprocessor, a batch
-// that half-fills the GPU gets two 4-warp blocks per multiprocessor.
+// that half-fills the GPU gets two 4-warp blocks per multiprocessor; and a batch that fills it,
+// unsplit. bf16 and fp8 caches (whose wide and 4-warp kernels take V by different paths).
 TEST_F(CudaAttention, DecodeSplitPlansWideAndNarrow) {
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   auto rng = rng_for_shapes();
   std::uniform_int_distribution<int> len(1500, 2600);
-  for (int bs : {2, sms * 3 / 32}) {
-    const DecodePlan plan = choose_decode_plan(bs, 8, 1500, sms);
-    EXPECT_GT(plan.splits, 1) << "bs " << bs;
-    EXPECT_EQ(plan.warps, bs == 2 ? 8 : 4) << "bs " << bs;
-    HarnessConfig c;
-    c.mode = ForwardMode::DECODE;
-    for (int i = 0; i < bs; ++i) c.requests.push_back({len(rng), 1});
-    c.num_q_heads = 32;
-    c.num_kv_heads = 8;
-    c.page_size = 16;
-    check_cuda(c, bs == 2 ? "decode, wide split plan" : "decode, narrow split plan");
+  for (DType kv_dtype : {DType::bf16, DType::fp8_e4m3}) {
+    for (int bs : {2, sms * 3 / 32, sms / 8 + 1}) {
+      const DecodePlan plan = choose_decode_plan(bs, 8, 1500, sms);
+      const bool full = bs * 8 >= sms;
+      EXPECT_EQ(plan.splits > 1, !full) << "bs " << bs;
+      EXPECT_EQ(plan.warps, bs == 2 ? 8 : 4) << "bs " << bs;
+      HarnessConfig c;
+      c.mode = ForwardMode::DECODE;
+      for (int i = 0; i < bs; ++i) c.requests.push_back({full ? len(rng) / 8 : len(rng), 1});
+      c.num_q_heads = 32;
+      c.num_kv_heads = 8;
+      c.page_size = 16;
+      c.kv_dtype = kv_dtype;
+      if (kv_dtype == DType::fp8_e4m3) {
+        c.k_scale = 0.027f;
+        c.v_scale = 0.41f;
+      }
+      check_cuda(c, bs == 2 ? "decode, wide split plan" : full ? "decode, unsplit plan" : "decode, narrow split plan");
+    }
   }
 }
 
