@@ -57,9 +57,9 @@ __device__ __forceinline__ void load_words(const void* src, uint32_t (&w)[kWords
 // cache's type keeps 8 significant bits, where prefill converts the cache instead). An fp8 cache
 // is staged raw and multiplied in f16, into which every e4m3 value converts exactly with one
 // paired instruction (bf16 would take three more; a bf16 query converts exactly within f16's
-// range, as for an f16 cache): each lane converts its K fragments straight
-// from the staged bytes in registers (kConvert below), and each tile's V into a per-warp operand
-// tile that ldmatrix transposes.
+// range, as for an f16 cache): each lane converts its K fragments straight from the staged
+// bytes in registers (kConvert below), and its V fragments too in wide blocks (kVRegs), where
+// 4-warp blocks convert each tile's V into a per-warp operand tile that ldmatrix transposes.
 template <typename T, typename KV, int D, int kWarps>
 struct Shape {
   static constexpr bool kConvert = sizeof(KV) == 1;
@@ -319,7 +319,7 @@ void launch_warps(const AttentionParams& p, const DecodeSplit& split, cudaStream
 }
 
 // A wide block whose pipeline does not fit in a multiprocessor's shared memory (head_dim 256 with
-// 16-bit caches, head_dim 256 fp8) runs as 4 warps: that kernel is alone on its multiprocessor too.
+// 16-bit caches) runs as 4 warps: that kernel is alone on its multiprocessor too.
 template <typename Q, typename T, typename KV, int D>
 void launch_typed(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
   constexpr size_t kMaxSmem = 227 * 1024;  // Hopper: the most dynamic shared memory one block may opt in to
