@@ -65,4 +65,16 @@ CudaCeilings measure_cuda_ceilings(Device device) {
   return c;
 }
 
+double measure_cuda_read_tbps(Device device, size_t bytes, const std::string& l2) {
+  CUDA_CHECK(cudaSetDevice(device.index));
+  const size_t n = bytes / 16 * 16;  // the kernel reads 16-byte chunks
+  SPECULA_CHECK(n > 0, "a read ceiling of {} bytes: at least 16 are needed", bytes);
+  Buffer data(DType::u8, {static_cast<int64_t>(n + 16)}, device);
+  CUDA_CHECK(cudaMemset(data.data(), 0x3c, n + 16));
+  auto* sink = reinterpret_cast<unsigned*>(static_cast<uint8_t*>(data.data()) + n);
+  const double s = cuda_median_seconds([&] { cuda_kernels::read_through_l2(data.data(), n, sink, nullptr); }, 30, 3,
+                                       parse_l2_start(l2));
+  return static_cast<double>(n) / s / 1e12;
+}
+
 }  // namespace specula

@@ -7,6 +7,7 @@ namespace {
 
 __global__ void read_through_kernel(const uint4* src, size_t count, unsigned* sink) {
   unsigned acc = 0;
+#pragma unroll 8
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const uint4 v = src[i];

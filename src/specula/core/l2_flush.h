@@ -1,5 +1,6 @@
-// Evicting the L2 before a timed call (benchmarks only): a read over a buffer larger than the L2
-// leaves it full of clean lines, as a decode step's weight reads leave it for the next layer.
+// A streaming read (benchmarks only). Over a buffer larger than the L2 it evicts the L2 before a
+// timed call and leaves it full of clean lines, as a decode step's weight reads leave it for the
+// next layer; timed over a case's bytes it is that case's read ceiling (cli/cuda_ceilings.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
