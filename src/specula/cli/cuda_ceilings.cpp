@@ -1,4 +1,5 @@
-// GPU ceilings: a 2 GiB device-to-device copy and an 8192^3 bf16 cuBLAS GEMM.
+// GPU ceilings: a 2 GiB device-to-device copy, an 8192^3 bf16 cuBLAS GEMM, and a streaming read
+// of a given size.
 #include "specula/cli/cuda_ceilings.h"
 
 #include <algorithm>

@@ -21,7 +21,7 @@ CudaCeilings measure_cuda_ceilings(Device device);
 // TB/s at which a streaming kernel (4 blocks of 512 threads per multiprocessor) reads `bytes` once,
 // timed as a benchmark case is, from the given L2 state ("cold", "dirty", "warm"): the ceiling of a
 // call that has that many bytes to read. A short read stays below the copy rate, whose 2 GiB
-// amortise the ramp of a kernel's first and last microseconds (H200, cold L2: 134 MB at 91% of it).
+// amortise the ramp of a kernel's first and last microseconds (H200, cold L2: 134 MB at 91-92% of it).
 double measure_cuda_read_tbps(Device device, size_t bytes, const std::string& l2);
 
 }  // namespace specula
