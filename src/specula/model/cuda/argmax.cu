@@ -7,6 +7,7 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
+#include "specula/core/score_order.cuh"
 #include "specula/model/cuda/argmax.h"
 
 namespace specula::cuda_kernels {
@@ -16,7 +17,7 @@ namespace {
 constexpr int kThreads = 1024;
 
 __device__ __forceinline__ void keep_better(float& value, int& index, float other_value, int other_index) {
-  if (other_value > value || (other_value == value && other_index < index)) {
+  if (score_before(other_value, other_index, value, index)) {
     value = other_value;
     index = other_index;
   }

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "specula/core/score_order.cuh"
+
 namespace specula::cuda_kernels {
 namespace {
 
@@ -19,11 +21,6 @@ constexpr float kNegInf = -__builtin_huge_valf();
 constexpr int kTopKMaxThreads = 512;
 
 // ---- selection helpers ------------------------------------------------------------------
-
-// BetterScore: a before b.
-__device__ __forceinline__ bool better(float va, int32_t ia, float vb, int32_t ib) {
-  return va != vb ? va > vb : ia < ib;
-}
 
 // A sorted (best first) list of KCAP (value, index) pairs; empty entries are (-inf, INT_MAX),
 // worse than any real entry.
@@ -41,12 +38,12 @@ struct TopList {
   }
 
   __device__ __forceinline__ void insert(float x, int32_t i) {
-    if (!better(x, i, v[KCAP - 1], id[KCAP - 1])) return;
+    if (!score_before(x, i, v[KCAP - 1], id[KCAP - 1])) return;
     v[KCAP - 1] = x;
     id[KCAP - 1] = i;
 #pragma unroll
     for (int j = KCAP - 1; j > 0; --j) {
-      if (better(v[j], id[j], v[j - 1], id[j - 1])) {
+      if (score_before(v[j], id[j], v[j - 1], id[j - 1])) {
         const float tv = v[j];
         v[j] = v[j - 1];
         v[j - 1] = tv;
@@ -81,7 +78,7 @@ __device__ __forceinline__ void warp_select(TopList<KCAP>& list, int k, float* o
     for (int off = 16; off > 0; off >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
       const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (better(ov, oi, bv, bi)) {
+      if (score_before(ov, oi, bv, bi)) {
         bv = ov;
         bi = oi;
       }
