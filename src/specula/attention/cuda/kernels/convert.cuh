@@ -81,22 +81,12 @@ __device__ __forceinline__ void fp8x4_to_half2x2(uint32_t word, uint32_t (&out)[
   }
 }
 
-// Eight packed fp8 e4m3 values -> eight 16-bit MMA operands in 16 bytes, exactly (every e4m3
-// value is also a bf16).
-template <typename T>
-__device__ __forceinline__ uint4 fp8x8_to_operand(const uint2& raw) {
-  uint32_t out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const __half2_raw h = fp8_pair_to_half2(raw, i);
-    if constexpr (std::is_same_v<T, __half>) {
-      out[i] = static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-    } else {
-      const float2 f = __half22float2(__half2(h));
-      out[i] = pack2<T>(f.x, f.y);
-    }
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
+// Eight packed fp8 e4m3 values -> eight f16 in 16 bytes, exactly.
+__device__ __forceinline__ uint4 fp8x8_to_half8(const uint2& raw) {
+  uint32_t lo[2], hi[2];
+  fp8x4_to_half2x2(raw.x, lo);
+  fp8x4_to_half2x2(raw.y, hi);
+  return make_uint4(lo[0], lo[1], hi[0], hi[1]);
 }
 
 // Eight packed fp8 e4m3 values times their group's scale, each rounded once to bf16 (how the

@@ -63,6 +63,7 @@ __device__ __forceinline__ void load_words(const void* src, uint32_t (&w)[kWords
 template <typename T, typename KV, int D, int kWarps>
 struct Shape {
   static constexpr bool kConvert = sizeof(KV) == 1;
+  static_assert(!kConvert || std::is_same_v<T, __half>, "fp8 caches are multiplied in f16");
   // fp8 V fragments straight from the staged bytes too, in wide blocks (B=1 L=32768 on the H200:
   // 0.034 against 0.036 ms) whose lanes' shares of a row are whole 32-bit words (head_dim a
   // multiple of 32). 4-warp blocks convert V into an operand tile: held to 128 registers for four
@@ -202,8 +203,9 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
           const int r = c / (D / 8);
           const int col = (c % (D / 8)) * 8;
           *reinterpret_cast<uint4*>(operand + r * S::kStride + col) =
-              fp8x8_to_operand<T>(*reinterpret_cast<const uint2*>(v_raw + r * S::kRawStride + col));
+              fp8x8_to_half8(*reinterpret_cast<const uint2*>(v_raw + r * S::kRawStride + col));
         }
+        v_tile = operand;
       }
       // S: the m16n8k16 B fragment of keys g and 8 + g, mma k = 2t, 2t + 1, 2t + 8, 2t + 9 taken
       // from the four staged bytes 16 ks + 4 t .. + 3 of the key's row: one 32-bit load and two
@@ -219,8 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
         mma_16816<T>(s[0], q_frag[ks], b0[0], b0[1]);
         mma_16816<T>(s[1], q_frag[ks], b1[0], b1[1]);
       }
-      __syncwarp();
-      v_tile = operand;
+      if constexpr (!S::kVRegs) __syncwarp();  // V's operand tile is whole before ldmatrix reads it
     } else {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
