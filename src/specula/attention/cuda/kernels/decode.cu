@@ -84,9 +84,9 @@ struct Shape {
 
 // fp8 4-warp blocks up to head_dim 128 take 53 KB of shared memory, so four fit on a
 // multiprocessor if each thread keeps to 128 registers: a batch of 64 sequences x 8 KV heads (512
-// blocks) then runs in one wave instead of a full one and a third. ptxas then spills 20 bytes at
-// head_dim 128 (8 at 96); measured, the fourth block is worth far more (H200, B=64 L=4096: 0.157
-// against 0.211 ms).
+// blocks) then runs in one wave instead of a full one and a third. ptxas then spills 32 bytes at
+// head_dim 128; measured, the fourth block is worth far more (H200, B=64 L=4096: 0.157 against
+// 0.211 ms with 20 bytes of spills).
 template <typename KV, int D, int kWarps>
 constexpr int kDecodeMinBlocks = sizeof(KV) == 1 && kWarps == 4 && D <= 128 ? 4 : 1;
 

@@ -9,6 +9,7 @@
 
 #include "specula/attention/cuda/kernels/convert.cuh"
 #include "specula/attention/cuda/kernels/mma.cuh"
+#include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_items.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_stages.cuh"
@@ -84,11 +85,9 @@ __device__ __forceinline__ void mask_scores(float (&s)[8][4], uint64_t exists, c
 // value) into its natural-log LSE and the factor that normalises its output.
 __device__ __forceinline__ void fold_sink(const MlaAttentionParams& p, int64_t row, float& lse, float& inv) {
   if (p.sinks == nullptr) return;
-  const float sink = p.sinks[row % p.num_q_heads];
-  const float mm = fmaxf(lse, sink);
-  const float merged = mm + logf(expf(lse - mm) + expf(sink - mm));
-  inv *= expf(lse - merged);
-  lse = merged;
+  float sink_scale;
+  lse = join_sink(lse, p.sinks[row % p.num_q_heads], sink_scale);
+  inv *= sink_scale;
 }
 
 // Normalises and writes warpgroup wg's 256 columns of O for this thread's two rows (row sum l and
