@@ -1,15 +1,16 @@
 // Split-KV decode (flash-decoding) over a paged KV cache, on tensor cores.
 //
 // Grid: (num_kv_heads x head_blocks, num_splits, num_seqs) (decode_block.cuh). A block serves up
-// to 8 query heads of one KV head over one key range; they are rows 0-7 of mma.sync m16n8k16
-// (rows 8-15 stay zero and are never read back), so each K/V row is read once for all of them.
-// 4 warps, or kDecodeWideWarps when the plan puts one block per multiprocessor (few head groups,
-// many splits); each streams its own 16-key tiles (tiles w, w + warps, ...) through a kStages-deep
-// cp.async pipeline in its own shared-memory region, so the main loop has no block barrier and
-// the bytes in flight do not depend on registers (a scalar kernel that kept its loads in
-// registers had 16 KB per block in flight and reached 49% of the copy rate). Per tile:
-// S = Q K^T (D/16 x 2 mma), online softmax within each quad, O += P V (D/8 mma). The warps'
-// states merge at the end; with several splits the last block of a head group merges the splits.
+// to 8 query heads of one KV head over one key range; they are the 8 columns of mma.sync m16n8k16
+// with the tile transposed (keys or head dimensions as rows), so each K/V row is read once for all
+// of them. 4 warps, or kDecodeWideWarps when the plan puts one block per multiprocessor (few head
+// groups, many splits); each streams its own 16-key tiles (tiles w, w + warps, ...) through a
+// kStages-deep cp.async pipeline in its own shared-memory region, so the main loop has no block
+// barrier and the bytes in flight do not depend on registers (a scalar kernel that kept its loads
+// in registers had 16 KB per block in flight and reached 49% of the copy rate). Per tile:
+// S^T = K Q^T (D/16 mma), online softmax across the lanes of each column, O^T += V^T P^T (D/16
+// mma). The warps' states merge at the end; with several splits the last block of a head group
+// merges the splits.
 #include <type_traits>
 
 #include "specula/attention/cuda/kernels/convert.cuh"
@@ -84,9 +85,9 @@ struct Shape {
 
 // fp8 4-warp blocks up to head_dim 128 take 53 KB of shared memory, so four fit on a
 // multiprocessor if each thread keeps to 128 registers: a batch of 64 sequences x 8 KV heads (512
-// blocks) then runs in one wave instead of a full one and a third. ptxas then spills 32 bytes at
-// head_dim 128; measured, the fourth block is worth far more (H200, B=64 L=4096: 0.157 against
-// 0.211 ms with 20 bytes of spills).
+// blocks) then runs in one wave instead of a full one and a third (H200, B=64 L=4096: 0.157
+// against 0.211 ms when it was bought with 20 bytes of spills; the transposed tiles need 126
+// registers at head_dim 128 and spill nothing).
 template <typename KV, int D, int kWarps>
 constexpr int kDecodeMinBlocks = sizeof(KV) == 1 && kWarps == 4 && D <= 128 ? 4 : 1;
 
@@ -159,9 +160,12 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
 #pragma unroll
   for (int k = 0; k < kPageAhead; ++k) next_pages[k] = first_pages[S::kStages - 1 + k];
 
-  // Q as the A operand straight from global memory (rows g < num_heads; rows 8-15 are zero),
-  // while the first tiles are in flight.
-  uint32_t q_frag[D / 16][4];
+  // Each tile is multiplied transposed, S^T = K Q^T and O^T += V^T P^T: keys and head dimensions
+  // fill the 16 rows of mma.sync m16n8k16 and the block's 8 query heads its 8 columns, so no
+  // multiply spends half its rows on heads that do not exist (with Q as the A operand rows 8-15
+  // were zero: twice the multiplies, and O held twice the registers). Q is the B operand, straight
+  // from global memory while the first tiles are in flight (column g < num_heads; others zero).
+  uint32_t q_b[D / 16][2];
   {
     const bool valid = g < b.num_heads;
     // An fp8 tile's K fragments come in the head-dimension order of its staged bytes (below), so
@@ -180,17 +184,18 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
     };
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      q_frag[ks][0] = pair(q + ks * 16);
-      q_frag[ks][2] = pair(q + ks * 16 + (S::kConvert ? 2 : 8));
-      q_frag[ks][1] = q_frag[ks][3] = 0u;
+      q_b[ks][0] = pair(q + ks * 16);
+      q_b[ks][1] = pair(q + ks * 16 + (S::kConvert ? 2 : 8));
     }
   }
 
-  float o[D / 8][4];
+  // O^T: row r of m-tile j is head dimension 16 j + r (kVRegs: g * D / 8 + 2 j + r / 8, below),
+  // columns are query heads; m and l are those of heads 2t and 2t + 1.
+  float o[D / 16][4];
 #pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-  float m = kNegInf;
-  float l = 0.0f;
+  for (int j = 0; j < D / 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {kNegInf, kNegInf};
+  float l[2] = {0.0f, 0.0f};
   const float score_mul = p.scale * p.k_descale;
   const bool capped = p.logit_cap > 0.0f;
 
@@ -204,7 +209,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
     __syncwarp();
     const KV* k_raw = pipe + (i % S::kStages) * 2 * S::kRawTile;
     const KV* v_raw = k_raw + S::kRawTile;
-    float s[2][4] = {};
+    float s[4] = {};  // S^T: keys g, g + 8 (rows) of heads 2t, 2t + 1
     const T* v_tile;
     if constexpr (S::kConvert) {
       if constexpr (!S::kVRegs) {
@@ -218,50 +223,53 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
         }
         v_tile = operand;
       }
-      // S: the m16n8k16 B fragment of keys g and 8 + g, mma k = 2t, 2t + 1, 2t + 8, 2t + 9 taken
-      // from the four staged bytes 16 ks + 4 t .. + 3 of the key's row: one 32-bit load and two
-      // conversions per fragment. Rows are D + 16 bytes apart, so the lanes' words fall in
-      // distinct banks (except head_dim 80, two-way).
+      // S^T: the A fragment of keys g and 8 + g, mma k = 2t, 2t + 1, 2t + 8, 2t + 9 taken from the
+      // four staged bytes 16 ks + 4 t .. + 3 of the key's row: one 32-bit load and two conversions
+      // per key. Rows are D + 16 bytes apart, so the lanes' words fall in distinct banks (except
+      // head_dim 80, two-way).
       const auto* k0 = reinterpret_cast<const uint32_t*>(k_raw + g * S::kRawStride) + t;
       const auto* k1 = reinterpret_cast<const uint32_t*>(k_raw + (8 + g) * S::kRawStride) + t;
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t b0[2], b1[2];
-        fp8x4_to_half2x2(k0[4 * ks], b0);
-        fp8x4_to_half2x2(k1[4 * ks], b1);
-        mma_16816<T>(s[0], q_frag[ks], b0[0], b0[1]);
-        mma_16816<T>(s[1], q_frag[ks], b1[0], b1[1]);
+        uint32_t lo[2], hi[2];
+        fp8x4_to_half2x2(k0[4 * ks], lo);
+        fp8x4_to_half2x2(k1[4 * ks], hi);
+        const uint32_t a[4] = {lo[0], hi[0], lo[1], hi[1]};
+        mma_16816<T>(s, a, q_b[ks][0], q_b[ks][1]);
       }
       if constexpr (!S::kVRegs) __syncwarp();  // V's operand tile is whole before ldmatrix reads it
     } else {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, k_raw + ((lane & 7) + (lane >> 4) * 8) * S::kStride + ks * 16 + ((lane >> 3) & 1) * 8);
-        mma_16816<T>(s[0], q_frag[ks], kb[0], kb[1]);
-        mma_16816<T>(s[1], q_frag[ks], kb[2], kb[3]);
+        uint32_t a[4];
+        ldmatrix_x4(a, k_raw + ((lane & 7) + ((lane >> 3) & 1) * 8) * S::kStride + ks * 16 + (lane >> 4) * 8);
+        mma_16816<T>(s, a, q_b[ks][0], q_b[ks][1]);
       }
       v_tile = v_raw;
     }
 
     const int tile_start = b.begin + (warp + i * kWarps) * kKeys;
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int r = 0; r < 2; ++r) {
+      const bool visible = tile_start + g + 8 * r < b.end;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float v = s[nt][e] * score_mul;
+        float v = s[2 * r + e] * score_mul;
         if (capped) v = p.logit_cap * tanhf(v / p.logit_cap);
-        s[nt][e] = tile_start + nt * 8 + 2 * t + e < b.end ? v * kLog2e : kNegInf;
+        s[2 * r + e] = visible ? v * kLog2e : kNegInf;
       }
     }
-    online_softmax_row(s, 0, 1.0f, m, l, o);
+    online_softmax_cols(s, m, l, o);
 
-    const uint32_t a[4] = {pack2<T>(s[0][0], s[0][1]), 0u, pack2<T>(s[1][0], s[1][1]), 0u};
+    // P^T as the B operand: each 8-key half of the C fragment, transposed in registers.
+    const uint32_t p0 = movmatrix_trans(pack2<T>(s[0], s[1]));
+    const uint32_t p1 = movmatrix_trans(pack2<T>(s[2], s[3]));
     if constexpr (S::kVRegs) {
-      // The B fragment of n-tile j holds keys (2t, 2t + 1) and (2t + 8, 2t + 9) of one dimension.
-      // Lane g takes dimension g * D / 8 + j for n-tile j (O's columns are put back in order at
-      // the end), so its share of each of the four rows is D / 8 consecutive bytes, and a byte
-      // permute pairs the two keys of each dimension for the paired conversion.
+      // The A fragment of m-tile j holds one dimension per row half for keys (2t, 2t + 1) and
+      // (2t + 8, 2t + 9). Lane g takes dimensions g * D / 8 + 2 j (row g) and + 1 (row g + 8), so
+      // its share of each of the four rows is D / 8 consecutive bytes (O's rows are put back in
+      // order at the end), and a byte permute pairs the two keys of each dimension for the paired
+      // conversion.
       constexpr int kWords = D / 32;
       uint32_t v01[2][kWords], v89[2][kWords];
       load_words(v_raw + (2 * t) * S::kRawStride + g * (D / 8), v01[0]);
@@ -270,25 +278,22 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
       load_words(v_raw + (2 * t + 9) * S::kRawStride + g * (D / 8), v89[1]);
 #pragma unroll
       for (int w = 0; w < kWords; ++w) {
-        const uint32_t lo = __byte_perm(v01[0][w], v01[1][w], 0x5140);  // dims 4w, 4w + 1
-        const uint32_t hi = __byte_perm(v01[0][w], v01[1][w], 0x7362);  // dims 4w + 2, 4w + 3
-        const uint32_t lo8 = __byte_perm(v89[0][w], v89[1][w], 0x5140);
-        const uint32_t hi8 = __byte_perm(v89[0][w], v89[1][w], 0x7362);
-        uint32_t b[2][2], b8[2][2];
-        fp8x4_to_half2x2(lo, b[0]);
-        fp8x4_to_half2x2(hi, b[1]);
-        fp8x4_to_half2x2(lo8, b8[0]);
-        fp8x4_to_half2x2(hi8, b8[1]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) mma_16816<T>(o[4 * w + e], a, b[e / 2][e % 2], b8[e / 2][e % 2]);
+        uint32_t lo[2], hi[2], lo8[2], hi8[2];
+        fp8x4_to_half2x2(__byte_perm(v01[0][w], v01[1][w], 0x5140), lo);  // dims 4w, 4w + 1
+        fp8x4_to_half2x2(__byte_perm(v01[0][w], v01[1][w], 0x7362), hi);  // dims 4w + 2, 4w + 3
+        fp8x4_to_half2x2(__byte_perm(v89[0][w], v89[1][w], 0x5140), lo8);
+        fp8x4_to_half2x2(__byte_perm(v89[0][w], v89[1][w], 0x7362), hi8);
+        const uint32_t a_lo[4] = {lo[0], lo[1], lo8[0], lo8[1]};
+        const uint32_t a_hi[4] = {hi[0], hi[1], hi8[0], hi8[1]};
+        mma_16816<T>(o[2 * w], a_lo, p0, p1);
+        mma_16816<T>(o[2 * w + 1], a_hi, p0, p1);
       }
     } else {
 #pragma unroll
-      for (int np = 0; np < D / 16; ++np) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, v_tile + ((lane & 7) + ((lane >> 3) & 1) * 8) * S::kStride + np * 16 + (lane >> 4) * 8);
-        mma_16816<T>(o[2 * np], a, vb[0], vb[1]);
-        mma_16816<T>(o[2 * np + 1], a, vb[2], vb[3]);
+      for (int j = 0; j < D / 16; ++j) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, v_tile + ((lane & 7) + (lane >> 4) * 8) * S::kStride + j * 16 + ((lane >> 3) & 1) * 8);
+        mma_16816<T>(o[j], a, p0, p1);
       }
     }
     __syncwarp();  // the next iteration's copy refills this stage
@@ -299,18 +304,28 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
   float* sm_m = reinterpret_cast<float*>(smem_raw);
   float* sm_l = sm_m + kWarps * kDecodeHeadsPerBlock;
   float* sm_o = sm_l + kWarps * kDecodeHeadsPerBlock;
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (g < b.num_heads) {
-    const int row = warp * kDecodeHeadsPerBlock + g;
-    if (t == 0) {
-      sm_m[row] = m;
-      sm_l[row] = l;
-    }
 #pragma unroll
-    for (int nt = 0; nt < D / 8; ++nt) {
-      sm_o[row * D + (S::kVRegs ? 2 * t * (D / 8) + nt : nt * 8 + 2 * t)] = o[nt][0];
-      sm_o[row * D + (S::kVRegs ? (2 * t + 1) * (D / 8) + nt : nt * 8 + 2 * t + 1)] = o[nt][1];
+  for (int e = 0; e < 2; ++e) {
+#pragma unroll
+    for (int lanes = 4; lanes < 32; lanes *= 2) l[e] += __shfl_xor_sync(0xffffffffu, l[e], lanes);
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int head = 2 * t + e;
+    if (head < b.num_heads) {
+      const int row = warp * kDecodeHeadsPerBlock + head;
+      if (g == 0) {
+        sm_m[row] = m[e];
+        sm_l[row] = l[e];
+      }
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int dim = S::kVRegs ? g * (D / 8) + 2 * j + r : 16 * j + 8 * r + g;
+          sm_o[row * D + dim] = o[j][2 * r + e];
+        }
+      }
     }
   }
   __syncthreads();

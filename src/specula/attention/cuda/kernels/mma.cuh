@@ -1,6 +1,6 @@
 // Warp-level tensor-core primitives for sm_80+ (used on Hopper until the wgmma mainloop lands):
-// ldmatrix (plain and transposed), mma.sync m16n8k16 with f32 accumulators, and cp.async
-// 16-byte copies with zero fill.
+// ldmatrix (plain and transposed), mma.sync m16n8k16 with f32 accumulators, movmatrix, and
+// cp.async 16-byte copies with zero fill.
 //
 // Fragment layouts of m16n8k16 (lane = 4 * g + t):
 //   A (16x16, row-major): a0 (row g, cols 2t..2t+1), a1 (row g+8, same cols),
@@ -53,6 +53,14 @@ __device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const uint32_t 
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Transposes an 8x8 matrix of 16-bit values held one pair per lane (lane 4 g + t: row g, columns
+// 2t, 2t + 1): a C fragment of one 8-row half becomes the B fragment of the transposed tile.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // 16-byte global -> shared copy; with valid == false nothing is read and zeros are written.

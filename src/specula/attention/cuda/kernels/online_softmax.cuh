@@ -37,6 +37,39 @@ __device__ __forceinline__ void online_softmax_row(float (&s)[kScoreTiles][4], i
   }
 }
 
+// The same update for a transposed tile, S^T = K Q^T in one m16n8k16 C fragment: the thread
+// holds keys g and g + 8 of queries 2t and 2t + 1 (c0, c2 and c1, c3), and the eight lanes of
+// equal t share the queries. Scores are in log2 units; m and l are per query (2t, 2t + 1), l
+// this thread's share; o[j][e] belongs to query 2t + (e & 1).
+template <int kOutTiles>
+__device__ __forceinline__ void online_softmax_cols(float (&s)[4], float (&m)[2], float (&l)[2],
+                                                    float (&o)[kOutTiles][4]) {
+  constexpr float kNegInf = -__builtin_huge_valf();
+  float mx[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) mx[e] = fmaxf(s[e], s[2 + e]);
+#pragma unroll
+  for (int lanes = 4; lanes < 32; lanes *= 2) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], lanes));
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float m_new = fmaxf(m[e], mx[e]);
+    const float m_use = m_new == kNegInf ? 0.0f : m_new;
+    const float alpha = exp2f(m[e] - m_use);
+    m[e] = m_new;
+#pragma unroll
+    for (int j = 0; j < kOutTiles; ++j) {
+      o[j][e] *= alpha;
+      o[j][2 + e] *= alpha;
+    }
+    s[e] = exp2f(s[e] - m_use);
+    s[2 + e] = exp2f(s[2 + e] - m_use);
+    l[e] = l[e] * alpha + s[e] + s[2 + e];
+  }
+}
+
 // An attention sink joins the softmax denominator only. Given a row's natural-log LSE over its
 // keys, returns the LSE with the sink and sets out_scale, the factor the sink leaves on the
 // output (0 when no key was visible).
