@@ -99,6 +99,35 @@ TEST_F(CudaAttention, DecodeSplitPlansWideAndNarrow) {
   }
 }
 
+// A full batch of long sequences runs unsplit, so each warp of a 4-warp block takes 33 to 90 tiles
+// (the bench's B=64 L=4096 shape, which no other test reaches), most ending in a partial tile.
+TEST_F(CudaAttention, DecodeLongUnsplitRanges) {
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto rng = rng_for_shapes();
+  std::uniform_int_distribution<int> len(2113, 5800);
+  const int bs = sms / 8 + 1;
+  for (DType kv_dtype : {DType::bf16, DType::fp8_e4m3}) {
+    for (int ps : {16, 64}) {
+      const DecodePlan plan = choose_decode_plan(bs, 8, 2113, sms);
+      EXPECT_EQ(plan.splits, 1);
+      EXPECT_EQ(plan.warps, 4);
+      HarnessConfig c;
+      c.mode = ForwardMode::DECODE;
+      for (int i = 0; i < bs; ++i) c.requests.push_back({len(rng), 1});
+      c.num_q_heads = 32;
+      c.num_kv_heads = 8;
+      c.page_size = ps;
+      c.kv_dtype = kv_dtype;
+      if (kv_dtype == DType::fp8_e4m3) {
+        c.k_scale = 0.031f;
+        c.v_scale = 0.37f;
+      }
+      check_cuda(c, "decode, long unsplit ranges");
+    }
+  }
+}
+
 TEST_F(CudaAttention, Mqa) {
   auto rng = rng_for_shapes();
   for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {
