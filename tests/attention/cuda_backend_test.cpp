@@ -38,6 +38,21 @@ void check_cuda(HarnessConfig c, const char* what) {
   expect_close_to_reference(got, h.reference<double>(), h.reference<float>({}, true), 2e-3, what);
 }
 
+// A decode step of 32 query / 8 KV heads (requests added by the caller); fp8 caches get descales.
+HarnessConfig gqa_decode(int page_size, DType kv_dtype) {
+  HarnessConfig c;
+  c.mode = ForwardMode::DECODE;
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.page_size = page_size;
+  c.kv_dtype = kv_dtype;
+  if (kv_dtype == DType::fp8_e4m3) {
+    c.k_scale = 0.027f;
+    c.v_scale = 0.41f;
+  }
+  return c;
+}
+
 class CudaAttention : public ::testing::Test {
  protected:
   void SetUp() override { REQUIRE_GPU(); }
@@ -83,17 +98,8 @@ TEST_F(CudaAttention, DecodeSplitPlansWideAndNarrow) {
       const bool full = bs * 8 >= sms;
       EXPECT_EQ(plan.splits > 1, !full) << "bs " << bs;
       EXPECT_EQ(plan.warps, bs == 2 ? 8 : 4) << "bs " << bs;
-      HarnessConfig c;
-      c.mode = ForwardMode::DECODE;
+      HarnessConfig c = gqa_decode(16, kv_dtype);
       for (int i = 0; i < bs; ++i) c.requests.push_back({full ? len(rng) / 8 : len(rng), 1});
-      c.num_q_heads = 32;
-      c.num_kv_heads = 8;
-      c.page_size = 16;
-      c.kv_dtype = kv_dtype;
-      if (kv_dtype == DType::fp8_e4m3) {
-        c.k_scale = 0.027f;
-        c.v_scale = 0.41f;
-      }
       check_cuda(c, bs == 2 ? "decode, wide split plan" : full ? "decode, unsplit plan" : "decode, narrow split plan");
     }
   }
@@ -112,17 +118,8 @@ TEST_F(CudaAttention, DecodeLongUnsplitRanges) {
       const DecodePlan plan = choose_decode_plan(bs, 8, 2113, sms);
       EXPECT_EQ(plan.splits, 1);
       EXPECT_EQ(plan.warps, 4);
-      HarnessConfig c;
-      c.mode = ForwardMode::DECODE;
+      HarnessConfig c = gqa_decode(ps, kv_dtype);
       for (int i = 0; i < bs; ++i) c.requests.push_back({len(rng), 1});
-      c.num_q_heads = 32;
-      c.num_kv_heads = 8;
-      c.page_size = ps;
-      c.kv_dtype = kv_dtype;
-      if (kv_dtype == DType::fp8_e4m3) {
-        c.k_scale = 0.031f;
-        c.v_scale = 0.37f;
-      }
       check_cuda(c, "decode, long unsplit ranges");
     }
   }
