@@ -147,7 +147,7 @@ struct CudaAttentionBackend::State {
     DeviceArray<int32_t> cu_q, kv_lens, pages, out_loc, items;
     DeviceArray<int32_t> tree_slots, tree_lens, prefix_lens;  // TARGET_VERIFY through the tree kernel
     DeviceArray<float> partial_out, partial_lse;
-    DeviceArray<int32_t> split_counters;  // decode.cu's merge counts; zero between launches
+    DeviceArray<uint32_t> split_counters;  // decode.cu's merge counts; zero between launches
     DeviceArray<int64_t> mask_offsets;
     DeviceArray<uint8_t> custom_mask;
   };
@@ -290,7 +290,7 @@ void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph)
       const size_t rows = static_cast<size_t>(max_splits) * static_cast<size_t>(st.num_tokens) * st.max_q_heads;
       arrays.partial_lse.reserve(rows, st.device);
       arrays.partial_out.reserve(rows * st.max_head_dim, st.device);
-      arrays.split_counters.reserve_zeroed(2 * static_cast<size_t>(st.num_tokens) * st.max_q_heads, st.device,
+      arrays.split_counters.reserve_zeroed(static_cast<size_t>(st.num_tokens) * st.max_q_heads, st.device,
                                            st.stream);
     }
     return;
@@ -559,7 +559,7 @@ void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens)
   }
   g.partial_lse.reserve(rows, st.device);
   g.partial_out.reserve(rows * st.max_head_dim, st.device);
-  g.split_counters.reserve_zeroed(2 * static_cast<size_t>(max_bs) * st.max_q_heads, st.device, st.stream);
+  g.split_counters.reserve_zeroed(static_cast<size_t>(max_bs) * st.max_q_heads, st.device, st.stream);
   for (auto* a : {&g.cu_q, &g.kv_lens, &g.pages, &g.out_loc, &g.items, &g.tree_slots, &g.tree_lens, &g.prefix_lens}) {
     a->freeze();
   }

@@ -57,7 +57,7 @@ struct DecodeSplit {
   int32_t warps;       // per block: 4, or kDecodeWideWarps when one block per multiprocessor is planned
   float* partial_out;  // [num_splits, num_tokens, num_q_heads, v_head_dim]
   float* partial_lse;  // [num_splits, num_tokens, num_q_heads]
-  int32_t* counters;   // [num_tokens, head groups <= num_q_heads, 2], zero before a launch and after it
+  uint32_t* counters;  // [num_tokens, head groups <= num_q_heads], zero before a launch and after it
   int64_t num_tokens;
 };
 

@@ -80,7 +80,11 @@ struct Shape {
   static constexpr size_t kWarpRawBytes = sizeof(KV) * kStages * 2 * kRawTile;  // [stage][K, V]
   static constexpr size_t kWarpOperandBytes = kConvert && !kVRegs ? sizeof(T) * kKeys * kStride : 0;  // V
   static constexpr size_t kPipeBytes = kWarps * (kWarpRawBytes + kWarpOperandBytes);
-  static constexpr size_t kMergeBytes = sizeof(float) * kWarps * kDecodeHeadsPerBlock * (D + 2);
+  // The warps' merge: m, l, the parts' weights, each head's LSE and 1 / l, then O's rows padded so
+  // that the lanes of a column (heads 2t, 2t + 1 of dimension g) store to distinct banks.
+  static constexpr int kMergeStride = D + 4;
+  static constexpr size_t kMergeBytes =
+      sizeof(float) * (kWarps * kDecodeHeadsPerBlock * (3 + kMergeStride) + 2 * kDecodeHeadsPerBlock);
   static constexpr size_t kSmemBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
 };
 
@@ -113,6 +117,13 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
   const int num_tiles = b.begin < b.end ? (b.end - b.begin + kKeys - 1) / kKeys : 0;
   const int my_tiles = warp < num_tiles ? (num_tiles - warp + kWarps - 1) / kWarps : 0;
 
+  // Copies ask the L2 for whole 128-byte lines (the 16 lanes' chunks of a row then make one memory
+  // request per line, not one per sector), and mark them first to go: KV is read once, and the
+  // split partials written meanwhile stay in the L2 for the block that merges them. Fetching 256
+  // bytes gained nothing for bf16 and cost fp8 B=1; L2 prefetches of the next tiles (bulk or per
+  // line) cost 10-20 points of copy rate (docs/PERFORMANCE.md).
+  const uint64_t kv_policy = l2_evict_first();
+
   // Lane r < 16 loads the page-table entry of key r of a tile (-1 past the range) kPageAhead tiles
   // before the tile's copy, and turns it into a cache row only as the copy is issued; every lane
   // then copies chunks of all 16 rows. Computing the row next to the load (inside its branch)
@@ -141,8 +152,8 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
       const int32_t src_row = __shfl_sync(0xffffffffu, row, r & (kKeys - 1));
       if (r < kKeys) {
         const int64_t offset = static_cast<int64_t>(src_row < 0 ? 0 : src_row) * D + ch * kPerRow;
-        cp_async_16(k_dst + r * S::kRawStride + ch * kPerRow, k_cache + offset, src_row >= 0);
-        cp_async_16(v_dst + r * S::kRawStride + ch * kPerRow, v_cache + offset, src_row >= 0);
+        cp_async_16_stream(k_dst + r * S::kRawStride + ch * kPerRow, k_cache + offset, src_row >= 0, kv_policy);
+        cp_async_16_stream(v_dst + r * S::kRawStride + ch * kPerRow, v_cache + offset, src_row >= 0, kv_policy);
       }
     }
   };
@@ -200,7 +211,10 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
   const float score_mul = p.scale * p.k_descale;
   const bool capped = p.logit_cap > 0.0f;
 
+  const bool ticketing = split.num_splits > 1 && threadIdx.x == 0;
+  uint32_t ticket = 0;
   for (int i = 0; i < my_tiles; ++i) {
+    if (ticketing && i + 1 == my_tiles) ticket = take_split_ticket(split, b);
     if (i + S::kStages - 1 < my_tiles) load_tile(i + S::kStages - 1, next_pages[0]);
     cp_async_commit();
 #pragma unroll
@@ -299,12 +313,14 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
     }
     __syncwarp();  // the next iteration's copy refills this stage
   }
+  if (ticketing && my_tiles == 0) ticket = take_split_ticket(split, b);
   cp_async_wait<0>();
   __syncthreads();  // the pipeline buffers become the merge area
 
   float* sm_m = reinterpret_cast<float*>(smem_raw);
   float* sm_l = sm_m + kWarps * kDecodeHeadsPerBlock;
-  float* sm_o = sm_l + kWarps * kDecodeHeadsPerBlock;
+  float* sm_w = sm_l + kWarps * kDecodeHeadsPerBlock;
+  float* sm_o = sm_w + (kWarps + 2) * kDecodeHeadsPerBlock;
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
 #pragma unroll
@@ -324,13 +340,13 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int dim = S::kVRegs ? g * (D / 8) + 2 * j + r : 16 * j + 8 * r + g;
-          sm_o[row * D + dim] = o[j][2 * r + e];
+          sm_o[row * S::kMergeStride + dim] = o[j][2 * r + e];
         }
       }
     }
   }
   __syncthreads();
-  finish_decode<kWarps>(p, split, b, sm_m, sm_l, sm_o, kDecodeHeadsPerBlock, D);
+  finish_decode<kWarps>(p, split, b, sm_m, sm_l, sm_o, sm_w, kDecodeHeadsPerBlock, S::kMergeStride, ticket);
 }
 
 template <typename Q, typename T, typename KV, int D, int kWarps>

@@ -51,92 +51,100 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttentionParams& p, co
   return b;
 }
 
-__device__ __forceinline__ int32_t load_acquire(const int32_t* address) {
-  int32_t value;
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
+  uint32_t value;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
   return value;
 }
 
-// With several splits each (token, head block) has two counters: tickets, taken by each block
-// as its key loop ends (before it merges its warps, so the atomic's latency overlaps that work),
-// and rows written, counted once a block's partial rows are visible. The block with the last
-// ticket waits for the others' rows and merges all splits, so no second kernel (and no launch
-// gap) is needed, and it never waits for its own rows' write to be acknowledged (the barrier
-// makes them visible to its own threads, the fence and count the others'). It resets both
-// counters, which keeps CUDA-graph replays valid. Every block that holds a ticket is running,
-// so the wait always ends.
-__device__ __forceinline__ int32_t* split_counters(const DecodeSplit& split, const DecodeBlock& b) {
-  return split.counters + 2 * (b.token * gridDim.x + blockIdx.x);
+// With several splits each (token, head block) has one counter: its low 16 bits count tickets,
+// its high 16 bits the blocks whose partial rows are visible. A block takes its ticket as its
+// warp 0 starts its last tile, so the atomic's latency (about 0.9 us at the end of B=1 L=32768's
+// loop on the H200) hides under that tile; the block with the last ticket merges all splits once
+// every other block's rows are counted, which the ticket's own value usually shows already. No
+// second kernel (and no launch gap) is needed, and the merging block never waits for its own
+// rows' write to be acknowledged (the barrier makes them visible to its own threads, the fence
+// and count the others'). It resets the counter, which keeps CUDA-graph replays valid. Every
+// block that holds a ticket is running, so the wait always ends.
+__device__ __forceinline__ uint32_t* split_counter(const DecodeSplit& split, const DecodeBlock& b) {
+  return split.counters + b.token * gridDim.x + blockIdx.x;
+}
+
+// Thread 0's ticket, with the rows count as it stood (acquire: rows counted are visible after it).
+__device__ __forceinline__ uint32_t take_split_ticket(const DecodeSplit& split, const DecodeBlock& b) {
+  uint32_t old;
+  asm volatile("atom.acquire.gpu.global.add.u32 %0, [%1], 1;"
+               : "=r"(old)
+               : "l"(split_counter(split, b))
+               : "memory");
+  return old;
 }
 
 // Called by every thread once this block's partial rows are written (ticket: thread 0's).
 __device__ __forceinline__ void merge_splits_if_last(const AttentionParams& p, const DecodeSplit& split,
-                                                     const DecodeBlock& b, int32_t ticket) {
+                                                     const DecodeBlock& b, uint32_t ticket) {
   constexpr float kNegInf = -__builtin_huge_valf();
+  const uint32_t others = split.num_splits - 1;
   __shared__ bool last;
-  int32_t* counters = split_counters(split, b);
-  if (threadIdx.x == 0) last = ticket == split.num_splits - 1;
+  uint32_t* counter = split_counter(split, b);
+  if (threadIdx.x == 0) last = (ticket & 0xffffu) == others;
   __syncthreads();  // every thread's partial rows are written...
   if (!last) {
     if (threadIdx.x == 0) {
       __threadfence();  // ...and, through the barrier, ordered before the count (as a grid sync does)
-      atomicAdd(counters + 1, 1);
+      atomicAdd(counter, 1u << 16);
     }
     return;
   }
   if (threadIdx.x == 0) {
-    counters[0] = 0;
-    while (load_acquire(counters + 1) < split.num_splits - 1) {
-    }
-    counters[1] = 0;
+    for (uint32_t seen = ticket; (seen >> 16) < others;) seen = load_acquire(counter);
+    *counter = 0;  // every other block has made its last access
   }
   __syncthreads();
   auto row_of = [&](int s, int h) {
     return (static_cast<int64_t>(s) * split.num_tokens + b.token) * p.num_q_heads + b.head0 + h;
   };
-  // Four output elements per thread. Each group of kBatch splits is loaded at once (its LSEs with
-  // its rows: one memory latency per group, not one for the weights and one for the rows) and
-  // folded into a running maximum, in split order.
+  // Two output elements per thread, so that a group of 4 heads at head_dim 128 occupies all 256
+  // threads of a wide block. Each group of kBatch splits is loaded at once (its LSEs with its
+  // rows: one memory latency per group, not one for the weights and one for the rows) and folded
+  // into a running maximum, in split order. The LSEs are in log2 units, so each weight is one
+  // exp2.
   constexpr int kBatch = 16;
-  const int quads = p.v_head_dim / 4;
-  for (int idx = threadIdx.x; idx < b.num_heads * quads; idx += blockDim.x) {
-    const int h = idx / quads;
-    const int d = (idx % quads) * 4;
+  const int pairs = p.v_head_dim / 2;
+  for (int idx = threadIdx.x; idx < b.num_heads * pairs; idx += blockDim.x) {
+    const int h = idx / pairs;
+    const int d = (idx % pairs) * 2;
     float run_max = kNegInf, denom = 0.0f;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float2 acc = make_float2(0.0f, 0.0f);
     for (int s0 = 0; s0 < split.num_splits; s0 += kBatch) {
       float lse[kBatch];
-      float4 v[kBatch];
+      float2 v[kBatch];
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
         const int s = s0 + k;
         lse[k] = s < split.num_splits ? __ldcg(split.partial_lse + row_of(s, h)) : kNegInf;
         v[k] = s < split.num_splits
-                   ? __ldcg(reinterpret_cast<const float4*>(split.partial_out + row_of(s, h) * p.v_head_dim + d))
-                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                   ? __ldcg(reinterpret_cast<const float2*>(split.partial_out + row_of(s, h) * p.v_head_dim + d))
+                   : make_float2(0.0f, 0.0f);
       }
       float mx = run_max;
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) mx = fmaxf(mx, lse[k]);
-      if (mx == kNegInf) continue;
-      const float rescale = run_max == kNegInf ? 0.0f : expf(run_max - mx);
+      const float base = mx == kNegInf ? 0.0f : mx;
+      const float rescale = exp2f(run_max - base);  // 0 while run_max is -inf
       denom *= rescale;
       acc.x *= rescale;
       acc.y *= rescale;
-      acc.z *= rescale;
-      acc.w *= rescale;
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
-        const float e = lse[k] == kNegInf ? 0.0f : expf(lse[k] - mx);
+        const float e = exp2f(lse[k] - base);  // 0 for an empty split (-inf)
         denom += e;
         acc.x += e * v[k].x;
         acc.y += e * v[k].y;
-        acc.z += e * v[k].z;
-        acc.w += e * v[k].w;
       }
       run_max = mx;
     }
-    float total_lse = run_max == kNegInf ? kNegInf : run_max + logf(denom);
+    float total_lse = run_max == kNegInf ? kNegInf : (run_max + log2f(denom)) * kLn2;
     float out_scale = denom > 0.0f ? 1.0f / denom : 0.0f;
     if (p.sinks != nullptr) {
       float sink_scale = 1.0f;
@@ -146,49 +154,76 @@ __device__ __forceinline__ void merge_splits_if_last(const AttentionParams& p, c
     const int64_t out = b.token * p.out_stride_token + (b.head0 + h) * p.out_stride_head + d;
     store_io(p.out, p.io_dtype, out, acc.x * out_scale * p.v_descale);
     store_io(p.out, p.io_dtype, out + 1, acc.y * out_scale * p.v_descale);
-    store_io(p.out, p.io_dtype, out + 2, acc.z * out_scale * p.v_descale);
-    store_io(p.out, p.io_dtype, out + 3, acc.w * out_scale * p.v_descale);
     if (p.lse != nullptr && d == 0) p.lse[b.token * p.lse_stride_token + b.head0 + h] = total_lse;
   }
 }
 
 // Merges kParts partial states per head: m (running max, log2 units), l (sum of exp2) and o
 // (unnormalised output) at sm_m[part * heads_stride + h], sm_l[...] and
-// sm_o[(part * heads_stride + h) * o_stride + d]. Must be called by every thread after a barrier.
+// sm_o[(part * heads_stride + h) * o_stride + d] (o_stride even). sm_w takes kParts * heads_stride
+// + 2 * heads_stride floats. ticket: thread 0's take_split_ticket when there are several splits.
+// Must be called by every thread after a barrier.
 template <int kParts>
 __device__ __forceinline__ void finish_decode(const AttentionParams& p, const DecodeSplit& split,
                                               const DecodeBlock& b, const float* sm_m, const float* sm_l,
-                                              const float* sm_o, int heads_stride, int o_stride) {
+                                              const float* sm_o, float* sm_w, int heads_stride, int o_stride,
+                                              uint32_t ticket) {
+  static_assert(kParts <= 32 && (kParts & (kParts - 1)) == 0, "parts are lanes of one warp");
   constexpr float kNegInf = -__builtin_huge_valf();
-  int32_t ticket = 0;
-  if (split.num_splits > 1 && threadIdx.x == 0) ticket = atomicAdd(split_counters(split, b), 1);
-  for (int idx = threadIdx.x; idx < b.num_heads * p.v_head_dim; idx += blockDim.x) {
-    const int h = idx / p.v_head_dim;
-    const int d = idx % p.v_head_dim;
-    float mx = kNegInf;
-    for (int g = 0; g < kParts; ++g) mx = fmaxf(mx, sm_m[g * heads_stride + h]);
-    float sum_l = 0.0f, sum_o = 0.0f;
-    if (mx != kNegInf) {
-      for (int g = 0; g < kParts; ++g) {
-        const float w = exp2f(sm_m[g * heads_stride + h] - mx);
-        sum_l += w * sm_l[g * heads_stride + h];
-        sum_o += w * sm_o[(g * heads_stride + h) * o_stride + d];
-      }
+  // Each part's weight per head once (kParts neighbouring lanes per head), then two output
+  // elements per thread from the weights (recomputing them for every element took four times
+  // the shared-memory loads).
+  float* sm_lse2 = sm_w + kParts * heads_stride;  // LSE of this key range in log2 units (as m)
+  float* sm_inv = sm_lse2 + heads_stride;         // 1 / l, 0 for a head that saw no key
+  const int weights = b.num_heads * kParts;  // a multiple of kParts: a group is all in or all out
+  if (threadIdx.x < (weights + 31) / 32 * 32) {  // whole warps, for the shuffles
+    const bool in = static_cast<int>(threadIdx.x) < weights;
+    const int h = threadIdx.x / kParts;
+    const int g = threadIdx.x % kParts;
+    const float m = in ? sm_m[g * heads_stride + h] : kNegInf;
+    float mx = m;
+#pragma unroll
+    for (int lanes = 1; lanes < kParts; lanes *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, lanes, kParts));
+    const float w = mx == kNegInf ? 0.0f : exp2f(m - mx);
+    float sum_l = in ? w * sm_l[g * heads_stride + h] : 0.0f;
+#pragma unroll
+    for (int lanes = 1; lanes < kParts; lanes *= 2) sum_l += __shfl_xor_sync(0xffffffffu, sum_l, lanes, kParts);
+    if (in) sm_w[g * heads_stride + h] = w;
+    if (in && g == 0) {
+      sm_lse2[h] = sum_l > 0.0f ? mx + log2f(sum_l) : kNegInf;
+      sm_inv[h] = sum_l > 0.0f ? 1.0f / sum_l : 0.0f;
     }
-    // Natural-log LSE of this key range (m is in log2 units).
-    const float lse = sum_l > 0.0f ? (mx + log2f(sum_l)) * kLn2 : kNegInf;
-    const float o_norm = sum_l > 0.0f ? sum_o / sum_l : 0.0f;
+  }
+  __syncthreads();
+  const int pairs = p.v_head_dim / 2;
+  for (int idx = threadIdx.x; idx < b.num_heads * pairs; idx += blockDim.x) {
+    const int h = idx / pairs;
+    const int d = (idx % pairs) * 2;
+    float2 sum_o = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int g = 0; g < kParts; ++g) {
+      const float w = sm_w[g * heads_stride + h];
+      const float2 o = *reinterpret_cast<const float2*>(sm_o + (g * heads_stride + h) * o_stride + d);
+      sum_o.x += w * o.x;
+      sum_o.y += w * o.y;
+    }
+    const float lse2 = sm_lse2[h];
+    const float inv = sm_inv[h];
     const int head = b.head0 + h;
     if (split.num_splits == 1) {
-      float out_scale = 1.0f;
-      const float total = p.sinks != nullptr ? join_sink(lse, p.sinks[head], out_scale) : lse;
-      store_io(p.out, p.io_dtype, b.token * p.out_stride_token + head * p.out_stride_head + d,
-               o_norm * out_scale * p.v_descale);
+      float sink_scale = 1.0f;
+      const float lse = lse2 * kLn2;
+      const float total = p.sinks != nullptr ? join_sink(lse, p.sinks[head], sink_scale) : lse;
+      const float out_scale = inv * sink_scale * p.v_descale;
+      const int64_t out = b.token * p.out_stride_token + head * p.out_stride_head + d;
+      store_io(p.out, p.io_dtype, out, sum_o.x * out_scale);
+      store_io(p.out, p.io_dtype, out + 1, sum_o.y * out_scale);
       if (p.lse != nullptr && d == 0) p.lse[b.token * p.lse_stride_token + head] = total;
     } else {
       const int64_t row = (static_cast<int64_t>(b.split) * split.num_tokens + b.token) * p.num_q_heads + head;
-      split.partial_out[row * p.v_head_dim + d] = o_norm;
-      if (d == 0) split.partial_lse[row] = lse;
+      *reinterpret_cast<float2*>(split.partial_out + row * p.v_head_dim + d) =
+          make_float2(sum_o.x * inv, sum_o.y * inv);
+      if (d == 0) split.partial_lse[row] = lse2;
     }
   }
   if (split.num_splits > 1) merge_splits_if_last(p, split, b, ticket);

@@ -68,6 +68,20 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* global_s
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem_dst)), "l"(global_src),
                "r"(valid ? 16 : 0));
 }
+// An L2 policy for data read once: its lines are the first to go, before anything else.
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// The same as cp_async_16 for streamed data: on a miss the L2 fetches the whole 128-byte line
+// rather than the chunk's sectors alone, and keeps it under `policy`.
+__device__ __forceinline__ void cp_async_16_stream(void* smem_dst, const void* global_src, bool valid,
+                                                   uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2, %3;\n"
+               :
+               : "r"(smem_address(smem_dst)), "l"(global_src), "r"(valid ? 16 : 0), "l"(policy));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
