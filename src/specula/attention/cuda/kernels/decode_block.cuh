@@ -61,7 +61,7 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* address) {
 // its high 16 bits the blocks whose partial rows are visible. A block takes its ticket as its
 // warp 0 starts its last tile, so the atomic's latency (about 0.9 us at the end of B=1 L=32768's
 // loop on the H200) hides under that tile; the block with the last ticket merges all splits once
-// every other block's rows are counted, which the ticket's own value usually shows already. No
+// every other block's rows are counted (the ticket's own value shows the count so far). No
 // second kernel (and no launch gap) is needed, and the merging block never waits for its own
 // rows' write to be acknowledged (the barrier makes them visible to its own threads, the fence
 // and count the others'). It resets the counter, which keeps CUDA-graph replays valid. Every
