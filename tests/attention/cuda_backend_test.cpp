@@ -38,12 +38,12 @@ void check_cuda(HarnessConfig c, const char* what) {
   expect_close_to_reference(got, h.reference<double>(), h.reference<float>({}, true), 2e-3, what);
 }
 
-// A decode step of 32 query / 8 KV heads (requests added by the caller); fp8 caches get descales.
-HarnessConfig gqa_decode(int page_size, DType kv_dtype) {
+// A decode step (requests added by the caller); fp8 caches get descales.
+HarnessConfig decode_config(int num_q_heads, int num_kv_heads, int page_size, DType kv_dtype) {
   HarnessConfig c;
   c.mode = ForwardMode::DECODE;
-  c.num_q_heads = 32;
-  c.num_kv_heads = 8;
+  c.num_q_heads = num_q_heads;
+  c.num_kv_heads = num_kv_heads;
   c.page_size = page_size;
   c.kv_dtype = kv_dtype;
   if (kv_dtype == DType::fp8_e4m3) {
@@ -61,24 +61,16 @@ class CudaAttention : public ::testing::Test {
 TEST_F(CudaAttention, DecodeGqaAndMha) {
   auto rng = rng_for_shapes();
   for (auto [hq, hk] : {std::pair{8, 8}, std::pair{32, 8}, std::pair{12, 4}, std::pair{16, 2}, std::pair{6, 2}}) {
-    HarnessConfig c;
-    c.mode = ForwardMode::DECODE;
+    HarnessConfig c = decode_config(hq, hk, 16, DType::bf16);
     c.requests = random_requests(rng, 5, 700, 1, ForwardMode::DECODE);
-    c.num_q_heads = hq;
-    c.num_kv_heads = hk;
-    c.page_size = 16;
     check_cuda(c, "decode GQA");
   }
 }
 
 TEST_F(CudaAttention, DecodeSplitKvLongSequence) {
-  HarnessConfig c;
-  c.mode = ForwardMode::DECODE;
+  HarnessConfig c = decode_config(8, 2, 64, DType::bf16);
   c.requests = {{6000, 1}, {3, 1}};
-  c.num_q_heads = 8;
-  c.num_kv_heads = 2;
   c.head_dim = 128;
-  c.page_size = 64;
   check_cuda(c, "decode split-KV");
   EXPECT_GT(choose_decode_plan(2, 2, 6001, 132).splits, 1);
   EXPECT_EQ(choose_decode_plan(64, 8, 4096, 132).splits, 1) << "a full batch must not split";
@@ -98,7 +90,7 @@ TEST_F(CudaAttention, DecodeSplitPlansWideAndNarrow) {
       const bool full = bs * 8 >= sms;
       EXPECT_EQ(plan.splits > 1, !full) << "bs " << bs;
       EXPECT_EQ(plan.warps, bs == 2 ? 8 : 4) << "bs " << bs;
-      HarnessConfig c = gqa_decode(16, kv_dtype);
+      HarnessConfig c = decode_config(32, 8, 16, kv_dtype);
       for (int i = 0; i < bs; ++i) c.requests.push_back({full ? len(rng) / 8 : len(rng), 1});
       check_cuda(c, bs == 2 ? "decode, wide split plan" : full ? "decode, unsplit plan" : "decode, narrow split plan");
     }
@@ -118,7 +110,7 @@ TEST_F(CudaAttention, DecodeLongUnsplitRanges) {
       const DecodePlan plan = choose_decode_plan(bs, 8, 2113, sms);
       EXPECT_EQ(plan.splits, 1);
       EXPECT_EQ(plan.warps, 4);
-      HarnessConfig c = gqa_decode(ps, kv_dtype);
+      HarnessConfig c = decode_config(32, 8, ps, kv_dtype);
       for (int i = 0; i < bs; ++i) c.requests.push_back({len(rng), 1});
       check_cuda(c, "decode, long unsplit ranges");
     }
@@ -256,13 +248,9 @@ TEST_F(CudaAttention, SoftCapSinksAndCustomScale) {
 TEST_F(CudaAttention, DecodeManySplitsWithSinks) {
   std::mt19937 rng = rng_for_shapes();
   std::uniform_int_distribution<int> len(9000, 11000);
-  HarnessConfig c;
-  c.mode = ForwardMode::DECODE;
+  HarnessConfig c = decode_config(6, 1, 16, DType::bf16);
   c.requests = {{len(rng), 1}, {len(rng), 1}};
-  c.num_q_heads = 6;
-  c.num_kv_heads = 1;
   c.head_dim = 64;
-  c.page_size = 16;
   c.sinks = true;
   check_cuda(c, "decode many splits, sinks");
   EXPECT_GT(choose_decode_plan(2, 1, 9000, 132).splits, 32);
@@ -349,20 +337,11 @@ TEST_F(CudaAttention, DecodeConvertedCachesEveryHeadDim) {
   for (int d : {64, 80, 96, 128, 256}) {
     for (auto [q_dtype, kv_dtype] : {std::pair{DType::bf16, DType::fp8_e4m3}, std::pair{DType::f16, DType::fp8_e4m3},
                                      std::pair{DType::bf16, DType::f16}}) {
-      HarnessConfig c;
-      c.mode = ForwardMode::DECODE;
+      HarnessConfig c = decode_config(12, 2, 16, kv_dtype);
       c.requests = random_requests(rng, 2, 300, 1, ForwardMode::DECODE);
       c.requests.push_back({len(rng), 1});
       c.head_dim = d;
-      c.num_q_heads = 12;
-      c.num_kv_heads = 2;
-      c.page_size = 16;
       c.q_dtype = q_dtype;
-      c.kv_dtype = kv_dtype;
-      if (kv_dtype == DType::fp8_e4m3) {
-        c.k_scale = 0.031f;
-        c.v_scale = 0.45f;
-      }
       check_cuda(c, "decode converted cache");
     }
   }
