@@ -50,7 +50,8 @@ AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionB
   backend_.check_layer(layer_, c.q_dtype, c.kv_dtype);
 
   PagedTokenAllocator allocator(static_cast<int64_t>(bs) * pages_per_req * c.page_size, c.page_size);
-  kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator.total_slots(), 1, c.num_kv_heads, c.head_dim,
+  SPECULA_CHECK(c.layers >= 1, "bench case '{}': layers {} must be at least 1", c.name, c.layers);
+  kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator.total_slots(), c.layers, c.num_kv_heads, c.head_dim,
                                                       c.head_dim, c.kv_dtype, device});
   req_pool_ = std::make_unique<ReqToTokenPool>(bs, seq_len);
   // Pages in shuffled order, so reads are as scattered as in a long-running server.
@@ -81,8 +82,10 @@ AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionB
       batch_.positions.push_back(t);
     }
   }
-  fill_random(kv_pool_->k_buffer(0), rng, 1.0f);
-  fill_random(kv_pool_->v_buffer(0), rng, 1.0f);
+  for (int l = 0; l < c.layers; ++l) {
+    fill_random(kv_pool_->k_buffer(l), rng, 1.0f);
+    fill_random(kv_pool_->v_buffer(l), rng, 1.0f);
+  }
 
   const int64_t n = batch_.num_tokens();
   q_ = Buffer(c.q_dtype, {n, c.num_q_heads, c.head_dim}, device);
@@ -96,7 +99,8 @@ AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionB
 
 void AttentionBenchSetup::init_metadata() { backend_.init_forward_metadata(batch_); }
 
-void AttentionBenchSetup::run_layer() {
+void AttentionBenchSetup::run_layer(int layer) {
+  layer_.layer_id = layer;
   ForwardOptions options;
   options.save_kv_cache = false;
   backend_.forward(q_, k_, v_, out_, layer_, batch_, options);

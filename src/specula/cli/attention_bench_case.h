@@ -28,6 +28,9 @@ struct AttentionBenchCase {
   DType kv_dtype = DType::bf16;
   DType q_dtype = DType::bf16;
   bool causal = true;
+  // Layers whose calls run back to back in one timed step, each over its own cache (so no layer
+  // finds another's KV in the L2); figures are per layer. 1: one isolated call.
+  int layers = 1;
 };
 
 class AttentionBenchSetup {
@@ -38,12 +41,12 @@ class AttentionBenchSetup {
                       uint64_t seed = 1234);
 
   void init_metadata();  // once per step
-  void run_layer();      // one layer's attention (the KV is already in the cache)
+  void run_layer(int layer = 0);  // one layer's attention (the KV is already in the cache)
 
   const AttentionBenchCase& bench_case() const { return case_; }
   int64_t num_query_tokens() const { return batch_.num_tokens(); }
-  double kv_bytes_read() const;      // every visible K and V row read once per KV head
-  double attention_flops() const;    // 2 * (head_dim + v_head_dim) per visible (query, key, head)
+  double kv_bytes_read() const;      // per layer: every visible K and V row read once per KV head
+  double attention_flops() const;    // per layer: 2 * (head_dim + v_head_dim) per visible (query, key, head)
 
  private:
   AttentionBenchCase case_;

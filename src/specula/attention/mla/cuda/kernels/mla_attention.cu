@@ -101,25 +101,25 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float mx = kNegInf;
+      float part[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      for (int j = 0; j < 8; ++j) part[j] = fmaxf(s[j][2 * r], s[j][2 * r + 1]);
+      float mx = tree_reduce(part, MaxOp{});
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_tile = mx * p.scale_log2;
       const float m_new = m_tile > m[r] + (kFp8 ? kLazyRescale : 0.0f) ? m_tile : m[r];
       // A row that has seen no key keeps -inf; subtracting 0 instead avoids inf - inf.
       const float base = m_new == kNegInf ? 0.0f : m_new;
-      alpha[r] = exp2f(m[r] - base);
+      alpha[r] = exp2_ftz(m[r] - base);
       m[r] = m_new;
-      float sum = 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        s[j][2 * r] = exp2f(fmaf(s[j][2 * r], p.scale_log2, -base));
-        s[j][2 * r + 1] = exp2f(fmaf(s[j][2 * r + 1], p.scale_log2, -base));
-        sum += s[j][2 * r] + s[j][2 * r + 1];
+        s[j][2 * r] = exp2_ftz(fmaf(s[j][2 * r], p.scale_log2, -base));
+        s[j][2 * r + 1] = exp2_ftz(fmaf(s[j][2 * r + 1], p.scale_log2, -base));
+        part[j] = s[j][2 * r] + s[j][2 * r + 1];
       }
-      l[r] = l[r] * alpha[r] + sum;
+      l[r] = l[r] * alpha[r] + tree_reduce(part, AddOp{});
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
