@@ -22,6 +22,7 @@ struct GpuCase {
   DType kv_dtype = DType::bf16;
   int page_size = 64;
   bool interleave = true;  // rope_interleave
+  int nope_v = 32;          // qk_nope_head_dim and v_head_dim: 128 prefills in the expanded form
 };
 
 // The widths the CUDA MLA backend serves (kv_lora_rank 512, rope 64), small elsewhere.
@@ -50,6 +51,7 @@ TEST_P(CudaDeepseek, MatchesTheReferenceAndTheCpuPath) {
   shape.q_lora = p.q_lora;
   shape.yarn = p.yarn;
   shape.interleave = p.interleave;
+  shape.nope = shape.v = p.nope_v;
   const test::TinyDeepseek m = test::make_tiny_deepseek(shape, seed);
   const auto dir = std::filesystem::temp_directory_path() / ("specula_cuda_deepseek_" + std::to_string(seed));
   test::write_tiny_checkpoint(dir, test::deepseek_config(shape), m.weights);
@@ -57,9 +59,12 @@ TEST_P(CudaDeepseek, MatchesTheReferenceAndTheCpuPath) {
   o.device = Device::cuda(0);
   o.page_size = p.page_size;
   o.kv_dtype = p.kv_dtype;
+  // Forced, so the case cannot pass through the absorbed form unnoticed; decode stays absorbed.
+  if (p.nope_v == 128) o.mla_extend_form = MlaExtendForm::expanded;
   Generator gpu(dir, o);
   GeneratorOptions co = o;
   co.device = Device::cpu();
+  co.mla_extend_form = MlaExtendForm::automatic;
   Generator cpu(dir, co);
   const MlaKVFormat format = p.kv_dtype == DType::fp8_e4m3 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
   // The GPU rounds absorbed queries and attention outputs to bf16.
@@ -93,7 +98,10 @@ INSTANTIATE_TEST_SUITE_P(All, CudaDeepseek,
                          ::testing::Values(GpuCase{"QProjBf16Page64"}, GpuCase{"QLoraYarnBf16Page1", 64, true, DType::bf16, 1},
                                            GpuCase{"QLoraFp8Page64", 64, false, DType::fp8_e4m3, 64},
                                            GpuCase{"YarnFp8Page16", 0, true, DType::fp8_e4m3, 16},
-                                           GpuCase{"HalvesRopeBf16Page16", 64, false, DType::bf16, 16, false}),
+                                           GpuCase{"HalvesRopeBf16Page16", 64, false, DType::bf16, 16, false},
+                                           GpuCase{"ExpandedPrefillBf16Page64", 0, true, DType::bf16, 64, true, 128},
+                                           GpuCase{"ExpandedPrefillQLoraFp8Page16", 64, false, DType::fp8_e4m3, 16, true,
+                                                   128}),
                          [](const auto& info) { return info.param.name; });
 
 // Several requests decoding together through captured graphs (5 requests run in the graph of 8,

@@ -20,6 +20,8 @@
 #ifdef SPECULA_HAS_CUDA
 #include "specula/cli/cuda_ceilings.h"
 #include "specula/cli/cuda_timing.h"
+#include "specula/model/cuda/cuda_linear.h"
+#include "specula/model/cuda/mla_ops.h"
 #endif
 
 namespace specula {
@@ -36,6 +38,10 @@ struct MlaBenchCase {
   MlaKVFormat format = MlaKVFormat::bf16;
   int topk = 0;        // > 0: sparse
   bool indexer = false;  // time the lightning indexer (64 heads x 128) instead of attention
+  // Extend in the expanded form (forward_expanded at 192 / 128), kv_b_proj's sgemm and the K/V
+  // packing included; expand_nothing: without them (the gather, the attention and the merges).
+  bool expanded = false;
+  bool expand_nothing = false;
 };
 
 struct MlaBenchResult {
@@ -127,6 +133,7 @@ MlaBenchResult time_case(const MlaBenchCase& c, Device device, L2Start l2) {
   bo.device = device;
   bo.page_size = kPage;
   bo.max_context_len = pages_per_req * kPage;
+  bo.extend_form = c.expanded ? MlaExtendForm::expanded : MlaExtendForm::absorbed;
   auto backend = make_mla_backend("cuda", bo);
   MlaLayer layer;
   layer.num_q_heads = c.num_q_heads;
@@ -157,6 +164,37 @@ MlaBenchResult time_case(const MlaBenchCase& c, Device device, L2Start l2) {
     r.seconds = cuda_median_seconds([&] { backend->indexer_topk(q, weights, TensorView(), layer, batch, out, false); }, 20, 2, l2);
     r.tflops = 2.0 * static_cast<double>(n) * kv_len * kIndexHeads * kIndexDim / r.seconds * 1e-12;
     r.tbps = static_cast<double>(c.batch_size) * kv_len * (kIndexDim + 4) / r.seconds * 1e-12;
+    return r;
+  }
+  if (c.expanded) {
+    constexpr int kNope = 128, kV = 128, kRope = 64;
+    const int H = c.num_q_heads;
+    const Buffer q = random_device_bf16({n, H, kNope + kRope});
+    Buffer out(DType::bf16, {n, H, kV}, device);
+    // kv_b_proj as DeepseekCudaModel's expanded form holds it: bf16 [H (nope + v), 512], and the
+    // same products.
+    std::vector<float> w(static_cast<size_t>(H) * (kNope + kV) * 512);
+    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(512.0f));
+    for (float& x : w) x = normal(rng);
+    const Buffer wkv_b = upload_bf16(w, device);
+    const CudaLinear linear(device, nullptr, false);
+    const int64_t head_rows = (kNope + kV) * 512;
+    const MlaExpandFn expand = [&](const void* kv_c, const void* k_pe, int64_t rows, void* k, void* v) {
+      if (c.expand_nothing) return;
+      const auto* wb = static_cast<const uint16_t*>(wkv_b.data());
+      linear.batched_bf16({kv_c, 512, 0}, {wb, 512, head_rows}, k, int64_t{H} * (kNope + kRope), kNope + kRope, rows,
+                          512, kNope, H);
+      linear.batched_bf16({kv_c, 512, 0}, {wb + kNope * 512, 512, head_rows}, v, int64_t{H} * kV, kV, rows, 512, kV, H);
+      cuda_kernels::mla_broadcast_k_pe(k_pe, k, rows, H, kNope, kRope, nullptr);
+    };
+    MlaForwardOptions fo;
+    fo.save_kv_cache = false;
+    const TensorView none;
+    r.seconds = cuda_median_seconds([&] { backend->forward_expanded(q, none, none, out, layer, batch, expand, fo); },
+                                    20, 2, l2);
+    const double keys_per_token = c.seq_len + (c.q_len + 1) / 2.0;
+    r.tflops = 2.0 * (kNope + kRope + kV) * static_cast<double>(n) * H * keys_per_token / r.seconds * 1e-12;
+    r.tbps = static_cast<double>(c.batch_size) * kv_len * static_cast<double>(pool.row_bytes()) / r.seconds * 1e-12;
     return r;
   }
   const Buffer q = random_device_bf16({n, c.num_q_heads, 576});
@@ -199,7 +237,7 @@ int run_mla_bench(const MlaBenchOptions& o) {
   const CudaCeilings ceilings = measure_cuda_ceilings(device);
   std::vector<MlaBenchCase> cases;
   auto add = [&](std::string name, int heads, int q_len, MlaKVFormat fmt, int topk, bool indexer = false,
-                 int batch_size = 128, int seq_len = 4096, bool extend = false) {
+                 int batch_size = 128, int seq_len = 4096, bool extend = false, int expanded = 0) {
     MlaBenchCase c;
     c.name = std::move(name);
     c.num_q_heads = heads;
@@ -210,6 +248,8 @@ int run_mla_bench(const MlaBenchOptions& o) {
     c.batch_size = batch_size;
     c.seq_len = seq_len;
     c.extend = extend;
+    c.expanded = expanded > 0;
+    c.expand_nothing = expanded == 2;
     cases.push_back(c);
   };
   add("dense bf16 h128 q1 L4096", 128, 1, MlaKVFormat::bf16, 0);
@@ -219,10 +259,17 @@ int run_mla_bench(const MlaBenchOptions& o) {
   add("sparse fp8 h128 q2 topk2048", 128, 2, MlaKVFormat::fp8_ds_mla, 2048);
   add("sparse bf16 h128 q2 topk2048", 128, 2, MlaKVFormat::bf16, 2048);
   add("indexer h64 q2 L4096 topk2048", 128, 2, MlaKVFormat::fp8_ds_mla, 2048, true);
-  // Absorbed prefill, against which the expanded form (per-head K/V from kv_b_proj, 192 + 128
-  // wide instead of 576 + 512) is weighed in docs/PERFORMANCE.md.
-  add("extend bf16 h16 B1 S4096", 16, 4096, MlaKVFormat::bf16, 0, false, 1, 0, true);
-  add("extend bf16 h128 B1 S4096", 128, 4096, MlaKVFormat::bf16, 0, false, 1, 0, true);
+  // Prefill in both forms: absorbed (576 + 512 wide), and expanded (per-head K/V from kv_b_proj,
+  // 192 + 128 wide; "attn" rows leave out kv_b_proj's sgemm and the packing). The expanded rows
+  // count 2 x (192 + 128) FLOPs per head per key; compare the forms by ms/call.
+  for (int heads : {16, 128}) {
+    for (int prefix : {0, 4096}) {
+      const std::string shape = fmt::format("h{} B1 P{} S4096", heads, prefix);
+      add("extend absorbed " + shape, heads, 4096, MlaKVFormat::bf16, 0, false, 1, prefix, true);
+      add("extend expanded " + shape, heads, 4096, MlaKVFormat::bf16, 0, false, 1, prefix, true, 1);
+      add("extend expanded attn " + shape, heads, 4096, MlaKVFormat::bf16, 0, false, 1, prefix, true, 2);
+    }
+  }
   std::vector<MlaBenchResult> results;
   for (const MlaBenchCase& c : cases) {
     if (!o.filter.empty() && c.name.find(o.filter) == std::string::npos) continue;
@@ -234,9 +281,9 @@ int run_mla_bench(const MlaBenchOptions& o) {
   fmt::print("B=128, page 64, kv_lora_rank 512 + rope 64, one layer per call; FLOPs 2 x (576 + 512) per head per key; "
              "L2 {} at each call's start\n\n",
              o.l2);
-  fmt::print("{:<32} {:>9} {:>9} {:>8} {:>9} {:>8}\n", "case", "ms/call", "TB/s", "of copy", "TFLOP/s", "of gemm");
+  fmt::print("{:<38} {:>9} {:>9} {:>8} {:>9} {:>8}\n", "case", "ms/call", "TB/s", "of copy", "TFLOP/s", "of gemm");
   for (const MlaBenchResult& r : results) {
-    fmt::print("{:<32} {:>9.3f} {:>9.2f} {:>7.0f}% {:>9.1f} {:>7.0f}%\n", r.c.name, r.seconds * 1e3, r.tbps,
+    fmt::print("{:<38} {:>9.3f} {:>9.2f} {:>7.0f}% {:>9.1f} {:>7.0f}%\n", r.c.name, r.seconds * 1e3, r.tbps,
                100 * r.tbps / ceilings.copy_tbps, r.tflops, 100 * r.tflops / ceilings.gemm_tflops);
   }
   if (!o.json_path.empty()) {

@@ -41,6 +41,9 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
       ->capture_default_str();
   cmd.add_option("--cuda-graph-bs", f.cuda_graph_bs, "Decode batch sizes to capture (default: 1 2 4 8 16 24 ...)")
       ->delimiter(',');
+  cmd.add_option("--mla-extend-form", f.mla_extend_form,
+                 "MLA models on a GPU: prefill in the absorbed or expanded form, or auto (the cheaper per step)")
+      ->capture_default_str();
   cmd.add_option("--speculative-algorithm", f.speculative_algorithm,
                  "EAGLE or EAGLE3 tree speculative decoding (default: off)");
   cmd.add_option("--draft-model", f.draft_model,
@@ -64,6 +67,7 @@ EngineOptions engine_options(const EngineFlags& f) {
   o.runner.deterministic = f.deterministic;
   o.runner.cuda_graph_max_bs = f.cuda_graph_max_bs;
   o.runner.cuda_graph_batch_sizes = f.cuda_graph_bs;
+  o.runner.mla_extend_form = parse_mla_extend_form(f.mla_extend_form);
   o.scheduler.max_queued_requests = f.max_queued_requests;
   o.scheduler.chunked_prefill_size = f.chunked_prefill_size;
   o.scheduler.disable_radix_cache = f.disable_radix_cache;

@@ -29,6 +29,7 @@ struct EngineFlags {
   bool deterministic = false;
   int cuda_graph_max_bs = 64;
   std::vector<int> cuda_graph_bs;
+  std::string mla_extend_form = "auto";
   // Speculative decoding (SGLang's flag names); 0 means the default.
   std::string speculative_algorithm;  // empty: off; EAGLE or EAGLE3
   std::string draft_model;

@@ -43,6 +43,8 @@ DeepseekModel::DeepseekModel(const ModelConfig& c, const WeightSource& ckpt) : C
     a.num_q_heads = c.num_attention_heads;
     a.kv_lora_rank = m.kv_lora_rank;
     a.qk_rope_head_dim = m.qk_rope_head_dim;
+    a.qk_nope_head_dim = m.qk_nope_head_dim;
+    a.v_head_dim = m.v_head_dim;
     a.scaling = static_cast<float>(m.softmax_scale);
     mla_layers_.push_back(a);
   }

@@ -35,6 +35,7 @@ DeepseekCudaModel::DeepseekCudaModel(const DeepseekModel& host, Device device) :
     d.wq_b = upload_weight(l.wq_b, device);
     d.kv_a_norm = upload_f32(l.kv_a_norm, device);
     d.wkv_b = upload_f32(l.wkv_b, device);
+    d.wkv_b_bf16 = upload_bf16(l.wkv_b, device);
     d.wo = upload_weight(l.wo, device);
     d.w_gate_up = upload_weight(stack_rows({&l.w_gate, &l.w_up}), device);
     d.w_down = upload_weight(l.w_down, device);
@@ -52,8 +53,8 @@ size_t DeepseekCudaModel::weight_bytes() const {
   auto held = [](const Buffer& b) { return b.data() != nullptr ? b.nbytes() : 0; };
   size_t bytes = ends_->bytes();
   for (const Layer& l : layers_) {
-    for (const Buffer* b : {&l.input_norm, &l.post_norm, &l.w_in, &l.q_a_norm, &l.wq_b, &l.kv_a_norm, &l.wkv_b, &l.wo,
-                            &l.w_gate_up, &l.w_down}) {
+    for (const Buffer* b : {&l.input_norm, &l.post_norm, &l.w_in, &l.q_a_norm, &l.wq_b, &l.kv_a_norm, &l.wkv_b,
+                            &l.wkv_b_bf16, &l.wo, &l.w_gate_up, &l.w_down}) {
       bytes += held(*b);
     }
   }
@@ -105,6 +106,8 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
   const TensorView kv_c_view(kv_c.data(), DType::f32, {n, R}, device_);
   const TensorView k_pe_view(k_pe.data(), DType::f32, {n, rope}, device_);
   const TensorView out_view(out.data(), DType::bf16, {n, H, R}, device_);
+  // Chosen by the backend for the whole step (init_forward_metadata).
+  const bool expanded = backend.expanded_step();
 
   ends_->embed_rows(ids, x, n, 1.0f, s);
   ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
@@ -118,7 +121,7 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
     }
     const float* wkv_b = w.wkv_b.data_as<const float>();
     const int64_t head_rows = static_cast<int64_t>(nope + vd) * R;  // kv_b_proj floats per head
-    if (n > 0) {
+    if (n > 0 && !expanded) {
       // Absorption: q_latent[:, h] = q_nope[:, h] W_UK[h].
       linear_->batched({q, q_stride, qk}, {wkv_b, R, head_rows}, false, q_latent, static_cast<int64_t>(H) * R, R, n,
                        nope, R, H);
@@ -126,7 +129,7 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
     ck::rms_norm_strided(in + q_width, in_width, w.kv_a_norm.data_as<const float>(), kv_c.data_as<float>(), R, n, R,
                          DeepseekModel::kLatentNormEps, s);
     ck::MlaPackParams pack{};
-    pack.q_latent = q_latent;
+    pack.q_latent = expanded ? nullptr : q_latent;
     pack.q = q;
     pack.q_stride = q_stride;
     pack.qk_head_dim = qk;
@@ -144,9 +147,25 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
     pack.kv_lora_rank = R;
     pack.rope_dim = rope;
     ck::mla_pack(pack, s);
-    backend.forward(q_view, kv_c_view, k_pe_view, out_view, host_.mla_layers()[l], batch, MlaForwardOptions{});
-    ck::bf16_to_f32(out.data(), out_f32, n * H * R, s);
-    if (n > 0) {
+    if (expanded) {
+      // Per head: k_nope = c W_UK[h]^T into K's first nope columns, v = c W_UV[h]^T, then k_pe.
+      const auto expand = [&](const void* rows_c, const void* rows_pe, int64_t rows, void* k, void* v) {
+        const auto* wb = static_cast<const uint16_t*>(w.wkv_b_bf16.data());
+        linear_->batched_bf16({rows_c, R, 0}, {wb, R, head_rows}, k, static_cast<int64_t>(H) * qk, qk, rows, R, nope, H);
+        linear_->batched_bf16({rows_c, R, 0}, {wb + static_cast<int64_t>(nope) * R, R, head_rows}, v,
+                              static_cast<int64_t>(H) * vd, vd, rows, R, vd, H);
+        ck::mla_broadcast_k_pe(rows_pe, k, rows, H, nope, rope, s);
+      };
+      const TensorView q_exp(q_abs.data(), DType::bf16, {n, H, qk}, device_);
+      const TensorView values_bf16(out.data(), DType::bf16, {n, H, vd}, device_);
+      backend.forward_expanded(q_exp, kv_c_view, k_pe_view, values_bf16, host_.mla_layers()[l], batch, expand,
+                               MlaForwardOptions{});
+      ck::bf16_to_f32(out.data(), values, n * H * vd, s);
+    } else {
+      backend.forward(q_view, kv_c_view, k_pe_view, out_view, host_.mla_layers()[l], batch, MlaForwardOptions{});
+      ck::bf16_to_f32(out.data(), out_f32, n * H * R, s);
+    }
+    if (n > 0 && !expanded) {
       // values[:, h] = o[:, h] W_UV[h]^T.
       linear_->batched({out_f32, static_cast<int64_t>(H) * R, R}, {wkv_b + static_cast<int64_t>(nope) * R, R, head_rows},
                        true, values, static_cast<int64_t>(H) * vd, vd, n, R, vd, H);

@@ -4,7 +4,10 @@
 // whose per-head halves W_UK and W_UV multiply f32 activations in cuBLAS strided-batched sgemms;
 // activations are f32. One product computes q (or q_a) and the latent [c ; k_pe] together; bf16
 // absorbed queries go to the CUDA MLA backend, which writes the latent rows into the pool (bf16
-// or fp8_ds_mla) and returns latent outputs.
+// or fp8_ds_mla) and returns latent outputs. Extend steps the backend plans in the expanded form
+// send [q_nope ; q_pe] instead and get per-head values back; the model expands the cached latent
+// rows the backend gathers with bf16 batched GEMMs per pass (kv_b_proj rounded to bf16: the
+// keys and values are bf16 MMA operands anyway).
 #pragma once
 
 #include <memory>
@@ -57,6 +60,7 @@ class DeepseekCudaModel {
     Buffer w_in;       // [q rows + kv_lora_rank + rope, hidden]: q_proj (or q_a_proj) | kv_a_proj_with_mqa
     Buffer q_a_norm, wq_b, kv_a_norm;
     Buffer wkv_b;      // f32 [heads * (nope + v), kv_lora_rank]
+    Buffer wkv_b_bf16;  // the same in bf16, for the expanded form's keys and values
     Buffer wo, w_gate_up, w_down;
   };
   enum Slot : size_t {

@@ -153,6 +153,7 @@ void ModelRunner::init_mla(const WeightSource& weights) {
   bo.device = o.device;
   bo.page_size = o.page_size;
   bo.max_context_len = o.max_context_len;
+  bo.extend_form = o.mla_extend_form;
   mla_backend_ = make_mla_backend(o.attention_backend, bo);
   for (const MlaLayer& layer : mla_model_->mla_layers()) {
     mla_backend_->check_layer(layer, gpu ? DType::bf16 : DType::f32, mla_format());

@@ -48,6 +48,8 @@ struct ModelRunnerOptions {
   // the backend's graph buffers and the padding rows are sized for it, and capture_verify_graphs
   // records verify graphs for the same batch sizes.
   int cuda_graph_verify_tokens = 0;
+  // MLA models on a GPU: how extend steps attend (MlaExtendForm: auto, absorbed or expanded).
+  MlaExtendForm mla_extend_form = MlaExtendForm::automatic;
 };
 
 class ModelRunner {

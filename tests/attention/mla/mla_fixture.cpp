@@ -218,6 +218,8 @@ MlaBackendOptions MlaFixture::backend_options() const {
   o.device = device_;
   o.page_size = case_.page_size;
   o.prefix_chunk_tokens = case_.prefix_chunk_tokens;
+  o.extend_form = case_.extend_form;
+  o.expanded_chunk_rows = case_.expanded_chunk_rows;
   int max_len = 1;
   for (int32_t l : kv_lens_) max_len = std::max(max_len, l);
   o.max_context_len = max_len + case_.page_size;
@@ -313,6 +315,118 @@ MlaResult MlaFixture::run_graph(MlaAttentionBackend& backend, void* stream) {
   SPECULA_REQUIRE(false, "run_graph needs CUDA");
   return {};
 #endif
+}
+
+ExpandedInputs MlaFixture::make_expanded() {
+  constexpr int kNope = 128;
+  const int64_t n = num_tokens();
+  const int H = case_.num_q_heads;
+  const int R = case_.kv_lora_rank;
+  const int D = R + case_.qk_rope_head_dim;
+  SPECULA_REQUIRE(layer_.qk_nope_head_dim == kNope && layer_.v_head_dim == kNope, "the fixture expands at 128 / 128");
+  // Weights of variance 1 / R keep the expanded keys and values at the latent rows' scale.
+  std::normal_distribution<float> w(0.0f, 1.0f / std::sqrt(static_cast<float>(R)));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ExpandedInputs e;
+  e.w_uk.resize(static_cast<size_t>(H) * kNope * R);
+  e.w_uv.resize(e.w_uk.size());
+  for (float& x : e.w_uk) x = w(rng_);
+  for (float& x : e.w_uv) x = w(rng_);
+  e.q_nope.resize(static_cast<size_t>(n * H * kNope));
+  for (float& x : e.q_nope) x = normal(rng_);
+  round_to(DType::bf16, e.q_nope);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int h = 0; h < H; ++h) {
+      float* q = q_.data() + (t * H + h) * D;
+      const float* qn = e.q_nope.data() + (t * H + h) * kNope;
+      for (int c = 0; c < R; ++c) {
+        double dot = 0.0;
+        for (int d = 0; d < kNope; ++d) dot += static_cast<double>(qn[d]) * e.w_uk[(static_cast<size_t>(h) * kNope + d) * R + c];
+        q[c] = static_cast<float>(dot);
+      }
+    }
+  }
+  return e;
+}
+
+MlaResult MlaFixture::run_expanded(MlaAttentionBackend& backend, const ExpandedInputs& e) {
+#ifdef SPECULA_HAS_CUDA
+  constexpr int kNope = 128;
+  const int64_t n = num_tokens();
+  const int H = case_.num_q_heads;
+  const int R = case_.kv_lora_rank;
+  const int P = case_.qk_rope_head_dim;
+  const int D = R + P;
+  const StepTensors t = step_tensors();
+  std::vector<float> q(static_cast<size_t>(n * H * (kNope + P)));
+  for (int64_t r = 0; r < n * H; ++r) {
+    std::copy_n(e.q_nope.data() + r * kNope, kNope, q.data() + r * (kNope + P));
+    std::copy_n(q_.data() + r * D + R, P, q.data() + r * (kNope + P) + kNope);
+  }
+  const Buffer q_dev = to_device(q, DType::bf16, {n, H, kNope + P}, device_);
+  Buffer out(DType::bf16, {n, H, kNope}, device_);
+  out.zero();
+  const MlaExpandFn expand = [&](const void* kv_c, const void* k_pe, int64_t rows, void* k, void* v) {
+    SPECULA_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "gather");
+    const std::vector<double> c = to_doubles(TensorView(const_cast<void*>(kv_c), DType::bf16, {rows, R}, device_));
+    const std::vector<double> pe = to_doubles(TensorView(const_cast<void*>(k_pe), DType::bf16, {rows, P}, device_));
+    std::vector<float> kh(static_cast<size_t>(rows * H * (kNope + P))), vh(static_cast<size_t>(rows * H * kNope));
+    for (int64_t r = 0; r < rows; ++r) {
+      const double* lat = c.data() + r * R;
+      for (int h = 0; h < H; ++h) {
+        float* kr = kh.data() + (r * H + h) * (kNope + P);
+        float* vr = vh.data() + (r * H + h) * kNope;
+        for (int d = 0; d < kNope; ++d) {
+          const float* wk = e.w_uk.data() + (static_cast<size_t>(h) * kNope + d) * R;
+          const float* wv = e.w_uv.data() + (static_cast<size_t>(h) * kNope + d) * R;
+          double dk = 0.0, dv = 0.0;
+          for (int x = 0; x < R; ++x) {
+            dk += static_cast<double>(wk[x]) * lat[x];
+            dv += static_cast<double>(wv[x]) * lat[x];
+          }
+          kr[d] = static_cast<float>(dk);
+          vr[d] = static_cast<float>(dv);
+        }
+        for (int d = 0; d < P; ++d) kr[kNope + d] = static_cast<float>(pe[static_cast<size_t>(r * P + d)]);
+      }
+    }
+    const Buffer kd = to_device(kh, DType::bf16, {rows, H, kNope + P}, device_);
+    const Buffer vd = to_device(vh, DType::bf16, {rows, H, kNope}, device_);
+    cudaMemcpy(k, kd.data(), kd.nbytes(), cudaMemcpyDeviceToDevice);
+    cudaMemcpy(v, vd.data(), vd.nbytes(), cudaMemcpyDeviceToDevice);
+  };
+  backend.check_layer(layer_, DType::bf16, case_.format);
+  backend.init_forward_metadata(batch_);
+  SPECULA_REQUIRE(backend.expanded_step(), "the backend did not plan this step in the expanded form");
+  backend.forward_expanded(q_dev, t.kv_c, t.k_pe, out, layer_, batch_, expand, t.options);
+  SPECULA_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "forward_expanded");
+  return {to_doubles(out), to_doubles(t.lse)};
+#else
+  (void)backend;
+  (void)e;
+  SPECULA_REQUIRE(false, "run_expanded needs CUDA");
+  return {};
+#endif
+}
+
+MlaResult MlaFixture::reference_expanded(const ExpandedInputs& e) const {
+  constexpr int kNope = 128;
+  const int64_t n = num_tokens();
+  const int H = case_.num_q_heads;
+  const int R = case_.kv_lora_rank;
+  MlaResult latent = reference();
+  MlaResult res;
+  res.lse = latent.lse;
+  res.out.assign(static_cast<size_t>(n * H * kNope), 0.0);
+  for (int64_t r = 0; r < n * H; ++r) {
+    const auto h = static_cast<size_t>(r % H);
+    for (int d = 0; d < kNope; ++d) {
+      double acc = 0.0;
+      for (int x = 0; x < R; ++x) acc += e.w_uv[(h * kNope + d) * R + x] * latent.out[static_cast<size_t>(r * R + x)];
+      res.out[static_cast<size_t>(r * kNope + d)] = acc;
+    }
+  }
+  return res;
 }
 
 MlaResult MlaFixture::reference(bool bf16_operands) const {

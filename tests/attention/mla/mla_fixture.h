@@ -30,6 +30,14 @@ struct MlaCase {
   bool tree_mask = false;   // TARGET_VERIFY: random trees (prefix visible)
   int topk = 0;             // > 0: sparse with this many indices per token
   int prefix_chunk_tokens = 0;
+  MlaExtendForm extend_form = MlaExtendForm::automatic;
+  int64_t expanded_chunk_rows = 0;
+};
+
+// The expanded form's inputs at qk_nope_head_dim = v_head_dim = 128: per-head kv_b_proj halves
+// w_uk, w_uv [H, 128, kv_lora_rank] and queries q_nope [n, H, 128] (bf16 values).
+struct ExpandedInputs {
+  std::vector<float> w_uk, w_uv, q_nope;
 };
 
 // A named case for parameterised tests, and random lengths in [lo, hi].
@@ -60,6 +68,15 @@ class MlaFixture {
   // The float64 reference over the pool's rows; call after run (the new rows are in the pool).
   // bf16_operands: over the rows rounded once to bf16, as a GPU's MMA operands hold them.
   MlaResult reference(bool bf16_operands = false) const;
+
+  // The expanded form (CUDA): random weights and q_nope; the fixture's queries become the absorbed
+  // ones, [q_nope W_UK ; q_pe], so reference() is the latent-space result that W_UV maps to the
+  // expanded one (reference_expanded).
+  ExpandedInputs make_expanded();
+  // forward_expanded with keys and values expanded on the host (an implementation independent of
+  // the model's): out [n, H, 128], lse.
+  MlaResult run_expanded(MlaAttentionBackend& backend, const ExpandedInputs& e);
+  MlaResult reference_expanded(const ExpandedInputs& e) const;
 
   // The key positions token t sees (dense rules, or its valid sparse indices).
   std::vector<int32_t> visible(int64_t t) const;

@@ -27,6 +27,29 @@ std::string common_mla_layer_problem(const MlaLayer& layer) {
   return {};
 }
 
+std::string_view mla_extend_form_name(MlaExtendForm form) {
+  switch (form) {
+    case MlaExtendForm::automatic: return "auto";
+    case MlaExtendForm::absorbed: return "absorbed";
+    case MlaExtendForm::expanded: return "expanded";
+  }
+  return "?";
+}
+
+MlaExtendForm parse_mla_extend_form(std::string_view name) {
+  for (MlaExtendForm f : {MlaExtendForm::automatic, MlaExtendForm::absorbed, MlaExtendForm::expanded}) {
+    if (name == mla_extend_form_name(f)) return f;
+  }
+  SPECULA_CHECK(false, "MLA extend form '{}' is not known; known: auto, absorbed, expanded", name);
+  return MlaExtendForm::automatic;
+}
+
+void MlaAttentionBackend::forward_expanded(const TensorView&, const TensorView&, const TensorView&, const TensorView&,
+                                           const MlaLayer&, const ForwardBatch&, const MlaExpandFn&,
+                                           const MlaForwardOptions&) {
+  SPECULA_CHECK(false, "MLA backend '{}' did not choose the expanded form for this step", name());
+}
+
 void MlaAttentionBackend::init_cuda_graph_state(int, int) {
   SPECULA_CHECK(false, "MLA backend '{}' does not support CUDA graphs", name());
 }

@@ -15,11 +15,18 @@
 //     chunked prefix cache), so no step holds more than a chunk of prefix state.
 //   TARGET_VERIFY: spec_info->num_draft_tokens queries after seq_lens[i] keys, causal among
 //     themselves (MTP, chains) or under spec_info->custom_mask (EAGLE trees).
+// EXTEND and MIXED steps may instead run in the expanded form (forward_expanded, SGLang's MHA path
+// for DeepSeek prefill): per-head keys [k_nope ; k_pe] and values, expanded from the cached latent
+// rows through the model's kv_b_proj, attended by an MHA kernel at width qk_nope + rope against
+// v_head_dim. Per (query, key) pair it costs 2 x (qk_nope + rope + v_head_dim) FLOPs per head
+// instead of 2 x (2 kv_lora_rank + rope), 3.4x fewer at DeepSeek's widths, plus one kv_b_proj
+// product per cached row; init_forward_metadata chooses the form per step (MlaExtendForm).
 // Sparse MLA (DeepSeek-V3.2): with options.topk_indices each query token attends only to the
 // listed request-relative positions (-1 entries pad); masks and causality are then the indexer's
 // business and are not applied again.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -38,6 +45,10 @@ struct MlaLayer {
   int num_q_heads = 0;
   int kv_lora_rank = 512;
   int qk_rope_head_dim = 64;
+  // The per-head widths of the expanded form (forward_expanded): keys qk_nope_head_dim + rope,
+  // values v_head_dim.
+  int qk_nope_head_dim = 128;
+  int v_head_dim = 128;
   // The softmax scale. Required: DeepSeek's is 1/sqrt(qk_nope_head_dim + qk_rope_head_dim) times
   // the YaRN mscale squared, which the absorbed width (kv_lora_rank + rope) does not determine.
   float scaling = 0.0f;
@@ -57,6 +68,21 @@ struct MlaForwardOptions {
   TensorView topk_indices;
 };
 
+// How EXTEND and MIXED steps attend: absorbed (forward), expanded (forward_expanded), or
+// automatic: whichever the step's shape makes cheaper (expanded when a request's queries are many
+// against its cached prefix, e.g. a fresh prompt; absorbed for decode-like steps).
+enum class MlaExtendForm : uint8_t { automatic, absorbed, expanded };
+
+std::string_view mla_extend_form_name(MlaExtendForm form);  // "auto", "absorbed", "expanded"
+// Throws specula::Error listing the names otherwise.
+MlaExtendForm parse_mla_extend_form(std::string_view name);
+
+// The model's kv_b_proj for forward_expanded: from `rows` latent rows, kv_c bf16 [rows,
+// kv_lora_rank] and k_pe bf16 [rows, qk_rope_head_dim] (after RoPE, as cached), write k bf16 [rows,
+// num_q_heads, qk_nope_head_dim + qk_rope_head_dim] (k_nope, then k_pe for every head) and v bf16
+// [rows, num_q_heads, v_head_dim]. Device pointers; runs on the backend's stream.
+using MlaExpandFn = std::function<void(const void* kv_c, const void* k_pe, int64_t rows, void* k, void* v)>;
+
 struct MlaBackendOptions {
   Device device = Device::cpu();
   int page_size = 64;
@@ -65,6 +91,10 @@ struct MlaBackendOptions {
   int max_context_len = 0;            // CUDA: sizes graph buffers and split plans
   // Extend: cached-prefix keys per request per chunk; 0: the whole prefix in one chunk.
   int prefix_chunk_tokens = 0;
+  MlaExtendForm extend_form = MlaExtendForm::automatic;  // CUDA; the CPU backend is absorbed only
+  // Expanded form: cached rows expanded at once (all requests together); each pass is merged with
+  // merge_state. 0: as many as fit 512 MiB of expanded keys and values.
+  int64_t expanded_chunk_rows = 0;
 };
 
 class MlaAttentionBackend {
@@ -86,6 +116,19 @@ class MlaAttentionBackend {
   // are all -1) outputs zeros with lse -inf (or the sink's contribution only).
   virtual void forward(const TensorView& q, const TensorView& kv_c, const TensorView& k_pe, const TensorView& out,
                        const MlaLayer& layer, const ForwardBatch& batch, const MlaForwardOptions& options) = 0;
+
+  // Whether init_forward_metadata chose the expanded form for this step: the model then calls
+  // forward_expanded instead of forward for every layer.
+  virtual bool expanded_step() const { return false; }
+
+  // The expanded form of EXTEND / MIXED: q bf16 [num_tokens, num_q_heads, qk_nope_head_dim +
+  // qk_rope_head_dim] (q_nope, then q_pe after RoPE); kv_c, k_pe as forward's (written first when
+  // save_kv_cache); out bf16 [num_tokens, num_q_heads, v_head_dim], values already in head space
+  // (no W_UV); options.lse as forward's; no topk_indices. Attends over the cached rows, through
+  // `expand`, in passes of at most expanded_chunk_rows rows. Throws where expanded_step() is false.
+  virtual void forward_expanded(const TensorView& q, const TensorView& kv_c, const TensorView& k_pe,
+                                const TensorView& out, const MlaLayer& layer, const ForwardBatch& batch,
+                                const MlaExpandFn& expand, const MlaForwardOptions& options);
 
   // The lightning indexer (DeepSeek-V3.2) that chooses sparse MLA's keys. Writes index_k
   // [num_tokens, index_head_dim] (the new tokens' indexer keys) into the pool at out_cache_loc

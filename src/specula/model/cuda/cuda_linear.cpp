@@ -34,6 +34,16 @@ Buffer upload_weight(const std::vector<float>& v, Device device) {
   return b;
 }
 
+Buffer upload_bf16(const std::vector<float>& v, Device device) {
+  if (v.empty()) return {};
+  const auto n = static_cast<int64_t>(v.size());
+  Buffer host(DType::bf16, {n});
+  convert_from_float(v.data(), host.data(), DType::bf16, v.size());
+  Buffer b(DType::bf16, {n}, device);
+  copy(b, host);
+  return b;
+}
+
 std::vector<float> stack_rows(std::initializer_list<const std::vector<float>*> parts) {
   std::vector<float> all;
   for (const auto* p : parts) all.insert(all.end(), p->begin(), p->end());
@@ -142,6 +152,17 @@ void CudaLinear::batched(Strided x, Strided w, bool w_transposed, float* y, int6
       &zero, y, static_cast<int>(ldy), stride_y, batch);
   SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS batched GEMM ({} x [{} x {} x {}]) failed with status {}", batch,
                 n, in, out, static_cast<int>(status));
+}
+
+void CudaLinear::batched_bf16(StridedBf16 x, StridedBf16 w, void* y, int64_t ldy, int64_t stride_y, int64_t n, int in,
+                              int out, int batch) const {
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t status = cublasGemmStridedBatchedEx(
+      static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data,
+      CUDA_R_16BF, static_cast<int>(w.ld), w.stride, x.data, CUDA_R_16BF, static_cast<int>(x.ld), x.stride, &zero, y,
+      CUDA_R_16BF, static_cast<int>(ldy), stride_y, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS bf16 batched GEMM ({} x [{} x {} x {}]) failed with status {}",
+                batch, n, in, out, static_cast<int>(status));
 }
 
 }  // namespace specula

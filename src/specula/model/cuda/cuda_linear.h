@@ -17,6 +17,8 @@ Buffer upload_f32(const std::vector<float>& v, Device device);
 // A weight matrix as bf16 when every value is exactly a bf16 (a bf16 checkpoint), which halves
 // what each step reads and loses nothing; otherwise as f32.
 Buffer upload_weight(const std::vector<float>& v, Device device);
+// f32 values rounded to bf16 (round to nearest even) as a bf16 device buffer.
+Buffer upload_bf16(const std::vector<float>& v, Device device);
 // Row-major matrices with the same width stacked into one (one product instead of several).
 std::vector<float> stack_rows(std::initializer_list<const std::vector<float>*> parts);
 
@@ -53,6 +55,14 @@ class CudaLinear {
   };
   void batched(Strided x, Strided w, bool w_transposed, float* y, int64_t ldy, int64_t stride_y, int64_t n, int in,
                int out, int batch) const;
+  // The same on bf16 tensor cores with f32 accumulation, y_b[n, out] = x_b[n, in] w_b[out, in]^T,
+  // all bf16 (MLA's expanded keys and values: x the latent rows with stride 0, y strided into K/V).
+  struct StridedBf16 {
+    const void* data;
+    int64_t ld, stride;
+  };
+  void batched_bf16(StridedBf16 x, StridedBf16 w, void* y, int64_t ldy, int64_t stride_y, int64_t n, int in, int out,
+                    int batch) const;
 
  private:
   void* stream_;

@@ -50,14 +50,26 @@ __global__ void mla_pack_kernel(MlaPackParams p) {
     rotate_pairs(p.kv_a + t * p.kv_a_stride, p, position, [&](int i, float v) { k[i] = v; });
     return;
   }
-  const int width = p.kv_lora_rank + p.rope_dim;
-  auto* out = static_cast<__nv_bfloat16*>(p.q_out) + (t * p.heads + h) * width;
-  const float* lat = p.q_latent + (t * p.heads + h) * p.kv_lora_rank;
-  for (int i = static_cast<int>(threadIdx.x); i < p.kv_lora_rank; i += static_cast<int>(blockDim.x)) {
-    out[i] = __float2bfloat16_rn(lat[i]);
+  const bool expanded = p.q_latent == nullptr;
+  const int lead = expanded ? p.q_pe_offset : p.kv_lora_rank;
+  auto* out = static_cast<__nv_bfloat16*>(p.q_out) + (t * p.heads + h) * (lead + p.rope_dim);
+  const float* q_head = p.q + t * p.q_stride + static_cast<int64_t>(h) * p.qk_head_dim;
+  const float* src = expanded ? q_head : p.q_latent + (t * p.heads + h) * p.kv_lora_rank;
+  for (int i = static_cast<int>(threadIdx.x); i < lead; i += static_cast<int>(blockDim.x)) {
+    out[i] = __float2bfloat16_rn(src[i]);
   }
-  rotate_pairs(p.q + t * p.q_stride + static_cast<int64_t>(h) * p.qk_head_dim + p.q_pe_offset, p, position,
-               [&](int i, float v) { out[p.kv_lora_rank + i] = __float2bfloat16_rn(v); });
+  rotate_pairs(q_head + p.q_pe_offset, p, position, [&](int i, float v) { out[lead + i] = __float2bfloat16_rn(v); });
+}
+
+// blockIdx.x: row; the row's k_pe (rope values) into every head.
+__global__ void mla_broadcast_k_pe_kernel(const __nv_bfloat16* k_pe, __nv_bfloat16* k, int heads, int nope, int rope) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t r = blockIdx.x;
+  for (int i = static_cast<int>(threadIdx.x); i < heads * rope; i += static_cast<int>(blockDim.x)) {
+    const int h = i / rope, d = i % rope;
+    k[(r * heads + h) * (nope + rope) + nope + d] = k_pe[r * rope + d];
+  }
 }
 
 }  // namespace
@@ -73,6 +85,13 @@ void rms_norm_strided(const float* x, int64_t x_stride, const float* w, float* y
 void mla_pack(const MlaPackParams& p, cudaStream_t s) {
   if (p.n == 0) return;
   launch_pdl(mla_pack_kernel, dim3(static_cast<unsigned>(p.n), static_cast<unsigned>(p.heads + 1)), 128, 0, s, p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void mla_broadcast_k_pe(const void* k_pe, void* k, int64_t rows, int heads, int nope, int rope, cudaStream_t s) {
+  if (rows == 0) return;
+  launch_pdl(mla_broadcast_k_pe_kernel, static_cast<unsigned>(rows), 256, 0, s, static_cast<const __nv_bfloat16*>(k_pe),
+             static_cast<__nv_bfloat16*>(k), heads, nope, rope);
   CUDA_CHECK(cudaGetLastError());
 }
 

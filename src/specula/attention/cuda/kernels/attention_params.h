@@ -46,6 +46,11 @@ struct AttentionParams {
   const int32_t* page_table;    // [num_seqs, page_table_stride] page ids
   int32_t page_table_stride;
   const int64_t* mask_offsets;  // [num_seqs] or nullptr
+  // Prefill on warpgroup MMA only (prefill_wgmma_supports); nullptr everywhere else.
+  const int32_t* kv_row_start;  // [num_seqs] or nullptr: ragged K/V without a page table, key j of
+                                // sequence s at row kv_row_start[s] + j of k_cache / v_cache
+  const int32_t* q_kv_offset;   // [num_seqs] or nullptr: the KV index of each sequence's first query
+                                // (may be negative); nullptr: seq_lens_k - q_len (queries last)
 };
 
 // Split-KV decode: every (sequence, KV head) is cut into num_splits key ranges computed in the

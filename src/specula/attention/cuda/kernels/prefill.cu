@@ -281,10 +281,17 @@ void launch_kv(const AttentionParams& p, const PrefillWork& work, cudaStream_t s
 
 void launch_prefill(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
   if (work.num_items == 0) return;
-  SPECULA_REQUIRE(p.v_head_dim == p.head_dim, "prefill: v_head_dim must equal head_dim");
   if (prefill_wgmma_supports(p)) {
     launch_prefill_wgmma(p, work, stream);
-  } else if (p.io_dtype == kBF16) {
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  SPECULA_REQUIRE(p.v_head_dim == p.head_dim, "prefill: v_head_dim " + std::to_string(p.v_head_dim) +
+                                                  " differs from head_dim " + std::to_string(p.head_dim) +
+                                                  "; only bf16 at 192 / 128 is served");
+  SPECULA_REQUIRE(p.kv_row_start == nullptr && p.q_kv_offset == nullptr,
+                  "prefill: ragged K/V rows and query offsets are served at 192 / 128 only");
+  if (p.io_dtype == kBF16) {
     launch_kv<__nv_bfloat16>(p, work, stream);
   } else {
     launch_kv<__half>(p, work, stream);

@@ -1,5 +1,6 @@
 // Prefill / extend / verify attention on Hopper's warpgroup MMA, for caches of the query's 16-bit
-// type at head_dim 64 and 128 (prefill.cu serves the other cases on mma.sync).
+// type at head_dim 64 and 128, and bf16 at query/key width 192 with value width 128 (MLA in the
+// expanded form, over ragged K/V rows); prefill.cu serves the other cases on mma.sync.
 //
 // One block per (query head, work item of kPrefillTileRows = 128 query rows): two consumer
 // warpgroups of 64 rows each and one producer warpgroup.
@@ -29,7 +30,6 @@ constexpr float kNegInf = -__builtin_huge_valf();
 constexpr int kRows = kPrefillTileRows;
 static_assert(kRows == 128, "two warpgroups of 64 query rows");
 constexpr int kKeys = 128;
-constexpr int kStages = 3;
 constexpr int kConsumerThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
@@ -42,52 +42,90 @@ static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsum
 // Named barrier ids: 1 + w is warpgroup w's turn to issue; kQReady orders the Q tile.
 constexpr int kQReady = 3;
 
-template <int D>
+// DK: query/key width, DV: value width. As many stages of K and V tiles as fit beside Q (three at
+// head_dim 64 and 128, two at 192 / 128).
+template <int DK, int DV>
 struct Layout {
-  static constexpr int kChunks = D / 8;                     // 16-byte chunks per row
-  static constexpr int kQBytes = kRows * D * 2;
-  static constexpr int kTileBytes = kKeys * D * 2;          // one K or V tile
-  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kChunks = DK / 8;                    // 16-byte chunks per Q row
+  static constexpr int kQBytes = kRows * DK * 2;
+  static constexpr int kKTileBytes = kKeys * DK * 2;
+  static constexpr int kVTileBytes = kKeys * DV * 2;
+  static constexpr int kStageBytes = kKTileBytes + kVTileBytes;
+  static constexpr int kStages = (227 * 1024 - 1024 - kQBytes - 64) / kStageBytes < 3
+                                     ? (227 * 1024 - 1024 - kQBytes - 64) / kStageBytes
+                                     : 3;
+  static_assert(kStages >= 2, "two stages of K/V tiles must fit beside Q");
   static constexpr size_t kSmemBytes = 1024 + kQBytes + kStages * kStageBytes + 2 * kStages * sizeof(uint64_t);
 };
 
+// Copies rows row0 .. row0 + 31 of a swizzled tile of D-wide rows from `cache`, and of a second
+// tile from `cache2` when kPair (K and V of the same width: one slot lookup for both); lane
+// l's `slot` is row row0 + l's cache slot (-1: zeros).
+template <int D, bool kPair, typename T>
+__device__ __forceinline__ void copy_tile_rows(unsigned char* tile, const T* cache, unsigned char* tile2,
+                                               const T* cache2, int32_t slot, int row0, int num_kv_heads,
+                                               int kv_head) {
+  constexpr int kChunks = D / 8;
+  const int lane = threadIdx.x & 31;
+  auto copy_chunk = [&](int r, int ch) {
+    const int sl = __shfl_sync(0xffffffffu, slot, r);
+    const bool valid = sl >= 0;
+    const int64_t offset = (static_cast<int64_t>(valid ? sl : 0) * num_kv_heads + kv_head) * D + ch * 8;
+    const int dst = swizzled_offset(kKeys, row0 + r, ch * 8);
+    cp_async_16(tile + dst, cache + offset, valid);
+    if constexpr (kPair) cp_async_16(tile2 + dst, cache2 + offset, valid);
+  };
+  if constexpr (32 % kChunks == 0) {
+    // Whole rows per pass: each lane keeps one chunk column.
+    constexpr int kRowsPerPass = 32 / kChunks;
+#pragma unroll 4
+    for (int pass = 0; pass < 32 / kRowsPerPass; ++pass) copy_chunk(pass * kRowsPerPass + lane / kChunks, lane % kChunks);
+  } else {
+#pragma unroll 4
+    for (int it = 0; it < kChunks; ++it) {
+      const int c = it * 32 + lane;
+      copy_chunk(c / kChunks, c % kChunks);
+    }
+  }
+}
+
 // The producer warpgroup: warp w copies rows 32 w .. 32 w + 31 of every K and V tile.
-template <typename T, int D>
-__device__ void produce(const AttentionParams& p, const int32_t* pages, int kv_head, int kv_len, int tile_first,
-                        int num_tiles, unsigned char* stages, uint64_t* full, uint64_t* empty) {
-  using L = Layout<D>;
-  constexpr int kRowsPerPass = 32 / L::kChunks;
+template <typename T, int DK, int DV>
+__device__ void produce(const AttentionParams& p, const int32_t* pages, int64_t row_start, int kv_head, int kv_len,
+                        int tile_first, int num_tiles, unsigned char* stages, uint64_t* full, uint64_t* empty) {
+  using L = Layout<DK, DV>;
+  constexpr int kStages = L::kStages;
   const T* k_cache = static_cast<const T*>(p.k_cache);
   const T* v_cache = static_cast<const T*>(p.v_cache);
   const int lane = threadIdx.x & 31;
   const int row0 = 32 * ((threadIdx.x - kConsumerThreads) / 32);
-  const int ch = lane % L::kChunks;
   for (int i = 0; i < num_tiles; ++i) {
     const int stage = i % kStages;
     if (i >= kStages) mbarrier_wait(&empty[stage], ((i / kStages) - 1) & 1);
-    // The cache slot of row row0 + lane (-1 past the sequence), looked up once per row.
+    // The cache slot (or ragged row) of key row0 + lane (-1 past the sequence), looked up once.
     const int j = (tile_first + i) * kKeys + row0 + lane;
-    const int32_t slot = j < kv_len ? pages[j / p.page_size] * p.page_size + j % p.page_size : -1;
+    int32_t slot = -1;
+    if (j < kv_len) {
+      slot = pages != nullptr ? pages[j / p.page_size] * p.page_size + j % p.page_size
+                              : static_cast<int32_t>(row_start + j);
+    }
     unsigned char* k_tile = stages + stage * L::kStageBytes;
-    unsigned char* v_tile = k_tile + L::kTileBytes;
-#pragma unroll 4
-    for (int pass = 0; pass < 32 / kRowsPerPass; ++pass) {
-      const int r = pass * kRowsPerPass + lane / L::kChunks;
-      const int sl = __shfl_sync(0xffffffffu, slot, r);
-      const bool valid = sl >= 0;
-      const int64_t offset = (static_cast<int64_t>(valid ? sl : 0) * p.num_kv_heads + kv_head) * D + ch * 8;
-      const int dst = swizzled_offset(kKeys, row0 + r, ch * 8);
-      cp_async_16(k_tile + dst, k_cache + offset, valid);
-      cp_async_16(v_tile + dst, v_cache + offset, valid);
+    unsigned char* v_tile = k_tile + L::kKTileBytes;
+    if constexpr (DK == DV) {
+      copy_tile_rows<DK, true>(k_tile, k_cache, v_tile, v_cache, slot, row0, p.num_kv_heads, kv_head);
+    } else {
+      copy_tile_rows<DK, false>(k_tile, k_cache, v_tile, v_cache, slot, row0, p.num_kv_heads, kv_head);
+      copy_tile_rows<DV, false>(v_tile, v_cache, k_tile, k_cache, slot, row0, p.num_kv_heads, kv_head);
     }
     mbarrier_arrive_cp_async(&full[stage]);
   }
   cp_async_wait<0>();  // no copy may be in flight when this thread exits
 }
 
-template <typename T, int D>
+template <typename T, int DK, int DV>
 __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const AttentionParams p, const PrefillWork work) {
-  using L = Layout<D>;
+  using L = Layout<DK, DV>;
+  constexpr int kStages = L::kStages;
   pdl_wait();
   pdl_trigger();
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -106,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
   const int q_start = p.cu_seqlens_q[seq];
   const int q_len = p.cu_seqlens_q[seq + 1] - q_start;
   const int kv_len = p.seq_lens_k[seq];
-  const int q_kv_offset = kv_len - q_len;
+  const int q_kv_offset = p.q_kv_offset != nullptr ? p.q_kv_offset[seq] : kv_len - q_len;
   const int rows_valid = min(kRows, q_len - q_tile);
   const int pos_min = q_kv_offset + q_tile;
   const int pos_max = pos_min + rows_valid - 1;
@@ -116,7 +154,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
   const int kv_begin = p.window_left >= 0 ? max(0, pos_min - p.window_left) : 0;
   const int tile_first = kv_begin / kKeys;
   const int num_tiles = max(0, (kv_end + kKeys - 1) / kKeys - tile_first);
-  const int32_t* pages = p.page_table + static_cast<int64_t>(seq) * p.page_table_stride;
+  const bool ragged = p.kv_row_start != nullptr;
+  const int32_t* pages = ragged ? nullptr : p.page_table + static_cast<int64_t>(seq) * p.page_table_stride;
+  const int64_t row_start = ragged ? p.kv_row_start[seq] : 0;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -128,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
 
   if (threadIdx.x >= kConsumerThreads) {
     setmaxnreg_dec<kProducerRegisters>();
-    produce<T, D>(p, pages, kv_head, kv_len, tile_first, num_tiles, stages, full, empty);
+    produce<T, DK, DV>(p, pages, row_start, kv_head, kv_len, tile_first, num_tiles, stages, full, empty);
     return;
   }
 
@@ -155,9 +195,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
   named_barrier_sync(kQReady, kConsumerThreads);
   if (wg == 1) named_barrier_arrive(1, kConsumerThreads);  // warpgroup 0 issues first
 
-  float o[D / 8][4];
+  float o[DV / 8][4];
 #pragma unroll
-  for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+  for (int nt = 0; nt < DV / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
   float s[kKeys / 8][4];
   uint32_t pf[kKeys / 16][4];
   float m[2] = {kNegInf, kNegInf};
@@ -180,14 +220,14 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
     named_barrier_sync(1 + wg, kConsumerThreads);
     wgmma_fence();
     if (i > 0) {
-      const uint32_t v_addr = smem_address(stages + prev * L::kStageBytes + L::kTileBytes);
+      const uint32_t v_addr = smem_address(stages + prev * L::kStageBytes + L::kKTileBytes);
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
-        wgmma_rs_mn<D, T>(o, pf[kk], wgmma_desc(v_addr + kk * 16 * 128, kKeys * 128));
+        wgmma_rs_mn<DV, T>(o, pf[kk], wgmma_desc(v_addr + kk * 16 * 128, kKeys * 128));
       }
     }
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
+    for (int ks = 0; ks < DK / 16; ++ks) {
       const uint32_t a = q_addr + (ks / 4) * kRows * 128 + (ks % 4) * 32;
       const uint32_t b = k_addr + (ks / 4) * kKeys * 128 + (ks % 4) * 32;
       wgmma_ss<kKeys, T>(s, wgmma_desc(a, 0), wgmma_desc(b, 0), ks > 0 ? 1 : 0);
@@ -239,11 +279,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
     }
   }
   if (num_tiles > 0) {
-    const uint32_t v_addr = smem_address(stages + ((num_tiles - 1) % kStages) * L::kStageBytes + L::kTileBytes);
+    const uint32_t v_addr = smem_address(stages + ((num_tiles - 1) % kStages) * L::kStageBytes + L::kKTileBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      wgmma_rs_mn<D, T>(o, pf[kk], wgmma_desc(v_addr + kk * 16 * 128, kKeys * 128));
+      wgmma_rs_mn<DV, T>(o, pf[kk], wgmma_desc(v_addr + kk * 16 * 128, kKeys * 128));
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -253,39 +293,43 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
   // Warpgroup 1 arrived once more on warpgroup 0's turn than warpgroup 0 waited.
   if (wg == 0) named_barrier_sync(1, kConsumerThreads);
 
-  store_prefill_rows<D>(p, o, m, l, row_base, rows_valid, t, head, q_start + q_tile);
+  store_prefill_rows<DV>(p, o, m, l, row_base, rows_valid, t, head, q_start + q_tile);
 }
 
-template <typename T, int D>
+template <typename T, int DK, int DV>
 void launch_typed(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
-  constexpr size_t smem = Layout<D>::kSmemBytes;
+  constexpr size_t smem = Layout<DK, DV>::kSmemBytes;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<T, DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
     return true;
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned>(work.num_items) * static_cast<unsigned>(p.num_q_heads));
-  launch_pdl(prefill_wgmma_kernel<T, D>, grid, kThreads, smem, stream, p, work);
+  launch_pdl(prefill_wgmma_kernel<T, DK, DV>, grid, kThreads, smem, stream, p, work);
 }
 
 template <typename T>
 void launch_dim(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
   if (p.head_dim == 64) {
-    launch_typed<T, 64>(p, work, stream);
+    launch_typed<T, 64, 64>(p, work, stream);
   } else {
-    launch_typed<T, 128>(p, work, stream);
+    launch_typed<T, 128, 128>(p, work, stream);
   }
 }
 
 }  // namespace
 
 bool prefill_wgmma_supports(const AttentionParams& p) {
-  return p.kv_dtype == p.io_dtype && (p.head_dim == 64 || p.head_dim == 128) && p.v_head_dim == p.head_dim;
+  if (p.kv_dtype != p.io_dtype) return false;
+  if (p.head_dim == 192) return p.v_head_dim == 128 && p.io_dtype == kBF16;
+  return (p.head_dim == 64 || p.head_dim == 128) && p.v_head_dim == p.head_dim;
 }
 
 void launch_prefill_wgmma(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
-  if (p.io_dtype == kBF16) {
+  if (p.head_dim == 192) {
+    launch_typed<__nv_bfloat16, 192, 128>(p, work, stream);
+  } else if (p.io_dtype == kBF16) {
     launch_dim<__nv_bfloat16>(p, work, stream);
   } else {
     launch_dim<__half>(p, work, stream);

@@ -90,6 +90,8 @@ CpuMlaBackend::CpuMlaBackend(const MlaBackendOptions& options)
   SPECULA_CHECK(options.page_size >= 1, "page_size {} is not valid; it must be >= 1", options.page_size);
   SPECULA_CHECK(options.prefix_chunk_tokens >= 0, "prefix_chunk_tokens {} must be >= 0 (0: no chunking)",
                 options.prefix_chunk_tokens);
+  SPECULA_CHECK(options.extend_form != MlaExtendForm::expanded,
+                "the cpu MLA backend runs extend in the absorbed form only; extend form 'expanded' needs cuda");
 }
 
 void CpuMlaBackend::check_layer(const MlaLayer& layer, DType q_dtype, MlaKVFormat kv_format) const {

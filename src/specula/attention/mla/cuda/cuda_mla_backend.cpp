@@ -10,6 +10,7 @@
 #include "specula/attention/mla/cuda/kernels/indexer.h"
 #include "specula/attention/mla/cuda/kernels/mla_attention.h"
 #include "specula/attention/mla/cuda/kernels/sparse_indices.h"
+#include "specula/attention/mla/cuda/mla_expanded.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
 #include "specula/kv/req_to_token_pool.h"
@@ -17,6 +18,25 @@
 namespace specula {
 
 namespace ck = cuda_kernels;
+
+bool prefer_expanded(const std::vector<int32_t>& kv_lens, const std::vector<int32_t>& q_lens, int qk_nope_head_dim,
+                     int v_head_dim) {
+  // TFLOP/s: the absorbed MLA kernel's extend rows, the 192 / 128 MHA kernel's (gather included),
+  // the model's f32 W_UK / W_UV sgemms, and the expanded form's bf16 kv_b_proj GEMMs.
+  constexpr double kAbsorbedRate = 510, kExpandedRate = 300, kF32Rate = 39, kBf16Rate = 450;
+  const double product = 2.0 * ck::kMlaLoraRank * (qk_nope_head_dim + v_head_dim);  // per token or row
+  double pairs = 0, tokens = 0, rows = 0;
+  for (size_t i = 0; i < kv_lens.size(); ++i) {
+    const double q = q_lens[i], prefix = kv_lens[i] - q_lens[i];
+    pairs += q * prefix + q * (q + 1) / 2;
+    tokens += q;
+    rows += kv_lens[i];
+  }
+  const double absorbed = pairs * 2.0 * (2 * ck::kMlaLoraRank + ck::kMlaRopeDim) / kAbsorbedRate + tokens * product / kF32Rate;
+  const double expanded = pairs * 2.0 * (qk_nope_head_dim + ck::kMlaRopeDim + v_head_dim) / kExpandedRate +
+                          rows * product / kBf16Rate;
+  return expanded < absorbed;
+}
 
 int choose_mla_splits(int64_t base_items, int max_keys, int num_sms, int chunk_tokens) {
   int splits = 1;
@@ -83,6 +103,8 @@ struct CudaMlaBackend::State {
   int graph_tree = -1;  // whether captured graphs attend with tree bits (-1: nothing captured)
   std::vector<int32_t> token_req;  // host copies, for planning
   std::vector<int32_t> token_pos;
+  bool expanded = false;  // this step runs forward_expanded
+  std::unique_ptr<MlaExpandedPass> expanded_pass;
   std::map<int, std::pair<std::vector<float>, Buffer>> sinks;
   cudaStream_t stream = nullptr;
 };
@@ -92,8 +114,11 @@ CudaMlaBackend::CudaMlaBackend(const MlaBackendOptions& options) : options_(opti
   SPECULA_CHECK(options.page_size >= 1, "page_size {} is not valid; it must be >= 1", options.page_size);
   SPECULA_CHECK(options.prefix_chunk_tokens >= 0, "prefix_chunk_tokens {} must be >= 0 (0: no chunking)",
                 options.prefix_chunk_tokens);
+  SPECULA_CHECK(options.expanded_chunk_rows >= 0, "expanded_chunk_rows {} must be >= 0 (0: sized from the heads)",
+                options.expanded_chunk_rows);
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options.device.index));
   state_->stream = static_cast<cudaStream_t>(options.cuda_stream);
+  state_->expanded_pass = std::make_unique<MlaExpandedPass>(options.device, state_->stream);
 }
 
 CudaMlaBackend::~CudaMlaBackend() = default;
@@ -111,6 +136,13 @@ void CudaMlaBackend::check_layer(const MlaLayer& layer, DType q_dtype, MlaKVForm
                 "cuda MLA backend: layer {} has {} query heads but an earlier layer had {}; one backend serves one "
                 "head count", layer.layer_id, layer.num_q_heads, num_q_heads_);
   num_q_heads_ = layer.num_q_heads;
+  widths_.qk_nope_head_dim = layer.qk_nope_head_dim;
+  widths_.v_head_dim = layer.v_head_dim;
+  widths_.qk_rope_head_dim = layer.qk_rope_head_dim;
+  expanded_problem_ = expanded_layer_problem(layer);
+  SPECULA_CHECK(options_.extend_form != MlaExtendForm::expanded || expanded_problem_.empty(),
+                "cuda MLA backend: layer {} cannot run extend in the expanded form: {}", layer.layer_id,
+                expanded_problem_);
   // Sinks go to the device here, at start-up: forward may be running inside a graph capture.
   if (!layer.sinks.empty()) {
     auto& [values, buffer] = state_->sinks[layer.layer_id];
@@ -186,6 +218,7 @@ void CudaMlaBackend::build_metadata(const ForwardBatch& batch, bool graph) {
   st.num_tokens = batch.num_tokens();
   st.batch_size = batch.batch_size;
   st.active = graph ? &st.graph : &st.eager;
+  st.expanded = false;
   if (batch.forward_mode == ForwardMode::IDLE || batch.batch_size == 0) return;
   SPECULA_CHECK(batch.req_to_token_pool != nullptr && batch.mla_kv_pool != nullptr,
                 "the batch has no req_to_token_pool or MLA KV pool");
@@ -265,6 +298,20 @@ void CudaMlaBackend::build_metadata(const ForwardBatch& batch, bool graph) {
   const int plan_keys = graph ? options_.max_context_len : st.max_kv;
   st.dense_splits = choose_mla_splits(graph ? static_cast<int64_t>(bs) * ((q_lens[0] * H + 63) / 64) : blocks, plan_keys,
                                       num_sms_, chunked ? options_.prefix_chunk_tokens : 0);
+  // The expanded form: chosen per step; its passes read every request's keys through the page table.
+  st.expanded = !graph && chunked && batch.forward_mode != ForwardMode::DRAFT_EXTEND && expanded_problem_.empty() &&
+                options_.extend_form != MlaExtendForm::absorbed &&
+                (options_.extend_form == MlaExtendForm::expanded ||
+                 prefer_expanded(kv_lens, q_lens, widths_.qk_nope_head_dim, widths_.v_head_dim));
+  if (st.expanded) {
+    std::vector<int32_t> slots;
+    for (int i = 0; i < bs; ++i) {
+      for (int32_t j = 0; j < kv_lens[static_cast<size_t>(i)]; ++j) slots.push_back(table.row(i)[j / ps] * ps + j % ps);
+    }
+    const int64_t rows = options_.expanded_chunk_rows > 0 ? options_.expanded_chunk_rows : default_expanded_chunk_rows(H);
+    st.expanded_pass->plan(kv_lens, q_lens, slots, rows);
+  }
+
   std::vector<int32_t> items;
   for (int i = 0; i < bs; ++i) {
     const int nb = (q_lens[static_cast<size_t>(i)] * H + ck::kMlaBlockRows - 1) / ck::kMlaBlockRows;
@@ -304,6 +351,55 @@ void CudaMlaBackend::build_metadata(const ForwardBatch& batch, bool graph) {
   }
 }
 
+void CudaMlaBackend::check_tensors(const TensorView& q, const TensorView& out, const MlaLayer& layer, int q_width,
+                                   int out_width, const MlaForwardOptions& options) const {
+  const int64_t n = state_->num_tokens;
+  const int H = layer.num_q_heads;
+  check_shape(q, {n, H, q_width}, "MLA q");
+  check_shape(out, {n, H, out_width}, "MLA output");
+  check_dtype(out, DType::bf16, "MLA output");
+  for (const TensorView* t : {&q, &out}) {
+    check_device(*t, options_.device, "MLA q / output");
+    SPECULA_CHECK(t->is_contiguous(), "MLA tensor {} must be contiguous", t->str());
+  }
+  if (options.lse.defined()) {
+    check_shape(options.lse, {n, H}, "MLA lse");
+    check_dtype(options.lse, DType::f32, "MLA lse");
+    check_device(options.lse, options_.device, "MLA lse");
+    SPECULA_CHECK(options.lse.is_contiguous(), "MLA lse {} must be contiguous", options.lse.str());
+  }
+}
+
+const float* CudaMlaBackend::device_sinks(const MlaLayer& layer) const {
+  if (layer.sinks.empty()) return nullptr;
+  const auto it = state_->sinks.find(layer.layer_id);
+  SPECULA_CHECK(it != state_->sinks.end() && it->second.first == layer.sinks,
+                "layer {}'s sinks changed since check_layer uploaded them", layer.layer_id);
+  return it->second.second.data_as<const float>();
+}
+
+bool CudaMlaBackend::expanded_step() const { return state_->expanded; }
+
+void CudaMlaBackend::forward_expanded(const TensorView& q, const TensorView& kv_c, const TensorView& k_pe,
+                                      const TensorView& out, const MlaLayer& layer, const ForwardBatch& batch,
+                                      const MlaExpandFn& expand, const MlaForwardOptions& options) {
+  State& st = *state_;
+  SPECULA_CHECK(st.batch == &batch && st.mode == batch.forward_mode && st.num_tokens == batch.num_tokens(),
+                "init_forward_metadata was not called for this batch before forward_expanded");
+  SPECULA_CHECK(st.expanded, "cuda MLA backend: this {} step was planned in the absorbed form; call forward",
+                forward_mode_name(batch.forward_mode));
+  SPECULA_CHECK(!options.topk_indices.defined(), "cuda MLA backend: sparse top-k steps run in the absorbed form");
+  MLAKVPool& pool = *batch.mla_kv_pool;
+  check_layer(layer, q.dtype(), pool.format());
+  SPECULA_CHECK(expanded_problem_.empty(), "cuda MLA backend: layer {}: {}", layer.layer_id, expanded_problem_);
+  check_tensors(q, out, layer, layer.qk_nope_head_dim + layer.qk_rope_head_dim, layer.v_head_dim, options);
+  if (options.save_kv_cache) {
+    pool.set_mla_kv_buffer(layer.layer_id, st.active->loc.buf.view().slice(0, st.num_tokens), kv_c, k_pe, st.stream);
+  }
+  st.expanded_pass->run(q, out, options.lse, pool.kv_buffer(layer.layer_id).data_as<const uint8_t>(),
+                        pool.format() == MlaKVFormat::fp8_ds_mla, pool.row_bytes(), layer, device_sinks(layer), expand);
+}
+
 void CudaMlaBackend::forward(const TensorView& q, const TensorView& kv_c, const TensorView& k_pe, const TensorView& out,
                              const MlaLayer& layer, const ForwardBatch& batch, const MlaForwardOptions& options) {
   State& st = *state_;
@@ -317,19 +413,7 @@ void CudaMlaBackend::forward(const TensorView& q, const TensorView& kv_c, const 
                 layer.kv_lora_rank, layer.qk_rope_head_dim, pool.kv_lora_rank(), pool.qk_rope_head_dim());
   const int64_t n = st.num_tokens;
   const int H = layer.num_q_heads;
-  check_shape(q, {n, H, layer.qk_head_dim()}, "MLA q");
-  check_shape(out, {n, H, layer.kv_lora_rank}, "MLA output");
-  check_dtype(out, DType::bf16, "MLA output");
-  for (const TensorView* t : {&q, &out}) {
-    check_device(*t, options_.device, "MLA q / output");
-    SPECULA_CHECK(t->is_contiguous(), "MLA tensor {} must be contiguous", t->str());
-  }
-  if (options.lse.defined()) {
-    check_shape(options.lse, {n, H}, "MLA lse");
-    check_dtype(options.lse, DType::f32, "MLA lse");
-    check_device(options.lse, options_.device, "MLA lse");
-    SPECULA_CHECK(options.lse.is_contiguous(), "MLA lse {} must be contiguous", options.lse.str());
-  }
+  check_tensors(q, out, layer, layer.qk_head_dim(), layer.kv_lora_rank, options);
   DeviceSet& d = *st.active;
   const cudaStream_t stream = st.stream;
   if (options.save_kv_cache) {
@@ -356,13 +440,7 @@ void CudaMlaBackend::forward(const TensorView& q, const TensorView& kv_c, const 
   p.scale_log2 = layer.scaling * 1.4426950408889634f;
   p.num_tokens = static_cast<int32_t>(n);
   p.split_align = ck::kMlaBlockKeys;
-  p.sinks = nullptr;
-  if (!layer.sinks.empty()) {
-    const auto it = st.sinks.find(layer.layer_id);
-    SPECULA_CHECK(it != st.sinks.end() && it->second.first == layer.sinks,
-                  "layer {}'s sinks changed since check_layer uploaded them", layer.layer_id);
-    p.sinks = it->second.second.data_as<const float>();
-  }
+  p.sinks = device_sinks(layer);
 
   if (options.topk_indices.defined()) {
     const TensorView& idx = options.topk_indices;

@@ -15,6 +15,13 @@
 
 namespace specula {
 
+// Whether the expanded form (MlaExtendForm) costs less than the absorbed one for an extend step
+// of these requests, per head: absorbed, 2 (2 x 512 + 64) FLOPs per (query, key) pair on the MLA
+// kernel plus the f32 W_UK / W_UV products per query token; expanded, 2 (qk + v) per pair on the
+// MHA kernel plus the f32 kv_b_proj product per cached row. The rates are measured ones (H200).
+bool prefer_expanded(const std::vector<int32_t>& kv_lens, const std::vector<int32_t>& q_lens, int qk_nope_head_dim,
+                     int v_head_dim);
+
 // Splits of the key range per (unit, row block): about two work items per multiprocessor, never
 // below one 64-key tile per split (small batches are latency-bound: more splits, fewer serial
 // tiles per block), at most 64; and at least ceil(max_keys / chunk_tokens) when
@@ -29,6 +36,10 @@ class CudaMlaBackend final : public MlaAttentionBackend {
   std::string_view name() const override { return "cuda"; }
   void check_layer(const MlaLayer& layer, DType q_dtype, MlaKVFormat kv_format) const override;
   void init_forward_metadata(const ForwardBatch& batch) override;
+  bool expanded_step() const override;
+  void forward_expanded(const TensorView& q, const TensorView& kv_c, const TensorView& k_pe, const TensorView& out,
+                        const MlaLayer& layer, const ForwardBatch& batch, const MlaExpandFn& expand,
+                        const MlaForwardOptions& options) override;
   void forward(const TensorView& q, const TensorView& kv_c, const TensorView& k_pe, const TensorView& out,
                const MlaLayer& layer, const ForwardBatch& batch, const MlaForwardOptions& options) override;
   void indexer_topk(const TensorView& q, const TensorView& weights, const TensorView& index_k, const MlaLayer& layer,
@@ -42,10 +53,15 @@ class CudaMlaBackend final : public MlaAttentionBackend {
   struct State;  // device buffers and the step's plan (cuda_mla_backend.cpp)
 
   void build_metadata(const ForwardBatch& batch, bool graph);
+  void check_tensors(const TensorView& q, const TensorView& out, const MlaLayer& layer, int q_width, int out_width,
+                     const MlaForwardOptions& options) const;
+  const float* device_sinks(const MlaLayer& layer) const;
 
   MlaBackendOptions options_;
   int num_sms_ = 0;
   mutable int num_q_heads_ = 0;  // every layer of one backend has the same head count
+  mutable MlaLayer widths_;      // the expanded form's widths (the same for every layer)
+  mutable std::string expanded_problem_ = "no layer was checked";
   std::unique_ptr<State> state_;
 };
 
