@@ -21,7 +21,7 @@
 #include "specula/cli/cuda_ceilings.h"
 #include "specula/cli/cuda_timing.h"
 #include "specula/model/cuda/cuda_linear.h"
-#include "specula/model/cuda/mla_ops.h"
+#include "specula/model/cuda/mla_expand.h"
 #endif
 
 namespace specula {
@@ -178,14 +178,8 @@ MlaBenchResult time_case(const MlaBenchCase& c, Device device, L2Start l2) {
     for (float& x : w) x = normal(rng);
     const Buffer wkv_b = upload_bf16(w, device);
     const CudaLinear linear(device, nullptr, false);
-    const int64_t head_rows = (kNope + kV) * 512;
     const MlaExpandFn expand = [&](const void* kv_c, const void* k_pe, int64_t rows, void* k, void* v) {
-      if (c.expand_nothing) return;
-      const auto* wb = static_cast<const uint16_t*>(wkv_b.data());
-      linear.batched_bf16({kv_c, 512, 0}, {wb, 512, head_rows}, k, int64_t{H} * (kNope + kRope), kNope + kRope, rows,
-                          512, kNope, H);
-      linear.batched_bf16({kv_c, 512, 0}, {wb + kNope * 512, 512, head_rows}, v, int64_t{H} * kV, kV, rows, 512, kV, H);
-      cuda_kernels::mla_broadcast_k_pe(k_pe, k, rows, H, kNope, kRope, nullptr);
+      if (!c.expand_nothing) expand_mla_rows(linear, wkv_b.data(), kv_c, k_pe, rows, H, 512, kNope, kRope, kV, k, v, nullptr);
     };
     MlaForwardOptions fo;
     fo.save_kv_cache = false;

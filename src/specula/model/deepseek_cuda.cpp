@@ -12,6 +12,7 @@
 #include "specula/core/error.h"
 #include "specula/model/cuda/cuda_linear.h"
 #include "specula/model/cuda/fused_ops.h"
+#include "specula/model/cuda/mla_expand.h"
 #include "specula/model/cuda/mla_ops.h"
 #include "specula/model/cuda/model_ops.h"
 #include "specula/model/cuda/step_io.h"
@@ -148,13 +149,8 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
     pack.rope_dim = rope;
     ck::mla_pack(pack, s);
     if (expanded) {
-      // Per head: k_nope = c W_UK[h]^T into K's first nope columns, v = c W_UV[h]^T, then k_pe.
       const auto expand = [&](const void* rows_c, const void* rows_pe, int64_t rows, void* k, void* v) {
-        const auto* wb = static_cast<const uint16_t*>(w.wkv_b_bf16.data());
-        linear_->batched_bf16({rows_c, R, 0}, {wb, R, head_rows}, k, static_cast<int64_t>(H) * qk, qk, rows, R, nope, H);
-        linear_->batched_bf16({rows_c, R, 0}, {wb + static_cast<int64_t>(nope) * R, R, head_rows}, v,
-                              static_cast<int64_t>(H) * vd, vd, rows, R, vd, H);
-        ck::mla_broadcast_k_pe(rows_pe, k, rows, H, nope, rope, s);
+        expand_mla_rows(*linear_, w.wkv_b_bf16.data(), rows_c, rows_pe, rows, H, R, nope, rope, vd, k, v, s);
       };
       const TensorView q_exp(q_abs.data(), DType::bf16, {n, H, qk}, device_);
       const TensorView values_bf16(out.data(), DType::bf16, {n, H, vd}, device_);

@@ -10,6 +10,7 @@
 #include "specula/attention/mla/cuda/kernels/indexer.h"
 #include "specula/attention/mla/cuda/kernels/mla_attention.h"
 #include "specula/attention/mla/cuda/kernels/sparse_indices.h"
+#include "specula/attention/mla/cuda/device_vec.h"
 #include "specula/attention/mla/cuda/mla_expanded.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
@@ -54,25 +55,6 @@ namespace {
 // Sparse steps inside CUDA graphs convert at most this many indices per token (DeepSeek-V3.2's
 // index_topk); the slot buffer is sized for it before capture.
 constexpr int64_t kMaxGraphTopk = 2048;
-
-// A device i32/u64 buffer that grows (eager) or was sized once (graphs).
-struct DeviceVec {
-  Buffer buf;
-  void ensure(DType dtype, int64_t n, Device device, bool fixed) {
-    if (buf.data() != nullptr && buf.numel() >= n) return;
-    SPECULA_CHECK(!fixed, "CUDA-graph MLA metadata needs {} entries but its buffer holds {}; "
-                  "init_cuda_graph_state was given smaller limits", n, buf.numel());
-    buf = Buffer(dtype, {std::max<int64_t>(n, 1)}, device);
-  }
-  template <typename T>
-  void upload(const std::vector<T>& host, cudaStream_t stream) {
-    if (host.empty()) return;
-    // Pageable source: the copy is staged before the call returns, so host may change after.
-    CUDA_CHECK(cudaMemcpyAsync(buf.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
-  }
-  template <typename T>
-  T* get() const { return buf.data_as<T>(); }
-};
 
 struct DeviceSet {
   DeviceVec page_table, kv_lens, q_lens, first_token, tree_bits, items, num_items, loc, token_req, slots;

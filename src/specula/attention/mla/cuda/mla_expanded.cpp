@@ -22,14 +22,16 @@ namespace {
 constexpr int kQkWidth = 192;  // the widths the expanded kernel is built for
 constexpr int kVWidth = 128;
 
+// The pass buffers only grow (eager steps; the expanded form never runs in a CUDA graph).
+void* grown(DeviceVec& v, DType dtype, int64_t n, Device device) {
+  v.ensure(dtype, n, device, false);
+  return v.buf.data();
+}
+
 template <typename T>
-void upload(Buffer& b, const std::vector<T>& host, DType dtype, Device device, cudaStream_t stream) {
-  if (b.data() == nullptr || b.numel() < static_cast<int64_t>(host.size())) {
-    b = Buffer(dtype, {std::max<int64_t>(static_cast<int64_t>(host.size()), 1)}, device);
-  }
-  if (host.empty()) return;
-  // Pageable source: staged before the call returns, so the host vector may change after.
-  CUDA_CHECK(cudaMemcpyAsync(b.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+void upload(DeviceVec& v, const std::vector<T>& host, DType dtype, Device device, cudaStream_t stream) {
+  v.ensure(dtype, static_cast<int64_t>(host.size()), device, false);
+  v.upload(host, stream);
 }
 
 }  // namespace
@@ -47,11 +49,6 @@ std::string expanded_layer_problem(const MlaLayer& layer) {
                        layer.v_head_dim);
   }
   return {};
-}
-
-Buffer& MlaExpandedPass::ensure(Buffer& b, DType dtype, int64_t n) {
-  if (b.data() == nullptr || b.numel() < n) b = Buffer(dtype, {std::max<int64_t>(n, 1)}, device_);
-  return b;
 }
 
 void MlaExpandedPass::plan(const std::vector<int32_t>& kv_lens, const std::vector<int32_t>& q_lens,
@@ -106,14 +103,14 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
   if (n == 0) return;
   int64_t max_rows = 0;
   for (const Pass& p : passes_) max_rows = std::max(max_rows, p.rows);
-  void* kv_c = ensure(kv_c_, DType::bf16, max_rows * ck::kMlaLoraRank).data();
-  void* k_pe = ensure(k_pe_, DType::bf16, max_rows * ck::kMlaRopeDim).data();
-  void* k = ensure(k_, DType::bf16, max_rows * H * kQkWidth).data();
-  void* v = ensure(v_, DType::bf16, max_rows * H * kVWidth).data();
-  float* lse_out = lse.defined() ? lse.data_as<float>() : ensure(lse_, DType::f32, n * H).data_as<float>();
+  void* kv_c = grown(kv_c_, DType::bf16, max_rows * ck::kMlaLoraRank, device_);
+  void* k_pe = grown(k_pe_, DType::bf16, max_rows * ck::kMlaRopeDim, device_);
+  void* k = grown(k_, DType::bf16, max_rows * H * kQkWidth, device_);
+  void* v = grown(v_, DType::bf16, max_rows * H * kVWidth, device_);
+  auto* lse_out = static_cast<float*>(lse.defined() ? lse.data() : grown(lse_, DType::f32, n * H, device_));
   if (passes_.size() > 1) {
-    ensure(part_out_, DType::bf16, n * H * kVWidth);
-    ensure(part_lse_, DType::f32, n * H);
+    grown(part_out_, DType::bf16, n * H * kVWidth, device_);
+    grown(part_lse_, DType::f32, n * H, device_);
   }
   const int bs = batch_size_;
   for (size_t i = 0; i < passes_.size(); ++i) {
@@ -122,7 +119,7 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
     g.cache = cache;
     g.fp8 = fp8 ? 1 : 0;
     g.row_bytes = row_bytes;
-    g.slots = slots_.data_as<const int32_t>() + pass.first_row;
+    g.slots = slots_.get<const int32_t>() + pass.first_row;
     g.rows = pass.rows;
     g.kv_c = kv_c;
     g.k_pe = k_pe;
@@ -130,15 +127,15 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
     expand(kv_c, k_pe, pass.rows, k, v);
 
     const bool first = i == 0;
-    const int32_t* meta = pass_meta_.data_as<const int32_t>() + static_cast<int64_t>(i) * 3 * bs;
+    const int32_t* meta = pass_meta_.get<const int32_t>() + static_cast<int64_t>(i) * 3 * bs;
     ck::AttentionParams p{};
     p.q = q.data();
     p.q_stride_token = static_cast<int64_t>(H) * kQkWidth;
     p.q_stride_head = kQkWidth;
-    p.out = first ? out.data() : part_out_.data();
+    p.out = first ? out.data() : part_out_.buf.data();
     p.out_stride_token = static_cast<int64_t>(H) * kVWidth;
     p.out_stride_head = kVWidth;
-    p.lse = first ? lse_out : part_lse_.data_as<float>();
+    p.lse = first ? lse_out : part_lse_.get<float>();
     p.lse_stride_token = H;
     p.io_dtype = ck::kBF16;
     p.k_cache = k;
@@ -157,19 +154,19 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
     // A sink joins the denominator once: in the first pass, which the merges then carry along.
     p.sinks = first ? sinks : nullptr;
     p.num_seqs = bs;
-    p.cu_seqlens_q = cu_q_.data_as<const int32_t>();
+    p.cu_seqlens_q = cu_q_.get<const int32_t>();
     p.kv_row_start = meta;
     p.seq_lens_k = meta + bs;
     p.q_kv_offset = meta + 2 * bs;
     SPECULA_CHECK(ck::prefill_wgmma_supports(p), "the expanded MLA prefill kernel is not built for these widths");
-    ck::launch_prefill_wgmma(p, ck::PrefillWork{items_.data_as<const int32_t>(), num_items_}, stream_);
+    ck::launch_prefill_wgmma(p, ck::PrefillWork{items_.get<const int32_t>(), num_items_}, stream_);
     CUDA_CHECK(cudaGetLastError());
     if (!first) {
       ck::MergeStateParams m{};
       m.v_a = out.data();
       m.s_a = lse_out;
-      m.v_b = part_out_.data();
-      m.s_b = part_lse_.data_as<float>();
+      m.v_b = part_out_.buf.data();
+      m.s_b = part_lse_.get<float>();
       m.v_out = out.data();
       m.s_out = lse_out;
       m.dtype = ck::kBF16;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "specula/attention/mla/cuda/device_vec.h"
 #include "specula/attention/mla/mla_backend.h"
 #include "specula/core/tensor.h"
 
@@ -43,16 +44,14 @@ class MlaExpandedPass {
     int64_t first_row = 0;  // into the step's slot list
     int64_t rows = 0;
   };
-  Buffer& ensure(Buffer& b, DType dtype, int64_t n);
-
   Device device_;
   cudaStream_t stream_;
   int batch_size_ = 0;
   int64_t num_tokens_ = 0;
   std::vector<Pass> passes_;
-  Buffer slots_, cu_q_, items_, pass_meta_;  // pass_meta_: per pass [row_start; kv_len; q_offset] x batch
+  DeviceVec slots_, cu_q_, items_, pass_meta_;  // pass_meta_: per pass [row_start; kv_len; q_offset] x batch
   int num_items_ = 0;
-  Buffer kv_c_, k_pe_, k_, v_, part_out_, part_lse_, lse_;
+  DeviceVec kv_c_, k_pe_, k_, v_, part_out_, part_lse_, lse_;
 };
 
 }  // namespace specula
