@@ -49,6 +49,7 @@ struct AttentionParams {
   // Prefill on warpgroup MMA only (prefill_wgmma_supports); nullptr everywhere else.
   const int32_t* kv_row_start;  // [num_seqs] or nullptr: ragged K/V without a page table, key j of
                                 // sequence s at row kv_row_start[s] + j of k_cache / v_cache
+  int64_t num_kv_rows;          // with kv_row_start: the rows k_cache / v_cache hold
   const int32_t* q_kv_offset;   // [num_seqs] or nullptr: the KV index of each sequence's first query
                                 // (may be negative); nullptr: seq_lens_k - q_len (queries last)
 };

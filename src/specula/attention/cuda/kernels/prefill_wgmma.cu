@@ -4,9 +4,12 @@
 //
 // One block per (query head, work item of kPrefillTileRows = 128 query rows): two consumer
 // warpgroups of 64 rows each and one producer warpgroup.
-// - The producer gathers K/V tiles of 128 keys page by page with cp.async into a 3-stage ring of
-//   128-byte-swizzled tiles; each stage's `full` mbarrier completes when its copies land, and its
-//   `empty` mbarrier when both warpgroups are done reading it.
+// - The producer gathers K and V tiles of 128 keys page by page with cp.async (ragged rows, which
+//   are contiguous, by TMA from one thread) into rings of 128-byte-swizzled tiles (three slots each at head_dim 64 and 128, two at 192 / 128). K and V
+//   have their own `full` mbarriers (the copies landed) and `empty` ones (both warpgroups are
+//   done reading): a tile's K is free as soon as its S is done, its V only after the next tile's
+//   batch, so where two slots are all that fit, the producer refills V one tile behind K and each
+//   copy still starts a whole tile before it is needed.
 // - Each consumer warpgroup keeps S (64 x 128 scores), O (64 x head_dim) and the probabilities P
 //   in registers. Per tile it issues, in one batch, O += P(previous tile) V(previous tile) and
 //   S = Q K^T, then runs the masks and the online softmax on S while the tensor cores work.
@@ -14,10 +17,19 @@
 //   while the other's matrix products do: the tensor cores are not left idle during exp2.
 #include "specula/attention/cuda/kernels/prefill_wgmma.h"
 
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "specula/attention/cuda/kernels/cluster.cuh"
 #include "specula/attention/cuda/kernels/convert.cuh"
 #include "specula/attention/cuda/kernels/io.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/attention/cuda/kernels/prefill_epilogue.cuh"
+#include "specula/attention/cuda/kernels/tensor_map.h"
+#include "specula/attention/cuda/kernels/tma.cuh"
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
@@ -42,7 +54,7 @@ static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsum
 // Named barrier ids: 1 + w is warpgroup w's turn to issue; kQReady orders the Q tile.
 constexpr int kQReady = 3;
 
-// DK: query/key width, DV: value width. As many stages of K and V tiles as fit beside Q (three at
+// DK: query/key width, DV: value width. As many slots of K and V tiles as fit beside Q (three at
 // head_dim 64 and 128, two at 192 / 128).
 template <int DK, int DV>
 struct Layout {
@@ -50,12 +62,25 @@ struct Layout {
   static constexpr int kQBytes = kRows * DK * 2;
   static constexpr int kKTileBytes = kKeys * DK * 2;
   static constexpr int kVTileBytes = kKeys * DV * 2;
-  static constexpr int kStageBytes = kKTileBytes + kVTileBytes;
-  static constexpr int kStages = (227 * 1024 - 1024 - kQBytes - 64) / kStageBytes < 3
-                                     ? (227 * 1024 - 1024 - kQBytes - 64) / kStageBytes
-                                     : 3;
-  static_assert(kStages >= 2, "two stages of K/V tiles must fit beside Q");
-  static constexpr size_t kSmemBytes = 1024 + kQBytes + kStages * kStageBytes + 2 * kStages * sizeof(uint64_t);
+  static constexpr int kBarrierBytes = 4 * 3 * sizeof(uint64_t);
+  static constexpr int kFit = (227 * 1024 - 1024 - kQBytes - kBarrierBytes) / (kKTileBytes + kVTileBytes);
+  static constexpr int kStages = kFit < 3 ? kFit : 3;
+  static_assert(kStages >= 2, "two slots of K and V tiles must fit beside Q");
+  // With two slots, refilling a tile's K and V together would wait for the previous tile's P V
+  // and leave one softmax to hide the copy; V is then refilled one tile behind K instead.
+  static constexpr bool kLagV = kStages == 2;
+  static constexpr size_t kVRingOffset = static_cast<size_t>(kStages) * kKTileBytes;
+  static constexpr size_t kSmemBytes =
+      1024 + kQBytes + static_cast<size_t>(kStages) * (kKTileBytes + kVTileBytes) + kBarrierBytes;
+};
+
+// The ring barriers: full (the copies landed; one cp.async arrival per producer thread) and empty
+// (one arrival per consumer warp), for K and for V.
+struct RingBarriers {
+  uint64_t* full_k;
+  uint64_t* full_v;
+  uint64_t* empty_k;
+  uint64_t* empty_v;
 };
 
 // Copies rows row0 .. row0 + 31 of a swizzled tile of D-wide rows from `cache`, and of a second
@@ -89,50 +114,112 @@ __device__ __forceinline__ void copy_tile_rows(unsigned char* tile, const T* cac
   }
 }
 
-// The producer warpgroup: warp w copies rows 32 w .. 32 w + 31 of every K and V tile.
+// Ragged K/V rows: a tile is one box of 128 contiguous rows per 64 columns, which the producer's
+// first thread copies by TMA (`k_map`, `v_map`: [rows, num_kv_heads, width] with 64 x 1 x 128
+// boxes); rows past the tensor land as zeros. Step i copies V of tile i - 1, then K of tile i.
+template <int DK, int DV>
+__device__ void produce_ragged(const CUtensorMap* k_map, const CUtensorMap* v_map, int64_t row_start, int kv_head,
+                               int tile_first, int num_tiles, unsigned char* k_ring, unsigned char* v_ring,
+                               const RingBarriers& bar) {
+  using L = Layout<DK, DV>;
+  constexpr int kStages = L::kStages;
+  auto row = [&](int i) { return static_cast<int>(row_start + static_cast<int64_t>(tile_first + i) * kKeys); };
+  for (int i = 0; i <= num_tiles; ++i) {
+    if (i > 0) {
+      const int v = i - 1;
+      if (v >= kStages) mbarrier_wait(&bar.empty_v[v % kStages], ((v / kStages) - 1) & 1);
+      uint64_t* full = &bar.full_v[v % kStages];
+      mbarrier_arrive_expect_tx(full, L::kVTileBytes);
+#pragma unroll
+      for (int cb = 0; cb < DV / 64; ++cb) {
+        tma_load_3d(v_ring + (v % kStages) * L::kVTileBytes + cb * kKeys * 128, v_map, cb * 64, kv_head, row(v), full);
+      }
+    }
+    if (i < num_tiles) {
+      if (i >= kStages) mbarrier_wait(&bar.empty_k[i % kStages], ((i / kStages) - 1) & 1);
+      uint64_t* full = &bar.full_k[i % kStages];
+      mbarrier_arrive_expect_tx(full, L::kKTileBytes);
+#pragma unroll
+      for (int cb = 0; cb < DK / 64; ++cb) {
+        tma_load_3d(k_ring + (i % kStages) * L::kKTileBytes + cb * kKeys * 128, k_map, cb * 64, kv_head, row(i), full);
+      }
+    }
+  }
+}
+
+// The producer warpgroup over paged (or ragged) rows with cp.async: warp w copies rows
+// 32 w .. 32 w + 31 of every K and V tile.
 template <typename T, int DK, int DV>
 __device__ void produce(const AttentionParams& p, const int32_t* pages, int64_t row_start, int kv_head, int kv_len,
-                        int tile_first, int num_tiles, unsigned char* stages, uint64_t* full, uint64_t* empty) {
+                        int tile_first, int num_tiles, unsigned char* k_ring, unsigned char* v_ring,
+                        const RingBarriers& bar) {
   using L = Layout<DK, DV>;
   constexpr int kStages = L::kStages;
   const T* k_cache = static_cast<const T*>(p.k_cache);
   const T* v_cache = static_cast<const T*>(p.v_cache);
   const int lane = threadIdx.x & 31;
   const int row0 = 32 * ((threadIdx.x - kConsumerThreads) / 32);
-  for (int i = 0; i < num_tiles; ++i) {
-    const int stage = i % kStages;
-    if (i >= kStages) mbarrier_wait(&empty[stage], ((i / kStages) - 1) & 1);
-    // The cache slot (or ragged row) of key row0 + lane (-1 past the sequence), looked up once.
+  // The cache slot (or ragged row) of tile i's key row0 + lane (-1 past the sequence).
+  auto lookup = [&](int i) {
     const int j = (tile_first + i) * kKeys + row0 + lane;
     int32_t slot = -1;
     if (j < kv_len) {
       slot = pages != nullptr ? pages[j / p.page_size] * p.page_size + j % p.page_size
                               : static_cast<int32_t>(row_start + j);
     }
-    unsigned char* k_tile = stages + stage * L::kStageBytes;
-    unsigned char* v_tile = k_tile + L::kKTileBytes;
-    if constexpr (DK == DV) {
-      copy_tile_rows<DK, true>(k_tile, k_cache, v_tile, v_cache, slot, row0, p.num_kv_heads, kv_head);
-    } else {
-      copy_tile_rows<DK, false>(k_tile, k_cache, v_tile, v_cache, slot, row0, p.num_kv_heads, kv_head);
-      copy_tile_rows<DV, false>(v_tile, v_cache, k_tile, k_cache, slot, row0, p.num_kv_heads, kv_head);
+    return slot;
+  };
+  auto wait_free = [&](uint64_t* empty, int i) {
+    if (i >= kStages) mbarrier_wait(&empty[i % kStages], ((i / kStages) - 1) & 1);
+  };
+  auto k_tile = [&](int i) { return k_ring + (i % kStages) * L::kKTileBytes; };
+  auto v_tile = [&](int i) { return v_ring + (i % kStages) * L::kVTileBytes; };
+  if constexpr (L::kLagV) {
+    // Step i copies V of tile i - 1 (its rows' slots kept from the step before), then K of tile i.
+    int32_t slot_prev = -1;
+    for (int i = 0; i <= num_tiles; ++i) {
+      const int32_t slot = i < num_tiles ? lookup(i) : -1;
+      if (i > 0) {
+        wait_free(bar.empty_v, i - 1);
+        copy_tile_rows<DV, false>(v_tile(i - 1), v_cache, nullptr, v_cache, slot_prev, row0, p.num_kv_heads,
+                                  kv_head);
+        mbarrier_arrive_cp_async(&bar.full_v[(i - 1) % kStages]);
+      }
+      if (i < num_tiles) {
+        wait_free(bar.empty_k, i);
+        copy_tile_rows<DK, false>(k_tile(i), k_cache, nullptr, k_cache, slot, row0, p.num_kv_heads, kv_head);
+        mbarrier_arrive_cp_async(&bar.full_k[i % kStages]);
+      }
+      slot_prev = slot;
     }
-    mbarrier_arrive_cp_async(&full[stage]);
+  } else {
+    static_assert(DK == DV, "K and V copied together share one slot lookup");
+    for (int i = 0; i < num_tiles; ++i) {
+      const int32_t slot = lookup(i);
+      wait_free(bar.empty_k, i);
+      wait_free(bar.empty_v, i);
+      copy_tile_rows<DK, true>(k_tile(i), k_cache, v_tile(i), v_cache, slot, row0, p.num_kv_heads, kv_head);
+      mbarrier_arrive_cp_async(&bar.full_k[i % kStages]);
+      mbarrier_arrive_cp_async(&bar.full_v[i % kStages]);
+    }
   }
   cp_async_wait<0>();  // no copy may be in flight when this thread exits
 }
 
 template <typename T, int DK, int DV>
-__global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const AttentionParams p, const PrefillWork work) {
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_wgmma_kernel(const AttentionParams p, const PrefillWork work, const __grid_constant__ CUtensorMap k_map,
+                         const __grid_constant__ CUtensorMap v_map) {
   using L = Layout<DK, DV>;
   constexpr int kStages = L::kStages;
   pdl_wait();
   pdl_trigger();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   unsigned char* sQ = smem_raw + ((1024u - (smem_address(smem_raw) & 1023u)) & 1023u);
-  unsigned char* stages = sQ + L::kQBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(stages + kStages * L::kStageBytes);
-  uint64_t* empty = full + kStages;
+  unsigned char* k_ring = sQ + L::kQBytes;
+  unsigned char* v_ring = k_ring + L::kVRingOffset;
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(v_ring + kStages * L::kVTileBytes);
+  const RingBarriers bar{barriers, barriers + kStages, barriers + 2 * kStages, barriers + 3 * kStages};
 
   // Blocks run heads fastest and items last to first: the last tiles of a causal sequence see the
   // most keys, and starting with them leaves the short ones to fill the tail.
@@ -160,15 +247,25 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], kProducerThreads);  // one cp.async arrival per producer thread
-      mbarrier_init(&empty[s], 8);  // one arrival per consumer warp
+      // Full: one cp.async arrival per producer thread, or the TMA thread's arrival with its bytes.
+      mbarrier_init(&bar.full_k[s], ragged ? 1 : kProducerThreads);
+      mbarrier_init(&bar.full_v[s], ragged ? 1 : kProducerThreads);
+      mbarrier_init(&bar.empty_k[s], 8);  // one arrival per consumer warp
+      mbarrier_init(&bar.empty_v[s], 8);
     }
+    fence_mbarrier_init_cluster();
   }
   __syncthreads();
 
   if (threadIdx.x >= kConsumerThreads) {
     setmaxnreg_dec<kProducerRegisters>();
-    produce<T, DK, DV>(p, pages, row_start, kv_head, kv_len, tile_first, num_tiles, stages, full, empty);
+    if (ragged) {
+      if (threadIdx.x == kConsumerThreads) {
+        produce_ragged<DK, DV>(&k_map, &v_map, row_start, kv_head, tile_first, num_tiles, k_ring, v_ring, bar);
+      }
+      return;
+    }
+    produce<T, DK, DV>(p, pages, row_start, kv_head, kv_len, tile_first, num_tiles, k_ring, v_ring, bar);
     return;
   }
 
@@ -214,13 +311,14 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
   for (int i = 0; i < num_tiles; ++i) {
     const int stage = i % kStages;
     const int prev = (i + kStages - 1) % kStages;
-    mbarrier_wait(&full[stage], (i / kStages) & 1);
+    mbarrier_wait(&bar.full_k[stage], (i / kStages) & 1);
+    if (i > 0) mbarrier_wait(&bar.full_v[prev], ((i - 1) / kStages) & 1);
     fence_proxy_async();
-    const uint32_t k_addr = smem_address(stages + stage * L::kStageBytes);
+    const uint32_t k_addr = smem_address(k_ring + stage * L::kKTileBytes);
     named_barrier_sync(1 + wg, kConsumerThreads);
     wgmma_fence();
     if (i > 0) {
-      const uint32_t v_addr = smem_address(stages + prev * L::kStageBytes + L::kKTileBytes);
+      const uint32_t v_addr = smem_address(v_ring + prev * L::kVTileBytes);
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk) {
         wgmma_rs_mn<DV, T>(o, pf[kk], wgmma_desc(v_addr + kk * 16 * 128, kKeys * 128));
@@ -238,7 +336,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
     fence_operands(s);
     fence_operands(o);
     fence_operands(pf);
-    if (i > 0 && lane == 0) mbarrier_arrive(&empty[prev]);
+    if (lane == 0) {
+      mbarrier_arrive(&bar.empty_k[stage]);
+      if (i > 0) mbarrier_arrive(&bar.empty_v[prev]);
+    }
 
     // Soft-cap (in log2 units) or leave the scale to the softmax; masks only on tiles that need
     // them, so the common tile runs without a branch per score.
@@ -279,7 +380,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
     }
   }
   if (num_tiles > 0) {
-    const uint32_t v_addr = smem_address(stages + ((num_tiles - 1) % kStages) * L::kStageBytes + L::kKTileBytes);
+    const int last = num_tiles - 1;
+    mbarrier_wait(&bar.full_v[last % kStages], (last / kStages) & 1);
+    fence_proxy_async();
+    const uint32_t v_addr = smem_address(v_ring + (last % kStages) * L::kVTileBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
@@ -296,6 +400,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_wgmma_kernel(const Attent
   store_prefill_rows<DV>(p, o, m, l, row_base, rows_valid, t, head, q_start + q_tile);
 }
 
+// Ragged rows [rows, heads, width] as the producer's TMA boxes: 64 columns x 1 head x 128 rows.
+template <typename T>
+CUtensorMap ragged_map(const void* base, int width, int heads, int64_t rows, const char* what) {
+  const uint64_t dims[3] = {static_cast<uint64_t>(width), static_cast<uint64_t>(heads), static_cast<uint64_t>(rows)};
+  const uint64_t strides[2] = {static_cast<uint64_t>(width) * 2, static_cast<uint64_t>(width) * 2 * heads};
+  const uint32_t box[3] = {64, 1, kKeys};
+  return swizzled_tensor_map(base, std::is_same_v<T, __nv_bfloat16>, 3, dims, strides, box, what);
+}
+
 template <typename T, int DK, int DV>
 void launch_typed(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
   constexpr size_t smem = Layout<DK, DV>::kSmemBytes;
@@ -305,8 +418,16 @@ void launch_typed(const AttentionParams& p, const PrefillWork& work, cudaStream_
     return true;
   }();
   (void)configured;
+  CUtensorMap k_map{};
+  CUtensorMap v_map{};
+  if (p.kv_row_start != nullptr) {
+    SPECULA_REQUIRE(p.num_kv_rows > 0 && p.num_kv_rows <= INT32_MAX,
+                    "prefill over ragged K/V: num_kv_rows " + std::to_string(p.num_kv_rows) + " must be in 1 .. 2^31 - 1");
+    k_map = ragged_map<T>(p.k_cache, DK, p.num_kv_heads, p.num_kv_rows, "ragged K");
+    v_map = ragged_map<T>(p.v_cache, DV, p.num_kv_heads, p.num_kv_rows, "ragged V");
+  }
   const dim3 grid(static_cast<unsigned>(work.num_items) * static_cast<unsigned>(p.num_q_heads));
-  launch_pdl(prefill_wgmma_kernel<T, DK, DV>, grid, kThreads, smem, stream, p, work);
+  launch_pdl(prefill_wgmma_kernel<T, DK, DV>, grid, kThreads, smem, stream, p, work, k_map, v_map);
 }
 
 template <typename T>

@@ -156,6 +156,7 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
     p.num_seqs = bs;
     p.cu_seqlens_q = cu_q_.get<const int32_t>();
     p.kv_row_start = meta;
+    p.num_kv_rows = pass.rows;
     p.seq_lens_k = meta + bs;
     p.q_kv_offset = meta + 2 * bs;
     SPECULA_CHECK(ck::prefill_wgmma_supports(p), "the expanded MLA prefill kernel is not built for these widths");

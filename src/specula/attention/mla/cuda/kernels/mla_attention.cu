@@ -21,12 +21,12 @@
 // loads' latency nor a staging round trip sits between a stage coming free and its refill.
 #include "specula/attention/mla/cuda/kernels/mla_attention.h"
 
-#include <cuda.h>  // CUtensorMap; the encoder comes through the runtime's driver entry point
-#include <cudaTypedefs.h>
+#include <cuda.h>
 #include <cuda_bf16.h>
 
 #include "specula/attention/cuda/kernels/cluster.cuh"
 #include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/attention/cuda/kernels/tensor_map.h"
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_items.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_producers.cuh"
@@ -350,26 +350,10 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(const MlaAttentionPara
 
 // The cache as a [num_slots, 576] bf16 tensor map with 64 x 64 boxes and the 128-byte swizzle.
 CUtensorMap cache_tensor_map(const MlaAttentionParams& p) {
-  static const auto encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    SPECULA_REQUIRE(found == cudaDriverEntryPointSuccess && fn != nullptr,
-                    "MLA: the driver has no cuTensorMapEncodeTiled (TMA needs CUDA 12 or newer)");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kBlocks * 64), static_cast<cuuint64_t>(p.num_slots)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.row_bytes)};
-  const cuuint32_t box[2] = {64, 64};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint8_t*>(p.cache), dims, strides,
-                            box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  SPECULA_REQUIRE(r == CUDA_SUCCESS, "MLA: encoding the cache's tensor map failed (CUresult " + std::to_string(r) +
-                                         ", " + std::to_string(p.num_slots) + " rows of " +
-                                         std::to_string(p.row_bytes) + " bytes)");
-  return map;
+  const uint64_t dims[2] = {static_cast<uint64_t>(kBlocks * 64), static_cast<uint64_t>(p.num_slots)};
+  const uint64_t strides[1] = {static_cast<uint64_t>(p.row_bytes)};
+  const uint32_t box[2] = {64, 64};
+  return swizzled_tensor_map(p.cache, true, 2, dims, strides, box, "the MLA cache");
 }
 
 }  // namespace

@@ -10,19 +10,11 @@
 
 #include "specula/attention/cuda/kernels/cluster.cuh"
 #include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/attention/cuda/kernels/tma.cuh"
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_stages.cuh"
 
 namespace specula::cuda_kernels::mla {
-
-// One 64 x 64 box of a 2-D tensor map into shared memory, counted on `bar` as transaction bytes.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_address(dst)),
-      "l"(map), "r"(x), "r"(y), "r"(smem_address(bar))
-      : "memory");
-}
 
 // Dense steps over a page-64 bf16 cache load whole pages by TMA (`map` over the cache as
 // [num_slots, 576] bf16, 64 x 64 boxes, 128-byte swizzle: the stages' layout). Tiles must start on

@@ -1,0 +1,32 @@
+// Tensor copies (TMA, sm_90): one box of a tensor map into shared memory, its bytes counted on an
+// mbarrier as completed transactions (the receiving side waits with the plain mbarrier waits of
+// wgmma.cuh after mbarrier_arrive_expect_tx). The maps come from tensor_map.h.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "specula/attention/cuda/kernels/mma.cuh"
+
+namespace specula::cuda_kernels {
+
+// The box at (x, y) of a 2-D map: x the innermost coordinate, in elements.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_address(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(smem_address(bar))
+      : "memory");
+}
+
+// The box at (x, y, z) of a 3-D map.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int x, int y, int z, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_address(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_address(bar))
+      : "memory");
+}
+
+}  // namespace specula::cuda_kernels
