@@ -5,11 +5,12 @@
 // One block per (query head, work item of kPrefillTileRows = 128 query rows): two consumer
 // warpgroups of 64 rows each and one producer warpgroup.
 // - The producer gathers K and V tiles of 128 keys page by page with cp.async (ragged rows, which
-//   are contiguous, by TMA from one thread) into rings of 128-byte-swizzled tiles (three slots each at head_dim 64 and 128, two at 192 / 128). K and V
-//   have their own `full` mbarriers (the copies landed) and `empty` ones (both warpgroups are
-//   done reading): a tile's K is free as soon as its S is done, its V only after the next tile's
-//   batch, so where two slots are all that fit, the producer refills V one tile behind K and each
-//   copy still starts a whole tile before it is needed.
+//   are contiguous, by TMA from one thread) into rings of 128-byte-swizzled tiles: three slots
+//   each at head_dim 64 and 128, two at 192 / 128. K and V have their own `full` mbarriers (the
+//   copies landed) and `empty` ones (both warpgroups are done reading): a tile's K is free as
+//   soon as its S is done, its V only after the next tile's batch, so where two slots are all
+//   that fit, the producer refills V one tile behind K and each copy still starts a whole tile
+//   before it is needed.
 // - Each consumer warpgroup keeps S (64 x 128 scores), O (64 x head_dim) and the probabilities P
 //   in registers. Per tile it issues, in one batch, O += P(previous tile) V(previous tile) and
 //   S = Q K^T, then runs the masks and the online softmax on S while the tensor cores work.
@@ -114,68 +115,80 @@ __device__ __forceinline__ void copy_tile_rows(unsigned char* tile, const T* cac
   }
 }
 
-// Ragged K/V rows: a tile is one box of 128 contiguous rows per 64 columns, which the producer's
-// first thread copies by TMA (`k_map`, `v_map`: [rows, num_kv_heads, width] with 64 x 1 x 128
-// boxes); rows past the tensor land as zeros. Step i copies V of tile i - 1, then K of tile i.
-template <int DK, int DV>
-__device__ void produce_ragged(const CUtensorMap* k_map, const CUtensorMap* v_map, int64_t row_start, int kv_head,
-                               int tile_first, int num_tiles, unsigned char* k_ring, unsigned char* v_ring,
-                               const RingBarriers& bar) {
-  using L = Layout<DK, DV>;
-  constexpr int kStages = L::kStages;
-  auto row = [&](int i) { return static_cast<int>(row_start + static_cast<int64_t>(tile_first + i) * kKeys); };
-  for (int i = 0; i <= num_tiles; ++i) {
-    if (i > 0) {
-      const int v = i - 1;
-      if (v >= kStages) mbarrier_wait(&bar.empty_v[v % kStages], ((v / kStages) - 1) & 1);
-      uint64_t* full = &bar.full_v[v % kStages];
-      mbarrier_arrive_expect_tx(full, L::kVTileBytes);
+// A D-wide tile of ragged K/V filled by the producer's first warp alone, counted on `full` by its
+// 32 lanes. A tile wholly inside the sequence is one box of 128 contiguous rows per 64 columns
+// (`map`: [rows, num_kv_heads, D]), which lane 0 issues by TMA with its bytes from row `row`. The
+// sequence's last, partial tile goes by cp.async, four rows per lane, so its missing rows land as
+// zeros and P = 0 never meets rows of another sequence or past the tensor.
+template <int D, typename T>
+__device__ __forceinline__ void fill_ragged_tile(unsigned char* tile, const T* cache, const CUtensorMap* map, int row,
+                                                 int rows_valid, int num_kv_heads, int kv_head, uint64_t* full) {
+  const int lane = threadIdx.x & 31;
+  if (rows_valid < kKeys) {
 #pragma unroll
-      for (int cb = 0; cb < DV / 64; ++cb) {
-        tma_load_3d(v_ring + (v % kStages) * L::kVTileBytes + cb * kKeys * 128, v_map, cb * 64, kv_head, row(v), full);
-      }
+    for (int q = 0; q < kKeys / 32; ++q) {
+      const int r = 32 * q + lane;
+      copy_tile_rows<D, false>(tile, cache, nullptr, cache, r < rows_valid ? row + r : -1, 32 * q, num_kv_heads,
+                               kv_head);
     }
-    if (i < num_tiles) {
-      if (i >= kStages) mbarrier_wait(&bar.empty_k[i % kStages], ((i / kStages) - 1) & 1);
-      uint64_t* full = &bar.full_k[i % kStages];
-      mbarrier_arrive_expect_tx(full, L::kKTileBytes);
-#pragma unroll
-      for (int cb = 0; cb < DK / 64; ++cb) {
-        tma_load_3d(k_ring + (i % kStages) * L::kKTileBytes + cb * kKeys * 128, k_map, cb * 64, kv_head, row(i), full);
-      }
-    }
+    mbarrier_arrive_cp_async(full);
+    return;
   }
+  if (lane != 0) {
+    mbarrier_arrive(full);
+    return;
+  }
+  mbarrier_arrive_expect_tx(full, kKeys * D * 2);
+#pragma unroll
+  for (int cb = 0; cb < D / 64; ++cb) tma_load_3d(tile + cb * kKeys * 128, map, cb * 64, kv_head, row, full);
 }
 
-// The producer warpgroup over paged (or ragged) rows with cp.async: warp w copies rows
-// 32 w .. 32 w + 31 of every K and V tile.
+// The producer. Ragged K/V (pages == nullptr): its first warp fills every tile by TMA
+// (fill_ragged_tile) and the others leave. Paged: warp w gathers rows 32 w .. 32 w + 31 of every
+// K and V tile with cp.async. With two slots per ring, step i fills V of tile i - 1, then K of
+// tile i.
 template <typename T, int DK, int DV>
 __device__ void produce(const AttentionParams& p, const int32_t* pages, int64_t row_start, int kv_head, int kv_len,
                         int tile_first, int num_tiles, unsigned char* k_ring, unsigned char* v_ring,
-                        const RingBarriers& bar) {
+                        const RingBarriers& bar, const CUtensorMap* k_map, const CUtensorMap* v_map) {
   using L = Layout<DK, DV>;
   constexpr int kStages = L::kStages;
   const T* k_cache = static_cast<const T*>(p.k_cache);
   const T* v_cache = static_cast<const T*>(p.v_cache);
   const int lane = threadIdx.x & 31;
   const int row0 = 32 * ((threadIdx.x - kConsumerThreads) / 32);
-  // The cache slot (or ragged row) of tile i's key row0 + lane (-1 past the sequence).
+  const bool ragged = pages == nullptr;
+  if (ragged && row0 > 0) return;
+  // Paged: the cache slot of tile i's key row0 + lane (-1 past the sequence).
   auto lookup = [&](int i) {
     const int j = (tile_first + i) * kKeys + row0 + lane;
-    int32_t slot = -1;
-    if (j < kv_len) {
-      slot = pages != nullptr ? pages[j / p.page_size] * p.page_size + j % p.page_size
-                              : static_cast<int32_t>(row_start + j);
-    }
-    return slot;
+    return j < kv_len ? pages[j / p.page_size] * p.page_size + j % p.page_size : -1;
   };
   auto wait_free = [&](uint64_t* empty, int i) {
     if (i >= kStages) mbarrier_wait(&empty[i % kStages], ((i / kStages) - 1) & 1);
   };
   auto k_tile = [&](int i) { return k_ring + (i % kStages) * L::kKTileBytes; };
   auto v_tile = [&](int i) { return v_ring + (i % kStages) * L::kVTileBytes; };
+  if (ragged) {
+    for (int i = 0; i <= num_tiles; ++i) {
+      auto fill = [&](auto width, int t, unsigned char* tile, const T* cache, const CUtensorMap* map, uint64_t* full) {
+        const int start = (tile_first + t) * kKeys;
+        fill_ragged_tile<decltype(width)::value>(tile, cache, map, static_cast<int>(row_start + start),
+                                                 kv_len - start, p.num_kv_heads, kv_head, full);
+      };
+      if (i > 0) {
+        wait_free(bar.empty_v, i - 1);
+        fill(std::integral_constant<int, DV>{}, i - 1, v_tile(i - 1), v_cache, v_map, &bar.full_v[(i - 1) % kStages]);
+      }
+      if (i < num_tiles) {
+        wait_free(bar.empty_k, i);
+        fill(std::integral_constant<int, DK>{}, i, k_tile(i), k_cache, k_map, &bar.full_k[i % kStages]);
+      }
+    }
+    cp_async_wait<0>();  // the partial tile's copies
+    return;
+  }
   if constexpr (L::kLagV) {
-    // Step i copies V of tile i - 1 (its rows' slots kept from the step before), then K of tile i.
     int32_t slot_prev = -1;
     for (int i = 0; i <= num_tiles; ++i) {
       const int32_t slot = i < num_tiles ? lookup(i) : -1;
@@ -247,9 +260,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      // Full: one cp.async arrival per producer thread, or the TMA thread's arrival with its bytes.
-      mbarrier_init(&bar.full_k[s], ragged ? 1 : kProducerThreads);
-      mbarrier_init(&bar.full_v[s], ragged ? 1 : kProducerThreads);
+      // One arrival per producing thread: the whole warpgroup, or its first warp over ragged K/V.
+      const int producers = ragged ? 32 : kProducerThreads;
+      mbarrier_init(&bar.full_k[s], producers);
+      mbarrier_init(&bar.full_v[s], producers);
       mbarrier_init(&bar.empty_k[s], 8);  // one arrival per consumer warp
       mbarrier_init(&bar.empty_v[s], 8);
     }
@@ -259,13 +273,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (threadIdx.x >= kConsumerThreads) {
     setmaxnreg_dec<kProducerRegisters>();
-    if (ragged) {
-      if (threadIdx.x == kConsumerThreads) {
-        produce_ragged<DK, DV>(&k_map, &v_map, row_start, kv_head, tile_first, num_tiles, k_ring, v_ring, bar);
-      }
-      return;
-    }
-    produce<T, DK, DV>(p, pages, row_start, kv_head, kv_len, tile_first, num_tiles, k_ring, v_ring, bar);
+    produce<T, DK, DV>(p, pages, row_start, kv_head, kv_len, tile_first, num_tiles, k_ring, v_ring, bar, &k_map,
+                       &v_map);
     return;
   }
 
@@ -400,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   store_prefill_rows<DV>(p, o, m, l, row_base, rows_valid, t, head, q_start + q_tile);
 }
 
-// Ragged rows [rows, heads, width] as the producer's TMA boxes: 64 columns x 1 head x 128 rows.
+// Ragged K or V ([rows, heads, width]) as the producer's TMA boxes: 64 columns x 1 head x 128 rows.
 template <typename T>
 CUtensorMap ragged_map(const void* base, int width, int heads, int64_t rows, const char* what) {
   const uint64_t dims[3] = {static_cast<uint64_t>(width), static_cast<uint64_t>(heads), static_cast<uint64_t>(rows)};
@@ -422,7 +431,8 @@ void launch_typed(const AttentionParams& p, const PrefillWork& work, cudaStream_
   CUtensorMap v_map{};
   if (p.kv_row_start != nullptr) {
     SPECULA_REQUIRE(p.num_kv_rows > 0 && p.num_kv_rows <= INT32_MAX,
-                    "prefill over ragged K/V: num_kv_rows " + std::to_string(p.num_kv_rows) + " must be in 1 .. 2^31 - 1");
+                    "prefill over ragged K/V: num_kv_rows " + std::to_string(p.num_kv_rows) +
+                        " must be in 1 .. 2^31 - 1 (the rows k_cache and v_cache hold)");
     k_map = ragged_map<T>(p.k_cache, DK, p.num_kv_heads, p.num_kv_rows, "ragged K");
     v_map = ragged_map<T>(p.v_cache, DV, p.num_kv_heads, p.num_kv_rows, "ragged V");
   }
