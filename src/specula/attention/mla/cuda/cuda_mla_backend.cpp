@@ -24,7 +24,7 @@ bool prefer_expanded(const std::vector<int32_t>& kv_lens, const std::vector<int3
                      int v_head_dim) {
   // TFLOP/s: the absorbed MLA kernel's extend rows, the 192 / 128 MHA kernel's (gather included),
   // the model's f32 W_UK / W_UV sgemms, and the expanded form's bf16 kv_b_proj GEMMs.
-  constexpr double kAbsorbedRate = 510, kExpandedRate = 300, kF32Rate = 39, kBf16Rate = 450;
+  constexpr double kAbsorbedRate = 510, kExpandedRate = 450, kF32Rate = 39, kBf16Rate = 450;
   const double product = 2.0 * ck::kMlaLoraRank * (qk_nope_head_dim + v_head_dim);  // per token or row
   double pairs = 0, tokens = 0, rows = 0;
   for (size_t i = 0; i < kv_lens.size(); ++i) {
