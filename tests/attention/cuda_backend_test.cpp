@@ -7,16 +7,21 @@
 
 #include <cmath>
 #include <random>
+#include <set>
+#include <utility>
 
 #include "attention/attention_harness.h"
 #include "specula/attention/cpu/cpu_backend.h"
 #include "specula/attention/cuda/cuda_backend.h"
+#include "specula/attention/cuda/kernels/prefill_wgmma.h"
 #include "specula/attention/merge_state.h"
 #include "specula/core/cuda_check.h"
 #include "specula/kv/mha_kv_pool.h"
 
 namespace specula::testing {
 namespace {
+
+namespace ck = cuda_kernels;
 
 #define REQUIRE_GPU() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
@@ -547,6 +552,45 @@ TEST_F(CudaAttention, CudaGraphReplayMatchesEager) {
   CUDA_CHECK(cudaGraphExecDestroy(exec));
   CUDA_CHECK(cudaGraphDestroy(graph));
   CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// The prefill grid's order: every (item, head) once; a group's heads are consecutive, its blocks
+// contiguous, and its items run last to first with the heads fastest.
+TEST(CudaPrefillOrder, GroupsOfHeadsCoverTheGridHeaviestFirst) {
+  std::mt19937 rng = rng_for_shapes();
+  for (int trial = 0; trial < 200; ++trial) {
+    const int num_items = std::uniform_int_distribution<int>(1, 40)(rng);
+    const int num_heads = std::uniform_int_distribution<int>(1, 130)(rng);
+    const int group = std::uniform_int_distribution<int>(0, num_heads + 3)(rng);
+    SCOPED_TRACE(::testing::Message() << num_items << " items, " << num_heads << " heads, groups of " << group);
+    const int g = group > 0 && group < num_heads ? group : num_heads;
+    std::set<std::pair<int, int>> seen;
+    for (int b = 0; b < num_items * num_heads; ++b) {
+      int item = -1;
+      int head = -1;
+      ck::prefill_block_work(b, num_items, num_heads, group, item, head);
+      ASSERT_TRUE(item >= 0 && item < num_items && head >= 0 && head < num_heads) << "block " << b;
+      ASSERT_TRUE(seen.insert({item, head}).second) << "block " << b << " repeats (" << item << ", " << head << ")";
+      const int first = head / g * g;
+      const int heads = std::min(g, num_heads - first);
+      const int in_group = b - first * num_items;
+      EXPECT_EQ(item, num_items - 1 - in_group / heads) << "block " << b;
+      EXPECT_EQ(head, first + in_group % heads) << "block " << b;
+    }
+  }
+}
+
+TEST(CudaPrefillOrder, HeadGroupsKeepTheirKvWithinHalfTheL2) {
+  const int64_t l2 = 50 << 20;
+  // Every head's K/V fits the L2: one group.
+  EXPECT_EQ(ck::prefill_head_group(6 << 20, 32, 8, l2), 32);
+  EXPECT_EQ(ck::prefill_head_group(int64_t{3} << 20, 16, 16, l2), 16);
+  EXPECT_EQ(ck::prefill_head_group(0, 32, 8, l2), 32);
+  // 8 MiB per KV head: three KV heads fit 25 MiB, times four query heads each.
+  EXPECT_EQ(ck::prefill_head_group(8 << 20, 32, 8, l2), 12);
+  EXPECT_EQ(ck::prefill_head_group(4 << 20, 128, 128, l2), 6);
+  // One KV head alone is too large: one GQA group.
+  EXPECT_EQ(ck::prefill_head_group(int64_t{1} << 30, 32, 8, l2), 4);
 }
 
 TEST(CudaAttentionErrors, UnsupportedIsClearAtCheck) {

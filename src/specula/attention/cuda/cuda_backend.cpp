@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <algorithm>
 
 #include "specula/attention/cuda/kernels/attention_params.h"
+#include "specula/attention/cuda/kernels/prefill_wgmma.h"
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/attention/cuda/dtype_code.h"
 #include "specula/core/cuda_check.h"
@@ -136,6 +138,8 @@ struct CudaAttentionBackend::State {
   int local_num_seqs = 0;
   int local_stride = 0;
   int local_num_items = 0;
+  int64_t kv_rows = 0;        // K/V rows the step's sequences attend (the local batches' with chunking)
+  int64_t local_kv_rows = 0;
   bool has_custom_mask = false;
   bool tree_path = false;  // TARGET_VERIFY with a visible prefix: the tree kernel's arrays are set
   int tree_rows_per_seq = 0;
@@ -180,6 +184,9 @@ CudaAttentionBackend::CudaAttentionBackend(const AttentionBackendOptions& option
   state_->uploads = UploadBatch(options.device);
   CUDA_CHECK(cudaSetDevice(options.device.index));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options.device.index));
+  int l2 = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, options.device.index));
+  l2_bytes_ = l2;
 }
 
 CudaAttentionBackend::~CudaAttentionBackend() { delete state_; }
@@ -250,6 +257,7 @@ void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph)
     q_lens[static_cast<size_t>(i)] = batch.query_len(i);
   }
   st.max_kv_len = *std::max_element(kv_lens.begin(), kv_lens.end());
+  st.kv_rows = std::accumulate(kv_lens.begin(), kv_lens.end(), int64_t{0});
   const PageTable table = build_page_table(*batch.req_to_token_pool, batch.req_pool_indices, kv_lens, page_size);
   const int64_t num_slots = batch.token_to_kv_pool->num_slots();
   for (int32_t page : table.pages) {
@@ -361,6 +369,7 @@ void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph)
     st.local_num_seqs = local.num_virtual();
     st.local_stride = local.pages_per_local_batch;
     st.local_num_items = static_cast<int>(local_items.size() / 2);
+    st.local_kv_rows = std::accumulate(local.seqlens_k_local.begin(), local.seqlens_k_local.end(), int64_t{0});
     st.local_cu_q.upload(local.cu_seqlens_q_local, st.device, st.uploads);
     st.local_kv_lens.upload(local.seqlens_k_local, st.device, st.uploads);
     st.local_pages.upload(local.block_table_local, st.device, st.uploads);
@@ -523,6 +532,9 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
     ck::PrefillWork work{};
     work.items = local ? st.local_items.data() : st.active->items.data();
     work.num_items = local ? st.local_num_items : st.num_items;
+    const int64_t kv_bytes = (local ? st.local_kv_rows : st.kv_rows) * 2 * layer.head_dim *
+                             static_cast<int64_t>(dtype_size(pool.dtype()));
+    work.heads_per_group = ck::prefill_head_group(kv_bytes, layer.num_q_heads, layer.num_kv_heads, l2_bytes_);
     ck::launch_prefill(p, work, st.stream);
   }
 }

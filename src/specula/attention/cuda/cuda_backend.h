@@ -71,6 +71,7 @@ class CudaAttentionBackend final : public AttentionBackend {
 
   AttentionBackendOptions options_;
   int num_sms_ = 0;
+  int64_t l2_bytes_ = 0;
   mutable std::set<HeadLayout> layouts_;
   mutable bool all_layers_tree_ok_ = true;
   State* state_;

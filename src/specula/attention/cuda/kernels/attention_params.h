@@ -86,6 +86,9 @@ inline constexpr int kMaxDecodeSplits = 64;
 struct PrefillWork {
   const int32_t* items;  // [num_items, 2]: (sequence, first query row of the tile)
   int32_t num_items;
+  // The wgmma kernel runs its blocks this many query heads at a time (prefill_head_group), each
+  // group's items last to first with its heads fastest; 0: all heads as one group.
+  int32_t heads_per_group;
 };
 
 void launch_prefill(const AttentionParams& params, const PrefillWork& work, cudaStream_t stream);

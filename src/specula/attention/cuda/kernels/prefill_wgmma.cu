@@ -20,6 +20,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -234,12 +235,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* barriers = reinterpret_cast<uint64_t*>(v_ring + kStages * L::kVTileBytes);
   const RingBarriers bar{barriers, barriers + kStages, barriers + 2 * kStages, barriers + 3 * kStages};
 
-  // Blocks run heads fastest and items last to first: the last tiles of a causal sequence see the
-  // most keys, and starting with them leaves the short ones to fill the tail.
-  const int item = work.num_items - 1 - static_cast<int>(blockIdx.x / p.num_q_heads);
+  int item = 0;
+  int head = 0;
+  prefill_block_work(static_cast<int>(blockIdx.x), work.num_items, p.num_q_heads, work.heads_per_group, item, head);
   const int seq = work.items[2 * item];
   const int q_tile = work.items[2 * item + 1];
-  const int head = static_cast<int>(blockIdx.x % p.num_q_heads);
   const int kv_head = head / (p.num_q_heads / p.num_kv_heads);
   const int q_start = p.cu_seqlens_q[seq];
   const int q_len = p.cu_seqlens_q[seq + 1] - q_start;
@@ -455,6 +455,13 @@ bool prefill_wgmma_supports(const AttentionParams& p) {
   if (p.kv_dtype != p.io_dtype) return false;
   if (p.head_dim == 192) return p.v_head_dim == 128 && p.io_dtype == kBF16;
   return (p.head_dim == 64 || p.head_dim == 128) && p.v_head_dim == p.head_dim;
+}
+
+int prefill_head_group(int64_t kv_bytes_per_kv_head, int num_q_heads, int num_kv_heads, int64_t l2_bytes) {
+  const int64_t per_head = std::max<int64_t>(kv_bytes_per_kv_head, 1);
+  if (per_head * num_kv_heads <= l2_bytes) return num_q_heads;
+  const int64_t kv_heads = std::clamp<int64_t>(l2_bytes / 2 / per_head, 1, num_kv_heads);
+  return static_cast<int>(kv_heads) * (num_q_heads / num_kv_heads);
 }
 
 void launch_prefill_wgmma(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {

@@ -100,7 +100,9 @@ CudaMlaBackend::CudaMlaBackend(const MlaBackendOptions& options) : options_(opti
                 options.expanded_chunk_rows);
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options.device.index));
   state_->stream = static_cast<cudaStream_t>(options.cuda_stream);
-  state_->expanded_pass = std::make_unique<MlaExpandedPass>(options.device, state_->stream);
+  int l2 = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, options.device.index));
+  state_->expanded_pass = std::make_unique<MlaExpandedPass>(options.device, state_->stream, l2);
 }
 
 CudaMlaBackend::~CudaMlaBackend() = default;

@@ -160,7 +160,8 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
     p.seq_lens_k = meta + bs;
     p.q_kv_offset = meta + 2 * bs;
     SPECULA_CHECK(ck::prefill_wgmma_supports(p), "the expanded MLA prefill kernel is not built for these widths");
-    ck::launch_prefill_wgmma(p, ck::PrefillWork{items_.get<const int32_t>(), num_items_}, stream_);
+    const int group = ck::prefill_head_group(pass.rows * 2 * (kQkWidth + kVWidth), H, H, l2_bytes_);
+    ck::launch_prefill_wgmma(p, ck::PrefillWork{items_.get<const int32_t>(), num_items_, group}, stream_);
     CUDA_CHECK(cudaGetLastError());
     if (!first) {
       ck::MergeStateParams m{};

@@ -28,7 +28,9 @@ std::string expanded_layer_problem(const MlaLayer& layer);
 
 class MlaExpandedPass {
  public:
-  MlaExpandedPass(Device device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  // l2_bytes: the device's L2 size, which bounds the K/V rows that blocks running together read.
+  MlaExpandedPass(Device device, cudaStream_t stream, int64_t l2_bytes)
+      : device_(device), stream_(stream), l2_bytes_(l2_bytes) {}
 
   // Once per step: kv_lens / q_lens per request, slots the cache slot of every request's every key
   // (request 0's kv_lens[0] keys first).
@@ -46,6 +48,7 @@ class MlaExpandedPass {
   };
   Device device_;
   cudaStream_t stream_;
+  int64_t l2_bytes_;
   int batch_size_ = 0;
   int64_t num_tokens_ = 0;
   std::vector<Pass> passes_;
