@@ -76,8 +76,8 @@ struct Layout {
       1024 + kQBytes + static_cast<size_t>(kStages) * (kKTileBytes + kVTileBytes) + kBarrierBytes;
 };
 
-// The ring barriers: full (the copies landed; one cp.async arrival per producer thread) and empty
-// (one arrival per consumer warp), for K and for V.
+// The ring barriers: full (the copies landed; one arrival per producing thread) and empty (one
+// arrival per consumer warp), for K and for V.
 struct RingBarriers {
   uint64_t* full_k;
   uint64_t* full_v;
@@ -171,12 +171,12 @@ __device__ void produce(const AttentionParams& p, const int32_t* pages, int64_t 
   auto k_tile = [&](int i) { return k_ring + (i % kStages) * L::kKTileBytes; };
   auto v_tile = [&](int i) { return v_ring + (i % kStages) * L::kVTileBytes; };
   if (ragged) {
+    auto fill = [&](auto width, int t, unsigned char* tile, const T* cache, const CUtensorMap* map, uint64_t* full) {
+      const int start = (tile_first + t) * kKeys;
+      fill_ragged_tile<decltype(width)::value>(tile, cache, map, static_cast<int>(row_start + start), kv_len - start,
+                                               p.num_kv_heads, kv_head, full);
+    };
     for (int i = 0; i <= num_tiles; ++i) {
-      auto fill = [&](auto width, int t, unsigned char* tile, const T* cache, const CUtensorMap* map, uint64_t* full) {
-        const int start = (tile_first + t) * kKeys;
-        fill_ragged_tile<decltype(width)::value>(tile, cache, map, static_cast<int>(row_start + start),
-                                                 kv_len - start, p.num_kv_heads, kv_head, full);
-      };
       if (i > 0) {
         wait_free(bar.empty_v, i - 1);
         fill(std::integral_constant<int, DV>{}, i - 1, v_tile(i - 1), v_cache, v_map, &bar.full_v[(i - 1) % kStages]);
