@@ -101,8 +101,6 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
     decode_kernel(const AttentionParams p, const DecodeSplit split) {
   using S = Shape<T, KV, D, kWarps>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  pdl_wait();
-  pdl_trigger();
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
@@ -163,11 +161,25 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
   int32_t first_pages[S::kStages - 1 + kPageAhead];
 #pragma unroll
   for (int i = 0; i < S::kStages - 1 + kPageAhead; ++i) first_pages[i] = tile_page(i);
+  auto first_copies = [&] {
 #pragma unroll
-  for (int i = 0; i < S::kStages - 1; ++i) {
-    if (i < my_tiles) load_tile(i, first_pages[i]);
-    cp_async_commit();
-  }
+    for (int i = 0; i < S::kStages - 1; ++i) {
+      if (i < my_tiles) load_tile(i, first_pages[i]);
+      cp_async_commit();
+    }
+  };
+  // Everything above reads step metadata, written before the step's first kernel. The kernel just
+  // before this one (the layer's set_kv_buffer, or the model's fused q/k/v epilogue) writes Q and
+  // the step's new key, the sequence's last, and nothing else this kernel reads; pdl_wait waits
+  // for that kernel, and every kernel triggers its dependent only after its own wait, so the ones
+  // before it have finished. A warp whose first tiles end before the new key (a warp-uniform
+  // test) therefore issues their copies before the wait, under the previous kernel's tail: B=1
+  // L=32768 in eight back-to-back layers went from 80-81% to 85-86% of the copy rate (H200).
+  const bool copy_early = b.begin + (warp + (S::kStages - 2) * kWarps + 1) * kKeys < b.kv_len;
+  if (copy_early) first_copies();
+  pdl_wait();
+  pdl_trigger();
+  if (!copy_early) first_copies();
   int32_t next_pages[kPageAhead];  // of tiles i + kStages - 1, i + kStages, ... at iteration i
 #pragma unroll
   for (int k = 0; k < kPageAhead; ++k) next_pages[k] = first_pages[S::kStages - 1 + k];

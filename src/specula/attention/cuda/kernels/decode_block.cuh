@@ -23,6 +23,7 @@ struct DecodeBlock {
   int64_t token;  // query row of the sequence
   int begin;      // keys [begin, end) of this split; empty when begin >= end
   int end;
+  int kv_len;     // the sequence's keys; the step's new one is the last
 };
 
 // Grid: (num_kv_heads x head_blocks, num_splits, num_seqs). Heads vary fastest so the blocks that
@@ -40,6 +41,7 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttentionParams& p, co
   b.num_heads = min(heads_per_block, group - head_block * heads_per_block);
   b.token = p.cu_seqlens_q[b.seq];
   const int kv_len = p.seq_lens_k[b.seq];
+  b.kv_len = kv_len;
   const int pos = kv_len - 1;
   int kv_start = 0;
   if (p.window_left >= 0) kv_start = max(0, pos - p.window_left);
