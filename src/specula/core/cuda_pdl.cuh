@@ -1,11 +1,14 @@
 // Programmatic dependent launch (Hopper): a kernel launched with launch_pdl may be scheduled
 // while the kernel before it in the stream is still finishing, so its launch latency (and any
 // work that does not depend on that kernel, such as streaming weights) overlaps the other's
-// tail. Such a kernel must call pdl_wait() before it reads anything an earlier kernel writes or
+// tail. Such a kernel must call pdl_wait() before it reads anything the previous kernel writes or
 // writes anything an earlier kernel reads; pdl_wait() returns once the previous kernel has
 // completed and its writes are visible. pdl_trigger() lets the next kernel be scheduled early.
-// Kernels launched the ordinary way treat both as no-ops, and stream capture turns the relaxed
-// ordering into programmatic edges of the CUDA graph.
+// Every kernel calls pdl_trigger() only after its own pdl_wait(), so when a kernel starts, all
+// kernels before the previous one have completed: what only they wrote (step metadata, KV rows
+// of earlier steps) may be read before pdl_wait() (the decode kernel's first copies do). Keep that
+// order in new kernels. Kernels launched the ordinary way treat both as no-ops, and stream capture
+// turns the relaxed ordering into programmatic edges of the CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
