@@ -33,6 +33,7 @@
 #include "specula/attention/mla/cuda/kernels/mla_rows.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_stages.cuh"
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -268,9 +269,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
   if (threadIdx.x >= kConsumerThreads) {
     setmaxnreg_dec<kProducerRegisters>();
     if constexpr (kPair) {
+      pdl_wait();
+      pdl_trigger();
       produce_pair(p, it, num_tiles, smem);
       cluster_sync();
     } else if constexpr (kFp8) {
+      pdl_wait();
+      pdl_trigger();
       produce_fp8(p, it, num_tiles, smem);
     } else {
       produce_bf16(p, tma_pages(p) ? &cache_map : nullptr, it, num_tiles, smem);
@@ -283,6 +288,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
   const int t = lane & 3;
   const int row_base = ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2);
 
+  // Everything before this point reads step metadata only; Q is the previous kernels' output.
+  pdl_wait();
+  pdl_trigger();
   load_q(p, it, smem + Layout::q, kConsumerThreads);
   named_barrier_sync(kBarQ, kConsumerThreads);
 
@@ -321,6 +329,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
 
 // One block per query row: merges its splits (log2-domain LSEs), folds in the sink, writes bf16.
 __global__ void __launch_bounds__(128) mla_combine_kernel(const MlaAttentionParams p) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t row = blockIdx.x;
   const int64_t rows = static_cast<int64_t>(p.num_tokens) * p.num_q_heads;
   float m = kNegInf;
@@ -372,13 +382,17 @@ void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream)
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = Layout::bytes;
   config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = paired ? 1 : 0;
+  // Programmatic dependent launch: the block's set-up and its first dense tiles overlap the kernel
+  // before it (see pdl_wait's places in the kernel).
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = 2;
+  attrs[1].val.clusterDim.y = 1;
+  attrs[1].val.clusterDim.z = 1;
+  config.attrs = attrs;
+  config.numAttrs = paired ? 2 : 1;
   const CUtensorMap map = tma_pages(params) ? cache_tensor_map(params) : CUtensorMap{};
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, map));
 }
@@ -386,8 +400,7 @@ void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream)
 void launch_mla_combine(const MlaAttentionParams& params, cudaStream_t stream) {
   const int64_t rows = static_cast<int64_t>(params.num_tokens) * params.num_q_heads;
   if (rows == 0 || params.num_splits <= 1) return;
-  mla_combine_kernel<<<static_cast<unsigned>(rows), kMlaLoraRank / 4, 0, stream>>>(params);
-  CUDA_CHECK(cudaGetLastError());
+  launch_pdl(mla_combine_kernel, dim3(static_cast<unsigned>(rows)), dim3(kMlaLoraRank / 4), 0, stream, params);
 }
 
 }  // namespace specula::cuda_kernels

@@ -6,6 +6,7 @@
 
 #include <cuda.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "specula/attention/cuda/kernels/cluster.cuh"
@@ -13,6 +14,7 @@
 #include "specula/attention/cuda/kernels/tma.cuh"
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_stages.cuh"
+#include "specula/core/cuda_pdl.cuh"
 
 namespace specula::cuda_kernels::mla {
 
@@ -37,10 +39,23 @@ static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorM
   const int warp = (threadIdx.x - kConsumerThreads) >> 5;
   const int lane = threadIdx.x & 31;
   const int chunk = lane & 7;
+  // Dense tiles wholly before the step's new keys (the last q_len of the request) are copied
+  // before pdl_wait: the kernel just before this one writes only those keys (and Q), and the page
+  // table is step metadata (core/cuda_pdl.cuh). Sparse slots are that kernel's output.
+  const int old_keys = p.slots != nullptr ? INT_MIN : it.kv_len - it.q_len;
+  bool waited = false;
+  auto wait_once = [&] {
+    if (waited) return;
+    pdl_wait();
+    pdl_trigger();
+    waited = true;
+  };
+  if (p.slots != nullptr) wait_once();
   int64_t slot = tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp);
   for (int i = 0; i < num_tiles; ++i) {
     const int s = i & 1;
     if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
+    if (it.key_begin + (i + 1) * kKeys > old_keys) wait_once();
     publish_valid(slot, warp, &valid[s]);
     uint8_t* stage = smem + Layout::stage(s);
     if (map != nullptr && it.key_begin + (i + 1) * kKeys <= it.key_end) {
@@ -71,6 +86,7 @@ static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorM
     mbarrier_arrive_cp_async(&full[s]);
     slot = tile_slot(p, it, i + 1 < num_tiles ? i + 1 : -1, warp);
   }
+  wait_once();
   // No drain before exiting: the consumers wait on every tile's full barrier, so the block
   // outlives all copies.
 }
