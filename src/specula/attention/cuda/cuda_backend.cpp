@@ -20,6 +20,7 @@
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/attention/cuda/dtype_code.h"
 #include "specula/core/cuda_check.h"
+#include "specula/core/device_array.h"
 #include "specula/core/error.h"
 #include "specula/core/upload_batch.h"
 #include "specula/kv/mha_kv_pool.h"
@@ -32,45 +33,6 @@ namespace {
 namespace ck = cuda_kernels;
 
 constexpr int kSupportedHeadDims[] = {64, 80, 96, 128, 256};
-
-template <typename T>
-constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, int32_t>) return DType::i32;
-  if constexpr (std::is_same_v<T, int64_t>) return DType::i64;
-  if constexpr (std::is_same_v<T, uint8_t>) return DType::u8;
-  return DType::f32;
-}
-
-// A device array that grows on demand; once frozen (CUDA-graph mode) it never moves.
-template <typename T>
-class DeviceArray {
- public:
-  T* data() const { return buffer_.data_as<T>(); }
-  void reserve(size_t n, Device device) {
-    if (n <= capacity_ && buffer_.data() != nullptr) return;
-    SPECULA_CHECK(!frozen_, "CUDA-graph metadata needs {} entries but was sized for {} at init_cuda_graph_state", n,
-                  capacity_);
-    buffer_ = Buffer(dtype_of<T>(), {static_cast<int64_t>(std::max<size_t>(n, 1))}, device);
-    capacity_ = std::max<size_t>(n, 1);
-  }
-  // Like reserve; newly allocated entries are zero (ordered on `stream`).
-  void reserve_zeroed(size_t n, Device device, cudaStream_t stream) {
-    const T* before = data();
-    reserve(n, device);
-    if (data() != before) CUDA_CHECK(cudaMemsetAsync(data(), 0, capacity_ * sizeof(T), stream));
-  }
-  // host's values land in the array at the batch's flush.
-  void upload(const std::vector<T>& host, Device device, UploadBatch& batch) {
-    reserve(host.size(), device);
-    batch.add(data(), host);
-  }
-  void freeze() { frozen_ = true; }
-
- private:
-  Buffer buffer_;
-  size_t capacity_ = 0;
-  bool frozen_ = false;
-};
 
 int head_blocks(int num_q_heads, int num_kv_heads) {
   const int group = num_q_heads / num_kv_heads;

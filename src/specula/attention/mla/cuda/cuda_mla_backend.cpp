@@ -1,6 +1,6 @@
-// CudaMlaBackend: per-step planning on the host (work items, splits, tree bits, page table),
-// uploads into device buffers (fixed ones for CUDA graphs, growable ones otherwise), the cache
-// write, sparse index conversion, and the attention / combine launches.
+// CudaMlaBackend: per-step planning on the host (work items, splits, tree bits, page table), one
+// batched upload per step into device arrays (frozen for CUDA graphs, growable otherwise), the
+// cache write, sparse index conversion, and the attention / combine launches.
 #include "specula/attention/mla/cuda/cuda_mla_backend.h"
 
 #include <algorithm>
@@ -10,10 +10,11 @@
 #include "specula/attention/mla/cuda/kernels/indexer.h"
 #include "specula/attention/mla/cuda/kernels/mla_attention.h"
 #include "specula/attention/mla/cuda/kernels/sparse_indices.h"
-#include "specula/attention/mla/cuda/device_vec.h"
 #include "specula/attention/mla/cuda/mla_expanded.h"
 #include "specula/core/cuda_check.h"
+#include "specula/core/device_array.h"
 #include "specula/core/error.h"
+#include "specula/core/upload_batch.h"
 #include "specula/kv/req_to_token_pool.h"
 
 namespace specula {
@@ -57,10 +58,12 @@ namespace {
 constexpr int64_t kMaxGraphTopk = 2048;
 
 struct DeviceSet {
-  DeviceVec page_table, kv_lens, q_lens, first_token, tree_bits, items, num_items, loc, token_req, slots;
-  DeviceVec part_o, part_lse;
-  DeviceVec token_pos, scores;  // the lightning indexer
-  bool fixed = false;
+  DeviceArray<int32_t> page_table, kv_lens, q_lens, first_token, items, num_items, loc, token_req, slots;
+  DeviceArray<uint64_t> tree_bits;
+  DeviceArray<float> part_o, part_lse;
+  DeviceArray<int32_t> token_pos;  // the lightning indexer
+  DeviceArray<float> scores;
+  bool fixed = false;  // the graph set: sized once, frozen
 };
 
 }  // namespace
@@ -88,6 +91,7 @@ struct CudaMlaBackend::State {
   bool expanded = false;  // this step runs forward_expanded
   std::unique_ptr<MlaExpandedPass> expanded_pass;
   std::map<int, std::pair<std::vector<float>, Buffer>> sinks;
+  UploadBatch uploads{Device::cpu()};  // the step's metadata, flushed once per build_metadata
   cudaStream_t stream = nullptr;
 };
 
@@ -100,6 +104,7 @@ CudaMlaBackend::CudaMlaBackend(const MlaBackendOptions& options) : options_(opti
                 options.expanded_chunk_rows);
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options.device.index));
   state_->stream = static_cast<cudaStream_t>(options.cuda_stream);
+  state_->uploads = UploadBatch(options.device);
   int l2 = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, options.device.index));
   state_->expanded_pass = std::make_unique<MlaExpandedPass>(options.device, state_->stream, l2);
@@ -160,20 +165,25 @@ void CudaMlaBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
     max_items = std::max(max_items, blocks * splits);
     if (splits > 1) max_part = std::max(max_part, static_cast<int64_t>(splits) * bs * per_req * H);
   }
-  g.fixed = false;
-  g.page_table.ensure(DType::i32, max_bs * max_pages, dev, false);
-  for (DeviceVec* v : {&g.kv_lens, &g.q_lens, &g.first_token}) v->ensure(DType::i32, max_bs, dev, false);
-  g.tree_bits.ensure(DType::i64, max_num_tokens, dev, false);
-  g.items.ensure(DType::i32, 4 * max_items, dev, false);
-  g.num_items.ensure(DType::i32, 1, dev, false);
-  g.loc.ensure(DType::i32, max_num_tokens, dev, false);
-  g.token_req.ensure(DType::i32, max_num_tokens, dev, false);
-  g.token_pos.ensure(DType::i32, max_num_tokens, dev, false);
-  g.part_o.ensure(DType::f32, max_part * ck::kMlaLoraRank, dev, false);
-  g.part_lse.ensure(DType::f32, max_part, dev, false);
-  g.slots.ensure(DType::i32, static_cast<int64_t>(max_num_tokens) * kMaxGraphTopk, dev, false);
-  g.scores.ensure(DType::f32, static_cast<int64_t>(ck::indexer_workspace_bytes(max_num_tokens, options_.max_context_len) / sizeof(float)),
-                  dev, false);
+  g.page_table.reserve(max_bs * max_pages, dev);
+  for (DeviceArray<int32_t>* v : {&g.kv_lens, &g.q_lens, &g.first_token}) v->reserve(max_bs, dev);
+  g.tree_bits.reserve(max_num_tokens, dev);
+  g.items.reserve(4 * max_items, dev);
+  g.num_items.reserve(1, dev);
+  g.loc.reserve(max_num_tokens, dev);
+  g.token_req.reserve(max_num_tokens, dev);
+  g.token_pos.reserve(max_num_tokens, dev);
+  g.part_o.reserve(max_part * ck::kMlaLoraRank, dev);
+  g.part_lse.reserve(max_part, dev);
+  g.slots.reserve(static_cast<int64_t>(max_num_tokens) * kMaxGraphTopk, dev);
+  g.scores.reserve(static_cast<int64_t>(ck::indexer_workspace_bytes(max_num_tokens, options_.max_context_len) / sizeof(float)),
+                   dev);
+  for (DeviceArray<int32_t>* v : {&g.page_table, &g.kv_lens, &g.q_lens, &g.first_token, &g.items, &g.num_items, &g.loc,
+                                  &g.token_req, &g.slots, &g.token_pos}) {
+    v->freeze();
+  }
+  g.tree_bits.freeze();
+  for (DeviceArray<float>* v : {&g.part_o, &g.part_lse, &g.scores}) v->freeze();
   g.fixed = true;
   st.graph_ready = true;
   st.graph_max_bs = max_bs;
@@ -308,30 +318,22 @@ void CudaMlaBackend::build_metadata(const ForwardBatch& batch, bool graph) {
   DeviceSet& d = *st.active;
   const Device dev = options_.device;
   const cudaStream_t stream = st.stream;
-  d.page_table.ensure(DType::i32, static_cast<int64_t>(pages.size()), dev, d.fixed);
-  d.page_table.upload(pages, stream);
-  for (auto [vec, host] : {std::pair{&d.kv_lens, &kv_lens}, {&d.q_lens, &q_lens}, {&d.first_token, &first}}) {
-    vec->ensure(DType::i32, bs, dev, d.fixed);
-    vec->upload(*host, stream);
-  }
-  if (custom) {
-    d.tree_bits.ensure(DType::i64, static_cast<int64_t>(bits.size()), dev, d.fixed);
-    d.tree_bits.upload(bits, stream);
-  }
-  d.items.ensure(DType::i32, static_cast<int64_t>(items.size()), dev, d.fixed);
-  d.items.upload(items, stream);
-  d.num_items.ensure(DType::i32, 1, dev, d.fixed);
-  d.num_items.upload(std::vector<int32_t>{st.dense_items}, stream);
-  d.loc.ensure(DType::i32, st.num_tokens, dev, d.fixed);
-  d.loc.upload(batch.out_cache_loc, stream);
-  d.token_req.ensure(DType::i32, st.num_tokens, dev, d.fixed);
-  d.token_req.upload(st.token_req, stream);
-  d.token_pos.ensure(DType::i32, st.num_tokens, dev, d.fixed);
-  d.token_pos.upload(st.token_pos, stream);
+  UploadBatch& up = st.uploads;
+  d.page_table.upload(pages, dev, up);
+  d.kv_lens.upload(kv_lens, dev, up);
+  d.q_lens.upload(q_lens, dev, up);
+  d.first_token.upload(first, dev, up);
+  if (custom) d.tree_bits.upload(bits, dev, up);
+  d.items.upload(items, dev, up);
+  d.num_items.upload(std::vector<int32_t>{st.dense_items}, dev, up);
+  d.loc.upload(batch.out_cache_loc, dev, up);
+  d.token_req.upload(st.token_req, dev, up);
+  d.token_pos.upload(st.token_pos, dev, up);
+  up.flush(stream);
   if (st.dense_splits > 1) {
     const int64_t part = static_cast<int64_t>(st.dense_splits) * st.num_tokens * H;
-    d.part_o.ensure(DType::f32, part * ck::kMlaLoraRank, dev, d.fixed);
-    d.part_lse.ensure(DType::f32, part, dev, d.fixed);
+    d.part_o.reserve(part * ck::kMlaLoraRank, dev);
+    d.part_lse.reserve(part, dev);
   }
 }
 
@@ -378,7 +380,7 @@ void CudaMlaBackend::forward_expanded(const TensorView& q, const TensorView& kv_
   SPECULA_CHECK(expanded_problem_.empty(), "cuda MLA backend: layer {}: {}", layer.layer_id, expanded_problem_);
   check_tensors(q, out, layer, layer.qk_nope_head_dim + layer.qk_rope_head_dim, layer.v_head_dim, options);
   if (options.save_kv_cache) {
-    pool.set_mla_kv_buffer(layer.layer_id, st.active->loc.buf.view().slice(0, st.num_tokens), kv_c, k_pe, st.stream);
+    pool.set_mla_kv_buffer(layer.layer_id, st.active->loc.view(st.num_tokens), kv_c, k_pe, st.stream);
   }
   st.expanded_pass->run(q, out, options.lse, pool.kv_buffer(layer.layer_id).data_as<const uint8_t>(),
                         pool.format() == MlaKVFormat::fp8_ds_mla, pool.row_bytes(), layer, device_sinks(layer), expand);
@@ -401,7 +403,7 @@ void CudaMlaBackend::forward(const TensorView& q, const TensorView& kv_c, const 
   DeviceSet& d = *st.active;
   const cudaStream_t stream = st.stream;
   if (options.save_kv_cache) {
-    pool.set_mla_kv_buffer(layer.layer_id, d.loc.buf.view().slice(0, n), kv_c, k_pe, stream);
+    pool.set_mla_kv_buffer(layer.layer_id, d.loc.view(n), kv_c, k_pe, stream);
   }
   if (n == 0) return;
 
@@ -413,13 +415,13 @@ void CudaMlaBackend::forward(const TensorView& q, const TensorView& kv_c, const 
   p.fp8 = pool.format() == MlaKVFormat::fp8_ds_mla ? 1 : 0;
   p.row_bytes = pool.row_bytes();
   p.num_slots = pool.num_slots();
-  p.page_table = d.page_table.get<const int32_t>();
+  p.page_table = d.page_table.data();
   p.max_pages = st.max_pages;
   p.page_size = options_.page_size;
-  p.kv_lens = d.kv_lens.get<const int32_t>();
-  p.q_lens = d.q_lens.get<const int32_t>();
-  p.first_token = d.first_token.get<const int32_t>();
-  p.tree_bits = st.tree ? reinterpret_cast<const uint64_t*>(d.tree_bits.get<int64_t>()) : nullptr;
+  p.kv_lens = d.kv_lens.data();
+  p.q_lens = d.q_lens.data();
+  p.first_token = d.first_token.data();
+  p.tree_bits = st.tree ? d.tree_bits.data() : nullptr;
   p.num_q_heads = H;
   p.scale_log2 = layer.scaling * 1.4426950408889634f;
   p.num_tokens = static_cast<int32_t>(n);
@@ -434,13 +436,13 @@ void CudaMlaBackend::forward(const TensorView& q, const TensorView& kv_c, const 
     SPECULA_CHECK(idx.is_contiguous(), "topk_indices {} must be contiguous", idx.str());
     const int topk = static_cast<int>(idx.size(1));
     SPECULA_CHECK(topk >= 1, "topk_indices has no columns");
-    d.slots.ensure(DType::i32, n * topk, options_.device, d.fixed);
+    d.slots.reserve(n * topk, options_.device);
     ck::SparseIndexParams c{};
-    c.req_id_per_token = d.token_req.get<const int32_t>();
-    c.page_table = d.page_table.get<const int32_t>();
-    c.kv_lens = d.kv_lens.get<const int32_t>();
+    c.req_id_per_token = d.token_req.data();
+    c.page_table = d.page_table.data();
+    c.kv_lens = d.kv_lens.data();
     c.token_indices = idx.data_as<const int32_t>();
-    c.out = d.slots.get<int32_t>();
+    c.out = d.slots.data();
     c.num_tokens = static_cast<int32_t>(n);
     c.topk = topk;
     c.batch_size = st.batch_size;
@@ -452,22 +454,22 @@ void CudaMlaBackend::forward(const TensorView& q, const TensorView& kv_c, const 
     const int head_blocks = (H + ck::kMlaBlockRows - 1) / ck::kMlaBlockRows;
     const int splits = d.fixed ? 1 : choose_mla_splits(n * head_blocks, topk, num_sms_, 0);
     if (splits > 1) {
-      d.part_o.ensure(DType::f32, splits * n * H * ck::kMlaLoraRank, options_.device, false);
-      d.part_lse.ensure(DType::f32, splits * n * H, options_.device, false);
+      d.part_o.reserve(splits * n * H * ck::kMlaLoraRank, options_.device);
+      d.part_lse.reserve(splits * n * H, options_.device);
     }
-    p.slots = d.slots.get<const int32_t>();
+    p.slots = d.slots.data();
     p.topk = topk;
     p.max_items = static_cast<int32_t>(n * head_blocks * splits);
     p.num_splits = splits;
-    p.part_o = d.part_o.get<float>();
-    p.part_lse = d.part_lse.get<float>();
+    p.part_o = d.part_o.data();
+    p.part_lse = d.part_lse.data();
   } else {
-    p.items = reinterpret_cast<const ck::MlaWorkItem*>(d.items.get<int32_t>());
-    p.num_items = d.num_items.get<const int32_t>();
+    p.items = reinterpret_cast<const ck::MlaWorkItem*>(d.items.data());
+    p.num_items = d.num_items.data();
     p.max_items = st.dense_items;
     p.num_splits = st.dense_splits;
-    p.part_o = d.part_o.get<float>();
-    p.part_lse = d.part_lse.get<float>();
+    p.part_o = d.part_o.data();
+    p.part_lse = d.part_lse.data();
   }
   ck::launch_mla_attention(p, stream);
   ck::launch_mla_combine(p, stream);
@@ -497,16 +499,16 @@ void CudaMlaBackend::indexer_topk(const TensorView& q, const TensorView& weights
     SPECULA_CHECK(t->is_contiguous(), "indexer tensor {} must be contiguous", t->str());
   }
   DeviceSet& d = *st.active;
-  if (save_index_k) pool.set_index_k(layer.layer_id, d.loc.buf.view().slice(0, n), index_k, st.stream);
+  if (save_index_k) pool.set_index_k(layer.layer_id, d.loc.view(n), index_k, st.stream);
   if (n == 0) return;
   const int max_kv = d.fixed ? options_.max_context_len : st.max_kv;
   ck::IndexerParams p{};
   p.q = q.data();
   p.weights = weights.data_as<const float>();
   p.index_cache = pool.index_buffer(layer.layer_id).data_as<const uint8_t>();
-  p.page_table = d.page_table.get<const int32_t>();
-  p.token_req = d.token_req.get<const int32_t>();
-  p.token_pos = d.token_pos.get<const int32_t>();
+  p.page_table = d.page_table.data();
+  p.token_req = d.token_req.data();
+  p.token_pos = d.token_pos.data();
   p.out = out.data_as<int32_t>();
   p.num_tokens = static_cast<int32_t>(n);
   p.n_heads = n_heads;
@@ -518,8 +520,8 @@ void CudaMlaBackend::indexer_topk(const TensorView& q, const TensorView& weights
   const ck::IndexerConfig config = ck::select_indexer(p);
   SPECULA_CHECK(config.unsupported.empty(), "cuda MLA backend: indexer {}", config.unsupported);
   const auto floats = static_cast<int64_t>((config.workspace_bytes + sizeof(float) - 1) / sizeof(float));
-  d.scores.ensure(DType::f32, floats, options_.device, d.fixed);
-  p.scores = d.scores.get<float>();
+  d.scores.reserve(floats, options_.device);
+  p.scores = d.scores.data();
   ck::launch_indexer_topk(p, st.stream);
 }
 

@@ -22,18 +22,6 @@ namespace {
 constexpr int kQkWidth = 192;  // the widths the expanded kernel is built for
 constexpr int kVWidth = 128;
 
-// The pass buffers only grow (eager steps; the expanded form never runs in a CUDA graph).
-void* grown(DeviceVec& v, DType dtype, int64_t n, Device device) {
-  v.ensure(dtype, n, device, false);
-  return v.buf.data();
-}
-
-template <typename T>
-void upload(DeviceVec& v, const std::vector<T>& host, DType dtype, Device device, cudaStream_t stream) {
-  v.ensure(dtype, static_cast<int64_t>(host.size()), device, false);
-  v.upload(host, stream);
-}
-
 }  // namespace
 
 int64_t default_expanded_chunk_rows(int num_q_heads) {
@@ -89,10 +77,11 @@ void MlaExpandedPass::plan(const std::vector<int32_t>& kv_lens, const std::vecto
     }
     for (const auto* v : {&start, &len, &off}) meta.insert(meta.end(), v->begin(), v->end());
   }
-  upload(slots_, slots, DType::i32, device_, stream_);
-  upload(cu_q_, cu_q, DType::i32, device_, stream_);
-  upload(items_, items, DType::i32, device_, stream_);
-  upload(pass_meta_, meta, DType::i32, device_, stream_);
+  slots_.upload(slots, device_, uploads_);
+  cu_q_.upload(cu_q, device_, uploads_);
+  items_.upload(items, device_, uploads_);
+  pass_meta_.upload(meta, device_, uploads_);
+  uploads_.flush(stream_);
 }
 
 void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const TensorView& lse, const uint8_t* cache,
@@ -103,14 +92,20 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
   if (n == 0) return;
   int64_t max_rows = 0;
   for (const Pass& p : passes_) max_rows = std::max(max_rows, p.rows);
-  void* kv_c = grown(kv_c_, DType::bf16, max_rows * ck::kMlaLoraRank, device_);
-  void* k_pe = grown(k_pe_, DType::bf16, max_rows * ck::kMlaRopeDim, device_);
-  void* k = grown(k_, DType::bf16, max_rows * H * kQkWidth, device_);
-  void* v = grown(v_, DType::bf16, max_rows * H * kVWidth, device_);
-  auto* lse_out = static_cast<float*>(lse.defined() ? lse.data() : grown(lse_, DType::f32, n * H, device_));
+  // The pass buffers only grow (eager steps; the expanded form never runs in a CUDA graph).
+  kv_c_.reserve(max_rows * ck::kMlaLoraRank, device_);
+  k_pe_.reserve(max_rows * ck::kMlaRopeDim, device_);
+  k_.reserve(max_rows * H * kQkWidth, device_);
+  v_.reserve(max_rows * H * kVWidth, device_);
+  void* kv_c = kv_c_.data();
+  void* k_pe = k_pe_.data();
+  void* k = k_.data();
+  void* v = v_.data();
+  if (!lse.defined()) lse_.reserve(n * H, device_);
+  auto* lse_out = lse.defined() ? lse.data_as<float>() : lse_.data();
   if (passes_.size() > 1) {
-    grown(part_out_, DType::bf16, n * H * kVWidth, device_);
-    grown(part_lse_, DType::f32, n * H, device_);
+    part_out_.reserve(n * H * kVWidth, device_);
+    part_lse_.reserve(n * H, device_);
   }
   const int bs = batch_size_;
   for (size_t i = 0; i < passes_.size(); ++i) {
@@ -119,7 +114,7 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
     g.cache = cache;
     g.fp8 = fp8 ? 1 : 0;
     g.row_bytes = row_bytes;
-    g.slots = slots_.get<const int32_t>() + pass.first_row;
+    g.slots = slots_.data() + pass.first_row;
     g.rows = pass.rows;
     g.kv_c = kv_c;
     g.k_pe = k_pe;
@@ -127,15 +122,15 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
     expand(kv_c, k_pe, pass.rows, k, v);
 
     const bool first = i == 0;
-    const int32_t* meta = pass_meta_.get<const int32_t>() + static_cast<int64_t>(i) * 3 * bs;
+    const int32_t* meta = pass_meta_.data() + static_cast<int64_t>(i) * 3 * bs;
     ck::AttentionParams p{};
     p.q = q.data();
     p.q_stride_token = static_cast<int64_t>(H) * kQkWidth;
     p.q_stride_head = kQkWidth;
-    p.out = first ? out.data() : part_out_.buf.data();
+    p.out = first ? out.data() : part_out_.data();
     p.out_stride_token = static_cast<int64_t>(H) * kVWidth;
     p.out_stride_head = kVWidth;
-    p.lse = first ? lse_out : part_lse_.get<float>();
+    p.lse = first ? lse_out : part_lse_.data();
     p.lse_stride_token = H;
     p.io_dtype = ck::kBF16;
     p.k_cache = k;
@@ -154,21 +149,21 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
     // A sink joins the denominator once: in the first pass, which the merges then carry along.
     p.sinks = first ? sinks : nullptr;
     p.num_seqs = bs;
-    p.cu_seqlens_q = cu_q_.get<const int32_t>();
+    p.cu_seqlens_q = cu_q_.data();
     p.kv_row_start = meta;
     p.num_kv_rows = pass.rows;
     p.seq_lens_k = meta + bs;
     p.q_kv_offset = meta + 2 * bs;
     SPECULA_CHECK(ck::prefill_wgmma_supports(p), "the expanded MLA prefill kernel is not built for these widths");
     const int group = ck::prefill_head_group(pass.rows * 2 * (kQkWidth + kVWidth), H, H, l2_bytes_);
-    ck::launch_prefill_wgmma(p, ck::PrefillWork{items_.get<const int32_t>(), num_items_, group}, stream_);
+    ck::launch_prefill_wgmma(p, ck::PrefillWork{items_.data(), num_items_, group}, stream_);
     CUDA_CHECK(cudaGetLastError());
     if (!first) {
       ck::MergeStateParams m{};
       m.v_a = out.data();
       m.s_a = lse_out;
-      m.v_b = part_out_.buf.data();
-      m.s_b = part_lse_.get<float>();
+      m.v_b = part_out_.data();
+      m.s_b = part_lse_.data();
       m.v_out = out.data();
       m.s_out = lse_out;
       m.dtype = ck::kBF16;

@@ -13,9 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "specula/attention/mla/cuda/device_vec.h"
 #include "specula/attention/mla/mla_backend.h"
+#include "specula/core/device_array.h"
 #include "specula/core/tensor.h"
+#include "specula/core/upload_batch.h"
 
 namespace specula {
 
@@ -30,7 +31,7 @@ class MlaExpandedPass {
  public:
   // l2_bytes: the device's L2 size, which bounds the K/V rows that blocks running together read.
   MlaExpandedPass(Device device, cudaStream_t stream, int64_t l2_bytes)
-      : device_(device), stream_(stream), l2_bytes_(l2_bytes) {}
+      : device_(device), stream_(stream), l2_bytes_(l2_bytes), uploads_(device) {}
 
   // Once per step: kv_lens / q_lens per request, slots the cache slot of every request's every key
   // (request 0's kv_lens[0] keys first).
@@ -52,9 +53,11 @@ class MlaExpandedPass {
   int batch_size_ = 0;
   int64_t num_tokens_ = 0;
   std::vector<Pass> passes_;
-  DeviceVec slots_, cu_q_, items_, pass_meta_;  // pass_meta_: per pass [row_start; kv_len; q_offset] x batch
+  UploadBatch uploads_;
+  DeviceArray<int32_t> slots_, cu_q_, items_, pass_meta_;  // pass_meta_: per pass [row_start; kv_len; q_offset] x batch
   int num_items_ = 0;
-  DeviceVec kv_c_, k_pe_, k_, v_, part_out_, part_lse_, lse_;
+  DeviceArray<bf16_t> kv_c_, k_pe_, k_, v_, part_out_;
+  DeviceArray<float> part_lse_, lse_;
 };
 
 }  // namespace specula
