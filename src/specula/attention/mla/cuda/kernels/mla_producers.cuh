@@ -6,7 +6,6 @@
 
 #include <cuda.h>
 
-#include <climits>
 #include <cstdint>
 
 #include "specula/attention/cuda/kernels/cluster.cuh"
@@ -41,8 +40,9 @@ static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorM
   const int chunk = lane & 7;
   // Dense tiles wholly before the step's new keys (the last q_len of the request) are copied
   // before pdl_wait: the kernel just before this one writes only those keys (and Q), and the page
-  // table is step metadata (core/cuda_pdl.cuh). Sparse slots are that kernel's output.
-  const int old_keys = p.slots != nullptr ? INT_MIN : it.kv_len - it.q_len;
+  // table is step metadata (core/cuda_pdl.cuh). Sparse slots are that kernel's output, so sparse
+  // steps wait before their first slot lookup.
+  const int old_keys = it.kv_len - it.q_len;
   bool waited = false;
   auto wait_once = [&] {
     if (waited) return;
