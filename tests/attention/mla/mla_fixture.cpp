@@ -281,7 +281,7 @@ MlaResult MlaFixture::run(MlaAttentionBackend& backend) {
 #ifdef SPECULA_HAS_CUDA
   if (device_.is_cuda()) cudaDeviceSynchronize();
 #endif
-  return {to_doubles(out), to_doubles(lse)};
+  return {to_doubles(out), to_doubles(lse), {}};
 }
 
 MlaResult MlaFixture::run_graph(MlaAttentionBackend& backend, void* stream) {
@@ -308,7 +308,7 @@ MlaResult MlaFixture::run_graph(MlaAttentionBackend& backend, void* stream) {
   SPECULA_REQUIRE(cudaStreamSynchronize(s) == cudaSuccess, "graph run");
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  return {to_doubles(out), to_doubles(lse)};
+  return {to_doubles(out), to_doubles(lse), {}};
 #else
   (void)backend;
   (void)stream;
@@ -400,7 +400,7 @@ MlaResult MlaFixture::run_expanded(MlaAttentionBackend& backend, const ExpandedI
   SPECULA_REQUIRE(backend.expanded_step(), "the backend did not plan this step in the expanded form");
   backend.forward_expanded(q_dev, t.kv_c, t.k_pe, out, layer_, batch_, expand, t.options);
   SPECULA_REQUIRE(cudaDeviceSynchronize() == cudaSuccess, "forward_expanded");
-  return {to_doubles(out), to_doubles(t.lse)};
+  return {to_doubles(out), to_doubles(t.lse), {}};
 #else
   (void)backend;
   (void)e;
@@ -436,6 +436,7 @@ MlaResult MlaFixture::reference(bool bf16_operands) const {
   const int D = R + case_.qk_rope_head_dim;
   MlaResult res;
   res.out.assign(static_cast<size_t>(n * H * R), 0.0);
+  res.magnitude.assign(static_cast<size_t>(n * H * R), 0.0);
   res.lse.assign(static_cast<size_t>(n * H), -std::numeric_limits<double>::infinity());
   std::vector<std::vector<float>> rows(kv_lens_.size());
   for (size_t r = 0; r < kv_lens_.size(); ++r) {
@@ -462,13 +463,20 @@ MlaResult MlaFixture::reference(bool bf16_operands) const {
       if (std::isinf(m)) continue;  // no keys, no sink: zeros and -inf
       double total = layer_.sinks.empty() ? 0.0 : std::exp(layer_.sinks[static_cast<size_t>(h)] - m);
       double* o = res.out.data() + (t * H + h) * R;
+      double* mag = res.magnitude.data() + (t * H + h) * R;
       for (size_t i = 0; i < keys.size(); ++i) {
         const double p = std::exp(s[i] - m);
         total += p;
         const float* v = req_rows.data() + static_cast<size_t>(keys[i]) * static_cast<size_t>(D);
-        for (int d = 0; d < R; ++d) o[d] += p * v[d];
+        for (int d = 0; d < R; ++d) {
+          o[d] += p * v[d];
+          mag[d] += p * std::abs(v[d]);
+        }
       }
-      for (int d = 0; d < R; ++d) o[d] /= total;
+      for (int d = 0; d < R; ++d) {
+        o[d] /= total;
+        mag[d] /= total;
+      }
       res.lse[static_cast<size_t>(t * H + h)] = m + std::log(total);
     }
   }

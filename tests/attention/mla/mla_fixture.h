@@ -50,6 +50,9 @@ std::vector<int> random_lens(std::mt19937_64& rng, int n, int lo, int hi);
 struct MlaResult {
   std::vector<double> out;  // [num_tokens, num_q_heads, kv_lora_rank]
   std::vector<double> lse;  // [num_tokens, num_q_heads]
+  // reference() only: sum of p |v| over sum of p per output element (sinks included in the sum of
+  // p), the scale of the error that rounding the probabilities to bf16 makes.
+  std::vector<double> magnitude;
 };
 
 class MlaFixture {
