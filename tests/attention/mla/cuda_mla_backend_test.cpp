@@ -1,8 +1,8 @@
 // The CUDA MLA backend against the CPU MLA backend (its oracle) and the float64 reference, on the
 // same random batches: every mode, bf16 and fp8_ds_mla caches, page sizes 1 and 64, q_len 1..4,
 // tree masks, chunked prefix, long contexts (split-KV), sparse top-k with -1 padding and sinks,
-// 16/64/128 heads (128-head sparse fp8 steps run as clusters of two blocks), and CUDA-graph
-// capture/replay.
+// 16/64/128 heads (128-head fp8 steps and dense page-64 bf16 steps run as clusters of two blocks),
+// and CUDA-graph capture/replay.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -45,6 +45,13 @@ std::vector<NamedCase> cases() {
       many.prefix_lens = random_lens(rng, 140, 300, 700);
       many.extend_lens.assign(140, 1);
       all.push_back({"DecodeManyTilesUnsplit" + f + p, many});
+      // 128 heads: a token's two head blocks run as a cluster of two sharing each tile (fp8, and
+      // bf16 over page-64 caches); more pairs than fit at once.
+      MlaCase many128 = many;
+      many128.num_q_heads = 128;
+      many128.prefix_lens = random_lens(rng, 70, 300, 700);
+      many128.extend_lens.assign(70, 1);
+      all.push_back({"DecodeManyTilesUnsplit128Heads" + f + p, many128});
       MlaCase e = d;
       e.mode = ForwardMode::EXTEND;
       e.prefix_lens = random_lens(rng, 3, 0, 300);
@@ -61,6 +68,13 @@ std::vector<NamedCase> cases() {
         v.extend_lens.assign(3, q_len);
         all.push_back({"VerifyQlen" + std::to_string(q_len) + "Heads64" + f + p, v});
       }
+      // Paired blocks whose tokens see different numbers of keys (partial last pages included).
+      MlaCase v128 = d;
+      v128.mode = ForwardMode::TARGET_VERIFY;
+      v128.num_q_heads = 128;
+      v128.prefix_lens = random_lens(rng, 3, 1, 300);
+      v128.extend_lens.assign(3, 3);
+      all.push_back({"VerifyQlen3Heads128" + f + p, v128});
       MlaCase t = d;
       t.mode = ForwardMode::TARGET_VERIFY;
       t.prefix_lens = random_lens(rng, 3, 1, 300);
@@ -155,18 +169,23 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaMla, ::testing::ValuesIn(cases()),
 TEST(CudaMlaGraph, CapturedStepsReplayLikeEagerOnes) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(seed());
+  // Dense bf16 with 64 heads and with 128 (paired blocks), sparse fp8 with 64 and 128 (paired).
+  struct Shape {
+    int topk;
+    int heads;
+  };
   for (bool tree : {false, true}) {
-    for (int topk : {0, 128, 256}) {
+    for (Shape shape : {Shape{0, 64}, Shape{0, 128}, Shape{128, 64}, Shape{256, 128}}) {
       MlaCase c;
       c.mode = tree ? ForwardMode::TARGET_VERIFY : ForwardMode::DECODE;
       c.q_dtype = DType::bf16;
-      c.format = topk > 0 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
+      c.format = shape.topk > 0 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
       c.page_size = 64;
       c.prefix_lens = random_lens(rng, 4, 1, 2000);
       c.extend_lens.assign(4, tree ? 6 : 1);
       c.tree_mask = tree;
-      c.topk = topk;
-      c.num_q_heads = topk == 256 ? 128 : 64;  // 128 heads: the paired fp8 blocks
+      c.topk = shape.topk;
+      c.num_q_heads = shape.heads;
       cudaStream_t stream = nullptr;
       ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
       MlaFixture eager_fx(c, Device::cuda(0), seed());

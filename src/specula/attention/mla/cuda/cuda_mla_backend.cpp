@@ -306,11 +306,16 @@ void CudaMlaBackend::build_metadata(const ForwardBatch& batch, bool graph) {
     st.expanded_pass->plan(kv_lens, q_lens, slots, rows);
   }
 
+  // With heads in multiples of 128, a token's two head blocks of one split are adjacent items, which
+  // the kernel may run as a pair (MlaWorkItem).
+  const int pair = H % (2 * ck::kMlaBlockRows) == 0 ? 2 : 1;
   std::vector<int32_t> items;
   for (int i = 0; i < bs; ++i) {
     const int nb = (q_lens[static_cast<size_t>(i)] * H + ck::kMlaBlockRows - 1) / ck::kMlaBlockRows;
-    for (int b = 0; b < nb; ++b) {
-      for (int s = 0; s < st.dense_splits; ++s) items.insert(items.end(), {i, b, s, 0});
+    for (int b = 0; b < nb; b += pair) {
+      for (int s = 0; s < st.dense_splits; ++s) {
+        for (int r = 0; r < pair; ++r) items.insert(items.end(), {i, b + r, s, 0});
+      }
     }
   }
   st.dense_items = static_cast<int>(items.size() / 4);

@@ -22,7 +22,7 @@ struct Item {
 // the block index (every token has the same head blocks and splits), so sparse steps need no
 // per-step upload and replay inside CUDA graphs as they are. Paired blocks (clusters of two, see
 // mla_attention.cu) take head blocks 2j and 2j + 1 of the same token and split: the pair's rank
-// is the fastest-moving part of the index.
+// is the fastest-moving part of the index (dense items are planned in that order, MlaWorkItem).
 __device__ __forceinline__ MlaWorkItem item_of(const MlaAttentionParams& p, bool paired) {
   if (p.slots == nullptr) return p.items[blockIdx.x];
   const int head_blocks = (p.num_q_heads + kMlaBlockRows - 1) / kMlaBlockRows;
