@@ -249,6 +249,9 @@ int run_mla_bench(const MlaBenchOptions& o) {
   add("dense bf16 h128 q1 L4096", 128, 1, MlaKVFormat::bf16, 0);
   add("dense bf16 h128 q2 L4096", 128, 2, MlaKVFormat::bf16, 0);
   add("dense bf16 h16 q1 L4096", 16, 1, MlaKVFormat::bf16, 0);
+  // The same step over 16384 keys: a block's fixed costs (its first tiles, Q, the output) spread
+  // over four times the tiles.
+  add("dense bf16 h128 q1 L16384", 128, 1, MlaKVFormat::bf16, 0, false, 128, 16384);
   add("dense fp8 h128 q1 L4096", 128, 1, MlaKVFormat::fp8_ds_mla, 0);
   add("sparse fp8 h128 q2 topk2048", 128, 2, MlaKVFormat::fp8_ds_mla, 2048);
   add("sparse bf16 h128 q2 topk2048", 128, 2, MlaKVFormat::bf16, 2048);

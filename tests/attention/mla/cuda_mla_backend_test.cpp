@@ -1,8 +1,8 @@
 // The CUDA MLA backend against the CPU MLA backend (its oracle) and the float64 reference, on the
 // same random batches: every mode, bf16 and fp8_ds_mla caches, page sizes 1 and 64, q_len 1..4,
 // tree masks, chunked prefix, long contexts (split-KV), sparse top-k with -1 padding and sinks,
-// 16/64/128 heads (128-head fp8 steps and dense page-64 bf16 steps run as clusters of two blocks),
-// and CUDA-graph capture/replay.
+// 16/64/128 heads (128-head fp8 steps run as clusters of two blocks), and CUDA-graph
+// capture/replay.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -45,8 +45,8 @@ std::vector<NamedCase> cases() {
       many.prefix_lens = random_lens(rng, 140, 300, 700);
       many.extend_lens.assign(140, 1);
       all.push_back({"DecodeManyTilesUnsplit" + f + p, many});
-      // 128 heads: a token's two head blocks run as a cluster of two sharing each tile (fp8, and
-      // bf16 over page-64 caches); more pairs than fit at once.
+      // 128 heads: a token's two head blocks of an fp8 step run as a cluster of two sharing each
+      // tile; more pairs than fit at once.
       MlaCase many128 = many;
       many128.num_q_heads = 128;
       many128.prefix_lens = random_lens(rng, 70, 300, 700);
@@ -68,7 +68,8 @@ std::vector<NamedCase> cases() {
         v.extend_lens.assign(3, q_len);
         all.push_back({"VerifyQlen" + std::to_string(q_len) + "Heads64" + f + p, v});
       }
-      // Paired blocks whose tokens see different numbers of keys (partial last pages included).
+      // 128 heads, q_len 3: tokens that see different numbers of keys (partial last pages
+      // included), fp8 ones as paired blocks.
       MlaCase v128 = d;
       v128.mode = ForwardMode::TARGET_VERIFY;
       v128.num_q_heads = 128;
@@ -169,7 +170,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaMla, ::testing::ValuesIn(cases()),
 TEST(CudaMlaGraph, CapturedStepsReplayLikeEagerOnes) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(seed());
-  // Dense bf16 with 64 heads and with 128 (paired blocks), sparse fp8 with 64 and 128 (paired).
+  // Dense bf16 with 64 heads and with 128 (two head blocks per token), sparse fp8 with 64 and 128
+  // (paired blocks).
   struct Shape {
     int topk;
     int heads;

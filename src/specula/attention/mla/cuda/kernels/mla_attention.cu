@@ -18,10 +18,10 @@
 // of each block load the fp8 values of the block's half of a tile's rows into registers a tile
 // ahead, and once the stage is free in both blocks dequantise them into their own stage and
 // bulk-copy the result into the peer's. Each block converts half as many values, and neither the
-// loads' latency nor a staging round trip sits between a stage coming free and its refill.
-// Dense page-64 bf16 steps with a multiple of 128 heads pair the same two head blocks of a token
-// (and split) the same way, more simply: each block's producer multicasts its share of every
-// page's column blocks into both, so the L2 sends each page to the pair once.
+// loads' latency nor a staging round trip sits between a stage coming free and its refill. Dense
+// fp8 steps with a multiple of 128 heads pair the two head blocks of a token (and split) the same
+// way. (Dense bf16 pages multicast by TMA into such pairs measured no faster: 528-535 / 553-559
+// TFLOP/s against 530-539 / 558-565 unpaired on the H200, so the L2's traffic does not limit them.)
 #include "specula/attention/mla/cuda/kernels/mla_attention.h"
 
 #include <cuda.h>
@@ -170,7 +170,6 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
 template <bool kFp8, bool kPair>
 __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem,
                               float (&o)[32][4]) {
-  constexpr bool kShare = kFp8 && kPair;  // converts and sends fp8 rows (bf16 pairs only multicast)
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
   const auto* alpha_in = reinterpret_cast<const float*>(smem + Layout::alpha);
@@ -178,7 +177,7 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
   const int lane = threadIdx.x & 31;
   const int row_base = warp * 16 + (lane >> 2);
   // Paired: this thread's share (blocks 4-7) of the tile after next, loaded a tile ahead.
-  const int rank = kShare ? static_cast<int>(cluster_rank()) : 0;
+  const int rank = kPair ? static_cast<int>(cluster_rank()) : 0;
   const int row = pair_row(rank);
   auto own_slot = [&](int tile) { return mla::key_slot(p, it, it.key_begin + tile * kKeys + row); };
   PairShare share;
@@ -199,7 +198,7 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
       next_own = own_slot(tile + 2);
     }
   };
-  if constexpr (kShare) {
+  if constexpr (kPair) {
     if (num_tiles > 0) pair_load<1>(p, own_slot(0), share);
     next_own = own_slot(1);
     for (int t = 0; t < 2 && t < num_tiles; ++t) pair_convert(t);  // both stages start free
@@ -229,7 +228,7 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
     fence_operands(o);
     __syncwarp();  // every lane's reads of the stage's rescale factors precede the release
     if (lane == 0) arrive_here_and_peer<kPair>(&empty[st]);
-    if constexpr (kShare) {
+    if constexpr (kPair) {
       if (i + 2 < num_tiles) {
         mbarrier_wait(&empty[st], (i >> 1) & 1);
         pair_convert(i + 2);
@@ -238,10 +237,11 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
   }
 }
 
-// kPair: clusters of two blocks with the same keys (see the top of the file).
+// kPair: fp8 steps as clusters of two blocks (see the top of the file).
 template <bool kFp8, bool kPair>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAttentionParams p,
                                                                      const __grid_constant__ CUtensorMap cache_map) {
+  static_assert(kFp8 || !kPair, "only fp8 rows are shared between paired blocks");
   if (p.slots == nullptr && static_cast<int>(blockIdx.x) >= *p.num_items) return;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (smem_address(smem_raw) & 1023u)) & 1023u);
@@ -250,11 +250,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; ++s) {
       // Full: every producer thread (bf16: its copies, plus one arrival per warp for the bits;
-      // fp8: after its conversions; paired fp8: both), and with fp8 every thread of warpgroup 1
-      // after its conversions (paired, one of them also expects the peer's rows as transaction
-      // bytes). Paired bf16 blocks count as unpaired ones: the peer's copies are only bytes.
+      // fp8: after its conversions; paired: both), and with fp8 every thread of warpgroup 1 after
+      // its conversions (paired, one of them also expects the peer's rows as transaction bytes).
       mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::full) + s,
-                    kFp8 && kPair ? 2 * kProducerThreads + 128 : kProducerThreads + (kFp8 ? 128 : 4));
+                    kPair ? 2 * kProducerThreads + 128 : kProducerThreads + (kFp8 ? 128 : 4));
       mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::landed) + s, kProducerThreads);
       // Empty: one arrival per consumer warp, of both blocks when paired.
       mbarrier_init(reinterpret_cast<uint64_t*>(smem + Layout::empty) + s, kPair ? 16 : 8);
@@ -272,18 +271,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
   }
   if (threadIdx.x >= kConsumerThreads) {
     setmaxnreg_dec<kProducerRegisters>();
-    if constexpr (kFp8 && kPair) {
+    if constexpr (kPair) {
       pdl_wait();
       pdl_trigger();
       produce_pair(p, it, num_tiles, smem);
+      cluster_sync();
     } else if constexpr (kFp8) {
       pdl_wait();
       pdl_trigger();
       produce_fp8(p, it, num_tiles, smem);
     } else {
-      produce_bf16<kPair>(p, tma_pages(p) ? &cache_map : nullptr, it, num_tiles, smem);
+      produce_bf16(p, tma_pages(p) ? &cache_map : nullptr, it, num_tiles, smem);
     }
-    if constexpr (kPair) cluster_sync();
     return;
   }
   setmaxnreg_inc<kConsumerRegisters>();
@@ -370,21 +369,18 @@ CUtensorMap cache_tensor_map(const MlaAttentionParams& p) {
   return swizzled_tensor_map(p.cache, true, 2, dims, strides, box, "the MLA cache");
 }
 
-// Clusters of two blocks (see the top of the file): the two head blocks of a token share their
-// keys when the heads come in multiples of 128. Dense items are then planned in such pairs
+// fp8 steps as clusters of two blocks (see the top of the file): the two head blocks of a token
+// share their keys when the heads come in multiples of 128. Dense items are planned in such pairs
 // (MlaWorkItem).
-bool paired_blocks(const MlaAttentionParams& p) {
-  return p.num_q_heads % (2 * kRows) == 0 && (p.fp8 != 0 || tma_pages(p));
-}
+bool paired_blocks(const MlaAttentionParams& p) { return p.fp8 != 0 && p.num_q_heads % (2 * kRows) == 0; }
 
 }  // namespace
 
 void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream) {
   if (params.max_items == 0) return;
-  const auto kernel = params.fp8 != 0 ? (paired_blocks(params) ? mla_attention_kernel<true, true>
-                                                                : mla_attention_kernel<true, false>)
-                                      : (paired_blocks(params) ? mla_attention_kernel<false, true>
-                                                               : mla_attention_kernel<false, false>);
+  const auto kernel = paired_blocks(params) ? mla_attention_kernel<true, true>
+                      : params.fp8 != 0     ? mla_attention_kernel<true, false>
+                                            : mla_attention_kernel<false, false>;
   // The attribute belongs to the current device's context: set on every launch (it is cheap), so a
   // second GPU in the process gets it too.
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::bytes));

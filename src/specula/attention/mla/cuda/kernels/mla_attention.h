@@ -20,7 +20,7 @@ inline constexpr int kMlaLoraRank = 512;  // the kernels are built for DeepSeek'
 inline constexpr int kMlaRopeDim = 64;
 
 // Dense items with num_q_heads a multiple of 128 come in pairs: items 2k and 2k + 1 are row blocks
-// 2j and 2j + 1 (one token's heads) of the same request and split, which the kernel may run as a
+// 2j and 2j + 1 (one token's heads) of the same request and split, which the fp8 kernel runs as a
 // cluster of two blocks sharing their key tiles.
 struct MlaWorkItem {
   int32_t unit;        // dense: request; sparse: token

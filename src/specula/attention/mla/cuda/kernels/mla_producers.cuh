@@ -29,10 +29,7 @@ __host__ __device__ __forceinline__ bool tma_pages(const MlaAttentionParams& p) 
 // 8 * (row % 4) + chunk, so eight lanes read 128 contiguous bytes of a row per column block. With
 // tma_pages, a tile whose 64 keys all exist is one whole page (tiles start on page boundaries), so
 // one thread issues its nine column blocks as tensor copies from the slot of its row 0; a partial
-// last tile keeps cp.async, whose missing rows land as zeros. kPair (clusters of two blocks with
-// the same keys): each block's thread multicasts its share of the nine blocks into both, once
-// both blocks' consumers are done with the stage (the empty barriers count both).
-template <bool kPair>
+// last tile keeps cp.async, whose missing rows land as zeros.
 static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorMap* map, const mla::Item& it,
                                     int num_tiles, uint8_t* smem) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
@@ -64,19 +61,10 @@ static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorM
     if (map != nullptr && it.key_begin + (i + 1) * kKeys <= it.key_end) {
       if (lane == 0) mbarrier_arrive(&full[s]);  // releases the valid bits
       if (threadIdx.x == kConsumerThreads) {
-        // Paired, half of these bytes come from the peer's copies, which may land before this.
         mbarrier_arrive_expect_tx(&full[s], kTileBytes);
-        if constexpr (kPair) {
-          const int first = cluster_rank() == 0 ? 0 : kPairTmaBlocks;
-          const int last = cluster_rank() == 0 ? kPairTmaBlocks : kBlocks;
-          for (int b = first; b < last; ++b) {
-            tma_load_2d_multicast(stage + b * kBlockBytes, map, 64 * b, static_cast<int>(slot), &full[s], 0x3);
-          }
-        } else {
 #pragma unroll
-          for (int b = 0; b < kBlocks; ++b) {
-            tma_load_2d(stage + b * kBlockBytes, map, 64 * b, static_cast<int>(slot), &full[s]);
-          }
+        for (int b = 0; b < kBlocks; ++b) {
+          tma_load_2d(stage + b * kBlockBytes, map, 64 * b, static_cast<int>(slot), &full[s]);
         }
       } else {
         mbarrier_arrive(&full[s]);

@@ -34,9 +34,6 @@ constexpr int kFp8ProducerBlocks = 4;
 // peer.
 constexpr int kPairRows = kKeys / 2;
 constexpr uint32_t kPairTxBytes = kPairRows * kMlaLoraRank * 2;
-// Paired dense bf16 blocks: rank 0 multicasts column blocks [0, kPairTmaBlocks) of each page, rank
-// 1 the rest.
-constexpr int kPairTmaBlocks = 5;
 // Named barriers: Q landed; P of stage s ready (2 + s); the end statistics.
 constexpr int kBarQ = 1;
 constexpr int kBarP = 2;
