@@ -170,18 +170,20 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaMla, ::testing::ValuesIn(cases()),
 TEST(CudaMlaGraph, CapturedStepsReplayLikeEagerOnes) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(seed());
-  // Dense bf16 with 64 heads and with 128 (two head blocks per token), sparse fp8 with 64 and 128
-  // (paired blocks).
+  // Dense bf16 with 64 heads and with 128 (two head blocks per token), dense fp8 with 128 (paired
+  // blocks), sparse fp8 with 64 and 128 (paired).
   struct Shape {
     int topk;
     int heads;
+    bool fp8;
   };
   for (bool tree : {false, true}) {
-    for (Shape shape : {Shape{0, 64}, Shape{0, 128}, Shape{128, 64}, Shape{256, 128}}) {
+    for (Shape shape : {Shape{0, 64, false}, Shape{0, 128, false}, Shape{0, 128, true}, Shape{128, 64, true},
+                        Shape{256, 128, true}}) {
       MlaCase c;
       c.mode = tree ? ForwardMode::TARGET_VERIFY : ForwardMode::DECODE;
       c.q_dtype = DType::bf16;
-      c.format = shape.topk > 0 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
+      c.format = shape.fp8 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
       c.page_size = 64;
       c.prefix_lens = random_lens(rng, 4, 1, 2000);
       c.extend_lens.assign(4, tree ? 6 : 1);
