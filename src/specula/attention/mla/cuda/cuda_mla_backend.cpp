@@ -306,9 +306,8 @@ void CudaMlaBackend::build_metadata(const ForwardBatch& batch, bool graph) {
     st.expanded_pass->plan(kv_lens, q_lens, slots, rows);
   }
 
-  // With heads in multiples of 128, a token's two head blocks of one split are adjacent items, which
-  // the kernel may run as a pair (MlaWorkItem).
-  const int pair = H % (2 * ck::kMlaBlockRows) == 0 ? 2 : 1;
+  // A token's two head blocks of one split as adjacent items (ck::mla_head_blocks_pair).
+  const int pair = ck::mla_head_blocks_pair(H) ? 2 : 1;
   std::vector<int32_t> items;
   for (int i = 0; i < bs; ++i) {
     const int nb = (q_lens[static_cast<size_t>(i)] * H + ck::kMlaBlockRows - 1) / ck::kMlaBlockRows;

@@ -369,18 +369,16 @@ CUtensorMap cache_tensor_map(const MlaAttentionParams& p) {
   return swizzled_tensor_map(p.cache, true, 2, dims, strides, box, "the MLA cache");
 }
 
-// fp8 steps as clusters of two blocks (see the top of the file): the two head blocks of a token
-// share their keys when the heads come in multiples of 128. Dense items are planned in such pairs
-// (MlaWorkItem).
-bool paired_blocks(const MlaAttentionParams& p) { return p.fp8 != 0 && p.num_q_heads % (2 * kRows) == 0; }
-
 }  // namespace
 
 void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream) {
   if (params.max_items == 0) return;
-  const auto kernel = paired_blocks(params) ? mla_attention_kernel<true, true>
-                      : params.fp8 != 0     ? mla_attention_kernel<true, false>
-                                            : mla_attention_kernel<false, false>;
+  // fp8 steps as clusters of two blocks (see the top of the file); dense items are planned in
+  // pairs for them (mla_head_blocks_pair).
+  const bool paired = params.fp8 != 0 && mla_head_blocks_pair(params.num_q_heads);
+  const auto kernel = paired            ? mla_attention_kernel<true, true>
+                      : params.fp8 != 0 ? mla_attention_kernel<true, false>
+                                        : mla_attention_kernel<false, false>;
   // The attribute belongs to the current device's context: set on every launch (it is cheap), so a
   // second GPU in the process gets it too.
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::bytes));
@@ -399,7 +397,7 @@ void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream)
   attrs[1].val.clusterDim.y = 1;
   attrs[1].val.clusterDim.z = 1;
   config.attrs = attrs;
-  config.numAttrs = paired_blocks(params) ? 2 : 1;
+  config.numAttrs = paired ? 2 : 1;
   const CUtensorMap map = tma_pages(params) ? cache_tensor_map(params) : CUtensorMap{};
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, map));
 }

@@ -19,9 +19,11 @@ inline constexpr int kMlaBlockKeys = 64;
 inline constexpr int kMlaLoraRank = 512;  // the kernels are built for DeepSeek's latent shape
 inline constexpr int kMlaRopeDim = 64;
 
-// Dense items with num_q_heads a multiple of 128 come in pairs: items 2k and 2k + 1 are row blocks
-// 2j and 2j + 1 (one token's heads) of the same request and split, which the fp8 kernel runs as a
-// cluster of two blocks sharing their key tiles.
+// Whether a token's head blocks come in pairs (num_q_heads a multiple of 128): then dense items 2k
+// and 2k + 1 are row blocks 2j and 2j + 1 (one token's heads) of the same request and split, which
+// the fp8 kernel runs as a cluster of two blocks sharing their key tiles.
+constexpr bool mla_head_blocks_pair(int num_q_heads) { return num_q_heads % (2 * kMlaBlockRows) == 0; }
+
 struct MlaWorkItem {
   int32_t unit;        // dense: request; sparse: token
   int32_t row_block;   // 64-row block within the unit's rows
