@@ -1,11 +1,12 @@
 // The CUDA MLA backend against the CPU MLA backend (its oracle) and the float64 reference, on the
 // same random batches: every mode, bf16 and fp8_ds_mla caches, page sizes 1 and 64, q_len 1..4,
-// tree masks, chunked prefix, long contexts (split-KV), sparse top-k with -1 padding and sinks,
-// 16/64/128 heads (128-head fp8 steps run as clusters of two blocks), and CUDA-graph
-// capture/replay.
+// tree masks, chunked prefix, long contexts (split-KV), last tiles of 1, 16 and 17 keys, sparse
+// top-k with -1 padding and sinks, 16/64/128 heads (128-head fp8 steps run as clusters of two
+// blocks), and CUDA-graph capture/replay.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <random>
 #include <string>
@@ -52,6 +53,20 @@ std::vector<NamedCase> cases() {
       many128.prefix_lens = random_lens(rng, 70, 300, 700);
       many128.extend_lens.assign(70, 1);
       all.push_back({"DecodeManyTilesUnsplit128Heads" + f + p, many128});
+      // Last tiles of 1, 16, 17 and 64 keys, and requests of one key; 128 heads and enough
+      // requests to run unsplit, so whole 64-row blocks leave by TMA. Then verify steps whose last
+      // tiles hold 2 and 16 keys, split.
+      MlaCase ragged = d;
+      ragged.num_q_heads = 128;
+      ragged.prefix_lens.clear();
+      for (int i = 0; i < 70; ++i) ragged.prefix_lens.push_back(std::array{64, 79, 80, 127, 0}[i % 5]);
+      ragged.extend_lens.assign(70, 1);
+      all.push_back({"DecodeRaggedLastTile128Heads" + f + p, ragged});
+      MlaCase ragged_verify = ragged;
+      ragged_verify.mode = ForwardMode::TARGET_VERIFY;
+      ragged_verify.prefix_lens = {64, 78};
+      ragged_verify.extend_lens.assign(2, 2);
+      all.push_back({"VerifyRaggedLastTile128Heads" + f + p, ragged_verify});
       MlaCase e = d;
       e.mode = ForwardMode::EXTEND;
       e.prefix_lens = random_lens(rng, 3, 0, 300);

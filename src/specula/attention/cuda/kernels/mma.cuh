@@ -1,5 +1,5 @@
 // Warp-level tensor-core primitives for sm_80+ (used on Hopper until the wgmma mainloop lands):
-// ldmatrix (plain and transposed), mma.sync m16n8k16 with f32 accumulators, movmatrix, and
+// ldmatrix (plain and transposed), stmatrix, mma.sync m16n8k16 with f32 accumulators, movmatrix, and
 // cp.async 16-byte copies with zero fill.
 //
 // Fragment layouts of m16n8k16 (lane = 4 * g + t):
@@ -32,6 +32,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_address(smem_row)));
+}
+
+// Four 8x8 b16 matrices from mma fragments (register i: matrix i, row lane / 4, columns 2 (lane % 4)
+// and + 1) into shared memory; lane 8 j + i gives the address of row i of matrix j.
+__device__ __forceinline__ void stmatrix_x4(const uint32_t (&r)[4], void* smem_row) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_address(smem_row)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
 }
 
 template <typename T>

@@ -1,6 +1,7 @@
 // Tensor copies (TMA, sm_90): one box of a tensor map into shared memory, its bytes counted on an
 // mbarrier as completed transactions (the receiving side waits with the plain mbarrier waits of
-// wgmma.cuh after mbarrier_arrive_expect_tx). The maps come from tensor_map.h.
+// wgmma.cuh after mbarrier_arrive_expect_tx), and boxes stored back from shared memory. The maps
+// come from tensor_map.h.
 #pragma once
 
 #include <cuda.h>
@@ -28,5 +29,21 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
       "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_address(bar))
       : "memory");
 }
+
+// The box at (x, y) of a 2-D map from shared memory (in the map's swizzle) to global memory, in
+// this thread's bulk groups. The writes that filled src must precede it in the async proxy
+// (fence_proxy_async, then a barrier between the writers and the issuer).
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int x, int y) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(map), "r"(x),
+               "r"(y), "r"(smem_address(src))
+               : "memory");
+}
+
+// Closes this thread's bulk stores so far into a group.
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Waits until this thread's committed bulk stores have read their shared-memory sources (which
+// may then be overwritten, or the block exit); their global writes may still be in flight.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
 }  // namespace specula::cuda_kernels

@@ -11,7 +11,8 @@
 //   of every row, and accumulates O[:, 0:256] += P V[:, 0:256] with P from its registers;
 // - warpgroup 1 accumulates O[:, 256:512] += P V[:, 256:512] with P from shared memory.
 // A thread holds 128 f32 accumulators of O (m64n256).
-// num_splits > 1 writes f32 partials that the combine kernel merges.
+// num_splits > 1 writes f32 partials that the combine kernel merges; unsplit, a whole block of 64
+// output rows is staged in Q's shared memory and stored by TMA (mla_rows.cuh).
 //
 // Sparse fp8 steps with a multiple of 128 heads run as clusters of two blocks, the two head blocks
 // of one token, which read the same keys (FlashMLA's "crossover"): the producer and warpgroup 1
@@ -240,7 +241,8 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
 // kPair: fp8 steps as clusters of two blocks (see the top of the file).
 template <bool kFp8, bool kPair>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAttentionParams p,
-                                                                     const __grid_constant__ CUtensorMap cache_map) {
+                                                                     const __grid_constant__ CUtensorMap cache_map,
+                                                                     const __grid_constant__ CUtensorMap out_map) {
   static_assert(kFp8 || !kPair, "only fp8 rows are shared between paired blocks");
   if (p.slots == nullptr && static_cast<int>(blockIdx.x) >= *p.num_items) return;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -317,7 +319,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
   } else {
     consume_right<kFp8, kPair>(p, it, num_tiles, smem, o);
   }
-  named_barrier_sync(kBarEnd, kConsumerThreads);
+  // Warpgroup 0's statistics are in shared memory for warpgroup 1; unpaired, warpgroup 0 writes
+  // its half of O without waiting for warpgroup 1's last products.
+  if (wg == 0 && !kPair) {
+    named_barrier_arrive(kBarEnd, kConsumerThreads);
+  } else {
+    named_barrier_sync(kBarEnd, kConsumerThreads);
+  }
   if constexpr (kPair) cluster_sync();
   if (wg == 1) {
 #pragma unroll
@@ -327,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const MlaAtt
     }
   }
 
-  write_rows(p, it, wg, row_base, o, l, m);
+  write_rows(p, it, wg, row_base, o, l, m, tma_output(p) ? &out_map : nullptr, smem + Layout::q);
 }
 
 // One block per query row: merges its splits (log2-domain LSEs), folds in the sink, writes bf16.
@@ -369,6 +377,14 @@ CUtensorMap cache_tensor_map(const MlaAttentionParams& p) {
   return swizzled_tensor_map(p.cache, true, 2, dims, strides, box, "the MLA cache");
 }
 
+// The output as [num_tokens * num_q_heads, 512] bf16 with 64 x 64 boxes and the 128-byte swizzle.
+CUtensorMap out_tensor_map(const MlaAttentionParams& p) {
+  const uint64_t dims[2] = {kMlaLoraRank, static_cast<uint64_t>(p.num_tokens) * static_cast<uint64_t>(p.num_q_heads)};
+  const uint64_t strides[1] = {kMlaLoraRank * 2};
+  const uint32_t box[2] = {64, kRows};
+  return swizzled_tensor_map(p.out, true, 2, dims, strides, box, "the MLA output");
+}
+
 }  // namespace
 
 void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream) {
@@ -399,7 +415,8 @@ void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream)
   config.attrs = attrs;
   config.numAttrs = paired ? 2 : 1;
   const CUtensorMap map = tma_pages(params) ? cache_tensor_map(params) : CUtensorMap{};
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, map));
+  const CUtensorMap out_map = tma_output(params) ? out_tensor_map(params) : CUtensorMap{};
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params, map, out_map));
 }
 
 void launch_mla_combine(const MlaAttentionParams& params, cudaStream_t stream) {
