@@ -186,22 +186,26 @@ TEST(CudaMlaGraph, CapturedStepsReplayLikeEagerOnes) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937_64 rng(seed());
   // Dense bf16 with 64 heads and with 128 (two head blocks per token), dense fp8 with 128 (paired
-  // blocks), sparse fp8 with 64 and 128 (paired).
+  // blocks), sparse fp8 with 64 and 128 (paired). Four requests split their keys (f32 partials and
+  // the combine); 70 requests of 128 heads are more blocks than SMs, so they run unsplit and their
+  // output blocks leave by TMA, as the sparse steps' do.
   struct Shape {
     int topk;
     int heads;
     bool fp8;
+    int requests;
   };
   for (bool tree : {false, true}) {
-    for (Shape shape : {Shape{0, 64, false}, Shape{0, 128, false}, Shape{0, 128, true}, Shape{128, 64, true},
-                        Shape{256, 128, true}}) {
+    for (Shape shape : {Shape{0, 64, false, 4}, Shape{0, 128, false, 4}, Shape{0, 128, true, 4},
+                        Shape{128, 64, true, 4}, Shape{256, 128, true, 4}, Shape{0, 128, false, 70},
+                        Shape{0, 128, true, 70}}) {
       MlaCase c;
       c.mode = tree ? ForwardMode::TARGET_VERIFY : ForwardMode::DECODE;
       c.q_dtype = DType::bf16;
       c.format = shape.fp8 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
       c.page_size = 64;
-      c.prefix_lens = random_lens(rng, 4, 1, 2000);
-      c.extend_lens.assign(4, tree ? 6 : 1);
+      c.prefix_lens = random_lens(rng, shape.requests, 1, shape.requests > 4 ? 300 : 2000);
+      c.extend_lens.assign(shape.requests, tree ? 6 : 1);
       c.tree_mask = tree;
       c.topk = shape.topk;
       c.num_q_heads = shape.heads;
