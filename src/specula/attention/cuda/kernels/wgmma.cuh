@@ -114,8 +114,9 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// The operand lists of m64n64 (32 accumulators), m64n128 (64) and m64n256 (128).
+// The operand lists of m64n16 (8 accumulators), m64n64 (32), m64n128 (64) and m64n256 (128).
 #define SPECULA_WGMMA_ACC4(d, i) "+f"((d)[i][0]), "+f"((d)[i][1]), "+f"((d)[i][2]), "+f"((d)[i][3])
+#define SPECULA_WGMMA_REGS_8 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define SPECULA_WGMMA_REGS_32 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
   ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
@@ -127,6 +128,7 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
   ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111" \
   ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+#define SPECULA_WGMMA_ACC_8(d) SPECULA_WGMMA_ACC4(d, 0), SPECULA_WGMMA_ACC4(d, 1)
 #define SPECULA_WGMMA_ACC_32(d) \
   SPECULA_WGMMA_ACC4(d, 0), SPECULA_WGMMA_ACC4(d, 1), SPECULA_WGMMA_ACC4(d, 2), SPECULA_WGMMA_ACC4(d, 3), \
   SPECULA_WGMMA_ACC4(d, 4), SPECULA_WGMMA_ACC4(d, 5), SPECULA_WGMMA_ACC4(d, 6), SPECULA_WGMMA_ACC4(d, 7)
@@ -178,6 +180,8 @@ __device__ __forceinline__ void wgmma_rs_mn(float (&d)[N / 8][4], const uint32_t
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));                               \
   }
 
+SPECULA_DEFINE_WGMMA(16, __nv_bfloat16, "bf16", SPECULA_WGMMA_REGS_8, SPECULA_WGMMA_ACC_8, "%8, %9", "%10",
+                     "{%8, %9, %10, %11}, %12", "%13")
 SPECULA_DEFINE_WGMMA(64, __nv_bfloat16, "bf16", SPECULA_WGMMA_REGS_32, SPECULA_WGMMA_ACC_32, "%32, %33", "%34",
                      "{%32, %33, %34, %35}, %36", "%37")
 SPECULA_DEFINE_WGMMA(64, __half, "f16", SPECULA_WGMMA_REGS_32, SPECULA_WGMMA_ACC_32, "%32, %33", "%34",
@@ -190,9 +194,11 @@ SPECULA_DEFINE_WGMMA(256, __nv_bfloat16, "bf16", SPECULA_WGMMA_REGS_128, SPECULA
                      "%130", "{%128, %129, %130, %131}, %132", "%133")
 
 #undef SPECULA_DEFINE_WGMMA
+#undef SPECULA_WGMMA_REGS_8
 #undef SPECULA_WGMMA_REGS_32
 #undef SPECULA_WGMMA_REGS_64
 #undef SPECULA_WGMMA_REGS_128
+#undef SPECULA_WGMMA_ACC_8
 #undef SPECULA_WGMMA_ACC_32
 #undef SPECULA_WGMMA_ACC_64
 #undef SPECULA_WGMMA_ACC_128

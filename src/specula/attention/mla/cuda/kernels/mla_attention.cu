@@ -10,6 +10,8 @@
 //   softmax, writes P into the stage's RoPE block (dead once S is done) with the rescale factor
 //   of every row, and accumulates O[:, 0:256] += P V[:, 0:256] with P from its registers;
 // - warpgroup 1 accumulates O[:, 256:512] += P V[:, 256:512] with P from shared memory.
+// A last tile of at most 16 keys takes m64n16 scores and one k16 step of each P V half (peeled from
+// the tile loop: a branch per tile cost the steady state more than the narrow tile saves).
 // A thread holds 128 f32 accumulators of O (m64n256).
 // num_splits > 1 writes f32 partials that the combine kernel merges; unsplit, a whole block of 64
 // output rows is staged in Q's shared memory and stored by TMA (mla_rows.cuh).
@@ -27,6 +29,8 @@
 
 #include <cuda.h>
 #include <cuda_bf16.h>
+
+#include <type_traits>
 
 #include "specula/attention/cuda/kernels/cluster.cuh"
 #include "specula/attention/cuda/kernels/convert.cuh"
@@ -71,6 +75,21 @@ __device__ __forceinline__ void rescale_rows(float (&o)[32][4], float a0, float 
   }
 }
 
+// A last tile of at most this many keys (a decode step's new key past a whole page, a verify step's
+// draft tokens) runs as m64n16 scores and one k16 step of each P V half: at 128 heads and 4097 keys
+// that tile costs each block a whole 64-key tile otherwise.
+constexpr int kNarrowKeys = 16;
+
+// Whether the item's last tile is narrow (never in paired blocks, where the second copy of
+// warpgroup 1's tile made ptxas spill 176 bytes). Made provably warp-uniform (a __shfl_sync), since
+// ptxas serialises every wgmma of a kernel that has one in code it cannot prove uniform.
+template <bool kPair>
+__device__ __forceinline__ bool narrow_last_tile(const mla::Item& it, int num_tiles) {
+  if (kPair) return false;
+  const int last = it.key_end - it.key_begin - (num_tiles - 1) * kKeys;
+  return __shfl_sync(0xffffffffu, num_tiles > 0 && last <= kNarrowKeys ? 1 : 0, 0) != 0;
+}
+
 // Warpgroup 0: scores, softmax, P for both halves, O[:, 0:256].
 template <bool kFp8, bool kPair>
 __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem,
@@ -85,9 +104,13 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
   const int row_base = warp * 16 + (lane >> 2);
   const RowRules rules = row_rules(p, it, row_base);
   const uint32_t q_addr = smem_address(smem + Layout::q);
-  float s[8][4];
-  uint32_t pf[4][4];
-  for (int i = 0; i < num_tiles; ++i) {
+  // Tile i with its first kN keys (kN = 64, or 16 for a last tile of at most 16 keys).
+  auto tile = [&](int i, auto width) {
+    constexpr int kN = decltype(width)::value;
+    constexpr int kJ = kN / 8;   // score column groups a thread holds
+    constexpr int kK = kN / 16;  // k16 steps of P V
+    float s[kJ][4];
+    uint32_t pf[kK][4];
     const int st = i & 1;
     mbarrier_wait(&full[st], (i >> 1) & 1);
     fence_proxy_async();
@@ -96,7 +119,7 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
 #pragma unroll
     for (int ks = 0; ks < kBlocks * 4; ++ks) {
       const uint32_t off = (ks / 4) * kBlockBytes + (ks % 4) * 32;
-      wgmma_ss<64, bf16>(s, wgmma_desc(q_addr + off, 0), wgmma_desc(k_addr + off, 0), ks > 0 ? 1 : 0);
+      wgmma_ss<kN, bf16>(s, wgmma_desc(q_addr + off, 0), wgmma_desc(k_addr + off, 0), ks > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -106,9 +129,9 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float part[8];
+      float part[kJ];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) part[j] = fmaxf(s[j][2 * r], s[j][2 * r + 1]);
+      for (int j = 0; j < kJ; ++j) part[j] = fmaxf(s[j][2 * r], s[j][2 * r + 1]);
       float mx = tree_reduce(part, MaxOp{});
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -119,7 +142,7 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
       alpha[r] = exp2_ftz(m[r] - base);
       m[r] = m_new;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kJ; ++j) {
         s[j][2 * r] = exp2_ftz(fmaf(s[j][2 * r], p.scale_log2, -base));
         s[j][2 * r + 1] = exp2_ftz(fmaf(s[j][2 * r + 1], p.scale_log2, -base));
         part[j] = s[j][2 * r] + s[j][2 * r + 1];
@@ -127,7 +150,7 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
       l[r] = l[r] * alpha[r] + tree_reduce(part, AddOp{});
     }
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < kK; ++kk) {
       pf[kk][0] = pack2<bf16>(s[2 * kk][0], s[2 * kk][1]);
       pf[kk][1] = pack2<bf16>(s[2 * kk][2], s[2 * kk][3]);
       pf[kk][2] = pack2<bf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -136,7 +159,7 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     // P (bf16, as this warpgroup multiplies it) into the stage's RoPE block, for warpgroup 1.
     uint8_t* p_block = smem + Layout::stage(st) + kRopeBlock * kBlockBytes;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < kK; ++kk) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int col = 16 * kk + 8 * h + 2 * t;
@@ -153,7 +176,7 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     rescale_rows<kFp8>(o, alpha[0], alpha[1]);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_rs_mn<256, bf16>(o, pf[kk], wgmma_desc(k_addr + kk * 16 * 128, kBlockBytes));
+    for (int kk = 0; kk < kK; ++kk) wgmma_rs_mn<256, bf16>(o, pf[kk], wgmma_desc(k_addr + kk * 16 * 128, kBlockBytes));
     wgmma_commit();
     // Waiting here rather than behind the next S hands the stage back a whole S earlier; the
     // tensor cores meanwhile run warpgroup 1's half.
@@ -162,7 +185,10 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     fence_operands(pf);
     __syncwarp();  // every lane's P stores precede the release
     if (lane == 0) arrive_here_and_peer<kPair>(&empty[st]);
-  }
+  };
+  const bool narrow = narrow_last_tile<kPair>(it, num_tiles);
+  for (int i = 0; i < num_tiles - (narrow ? 1 : 0); ++i) tile(i, std::integral_constant<int, kKeys>{});
+  if (narrow) tile(num_tiles - 1, std::integral_constant<int, kNarrowKeys>{});
 }
 
 // Warpgroup 1: O[:, 256:512] with P and the rescale factors from warpgroup 0 (and, for fp8 rows,
@@ -204,7 +230,9 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
     next_own = own_slot(1);
     for (int t = 0; t < 2 && t < num_tiles; ++t) pair_convert(t);  // both stages start free
   }
-  for (int i = 0; i < num_tiles; ++i) {
+  // Tile i's P V with its first kN keys (as warpgroup 0's tile).
+  auto tile = [&](int i, auto width) {
+    constexpr int kK = decltype(width)::value / 16;
     const int st = i & 1;
     if constexpr (kFp8 && !kPair) {
       mbarrier_wait(reinterpret_cast<uint64_t*>(smem + Layout::landed) + st, (i >> 1) & 1);
@@ -220,7 +248,7 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
     const uint32_t k_addr = smem_address(smem + Layout::stage(st));
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
+    for (int kk = 0; kk < kK; ++kk) {
       wgmma_ss_mn<256, bf16>(o, wgmma_desc(k_addr + kRopeBlock * kBlockBytes + kk * 32, 0),
                              wgmma_desc(k_addr + kHalfBlocks * kBlockBytes + kk * 16 * 128, kBlockBytes));
     }
@@ -235,7 +263,10 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
         pair_convert(i + 2);
       }
     }
-  }
+  };
+  const bool narrow = narrow_last_tile<kPair>(it, num_tiles);
+  for (int i = 0; i < num_tiles - (narrow ? 1 : 0); ++i) tile(i, std::integral_constant<int, kKeys>{});
+  if (narrow) tile(num_tiles - 1, std::integral_constant<int, kNarrowKeys>{});
 }
 
 // kPair: fp8 steps as clusters of two blocks (see the top of the file).

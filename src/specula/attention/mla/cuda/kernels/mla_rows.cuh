@@ -58,16 +58,18 @@ __device__ __forceinline__ RowRules row_rules(const MlaAttentionParams& p, const
   return rr;
 }
 
-// Sets to -inf the scores (an m64n64 accumulator) of the keys this thread's rows may not see:
-// keys missing from the tile (bit k of `exists` clear) and, in dense steps, keys past a row's causal
-// limit or draft tokens outside its tree. key0 is the tile's first key position.
-__device__ __forceinline__ void mask_scores(float (&s)[8][4], uint64_t exists, const RowRules& rules, int key0) {
+// Sets to -inf the scores (an m64 x 8J accumulator: the tile's first 8J keys) of the keys this
+// thread's rows may not see: keys missing from the tile (bit k of `exists` clear) and, in dense
+// steps, keys past a row's causal limit or draft tokens outside its tree. key0 is the tile's first
+// key position.
+template <int J>
+__device__ __forceinline__ void mask_scores(float (&s)[J][4], uint64_t exists, const RowRules& rules, int key0) {
   const int t = threadIdx.x & 3;
   const bool per_row =
       rules.dense && (key0 + kKeys - 1 > rules.min_limit || (rules.tree && key0 + kKeys > rules.draft0));
   if (exists == ~0ull && !per_row) return;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < J; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int key = 8 * j + 2 * t + (e & 1);
