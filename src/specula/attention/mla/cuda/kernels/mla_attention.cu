@@ -206,9 +206,9 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
   // Paired: this thread's share (blocks 4-7) of the tile after next, loaded a tile ahead.
   const int rank = kPair ? static_cast<int>(cluster_rank()) : 0;
   const int row = pair_row(rank);
-  auto own_slot = [&](int tile) { return mla::key_slot(p, it, it.key_begin + tile * kKeys + row); };
+  auto own_slot = [&](int tile) { return mla::fetch_slot(p, it, it.key_begin + tile * kKeys + row); };
   PairShare share;
-  int64_t next_own = -1;  // the next share's slot, looked up a tile before its loads
+  mla::SlotRef next_own{-1, 0};  // the next share's slot, fetched a tile before its loads
   auto pair_convert = [&](int tile) {  // the share of `tile` into its stage, then load the next
     const int s = tile & 1;
     uint8_t* stage = smem + Layout::stage(s);
@@ -221,12 +221,12 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
     }
     pair_send<1>(rank, stage, &full[s]);
     if (tile + 1 < num_tiles) {
-      pair_load<1>(p, next_own, share);
+      pair_load<1>(p, mla::resolve_slot(p, next_own), share);
       next_own = own_slot(tile + 2);
     }
   };
   if constexpr (kPair) {
-    if (num_tiles > 0) pair_load<1>(p, own_slot(0), share);
+    if (num_tiles > 0) pair_load<1>(p, mla::resolve_slot(p, own_slot(0)), share);
     next_own = own_slot(1);
     for (int t = 0; t < 2 && t < num_tiles; ++t) pair_convert(t);  // both stages start free
   }

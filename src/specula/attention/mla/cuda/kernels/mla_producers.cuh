@@ -51,7 +51,7 @@ static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorM
     waited = true;
   };
   if (p.slots != nullptr) wait_once();
-  int64_t slot = tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp);
+  int64_t slot = mla::resolve_slot(p, tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp));
   for (int i = 0; i < num_tiles; ++i) {
     const int s = i & 1;
     if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
@@ -69,7 +69,7 @@ static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorM
       } else {
         mbarrier_arrive(&full[s]);
       }
-      slot = tile_slot(p, it, i + 1 < num_tiles ? i + 1 : -1, warp);
+      slot = mla::resolve_slot(p, tile_slot(p, it, i + 1 < num_tiles ? i + 1 : -1, warp));
       continue;
     }
 #pragma unroll
@@ -84,7 +84,7 @@ static __device__ void produce_bf16(const MlaAttentionParams& p, const CUtensorM
     }
     if (lane == 0) mbarrier_arrive(&full[s]);  // releases the valid bits; the copies arrive below
     mbarrier_arrive_cp_async(&full[s]);
-    slot = tile_slot(p, it, i + 1 < num_tiles ? i + 1 : -1, warp);
+    slot = mla::resolve_slot(p, tile_slot(p, it, i + 1 < num_tiles ? i + 1 : -1, warp));
   }
   wait_once();
   // No drain before exiting: the consumers wait on every tile's full barrier, so the block
@@ -174,14 +174,14 @@ static __device__ void produce_fp8(const MlaAttentionParams& p, const mla::Item&
   auto* landed = reinterpret_cast<uint64_t*>(smem + Layout::landed);
   const int warp = (threadIdx.x - kConsumerThreads) >> 5;
   int issued = 0;
-  int64_t slot = tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp);
+  int64_t slot = mla::resolve_slot(p, tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp));
   auto issue = [&]() {
     const int s = issued & 1;
     publish_valid(slot, warp, &valid[s]);
     issue_fp8_tile(p, slot, warp, smem + Layout::stage(s), scales + s * kRows * 4);
     mbarrier_arrive_cp_async(&landed[s]);
     ++issued;
-    slot = tile_slot(p, it, issued < num_tiles ? issued : -1, warp);
+    slot = mla::resolve_slot(p, tile_slot(p, it, issued < num_tiles ? issued : -1, warp));
   };
   while (issued < num_tiles && issued < 2) issue();  // both stages start free
   for (int i = 0; i < num_tiles; ++i) {
@@ -278,14 +278,15 @@ static __device__ void produce_pair(const MlaAttentionParams& p, const mla::Item
   const int rank = static_cast<int>(cluster_rank());
   const int row = pair_row(rank);
   // The share's slot is looked up a tile before its loads, so they never wait for it.
-  auto own_slot = [&](int tile) { return mla::key_slot(p, it, it.key_begin + tile * kKeys + row); };
+  auto own_slot = [&](int tile) { return mla::fetch_slot(p, it, it.key_begin + tile * kKeys + row); };
   PairShare share;
-  if (num_tiles > 0) pair_load<0>(p, own_slot(0), share);
-  int64_t next_own = own_slot(1);
-  int64_t slot = tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp);
+  if (num_tiles > 0) pair_load<0>(p, mla::resolve_slot(p, own_slot(0)), share);
+  mla::SlotRef next_own = own_slot(1);
+  mla::SlotRef next = tile_slot(p, it, num_tiles > 0 ? 0 : -1, warp);
   for (int i = 0; i < num_tiles; ++i) {
     const int s = i & 1;
     if (i >= 2) mbarrier_wait(&empty[s], ((i >> 1) - 1) & 1);
+    const int64_t slot = mla::resolve_slot(p, next);
     publish_valid(slot, warp, &valid[s]);
     uint8_t* stage = smem + Layout::stage(s);
     // The RoPE gather of issue_fp8_tile, written out again on purpose: sharing it as a helper made
@@ -305,9 +306,9 @@ static __device__ void produce_pair(const MlaAttentionParams& p, const mla::Item
     mbarrier_arrive(&full[s]);  // this thread's conversions (and lane 0's existence bits)
     pair_send<0>(rank, stage, &full[s]);
     if (i + 1 < num_tiles) {
-      pair_load<0>(p, next_own, share);
+      pair_load<0>(p, mla::resolve_slot(p, next_own), share);
       next_own = own_slot(i + 2);
-      slot = tile_slot(p, it, i + 1, warp);
+      next = tile_slot(p, it, i + 1, warp);
     }
   }
 }

@@ -54,11 +54,12 @@ struct Layout {
   static constexpr int bytes = scales + 2 * 1024 + 1024;  // + alignment of the swizzled tiles
 };
 
-// The slot of the producer lane's key row in a tile (16 w + lane % 16 of it). Loaded a tile ahead
+// The slot of the producer lane's key row in a tile (16 w + lane % 16 of it). Fetched a tile ahead
 // of its copies, so the index (and page-table) load is not in the wait for a free stage.
-__device__ __forceinline__ int64_t tile_slot(const MlaAttentionParams& p, const mla::Item& it, int tile, int warp) {
-  if (tile < 0) return -1;
-  return mla::key_slot(p, it, it.key_begin + tile * kKeys + 16 * warp + ((threadIdx.x & 31) & 15));
+__device__ __forceinline__ mla::SlotRef tile_slot(const MlaAttentionParams& p, const mla::Item& it, int tile,
+                                                  int warp) {
+  if (tile < 0) return {-1, 0};
+  return mla::fetch_slot(p, it, it.key_begin + tile * kKeys + 16 * warp + ((threadIdx.x & 31) & 15));
 }
 
 // Publishes for the consumers which of warp w's 16 rows of the tile exist.
