@@ -80,14 +80,18 @@ __device__ __forceinline__ void rescale_rows(float (&o)[32][4], float a0, float 
 // that tile costs each block a whole 64-key tile otherwise.
 constexpr int kNarrowKeys = 16;
 
-// Whether the item's last tile is narrow (never in paired blocks, where the second copy of
-// warpgroup 1's tile made ptxas spill 176 bytes). Made provably warp-uniform (a __shfl_sync), since
+// Runs tile(i, width) over the item's tiles, width a std::integral_constant of the keys the tile's
+// products cover: whole 64-key tiles, then a narrow last one. Both warpgroups go through here, so
+// they agree on it. Never narrow in paired blocks, where the second copy of warpgroup 1's tile
+// made ptxas spill 176 bytes. The condition is made provably warp-uniform (a __shfl_sync), since
 // ptxas serialises every wgmma of a kernel that has one in code it cannot prove uniform.
-template <bool kPair>
-__device__ __forceinline__ bool narrow_last_tile(const mla::Item& it, int num_tiles) {
-  if (kPair) return false;
+template <bool kPair, typename Tile>
+__device__ __forceinline__ void for_each_tile(const mla::Item& it, int num_tiles, Tile&& tile) {
   const int last = it.key_end - it.key_begin - (num_tiles - 1) * kKeys;
-  return __shfl_sync(0xffffffffu, num_tiles > 0 && last <= kNarrowKeys ? 1 : 0, 0) != 0;
+  const bool narrow =
+      !kPair && __shfl_sync(0xffffffffu, num_tiles > 0 && last <= kNarrowKeys ? 1 : 0, 0) != 0;
+  for (int i = 0; i < num_tiles - (narrow ? 1 : 0); ++i) tile(i, std::integral_constant<int, kKeys>{});
+  if (narrow) tile(num_tiles - 1, std::integral_constant<int, kNarrowKeys>{});
 }
 
 // Warpgroup 0: scores, softmax, P for both halves, O[:, 0:256].
@@ -186,9 +190,7 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     __syncwarp();  // every lane's P stores precede the release
     if (lane == 0) arrive_here_and_peer<kPair>(&empty[st]);
   };
-  const bool narrow = narrow_last_tile<kPair>(it, num_tiles);
-  for (int i = 0; i < num_tiles - (narrow ? 1 : 0); ++i) tile(i, std::integral_constant<int, kKeys>{});
-  if (narrow) tile(num_tiles - 1, std::integral_constant<int, kNarrowKeys>{});
+  for_each_tile<kPair>(it, num_tiles, tile);
 }
 
 // Warpgroup 1: O[:, 256:512] with P and the rescale factors from warpgroup 0 (and, for fp8 rows,
@@ -264,9 +266,7 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
       }
     }
   };
-  const bool narrow = narrow_last_tile<kPair>(it, num_tiles);
-  for (int i = 0; i < num_tiles - (narrow ? 1 : 0); ++i) tile(i, std::integral_constant<int, kKeys>{});
-  if (narrow) tile(num_tiles - 1, std::integral_constant<int, kNarrowKeys>{});
+  for_each_tile<kPair>(it, num_tiles, tile);
 }
 
 // kPair: fp8 steps as clusters of two blocks (see the top of the file).
