@@ -284,7 +284,7 @@ __device__ __forceinline__ void pair_send(int rank, uint8_t* stage, uint64_t* fu
 // producer gets to it, so the share loads it issues at the end of a tile are waited for at the top
 // of the next (ncu: 40% of its stall samples there, the producer setting the pace): the share of
 // the tile after next is therefore asked of the L2 a tile before its loads. H200, sparse / dense
-// fp8: 416.8 / 415.0 TFLOP/s against 399.5 / 408.9. (Doing the same in warpgroup 1, whose loads
+// fp8: 415.8 / 415.0 TFLOP/s against 399.5 / 408.9. (Doing the same in warpgroup 1, whose loads
 // have a whole tile to land, measured 385 / 387; the RoPE rows as well, or the prefetch two tiles
 // ahead with 64 registers here and 216 in warpgroup 1, 396-398.)
 static __device__ void produce_pair(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
