@@ -221,7 +221,7 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
     } else {
       mbarrier_arrive(&full[s]);
     }
-    pair_send<1>(rank, stage, &full[s]);
+    pair_send<1>(row, stage, &full[s]);
     if (tile + 1 < num_tiles) {
       pair_load<1>(p, mla::resolve_slot(p, next_own), share);
       next_own = own_slot(tile + 2);

@@ -258,23 +258,23 @@ __device__ __forceinline__ void pair_store(const PairShare& sh, int row, uint8_t
   }
 }
 
-// Once a warpgroup's 128 threads have stored their blocks of the block's 32 rows of a tile (each
-// fenced for the async proxy), one of them bulk-copies those rows of each block (4 KB, contiguous)
-// into the peer's stage, counted on the peer's full barrier. One copy per column block instead of
-// a 16-byte remote store per chunk: per-chunk st.async (each counted on the peer's mbarrier)
-// measured 308 TFLOP/s, these copies 366 (H200, sparse fp8 h128 q2).
+// Once a warp's 32 threads have stored their 8 rows (of the block's 32) of a tile, each fenced for
+// the async proxy, lane b bulk-copies the warp's rows of its column block b (1 KB, contiguous)
+// into the peer's stage, counted on the peer's full barrier. Each warp sends as soon as its own
+// rows are done: a named barrier over the warpgroup, then one thread copying 4 KB per block,
+// measured 414 / 413 TFLOP/s (sparse / dense fp8) against 431 / 440 (H200). Copies rather than a
+// 16-byte remote store per chunk: per-chunk st.async (each counted on the peer's mbarrier) measured
+// 308 TFLOP/s sparse against 366 for per-warpgroup copies at the time.
 template <int kHalf>
-__device__ __forceinline__ void pair_send(int rank, uint8_t* stage, uint64_t* full) {
-  named_barrier_sync(kBarPairSent + kHalf, 128);
-  if ((threadIdx.x & 127) != 0) return;
+__device__ __forceinline__ void pair_send(int row, uint8_t* stage, uint64_t* full) {
+  __syncwarp();
   constexpr int kN = PairShare::kBlocksPerThread;
-  const uint32_t peer = static_cast<uint32_t>(rank) ^ 1u;
-  const uint32_t peer_full = cluster_map(full, peer);
-#pragma unroll
-  for (int b = 0; b < kN; ++b) {
-    const uint8_t* rows = stage + (kN * kHalf + b) * kBlockBytes + kPairRows * rank * 128;
-    bulk_copy_to_peer(cluster_map(rows, peer), rows, kPairRows * 128, peer_full);
-  }
+  const int b = threadIdx.x & 31;  // lane b copies column block b's rows of this warp
+  if (b >= kN) return;
+  const int first = row & ~7;
+  const uint32_t peer = static_cast<uint32_t>(row / kPairRows) ^ 1u;
+  const uint8_t* rows = stage + (kN * kHalf + b) * kBlockBytes + first * 128;
+  bulk_copy_to_peer(cluster_map(rows, peer), rows, 8 * 128, cluster_map(full, peer));
 }
 
 // Paired blocks' producer: the existence bits and the bf16 RoPE parts (cp.async) of all 64 rows of
@@ -286,7 +286,9 @@ __device__ __forceinline__ void pair_send(int rank, uint8_t* stage, uint64_t* fu
 // the tile after next is therefore asked of the L2 a tile before its loads. H200, sparse / dense
 // fp8: 415.8 / 415.0 TFLOP/s against 399.5 / 408.9. (Doing the same in warpgroup 1, whose loads
 // have a whole tile to land, measured 385 / 387; the RoPE rows as well, or the prefetch two tiles
-// ahead with 64 registers here and 216 in warpgroup 1, 396-398.)
+// ahead with 64 registers here and 216 in warpgroup 1, 396-398.) With the per-warp copies of
+// pair_send ptxas spills one register (4 bytes) in this 56-register producer; the figures there
+// are with it, and the 64 / 224 / 216 split that would avoid it costs 5%.
 static __device__ void produce_pair(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
@@ -323,7 +325,7 @@ static __device__ void produce_pair(const MlaAttentionParams& p, const mla::Item
     pair_store<0>(share, row, stage);
     fence_proxy_async();
     mbarrier_arrive(&full[s]);  // this thread's conversions (and lane 0's existence bits)
-    pair_send<0>(rank, stage, &full[s]);
+    pair_send<0>(row, stage, &full[s]);
     if (i + 1 < num_tiles) {
       pair_load<0>(p, mla::resolve_slot(p, next_own), share);
       pair_prefetch<0>(p, mla::resolve_slot(p, ahead));

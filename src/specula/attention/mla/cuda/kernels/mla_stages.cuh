@@ -41,8 +41,7 @@ constexpr uint32_t kPairTxBytes = kPairRows * kMlaLoraRank * 2;
 constexpr int kBarQ = 1;
 constexpr int kBarP = 2;
 constexpr int kBarEnd = 4;
-constexpr int kBarPairSent = 5;  // 5 + half: a paired warpgroup's conversions of a tile are done
-constexpr int kBarOut = 7;       // 7 + wg: a warpgroup's output rows are staged for TMA (mla_rows.cuh)
+constexpr int kBarOut = 7;  // 7 + wg: a warpgroup's output rows are staged for TMA (mla_rows.cuh)
 
 struct Layout {
   static constexpr int q = 0;
