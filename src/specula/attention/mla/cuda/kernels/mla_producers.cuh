@@ -261,10 +261,10 @@ __device__ __forceinline__ void pair_store(const PairShare& sh, int row, uint8_t
 // Once a warp's 32 threads have stored their 8 rows (of the block's 32) of a tile, each fenced for
 // the async proxy, lane b bulk-copies the warp's rows of its column block b (1 KB, contiguous)
 // into the peer's stage, counted on the peer's full barrier. Each warp sends as soon as its own
-// rows are done: a named barrier over the warpgroup, then one thread copying 4 KB per block,
-// measured 414 / 413 TFLOP/s (sparse / dense fp8) against 431 / 440 (H200). Copies rather than a
-// 16-byte remote store per chunk: per-chunk st.async (each counted on the peer's mbarrier) measured
-// 308 TFLOP/s sparse against 366 for per-warpgroup copies at the time.
+// rows are done: waiting for the whole warpgroup (a named barrier, then one thread copying 4 KB
+// per block) measured 414 / 413 TFLOP/s (sparse / dense fp8) against 431 / 440 (H200). Copies
+// rather than a 16-byte remote store per chunk: per-chunk st.async (each counted on the peer's
+// mbarrier) measured 308 TFLOP/s sparse against 366 for per-warpgroup copies at the time.
 template <int kHalf>
 __device__ __forceinline__ void pair_send(int row, uint8_t* stage, uint64_t* full) {
   __syncwarp();

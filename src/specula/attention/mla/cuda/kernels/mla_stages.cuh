@@ -24,10 +24,12 @@ constexpr int kProducerThreads = 128;
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kProducerRegisters = 56;
 constexpr int kConsumerRegisters = 224;
-// setmaxnreg only moves the registers the block launched with: 168 a thread for 384 threads (65536
-// / 384, rounded down to a multiple of 8), not the SM's 65536. A split past that makes the
-// consumers' setmaxnreg.inc wait forever (a 80 / 216 / 216 split hung on the H200).
-static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= kThreads * 168);
+// setmaxnreg only moves the registers the block launched with (168 a thread for 384 threads), not
+// the SM's 65536. A split past that makes the consumers' setmaxnreg.inc wait forever (an 80 / 216
+// / 216 split hung on the H200).
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
+              kThreads * kLaunchRegisters);
 // fp8_ds_mla tiles: the producer converts column blocks [0, kFp8ProducerBlocks), warpgroup 1 the
 // rest of the eight. Measured on the H100 (sparse / dense fp8 TFLOP/s): 0 blocks 293 / 299, 2: 307 /
 // 318, 4: 313 / 329, 6: 291 / 310, 8: 282 / 300.
