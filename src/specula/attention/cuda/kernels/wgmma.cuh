@@ -34,6 +34,15 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t smem_addr, uint32_t lead
          (static_cast<uint64_t>(1024u >> 4) << 32) | (1ull << 62);
 }
 
+// The descriptor of the operand `bytes` further on in shared memory. Only the start address field
+// (bits 0-13, the address / 16) moves, and it cannot carry out: shared addresses stay below 2^18. So
+// a loop over k steps adds a constant to one 32-bit word instead of rebuilding the descriptor from
+// the address (masks, shifts and moves into uniform registers per wgmma).
+__device__ __forceinline__ uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>

@@ -107,7 +107,7 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
   const int t = lane & 3;
   const int row_base = warp * 16 + (lane >> 2);
   const RowRules rules = row_rules(p, it, row_base);
-  const uint32_t q_addr = smem_address(smem + Layout::q);
+  const uint64_t q_desc = wgmma_desc(smem_address(smem + Layout::q), 0);
   // Tile i with its first kN keys (kN = 64, or 16 for a last tile of at most 16 keys).
   auto tile = [&](int i, auto width) {
     constexpr int kN = decltype(width)::value;
@@ -119,11 +119,12 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     mbarrier_wait(&full[st], (i >> 1) & 1);
     fence_proxy_async();
     const uint32_t k_addr = smem_address(smem + Layout::stage(st));
+    const uint64_t k_desc = wgmma_desc(k_addr, 0);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kBlocks * 4; ++ks) {
       const uint32_t off = (ks / 4) * kBlockBytes + (ks % 4) * 32;
-      wgmma_ss<kN, bf16>(s, wgmma_desc(q_addr + off, 0), wgmma_desc(k_addr + off, 0), ks > 0 ? 1 : 0);
+      wgmma_ss<kN, bf16>(s, wgmma_desc_advance(q_desc, off), wgmma_desc_advance(k_desc, off), ks > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -131,15 +132,25 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
 
     mask_scores(s, valid[st], rules, it.key_begin + i * kKeys);
     float alpha[2];
+    // Both rows' maxima before either row's exponentials, so the second row's shuffles do not wait
+    // behind the first row's.
+    float mx[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float part[kJ];
 #pragma unroll
       for (int j = 0; j < kJ; ++j) part[j] = fmaxf(s[j][2 * r], s[j][2 * r + 1]);
-      float mx = tree_reduce(part, MaxOp{});
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_tile = mx * p.scale_log2;
+      mx[r] = tree_reduce(part, MaxOp{});
+    }
+#pragma unroll
+    for (int lanes = 1; lanes <= 2; lanes *= 2) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], lanes));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float part[kJ];
+      const float m_tile = mx[r] * p.scale_log2;
       const float m_new = m_tile > m[r] + (kFp8 ? kLazyRescale : 0.0f) ? m_tile : m[r];
       // A row that has seen no key keeps -inf; subtracting 0 instead avoids inf - inf.
       const float base = m_new == kNegInf ? 0.0f : m_new;
@@ -160,16 +171,14 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
       pf[kk][2] = pack2<bf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pf[kk][3] = pack2<bf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-    // P (bf16, as this warpgroup multiplies it) into the stage's RoPE block, for warpgroup 1.
+    // P (bf16, as this warpgroup multiplies it) into the stage's RoPE block, for warpgroup 1: each
+    // k16 step's fragment is four 8 x 8 matrices (rows +0 / +8, columns +0 / +8), lane 8 j + r
+    // addressing row r of matrix j.
     uint8_t* p_block = smem + Layout::stage(st) + kRopeBlock * kBlockBytes;
+    const int p_row = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
     for (int kk = 0; kk < kK; ++kk) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int col = 16 * kk + 8 * h + 2 * t;
-        *reinterpret_cast<uint32_t*>(p_block + swizzled_offset(kRows, row_base, col)) = pf[kk][2 * h];
-        *reinterpret_cast<uint32_t*>(p_block + swizzled_offset(kRows, row_base + 8, col)) = pf[kk][2 * h + 1];
-      }
+      stmatrix_x4(pf[kk], p_block + swizzled_offset(kRows, p_row, 16 * kk + (lane >> 4) * 8));
     }
     if (t == 0) {
       alpha_out[st * kRows + row_base] = alpha[0];
@@ -178,9 +187,10 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     fence_proxy_async();
     named_barrier_arrive(kBarP + st, kConsumerThreads);
     rescale_rows<kFp8>(o, alpha[0], alpha[1]);
+    const uint64_t v_desc = wgmma_desc(k_addr, kBlockBytes);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kK; ++kk) wgmma_rs_mn<256, bf16>(o, pf[kk], wgmma_desc(k_addr + kk * 16 * 128, kBlockBytes));
+    for (int kk = 0; kk < kK; ++kk) wgmma_rs_mn<256, bf16>(o, pf[kk], wgmma_desc_advance(v_desc, kk * 16 * 128));
     wgmma_commit();
     // Waiting here rather than behind the next S hands the stage back a whole S earlier; the
     // tensor cores meanwhile run warpgroup 1's half.
@@ -248,11 +258,12 @@ __device__ void consume_right(const MlaAttentionParams& p, const mla::Item& it, 
     fence_proxy_async();
     rescale_rows<kFp8>(o, alpha_in[st * kRows + row_base], alpha_in[st * kRows + row_base + 8]);
     const uint32_t k_addr = smem_address(smem + Layout::stage(st));
+    const uint64_t p_desc = wgmma_desc(k_addr + kRopeBlock * kBlockBytes, 0);
+    const uint64_t v_desc = wgmma_desc(k_addr + kHalfBlocks * kBlockBytes, kBlockBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kK; ++kk) {
-      wgmma_ss_mn<256, bf16>(o, wgmma_desc(k_addr + kRopeBlock * kBlockBytes + kk * 32, 0),
-                             wgmma_desc(k_addr + kHalfBlocks * kBlockBytes + kk * 16 * 128, kBlockBytes));
+      wgmma_ss_mn<256, bf16>(o, wgmma_desc_advance(p_desc, kk * 32), wgmma_desc_advance(v_desc, kk * 16 * 128));
     }
     wgmma_commit();
     wgmma_wait<0>();
