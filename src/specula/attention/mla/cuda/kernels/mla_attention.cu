@@ -193,7 +193,8 @@ __device__ void consume_left(const MlaAttentionParams& p, const mla::Item& it, i
     for (int kk = 0; kk < kK; ++kk) wgmma_rs_mn<256, bf16>(o, pf[kk], wgmma_desc_advance(v_desc, kk * 16 * 128));
     wgmma_commit();
     // Waiting here rather than behind the next S hands the stage back a whole S earlier; the
-    // tensor cores meanwhile run warpgroup 1's half.
+    // tensor cores meanwhile run warpgroup 1's half. (Issuing the next S first and waiting for
+    // this P V only, with wait_group 1, measured 430 against 561 TFLOP/s on dense q_len 1, H200.)
     wgmma_wait<0>();
     fence_operands(o);
     fence_operands(pf);
