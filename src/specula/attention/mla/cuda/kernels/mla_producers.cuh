@@ -287,8 +287,9 @@ __device__ __forceinline__ void pair_send(int row, uint8_t* stage, uint64_t* ful
 // fp8: 415.8 / 415.0 TFLOP/s against 399.5 / 408.9. (Doing the same in warpgroup 1, whose loads
 // have a whole tile to land, measured 385 / 387; the RoPE rows as well, or the prefetch two tiles
 // ahead with 64 registers here and 216 in warpgroup 1, 396-398.) With the per-warp copies of
-// pair_send ptxas spills one register (4 bytes) in this 56-register producer; the figures there
-// are with it, and the 64 / 224 / 216 split that would avoid it costs 5%.
+// pair_send ptxas spills one register (4 bytes) in this 56-register producer, stored and loaded
+// once per block before the tile loop (ncu SASS at 2cb32cb); the 64 / 224 / 216 split that would
+// avoid it costs 5%.
 static __device__ void produce_pair(const MlaAttentionParams& p, const mla::Item& it, int num_tiles, uint8_t* smem) {
   auto* full = reinterpret_cast<uint64_t*>(smem + Layout::full);
   auto* empty = reinterpret_cast<uint64_t*>(smem + Layout::empty);
