@@ -1,35 +1,61 @@
-// The index conversion kernel: one thread per (token, entry), a grid-stride loop over the
-// flattened [num_tokens, topk] array so reads and writes are coalesced. The page-table and
-// kv_len reads hit the same few rows across a token's entries and stay in L1.
+// The index conversion kernel: a block per (token, run of 1024 entries), four consecutive entries
+// a thread. The token's request, its kv_len and its page-table row are looked up once per block
+// and before pdl_wait (step metadata), so after the wait each thread is one index load (16 bytes
+// when topk is a multiple of four) and its page-table loads away from its store. The kernel sits
+// on the critical path of every sparse attention call: one thread per entry with the request
+// looked up per entry measured 6.2-6.6 us of a 341 us call (B=128, q_len 2, topk 2048, H200).
 #include "specula/attention/mla/cuda/kernels/sparse_indices.h"
 
-#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 
 namespace specula::cuda_kernels {
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 4096;  // enough to fill the GPU; larger arrays loop
+constexpr int kPerThread = 4;
+constexpr int kPerBlock = kThreads * kPerThread;
 
-__device__ __forceinline__ int32_t convert_one(const SparseIndexParams& p, int32_t req, int32_t idx) {
-  if (req < 0 || req >= p.batch_size || idx < 0 || idx >= p.kv_lens[req]) return -1;
+struct TokenRow {
+  const int32_t* pages;  // the request's page-table row
+  int32_t kv_len;        // 0 for a request outside the batch: every entry gives -1
+};
+
+__device__ __forceinline__ int32_t convert_one(const SparseIndexParams& p, const TokenRow& r, int32_t idx) {
+  if (idx < 0 || idx >= r.kv_len) return -1;
   const int32_t page = idx / p.page_size;
   if (page >= p.max_pages) return -1;
   // Formed in 64 bits like the host; slots fit int32 (pools hold at most INT32_MAX slots).
-  const int64_t pages_row = static_cast<int64_t>(req) * p.max_pages;
-  return static_cast<int32_t>(static_cast<int64_t>(p.page_table[pages_row + page]) * p.page_size + idx % p.page_size);
+  return static_cast<int32_t>(static_cast<int64_t>(r.pages[page]) * p.page_size + idx % p.page_size);
 }
 
-__global__ void convert_kernel(const SparseIndexParams p) {
-  const int64_t total = static_cast<int64_t>(p.num_tokens) * p.topk;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int32_t req = p.req_id_per_token[e / p.topk];
-    p.out[e] = convert_one(p, req, p.token_indices[e]);
+// kVector: topk is a multiple of four and both arrays are 16-byte aligned.
+template <bool kVector>
+__global__ void __launch_bounds__(kThreads) convert_kernel(const SparseIndexParams p, int runs) {
+  const int64_t token = blockIdx.x / runs;
+  const int first = (blockIdx.x % runs) * kPerBlock;
+  const int32_t req = p.req_id_per_token[token];
+  const bool in_batch = req >= 0 && req < p.batch_size;
+  const TokenRow r{p.page_table + (in_batch ? static_cast<int64_t>(req) * p.max_pages : 0),
+                   in_batch ? p.kv_lens[req] : 0};
+  // The indices (and the slots the previous attention call read) belong to the kernels before.
+  pdl_wait();
+  pdl_trigger();
+  const int64_t row = token * p.topk;
+  if constexpr (kVector) {
+    const int i = first + threadIdx.x * kPerThread;
+    if (i >= p.topk) return;
+    const int4 idx = *reinterpret_cast<const int4*>(p.token_indices + row + i);
+    const int4 out = make_int4(convert_one(p, r, idx.x), convert_one(p, r, idx.y), convert_one(p, r, idx.z),
+                               convert_one(p, r, idx.w));
+    *reinterpret_cast<int4*>(p.out + row + i) = out;
+  } else {
+    const int end = min(p.topk, first + kPerBlock);
+    for (int i = first + threadIdx.x; i < end; i += kThreads) p.out[row + i] = convert_one(p, r, p.token_indices[row + i]);
   }
 }
 
@@ -42,11 +68,15 @@ void launch_convert_req_index_to_global_index(const SparseIndexParams& p, cudaSt
                       ", max_pages " + std::to_string(p.max_pages) + ")");
   SPECULA_REQUIRE(p.page_size >= 1, "convert_req_index_to_global_index: page_size " + std::to_string(p.page_size) +
                                         " is not valid; it must be >= 1");
-  const int64_t total = static_cast<int64_t>(p.num_tokens) * p.topk;
-  if (total == 0) return;
-  const int64_t blocks = std::min<int64_t>((total + kThreads - 1) / kThreads, kMaxBlocks);
-  convert_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
-  CUDA_CHECK(cudaGetLastError());
+  if (p.num_tokens == 0 || p.topk == 0) return;
+  const int runs = (p.topk + kPerBlock - 1) / kPerBlock;
+  const int64_t blocks = static_cast<int64_t>(p.num_tokens) * runs;
+  SPECULA_REQUIRE(blocks <= INT32_MAX, "convert_req_index_to_global_index: " + std::to_string(p.num_tokens) +
+                                           " tokens x topk " + std::to_string(p.topk) + " is too large a grid");
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const bool vector = p.topk % kPerThread == 0 && aligned(p.token_indices) && aligned(p.out);
+  launch_pdl(vector ? convert_kernel<true> : convert_kernel<false>, dim3(static_cast<unsigned>(blocks)), dim3(kThreads),
+             0, stream, p, runs);
 }
 
 }  // namespace specula::cuda_kernels
