@@ -55,7 +55,9 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(const SparseIndexPara
     *reinterpret_cast<int4*>(p.out + row + i) = out;
   } else {
     const int end = min(p.topk, first + kPerBlock);
-    for (int i = first + threadIdx.x; i < end; i += kThreads) p.out[row + i] = convert_one(p, r, p.token_indices[row + i]);
+    for (int i = first + threadIdx.x; i < end; i += kThreads) {
+      p.out[row + i] = convert_one(p, r, p.token_indices[row + i]);
+    }
   }
 }
 

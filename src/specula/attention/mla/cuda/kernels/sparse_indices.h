@@ -25,7 +25,9 @@ struct SparseIndexParams {
 // out[t][i] = page_table[req][idx / page_size] * page_size + idx % page_size, req =
 // req_id_per_token[t], idx = token_indices[t][i]; -1 when idx < 0, idx >= kv_lens[req] or
 // idx / page_size >= max_pages, and (the host version throws instead) when req is outside
-// [0, batch_size). Graph-capturable: no allocation, no sync.
+// [0, batch_size). Graph-capturable: no allocation, no sync. Launched with PDL (core/cuda_pdl.cuh):
+// req_id_per_token, kv_lens and page_table are read before waiting for the kernel launched just
+// before, so they must be step metadata, written before that kernel; token_indices may be its output.
 void launch_convert_req_index_to_global_index(const SparseIndexParams& params, cudaStream_t stream);
 
 }  // namespace specula::cuda_kernels
