@@ -115,5 +115,63 @@ TEST_F(Safetensors, CorruptOrTruncatedFilesAreClearErrors) {
   EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("neither model.safetensors"), std::string::npos);
 }
 
+TEST_F(Safetensors, OverlappingRangesAndDuplicateKeysAreRefused) {
+  const std::string data(32, '\x02');
+  write(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+            "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})", data);
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("tensors 'a' [0, 16) and 'b' [8, 24) overlap"), std::string::npos);
+  write(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+            "a": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}})", data);
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("the key 'a' appears twice"), std::string::npos);
+  // Adjacent ranges and empty tensors at a shared offset are fine.
+  write(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+            "e": {"dtype": "F32", "shape": [0], "data_offsets": [8, 8]},
+            "b": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}})", data);
+  Checkpoint ok(dir_);
+  EXPECT_EQ(ok.get("b", {4}).data_as<float>()[3], ok.get("a", {4}).data_as<float>()[0]);
+  write(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [-1, 16]}})", data);
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("'a.data_offsets[0]' = -1 is out of range"), std::string::npos);
+  write(R"({"a": {"dtype": 7, "shape": [4], "data_offsets": [0, 16]}})", data);
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("'a.dtype' must be a string, not 7"), std::string::npos);
+}
+
+TEST_F(Safetensors, IndexNamesOnlyShardsBesideIt) {
+  std::filesystem::remove(dir_ / "model.safetensors");
+  std::ofstream(dir_ / "model.safetensors.index.json") << R"({"weight_map": {"w": "../elsewhere.safetensors"}})";
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("shard name '../elsewhere.safetensors' is not a file name"),
+            std::string::npos);
+  std::ofstream(dir_ / "model.safetensors.index.json") << R"({"weight_map": {"w": 3}})";
+  EXPECT_NE(error_of([&] { Checkpoint c(dir_); }).find("'weight_map.w' must be a string, not 3"), std::string::npos);
+}
+
+TEST(ModelConfig, HostileValuesAreBoundedBeforeAnyAllocation) {
+  const std::string base = R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4)";
+  EXPECT_EQ(parse_model_config(base + "}").head_dim, 16);
+  const std::pair<std::string, std::string> cases[] = {
+      {R"(, "head_dim": 1000000000})", "'head_dim' = 1000000000 is out of range [1, 1024]"},
+      {R"(, "head_dim": 1e9})", "'head_dim' must be an integer"},
+      {R"(, "num_key_value_heads": 0})", "'num_key_value_heads' = 0 is out of range [1, 4]"},
+      {R"(, "rope_theta": 1e309})", "number overflow"},
+      {R"(, "rope_theta": -5})", "rope_theta -5 must be positive"},
+      {R"(, "tie_word_embeddings": "yes"})", "'tie_word_embeddings' must be true or false"},
+      {R"(, "eos_token_id": [1, -2]})", "'eos_token_id[1]' = -2 is out of range"},
+      {R"(, "vocab_size": 7})", "the key 'vocab_size' appears twice"},
+      {R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8, "original_max_position_embeddings": 1e12}})",
+       "original_max_position_embeddings 1000000000000 is out of range"},
+  };
+  for (const auto& [tail, message] : cases) {
+    const std::string text = base + tail;
+    const std::string error = error_of([&] { parse_model_config(text); });
+    EXPECT_NE(error.find(message), std::string::npos) << text << "\n -> " << error;
+    EXPECT_EQ(error.find("json.exception"), std::string::npos) << error;
+  }
+  // The huge-vocabulary model of every mutation above still has clear bounds.
+  EXPECT_NE(error_of([&] { parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 4611686018427387904,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})"); })
+                .find("'vocab_size' = 4611686018427387904 is out of range [1, 16777216]"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace specula

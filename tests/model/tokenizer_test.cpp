@@ -233,5 +233,54 @@ TEST(Tokenizer, LiteralSplitAndNfc) {
   EXPECT_EQ(q.encode("e\xCC\x81", false), (std::vector<int32_t>{5}));
 }
 
+// Every malformed field is one specula::Error naming the key path and the value: no crash, no
+// nlohmann exception, no allocation sized by an unchecked id.
+TEST(Tokenizer, HostileFieldsAreNamedErrors) {
+  const std::string head = R"({"pre_tokenizer": {"type": "ByteLevel", "use_regex": false},
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []})";
+  EXPECT_EQ(Tokenizer::from_json(head + R"(, "added_tokens": [{"id": 2, "content": "<s>", "special": true}]})").vocab_size(), 3);
+  const std::pair<std::string, std::string> cases[] = {
+      {R"(, "added_tokens": [{"id": -1, "content": "<s>"}]})", "'added_tokens[0].id' = -1 is out of range [0, 2]"},
+      {R"(, "added_tokens": [{"id": 4294967295, "content": "<s>"}]})", "'added_tokens[0].id' = 4294967295 is out of range"},
+      {R"(, "added_tokens": [{"content": "<s>"}]})", "'added_tokens[0].id' is missing"},
+      {R"(, "added_tokens": [{"id": 2}]})", "'added_tokens[0].content' is missing"},
+      {R"(, "added_tokens": [{"id": "2", "content": "<s>"}]})", "'added_tokens[0].id' must be an integer"},
+      {R"(, "added_tokens": {"id": 2}})", "'added_tokens' must be an array"},
+      {R"(, "post_processor": {"type": "TemplateProcessing"}})", "'post_processor.single' is missing"},
+      {R"(, "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}],
+           "special_tokens": {"<s>": {"ids": [99]}}}})", "'post_processor.special_tokens.<s>.ids[0]' = 99 is out of range"},
+      {R"(, "decoder": {"type": "Strip", "start": "x"}})", "'decoder.start' must be an integer"},
+      {R"(, "x": 1e309})", "number overflow"},
+  };
+  for (const auto& [tail, message] : cases) {
+    const std::string text = head + tail;
+    std::string error = "(no error)";
+    try {
+      Tokenizer::from_json(text);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find(message), std::string::npos) << text << "\n -> " << error;
+    EXPECT_EQ(error.find("json.exception"), std::string::npos) << error;
+  }
+  const std::pair<std::string, std::string> model_cases[] = {
+      {R"({"type": "BPE", "vocab": {"a": 4611686018427387904}})", "'model.vocab.a' = 4611686018427387904 is out of range [0, 0]"},
+      {R"({"type": "BPE", "vocab": {"a": 0}, "merges": [["a"]]})", "'model.merges[0]' must be 'a b' or [a, b]"},
+      {R"({"type": "BPE", "vocab": {"a": 0}, "byte_fallback": 1})", "'model.byte_fallback' must be true or false"},
+      {R"({"type": "BPE", "vocab": [1]})", "'model.vocab' must be an object"},
+      {R"({"type": 5})", "'model.type' must be a string"},
+  };
+  for (const auto& [model, message] : model_cases) {
+    const std::string text = R"({"pre_tokenizer": {"type": "ByteLevel"}, "model": )" + model + "}";
+    std::string error = "(no error)";
+    try {
+      Tokenizer::from_json(text);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find(message), std::string::npos) << text << "\n -> " << error;
+  }
+}
+
 }  // namespace
 }  // namespace specula

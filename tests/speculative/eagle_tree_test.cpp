@@ -211,25 +211,30 @@ void expect_invalid(const SpecParams& params, const std::vector<std::string>& fr
 
 TEST(SpecParams, AcceptsValidCombinations) {
   for (const SpecParams& p : {SpecParams{1, 1, 2}, SpecParams{4, 1, 5}, SpecParams{3, 2, 2}, SpecParams{3, 2, 6},
-                              SpecParams{3, 2, 11}, SpecParams{1, 4, 5}, SpecParams{5, 8, 64}, SpecParams{5, 8, 265}}) {
+                              SpecParams{3, 2, 11}, SpecParams{1, 4, 5}, SpecParams{5, 8, 64}, SpecParams{5, 8, 256},
+                              SpecParams{32, 1, 33}, SpecParams{32, 16, 256}}) {
     EXPECT_NO_THROW(p.validate()) << p.num_steps << " " << p.topk << " " << p.num_draft_tokens;
   }
+  EXPECT_EQ((SpecParams{7, 1, 8}.scratch_tokens()), 8);
+  EXPECT_EQ((SpecParams{32, 16, 256}.scratch_tokens()), 31 * 16);
 }
 
-TEST(SpecParams, RejectsInvalidCombinationsNamingTheValue) {
+TEST(SpecParams, RejectsInvalidCombinationsNamingTheFlagAndValue) {
   EXPECT_THROW((SpecParams{0, 2, 4}.validate()), Error);
-  expect_invalid({0, 2, 4}, {"num_steps 0", ">= 1"});
-  expect_invalid({-3, 2, 4}, {"num_steps -3"});
-  expect_invalid({3, 0, 4}, {"topk 0", ">= 1"});
-  expect_invalid({3, 2, 12}, {"num_draft_tokens 12", "num_steps 3", "topk 2", "[2, 11]"});
-  expect_invalid({3, 2, 40}, {"num_draft_tokens 40", "[2, 11]"});
-  expect_invalid({3, 2, 1}, {"num_draft_tokens 1", "[2, 11]"});
-  expect_invalid({1, 4, 6}, {"num_draft_tokens 6", "[2, 5]"});
-  expect_invalid({4, 1, 4}, {"num_draft_tokens 4", "topk 1", "must be 5"});
-  expect_invalid({4, 1, 6}, {"num_draft_tokens 6", "must be 5"});
-  // topk^2 = 2^32 wraps to 0 in int32, which would cap num_draft_tokens at 1 + topk.
-  EXPECT_NO_THROW((SpecParams{2, 65536, 100000}.validate()));
-  expect_invalid({1, 65536, 100000}, {"num_draft_tokens 100000", "[2, 65537]"});
+  expect_invalid({0, 2, 4}, {"--speculative-num-steps 0", "[1, 32]"});
+  expect_invalid({-3, 2, 4}, {"--speculative-num-steps -3"});
+  expect_invalid({2000, 1, 2001}, {"--speculative-num-steps 2000", "[1, 32]"});
+  expect_invalid({3, 0, 4}, {"--speculative-eagle-topk 0", "[1, 16]"});
+  expect_invalid({3, 170, 4}, {"--speculative-eagle-topk 170", "[1, 16]"});
+  expect_invalid({3, 2, 12}, {"--speculative-num-draft-tokens 12", "--speculative-num-steps 3",
+                              "--speculative-eagle-topk 2", "[2, 11]"});
+  expect_invalid({3, 2, 40}, {"--speculative-num-draft-tokens 40", "[2, 11]"});
+  expect_invalid({3, 2, 1}, {"--speculative-num-draft-tokens 1", "[2, 11]"});
+  expect_invalid({1, 4, 6}, {"--speculative-num-draft-tokens 6", "[2, 5]"});
+  expect_invalid({4, 1, 4}, {"--speculative-num-draft-tokens 4", "topk 1", "must be 5"});
+  expect_invalid({4, 1, 6}, {"--speculative-num-draft-tokens 6", "must be 5"});
+  // The tree bound is capped at kMaxDraftTokens (1 + 16 + 31 * 256 would allow 7953).
+  expect_invalid({32, 16, 257}, {"--speculative-num-draft-tokens 257", "[2, 256]"});
 }
 
 // A draft of (num_steps, topk) as the drafting loop makes it. Probabilities are multiples of 1/8

@@ -182,6 +182,7 @@ Result time_case(const AttentionBenchCase& c, AttentionBackend& backend, const O
 }
 
 int run(const Options& o) {
+  check_json_path(o.json_path);
   const Device device = parse_device(o.device);
   SPECULA_CHECK(device.is_cpu() || cuda_available(),
                 "--device {}: this build or machine has no CUDA device (build with nvcc, run on a GPU)", o.device);

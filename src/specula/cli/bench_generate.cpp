@@ -35,6 +35,7 @@ struct Options {
 };
 
 void run(const Options& o) {
+  check_json_path(o.json_path);
   const Device device = parse_device(o.device);
   SPECULA_CHECK(o.model.empty() != o.synthetic.empty(), "give exactly one of --model and --synthetic");
   SPECULA_CHECK(o.prompt_len >= 1 && o.decode_len >= 1, "--prompt-len {} and --decode-len {} must be positive",

@@ -226,6 +226,8 @@ MlaBenchResult time_case(const MlaBenchCase& c, Device device, L2Start l2) {
 int run_mla_bench(const MlaBenchOptions& o) {
   const Device device = parse_device(o.device);
   SPECULA_CHECK(device.is_cuda(), "bench attention --mla runs on a CUDA device, not {}", device.str());
+  SPECULA_CHECK(cuda_available(), "bench attention --mla needs a CUDA GPU; this build or machine has none");
+  check_json_path(o.json_path);
 #ifdef SPECULA_HAS_CUDA
   const L2Start l2 = parse_l2_start(o.l2);
   const CudaCeilings ceilings = measure_cuda_ceilings(device);

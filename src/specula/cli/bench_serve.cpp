@@ -108,10 +108,19 @@ std::vector<std::vector<int32_t>> make_prompts(const Options& o, int vocab, cons
 }
 
 void run(const Options& o) {
+  check_json_path(o.json_path);
   SPECULA_CHECK(o.num_requests >= 1, "--num-requests {} must be >= 1", o.num_requests);
   SPECULA_CHECK(o.input_len >= 1 && o.output_len >= 1, "--input-len {} and --output-len {} must be >= 1", o.input_len,
                 o.output_len);
   SPECULA_CHECK(o.request_rate >= 0, "--request-rate {} must be >= 0 (0: all at once)", o.request_rate);
+  // The arrivals span num_requests / rate seconds on average; a benchmark longer than a day is a
+  // mistyped rate, not a measurement.
+  constexpr double kMaxArrivalSeconds = 86400;
+  const double min_rate = o.num_requests / kMaxArrivalSeconds;
+  SPECULA_CHECK(o.request_rate == 0 || o.request_rate >= min_rate,
+                "--request-rate {} would spread {} requests over about {:.3g} s; give 0 (all at once) or at least {:.3g} "
+                "(a day at most)", o.request_rate, o.num_requests, o.num_requests / o.request_rate, min_rate);
+  SPECULA_CHECK(o.synthetic.empty() || o.engine.model.empty(), "give at most one of --model and --synthetic");
   EngineOptions eo = engine_options(o.engine);
   eo.background_thread = true;
   // An offline benchmark may queue all of its requests at once.

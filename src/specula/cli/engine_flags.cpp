@@ -1,11 +1,13 @@
 // Engine flags of the command-line tool.
 #include "specula/cli/engine_flags.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <vector>
 
 #include "specula/core/error.h"
+#include "specula/speculative/eagle_tree.h"
 
 namespace specula {
 
@@ -13,7 +15,8 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--model", f.model, "Hugging Face model folder (default: the shipped models/specula-byte-6m)");
   cmd.add_option("--device", f.device, "cpu, cuda or cuda:N")->capture_default_str();
   cmd.add_option("--attention-backend", f.attention_backend, "Attention backend (default: cpu, or cuda on a GPU)");
-  cmd.add_option("--page-size", f.page_size, "KV cache page size")->capture_default_str();
+  cmd.add_option("--page-size", f.page_size, "KV cache page size: a power of two, at most 256 or --max-context-len rounded up to a power of two")
+      ->capture_default_str();
   cmd.add_option("--max-context-len", f.max_context_len,
                  "Longest context (prompt + output) of one request (default: the model's, at most 8192)");
   cmd.add_option("--kv-cache-dtype", f.kv_cache_dtype,
@@ -21,7 +24,8 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "bf16, or fp8_e4m3 for 656-byte fp8_ds_mla rows)")
       ->capture_default_str();
   cmd.add_option("--kv-cache-tokens", f.kv_cache_tokens,
-                 "KV cache size in tokens (default: max-running-requests full contexts, at most 4 GiB)");
+                 "KV cache size in tokens, at least one full context (default: max-running-requests full contexts, "
+                 "at most 4 GiB); rounded up to whole pages");
   cmd.add_option("--max-running-requests", f.max_running_requests, "Requests decoding at once")->capture_default_str();
   cmd.add_option("--max-queued-requests", f.max_queued_requests, "Waiting requests beyond which new ones are refused")
       ->capture_default_str();
@@ -48,10 +52,14 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "EAGLE or EAGLE3 tree speculative decoding (default: off)");
   cmd.add_option("--draft-model", f.draft_model,
                  "The EAGLE / EAGLE-3 head's folder (default with the shipped model: its shipped head)");
-  cmd.add_option("--speculative-num-steps", f.speculative_num_steps, "Draft steps per cycle (default 7)");
-  cmd.add_option("--speculative-eagle-topk", f.speculative_eagle_topk, "Branching of the draft tree (default 1: a chain)");
+  cmd.add_option("--speculative-num-steps", f.speculative_num_steps,
+                 fmt::format("Draft steps per cycle, 1 to {} (default 7)", SpecParams::kMaxNumSteps));
+  cmd.add_option("--speculative-eagle-topk", f.speculative_eagle_topk,
+                 fmt::format("Branching of the draft tree, 1 to {} (default 1: a chain)", SpecParams::kMaxTopk));
   cmd.add_option("--speculative-num-draft-tokens", f.speculative_num_draft_tokens,
-                 "Tree nodes verified per cycle, the root included (default 8; num-steps + 1 when topk is 1)");
+                 fmt::format("Tree nodes verified per cycle, the root included: num-steps + 1 when topk is 1, else 2 to "
+                             "min({}, 1 + topk + (num-steps - 1) topk^2) (default 8)",
+                             SpecParams::kMaxDraftTokens));
 }
 
 EngineOptions engine_options(const EngineFlags& f) {
@@ -73,8 +81,8 @@ EngineOptions engine_options(const EngineFlags& f) {
   o.scheduler.disable_radix_cache = f.disable_radix_cache;
   o.scheduler.enable_mixed_chunk = !f.disable_mixed_chunk;
   o.scheduler.schedule_conservativeness = f.schedule_conservativeness;
-  const bool spec_flags = !f.draft_model.empty() || f.speculative_num_steps != 0 || f.speculative_eagle_topk != 0 ||
-                          f.speculative_num_draft_tokens != 0;
+  const bool spec_flags = !f.draft_model.empty() || f.speculative_num_steps || f.speculative_eagle_topk ||
+                          f.speculative_num_draft_tokens;
   SPECULA_CHECK(!spec_flags || !f.speculative_algorithm.empty(),
                 "--draft-model and --speculative-* need --speculative-algorithm EAGLE or EAGLE3");
   if (!f.speculative_algorithm.empty()) {
@@ -88,9 +96,9 @@ EngineOptions engine_options(const EngineFlags& f) {
     }
     // Unset flags keep EagleOptions' defaults, except that a chain (topk 1) needs num_steps + 1 tokens.
     SpecParams& p = e.params;
-    if (f.speculative_num_steps != 0) p.num_steps = f.speculative_num_steps;
-    if (f.speculative_eagle_topk != 0) p.topk = f.speculative_eagle_topk;
-    if (f.speculative_num_draft_tokens != 0) p.num_draft_tokens = f.speculative_num_draft_tokens;
+    if (f.speculative_num_steps) p.num_steps = *f.speculative_num_steps;
+    if (f.speculative_eagle_topk) p.topk = *f.speculative_eagle_topk;
+    if (f.speculative_num_draft_tokens) p.num_draft_tokens = *f.speculative_num_draft_tokens;
     else if (p.topk == 1) p.num_draft_tokens = p.num_steps + 1;
     p.validate();
     o.speculative = e;

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,12 +31,12 @@ struct EngineFlags {
   int cuda_graph_max_bs = 64;
   std::vector<int> cuda_graph_bs;
   std::string mla_extend_form = "auto";
-  // Speculative decoding (SGLang's flag names); 0 means the default.
+  // Speculative decoding (SGLang's flag names); unset means the default.
   std::string speculative_algorithm;  // empty: off; EAGLE or EAGLE3
   std::string draft_model;
-  int speculative_num_steps = 0;
-  int speculative_eagle_topk = 0;
-  int speculative_num_draft_tokens = 0;
+  std::optional<int> speculative_num_steps;
+  std::optional<int> speculative_eagle_topk;
+  std::optional<int> speculative_num_draft_tokens;
 };
 
 void add_engine_flags(CLI::App& cmd, EngineFlags& flags);

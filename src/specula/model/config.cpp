@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "specula/core/error.h"
+#include "specula/core/json_reader.h"
 #include "specula/model/rope.h"
 
 namespace specula {
@@ -18,29 +20,29 @@ namespace {
 
 using json = nlohmann::json;
 
-int require_int(const json& j, const char* key, int min_value) {
-  SPECULA_CHECK(j.contains(key) && j[key].is_number_integer(), "config.json: '{}' is missing or not an integer", key);
-  const int64_t v = j[key].get<int64_t>();
-  SPECULA_CHECK(v >= min_value && v <= INT32_MAX, "config.json: '{}' = {} is out of range (at least {})", key, v,
-                min_value);
-  return static_cast<int>(v);
-}
+// Upper bounds far above every published model and low enough that no allocation sized by them
+// can exhaust a machine before the checkpoint's shapes are compared with the config.
+constexpr int64_t kMaxVocab = 1 << 24;
+constexpr int64_t kMaxWidth = 1 << 17;       // hidden_size, q_lora_rank
+constexpr int64_t kMaxIntermediate = 1 << 20;
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHeadDim = 1024;
+constexpr int64_t kMaxPositions = int64_t{1} << 30;
 
-double number_or(const json& j, const char* key, double fallback) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  SPECULA_CHECK(j[key].is_number(), "config.json: '{}' must be a number", key);
-  return j[key].get<double>();
+int require_int(const JsonReader& j, const char* key, int64_t min_value, int64_t max_value) {
+  return static_cast<int>(j.at(key).integer(min_value, max_value));
 }
 
 // The DeepSeek-V2/V3 fields (after rope scaling is known: the softmax scale depends on it).
-void parse_mla(const json& j, ModelConfig& c) {
+void parse_mla(const JsonReader& j, ModelConfig& c) {
   MlaConfig& m = c.mla;
-  m.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? require_int(j, "q_lora_rank", 1) : 0;
-  m.kv_lora_rank = require_int(j, "kv_lora_rank", 1);
-  m.qk_nope_head_dim = require_int(j, "qk_nope_head_dim", 1);
+  m.q_lora_rank = static_cast<int>(j.int_or("q_lora_rank", 0, 1, kMaxWidth));
+  m.kv_lora_rank = require_int(j, "kv_lora_rank", 1, kMaxWidth);
+  m.qk_nope_head_dim = require_int(j, "qk_nope_head_dim", 1, kMaxHeadDim);
   m.qk_rope_head_dim = c.head_dim;
-  m.v_head_dim = require_int(j, "v_head_dim", 1);
-  m.rope_interleave = !j.contains("rope_interleave") || !j["rope_interleave"].is_boolean() || j["rope_interleave"].get<bool>();
+  m.v_head_dim = require_int(j, "v_head_dim", 1, kMaxHeadDim);
+  m.rope_interleave = j.bool_or("rope_interleave", true);
   m.softmax_scale = 1.0 / std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim));
   if (c.rope_scaling.mscale_all_dim != 0) {
     const double mscale = yarn_get_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
@@ -50,16 +52,129 @@ void parse_mla(const json& j, ModelConfig& c) {
   SPECULA_CHECK(c.hidden_act == "silu", "config.json: activation '{}' is not supported for {}; supported: silu",
                 c.hidden_act, c.architecture);
   // Mixture-of-experts layers: every moe_layer_freq-th layer from first_k_dense_replace on.
-  if (j.contains("n_routed_experts") && j["n_routed_experts"].is_number_integer() && j["n_routed_experts"].get<int>() > 0) {
-    const int first_dense = j.contains("first_k_dense_replace") ? require_int(j, "first_k_dense_replace", 0) : 0;
-    const int freq = j.contains("moe_layer_freq") ? require_int(j, "moe_layer_freq", 1) : 1;
+  const int64_t experts = j.int_or("n_routed_experts", 0, 0, INT32_MAX);
+  if (experts > 0) {
+    const int first_dense = static_cast<int>(j.int_or("first_k_dense_replace", 0, 0, INT32_MAX));
+    const int freq = static_cast<int>(j.int_or("moe_layer_freq", 1, 1, INT32_MAX));
     for (int l = first_dense; l < c.num_hidden_layers; ++l) {
       SPECULA_CHECK(l % freq != 0,
                     "config.json: layer {} is a mixture-of-experts layer (n_routed_experts {}, first_k_dense_replace {}); "
                     "specula runs {} with dense MLP layers only",
-                    l, j["n_routed_experts"].get<int>(), first_dense, c.architecture);
+                    l, experts, first_dense, c.architecture);
     }
   }
+}
+
+std::vector<int> eos_ids(const JsonReader& e) {
+  std::vector<int> ids;
+  if (e.is_array()) {
+    e.for_each([&](const JsonReader& x) { ids.push_back(static_cast<int>(x.integer(0, INT32_MAX))); });
+  } else {
+    ids.push_back(static_cast<int>(e.integer(0, INT32_MAX)));
+  }
+  return ids;
+}
+
+ModelConfig parse_config_object(const JsonReader& j) {
+  ModelConfig c;
+  const JsonReader architectures = j.at("architectures");
+  if (!architectures.is_array() || architectures.size() == 0) architectures.fail("must be a non-empty array");
+  c.architecture = architectures[0].string();
+  const auto& supported = supported_architectures();
+  SPECULA_CHECK(std::find(supported.begin(), supported.end(), c.architecture) != supported.end(),
+                "architecture '{}' is not supported; supported: {}", c.architecture, fmt::join(supported, ", "));
+  c.model_type = j.string_or("model_type", "");
+  SPECULA_CHECK(!j.has("quantization_config"),
+                "config.json: quantized checkpoints (quantization_config) are not supported; give bf16, f16 or f32 weights");
+  c.vocab_size = require_int(j, "vocab_size", 1, kMaxVocab);
+  c.hidden_size = require_int(j, "hidden_size", 1, kMaxWidth);
+  c.intermediate_size = require_int(j, "intermediate_size", 1, kMaxIntermediate);
+  c.num_hidden_layers = require_int(j, "num_hidden_layers", 1, kMaxLayers);
+  c.num_attention_heads = require_int(j, "num_attention_heads", 1, kMaxHeads);
+  c.num_key_value_heads =
+      static_cast<int>(j.int_or("num_key_value_heads", c.num_attention_heads, 1, c.num_attention_heads));
+  SPECULA_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
+                "config.json: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                c.num_attention_heads, c.num_key_value_heads);
+  const bool deepseek = c.architecture.rfind("Deepseek", 0) == 0;
+  if (deepseek) {
+    // MLA's per-head widths are their own fields; head_dim is the rotated part (as transformers sets it).
+    c.head_dim = require_int(j, "qk_rope_head_dim", 2, kMaxHeadDim);
+  } else if (j.has("head_dim")) {
+    c.head_dim = require_int(j, "head_dim", 1, kMaxHeadDim);
+  } else {
+    SPECULA_CHECK(c.hidden_size % c.num_attention_heads == 0,
+                  "config.json: hidden_size {} is not divisible by num_attention_heads {}", c.hidden_size,
+                  c.num_attention_heads);
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+    SPECULA_CHECK(c.head_dim <= kMaxHeadDim, "config.json: head_dim {} (hidden_size / num_attention_heads) is out of "
+                  "range [1, {}]", c.head_dim, kMaxHeadDim);
+  }
+  SPECULA_CHECK(c.head_dim % 2 == 0, "config.json: head_dim {} must be even for RoPE", c.head_dim);
+  c.max_position_embeddings = static_cast<int>(j.int_or("max_position_embeddings", 4096, 1, kMaxPositions));
+  c.rms_norm_eps = j.number_or("rms_norm_eps", 1e-6);
+  c.rope_theta = j.number_or("rope_theta", 10000.0);
+  c.tie_word_embeddings = j.bool_or("tie_word_embeddings", false);
+  auto flag = [&](const char* key) { return j.bool_or(key, false); };
+  c.attention_bias = c.architecture == "Qwen2ForCausalLM" || flag("attention_bias");
+  // Llama / Qwen3 with attention_bias put a bias on o_proj too; Qwen2's o_proj has none.
+  c.o_proj_bias = c.architecture != "Qwen2ForCausalLM" && flag("attention_bias");
+  c.mlp_bias = flag("mlp_bias");
+  c.qk_norm = c.architecture == "Qwen3ForCausalLM";
+  // Mistral's default window is 4096 tokens when the field is absent (transformers' MistralConfig).
+  const int default_window = c.architecture == "MistralForCausalLM" && !j.raw().contains("sliding_window") ? 4096 : -1;
+  const int window = static_cast<int>(j.int_or("sliding_window", default_window, 1, INT32_MAX));
+  const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM";
+  const bool use_window = qwen ? j.bool_or("use_sliding_window", false) : c.architecture == "MistralForCausalLM";
+  const int first_window_layer = qwen ? static_cast<int>(j.int_or("max_window_layers", 0, 0, INT32_MAX)) : 0;
+  c.gemma2 = c.architecture == "Gemma2ForCausalLM";
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    // Gemma-2 alternates: even layers slide, odd layers see everything.
+    const bool slides = c.gemma2 ? l % 2 == 0 : use_window && l >= first_window_layer;
+    c.layer_sliding_window.push_back(slides ? window : -1);
+  }
+  for (const char* key : {"hidden_act", "hidden_activation"}) c.hidden_act = j.string_or(key, c.hidden_act);
+  SPECULA_CHECK(c.hidden_act == "silu" || c.hidden_act == "gelu_pytorch_tanh",
+                "config.json: activation '{}' is not supported; supported: silu, gelu_pytorch_tanh", c.hidden_act);
+  c.attn_logit_softcapping = j.number_or("attn_logit_softcapping", 0.0);
+  c.final_logit_softcapping = j.number_or("final_logit_softcapping", 0.0);
+  c.query_pre_attn_scalar = j.number_or("query_pre_attn_scalar", 0.0);
+  if (c.gemma2) c.tie_word_embeddings = j.bool_or("tie_word_embeddings", true);
+  c.torch_dtype = j.string_or("torch_dtype", "bfloat16");
+  c.bos_token_id = static_cast<int>(j.int_or("bos_token_id", -1, 0, INT32_MAX));
+  if (const auto e = j.find("eos_token_id")) c.eos_token_ids = eos_ids(*e);
+  std::optional<JsonReader> rs;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (const auto r = j.find(key); r && r->is_object()) rs = r;
+  }
+  if (rs) {
+    const JsonReader& r = *rs;
+    c.rope_scaling.type = r.string_or("rope_type", r.string_or("type", "default"));
+    c.rope_scaling.factor = r.number_or("factor", 1.0);
+    c.rope_scaling.low_freq_factor = r.number_or("low_freq_factor", 1.0);
+    c.rope_scaling.high_freq_factor = r.number_or("high_freq_factor", 4.0);
+    const double original = r.number_or("original_max_position_embeddings", c.max_position_embeddings);
+    SPECULA_CHECK(original >= 1 && original <= static_cast<double>(kMaxPositions),
+                  "config.json: rope scaling original_max_position_embeddings {} is out of range [1, {}]", original,
+                  kMaxPositions);
+    c.rope_scaling.original_max_position_embeddings = static_cast<int>(original);
+    c.rope_scaling.beta_fast = r.number_or("beta_fast", 32.0);
+    c.rope_scaling.beta_slow = r.number_or("beta_slow", 1.0);
+    c.rope_scaling.attention_factor = r.number_or("attention_factor", 0.0);
+    c.rope_scaling.mscale = r.number_or("mscale", 0.0);
+    c.rope_scaling.mscale_all_dim = r.number_or("mscale_all_dim", 0.0);
+    c.rope_scaling.truncate = r.bool_or("truncate", true);
+    c.rope_theta = r.number_or("rope_theta", c.rope_theta);
+    static const char* kTypes[] = {"default", "linear", "dynamic", "llama3", "yarn"};
+    SPECULA_CHECK(std::find(std::begin(kTypes), std::end(kTypes), c.rope_scaling.type) != std::end(kTypes),
+                  "config.json: rope scaling type '{}' is not supported; supported: default, linear, dynamic, llama3, yarn",
+                  c.rope_scaling.type);
+    SPECULA_CHECK(c.rope_scaling.factor >= 1.0, "config.json: rope scaling factor {} must be >= 1", c.rope_scaling.factor);
+  }
+  SPECULA_CHECK(c.rope_theta > 0, "config.json: rope_theta {} must be positive", c.rope_theta);
+  SPECULA_CHECK(c.rms_norm_eps >= 0, "config.json: rms_norm_eps {} must not be negative", c.rms_norm_eps);
+  if (deepseek) parse_mla(j, c);
+  return c;
 }
 
 }  // namespace
@@ -71,134 +186,10 @@ const std::vector<std::string>& supported_architectures() {
   return names;
 }
 
-ModelConfig parse_config_object(const json& j);
-
 ModelConfig parse_model_config(const std::string& json_text) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    SPECULA_CHECK(false, "config.json is not valid JSON: {}", e.what());
-  }
+  const json j = JsonReader::parse(json_text, "config.json");
   SPECULA_CHECK(j.is_object(), "config.json must hold a JSON object");
-  try {
-    return parse_config_object(j);
-  } catch (const json::exception& e) {
-    // A field of the wrong JSON type (null where a number belongs, ...).
-    SPECULA_CHECK(false, "config.json: a field has an unexpected type: {}", e.what());
-  }
-  return {};
-}
-
-ModelConfig parse_config_object(const json& j) {
-  ModelConfig c;
-  SPECULA_CHECK(j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
-                    j["architectures"][0].is_string(),
-                "config.json: 'architectures' is missing");
-  c.architecture = j["architectures"][0].get<std::string>();
-  const auto& supported = supported_architectures();
-  SPECULA_CHECK(std::find(supported.begin(), supported.end(), c.architecture) != supported.end(),
-                "architecture '{}' is not supported; supported: {}", c.architecture, fmt::join(supported, ", "));
-  c.model_type = j.value("model_type", "");
-  SPECULA_CHECK(!j.contains("quantization_config"),
-                "config.json: quantized checkpoints (quantization_config) are not supported; give bf16, f16 or f32 weights");
-  c.vocab_size = require_int(j, "vocab_size", 1);
-  c.hidden_size = require_int(j, "hidden_size", 1);
-  c.intermediate_size = require_int(j, "intermediate_size", 1);
-  c.num_hidden_layers = require_int(j, "num_hidden_layers", 1);
-  c.num_attention_heads = require_int(j, "num_attention_heads", 1);
-  c.num_key_value_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
-                              ? require_int(j, "num_key_value_heads", 1)
-                              : c.num_attention_heads;
-  SPECULA_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
-                "config.json: num_attention_heads {} is not a multiple of num_key_value_heads {}",
-                c.num_attention_heads, c.num_key_value_heads);
-  const bool deepseek = c.architecture.rfind("Deepseek", 0) == 0;
-  if (deepseek) {
-    // MLA's per-head widths are their own fields; head_dim is the rotated part (as transformers sets it).
-    c.head_dim = require_int(j, "qk_rope_head_dim", 2);
-  } else if (j.contains("head_dim") && !j["head_dim"].is_null()) {
-    c.head_dim = require_int(j, "head_dim", 1);
-  } else {
-    SPECULA_CHECK(c.hidden_size % c.num_attention_heads == 0,
-                  "config.json: hidden_size {} is not divisible by num_attention_heads {}", c.hidden_size,
-                  c.num_attention_heads);
-    c.head_dim = c.hidden_size / c.num_attention_heads;
-  }
-  SPECULA_CHECK(c.head_dim % 2 == 0, "config.json: head_dim {} must be even for RoPE", c.head_dim);
-  c.max_position_embeddings = j.contains("max_position_embeddings") ? require_int(j, "max_position_embeddings", 1) : 4096;
-  c.rms_norm_eps = number_or(j, "rms_norm_eps", 1e-6);
-  c.rope_theta = number_or(j, "rope_theta", 10000.0);
-  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  auto flag = [&](const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); };
-  c.attention_bias = c.architecture == "Qwen2ForCausalLM" || flag("attention_bias");
-  // Llama / Qwen3 with attention_bias put a bias on o_proj too; Qwen2's o_proj has none.
-  c.o_proj_bias = c.architecture != "Qwen2ForCausalLM" && flag("attention_bias");
-  c.mlp_bias = flag("mlp_bias");
-  c.qk_norm = c.architecture == "Qwen3ForCausalLM";
-  // Mistral's default window is 4096 tokens when the field is absent (transformers' MistralConfig).
-  int window = c.architecture == "MistralForCausalLM" && !j.contains("sliding_window") ? 4096 : -1;
-  if (j.contains("sliding_window") && j["sliding_window"].is_number_integer()) window = j["sliding_window"].get<int>();
-  SPECULA_CHECK(window == -1 || window >= 1, "config.json: sliding_window {} must be positive or null", window);
-  const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM";
-  const bool use_window = qwen ? (j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean() &&
-                                   j["use_sliding_window"].get<bool>())
-                               : c.architecture == "MistralForCausalLM";
-  const int first_window_layer =
-      qwen && j.contains("max_window_layers") && j["max_window_layers"].is_number_integer() ? j["max_window_layers"].get<int>() : 0;
-  c.gemma2 = c.architecture == "Gemma2ForCausalLM";
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    // Gemma-2 alternates: even layers slide, odd layers see everything.
-    const bool slides = c.gemma2 ? l % 2 == 0 : use_window && l >= first_window_layer;
-    c.layer_sliding_window.push_back(slides ? window : -1);
-  }
-  for (const char* key : {"hidden_act", "hidden_activation"}) {
-    if (j.contains(key) && j[key].is_string()) c.hidden_act = j[key].get<std::string>();
-  }
-  SPECULA_CHECK(c.hidden_act == "silu" || c.hidden_act == "gelu_pytorch_tanh",
-                "config.json: activation '{}' is not supported; supported: silu, gelu_pytorch_tanh", c.hidden_act);
-  c.attn_logit_softcapping = number_or(j, "attn_logit_softcapping", 0.0);
-  c.final_logit_softcapping = number_or(j, "final_logit_softcapping", 0.0);
-  c.query_pre_attn_scalar = number_or(j, "query_pre_attn_scalar", 0.0);
-  if (c.gemma2) c.tie_word_embeddings = j.value("tie_word_embeddings", true);
-  c.torch_dtype = j.value("torch_dtype", std::string("bfloat16"));
-  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int>();
-  if (j.contains("eos_token_id")) {
-    const json& e = j["eos_token_id"];
-    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int>());
-    if (e.is_array()) {
-      for (const json& x : e) {
-        SPECULA_CHECK(x.is_number_integer(), "config.json: 'eos_token_id' entries must be integers");
-        c.eos_token_ids.push_back(x.get<int>());
-      }
-    }
-  }
-  const json* rs = nullptr;
-  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rs = &j["rope_scaling"];
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rs = &j["rope_parameters"];
-  if (rs != nullptr) {
-    const json& r = *rs;
-    c.rope_scaling.type = r.value("rope_type", r.value("type", std::string("default")));
-    c.rope_scaling.factor = number_or(r, "factor", 1.0);
-    c.rope_scaling.low_freq_factor = number_or(r, "low_freq_factor", 1.0);
-    c.rope_scaling.high_freq_factor = number_or(r, "high_freq_factor", 4.0);
-    c.rope_scaling.original_max_position_embeddings =
-        static_cast<int>(number_or(r, "original_max_position_embeddings", c.max_position_embeddings));
-    c.rope_scaling.beta_fast = number_or(r, "beta_fast", 32.0);
-    c.rope_scaling.beta_slow = number_or(r, "beta_slow", 1.0);
-    c.rope_scaling.attention_factor = number_or(r, "attention_factor", 0.0);
-    c.rope_scaling.mscale = number_or(r, "mscale", 0.0);
-    c.rope_scaling.mscale_all_dim = number_or(r, "mscale_all_dim", 0.0);
-    c.rope_scaling.truncate = !r.contains("truncate") || !r["truncate"].is_boolean() || r["truncate"].get<bool>();
-    if (r.contains("rope_theta")) c.rope_theta = number_or(r, "rope_theta", c.rope_theta);
-    static const char* kTypes[] = {"default", "linear", "dynamic", "llama3", "yarn"};
-    SPECULA_CHECK(std::find(std::begin(kTypes), std::end(kTypes), c.rope_scaling.type) != std::end(kTypes),
-                  "config.json: rope scaling type '{}' is not supported; supported: default, linear, dynamic, llama3, yarn",
-                  c.rope_scaling.type);
-    SPECULA_CHECK(c.rope_scaling.factor >= 1.0, "config.json: rope scaling factor {} must be >= 1", c.rope_scaling.factor);
-  }
-  if (deepseek) parse_mla(j, c);
-  return c;
+  return parse_config_object(JsonReader(j, "config.json"));
 }
 
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {
@@ -214,18 +205,10 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir) {
     std::ifstream gen_in(gen_path);
     std::stringstream gen_text;
     gen_text << gen_in.rdbuf();
-    const json g = json::parse(gen_text.str(), nullptr, false);
-    SPECULA_CHECK(!g.is_discarded(), "{} is not valid JSON", gen_path.string());
-    if (g.contains("eos_token_id")) {
-      const json& e = g["eos_token_id"];
-      std::vector<int> ids;
-      if (e.is_number_integer()) ids.push_back(e.get<int>());
-      if (e.is_array()) {
-        for (const json& x : e) {
-          if (x.is_number_integer()) ids.push_back(x.get<int>());
-        }
-      }
-      for (int id : ids) {
+    const json g = JsonReader::parse(gen_text.str(), "generation_config.json");
+    const JsonReader gen(g, "generation_config.json");
+    if (const auto e = gen.find("eos_token_id")) {
+      for (int id : eos_ids(*e)) {
         if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end()) c.eos_token_ids.push_back(id);
       }
     }

@@ -12,8 +12,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "specula/core/error.h"
+#include "specula/core/json_reader.h"
 
 namespace specula {
 
@@ -60,41 +62,38 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
     for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
     SPECULA_CHECK(header_len <= size_ - 8, "{}: header length {} exceeds the file size {} (truncated or not "
                   "safetensors)", file, header_len, size_);
-    json header;
-    try {
-      header = json::parse(std::string(reinterpret_cast<const char*>(bytes + 8), header_len));
-    } catch (const json::parse_error& e) {
-      SPECULA_CHECK(false, "{}: the header is not valid JSON ({})", file, e.what());
-    }
+    const json header = JsonReader::parse(std::string_view(reinterpret_cast<const char*>(bytes + 8), header_len), file);
     SPECULA_CHECK(header.is_object(), "{}: the header is not a JSON object", file);
     const size_t data_start = 8 + header_len;
     const size_t data_size = size_ - data_start;
-    for (const auto& [name, info] : header.items()) {
-      if (name == "__metadata__") continue;
-      SPECULA_CHECK(info.is_object() && info.contains("dtype") && info.contains("shape") && info.contains("data_offsets"),
-                    "{}: tensor '{}' lacks dtype, shape or data_offsets", file, name);
-      const DType dtype = safetensors_dtype(info["dtype"].get<std::string>(), file, name);
+    // Byte ranges, to refuse two tensors that share bytes (a corrupt or crafted header).
+    std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;
+    JsonReader(header, file).for_each_member([&](const std::string& name, const JsonReader& info) {
+      if (name == "__metadata__") return;
+      if (!info.is_object()) info.fail("must be an object of dtype, shape and data_offsets");
+      const DType dtype = safetensors_dtype(info.at("dtype").string(), file, name);
       std::vector<int64_t> dims;
       uint64_t elements = 1;
-      for (const auto& d : info["shape"]) {
-        SPECULA_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, "{}: tensor '{}' has a bad shape", file, name);
-        const auto dim = static_cast<uint64_t>(d.get<int64_t>());
+      const JsonReader shape_json = info.at("shape");
+      for (size_t i = 0; i < shape_json.size(); ++i) {
         // Bounded by the file at every step, so a crafted shape cannot overflow the byte count.
+        const auto dim = static_cast<uint64_t>(shape_json[i].integer(0, INT64_MAX));
         SPECULA_CHECK(dim == 0 || elements <= data_size / dim, "{}: tensor '{}' has a shape larger than the file", file,
                       name);
         elements *= dim;
         dims.push_back(static_cast<int64_t>(dim));
       }
-      const auto& off = info["data_offsets"];
-      SPECULA_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-                    "{}: tensor '{}' has bad data_offsets", file, name);
-      const uint64_t begin = off[0].get<uint64_t>(), end = off[1].get<uint64_t>();
+      const JsonReader off = info.at("data_offsets");
+      if (!off.is_array() || off.size() != 2) off.fail("must be [begin, end]");
+      const auto begin = static_cast<uint64_t>(off[0].integer(0, INT64_MAX));
+      const auto end = static_cast<uint64_t>(off[1].integer(0, INT64_MAX));
       const Shape shape(std::span<const int64_t>(dims.data(), dims.size()));
       const uint64_t expected = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
       SPECULA_CHECK(begin <= end && end <= data_size, "{}: tensor '{}' spans bytes [{}, {}) but the data section has {} "
                     "(truncated file?)", file, name, begin, end, data_size);
       SPECULA_CHECK(end - begin == expected, "{}: tensor '{}' of shape {} {} needs {} bytes, its range holds {}", file,
                     name, shape.str(), dtype_name(dtype), expected, end - begin);
+      if (begin < end) ranges.emplace_back(begin, end, name);
       const uint8_t* data = bytes + data_start + begin;
       if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) != 0) {
         aligned_copies_.emplace_back(dtype, shape);
@@ -103,6 +102,12 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path
       } else {
         tensors_.emplace(name, TensorView(const_cast<uint8_t*>(data), dtype, shape));
       }
+    });
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i) {
+      const auto& [b0, e0, n0] = ranges[i - 1];
+      const auto& [b1, e1, n1] = ranges[i];
+      SPECULA_CHECK(b1 >= e0, "{}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap", file, n0, b0, e0, n1, b1, e1);
     }
   } catch (...) {
     ::munmap(mapping_, size_);
@@ -123,15 +128,16 @@ Checkpoint::Checkpoint(const std::filesystem::path& model_dir) {
     std::ifstream in(index);
     std::stringstream text;
     text << in.rdbuf();
-    json j;
-    try {
-      j = json::parse(text.str());
-    } catch (const json::parse_error& e) {
-      SPECULA_CHECK(false, "{} is not valid JSON: {}", index.string(), e.what());
-    }
-    SPECULA_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), "{} has no weight_map", index.string());
+    const json j = JsonReader::parse(text.str(), index.string());
+    const JsonReader weight_map = JsonReader(j, index.string()).at("weight_map");
     std::vector<std::string> names;
-    for (const auto& [tensor, shard] : j["weight_map"].items()) names.push_back(shard.get<std::string>());
+    weight_map.for_each_member([&](const std::string& /*tensor*/, const JsonReader& shard) {
+      std::string name = shard.string();
+      // Shards sit beside the index: a name with a folder in it is not a shard of this model.
+      SPECULA_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..",
+                    "{}: shard name '{}' is not a file name in the model folder", index.string(), name);
+      names.push_back(std::move(name));
+    });
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
     for (const auto& n : names) shards.push_back(model_dir / n);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "specula/core/error.h"
+#include "specula/core/json_reader.h"
 #include "specula/model/regex.h"
 #include "specula/model/utf8.h"
 
@@ -104,82 +105,81 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
 }
 
 Tokenizer Tokenizer::from_json(const std::string& json_text) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    SPECULA_CHECK(false, "tokenizer.json is not valid JSON: {}", e.what());
-  }
+  const json doc = JsonReader::parse(json_text, "tokenizer.json");
+  const JsonReader j(doc, "tokenizer.json");
+  if (!j.is_object()) j.fail("must be a JSON object");
   Tokenizer t;
-  SPECULA_CHECK(j.contains("model") && j["model"].is_object(), "tokenizer.json has no 'model'");
-  const json& model = j["model"];
-  const std::string type = model.value("type", "");
+  const JsonReader model = j.at("model");
+  if (!model.is_object()) model.fail("must be an object");
+  const std::string type = model.string_or("type", "");
   SPECULA_CHECK(type == "BPE", "tokenizer.json: model type '{}' is not supported; supported: BPE", type);
 
   // Normalizer: NFC, Prepend, Replace(String), or a Sequence of them.
-  auto read_norm = [&](const json& n, auto& self) -> void {
+  auto read_norm = [&](const JsonReader& n, auto& self) -> void {
     if (n.is_null()) return;
-    const std::string kind = n.value("type", "");
+    const std::string kind = n.at("type").string();
     if (kind == "Sequence") {
-      for (const json& step : n["normalizers"]) self(step, self);
+      n.at("normalizers").for_each([&](const JsonReader& step) { self(step, self); });
     } else if (kind == "NFC") {
       t.normalizers_.push_back({NormalizeStep::Kind::nfc, {}, {}});
     } else if (kind == "Prepend") {
-      t.normalizers_.push_back({NormalizeStep::Kind::prepend, n["prepend"].get<std::string>(), {}});
-    } else if (kind == "Replace" && n["pattern"].contains("String")) {
+      t.normalizers_.push_back({NormalizeStep::Kind::prepend, n.at("prepend").string(), {}});
+    } else if (kind == "Replace" && n.at("pattern").has("String")) {
       t.normalizers_.push_back(
-          {NormalizeStep::Kind::replace, n["pattern"]["String"].get<std::string>(), n["content"].get<std::string>()});
+          {NormalizeStep::Kind::replace, n.at("pattern").at("String").string(), n.at("content").string()});
     } else {
       SPECULA_CHECK(false, "tokenizer.json: normalizer {} is not supported; supported: NFC, Prepend, Replace (string "
-                    "pattern), Sequence", n.dump().substr(0, 120));
+                    "pattern), Sequence", n.raw().dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 120));
     }
   };
-  if (j.contains("normalizer")) read_norm(j["normalizer"], read_norm);
+  if (const auto n = j.find("normalizer")) read_norm(*n, read_norm);
 
   // Pre-tokenizer: ByteLevel, Split, Metaspace, or a Sequence of them.
   bool byte_level = false, metaspace = false;
-  auto read_pre = [&](const json& p, auto& self) -> void {
+  auto read_pre = [&](const JsonReader& p, auto& self) -> void {
     if (p.is_null()) return;
-    const std::string kind = p.value("type", "");
+    const std::string kind = p.at("type").string();
     PreStep step{};
     if (kind == "Sequence") {
-      for (const json& s : p["pretokenizers"]) self(s, self);
+      p.at("pretokenizers").for_each([&](const JsonReader& s) { self(s, self); });
       return;
     }
     if (kind == "ByteLevel") {
       byte_level = true;
       step.kind = PreStep::Kind::byte_level;
-      step.add_prefix_space = p.value("add_prefix_space", false);
-      if (p.value("use_regex", true)) step.regex = std::make_shared<Regex>(kGpt2Pattern);
+      step.add_prefix_space = p.bool_or("add_prefix_space", false);
+      if (p.bool_or("use_regex", true)) step.regex = std::make_shared<Regex>(kGpt2Pattern);
     } else if (kind == "Split") {
       step.kind = PreStep::Kind::split;
-      SPECULA_CHECK(!p.value("invert", false), "tokenizer.json: inverted Split patterns are not supported");
-      const std::string behavior = p.value("behavior", "Isolated");
+      SPECULA_CHECK(!p.bool_or("invert", false), "tokenizer.json: inverted Split patterns are not supported");
+      const std::string behavior = p.string_or("behavior", "Isolated");
       if (behavior == "Isolated") step.behavior = SplitBehavior::isolated;
       else if (behavior == "MergedWithPrevious") step.behavior = SplitBehavior::merged_with_previous;
       else if (behavior == "MergedWithNext") step.behavior = SplitBehavior::merged_with_next;
       else if (behavior == "Removed") step.behavior = SplitBehavior::removed;
       else SPECULA_CHECK(false, "tokenizer.json: Split behavior '{}' is not supported; supported: Isolated, "
                          "MergedWithPrevious, MergedWithNext, Removed", behavior);
-      if (p["pattern"].contains("Regex")) {
-        step.regex = std::make_shared<Regex>(p["pattern"]["Regex"].get<std::string>());
+      const JsonReader pattern = p.at("pattern");
+      if (pattern.has("Regex")) {
+        step.regex = std::make_shared<Regex>(pattern.at("Regex").string());
       } else {
-        step.literal = p["pattern"]["String"].get<std::string>();
+        step.literal = pattern.at("String").string();
         SPECULA_CHECK(!step.literal.empty(), "tokenizer.json: an empty Split string");
       }
     } else if (kind == "Metaspace") {
       metaspace = true;
       step.kind = PreStep::Kind::metaspace;
-      step.literal = p.value("replacement", std::string(kSpaceMark));
-      step.prepend_scheme = p.value("prepend_scheme", p.value("add_prefix_space", true) ? "always" : "never");
-      step.split = p.value("split", true);
+      step.literal = p.string_or("replacement", kSpaceMark);
+      SPECULA_CHECK(!step.literal.empty(), "tokenizer.json: an empty Metaspace replacement");
+      step.prepend_scheme = p.string_or("prepend_scheme", p.bool_or("add_prefix_space", true) ? "always" : "never");
+      step.split = p.bool_or("split", true);
     } else {
       SPECULA_CHECK(false, "tokenizer.json: pre_tokenizer '{}' is not supported; supported: ByteLevel, Split, "
                     "Metaspace, Sequence", kind);
     }
     t.pre_steps_.push_back(std::move(step));
   };
-  if (j.contains("pre_tokenizer")) read_pre(j["pre_tokenizer"], read_pre);
+  if (const auto p = j.find("pre_tokenizer")) read_pre(*p, read_pre);
   // Byte-level models map bytes to stand-in characters; the others run BPE over characters,
   // with "▁" for spaces (from the normalizer or Metaspace).
   const bool space_marks =
@@ -190,67 +190,75 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
   t.style_ = space_marks ? Style::sentencepiece : Style::byte_level;
   SPECULA_CHECK(byte_level || space_marks, "tokenizer.json: neither ByteLevel nor SentencePiece-style ('▁') spaces; "
                 "specula reads these two BPE styles");
-  t.ignore_merges_ = model.value("ignore_merges", false);
-  t.byte_fallback_ = model.value("byte_fallback", false);
+  t.ignore_merges_ = model.bool_or("ignore_merges", false);
+  t.byte_fallback_ = model.bool_or("byte_fallback", false);
 
-  SPECULA_CHECK(model.contains("vocab") && model["vocab"].is_object(), "tokenizer.json: model has no vocab");
-  for (const auto& [token, id] : model["vocab"].items()) {
-    SPECULA_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0, "tokenizer.json: vocab id of '{}' is bad", token);
-    const auto i = static_cast<size_t>(id.get<int64_t>());
+  // The vocabulary may have no gaps (checked below), so every id is below the number of entries
+  // (added tokens often repeat vocabulary entries): a bound checked before an id sizes anything.
+  const JsonReader vocab = model.at("vocab");
+  if (!vocab.is_object()) vocab.fail("must be an object of token: id");
+  const std::optional<JsonReader> added = j.find("added_tokens");
+  const int64_t max_id = static_cast<int64_t>(vocab.raw().size() + (added ? added->size() : 0)) - 1;
+  SPECULA_CHECK(max_id < INT32_MAX, "tokenizer.json: {} entries are more than token ids can number", max_id + 1);
+  vocab.for_each_member([&](const std::string& token, const JsonReader& id) {
+    const auto i = static_cast<size_t>(id.integer(0, max_id));
     if (t.id_to_token_.size() <= i) t.id_to_token_.resize(i + 1);
     t.id_to_token_[i] = token;
     t.token_to_id_[token] = static_cast<int32_t>(i);
-  }
-  if (model.contains("unk_token") && model["unk_token"].is_string()) {
-    const auto it = t.token_to_id_.find(model["unk_token"].get<std::string>());
+  });
+  if (const auto unk = model.find("unk_token"); unk && unk->is_string()) {
+    const auto it = t.token_to_id_.find(unk->string());
     if (it != t.token_to_id_.end()) t.unk_id_ = it->second;
   }
   int rank = 0;
-  if (model.contains("merges")) {
-    for (const auto& m : model["merges"]) {
+  if (const auto merges = model.find("merges")) {
+    merges->for_each([&](const JsonReader& m) {
       std::pair<std::string, std::string> pair;
       if (m.is_string()) {
-        const std::string s = m.get<std::string>();
+        const std::string s = m.string();
         const size_t space = s.find(' ');
         SPECULA_CHECK(space != std::string::npos, "tokenizer.json: merge '{}' has no space", s);
         pair = {s.substr(0, space), s.substr(space + 1)};
       } else {
-        SPECULA_CHECK(m.is_array() && m.size() == 2, "tokenizer.json: a merge is neither 'a b' nor [a, b]");
-        pair = {m[0].get<std::string>(), m[1].get<std::string>()};
+        if (!m.is_array() || m.size() != 2) m.fail("must be 'a b' or [a, b]");
+        pair = {m[0].string(), m[1].string()};
       }
       t.merge_rank_.emplace(pair.first + '\xFF' + pair.second, rank++);
-    }
+    });
   }
-  if (j.contains("added_tokens")) {
-    for (const auto& a : j["added_tokens"]) {
-      const auto id = a["id"].get<int32_t>();
-      const std::string content = a["content"].get<std::string>();
+  if (added) {
+    added->for_each([&](const JsonReader& a) {
+      const auto id = static_cast<int32_t>(a.at("id").integer(0, max_id));
+      const std::string content = a.at("content").string();
       if (t.id_to_token_.size() <= static_cast<size_t>(id)) t.id_to_token_.resize(static_cast<size_t>(id) + 1);
       t.id_to_token_[static_cast<size_t>(id)] = content;
       t.token_to_id_[content] = id;
       t.added_.emplace_back(content, id);
-      t.added_ids_[id] = a.value("special", false);
-    }
+      t.added_ids_[id] = a.bool_or("special", false);
+    });
     std::stable_sort(t.added_.begin(), t.added_.end(),
                      [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
   }
-  if (j.contains("post_processor") && j["post_processor"].is_object()) {
-    const json& pp = j["post_processor"];
-    std::vector<json> steps;
-    if (pp.value("type", "") == "Sequence") {
-      for (const json& s : pp["processors"]) steps.push_back(s);
+  if (const auto pp = j.find("post_processor"); pp && pp->is_object()) {
+    std::vector<JsonReader> steps;
+    if (pp->string_or("type", "") == "Sequence") {
+      pp->at("processors").for_each([&](const JsonReader& s) { steps.push_back(s); });
     } else {
-      steps.push_back(pp);
+      steps.push_back(*pp);
     }
-    for (const json& step : steps) {
-      const std::string pp_type = step.value("type", "");
+    for (const JsonReader& step : steps) {
+      const std::string pp_type = step.string_or("type", "");
       if (pp_type == "TemplateProcessing") {
-        for (const auto& piece : step["single"]) {
-          if (piece.contains("Sequence")) break;  // only a prefix of special tokens is read
-          const std::string name = piece["SpecialToken"]["id"].get<std::string>();
-          const auto it = step["special_tokens"].find(name);
-          SPECULA_CHECK(it != step["special_tokens"].end(), "tokenizer.json: template token '{}' is undefined", name);
-          for (const auto& id : (*it)["ids"]) t.prefix_ids_.push_back(id.get<int32_t>());
+        const JsonReader single = step.at("single");
+        for (size_t i = 0; i < single.size(); ++i) {
+          const JsonReader piece = single[i];
+          if (piece.has("Sequence")) break;  // only a prefix of special tokens is read
+          const std::string name = piece.at("SpecialToken").at("id").string();
+          const auto special = step.at("special_tokens").find(name);
+          SPECULA_CHECK(special.has_value(), "tokenizer.json: template token '{}' is undefined", name);
+          special->at("ids").for_each([&](const JsonReader& id) {
+            t.prefix_ids_.push_back(static_cast<int32_t>(id.integer(0, max_id)));
+          });
         }
       } else {
         SPECULA_CHECK(pp_type == "ByteLevel", "tokenizer.json: post_processor '{}' is not supported; supported: "
@@ -259,20 +267,19 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
     }
   }
   // Decoder: ByteLevel, Metaspace, or Sequence of Replace / ByteFallback / Fuse / Strip.
-  if (j.contains("decoder") && j["decoder"].is_object()) {
-    const json& d = j["decoder"];
-    std::vector<json> steps;
-    if (d.value("type", "") == "Sequence") {
-      for (const json& s : d["decoders"]) steps.push_back(s);
+  if (const auto d = j.find("decoder"); d && d->is_object()) {
+    std::vector<JsonReader> steps;
+    if (d->string_or("type", "") == "Sequence") {
+      d->at("decoders").for_each([&](const JsonReader& s) { steps.push_back(s); });
     } else {
-      steps.push_back(d);
+      steps.push_back(*d);
     }
-    for (const json& s : steps) {
-      const std::string kind = s.value("type", "");
+    for (const JsonReader& s : steps) {
+      const std::string kind = s.string_or("type", "");
       if (kind == "Strip") {
-        t.strip_leading_space_ = s.value("start", 0) > 0;
+        t.strip_leading_space_ = s.int_or("start", 0, 0, INT32_MAX) > 0;
       } else if (kind == "Metaspace") {
-        t.strip_leading_space_ = s.value("prepend_scheme", std::string("always")) != "never";
+        t.strip_leading_space_ = s.string_or("prepend_scheme", "always") != "never";
       } else {
         SPECULA_CHECK(kind == "ByteLevel" || kind == "Replace" || kind == "ByteFallback" || kind == "Fuse",
                       "tokenizer.json: decoder '{}' is not supported; supported: ByteLevel, Metaspace, Replace, "
@@ -280,6 +287,7 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
       }
     }
   }
+  // Entries that share an id leave another id without a token.
   for (size_t i = 0; i < t.id_to_token_.size(); ++i) {
     SPECULA_CHECK(!t.id_to_token_[i].empty(), "tokenizer.json: id {} has no token (the vocabulary has a gap)", i);
   }

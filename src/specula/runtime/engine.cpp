@@ -60,7 +60,11 @@ Engine::Engine(const ModelConfig& config, const WeightSource& weights, const Eng
 }
 
 void Engine::init(const ModelConfig& config, const WeightSource& weights) {
-  if (options_.speculative) options_.runner.cuda_graph_verify_tokens = options_.speculative->params.num_draft_tokens;
+  if (options_.speculative) {
+    options_.speculative->params.validate();
+    options_.runner.cuda_graph_verify_tokens = options_.speculative->params.num_draft_tokens;
+    options_.runner.spec_scratch_tokens = options_.speculative->params.scratch_tokens();
+  }
   SPECULA_CHECK(!options_.speculative || !config.is_mla(),
                 "speculative decoding (EAGLE) needs a Llama-family target; {} uses multi-head latent attention",
                 config.architecture);

@@ -2,6 +2,7 @@
 #include "specula/runtime/model_runner.h"
 
 #include <algorithm>
+#include <bit>
 #include <span>
 
 #include "specula/core/error.h"
@@ -36,9 +37,18 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
                 "max_context_len {} exceeds the model's max_position_embeddings {}", o.max_context_len,
                 config.max_position_embeddings);
 
-  SPECULA_CHECK(o.cuda_graph_verify_tokens >= 0 && o.cuda_graph_verify_tokens < o.max_context_len,
-                "cuda_graph_verify_tokens {} is not valid; it must be in [0, max_context_len {})", o.cuda_graph_verify_tokens,
-                o.max_context_len);
+  // A page larger than a whole context only wastes memory (and a huge one exhausts it); small
+  // contexts keep the usual page sizes.
+  constexpr int64_t kSmallPageLimit = 256;
+  const auto max_page = std::max<int64_t>(kSmallPageLimit, std::bit_ceil(static_cast<uint64_t>(o.max_context_len)));
+  SPECULA_CHECK(o.page_size <= max_page,
+                "page_size {} is not valid; it must be at most {} (max_context_len {} rounded up to a power of two, "
+                "or {})", o.page_size, max_page, o.max_context_len, kSmallPageLimit);
+  SPECULA_CHECK(o.spec_scratch_tokens >= 0, "spec_scratch_tokens {} is not valid; it must be >= 0",
+                o.spec_scratch_tokens);
+  SPECULA_CHECK(o.cuda_graph_verify_tokens >= 0 && o.cuda_graph_verify_tokens < kv_capacity(),
+                "cuda_graph_verify_tokens {} is not valid; it must be in [0, {})", o.cuda_graph_verify_tokens,
+                kv_capacity());
   SPECULA_CHECK(o.cuda_graph_max_bs >= 1, "cuda_graph_max_bs {} is not valid; it must be >= 1", o.cuda_graph_max_bs);
   double kv_bytes_per_token = 0;
   if (mla) {
@@ -55,22 +65,26 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
   }
 
   const auto round_up = [&](int64_t tokens) { return (tokens + o.page_size - 1) / o.page_size * o.page_size; };
-  const int64_t context = round_up(o.max_context_len);
+  const int64_t context = round_up(o.max_context_len + o.spec_scratch_tokens);
+  SPECULA_CHECK(o.kv_cache_tokens == 0 || o.kv_cache_tokens >= context,
+                "kv_cache_tokens {} cannot hold one request of max_context_len {}{}; give at least {}", o.kv_cache_tokens,
+                o.max_context_len,
+                o.spec_scratch_tokens > 0 ? fmt::format(" and a speculative cycle's {} scratch tokens", o.spec_scratch_tokens)
+                                          : std::string(),
+                context);
   if (o.kv_cache_tokens == 0) {
     const auto by_memory = static_cast<int64_t>(o.kv_cache_memory_gib * (1ull << 30) / kv_bytes_per_token);
     o.kv_cache_tokens = std::max(context, std::min(context * o.max_running_requests, by_memory));
   }
+  // Whole pages: at most page_size - 1 tokens more than asked for.
   o.kv_cache_tokens = round_up(o.kv_cache_tokens);
-  SPECULA_CHECK(o.kv_cache_tokens >= context,
-                "kv_cache_tokens {} cannot hold one request of max_context_len {}; give at least {}",
-                o.kv_cache_tokens, o.max_context_len, context);
   const bool graphs = gpu && o.cuda_graph;
   // With graphs, pages for the padding rows of a graph batch to read and write: one token for
   // decode, the tree after it for verify.
   const int64_t padding_tokens = graphs ? round_up(1 + o.cuda_graph_verify_tokens) : 0;
   allocator_ = std::make_unique<PagedTokenAllocator>(o.kv_cache_tokens + padding_tokens, o.page_size);
   // With graphs, one more row for padding: it is never handed to a request.
-  req_pool_ = std::make_unique<ReqToTokenPool>(o.max_running_requests + (graphs ? 1 : 0), o.max_context_len);
+  req_pool_ = std::make_unique<ReqToTokenPool>(o.max_running_requests + (graphs ? 1 : 0), kv_capacity());
   if (mla) {
     mla_kv_pool_ = std::make_unique<MLAKVPool>(MLAKVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
                                                                config.mla.kv_lora_rank, config.mla.qk_rope_head_dim,
@@ -128,7 +142,7 @@ void ModelRunner::init_llama(const WeightSource& weights) {
   bo.device = o.device;
   bo.deterministic = o.deterministic;
   bo.page_size = o.page_size;
-  bo.max_context_len = o.max_context_len;
+  bo.max_context_len = kv_capacity();
   backend_ = make_attention_backend(o.attention_backend, bo);
   // The CPU path attends with f32 queries; the GPU path with bf16 ones.
   for (const AttentionLayer& layer : model_->attention_layers()) {
@@ -152,7 +166,7 @@ void ModelRunner::init_mla(const WeightSource& weights) {
 #endif
   bo.device = o.device;
   bo.page_size = o.page_size;
-  bo.max_context_len = o.max_context_len;
+  bo.max_context_len = kv_capacity();
   bo.extend_form = o.mla_extend_form;
   mla_backend_ = make_mla_backend(o.attention_backend, bo);
   for (const MlaLayer& layer : mla_model_->mla_layers()) {

@@ -48,6 +48,10 @@ struct ModelRunnerOptions {
   // the backend's graph buffers and the padding rows are sized for it, and capture_verify_graphs
   // records verify graphs for the same batch sizes.
   int cuda_graph_verify_tokens = 0;
+  // Speculative decoding: KV slots a cycle uses past a request's last token (draft scratch and
+  // the verify tree). Request rows and attention plans hold max_context_len + this many, so a
+  // request near the end of its context still gets whole cycles and all of its output tokens.
+  int spec_scratch_tokens = 0;
   // MLA models on a GPU: how extend steps attend (MlaExtendForm: auto, absorbed or expanded).
   MlaExtendForm mla_extend_form = MlaExtendForm::automatic;
 };
@@ -63,7 +67,10 @@ class ModelRunner {
   const ModelRunnerOptions& options() const { return options_; }
   // The Llama-family model; throws specula::Error for MLA models.
   const LlamaModel& model() const;
+  // The longest prompt + output of one request.
   int max_context_len() const { return options_.max_context_len; }
+  // The longest KV a request row maps: the context plus a speculative cycle's scratch.
+  int kv_capacity() const { return options_.max_context_len + options_.spec_scratch_tokens; }
   int page_size() const { return options_.page_size; }
 
   ReqToTokenPool& req_pool() { return *req_pool_; }

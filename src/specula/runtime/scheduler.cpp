@@ -122,9 +122,10 @@ void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chu
   r->stop_ids = r->params.stop_token_ids;
   if (!r->params.ignore_eos) r->stop_ids.insert(r->stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
   const auto prompt_len = static_cast<int>(r->params.prompt_ids.size());
-  // With speculation a cycle also needs scratch slots past the request's last token.
-  const int scratch = spec_ != nullptr ? spec_->scratch_tokens() : 0;
-  r->max_new_tokens = std::max(0, std::min(r->params.max_new_tokens, runner_.max_context_len() - prompt_len - scratch));
+  // A speculative cycle's scratch slots lie past max_context_len (ModelRunner::kv_capacity), so
+  // the output is bounded by the context alone, with or without speculation.
+  SPECULA_ASSERT(spec_ == nullptr || runner_.kv_capacity() - runner_.max_context_len() >= spec_->scratch_tokens());
+  r->max_new_tokens = std::max(0, std::min(r->params.max_new_tokens, runner_.max_context_len() - prompt_len));
   r->sampler.observe_prompt(r->params.prompt_ids);
   r->submitted = submitted;
   r->out.id = id;

@@ -62,22 +62,28 @@ std::vector<uint8_t> ancestor_matrix(const DraftTree& tree) {
 }  // namespace
 
 void SpecParams::validate() const {
-  SPECULA_CHECK(num_steps >= 1, "speculative num_steps {} is not valid: it must be >= 1", num_steps);
-  SPECULA_CHECK(topk >= 1, "speculative topk {} is not valid: it must be >= 1", topk);
+  SPECULA_CHECK(num_steps >= 1 && num_steps <= kMaxNumSteps,
+                "--speculative-num-steps {} is not valid: it must be in [1, {}]", num_steps, kMaxNumSteps);
+  SPECULA_CHECK(topk >= 1 && topk <= kMaxTopk, "--speculative-eagle-topk {} is not valid: it must be in [1, {}]", topk,
+                kMaxTopk);
   if (topk == 1) {
     // A chain has exactly one candidate per step, so every candidate is in the tree (SGLang's rule).
     SPECULA_CHECK(num_draft_tokens == num_steps + 1,
-                  "speculative num_draft_tokens {} is not valid for num_steps {}, topk 1: it must be {}",
+                  "--speculative-num-draft-tokens {} is not valid for --speculative-num-steps {} and "
+                  "--speculative-eagle-topk 1: it must be {}",
                   num_draft_tokens, num_steps, num_steps + 1);
     return;
   }
-  // 64-bit: topk^2 * num_steps overflows int for large (invalid but representable) values.
   const int64_t k = topk;
-  const int64_t max_draft = 1 + k + (static_cast<int64_t>(num_steps) - 1) * k * k;
+  const int64_t max_draft =
+      std::min<int64_t>(kMaxDraftTokens, 1 + k + (static_cast<int64_t>(num_steps) - 1) * k * k);
   SPECULA_CHECK(num_draft_tokens >= 2 && num_draft_tokens <= max_draft,
-                "speculative num_draft_tokens {} is not valid for num_steps {}, topk {}: it must be in [2, {}]",
+                "--speculative-num-draft-tokens {} is not valid for --speculative-num-steps {} and "
+                "--speculative-eagle-topk {}: it must be in [2, {}]",
                 num_draft_tokens, num_steps, topk, max_draft);
 }
+
+int SpecParams::scratch_tokens() const { return std::max(num_draft_tokens, (num_steps - 1) * topk); }
 
 std::vector<int32_t> top_k_indices(std::span<const float> scores, int k) {
   SPECULA_CHECK(k >= 0, "top-k of {} is not valid: k must be >= 0", k);

@@ -18,12 +18,22 @@
 namespace specula {
 
 struct SpecParams {
+  // Upper bounds: the GPU draft kernels' top-k width, and trees a verify step can take without
+  // its per-token KV scratch and tree masks outgrowing any useful setting (SGLang's largest
+  // published trees have 64 nodes).
+  static constexpr int kMaxNumSteps = 32;
+  static constexpr int kMaxTopk = 16;
+  static constexpr int kMaxDraftTokens = 256;
+
   int num_steps = 0;
   int topk = 0;
   int num_draft_tokens = 0;
-  // num_steps >= 1, topk >= 1, 2 <= num_draft_tokens <= 1 + topk + (num_steps - 1) * topk^2, and
-  // with topk == 1 exactly num_steps + 1. Throws specula::Error naming the value and the range.
+  // 1 <= num_steps <= kMaxNumSteps, 1 <= topk <= kMaxTopk,
+  // 2 <= num_draft_tokens <= min(kMaxDraftTokens, 1 + topk + (num_steps - 1) * topk^2), and with
+  // topk == 1 exactly num_steps + 1. Throws specula::Error naming the flag, value and range.
   void validate() const;
+  // KV slots past a request's last token that one cycle uses (draft scratch, verify tree).
+  int scratch_tokens() const;
 };
 
 // Every scored candidate of one request's draft, in candidate-number order.

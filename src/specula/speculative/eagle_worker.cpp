@@ -52,7 +52,7 @@ EagleWorker::EagleWorker(ModelRunner& target, const EagleOptions& options) : tar
   AttentionBackendOptions bo;
   bo.device = device;
   bo.page_size = target.page_size();
-  bo.max_context_len = target.max_context_len();
+  bo.max_context_len = target.kv_capacity();
   bo.cuda_stream = target.cuda_stream();
   extend_backend_ = make_attention_backend(device.is_cuda() ? "cuda" : "cpu", bo);
   extend_backend_->check_layer(layer, kv_dtype, kv_dtype);
@@ -60,7 +60,7 @@ EagleWorker::EagleWorker(ModelRunner& target, const EagleOptions& options) : tar
 #ifdef SPECULA_HAS_CUDA
     EagleCudaHeadOptions ho;
     ho.page_size = target.page_size();
-    ho.max_context_len = target.max_context_len();
+    ho.max_context_len = target.kv_capacity();
     ho.max_batch = target.options().max_running_requests;
     ho.num_req_rows = target.req_pool().size();
     ho.graph_batch_sizes = target.cuda_graph_batch_sizes();
@@ -77,10 +77,7 @@ EagleWorker::EagleWorker(ModelRunner& target, const EagleOptions& options) : tar
 
 EagleWorker::~EagleWorker() = default;
 
-int EagleWorker::scratch_tokens() const {
-  const SpecParams& p = options_.params;
-  return std::max(p.num_draft_tokens, (p.num_steps - 1) * p.topk);
-}
+int EagleWorker::scratch_tokens() const { return options_.params.scratch_tokens(); }
 
 void EagleWorker::top_k(const float* logits, std::vector<int32_t>& tokens, std::vector<float>& probs) const {
   const int vocab = head_->draft_vocab_size();
