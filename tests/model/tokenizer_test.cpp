@@ -3,6 +3,10 @@
 // UTF-8 sequence, a hand-made BPE with merges, and clear refusals.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <random>
+
 #include "specula/core/error.h"
 #include "specula/model/tokenizer.h"
 
@@ -280,6 +284,29 @@ TEST(Tokenizer, HostileFieldsAreNamedErrors) {
     }
     EXPECT_NE(error.find(message), std::string::npos) << text << "\n -> " << error;
   }
+}
+
+// tokenizer_config.json's add_bos_token, for the classes whose transformers tokenizer honours it:
+// a Llama tokenizer without a template post-processor (DeepSeek-V3's case) gets the BOS.
+TEST(Tokenizer, AddBosTokenFromTokenizerConfig) {
+  const auto dir = std::filesystem::temp_directory_path() / ("specula_tok_" + std::to_string(std::random_device{}()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << R"({"pre_tokenizer": {"type": "ByteLevel", "use_regex": false},
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "<s>": 2}, "merges": []},
+    "added_tokens": [{"id": 2, "content": "<s>", "special": true}]})";
+  EXPECT_EQ(Tokenizer::from_folder(dir).encode("ab"), (std::vector<int32_t>{0, 1}));
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": true, "bos_token": {"content": "<s>"}})";
+  EXPECT_EQ(Tokenizer::from_folder(dir).encode("ab"), (std::vector<int32_t>{2, 0, 1}));
+  EXPECT_EQ(Tokenizer::from_folder(dir).encode("ab", false), (std::vector<int32_t>{0, 1}));
+  // PreTrainedTokenizerFast keeps tokenizer.json's post-processor, as transformers does.
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": true, "bos_token": "<s>"})";
+  EXPECT_EQ(Tokenizer::from_folder(dir).encode("ab"), (std::vector<int32_t>{0, 1}));
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"tokenizer_class": "LlamaTokenizer", "add_bos_token": true, "bos_token": "<missing>"})";
+  EXPECT_THROW(Tokenizer::from_folder(dir), Error);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

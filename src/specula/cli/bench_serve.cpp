@@ -4,22 +4,27 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <fstream>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <fstream>
-#include <sstream>
-
+#include "specula/cli/bench_serve_remote.h"
 #include "specula/cli/engine_flags.h"
 #include "specula/cli/json_file.h"
 #include "specula/core/error.h"
+#include "specula/model/config.h"
 #include "specula/model/synthetic.h"
+#include "specula/model/tokenizer.h"
 #include "specula/runtime/engine.h"
 
 namespace specula {
@@ -39,6 +44,9 @@ struct Options {
   double request_rate = 0;        // requests/s (Poisson); 0: all at once
   uint64_t seed = 1;
   std::string json_path;
+  std::string url;          // a running server to drive instead of a local engine
+  int max_concurrency = 0;  // requests in flight at most (0: unlimited)
+  std::vector<const CLI::Option*> engine_flag_options;  // refused with --url (but --model)
 };
 
 struct Summary {
@@ -107,19 +115,110 @@ std::vector<std::vector<int32_t>> make_prompts(const Options& o, int vocab, cons
   return prompts;
 }
 
-void run(const Options& o) {
-  check_json_path(o.json_path);
-  SPECULA_CHECK(o.num_requests >= 1, "--num-requests {} must be >= 1", o.num_requests);
-  SPECULA_CHECK(o.input_len >= 1 && o.output_len >= 1, "--input-len {} and --output-len {} must be >= 1", o.input_len,
-                o.output_len);
-  SPECULA_CHECK(o.request_rate >= 0, "--request-rate {} must be >= 0 (0: all at once)", o.request_rate);
-  // The arrivals span num_requests / rate seconds on average; a benchmark longer than a day is a
-  // mistyped rate, not a measurement.
-  constexpr double kMaxArrivalSeconds = 86400;
-  const double min_rate = o.num_requests / kMaxArrivalSeconds;
-  SPECULA_CHECK(o.request_rate == 0 || o.request_rate >= min_rate,
-                "--request-rate {} would spread {} requests over about {:.3g} s; give 0 (all at once) or at least {:.3g} "
-                "(a day at most)", o.request_rate, o.num_requests, o.num_requests / o.request_rate, min_rate);
+// Send times of the arrival process, in seconds after the start: all at once, or Poisson at
+// --request-rate (request i goes out after the first i exponential gaps).
+std::vector<double> arrival_times(const Options& o) {
+  std::vector<double> at(static_cast<size_t>(o.num_requests), 0.0);
+  if (o.request_rate <= 0) return at;
+  std::mt19937_64 rng(o.seed + 1);
+  std::exponential_distribution<double> gap(o.request_rate);
+  double t = 0;
+  for (double& a : at) {
+    a = t;
+    t += gap(rng);
+  }
+  return at;
+}
+
+// One benchmark's results: from the engine's own timings (offline) or from the client's (--url).
+struct Report {
+  std::string what, where;  // the model; "device=cpu" or "url=..."
+  bool remote = false;
+  int completed = 0, failed = 0;
+  double duration = 0;
+  int64_t in_tokens = 0, out_tokens = 0;
+  std::vector<double> ttft, itl, latency;
+  double decode_rate_sum = 0;
+  // Engine-side figures, where the mode knows them.
+  std::optional<double> hit_rate;
+  std::optional<int64_t> prefill_tokens, retractions;
+  std::vector<std::pair<std::string, std::string>> extra_lines;  // printed after the shared ones
+  nlohmann::json extra_json = nlohmann::json::object();
+  std::vector<std::string> errors;  // "request i: why", one per failed request
+
+  // A completed request: its first-token time, token (or chunk) times and end, all from its send.
+  void add(double ttft_s, const std::vector<double>& times_s, double latency_s, int64_t prompt_tokens,
+           int64_t output_tokens) {
+    ++completed;
+    ttft.push_back(ttft_s);
+    latency.push_back(latency_s);
+    for (size_t k = 1; k < times_s.size(); ++k) itl.push_back(times_s[k] - times_s[k - 1]);
+    in_tokens += prompt_tokens;
+    out_tokens += output_tokens;
+    // Decode speed as a request sees it: tokens after the first over the time after the first
+    // (prefill and queueing excluded), averaged over requests.
+    const double decode_s = latency_s - ttft_s;
+    if (output_tokens > 1 && decode_s > 0) decode_rate_sum += static_cast<double>(output_tokens - 1) / decode_s;
+  }
+};
+
+void print_report(const Options& o, const Report& r) {
+  const double duration = r.duration;
+  const double decode_rate = r.completed > 0 ? r.decode_rate_sum / r.completed : 0.0;
+  const Summary t = summarize(r.ttft), i = summarize(r.itl), l = summarize(r.latency);
+  fmt::print("specula bench serve  {}  {}  dataset={}  requests={}  input={}  output={}  rate={}{}\n", r.what, r.where,
+             o.dataset, o.num_requests, o.input_len, o.output_len,
+             o.request_rate > 0 ? fmt::format("{}/s", o.request_rate) : std::string("all at once"),
+             o.max_concurrency > 0 ? fmt::format("  max-concurrency={}", o.max_concurrency) : std::string());
+  if (r.remote) {
+    fmt::print("{:<32} {:>12}\n", "completed requests", r.completed);
+    fmt::print("{:<32} {:>12}\n", "failed requests", r.failed);
+  }
+  fmt::print("{:<32} {:>12.2f}\n", "duration s", duration);
+  fmt::print("{:<32} {:>12.2f}\n", "request throughput req/s", r.completed / duration);
+  fmt::print("{:<32} {:>12.1f}\n", "input tokens/s", static_cast<double>(r.in_tokens) / duration);
+  fmt::print("{:<32} {:>12.1f}\n", "output tokens/s", static_cast<double>(r.out_tokens) / duration);
+  fmt::print("{:<32} {:>12.1f}\n", "decode tokens/s per request", decode_rate);
+  fmt::print("{:<32} {:>12.1f} {:>10.1f} {:>10.1f}\n", "TTFT ms (mean, median, p99)", t.mean * 1e3, t.median * 1e3, t.p99 * 1e3);
+  fmt::print("{:<32} {:>12.2f} {:>10.2f} {:>10.2f}\n", "ITL ms (mean, median, p99)", i.mean * 1e3, i.median * 1e3, i.p99 * 1e3);
+  fmt::print("{:<32} {:>12.1f} {:>10.1f} {:>10.1f}\n", "latency ms (mean, median, p99)", l.mean * 1e3, l.median * 1e3, l.p99 * 1e3);
+  if (r.hit_rate) fmt::print("{:<32} {:>11.1f}%\n", "prefix cache hit rate", 100.0 * *r.hit_rate);
+  if (r.prefill_tokens) fmt::print("{:<32} {:>12}\n", "prefill tokens computed", *r.prefill_tokens);
+  if (r.retractions) fmt::print("{:<32} {:>12}\n", "retractions", *r.retractions);
+  for (const auto& [name, value] : r.extra_lines) fmt::print("{:<32} {:>12}\n", name, value);
+  constexpr size_t kErrorsShown = 5;
+  for (size_t k = 0; k < std::min(kErrorsShown, r.errors.size()); ++k) fmt::print("failed: {}\n", r.errors[k]);
+  if (r.errors.size() > kErrorsShown) fmt::print("failed: ... and {} more\n", r.errors.size() - kErrorsShown);
+  if (o.json_path.empty()) return;
+  auto summary = [](const Summary& s) { return nlohmann::json{{"mean", s.mean}, {"median", s.median}, {"p99", s.p99}}; };
+  nlohmann::json j = {{"model", r.what},
+                      {"dataset", o.dataset},
+                      {"num_requests", o.num_requests},
+                      {"completed", r.completed},
+                      {"failed", r.failed},
+                      {"input_len", o.input_len},
+                      {"output_len", o.output_len},
+                      {"decode_tokens_per_s_per_request", decode_rate},
+                      {"request_rate", o.request_rate},
+                      {"max_concurrency", o.max_concurrency},
+                      {"duration_s", duration},
+                      {"total_input_tokens", r.in_tokens},
+                      {"total_output_tokens", r.out_tokens},
+                      {"request_throughput", r.completed / duration},
+                      {"input_tokens_per_s", static_cast<double>(r.in_tokens) / duration},
+                      {"output_tokens_per_s", static_cast<double>(r.out_tokens) / duration},
+                      {"ttft_s", summary(t)},
+                      {"itl_s", summary(i)},
+                      {"latency_s", summary(l)}};
+  if (r.hit_rate) j["prefix_cache_hit_rate"] = *r.hit_rate;
+  if (r.prefill_tokens) j["prefill_tokens"] = *r.prefill_tokens;
+  if (r.retractions) j["retractions"] = *r.retractions;
+  if (!r.errors.empty()) j["errors"] = r.errors;
+  j.update(r.extra_json);
+  write_json_file(o.json_path, j);
+}
+
+void run_offline(const Options& o) {
   SPECULA_CHECK(o.synthetic.empty() || o.engine.model.empty(), "give at most one of --model and --synthetic");
   EngineOptions eo = engine_options(o.engine);
   eo.background_thread = true;
@@ -127,125 +226,231 @@ void run(const Options& o) {
   eo.scheduler.max_queued_requests = std::max(eo.scheduler.max_queued_requests, o.num_requests);
   if (eo.runner.max_context_len == 0) eo.runner.max_context_len = o.input_len + o.output_len;
   std::unique_ptr<Engine> engine;
-  std::string what;
+  Report report;
   if (!o.synthetic.empty()) {
     const ModelConfig config = synthetic_config(o.synthetic);
     const SyntheticWeights weights(config, 7);
     engine = std::make_unique<Engine>(config, weights, eo);
-    what = "synthetic " + o.synthetic;
+    report.what = "synthetic " + o.synthetic;
   } else {
     const auto folder = model_folder(o.engine);
     engine = std::make_unique<Engine>(folder, eo);
-    what = folder.string();
+    report.what = folder.string();
   }
+  report.where = "device=" + o.engine.device;
   const std::vector<std::vector<int32_t>> prompts = make_prompts(o, engine->config().vocab_size, engine->tokenizer());
+  const std::vector<double> send_at = arrival_times(o);
 
   using Clock = std::chrono::steady_clock;
-  std::mt19937_64 arrival_rng(o.seed + 1);
-  std::exponential_distribution<double> gap(o.request_rate > 0 ? o.request_rate : 1.0);
+  // --max-concurrency: a request that arrives while that many are in flight waits for one to
+  // finish (the engine's stepping thread frees the slot; shared, so it outlives this frame).
+  struct Slots {
+    std::mutex mu;
+    std::condition_variable freed;
+    int in_flight = 0;
+  };
+  const auto slots = std::make_shared<Slots>();
   const auto start = Clock::now();
   std::vector<std::shared_ptr<RequestHandle>> handles;
-  for (const auto& p : prompts) {
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(send_at[k])));
     EngineRequest r;
-    r.prompt_ids = p;
+    r.prompt_ids = prompts[k];
     r.max_new_tokens = o.output_len;
     r.ignore_eos = true;
-    handles.push_back(engine->submit(std::move(r)));
-    if (o.request_rate > 0) std::this_thread::sleep_for(std::chrono::duration<double>(gap(arrival_rng)));
+    StreamCallback on_chunk;
+    if (o.max_concurrency > 0) {
+      std::unique_lock lk(slots->mu);
+      slots->freed.wait(lk, [&] { return slots->in_flight < o.max_concurrency; });
+      ++slots->in_flight;
+      on_chunk = [slots](const StreamChunk& chunk) {
+        if (!chunk.finished) return;
+        {
+          std::lock_guard done(slots->mu);
+          --slots->in_flight;
+        }
+        slots->freed.notify_one();
+      };
+    }
+    handles.push_back(engine->submit(std::move(r), std::move(on_chunk)));
   }
   std::vector<RequestOutput> outs;
   for (const auto& h : handles) outs.push_back(h->wait());
-  const double duration = std::chrono::duration<double>(Clock::now() - start).count();
+  report.duration = std::chrono::duration<double>(Clock::now() - start).count();
 
-  std::vector<double> ttft, itl, latency;
-  int64_t in_tokens = 0, out_tokens = 0, cached = 0;
-  // Decode speed as a request sees it: tokens after the first over the time after the first
-  // (prefill and queueing excluded), averaged over requests.
-  double decode_rate_sum = 0;
+  int64_t cached = 0;
   for (const RequestOutput& out : outs) {
     SPECULA_CHECK(out.finish_reason == "length", "request {} ended with '{}'", out.id, out.finish_reason);
-    ttft.push_back(out.time_to_first_token_s);
-    latency.push_back(out.latency_s);
-    for (size_t i = 1; i < out.token_times_s.size(); ++i) itl.push_back(out.token_times_s[i] - out.token_times_s[i - 1]);
-    in_tokens += static_cast<int64_t>(out.prompt_ids.size());
-    out_tokens += static_cast<int64_t>(out.output_ids.size());
+    report.add(out.time_to_first_token_s, out.token_times_s, out.latency_s, static_cast<int64_t>(out.prompt_ids.size()),
+               static_cast<int64_t>(out.output_ids.size()));
     cached += out.cached_tokens;
-    const double decode_s = out.latency_s - out.time_to_first_token_s;
-    if (out.output_ids.size() > 1 && decode_s > 0) decode_rate_sum += static_cast<double>(out.output_ids.size() - 1) / decode_s;
   }
-  const double decode_rate = decode_rate_sum / static_cast<double>(outs.size());
   const SchedulerStats stats = engine->stats();
-  const Summary t = summarize(ttft), i = summarize(itl), l = summarize(latency);
-  const double hit_rate = static_cast<double>(cached) / static_cast<double>(in_tokens);
-  fmt::print("specula bench serve  {}  device={}  dataset={}  requests={}  input={}  output={}  rate={}\n", what,
-             o.engine.device, o.dataset, o.num_requests, o.input_len, o.output_len,
-             o.request_rate > 0 ? fmt::format("{}/s", o.request_rate) : std::string("all at once"));
-  fmt::print("{:<32} {:>12.2f}\n", "duration s", duration);
-  fmt::print("{:<32} {:>12.2f}\n", "request throughput req/s", o.num_requests / duration);
-  fmt::print("{:<32} {:>12.1f}\n", "input tokens/s", static_cast<double>(in_tokens) / duration);
-  fmt::print("{:<32} {:>12.1f}\n", "output tokens/s", static_cast<double>(out_tokens) / duration);
-  fmt::print("{:<32} {:>12.1f}\n", "decode tokens/s per request", decode_rate);
-  fmt::print("{:<32} {:>12.1f} {:>10.1f} {:>10.1f}\n", "TTFT ms (mean, median, p99)", t.mean * 1e3, t.median * 1e3, t.p99 * 1e3);
-  fmt::print("{:<32} {:>12.2f} {:>10.2f} {:>10.2f}\n", "ITL ms (mean, median, p99)", i.mean * 1e3, i.median * 1e3, i.p99 * 1e3);
-  fmt::print("{:<32} {:>12.1f} {:>10.1f} {:>10.1f}\n", "latency ms (mean, median, p99)", l.mean * 1e3, l.median * 1e3, l.p99 * 1e3);
-  fmt::print("{:<32} {:>11.1f}%\n", "prefix cache hit rate", 100.0 * hit_rate);
-  fmt::print("{:<32} {:>12}\n", "prefill tokens computed", stats.prefill_tokens);
-  fmt::print("{:<32} {:>12}\n", "retractions", stats.retractions);
+  report.hit_rate = static_cast<double>(cached) / static_cast<double>(report.in_tokens);
+  report.prefill_tokens = stats.prefill_tokens;
+  report.retractions = stats.retractions;
+  report.extra_json["device"] = o.engine.device;
   const double accept_mean =
       stats.spec_cycles > 0 ? static_cast<double>(stats.spec_emitted_tokens) / static_cast<double>(stats.spec_cycles) : 0.0;
   if (eo.speculative) {
     const SpecParams& p = eo.speculative->params;
-    fmt::print("{:<32} {:>12}\n", "speculative",
-               fmt::format("{} ({}, {}, {})", eagle_kind_name(eo.speculative->kind), p.num_steps, p.topk, p.num_draft_tokens));
-    fmt::print("{:<32} {:>12.3f}\n", "mean accept length", accept_mean);
-    fmt::print("{:<32} {:>12}\n", "accept length histogram", fmt::format("{}", fmt::join(stats.spec_accept_histogram, " ")));
+    report.extra_lines.emplace_back(
+        "speculative", fmt::format("{} ({}, {}, {})", eagle_kind_name(eo.speculative->kind), p.num_steps, p.topk, p.num_draft_tokens));
+    report.extra_lines.emplace_back("mean accept length", fmt::format("{:.3f}", accept_mean));
+    report.extra_lines.emplace_back("accept length histogram", fmt::format("{}", fmt::join(stats.spec_accept_histogram, " ")));
     const SpecTiming& tm = engine->speculative_worker()->timing();
     const double per = tm.cycles > 0 ? 1e3 / static_cast<double>(tm.cycles) : 0.0;
-    fmt::print("{:<32} {:>12}\n", "ms per cycle: draft steps",
-               fmt::format("{:.3f}  verify {:.3f}  accept {:.3f}  draft extend {:.3f}", tm.draft_steps_s * per,
-                           tm.verify_s * per, tm.accept_s * per, tm.draft_extend_s * per));
+    report.extra_lines.emplace_back("ms per cycle: draft steps",
+                                    fmt::format("{:.3f}  verify {:.3f}  accept {:.3f}  draft extend {:.3f}", tm.draft_steps_s * per,
+                                                tm.verify_s * per, tm.accept_s * per, tm.draft_extend_s * per));
+    report.extra_json["speculative"] = {{"algorithm", eagle_kind_name(eo.speculative->kind)},
+                                        {"num_steps", p.num_steps},
+                                        {"topk", p.topk},
+                                        {"num_draft_tokens", p.num_draft_tokens},
+                                        {"verify_cycles", stats.spec_cycles},
+                                        {"accept_length_mean", accept_mean},
+                                        {"accept_histogram", stats.spec_accept_histogram}};
   }
-  if (!o.json_path.empty()) {
-    auto summary = [](const Summary& s) { return nlohmann::json{{"mean", s.mean}, {"median", s.median}, {"p99", s.p99}}; };
-    const nlohmann::json j = {{"model", what},
-                              {"device", o.engine.device},
-                              {"dataset", o.dataset},
-                              {"num_requests", o.num_requests},
-                              {"input_len", o.input_len},
-                              {"output_len", o.output_len},
-                              {"decode_tokens_per_s_per_request", decode_rate},
-                              {"request_rate", o.request_rate},
-                              {"duration_s", duration},
-                              {"request_throughput", o.num_requests / duration},
-                              {"input_tokens_per_s", static_cast<double>(in_tokens) / duration},
-                              {"output_tokens_per_s", static_cast<double>(out_tokens) / duration},
-                              {"ttft_s", summary(t)},
-                              {"itl_s", summary(i)},
-                              {"latency_s", summary(l)},
-                              {"prefix_cache_hit_rate", hit_rate},
-                              {"prefill_tokens", stats.prefill_tokens},
-                              {"retractions", stats.retractions}};
-    nlohmann::json out = j;
-    if (eo.speculative) {
-      const SpecParams& p = eo.speculative->params;
-      out["speculative"] = {{"algorithm", eagle_kind_name(eo.speculative->kind)},
-                            {"num_steps", p.num_steps},
-                            {"topk", p.topk},
-                            {"num_draft_tokens", p.num_draft_tokens},
-                            {"verify_cycles", stats.spec_cycles},
-                            {"accept_length_mean", accept_mean},
-                            {"accept_histogram", stats.spec_accept_histogram}};
+  print_report(o, report);
+}
+
+#ifdef SPECULA_HAS_SERVER
+// A counter's (or histogram sum's) growth over the run; nullopt when /metrics lacks it.
+std::optional<double> metric_diff(const RemoteBenchResult& r, const std::string& name) {
+  const auto b = r.metrics_before.find(name), a = r.metrics_after.find(name);
+  if (b == r.metrics_before.end() || a == r.metrics_after.end()) return std::nullopt;
+  return a->second - b->second;
+}
+
+void run_remote(const Options& o) {
+  SPECULA_CHECK(o.synthetic.empty() || o.engine.model.empty(), "give at most one of --model and --synthetic");
+  for (const CLI::Option* opt : o.engine_flag_options) {
+    SPECULA_CHECK(opt->count() == 0 || opt->get_name() == "--model",
+                  "--url drives a running server: {} configures a local engine; give it to `specula serve` instead "
+                  "(with --url, --model or --synthetic only name the model whose vocabulary and tokenizer build the prompts)",
+                  opt->get_name());
+  }
+  // The server first: a wrong URL fails in a moment, before the prompts are built.
+  const RemoteServer server = probe_server(o.url);
+  SPECULA_CHECK(server.max_model_len == 0 || o.input_len + o.output_len <= server.max_model_len,
+                "--input-len {} + --output-len {} exceed the server's context of {} tokens", o.input_len, o.output_len,
+                server.max_model_len);
+  // The prompts are the offline mode's: random ids over the vocabulary of the model the server
+  // is meant to run (--synthetic, or --model, default the shipped model; only its config.json is
+  // read), or windows of the text encoded by its tokenizer.
+  int vocab_size = 0;
+  std::optional<Tokenizer> tokenizer;
+  if (!o.synthetic.empty()) {
+    vocab_size = synthetic_config(o.synthetic).vocab_size;
+  } else {
+    const auto folder = model_folder(o.engine);
+    vocab_size = load_model_config(folder).vocab_size;
+    if (o.dataset == "text") tokenizer = Tokenizer::from_folder(folder);
+  }
+
+  RemoteBenchOptions ro;
+  ro.url = o.url;
+  ro.model = server.model;
+  ro.prompts = make_prompts(o, vocab_size, tokenizer ? &*tokenizer : nullptr);
+  ro.send_at_s = arrival_times(o);
+  ro.output_len = o.output_len;
+  ro.max_concurrency = o.max_concurrency;
+  const RemoteBenchResult result = run_remote_bench(ro);
+
+  Report report;
+  report.remote = true;
+  report.what = server.model;
+  report.where = "url=" + o.url;
+  report.duration = result.duration_s;
+  int64_t text_chunks = 0;
+  for (size_t k = 0; k < result.requests.size(); ++k) {
+    const RemoteRequestResult& q = result.requests[k];
+    if (!q.error.empty()) {
+      ++report.failed;
+      report.errors.push_back(fmt::format("request {}: {}", k, q.error));
+      continue;
     }
-    write_json_file(o.json_path, out);
+    report.add(q.ttft_s, q.text_chunk_times_s, q.latency_s, q.prompt_tokens, q.completion_tokens);
+    text_chunks += static_cast<int64_t>(q.text_chunk_times_s.size());
   }
+  report.extra_lines.emplace_back("SSE chunks with text", fmt::format("{}", text_chunks));
+  report.extra_json["url"] = o.url;
+  report.extra_json["text_chunks"] = text_chunks;
+  // Engine-side figures from the server's /metrics over the run (other clients' requests
+  // included, if there were any).
+  const auto prompt = metric_diff(result, "specula_prompt_tokens_total");
+  const auto cached = metric_diff(result, "specula_cached_prompt_tokens_total");
+  if (prompt && cached && *prompt > 0) report.hit_rate = *cached / *prompt;
+  nlohmann::json server_json = nlohmann::json::object();
+  const auto mean_of = [&](const std::string& histogram) -> std::optional<double> {
+    const auto sum = metric_diff(result, histogram + "_sum"), count = metric_diff(result, histogram + "_count");
+    if (!sum || !count || *count <= 0) return std::nullopt;
+    return *sum / *count;
+  };
+  if (const auto v = mean_of("specula_time_to_first_token_seconds")) {
+    report.extra_lines.emplace_back("server TTFT ms (mean)", fmt::format("{:.2f}", *v * 1e3));
+    server_json["ttft_mean_s"] = *v;
+  }
+  if (const auto v = mean_of("specula_inter_token_latency_seconds")) {
+    report.extra_lines.emplace_back("server ITL ms (mean)", fmt::format("{:.2f}", *v * 1e3));
+    server_json["itl_mean_s"] = *v;
+  }
+  if (const auto v = metric_diff(result, "specula_generation_tokens_total")) server_json["generation_tokens"] = *v;
+  if (prompt) server_json["prompt_tokens"] = *prompt;
+  if (cached) server_json["cached_prompt_tokens"] = *cached;
+  // The accept length gauge is a running mean: emitted tokens = mean x cycles, before and after.
+  const auto cycles = metric_diff(result, "specula_spec_verify_cycles_total");
+  if (cycles && *cycles > 0 && result.metrics_before.contains("specula_spec_accept_length") &&
+      result.metrics_after.contains("specula_spec_accept_length")) {
+    const auto emitted = [](const std::map<std::string, double>& m) {
+      return m.at("specula_spec_accept_length") * m.at("specula_spec_verify_cycles_total");
+    };
+    const double accept = (emitted(result.metrics_after) - emitted(result.metrics_before)) / *cycles;
+    report.extra_lines.emplace_back("mean accept length", fmt::format("{:.3f}", accept));
+    server_json["spec_verify_cycles"] = *cycles;
+    server_json["accept_length_mean"] = accept;
+    report.extra_json["speculative"] = {{"verify_cycles", *cycles}, {"accept_length_mean", accept}};
+  }
+  if (!server_json.empty()) report.extra_json["server"] = server_json;
+  print_report(o, report);
+  SPECULA_CHECK(report.failed == 0, "{} of {} requests failed; first: {}", report.failed, o.num_requests,
+                report.errors.front());
+}
+#endif
+
+void run(const Options& o) {
+  check_json_path(o.json_path);
+  SPECULA_CHECK(o.num_requests >= 1, "--num-requests {} must be >= 1", o.num_requests);
+  SPECULA_CHECK(o.input_len >= 1 && o.output_len >= 1, "--input-len {} and --output-len {} must be >= 1", o.input_len,
+                o.output_len);
+  SPECULA_CHECK(o.request_rate >= 0, "--request-rate {} must be >= 0 (0: all at once)", o.request_rate);
+  SPECULA_CHECK(o.max_concurrency >= 0, "--max-concurrency {} must be >= 0 (0: unlimited)", o.max_concurrency);
+  // The arrivals span num_requests / rate seconds on average; a benchmark longer than a day is a
+  // mistyped rate, not a measurement.
+  constexpr double kMaxArrivalSeconds = 86400;
+  const double min_rate = o.num_requests / kMaxArrivalSeconds;
+  SPECULA_CHECK(o.request_rate == 0 || o.request_rate >= min_rate,
+                "--request-rate {} would spread {} requests over about {:.3g} s; give 0 (all at once) or at least {:.3g} "
+                "(a day at most)", o.request_rate, o.num_requests, o.num_requests / o.request_rate, min_rate);
+  if (o.url.empty()) return run_offline(o);
+#ifdef SPECULA_HAS_SERVER
+  run_remote(o);
+#else
+  throw Error("--url is not available in this build: the HTTP client needs cpp-httplib at build time "
+              "(Debian/Ubuntu: libcpp-httplib-dev; scripts/setup.sh installs it)");
+#endif
 }
 
 }  // namespace
 
 void add_bench_serve_command(CLI::App& bench) {
   auto o = std::make_shared<Options>();
-  CLI::App* cmd = bench.add_subcommand("serve", "Offline serving benchmark: many requests through the engine");
+  CLI::App* cmd = bench.add_subcommand(
+      "serve", "Serving benchmark: many requests through a local engine, or through a running server (--url)");
+  const size_t before = cmd->get_options().size();
   add_engine_flags(*cmd, o->engine);
+  const auto all = cmd->get_options();
+  o->engine_flag_options.assign(all.begin() + static_cast<std::ptrdiff_t>(before), all.end());
   cmd->add_option("--synthetic", o->synthetic, "A random-weight model of a named shape instead of --model");
   cmd->add_option("--num-requests", o->num_requests, "Requests")->capture_default_str();
   cmd->add_option("--input-len", o->input_len, "Prompt tokens per request")->capture_default_str();
@@ -258,6 +463,18 @@ void add_bench_serve_command(CLI::App& bench) {
   cmd->add_option("--request-rate", o->request_rate, "Poisson arrival rate in requests/s (0: all at once)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the prompts and arrivals")->capture_default_str();
+  cmd->add_option("--max-concurrency", o->max_concurrency,
+                  "Requests in flight at most; one that arrives while that many are in flight waits for one to finish "
+                  "(0: unlimited)")
+      ->capture_default_str();
+  cmd->add_option("--url", o->url,
+                  "Drive a running `specula serve` (http://HOST:PORT) through POST /v1/completions instead of a local "
+                  "engine: the same prompts as token ids, streamed, timed on the client. TTFT: send to the first SSE "
+                  "chunk with text; ITL: the gaps between chunks that carry text (a chunk may carry several tokens when "
+                  "the server holds text back; output tokens come from the usage chunk). Prefix-cache hit rate, server "
+                  "TTFT/ITL and accept length come from GET /metrics before and after. Engine flags are refused; "
+                  "--model or --synthetic only name the model whose vocabulary (and tokenizer, for --dataset text) "
+                  "build the prompts, as offline. Exits 1 if any request failed");
   cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
   cmd->callback([o] { run(*o); });
 }

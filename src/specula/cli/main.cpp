@@ -13,24 +13,45 @@
 #include "specula/cli/bench_generate.h"
 #include "specula/cli/bench_serve.h"
 #include "specula/cli/generate.h"
+#ifdef SPECULA_HAS_SERVER
+#include "specula/cli/serve.h"
+#endif
 #include "specula/core/error.h"
+#include "specula/model/cpu_ops.h"
 
 namespace {
 
-// OpenBLAS starts its worker threads in its library constructor, before main; when that fails
-// (a low `ulimit -v`, a thread limit) it prints two lines and raises SIGINT on itself. This hook
-// runs from .preinit_array, before any shared library's constructor, and turns such a SIGINT
-// into one clear error and exit status 1. main() restores the default action first thing.
-void blas_start_failed(int) {
-  static const char message[] =
+// Shared libraries initialise before main, and two of them fail loudly when the address space
+// is short (a low `ulimit -v`): OpenBLAS, failing to start its threads, prints two lines and
+// raises SIGINT on itself; cuBLAS-Lt's initializer segfaults. This hook runs from
+// .preinit_array, before any shared library's constructor, and turns those signals into one
+// clear error and exit status 1. main() puts the previous actions back first thing, so signals
+// after start-up (a user's Ctrl-C, a sanitizer's SEGV report) behave as they would without it.
+void start_up_failed(int sig) {
+  static const char blas[] =
       "specula: error: the BLAS library (OpenBLAS) could not start its threads: too little memory or too many "
       "threads for this process's limits; raise them (ulimit -v / -u) or set OPENBLAS_NUM_THREADS=1\n";
-  [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, message, sizeof(message) - 1);
+  static const char crash[] =
+      "specula: error: a shared library crashed while loading, before specula started: too little address space? "
+      "(raise ulimit -v)\n";
+  const bool interrupt = sig == SIGINT;
+  [[maybe_unused]] const ssize_t written =
+      ::write(STDERR_FILENO, interrupt ? blas : crash, (interrupt ? sizeof(blas) : sizeof(crash)) - 1);
   std::_Exit(1);
 }
-void catch_blas_start_failure(int, char**, char**) { std::signal(SIGINT, blas_start_failed); }
+struct sigaction g_previous[3];
+constexpr int kStartUpSignals[3] = {SIGINT, SIGSEGV, SIGBUS};
+void catch_start_up_failures(int, char**, char**) {
+  struct sigaction action {};
+  action.sa_handler = start_up_failed;
+  sigemptyset(&action.sa_mask);
+  for (int i = 0; i < 3; ++i) sigaction(kStartUpSignals[i], &action, &g_previous[i]);
+}
+void restore_start_up_signals() {
+  for (int i = 0; i < 3; ++i) sigaction(kStartUpSignals[i], &g_previous[i], nullptr);
+}
 __attribute__((section(".preinit_array"), used)) void (*const preinit_hook)(int, char**, char**) =
-    catch_blas_start_failure;
+    catch_start_up_failures;
 
 // Leaves without running exit handlers: OpenBLAS's joins its worker threads, and a worker stuck
 // retrying an allocation the memory limit refuses would hang the process for ever. Everything
@@ -40,25 +61,26 @@ __attribute__((section(".preinit_array"), used)) void (*const preinit_hook)(int,
   std::_Exit(status);
 }
 
-// Subcommands whose engine parts arrive with later issues say so plainly instead of pretending.
-void add_pending(CLI::App& app, const char* name, const char* description, const char* needs) {
-  CLI::App* cmd = app.add_subcommand(name, description);
-  cmd->allow_extras();
-  cmd->callback([name, needs] {
-    throw specula::Error(fmt::format("'specula {}' is not available in this version: it needs {}", name, needs));
-  });
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::signal(SIGINT, SIG_DFL);
+  restore_start_up_signals();
   CLI::App app{"specula: an LLM inference engine with paged attention and EAGLE speculative decoding", "specula"};
   app.set_version_flag("--version", fmt::format("specula {}", SPECULA_VERSION));
   app.require_subcommand(1);
 
   specula::add_generate_command(app);
-  add_pending(app, "serve", "Serve an OpenAI-compatible HTTP API", "the serving runtime and HTTP server");
+#ifdef SPECULA_HAS_SERVER
+  specula::add_serve_command(app);
+#else
+  // Built without cpp-httplib: the command exists and says what it needs.
+  CLI::App* serve = app.add_subcommand("serve", "Serve an OpenAI-compatible HTTP API");
+  serve->allow_extras();
+  serve->callback([] {
+    throw specula::Error("'specula serve' is not available in this build: it needs cpp-httplib at build time "
+                         "(Debian/Ubuntu: libcpp-httplib-dev; scripts/setup.sh installs it)");
+  });
+#endif
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   specula::add_bench_attention_command(*bench);
@@ -66,6 +88,7 @@ int main(int argc, char** argv) {
   specula::add_bench_serve_command(*bench);
 
   try {
+    specula::reserve_cpu_blas_buffers();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     leave(app.exit(e));

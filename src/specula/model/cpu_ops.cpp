@@ -2,10 +2,39 @@
 #include "specula/model/cpu_ops.h"
 
 #include <cblas.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "specula/core/error.h"
 
 namespace specula {
+
+void reserve_cpu_blas_buffers() {
+  // OpenBLAS's BUFFER_SIZE (128 MiB on x86-64) plus its alignment slack, per thread and one for
+  // the calling thread.
+  constexpr size_t kBufferBytes = (size_t{128} << 20) + (size_t{64} << 10);
+  const int threads = std::max(1, openblas_get_num_threads());
+  const size_t need = kBufferBytes * static_cast<size_t>(threads + 1);
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
+    // Address space, not memory, is what the limit counts: a PROT_NONE mapping probes it.
+    void* probe = ::mmap(nullptr, need, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    SPECULA_CHECK(probe != MAP_FAILED,
+                  "too little address space: OpenBLAS needs {} MiB for its {} threads' work buffers and the "
+                  "address-space limit (ulimit -v {} KiB) leaves less; raise it or set OPENBLAS_NUM_THREADS=1",
+                  need >> 20, threads, limit.rlim_cur >> 10);
+    ::munmap(probe, need);
+  }
+  // A product large enough for OpenBLAS to split over all of its threads.
+  constexpr int n = 256;
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  SPECULA_ASSERT(c[0] == 0.125f * n);
+}
 
 void cpu_linear(const float* x, const std::vector<float>& w, float* y, int64_t n, int in, int out) {
   // One row (decode at batch 1) goes through sgemv, which streams the weights; sgemm's packing is

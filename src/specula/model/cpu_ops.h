@@ -10,6 +10,13 @@
 
 namespace specula {
 
+// OpenBLAS takes a 128 MiB work buffer per thread at its first large product and keeps it; when
+// the address space cannot hold one (a low `ulimit -v`), it retries the allocation for ever. This
+// takes the buffers up front, with one small product on every thread, after checking that the
+// address space left can hold them; throws specula::Error naming the limit when it cannot. Call
+// it before the engine allocates anything (the CLI does, first thing).
+void reserve_cpu_blas_buffers();
+
 // y[n, out] = x[n, in] * w[out, in]^T (w row-major).
 void cpu_linear(const float* x, const std::vector<float>& w, float* y, int64_t n, int in, int out);
 // y[n, out] = x[n, in] * w with w [in, out] (w_transposed false) or w[out, in]^T (true); rows of

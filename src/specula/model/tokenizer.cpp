@@ -75,6 +75,7 @@ constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 std::string replace_all(std::string_view text, std::string_view from, std::string_view to) {
+  SPECULA_ASSERT(!from.empty());
   std::string out;
   size_t pos = 0;
   for (size_t hit = text.find(from); hit != std::string_view::npos; hit = text.find(from, pos)) {
@@ -104,6 +105,51 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   return from_json(text.str());
 }
 
+Tokenizer Tokenizer::synthetic(int vocab_size) {
+  SPECULA_CHECK(vocab_size >= 256, "a synthetic tokenizer needs at least 256 ids, not {}", vocab_size);
+  Tokenizer t;
+  t.style_ = Style::byte_level;
+  t.id_to_token_.resize(static_cast<size_t>(vocab_size));
+  for (int i = 0; i < vocab_size; ++i) {
+    const int byte = i < 256 ? i : 32 + (i - 256) % 95;
+    t.id_to_token_[static_cast<size_t>(i)] = byte_alphabet()[static_cast<size_t>(byte)];
+    if (i < 256) t.token_to_id_[t.id_to_token_[static_cast<size_t>(i)]] = i;
+  }
+  return t;
+}
+
+Tokenizer Tokenizer::from_folder(const std::filesystem::path& model_dir) {
+  Tokenizer t = from_file(model_dir / "tokenizer.json");
+  const auto config_path = model_dir / "tokenizer_config.json";
+  if (!std::filesystem::exists(config_path)) return t;
+  std::ifstream in(config_path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const json doc = JsonReader::parse(text.str(), "tokenizer_config.json");
+  const JsonReader config(doc, "tokenizer_config.json");
+  if (!config.is_object() || !config.has("add_bos_token")) return t;
+  // Only these classes rebuild the post-processor from add_bos_token; PreTrainedTokenizerFast
+  // (Llama-3, the shipped model) and the others keep tokenizer.json's.
+  static const char* kBosClasses[] = {"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer",
+                                      "CodeLlamaTokenizerFast", "GemmaTokenizer", "GemmaTokenizerFast"};
+  const std::string cls = config.string_or("tokenizer_class", "");
+  if (std::find(std::begin(kBosClasses), std::end(kBosClasses), cls) == std::end(kBosClasses)) return t;
+  const bool add_bos = config.at("add_bos_token").boolean();
+  std::string bos;
+  if (const auto b = config.find("bos_token")) bos = b->is_string() ? b->string() : b->at("content").string();
+  if (!add_bos) {
+    // Only a leading BOS goes; other template tokens stay.
+    const auto id = t.token_to_id(bos);
+    if (id && !t.prefix_ids_.empty() && t.prefix_ids_.front() == *id) t.prefix_ids_.erase(t.prefix_ids_.begin());
+    return t;
+  }
+  SPECULA_CHECK(!bos.empty(), "tokenizer_config.json: add_bos_token is true but bos_token is not given");
+  const auto id = t.token_to_id(bos);
+  SPECULA_CHECK(id.has_value(), "tokenizer_config.json: bos_token '{}' is not in the vocabulary", bos);
+  if (t.prefix_ids_.empty() || t.prefix_ids_.front() != *id) t.prefix_ids_.insert(t.prefix_ids_.begin(), *id);
+  return t;
+}
+
 Tokenizer Tokenizer::from_json(const std::string& json_text) {
   const json doc = JsonReader::parse(json_text, "tokenizer.json");
   const JsonReader j(doc, "tokenizer.json");
@@ -125,8 +171,9 @@ Tokenizer Tokenizer::from_json(const std::string& json_text) {
     } else if (kind == "Prepend") {
       t.normalizers_.push_back({NormalizeStep::Kind::prepend, n.at("prepend").string(), {}});
     } else if (kind == "Replace" && n.at("pattern").has("String")) {
-      t.normalizers_.push_back(
-          {NormalizeStep::Kind::replace, n.at("pattern").at("String").string(), n.at("content").string()});
+      std::string pattern = n.at("pattern").at("String").string();
+      SPECULA_CHECK(!pattern.empty(), "tokenizer.json: a Replace normalizer with an empty pattern");
+      t.normalizers_.push_back({NormalizeStep::Kind::replace, std::move(pattern), n.at("content").string()});
     } else {
       SPECULA_CHECK(false, "tokenizer.json: normalizer {} is not supported; supported: NFC, Prepend, Replace (string "
                     "pattern), Sequence", n.raw().dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 120));

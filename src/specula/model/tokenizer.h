@@ -27,6 +27,22 @@ class Tokenizer {
  public:
   static Tokenizer from_json(const std::string& json_text);
   static Tokenizer from_file(const std::filesystem::path& path);
+  // A model folder's tokenizer.json, with tokenizer_config.json's add_bos_token applied for the
+  // tokenizer classes whose transformers implementation rebuilds the post-processor from it
+  // (Llama / CodeLlama / Gemma: DeepSeek-V3 ships no template but add_bos_token true, and gets a
+  // BOS as transformers gives it).
+  static Tokenizer from_folder(const std::filesystem::path& model_dir);
+
+  // For synthetic (random-weight) benchmark models: a byte-level vocabulary of vocab_size ids
+  // where ids 0-255 are the bytes and every higher id stands for a printable ASCII byte, so any
+  // output decodes to visible text.
+  static Tokenizer synthetic(int vocab_size);
+
+  // The post-processor's prefix (e.g. BOS) that encode(text, true) adds.
+  const std::vector<int32_t>& prefix_ids() const { return prefix_ids_; }
+  // The raw bytes a token stands for (a part of a UTF-8 sequence for byte tokens); empty for ids
+  // outside the vocabulary.
+  std::string token_raw_bytes(int32_t id) const { return token_bytes(id, false); }
 
   // Text -> ids; with add_special_tokens the post-processor's prefix (e.g. BOS) is added.
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;

@@ -48,14 +48,15 @@ void RequestHandle::push(const StreamChunk& chunk) {
 Engine::Engine(const std::filesystem::path& model_dir, const EngineOptions& options) : options_(options) {
   SPECULA_CHECK(std::filesystem::is_directory(model_dir), "model folder '{}' does not exist", model_dir.string());
   const ModelConfig config = load_model_config(model_dir);
-  tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_file(model_dir / "tokenizer.json"));
+  tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_folder(model_dir));
   // The checkpoint's mapping is released once the model holds its own copy of the weights.
   const Checkpoint checkpoint(model_dir);
   init(config, checkpoint);
 }
 
-Engine::Engine(const ModelConfig& config, const WeightSource& weights, const EngineOptions& options)
-    : options_(options) {
+Engine::Engine(const ModelConfig& config, const WeightSource& weights, const EngineOptions& options,
+               std::unique_ptr<Tokenizer> tokenizer)
+    : options_(options), tokenizer_(std::move(tokenizer)) {
   init(config, weights);
 }
 
@@ -93,10 +94,11 @@ std::shared_ptr<RequestHandle> Engine::submit(EngineRequest request, StreamCallb
   std::shared_ptr<RequestHandle> handle;
   {
     std::lock_guard lk(inbox_mu_);
-    SPECULA_CHECK(!stopping_, "the engine is shutting down");
-    SPECULA_CHECK(queued_.load() < options_.scheduler.max_queued_requests,
-                  "the queue is full ({} requests waiting, max_queued_requests {}); try again later", queued_.load(),
-                  options_.scheduler.max_queued_requests);
+    if (stopping_) throw EngineBusy("the engine is shutting down");
+    if (queued_.load() >= options_.scheduler.max_queued_requests) {
+      throw EngineBusy(fmt::format("the queue is full ({} requests waiting, max_queued_requests {}); try again later",
+                                   queued_.load(), options_.scheduler.max_queued_requests));
+    }
     const uint64_t id = next_id_++;
     handle.reset(new RequestHandle(id));
     inbox_.push_back({id, std::move(request), std::move(on_chunk), handle, std::chrono::steady_clock::now()});

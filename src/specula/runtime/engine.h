@@ -19,12 +19,20 @@
 #include <thread>
 #include <vector>
 
+#include "specula/core/error_base.h"
 #include "specula/model/tokenizer.h"
 #include "specula/runtime/model_runner.h"
 #include "specula/runtime/request.h"
 #include "specula/runtime/scheduler.h"
 
 namespace specula {
+
+// Thrown by Engine::submit when the request is fine but cannot be taken now (the queue is full,
+// the engine is shutting down): a server answers 503 and the client may retry.
+class EngineBusy : public Error {
+ public:
+  using Error::Error;
+};
 
 struct EngineOptions {
   ModelRunnerOptions runner;
@@ -61,9 +69,10 @@ class Engine {
  public:
   // A Hugging Face model folder (config.json, safetensors, tokenizer.json).
   Engine(const std::filesystem::path& model_dir, const EngineOptions& options);
-  // Any weight source and no tokenizer: token ids in and out; stop strings and text prompts are
-  // refused.
-  Engine(const ModelConfig& config, const WeightSource& weights, const EngineOptions& options);
+  // Any weight source, and no tokenizer (token ids in and out; stop strings and text prompts are
+  // refused) or the one given.
+  Engine(const ModelConfig& config, const WeightSource& weights, const EngineOptions& options,
+         std::unique_ptr<Tokenizer> tokenizer = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "specula/runtime/sampler.h"
@@ -19,6 +20,16 @@ struct EngineRequest {
   bool ignore_eos = false;
   std::vector<int32_t> stop_token_ids;   // in addition to the model's EOS ids
   std::vector<std::string> stop_strings;  // generation ends where the text first contains one
+  // -1: none; N in [0, kMaxTopLogprobs]: each output token's log-probability under the model (the
+  // log-softmax of its raw logits) and the N most likely tokens' (OpenAI's logprobs / top_logprobs).
+  int logprobs = -1;
+};
+
+constexpr int kMaxTopLogprobs = 20;
+
+struct TokenLogprobs {
+  float logprob = 0;                               // of the emitted token
+  std::vector<std::pair<int32_t, float>> top;      // the N most likely, best first (ties: lower id)
 };
 
 struct RequestOutput {
@@ -37,6 +48,7 @@ struct RequestOutput {
   // produced L tokens: L - 1 accepted draft tokens and the bonus token).
   int spec_verify_cycles = 0;
   std::vector<int> spec_accept_histogram;
+  std::vector<TokenLogprobs> logprobs;  // one per output token when the request asked for them
 };
 
 // Sent as a request makes progress: the tokens since the last chunk and the text that became
@@ -45,6 +57,7 @@ struct RequestOutput {
 struct StreamChunk {
   uint64_t id = 0;
   std::vector<int32_t> token_ids;
+  std::vector<TokenLogprobs> logprobs;  // one per token of token_ids when the request asked for them
   std::string text;
   bool finished = false;
   const RequestOutput* output = nullptr;  // the finished request; valid during the callback only

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -148,6 +149,36 @@ double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1
 void Sampler::record(int32_t token) {
   seen_.insert(token);
   ++output_counts_[token];
+}
+
+std::pair<float, std::vector<std::pair<int32_t, float>>> log_softmax_at(std::span<const float> logits, int32_t token,
+                                                                       int top_n) {
+  SPECULA_ASSERT(token >= 0 && static_cast<size_t>(token) < logits.size() && top_n >= 0);
+  const auto value = [&](size_t i) {
+    const float x = logits[i];
+    return std::isnan(x) ? -std::numeric_limits<double>::infinity() : static_cast<double>(x);
+  };
+  double max = -std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < logits.size(); ++i) max = std::max(max, value(i));
+  double sum = 0;
+  if (std::isfinite(max)) {
+    for (size_t i = 0; i < logits.size(); ++i) sum += std::exp(value(i) - max);
+  }
+  const double lse = std::isfinite(max) ? max + std::log(sum) : max;
+  const auto logprob = [&](size_t i) {
+    const double v = value(i);
+    return static_cast<float>(std::isfinite(lse) ? v - lse : (v == max ? 0.0 : -std::numeric_limits<double>::infinity()));
+  };
+  std::vector<int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  const auto n = std::min(static_cast<size_t>(top_n), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), [&](int32_t a, int32_t b) {
+    const double va = value(static_cast<size_t>(a)), vb = value(static_cast<size_t>(b));
+    return va != vb ? va > vb : a < b;
+  });
+  std::vector<std::pair<int32_t, float>> top;
+  for (size_t i = 0; i < n; ++i) top.emplace_back(ids[i], logprob(static_cast<size_t>(ids[i])));
+  return {logprob(static_cast<size_t>(token)), std::move(top)};
 }
 
 }  // namespace specula

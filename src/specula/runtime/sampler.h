@@ -10,6 +10,7 @@
 #include <span>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace specula {
@@ -66,6 +67,11 @@ class Sampler {
   // how many survive top-k, top-p and min-p.
   size_t filter(std::span<const float> logits, std::vector<int32_t>& order, std::vector<double>& probs) const;
 };
+
+// The log-softmax of raw logits (NaN as -inf) at `token`, and the top_n largest entries, best
+// first (ties: lower id). Computed in double.
+std::pair<float, std::vector<std::pair<int32_t, float>>> log_softmax_at(std::span<const float> logits, int32_t token,
+                                                                       int top_n);
 
 // The greedy choice over raw logits: the lowest id of the largest value, NaN counting as -inf
 // (+inf dominates); -1 when no value is above -inf. One pass, no copy.

@@ -106,6 +106,9 @@ void Scheduler::validate(EngineRequest& r) const {
     SPECULA_CHECK(id >= 0 && id < c.vocab_size, "prompt token id {} is out of range [0, {})", id, c.vocab_size);
   }
   SPECULA_CHECK(r.max_new_tokens >= 0, "max_new_tokens {} is not valid; it must be >= 0", r.max_new_tokens);
+  SPECULA_CHECK(r.logprobs >= -1 && r.logprobs <= kMaxTopLogprobs,
+                "logprobs {} is not valid; it must be in [0, {}] (or -1: none)", r.logprobs, kMaxTopLogprobs);
+  SPECULA_CHECK(spec_ == nullptr || r.logprobs < 0, "logprobs are not available with speculative decoding yet");
   r.sampling.validate();
   SPECULA_CHECK(spec_ == nullptr || (r.sampling.repetition_penalty == 1.0f && r.sampling.frequency_penalty == 0.0f &&
                                      r.sampling.presence_penalty == 0.0f),
@@ -480,8 +483,9 @@ void Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
   if (spec_ != nullptr) capture.layers = spec_->capture_layers();
   // Greedy requests without penalties need only each row's argmax: found where the logits are
   // (on a GPU, one id per row is downloaded instead of the vocabulary's logits).
-  const bool argmax_only =
-      std::all_of(plan.begin(), plan.end(), [](const Planned& p) { return p.req->sampler.picks_argmax(); });
+  const bool argmax_only = std::all_of(plan.begin(), plan.end(), [](const Planned& p) {
+    return p.req->sampler.picks_argmax() && p.req->params.logprobs < 0;
+  });
   try {
     runner_.forward(b, logits_, /*all_tokens=*/false, spec_ != nullptr ? &capture : nullptr,
                     argmax_only ? &greedy_ids_ : nullptr);
@@ -499,8 +503,13 @@ void Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
         if (spec_ == nullptr) cache_unfinished(r);
         continue;
       }
-      const int32_t token = argmax_only ? r.sampler.take_argmax(greedy_ids_[i])
-                                        : r.sampler.sample(std::span<const float>(logits_).subspan(i * vocab, vocab));
+      const std::span<const float> row = argmax_only ? std::span<const float>()
+                                                     : std::span<const float>(logits_).subspan(i * vocab, vocab);
+      const int32_t token = argmax_only ? r.sampler.take_argmax(greedy_ids_[i]) : r.sampler.sample(row);
+      if (r.params.logprobs >= 0) {
+        auto [logprob, top] = log_softmax_at(row, token, r.params.logprobs);
+        r.out.logprobs.push_back({logprob, std::move(top)});
+      }
       if (plan[i].extend > 1 && spec_ == nullptr) cache_unfinished(r);
       process_token(r, token);
     } catch (const std::exception& e) {
@@ -649,6 +658,9 @@ void Scheduler::publish(Req& r, bool finished) {
   StreamChunk chunk;
   chunk.id = r.id;
   chunk.token_ids.assign(r.out.output_ids.begin() + static_cast<std::ptrdiff_t>(r.streamed_tokens), r.out.output_ids.end());
+  if (!r.out.logprobs.empty()) {
+    chunk.logprobs.assign(r.out.logprobs.begin() + static_cast<std::ptrdiff_t>(r.streamed_tokens), r.out.logprobs.end());
+  }
   r.streamed_tokens = r.out.output_ids.size();
   chunk.text = std::string(r.text.take_final());
   chunk.finished = finished;
