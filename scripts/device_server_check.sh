@@ -4,7 +4,8 @@
 # .deps), runs the CUDA model / engine / speculative tests, the hostile-input CLI script with
 # speculation on the GPU, then the server against the offline engine on a synthetic Llama-3-8B:
 # output tokens/s at 64 concurrent requests and time to first token at low load. Logs go to
-# $OUT/logs.tar.gz; the table comes last.
+# $OUT/logs.tar.gz; the table comes last. MEASURE_ONLY=1 builds only the binary and runs only the
+# server measurements, ROUNDS times (default 1), NUM_REQUESTS requests each (default 128).
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
 logs=$(mktemp -d)
@@ -21,11 +22,14 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_
   exit 1
 fi
 grep -E "cpp-httplib|HTTPLIB" "$logs/configure.log" | head -3
-if ! cmake --build "$build" -j "$(nproc)" -- -k 0 >"$logs/build.log" 2>&1; then
+targets=""
+[ "${MEASURE_ONLY:-0}" = 1 ] && targets="--target specula_main"
+if ! cmake --build "$build" -j "$(nproc)" $targets -- -k 0 >"$logs/build.log" 2>&1; then
   grep -E "error" -A4 "$logs/build.log" | head -60
   exit 1
 fi
 bin=$build/bin/specula
+if [ "${MEASURE_ONLY:-0}" != 1 ]; then
 for t in cuda_model_test cuda_engine_test cuda_speculative_test; do
   "$build/tests/$t" >"$logs/$t.log" 2>&1
   echo "$t rc=$?: $(grep -E '^\[  PASSED|^\[  FAILED  \]' "$logs/$t.log" | tr '\n' ' ')"
@@ -46,11 +50,12 @@ done
   --speculative-num-draft-tokens 256 >"$logs/widest.json" 2>&1
 echo "widest tree (32, 16, 256) at the context end: rc=$? tokens $(grep -o '"output_ids":\[[0-9,]*\]' "$logs/widest.json" | tr ',' '\n' | wc -l)"
 
-# The server against the engine in-process, synthetic Llama-3-8B, 64 at once.
-wl="--num-requests 128 --input-len 256 --output-len 128 --max-concurrency 64"
-"$bin" bench serve --device cuda --synthetic llama3-8b --max-running-requests 64 $wl \
-  --json "$logs/offline_8b.json" >"$logs/offline_8b.log" 2>&1
-echo "offline rc=$?"
+fi
+
+# The server against the engine in-process, synthetic Llama-3-8B, 64 at once; rounds alternate
+# offline and remote so that drift on the machine falls on both.
+wl="--num-requests ${NUM_REQUESTS:-128} --input-len 256 --output-len 128 --max-concurrency 64"
+low="--num-requests 32 --input-len 256 --output-len 16 --max-concurrency 1"
 "$bin" serve --device cuda --synthetic llama3-8b --max-running-requests 64 --port 31001 --log-level warning \
   >"$logs/serve_8b.log" 2>&1 &
 server=$!
@@ -58,10 +63,18 @@ for i in $(seq 1 600); do
   grep -q "listening on" "$logs/serve_8b.log" && break
   sleep 0.5
 done
-"$bin" bench serve --url http://127.0.0.1:31001 $wl --json "$logs/remote_8b.json" >"$logs/remote_8b.log" 2>&1
-echo "remote rc=$?"
+runs=""
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  # The offline engine shares the GPU with the idle server (its KV cache and weights stay
+  # allocated; nothing runs on it meanwhile).
+  "$bin" bench serve --device cuda --synthetic llama3-8b --max-running-requests 64 $wl \
+    --json "$logs/offline_8b_$round.json" >"$logs/offline_8b_$round.log" 2>&1
+  echo "offline round $round rc=$?"
+  "$bin" bench serve --url http://127.0.0.1:31001 $wl --json "$logs/remote_8b_$round.json" >"$logs/remote_8b_$round.log" 2>&1
+  echo "remote round $round rc=$?"
+  runs="$runs offline_8b_$round remote_8b_$round"
+done
 # Time to first token at low load: one request at a time.
-low="--num-requests 32 --input-len 256 --output-len 16 --max-concurrency 1"
 "$bin" bench serve --url http://127.0.0.1:31001 $low --json "$logs/remote_8b_low.json" >"$logs/remote_8b_low.log" 2>&1
 kill -TERM $server
 wait $server
@@ -70,6 +83,6 @@ echo "server exit $?"
   --json "$logs/offline_8b_low.json" >"$logs/offline_8b_low.log" 2>&1
 
 echo "== table =="
-for f in offline_8b remote_8b offline_8b_low remote_8b_low; do
+for f in $runs offline_8b_low remote_8b_low; do
   echo "$f: $(grep -E 'output tokens/s|TTFT ms|ITL ms|failed' "$logs/$f.log" | tr -s ' ' | tr '\n' ' ')"
 done

@@ -102,6 +102,7 @@ class HttpServer {
   Metrics metrics_;
   int64_t created_ = 0;
   std::atomic<bool> stopping_{false};
+  int listen_fd_ = -1;
   std::mutex inflight_mu_;
   std::set<uint64_t> inflight_;
   std::thread shutdown_thread_;
