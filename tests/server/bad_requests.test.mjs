@@ -61,6 +61,8 @@ const CASES = [
   ["response_format json_schema", "/v1/chat/completions", chat([{ role: "user", content: "hi" }], { response_format: { type: "json_schema" } }), 400, "response_format type 'json_schema' is not supported yet"],
   ["detokenize bad ids", "/detokenize", { tokens: [1, 99999] }, 400, "token id 99999 is out of range"],
   ["tokenize neither prompt nor messages", "/tokenize", {}, 400, "'messages' is missing"],
+  ["nesting 100000 levels deep", "/v1/completions", '{"prompt": "a", "temperature": ' + "[".repeat(100000) + "]".repeat(100000) + "}", 400, "deeper than 64 levels"],
+  ["a tool call nested deep", "/v1/chat/completions", JSON.stringify(chat([{ role: "assistant", content: "", tool_calls: JSON.parse("[".repeat(80) + "]".repeat(80)) }])), 400, "deeper than 64 levels"],
 ];
 
 test("each bad request gets its status and error JSON, and the server keeps serving", async () => {
@@ -84,6 +86,12 @@ test("invalid UTF-8, a body over the limit, unknown endpoints and wrong methods"
   r = await fetch(server.url + "/v1/completions", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ prompt: "a".repeat(10 << 20) }) });
   assert.equal(r.status, 413);
   assert.match((await r.json()).error.message, /larger than the limit of 1048576 bytes/);
+  // Paths that decode to invalid UTF-8 or a newline are answered (and logged) safely.
+  for (const path of ["/%FF%FE", "/v1/%0Acompletions", "/%00"]) {
+    r = await fetch(server.url + path);
+    assert.equal(r.status, 404, path);
+    assert.match((await r.json()).error.message, /no such endpoint/);
+  }
   r = await fetch(server.url + "/v1/embeddings", { method: "POST", body: "{}" });
   assert.equal(r.status, 404);
   assert.match((await r.json()).error.message, /no such endpoint/);

@@ -13,10 +13,11 @@
 
 namespace specula {
 
-// Opens (creating or truncating) the file now; the results replace it when they are written.
+// Opens the file for appending now (creating it, leaving what it holds); the results replace it
+// when they are written.
 inline void check_json_path(const std::string& path) {
   if (path.empty()) return;
-  std::ofstream file(path, std::ios::out | std::ios::trunc);
+  std::ofstream file(path, std::ios::out | std::ios::app);
   SPECULA_CHECK(file.is_open(), "--json {}: cannot open the file for writing: {}", path, std::strerror(errno));
 }
 

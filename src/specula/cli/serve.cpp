@@ -40,6 +40,8 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 void run(Options& o) {
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
+  // Interrupted system calls resume: cpp-httplib treats an interrupted accept() as fatal.
+  action.sa_flags = SA_RESTART;
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);

@@ -27,11 +27,15 @@ JsonReader::JsonReader(const json& node, std::string file, std::string path)
     : node_(&node), file_(std::move(file)), path_(std::move(path)) {}
 
 JsonReader::json JsonReader::parse(std::string_view text, const std::string& file) {
+  constexpr int kMaxDepth = 64;
   // The SAX callback sees each object's keys as they are read; a stack of key sets finds
   // duplicates at any depth. Objects and arrays nest, so arrays push a placeholder too.
   std::vector<std::set<std::string>> keys;
   std::string duplicate;
-  const json::parser_callback_t callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+  const json::parser_callback_t callback = [&](int depth, json::parse_event_t event, json& parsed) {
+    // Deeper documents are no config, tokenizer or request anyone writes, and rendering or
+    // copying one recursively could exhaust a thread's stack.
+    SPECULA_CHECK(depth <= kMaxDepth, "{} nests objects and arrays deeper than {} levels", file, kMaxDepth);
     switch (event) {
       case json::parse_event_t::object_start: keys.emplace_back(); break;
       case json::parse_event_t::array_start: keys.emplace_back(); break;

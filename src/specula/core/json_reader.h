@@ -24,7 +24,8 @@ class JsonReader {
   JsonReader(const json& node, std::string file, std::string path = {});
 
   // Parses text, or throws specula::Error "<file> is not valid JSON: ...". Duplicate keys in an
-  // object are refused (nlohmann would silently keep the last one).
+  // object are refused (nlohmann would silently keep the last one), and so is nesting deeper
+  // than 64 levels.
   static json parse(std::string_view text, const std::string& file);
 
   const json& raw() const { return *node_; }

@@ -138,8 +138,9 @@ void Engine::drain_inbox() {
       handle->push(chunk);
     };
     try {
-      scheduler_->submit(s.id, std::move(s.request), std::move(cb), s.submitted);
+      scheduler_->submit(s.id, std::move(s.request), cb, s.submitted);
     } catch (const std::exception& e) {
+      // The request ends here, and its caller hears so through the same callback as any end.
       RequestOutput out;
       out.id = s.id;
       out.finish_reason = std::string("error: ") + e.what();
@@ -147,7 +148,7 @@ void Engine::drain_inbox() {
       c.id = s.id;
       c.finished = true;
       c.output = &out;
-      s.handle->push(c);
+      cb(c);
     }
   }
   for (uint64_t id : cancels) scheduler_->cancel(id);

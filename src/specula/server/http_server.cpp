@@ -20,6 +20,23 @@ namespace specula::server {
 
 thread_local HttpServer::RequestNote HttpServer::note_;
 
+namespace {
+
+// A request path for messages and the log: control bytes (a decoded %0A) and bytes outside ASCII
+// as \xNN, so a client can neither break log lines nor produce invalid UTF-8.
+std::string printable(const std::string& path) {
+  std::string out;
+  for (unsigned char c : path.substr(0, 200)) {
+    if (c < 0x20 || c >= 0x7f) out += fmt::format("\\x{:02x}", c);
+    else out += static_cast<char>(c);
+  }
+  return out;
+}
+
+std::string to_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
 LogLevel parse_log_level(const std::string& text) {
   if (text == "debug") return LogLevel::debug;
   if (text == "info") return LogLevel::info;
@@ -65,6 +82,8 @@ HttpServer::HttpServer(Engine& engine, ServerOptions options, std::optional<Chat
 }
 
 HttpServer::~HttpServer() {
+  listening_done_ = true;
+  std::lock_guard lk(shutdown_mu_);
   if (shutdown_thread_.joinable()) shutdown_thread_.join();
 }
 
@@ -87,7 +106,10 @@ int HttpServer::bind() {
 
 void HttpServer::serve() {
   log(LogLevel::info, fmt::format("serving {} on http://{}:{}", options_.served_model_name, options_.host, options_.port));
-  http_->listen_after_bind();
+  // A shutdown asked for before listening (a signal during model load) ends it at once.
+  if (!stopping_) http_->listen_after_bind();
+  listening_done_ = true;
+  std::lock_guard lk(shutdown_mu_);
   if (shutdown_thread_.joinable()) shutdown_thread_.join();
   log(LogLevel::info, "stopped");
 }
@@ -95,10 +117,17 @@ void HttpServer::serve() {
 void HttpServer::shutdown() {
   if (stopping_.exchange(true)) return;
   log(LogLevel::info, fmt::format("shutting down: in-flight requests have {} s to finish", options_.shutdown_grace_s));
+  std::lock_guard lk(shutdown_mu_);
   shutdown_thread_ = std::thread([this] {
     // listen_after_bind returns once every connection's handler has returned; handlers of
-    // generations end when their requests do, so cancelling is what bounds the wait.
-    std::thread stopper([this] { http_->stop(); });
+    // generations end when their requests do, so cancelling is what bounds the wait. stop() is
+    // repeated because a stop that comes before the listening loop has started does nothing.
+    std::thread stopper([this] {
+      while (!listening_done_) {
+        http_->stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.shutdown_grace_s);
     while (std::chrono::steady_clock::now() < deadline) {
       {
@@ -107,13 +136,17 @@ void HttpServer::shutdown() {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    std::set<uint64_t> left;
-    {
-      std::lock_guard lk(inflight_mu_);
-      left = inflight_;
+    // Requests still running, and any that slip in while the listener closes, are cancelled.
+    while (!listening_done_) {
+      std::set<uint64_t> left;
+      {
+        std::lock_guard lk(inflight_mu_);
+        left = inflight_;
+      }
+      if (!left.empty()) log(LogLevel::warning, fmt::format("cancelling {} requests still running", left.size()));
+      for (uint64_t id : left) engine_.cancel(id);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    if (!left.empty()) log(LogLevel::warning, fmt::format("cancelling {} requests still running", left.size()));
-    for (uint64_t id : left) engine_.cancel(id);
     stopper.join();
   });
 }
@@ -182,20 +215,26 @@ void HttpServer::routes() {
   }
   // Unknown paths, bodies over the limit and other transport-level errors get an error JSON too.
   http_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    std::string message = fmt::format("{} {}: HTTP status {}", req.method, req.path, res.status);
-    if (res.status == 404) message = fmt::format("{} {}: no such endpoint", req.method, req.path);
-    if (res.status == 413) {
-      message = fmt::format("the request body is larger than the limit of {} bytes", options_.max_request_bytes);
+    // cpp-httplib calls this outside its own try block: nothing may throw out of it.
+    try {
+      if (!res.body.empty()) return;
+      std::string message = fmt::format("{} {}: HTTP status {}", req.method, printable(req.path), res.status);
+      if (res.status == 404) message = fmt::format("{} {}: no such endpoint", req.method, printable(req.path));
+      if (res.status == 413) {
+        message = fmt::format("the request body is larger than the limit of {} bytes", options_.max_request_bytes);
+      }
+      res.set_content(to_text(error_json(res.status, message, "invalid_request_error")), "application/json");
+      metrics_.request_done("other", res.status);
+      log(LogLevel::info, fmt::format("{} {} {}", req.method, printable(req.path), res.status));
+    } catch (...) {
+      res.set_content(R"({"error":{"message":"bad request","type":"invalid_request_error","param":null,"code":400}})",
+                      "application/json");
     }
-    res.set_content(error_json(res.status, message, "invalid_request_error").dump(), "application/json");
-    metrics_.request_done("other", res.status);
-    log(LogLevel::info, fmt::format("{} {} {}", req.method, req.path, res.status));
   });
   http_->set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
     res.status = 500;
     res.set_content(error_json(500, "internal server error", "internal_server_error").dump(), "application/json");
-    log(LogLevel::error, fmt::format("{} {}: an exception escaped a handler", req.method, req.path));
+    log(LogLevel::error, fmt::format("{} {}: an exception escaped a handler", req.method, printable(req.path)));
   });
 }
 
@@ -231,7 +270,7 @@ void HttpServer::run(const char* endpoint, Handler handler, const httplib::Reque
   metrics_.request_done(path, res.status);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   log(res.status >= 500 ? LogLevel::error : LogLevel::info,
-      fmt::format("{} {} {} {:.1f} ms{}", req.method, req.path, res.status, ms,
+      fmt::format("{} {} {} {:.1f} ms{}", req.method, printable(req.path), res.status, ms,
                   note_.completion_tokens >= 0 ? fmt::format(" {} tokens", note_.completion_tokens) : ""));
 }
 

@@ -105,7 +105,9 @@ class HttpServer {
   int listen_fd_ = -1;
   std::mutex inflight_mu_;
   std::set<uint64_t> inflight_;
+  std::mutex shutdown_mu_;  // guards shutdown_thread_ (assigned by shutdown(), joined by serve())
   std::thread shutdown_thread_;
+  std::atomic<bool> listening_done_{false};
 };
 
 }  // namespace specula::server
