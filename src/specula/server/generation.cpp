@@ -168,7 +168,13 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, b
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, gen, chat, completion_tokens](size_t, httplib::DataSink& sink) {
-          return stream(*gen, chat, sink, *completion_tokens);
+          // cpp-httplib does not guard content providers: an exception would end the process.
+          try {
+            return stream(*gen, chat, sink, *completion_tokens);
+          } catch (const std::exception& e) {
+            log(LogLevel::error, fmt::format("stream {}: {}", gen->id, e.what()));
+            return false;
+          }
         },
         [this, gen, start, line, endpoint, completion_tokens](bool success) {
           // Whatever did not finish (a client that went away) is cancelled at once.
