@@ -148,3 +148,39 @@ TEST(Sampler, BadValuesAreNamed) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+// log_softmax_at against a float64 reference over fresh random logits with ties and a NaN: the
+// chosen token's log-probability, and the top-N ids best first with ties to the lower id.
+TEST(Logprobs, LogSoftmaxAtMatchesFloat64Reference) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> quarter(-40, 40);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> logits(300 + trial);
+    for (float& x : logits) x = static_cast<float>(quarter(rng)) / 4.0f;  // many ties
+    logits[7] = std::nanf("");
+    double max = -INFINITY;
+    for (size_t i = 0; i < logits.size(); ++i) if (i != 7) max = std::max(max, static_cast<double>(logits[i]));
+    double sum = 0;
+    for (size_t i = 0; i < logits.size(); ++i) if (i != 7) sum += std::exp(static_cast<double>(logits[i]) - max);
+    const double lse = max + std::log(sum);
+    std::vector<int32_t> order;
+    for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i) if (i != 7) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    int32_t chosen = static_cast<int32_t>(rng() % logits.size());
+    if (chosen == 7) chosen = 8;  // not the NaN
+    const auto [logprob, top] = log_softmax_at(logits, chosen, 20);
+    EXPECT_NEAR(logprob, logits[chosen] - lse, 1e-5);
+    ASSERT_EQ(top.size(), 20u);
+    for (size_t k = 0; k < top.size(); ++k) {
+      EXPECT_EQ(top[k].first, order[k]) << "rank " << k;
+      EXPECT_NEAR(top[k].second, logits[order[k]] - lse, 1e-5);
+    }
+    EXPECT_TRUE(log_softmax_at(logits, chosen, 0).second.empty());
+  }
+}
+
+}  // namespace
+}  // namespace specula

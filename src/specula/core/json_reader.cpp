@@ -4,8 +4,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <vector>
 
 #include "specula/core/error.h"
@@ -22,6 +26,19 @@ std::string show(const nlohmann::json& j) {
 }
 
 }  // namespace
+
+std::string read_text_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  SPECULA_CHECK(in.good(), "cannot read {}: {}", path.string(), std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  SPECULA_CHECK(!in.bad(), "cannot read {}: {}", path.string(), std::strerror(errno));
+  return text.str();
+}
+
+JsonReader::json JsonReader::parse_file(const std::filesystem::path& path, const std::string& file) {
+  return parse(read_text_file(path), file.empty() ? path.string() : file);
+}
 
 JsonReader::JsonReader(const json& node, std::string file, std::string path)
     : node_(&node), file_(std::move(file)), path_(std::move(path)) {}

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -15,6 +16,9 @@
 #include <nlohmann/json.hpp>
 
 namespace specula {
+
+// The whole file as bytes; throws specula::Error "cannot read <path>: <reason>".
+std::string read_text_file(const std::filesystem::path& path);
 
 class JsonReader {
  public:
@@ -27,6 +31,8 @@ class JsonReader {
   // object are refused (nlohmann would silently keep the last one), and so is nesting deeper
   // than 64 levels.
   static json parse(std::string_view text, const std::string& file);
+  // read_text_file, then parse with `file` (default: the path) naming it in errors.
+  static json parse_file(const std::filesystem::path& path, const std::string& file = {});
 
   const json& raw() const { return *node_; }
   const std::string& path() const { return path_; }

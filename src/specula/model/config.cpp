@@ -5,10 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <optional>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "specula/core/error.h"
 #include "specula/core/json_reader.h"
@@ -194,18 +192,13 @@ ModelConfig parse_model_config(const std::string& json_text) {
 
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   const auto path = model_dir / "config.json";
-  std::ifstream in(path);
-  SPECULA_CHECK(in.good(), "cannot read {}: is '{}' a Hugging Face model folder?", path.string(), model_dir.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  ModelConfig c = parse_model_config(text.str());
+  SPECULA_CHECK(std::filesystem::is_regular_file(path), "cannot read {}: is '{}' a Hugging Face model folder?",
+                path.string(), model_dir.string());
+  ModelConfig c = parse_model_config(read_text_file(path));
   // generation_config.json may list more end-of-sequence ids (Llama-3 Instruct's <|eot_id|>).
   const auto gen_path = model_dir / "generation_config.json";
   if (std::filesystem::exists(gen_path)) {
-    std::ifstream gen_in(gen_path);
-    std::stringstream gen_text;
-    gen_text << gen_in.rdbuf();
-    const json g = JsonReader::parse(gen_text.str(), "generation_config.json");
+    const json g = JsonReader::parse_file(gen_path, "generation_config.json");
     const JsonReader gen(g, "generation_config.json");
     if (const auto e = gen.find("eos_token_id")) {
       for (int id : eos_ids(*e)) {

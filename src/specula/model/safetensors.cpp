@@ -9,9 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <tuple>
 
 #include "specula/core/error.h"
@@ -125,10 +123,7 @@ Checkpoint::Checkpoint(const std::filesystem::path& model_dir) {
   const auto index = model_dir / "model.safetensors.index.json";
   std::vector<std::filesystem::path> shards;
   if (std::filesystem::exists(index)) {
-    std::ifstream in(index);
-    std::stringstream text;
-    text << in.rdbuf();
-    const json j = JsonReader::parse(text.str(), index.string());
+    const json j = JsonReader::parse_file(index);
     const JsonReader weight_map = JsonReader(j, index.string()).at("weight_map");
     std::vector<std::string> names;
     weight_map.for_each_member([&](const std::string& /*tensor*/, const JsonReader& shard) {

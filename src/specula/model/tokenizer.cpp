@@ -4,12 +4,10 @@
 #include <algorithm>
 #include <cctype>
 #include <array>
-#include <fstream>
 #include <functional>
 #include <queue>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "specula/core/error.h"
 #include "specula/core/json_reader.h"
@@ -97,13 +95,7 @@ int byte_token_value(const std::string& token) {
 
 }  // namespace
 
-Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  SPECULA_CHECK(in.good(), "cannot read tokenizer file {}", path.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  return from_json(text.str());
-}
+Tokenizer Tokenizer::from_file(const std::filesystem::path& path) { return from_json(read_text_file(path)); }
 
 Tokenizer Tokenizer::synthetic(int vocab_size) {
   SPECULA_CHECK(vocab_size >= 256, "a synthetic tokenizer needs at least 256 ids, not {}", vocab_size);
@@ -122,10 +114,7 @@ Tokenizer Tokenizer::from_folder(const std::filesystem::path& model_dir) {
   Tokenizer t = from_file(model_dir / "tokenizer.json");
   const auto config_path = model_dir / "tokenizer_config.json";
   if (!std::filesystem::exists(config_path)) return t;
-  std::ifstream in(config_path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const json doc = JsonReader::parse(text.str(), "tokenizer_config.json");
+  const json doc = JsonReader::parse_file(config_path, "tokenizer_config.json");
   const JsonReader config(doc, "tokenizer_config.json");
   if (!config.is_object() || !config.has("add_bos_token")) return t;
   // Only these classes rebuild the post-processor from add_bos_token; PreTrainedTokenizerFast

@@ -169,15 +169,20 @@ std::pair<float, std::vector<std::pair<int32_t, float>>> log_softmax_at(std::spa
     const double v = value(i);
     return static_cast<float>(std::isfinite(lse) ? v - lse : (v == max ? 0.0 : -std::numeric_limits<double>::infinity()));
   };
-  std::vector<int32_t> ids(logits.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  const auto n = std::min(static_cast<size_t>(top_n), ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), [&](int32_t a, int32_t b) {
-    const double va = value(static_cast<size_t>(a)), vb = value(static_cast<size_t>(b));
-    return va != vb ? va > vb : a < b;
-  });
+  // The top_n (at most kMaxTopLogprobs) best ids, kept sorted while scanning: no buffer the size
+  // of the vocabulary on this per-token path. Ties keep the lower id (it is met first).
+  const auto n = std::min(static_cast<size_t>(top_n), logits.size());
+  std::vector<int32_t> best;
+  best.reserve(n + 1);
+  for (size_t i = 0; i < logits.size() && n > 0; ++i) {
+    if (best.size() == n && value(i) <= value(static_cast<size_t>(best.back()))) continue;
+    auto at = best.end();
+    while (at != best.begin() && value(static_cast<size_t>(*(at - 1))) < value(i)) --at;
+    best.insert(at, static_cast<int32_t>(i));
+    if (best.size() > n) best.pop_back();
+  }
   std::vector<std::pair<int32_t, float>> top;
-  for (size_t i = 0; i < n; ++i) top.emplace_back(ids[i], logprob(static_cast<size_t>(ids[i])));
+  for (int32_t id : best) top.emplace_back(id, logprob(static_cast<size_t>(id)));
   return {logprob(static_cast<size_t>(token)), std::move(top)};
 }
 

@@ -1,9 +1,6 @@
 // Chat template loading and rendering.
 #include "specula/server/chat_template.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "specula/core/error.h"
 #include "specula/core/json_reader.h"
 #include "specula/jinja/template.h"
@@ -11,14 +8,6 @@
 namespace specula {
 
 namespace {
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  SPECULA_CHECK(in.good(), "cannot read {}", path.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // bos_token / eos_token are strings or AddedToken objects ({"content": ...}); null means none.
 std::string special_token(const JsonReader& config, const char* key) {
@@ -35,7 +24,7 @@ std::optional<ChatTemplate> ChatTemplate::load(const std::filesystem::path& mode
   const auto config_path = model_dir / "tokenizer_config.json";
   nlohmann::json config_doc = nlohmann::json::object();
   if (!model_dir.empty() && std::filesystem::exists(config_path)) {
-    config_doc = JsonReader::parse(read_file(config_path), "tokenizer_config.json");
+    config_doc = JsonReader::parse_file(config_path, "tokenizer_config.json");
   }
   const JsonReader config(config_doc, "tokenizer_config.json");
   if (config.is_object()) {
@@ -43,10 +32,10 @@ std::optional<ChatTemplate> ChatTemplate::load(const std::filesystem::path& mode
     eos = special_token(config, "eos_token");
   }
   if (!override_file.empty()) {
-    source = read_file(override_file);
+    source = read_text_file(override_file);
     origin = override_file.string();
   } else if (!model_dir.empty() && std::filesystem::exists(model_dir / "chat_template.jinja")) {
-    source = read_file(model_dir / "chat_template.jinja");
+    source = read_text_file(model_dir / "chat_template.jinja");
     origin = (model_dir / "chat_template.jinja").string();
   } else if (const auto t = config.is_object() ? config.find("chat_template") : std::nullopt) {
     origin = config_path.string();

@@ -231,7 +231,7 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, b
   body["choices"] = std::move(choices);
   body["usage"] = usage_json(prompt_tokens, completion_tokens, cached_tokens);
   note_.completion_tokens = static_cast<int>(completion_tokens);
-  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+  res.set_content(to_text(body), "application/json");
 }
 
 bool HttpServer::stream(Generation& gen, bool chat, httplib::DataSink& sink, int64_t& completion_tokens) {

@@ -33,8 +33,6 @@ std::string printable(const std::string& path) {
   return out;
 }
 
-std::string to_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 }  // namespace
 
 LogLevel parse_log_level(const std::string& text) {
@@ -198,8 +196,8 @@ void HttpServer::routes() {
                                                                                    httplib::Response& res) {
       res.status = 405;
       res.set_header("Allow", allowed);
-      res.set_content(error_json(405, fmt::format("{} {}: method not allowed; use {}", req.method, path, allowed),
-                                 "invalid_request_error").dump(),
+      res.set_content(to_text(error_json(405, fmt::format("{} {}: method not allowed; use {}", req.method, path, allowed),
+                                         "invalid_request_error")),
                       "application/json");
       metrics_.request_done(path, 405);
     };
@@ -233,7 +231,7 @@ void HttpServer::routes() {
   });
   http_->set_exception_handler([this](const httplib::Request& req, httplib::Response& res, std::exception_ptr) {
     res.status = 500;
-    res.set_content(error_json(500, "internal server error", "internal_server_error").dump(), "application/json");
+    res.set_content(to_text(error_json(500, "internal server error", "internal_server_error")), "application/json");
     log(LogLevel::error, fmt::format("{} {}: an exception escaped a handler", req.method, printable(req.path)));
   });
 }
@@ -254,15 +252,15 @@ void HttpServer::run(const char* endpoint, Handler handler, const httplib::Reque
   } catch (const HttpError& e) {
     res.status = e.status;
     if (e.status == 503) res.set_header("Retry-After", "1");
-    res.set_content(error_json(e.status, e.what(), e.type).dump(-1, ' ', false, json::error_handler_t::replace),
+    res.set_content(to_text(error_json(e.status, e.what(), e.type)),
                     "application/json");
   } catch (const Error& e) {
     res.status = 400;
-    res.set_content(error_json(400, e.what(), "invalid_request_error").dump(-1, ' ', false, json::error_handler_t::replace),
+    res.set_content(to_text(error_json(400, e.what(), "invalid_request_error")),
                     "application/json");
   } catch (const std::exception& e) {
     res.status = 500;
-    res.set_content(error_json(500, e.what(), "internal_server_error").dump(-1, ' ', false, json::error_handler_t::replace),
+    res.set_content(to_text(error_json(500, e.what(), "internal_server_error")),
                     "application/json");
   }
   // Streams count and log themselves when they end.
@@ -282,7 +280,7 @@ void HttpServer::health(const httplib::Request&, httplib::Response& res) {
 void HttpServer::models(const httplib::Request&, httplib::Response& res) {
   const json model = {{"id", options_.served_model_name}, {"object", "model"}, {"created", created_},
                       {"owned_by", "specula"}, {"max_model_len", options_.max_context_len}};
-  res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(), "application/json");
+  res.set_content(to_text(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
 }
 
 void HttpServer::metrics(const httplib::Request&, httplib::Response& res) {
@@ -300,7 +298,7 @@ void HttpServer::tokenize(const httplib::Request& req, httplib::Response& res) {
     if (!chat_template_) throw HttpError(400, "this model has no chat template; start the server with --chat-template FILE");
     ids = tokenizer->encode(chat_template_->render(t.messages, t.add_generation_prompt), t.add_special_tokens);
   }
-  res.set_content(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", options_.max_context_len}}.dump(),
+  res.set_content(to_text(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", options_.max_context_len}}),
                   "application/json");
 }
 
@@ -313,7 +311,7 @@ void HttpServer::detokenize(const httplib::Request& req, httplib::Response& res)
       throw HttpError(400, fmt::format("token id {} is out of range [0, {})", id, tokenizer->vocab_size()));
     }
   }
-  res.set_content(json{{"prompt", tokenizer->decode(ids, false)}}.dump(), "application/json");
+  res.set_content(to_text(json{{"prompt", tokenizer->decode(ids, false)}}), "application/json");
 }
 
 void HttpServer::completions(const httplib::Request& req, httplib::Response& res) { generate(req, res, false); }

@@ -22,16 +22,15 @@ json byte_array(const std::string& bytes) {
   return a;
 }
 
-// Dumps replace invalid UTF-8 rather than throw: logprob texts can hold partial sequences.
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 }  // namespace
+
+std::string to_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json error_json(int status, const std::string& message, const std::string& type) {
   return {{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", status}}}};
 }
 
-std::string sse_event(const json& data) { return "data: " + dump(data) + "\n\n"; }
+std::string sse_event(const json& data) { return "data: " + to_text(data) + "\n\n"; }
 
 std::string sse_done() { return "data: [DONE]\n\n"; }
 

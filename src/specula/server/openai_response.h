@@ -15,6 +15,10 @@ namespace specula::server {
 
 using json = nlohmann::ordered_json;
 
+// A response body as text. Invalid UTF-8 (a logprob token that is part of a character, a
+// client's bytes echoed in an error) becomes U+FFFD instead of throwing.
+std::string to_text(const json& j);
+
 // {"error": {"message", "type", "param": null, "code"}}.
 json error_json(int status, const std::string& message, const std::string& type);
 
