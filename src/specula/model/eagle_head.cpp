@@ -3,12 +3,11 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "specula/core/error.h"
+#include "specula/core/json_reader.h"
 #include "specula/model/cpu_ops.h"
 #include "specula/model/rope.h"
 #include "specula/model/safetensors.h"
@@ -52,12 +51,10 @@ EagleKind detect_kind(const std::string& architecture, const Checkpoint& ckpt) {
 EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const LlamaModel& target)
     : kind_(kind), target_(target) {
   const auto path = dir / "config.json";
-  std::ifstream in(path);
-  SPECULA_CHECK(in.good(), "cannot read {}: is '{}' a draft model folder?", path.string(), dir.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
-  SPECULA_CHECK(!j.is_discarded() && j.is_object(), "{} is not a valid JSON object", path.string());
+  SPECULA_CHECK(std::filesystem::is_regular_file(path), "cannot read {}: is '{}' a draft model folder?", path.string(),
+                dir.string());
+  json j = JsonReader::parse_file(path);
+  SPECULA_CHECK(j.is_object(), "{} is not a JSON object", path.string());
   std::string architecture = "LlamaForCausalLM";
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
       j["architectures"][0].is_string()) {
