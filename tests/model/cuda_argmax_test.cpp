@@ -10,7 +10,7 @@
 #include "cuda_test_support.h"
 #include "specula/core/device.h"
 #include "specula/model/cuda/argmax.h"
-#include "specula/runtime/sampler.h"
+#include "specula/runner/sampler.h"
 
 namespace specula {
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cuda_test_support.h"
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/core/dtype_codes.h"
 #include "specula/core/device.h"
 #include "specula/kv/cuda/set_kv_buffer.h"
 #include "specula/model/cuda/fused_ops.h"

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/runtime/generator.h"
-#include "specula/runtime/sampler.h"
+#include "specula/runner/sampler.h"
 
 namespace specula {
 namespace {

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/model/safetensors.h"
-#include "specula/runtime/model_runner.h"
+#include "specula/runner/model_runner.h"
 #include "specula/speculative/eagle_worker.h"
 #include "speculative/spec_fixtures.h"
 

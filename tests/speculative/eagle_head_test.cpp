@@ -9,7 +9,7 @@
 
 #include "specula/core/error.h"
 #include "specula/model/safetensors.h"
-#include "specula/runtime/model_runner.h"
+#include "specula/runner/model_runner.h"
 #include "specula/speculative/eagle_worker.h"
 #include "speculative/eagle_golden.h"
 #include "speculative/spec_fixtures.h"

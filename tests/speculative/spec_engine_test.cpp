@@ -15,8 +15,8 @@
 #include "specula/model/config.h"
 #include "specula/model/safetensors.h"
 #include "specula/runtime/engine.h"
-#include "specula/runtime/model_runner.h"
-#include "specula/runtime/sampler.h"
+#include "specula/runner/model_runner.h"
+#include "specula/runner/sampler.h"
 
 namespace specula {
 namespace {

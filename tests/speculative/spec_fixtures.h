@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "specula/model/eagle_head.h"
-#include "specula/runtime/model_runner.h"
+#include "specula/runner/model_runner.h"
 #include "specula/speculative/eagle_tree.h"
 
 namespace specula::spec_fixtures {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #ifdef SPECULA_HAS_CUDA
-#include "specula/attention/cuda/dtype_code.h"
+#include "specula/core/dtype_code.h"
 #include "specula/attention/cuda/kernels/merge_state.h"
 #endif
 

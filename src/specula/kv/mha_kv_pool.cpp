@@ -7,7 +7,7 @@
 #include <cstring>
 
 #ifdef SPECULA_HAS_CUDA
-#include "specula/attention/cuda/dtype_code.h"
+#include "specula/core/dtype_code.h"
 #include "specula/kv/cuda/copy_slots.h"
 #include "specula/kv/cuda/set_kv_buffer.h"
 #include "specula/core/cuda_check.h"

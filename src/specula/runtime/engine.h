@@ -21,7 +21,7 @@
 
 #include "specula/core/error_base.h"
 #include "specula/model/tokenizer.h"
-#include "specula/runtime/model_runner.h"
+#include "specula/runner/model_runner.h"
 #include "specula/runtime/request.h"
 #include "specula/runtime/scheduler.h"
 

@@ -14,7 +14,7 @@
 #include "specula/model/tokenizer.h"
 #include "specula/model/weights.h"
 #include "specula/runtime/engine.h"
-#include "specula/runtime/sampler.h"
+#include "specula/runner/sampler.h"
 
 namespace specula {
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "specula/runtime/sampler.h"
+#include "specula/runner/sampler.h"
 
 namespace specula {
 

@@ -21,7 +21,7 @@
 
 #include "specula/kv/radix_cache.h"
 #include "specula/model/tokenizer.h"
-#include "specula/runtime/model_runner.h"
+#include "specula/runner/model_runner.h"
 #include "specula/runtime/request.h"
 #include "specula/speculative/eagle_worker.h"
 

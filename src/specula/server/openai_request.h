@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "specula/runtime/sampler.h"
+#include "specula/runner/sampler.h"
 
 namespace specula::server {
 

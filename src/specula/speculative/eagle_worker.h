@@ -21,8 +21,8 @@
 
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/model/eagle_head.h"
-#include "specula/runtime/model_runner.h"
-#include "specula/runtime/sampler.h"
+#include "specula/runner/model_runner.h"
+#include "specula/runner/sampler.h"
 #include "specula/speculative/draft_backend.h"
 #include "specula/speculative/eagle_tree.h"
 #include "specula/speculative/verify.h"

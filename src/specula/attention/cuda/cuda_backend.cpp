@@ -18,7 +18,7 @@
 #include "specula/attention/cuda/kernels/attention_params.h"
 #include "specula/attention/cuda/kernels/prefill_wgmma.h"
 #include "specula/attention/cuda/kernels/tree_attention.h"
-#include "specula/attention/cuda/dtype_code.h"
+#include "specula/core/dtype_code.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/device_array.h"
 #include "specula/core/error.h"

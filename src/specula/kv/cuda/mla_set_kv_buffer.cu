@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/core/dtype_codes.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
 #include "specula/kv/cuda/mla_set_kv_buffer.h"

@@ -2,8 +2,8 @@
 // per thread, so a decode step's single token is spread over several blocks.
 #include <algorithm>
 
-#include "specula/attention/cuda/kernels/convert.cuh"
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/core/convert.cuh"
+#include "specula/core/dtype_codes.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
 #include "specula/kv/cuda/set_kv_buffer.h"

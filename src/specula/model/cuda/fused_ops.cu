@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "specula/attention/cuda/kernels/convert.cuh"
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/core/convert.cuh"
+#include "specula/core/dtype_codes.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
 #include "specula/model/cuda/activation.cuh"

@@ -13,7 +13,7 @@
 // merges the splits.
 #include <type_traits>
 
-#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/core/convert.cuh"
 #include "specula/attention/cuda/kernels/decode_block.cuh"
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"

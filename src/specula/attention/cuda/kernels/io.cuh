@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/core/dtype_codes.h"
 
 namespace specula::cuda_kernels {
 

@@ -2,8 +2,8 @@
 //   m = max(s_a, s_b); w_x = exp(s_x - m) (0 for an empty part, whose value is ignored even if
 //   NaN); v = (w_a v_a + w_b v_b) / (w_a + w_b); s = m + log(w_a + w_b); both empty: v = 0,
 //   s = -inf.
-#include "specula/attention/cuda/kernels/convert.cuh"
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/core/convert.cuh"
+#include "specula/core/dtype_codes.h"
 #include "specula/attention/cuda/kernels/merge_state.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"

@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #include "specula/attention/cuda/kernels/attention_params.h"
-#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/core/convert.cuh"
 #include "specula/attention/cuda/kernels/io.cuh"
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"

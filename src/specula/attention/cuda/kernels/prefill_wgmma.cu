@@ -26,7 +26,7 @@
 #include <type_traits>
 
 #include "specula/attention/cuda/kernels/cluster.cuh"
-#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/core/convert.cuh"
 #include "specula/attention/cuda/kernels/io.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/attention/cuda/kernels/prefill_epilogue.cuh"

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "specula/attention/cuda/kernels/attention_params.h"
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/core/dtype_codes.h"
 #include "specula/attention/cuda/kernels/merge_state.h"
 #include "specula/attention/cuda/kernels/prefill_wgmma.h"
 #include "specula/attention/mla/cuda/kernels/gather_latent.h"

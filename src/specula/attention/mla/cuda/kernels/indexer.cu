@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <string>
 
-#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/core/convert.cuh"
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/mla/cuda/kernels/block_topk.cuh"
 #include "specula/core/cuda_check.h"

@@ -33,7 +33,7 @@
 #include <type_traits>
 
 #include "specula/attention/cuda/kernels/cluster.cuh"
-#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/core/convert.cuh"
 #include "specula/attention/cuda/kernels/tensor_map.h"
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_items.cuh"

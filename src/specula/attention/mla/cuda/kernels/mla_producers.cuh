@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "specula/attention/cuda/kernels/cluster.cuh"
-#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/core/convert.cuh"
 #include "specula/attention/cuda/kernels/tma.cuh"
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/attention/mla/cuda/kernels/mla_stages.cuh"

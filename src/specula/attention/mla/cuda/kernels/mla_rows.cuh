@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "specula/attention/cuda/kernels/convert.cuh"
+#include "specula/core/convert.cuh"
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/attention/cuda/kernels/tma.cuh"

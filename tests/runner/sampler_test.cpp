@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "specula/core/error.h"
-#include "specula/runtime/sampler.h"
+#include "specula/runner/sampler.h"
 
 namespace specula {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "specula/attention/cuda/kernels/dtype_codes.h"
+#include "specula/core/dtype_codes.h"
 #include "specula/core/dtype.h"
 
 namespace specula {

@@ -1,6 +1,6 @@
 // Sampler implementation: filters apply in the order top-k, top-p, min-p (as in SGLang), each on
 // the temperature-scaled distribution.
-#include "specula/runtime/sampler.h"
+#include "specula/runner/sampler.h"
 
 #include <algorithm>
 #include <cmath>

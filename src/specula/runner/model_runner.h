@@ -99,7 +99,7 @@ class ModelRunner {
   // Points the batch at the pools, builds the backend's metadata and runs the model: f32 logits of
   // the last token of each request ([batch_size, vocab]), or of every token with all_tokens.
   // capture (optional): hidden states of every token for a draft head. greedy_ids (optional):
-  // each returned row's greedy token (greedy_token in runtime/sampler.h, -1 when a row holds
+  // each returned row's greedy token (greedy_token in runner/sampler.h, -1 when a row holds
   // nothing above -inf) instead of the logits; GPU models find them on the device, download only
   // the ids and leave logits as it was, CPU models fill logits too.
   void forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens = false,

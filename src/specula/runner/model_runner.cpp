@@ -1,12 +1,12 @@
 // ModelRunner implementation: start-up checks, pool sizing and the step.
-#include "specula/runtime/model_runner.h"
+#include "specula/runner/model_runner.h"
 
 #include <algorithm>
 #include <bit>
 #include <span>
 
 #include "specula/core/error.h"
-#include "specula/runtime/sampler.h"
+#include "specula/runner/sampler.h"
 #ifdef SPECULA_HAS_CUDA
 #include "specula/model/deepseek_cuda.h"
 #include "specula/model/llama_cuda.h"
