@@ -37,7 +37,7 @@ INSTANTIATE_TEST_SUITE_P(Heads, EagleGolden, ::testing::Values(EagleKind::EAGLE,
 std::string load_error(const fs::path& head, EagleKind kind) {
   Pair pair;
   try {
-    EagleHead h(head, kind, pair.runner->model());
+    EagleHead h(head, kind, pair.runner->llama_model());
   } catch (const Error& e) {
     return e.what();
   }

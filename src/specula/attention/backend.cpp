@@ -1,5 +1,5 @@
-// AttentionBackend's shared pieces: forward() dispatch, the default CUDA-graph hooks, and the
-// registry of built-in backends (an explicit list: no static-initialisation tricks that a
+// AttentionBackend's shared pieces: forward() dispatch, the default draft-tree and CUDA-graph hooks,
+// and the registry of built-in backends (an explicit list: no static-initialisation tricks that a
 // static library link could silently drop).
 #include "specula/attention/backend.h"
 
@@ -44,6 +44,12 @@ void AttentionBackend::forward(const TensorView& q, const TensorView& k, const T
     case ForwardMode::DECODE: forward_decode(q, k, v, out, layer, batch, options); return;
     default: forward_extend(q, k, v, out, layer, batch, options); return;
   }
+}
+
+void AttentionBackend::forward_draft_tree(const TensorView&, const TensorView&, const AttentionLayer&, MHAKVPool&,
+                                          const DraftTreeView&) {
+  SPECULA_CHECK(false, "attention backend '{}' does not support forward_draft_tree (draft tree steps on the GPU); "
+                "the cuda backend does", name());
 }
 
 void AttentionBackend::init_cuda_graph_state(int, int) {

@@ -17,6 +17,7 @@
 
 namespace specula {
 
+class MHAKVPool;
 class ThreadPool;
 
 enum class AttentionType : uint8_t {
@@ -52,6 +53,20 @@ struct ForwardOptions {
   // f32 [num_tokens, num_q_heads]: the natural-log sum of exp(scores) of each output row (sinks
   // included). Left undefined when not wanted.
   TensorView lse;
+};
+
+// A draft tree step's rows (EAGLE's draft loop and graphed draft extend), as device arrays:
+// row r belongs to sequence r / rows_per_seq; it sees its sequence's paged prefix and its own
+// branch of KV slots. Every pointer must stay valid across CUDA-graph replays.
+struct DraftTreeView {
+  int rows_per_seq = 1;
+  const int32_t* prefix_pages = nullptr;  // [num_seqs, page_stride]
+  int page_stride = 0;
+  const int32_t* prefix_lens = nullptr;   // [num_seqs]
+  const int32_t* branch_slots = nullptr;  // [rows, branch_stride]
+  int branch_stride = 0;
+  int branch_len = 0;                     // used when branch_lens is nullptr
+  const int32_t* branch_lens = nullptr;   // [rows] or nullptr
 };
 
 struct AttentionBackendOptions {
@@ -95,6 +110,13 @@ class AttentionBackend {
   // Dispatches on batch.forward_mode (IDLE does nothing).
   void forward(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options = {});
+
+  // Attends q [rows, num_q_heads, head_dim] (its K/V already in the pool) over each row's prefix
+  // and branch into out; needs no init_forward_metadata and is graph-capturable. kv_pool: the pool
+  // whose layer layer.layer_id holds the keys and values. Backends without it throw specula::Error
+  // naming themselves.
+  virtual void forward_draft_tree(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                                  MHAKVPool& kv_pool, const DraftTreeView& tree);
 
   // CUDA-graph hooks: fixed buffers allocated once, updated in place before each replay.
   // Backends without graph support throw specula::Error naming themselves.

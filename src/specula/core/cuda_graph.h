@@ -4,6 +4,9 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <memory>
+#include <vector>
 
 namespace specula {
 
@@ -20,6 +23,26 @@ class CudaGraph {
 
  private:
   void* exec_ = nullptr;  // cudaGraphExec_t
+};
+
+// One graph per batch size, each recorded the same way: for each size, largest first,
+// prepare(bs) readies the inputs (and the backend's capture metadata), launches(bs) runs once
+// eagerly (one-time set-ups of cuBLAS and the backends happen outside capture, and the largest
+// size sizes the workspaces), the stream is synchronised, freeze() fixes the workspaces, and
+// launches(bs) is recorded. Every capture site (the decoders' decode and verify graphs, the
+// draft head's loop and extend graphs) uses it.
+class CudaGraphSet {
+ public:
+  void capture(void* stream, std::vector<int> batch_sizes, const std::function<void(int)>& prepare,
+               const std::function<void(int)>& launches, const std::function<void()>& freeze);
+  // The smallest graph that holds `batch` requests and its size; {0, nullptr} when none does.
+  std::pair<int, const CudaGraph*> find(int batch) const;
+  std::vector<int> batch_sizes() const;
+  bool empty() const { return graphs_.empty(); }
+  void clear() { graphs_.clear(); }
+
+ private:
+  std::map<int, std::unique_ptr<CudaGraph>> graphs_;
 };
 
 }  // namespace specula

@@ -78,14 +78,14 @@ EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const Lla
   auto load = [&](const std::string& name, const Shape& shape) { return to_f32(ckpt.get(name, shape)); };
   // The decoder layer's attention and MLP weights under prefix p; q/k/v read attn_in features.
   auto load_layer = [&](const std::string& p, int64_t attn_in) {
-    w_.wq = load(p + "self_attn.q_proj.weight", {q_out, attn_in});
-    w_.wk = load(p + "self_attn.k_proj.weight", {kv_out, attn_in});
-    w_.wv = load(p + "self_attn.v_proj.weight", {kv_out, attn_in});
-    w_.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
-    w_.post_norm = load(p + "post_attention_layernorm.weight", {h});
-    w_.w_gate = load(p + "mlp.gate_proj.weight", {inter, h});
-    w_.w_up = load(p + "mlp.up_proj.weight", {inter, h});
-    w_.w_down = load(p + "mlp.down_proj.weight", {h, inter});
+    w_.layer.wq = load(p + "self_attn.q_proj.weight", {q_out, attn_in});
+    w_.layer.wk = load(p + "self_attn.k_proj.weight", {kv_out, attn_in});
+    w_.layer.wv = load(p + "self_attn.v_proj.weight", {kv_out, attn_in});
+    w_.layer.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
+    w_.layer.post_norm = load(p + "post_attention_layernorm.weight", {h});
+    w_.layer.w_gate = load(p + "mlp.gate_proj.weight", {inter, h});
+    w_.layer.w_up = load(p + "mlp.up_proj.weight", {inter, h});
+    w_.layer.w_down = load(p + "mlp.down_proj.weight", {h, inter});
   };
   const bool own_embed = ckpt.contains("embed_tokens.weight");
   SPECULA_CHECK(config_.vocab_size == t.vocab_size,
@@ -217,24 +217,12 @@ void EagleHead::forward(const ForwardBatch& batch, AttentionBackend& backend, co
     cpu_rms_norm(x.data(), w_.hidden_norm, normed.data(), n, h, eps);
     for (int64_t t = 0; t < n; ++t) std::copy_n(normed.begin() + t * h, h, a.begin() + t * 2 * h + h);
   }
-  Buffer q(DType::f32, {n, Hq, D}), k(DType::f32, {n, Hkv, D}), v(DType::f32, {n, Hkv, D}), attn(DType::f32, {n, Hq, D});
-  cpu_linear(a.data(), w_.wq, q.data_as<float>(), n, attn_in, Hq * D);
-  cpu_linear(a.data(), w_.wk, k.data_as<float>(), n, attn_in, Hkv * D);
-  cpu_linear(a.data(), w_.wv, v.data_as<float>(), n, attn_in, Hkv * D);
   const CpuRope rope(batch.positions, inv_freq_, rope_attention_factor_);
-  rope.apply(q.data_as<float>(), Hq);
-  rope.apply(k.data_as<float>(), Hkv);
-  backend.forward(q, k, v, attn, attention_layer_, batch);
-  std::vector<float> o(static_cast<size_t>(n * h)), xn(o.size());
-  cpu_linear(attn.data_as<float>(), w_.wo, o.data(), n, Hq * D, h);
-  for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-  cpu_rms_norm(x.data(), w_.post_norm, xn.data(), n, h, eps);
-  std::vector<float> gate(static_cast<size_t>(n * c.intermediate_size)), up(gate.size());
-  cpu_linear(xn.data(), w_.w_gate, gate.data(), n, h, c.intermediate_size);
-  cpu_linear(xn.data(), w_.w_up, up.data(), n, h, c.intermediate_size);
-  cpu_silu_mul(gate, up);
-  cpu_linear(gate.data(), w_.w_down, o.data(), n, c.intermediate_size, h);
-  for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+  const DecoderLayerDims dims{h, attn_in, Hq, Hkv, D, c.intermediate_size, eps, false};
+  cpu_decoder_layer(w_.layer, dims, n, a.data(), x, rope,
+                    [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
+                      backend.forward(q, k, v, out, attention_layer_, batch);
+                    });
   hidden_out = x;
 
   const auto rows = static_cast<int64_t>(logit_rows.size());

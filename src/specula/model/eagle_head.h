@@ -19,6 +19,7 @@
 
 #include "specula/attention/backend.h"
 #include "specula/model/config.h"
+#include "specula/model/decoder_layer.h"
 #include "specula/model/hidden_capture.h"
 #include "specula/model/llama.h"
 
@@ -30,8 +31,10 @@ enum class EagleKind { EAGLE, EAGLE3 };
 struct EagleWeights {
   std::vector<float> embed;  // [vocab, hidden] when the head ships its own; else empty (the target's)
   std::vector<float> fc, fc_bias;
-  std::vector<float> input_norm, hidden_norm, post_norm, final_norm;  // EAGLE-3 norms (post_norm both)
-  std::vector<float> wq, wk, wv, wo, w_gate, w_up, w_down;
+  std::vector<float> input_norm, hidden_norm, final_norm;  // EAGLE-3 norms (of the embedding, the hidden state, the output)
+  // The midlayer (a Llama decoder layer without input_layernorm; q/k/v read 2 x hidden inputs
+  // for EAGLE-3).
+  DecoderLayerWeights layer;
   std::vector<float> lm_head;  // EAGLE-3 [draft_vocab, hidden]
   std::vector<int64_t> d2t;    // EAGLE-3 [draft_vocab]
 };

@@ -76,13 +76,7 @@ LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt) : CpuDeco
 
 size_t LlamaModel::weight_bytes() const {
   size_t floats = ends_floats();
-  for (const Layer& l : layers_) {
-    for (const auto* v : {&l.input_norm, &l.post_norm, &l.post_attn_norm, &l.post_ffn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
-                          &l.bq, &l.bk, &l.bv, &l.bo, &l.b_gate, &l.b_up, &l.b_down, &l.q_norm, &l.k_norm, &l.w_gate,
-                          &l.w_up, &l.w_down}) {
-      floats += v->size();
-    }
-  }
+  for (const Layer& l : layers_) floats += l.floats();
   return floats * sizeof(float);
 }
 
@@ -94,11 +88,9 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   std::vector<float> x;
   embed_tokens(batch, c.gemma2 ? std::sqrt(static_cast<float>(hidden)) : 1.0f, x);
   std::vector<float> xn(x.size());
-  Buffer q(DType::f32, {n, Hq, D}), k(DType::f32, {n, Hkv, D}), v(DType::f32, {n, Hkv, D}), attn(DType::f32, {n, Hq, D});
-  std::vector<float> o(x.size()), gate(static_cast<size_t>(n * c.intermediate_size)), up(gate.size());
   const CpuRope rope(batch.positions, inv_freq(), rope_attention_factor());
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const bool gelu = c.hidden_act == "gelu_pytorch_tanh";
+  const DecoderLayerDims dims{hidden, hidden, Hq, Hkv, D, c.intermediate_size, eps, c.hidden_act == "gelu_pytorch_tanh"};
   const size_t captured = capture != nullptr ? capture->layers.size() : 0;
   if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, hidden);
   // Copies [n, hidden] into capture entry e of every token.
@@ -113,44 +105,10 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
       if (capture->layers[e] == static_cast<int>(l)) store(e, x.data());
     }
     cpu_rms_norm(x.data(), w.input_norm, xn.data(), n, hidden, eps);
-    cpu_linear(xn.data(), w.wq, q.data_as<float>(), n, hidden, Hq * D);
-    cpu_linear(xn.data(), w.wk, k.data_as<float>(), n, hidden, Hkv * D);
-    cpu_linear(xn.data(), w.wv, v.data_as<float>(), n, hidden, Hkv * D);
-    if (!w.bq.empty()) {
-      cpu_add_bias(q.data_as<float>(), w.bq, n);
-      cpu_add_bias(k.data_as<float>(), w.bk, n);
-      cpu_add_bias(v.data_as<float>(), w.bv, n);
-    }
-    if (!w.q_norm.empty()) {
-      cpu_rms_norm(q.data_as<float>(), w.q_norm, q.data_as<float>(), n * Hq, D, eps);
-      cpu_rms_norm(k.data_as<float>(), w.k_norm, k.data_as<float>(), n * Hkv, D, eps);
-    }
-    rope.apply(q.data_as<float>(), Hq);
-    rope.apply(k.data_as<float>(), Hkv);
-    backend.forward(q, k, v, attn, attention_layers_[l], batch);
-    cpu_linear(attn.data_as<float>(), w.wo, o.data(), n, Hq * D, hidden);
-    if (!w.bo.empty()) cpu_add_bias(o.data(), w.bo, n);
-    if (!w.post_attn_norm.empty()) cpu_rms_norm(o.data(), w.post_attn_norm, o.data(), n, hidden, eps);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
-    cpu_rms_norm(x.data(), w.post_norm, xn.data(), n, hidden, eps);
-    cpu_linear(xn.data(), w.w_gate, gate.data(), n, hidden, c.intermediate_size);
-    cpu_linear(xn.data(), w.w_up, up.data(), n, hidden, c.intermediate_size);
-    if (!w.b_gate.empty()) {
-      cpu_add_bias(gate.data(), w.b_gate, n);
-      cpu_add_bias(up.data(), w.b_up, n);
-    }
-    if (gelu) {
-      for (size_t i = 0; i < gate.size(); ++i) {
-        const float g = gate[i];
-        gate[i] = 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
-      }
-    } else {
-      cpu_silu_mul(gate, up);
-    }
-    cpu_linear(gate.data(), w.w_down, o.data(), n, c.intermediate_size, hidden);
-    if (!w.b_down.empty()) cpu_add_bias(o.data(), w.b_down, n);
-    if (!w.post_ffn_norm.empty()) cpu_rms_norm(o.data(), w.post_ffn_norm, o.data(), n, hidden, eps);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    cpu_decoder_layer(w, dims, n, xn.data(), x, rope,
+                      [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
+                        backend.forward(q, k, v, out, attention_layers_[l], batch);
+                      });
   }
   for (size_t e = 0; e < captured; ++e) {
     if (capture->layers[e] != HiddenCapture::kFinalNormed) continue;

@@ -10,6 +10,7 @@
 #include "specula/attention/backend.h"
 #include "specula/model/config.h"
 #include "specula/model/cpu_decoder.h"
+#include "specula/model/decoder_layer.h"
 #include "specula/model/hidden_capture.h"
 #include "specula/model/weights.h"
 
@@ -33,15 +34,7 @@ class LlamaModel : public CpuDecoder {
 
  public:
   // The weights as held (f32), for other executors of the same model (the CUDA one uploads them).
-  struct Layer {
-    std::vector<float> input_norm, post_norm;       // [hidden]; post_norm precedes the MLP
-    std::vector<float> post_attn_norm, post_ffn_norm;  // Gemma-2: norms of the attention / MLP outputs
-    std::vector<float> wq, wk, wv, wo;              // [out, in] row-major
-    std::vector<float> bq, bk, bv, bo;              // [out] (attention_bias / o_proj_bias) or empty
-    std::vector<float> b_gate, b_up, b_down;        // [out] (mlp_bias) or empty
-    std::vector<float> q_norm, k_norm;              // [head_dim] (qk_norm) or empty
-    std::vector<float> w_gate, w_up, w_down;
-  };
+  using Layer = DecoderLayerWeights;
 
   const std::vector<Layer>& layers() const { return layers_; }
 

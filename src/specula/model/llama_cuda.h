@@ -10,7 +10,6 @@
 
 #include <array>
 #include <functional>
-#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
 #include "specula/model/cuda/decode_graphs.h"
+#include "specula/model/cuda/decoder_layer.h"
 #include "specula/model/cuda/decoder_ends.h"
 #include "specula/model/cuda/workspace.h"
 #include "specula/model/llama.h"
@@ -77,26 +77,16 @@ class LlamaCudaModel {
                             HiddenCapture* capture, std::vector<int32_t>* greedy_ids = nullptr);
 
  private:
-  struct Layer {
-    Buffer input_norm, post_norm, post_attn_norm, post_ffn_norm;
-    Buffer w_qkv, b_qkv;          // [q + 2 kv, hidden]: q_proj | k_proj | v_proj
-    Buffer wo, bo;
-    Buffer w_gate_up, b_gate_up;  // [2 intermediate, hidden]: gate_proj | up_proj
-    Buffer w_down, b_down, q_norm, k_norm;
-  };
-  static constexpr size_t kSlots = 20;
-  using Workspace = CudaWorkspace<kSlots>;
-  Buffer& scratch(Workspace& ws, size_t slot, DType dtype, int64_t elements);
-  // The bf16 hi/lo scratch a product of w over n rows needs (nullptrs when it needs none).
-  std::pair<void*, void*> split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in);
-  // y[n, out] = x[n, in] w[out, in]^T (+ bias)
-  void linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out);
-  // The decoder layers over n tokens whose ids and positions are in slots 0 and 1; the final
-  // hidden states are left in slot 2.
+  enum Slot : size_t { kIds, kPositions, kX, kXn, kCaptured, kCacheLoc, kRowIds, kSelected, kLogits, kNumSlots };
+  using Workspace = CudaStepWorkspace<kNumSlots>;
+  Buffer& scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements);
+  CudaStepLinear step_linear(Workspace& ws) const;
+  // The decoder layers over n tokens whose ids and positions are in kIds and kPositions; the final
+  // hidden states are left in kX.
   void run_layers(const ForwardBatch& batch, AttentionBackend& backend, Workspace& ws, int64_t n,
                   HiddenCapture* capture = nullptr);
-  // Final norm and lm_head over `count` rows of slot 2 (row ids in device memory, or the first
-  // `count` rows when nullptr); returns the f32 logits in slot 17.
+  // Final norm and lm_head over `count` rows of kX (row ids in device memory, or the first
+  // `count` rows when nullptr); returns the f32 logits in kLogits.
   float* run_head(Workspace& ws, const int32_t* row_ids, int64_t count);
   ForwardBatch verify_padding_batch(int batch_size) const;
   // The batch's SpecInfo::on_device_results over ws's ids and captured states and the step's
@@ -114,12 +104,12 @@ class LlamaCudaModel {
   PinnedBuffer pinned_;  // logits and captured states on their way to the host
   Buffer greedy_dev_;    // the device's greedy tokens of a step (download_step)
   std::unique_ptr<CudaDecoderEnds> ends_;
-  std::vector<Layer> layers_;
+  std::vector<CudaDecoderLayer> layers_;
   Workspace eager_;
   Workspace graph_ws_;
   DecodeGraphs graphs_;
   Workspace verify_ws_;
-  std::map<int, std::unique_ptr<CudaGraph>> verify_graphs_;  // by batch size
+  CudaGraphSet verify_graphs_;
   int verify_tokens_ = 0;
   std::vector<int> verify_capture_layers_;
   int32_t verify_padding_row_ = -1;

@@ -7,15 +7,21 @@
 
 #include "specula/core/error.h"
 #include "specula/runner/sampler.h"
-#ifdef SPECULA_HAS_CUDA
-#include "specula/model/deepseek_cuda.h"
-#include "specula/model/llama_cuda.h"
-#endif
 
 namespace specula {
 
 ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights, const ModelRunnerOptions& options)
-    : config_(config), options_(options) {
+    : options_(options) {
+  init(config, [&](const ModelOptions& mo) { return make_model(config, weights, mo); });
+}
+
+ModelRunner::ModelRunner(std::unique_ptr<Model> model, const ModelRunnerOptions& options) : options_(options) {
+  SPECULA_CHECK(model != nullptr, "ModelRunner needs a model");
+  const ModelConfig config = model->config();
+  init(config, [&](const ModelOptions&) { return std::move(model); });
+}
+
+void ModelRunner::init(const ModelConfig& config, const std::function<std::unique_ptr<Model>(const ModelOptions&)>& make) {
   ModelRunnerOptions& o = options_;
   const bool gpu = o.device.is_cuda();
   SPECULA_CHECK(!gpu || cuda_available(), "--device {}: this build or machine has no CUDA device", o.device.str());
@@ -55,14 +61,22 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
     SPECULA_CHECK(*o.kv_dtype == DType::bf16 || *o.kv_dtype == DType::fp8_e4m3,
                   "KV cache dtype {} is not available for {} (MLA); use bf16 or fp8_e4m3", dtype_name(*o.kv_dtype),
                   config.architecture);
-    init_mla(weights);
     kv_bytes_per_token = static_cast<double>(config.num_hidden_layers) *
-                         static_cast<double>(mla_row_bytes(mla_format(), config.mla.kv_lora_rank, config.mla.qk_rope_head_dim));
+                         static_cast<double>(mla_row_bytes(mla_kv_format(*o.kv_dtype), config.mla.kv_lora_rank, config.mla.qk_rope_head_dim));
   } else {
-    init_llama(weights);
     kv_bytes_per_token = static_cast<double>(2 * config.num_hidden_layers * config.num_key_value_heads *
                                              config.head_dim * dtype_size(*o.kv_dtype));
   }
+
+  ModelOptions mo;
+  mo.device = o.device;
+  mo.attention_backend = o.attention_backend;
+  mo.page_size = o.page_size;
+  mo.max_kv_len = kv_capacity();
+  mo.kv_dtype = *o.kv_dtype;
+  mo.deterministic = o.deterministic;
+  mo.mla_extend_form = o.mla_extend_form;
+  model_ = make(mo);
 
   const auto round_up = [&](int64_t tokens) { return (tokens + o.page_size - 1) / o.page_size * o.page_size; };
   const int64_t context = round_up(o.max_context_len + o.spec_scratch_tokens);
@@ -88,14 +102,13 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
   if (mla) {
     mla_kv_pool_ = std::make_unique<MLAKVPool>(MLAKVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
                                                                config.mla.kv_lora_rank, config.mla.qk_rope_head_dim,
-                                                               mla_format(), 0, o.device});
+                                                               mla_kv_format(*o.kv_dtype), 0, o.device});
   } else {
     kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
                                                         config.num_key_value_heads, config.head_dim, config.head_dim,
                                                         *o.kv_dtype, o.device});
   }
-#ifdef SPECULA_HAS_CUDA
-  if (graphs) {
+  if (graphs && model_->on_gpu()) {
     std::vector<int> sizes = o.cuda_graph_batch_sizes;
     if (sizes.empty()) {
       for (int bs : {1, 2, 4, 8}) sizes.push_back(bs);
@@ -105,129 +118,42 @@ ModelRunner::ModelRunner(const ModelConfig& config, const WeightSource& weights,
     for (int bs : sizes) SPECULA_CHECK(bs >= 1, "CUDA-graph batch size {} is not valid; it must be >= 1", bs);
     if (!sizes.empty()) {
       // Padding rows are one-token requests in a row and a page of their own.
-      padding_req_row_ = req_pool_->alloc(1).value().at(0);
+      GraphSetup& g = graph_setup_;
+      g.batch_sizes = sizes;
+      g.padding_req_row = req_pool_->alloc(1).value().at(0);
       const std::vector<int32_t> padding = allocator_->alloc(padding_tokens).value();
-      req_pool_->write(padding_req_row_, 0, std::span(padding).first(static_cast<size_t>(1 + o.cuda_graph_verify_tokens)));
-      const int32_t padding_slot = padding.at(0);
-      padding_slot_ = padding_slot;
+      req_pool_->write(g.padding_req_row, 0, std::span(padding).first(static_cast<size_t>(1 + o.cuda_graph_verify_tokens)));
+      g.padding_slot = padding.at(0);
+      g.req_pool = req_pool_.get();
+      g.kv_pool = kv_pool_.get();
+      g.mla_kv_pool = mla_kv_pool_.get();
       const int max_bs = *std::max_element(sizes.begin(), sizes.end());
-      const int max_tokens = max_bs * std::max(1, o.cuda_graph_verify_tokens);
-      if (mla) {
-        mla_backend_->init_cuda_graph_state(max_bs, max_tokens);
-        static_cast<DeepseekCudaModel*>(mla_cuda_model_.get())
-            ->capture_decode_graphs(*mla_backend_, sizes, padding_req_row_, padding_slot, req_pool_.get(),
-                                    mla_kv_pool_.get());
-      } else {
-        backend_->init_cuda_graph_state(max_bs, max_tokens);
-        static_cast<LlamaCudaModel*>(cuda_model_.get())
-            ->capture_decode_graphs(*backend_, sizes, padding_req_row_, padding_slot, req_pool_.get(), kv_pool_.get());
-      }
+      model_->capture_decode_graphs(g, max_bs * std::max(1, o.cuda_graph_verify_tokens));
     }
   }
-#endif
 }
 
-void ModelRunner::init_llama(const WeightSource& weights) {
-  const ModelRunnerOptions& o = options_;
-  const bool gpu = o.device.is_cuda();
-  model_ = std::make_unique<LlamaModel>(config_, weights);
-  AttentionBackendOptions bo;
-#ifdef SPECULA_HAS_CUDA
-  if (gpu) {
-    auto cuda_model = std::make_shared<LlamaCudaModel>(*model_, o.device, o.deterministic);
-    bo.cuda_stream = cuda_model->stream();
-    cuda_model_ = cuda_model;
-  }
-#endif
-  bo.device = o.device;
-  bo.deterministic = o.deterministic;
-  bo.page_size = o.page_size;
-  bo.max_context_len = kv_capacity();
-  backend_ = make_attention_backend(o.attention_backend, bo);
-  // The CPU path attends with f32 queries; the GPU path with bf16 ones.
-  for (const AttentionLayer& layer : model_->attention_layers()) {
-    backend_->check_layer(layer, gpu ? DType::bf16 : DType::f32, *o.kv_dtype);
-  }
-}
-
-void ModelRunner::init_mla(const WeightSource& weights) {
-  const ModelRunnerOptions& o = options_;
-  const bool gpu = o.device.is_cuda();
-  SPECULA_CHECK(!o.deterministic, "deterministic inference is not available for {} (multi-head latent attention) yet",
-                config_.architecture);
-  mla_model_ = std::make_unique<DeepseekModel>(config_, weights);
-  MlaBackendOptions bo;
-#ifdef SPECULA_HAS_CUDA
-  if (gpu) {
-    auto cuda_model = std::make_shared<DeepseekCudaModel>(*mla_model_, o.device);
-    bo.cuda_stream = cuda_model->stream();
-    mla_cuda_model_ = cuda_model;
-  }
-#endif
-  bo.device = o.device;
-  bo.page_size = o.page_size;
-  bo.max_context_len = kv_capacity();
-  bo.extend_form = o.mla_extend_form;
-  mla_backend_ = make_mla_backend(o.attention_backend, bo);
-  for (const MlaLayer& layer : mla_model_->mla_layers()) {
-    mla_backend_->check_layer(layer, gpu ? DType::bf16 : DType::f32, mla_format());
-  }
-}
-
-MlaKVFormat ModelRunner::mla_format() const {
-  return *options_.kv_dtype == DType::fp8_e4m3 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
-}
-
-const LlamaModel& ModelRunner::model() const {
-  SPECULA_CHECK(model_ != nullptr, "{} is not a Llama-family model (it uses multi-head latent attention)",
-                config_.architecture);
-  return *model_;
+const LlamaModel& ModelRunner::llama_model() const {
+  const LlamaModel* llama = model_->llama();
+  SPECULA_CHECK(llama != nullptr, "{} is not a Llama-family model (it uses multi-head latent attention)",
+                config().architecture);
+  return *llama;
 }
 
 MHAKVPool& ModelRunner::kv_pool() {
-  SPECULA_CHECK(kv_pool_ != nullptr, "{} keeps a latent (MLA) KV cache, not a per-head one", config_.architecture);
+  SPECULA_CHECK(kv_pool_ != nullptr, "{} keeps a latent (MLA) KV cache, not a per-head one", config().architecture);
   return *kv_pool_;
 }
 
 AttentionBackend& ModelRunner::backend() {
-  SPECULA_CHECK(backend_ != nullptr, "{} attends through an MLA backend", config_.architecture);
-  return *backend_;
-}
-
-size_t ModelRunner::weight_bytes() const {
-#ifdef SPECULA_HAS_CUDA
-  if (cuda_model_) return static_cast<const LlamaCudaModel*>(cuda_model_.get())->weight_bytes();
-  if (mla_cuda_model_) return static_cast<const DeepseekCudaModel*>(mla_cuda_model_.get())->weight_bytes();
-#endif
-  return model_ ? model_->weight_bytes() : mla_model_->weight_bytes();
-}
-
-std::vector<int> ModelRunner::cuda_graph_batch_sizes() const {
-#ifdef SPECULA_HAS_CUDA
-  if (cuda_model_) return static_cast<const LlamaCudaModel*>(cuda_model_.get())->graph_batch_sizes();
-  if (mla_cuda_model_) return static_cast<const DeepseekCudaModel*>(mla_cuda_model_.get())->graph_batch_sizes();
-#endif
-  return {};
-}
-
-void* ModelRunner::cuda_stream() const {
-#ifdef SPECULA_HAS_CUDA
-  if (cuda_model_) return static_cast<const LlamaCudaModel*>(cuda_model_.get())->stream();
-  if (mla_cuda_model_) return static_cast<const DeepseekCudaModel*>(mla_cuda_model_.get())->stream();
-#endif
-  return nullptr;
+  AttentionBackend* backend = model_->attention_backend();
+  SPECULA_CHECK(backend != nullptr, "{} does not attend through a per-head attention backend", config().architecture);
+  return *backend;
 }
 
 void ModelRunner::capture_verify_graphs(const std::vector<int>& capture_layers) {
-#ifdef SPECULA_HAS_CUDA
-  auto* model = static_cast<LlamaCudaModel*>(cuda_model_.get());
-  const std::vector<int> sizes = cuda_graph_batch_sizes();
-  if (model == nullptr || sizes.empty() || options_.cuda_graph_verify_tokens == 0) return;
-  model->capture_verify_graphs(*backend_, sizes, options_.cuda_graph_verify_tokens, capture_layers, padding_req_row_,
-                               req_pool_.get(), kv_pool_.get());
-#else
-  (void)capture_layers;
-#endif
+  if (graph_setup_.batch_sizes.empty() || options_.cuda_graph_verify_tokens == 0) return;
+  model_->capture_verify_graphs(graph_setup_, options_.cuda_graph_verify_tokens, capture_layers);
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -246,48 +172,16 @@ void greedy_rows(const std::vector<float>& logits, int vocab, std::vector<int32_
 void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens, HiddenCapture* capture,
                           std::vector<int32_t>* greedy_ids) {
   batch.req_to_token_pool = req_pool_.get();
+  batch.token_to_kv_pool = kv_pool_.get();
+  batch.mla_kv_pool = mla_kv_pool_.get();
   SPECULA_CHECK(batch.spec_info == nullptr || batch.spec_info->device_tree_tokens == nullptr ||
-                    (cuda_model_ != nullptr && !mla_model_),
+                    (model_->on_gpu() && kv_pool_ != nullptr),
                 "{}: a verify batch whose tree tokens are on the GPU needs a Llama-family model on the GPU",
-                config_.architecture);
-  SPECULA_CHECK(capture == nullptr || capture->download || cuda_model_ != nullptr,
-                "{}: hidden states kept on the device need a model on the GPU", config_.architecture);
-  if (mla_model_) {
-    SPECULA_CHECK(capture == nullptr, "{}: capturing hidden states for a draft head is not supported",
-                  config_.architecture);
-    batch.mla_kv_pool = mla_kv_pool_.get();
-#ifdef SPECULA_HAS_CUDA
-    if (mla_cuda_model_) {
-      auto* model = static_cast<DeepseekCudaModel*>(mla_cuda_model_.get());
-      if (use_cuda_graph_ && !all_tokens && model->forward_decode_graph(batch, *mla_backend_, logits, greedy_ids)) return;
-      mla_backend_->init_forward_metadata(batch);
-      model->forward(batch, *mla_backend_, logits, all_tokens, greedy_ids);
-      return;
-    }
-#endif
-    mla_backend_->init_forward_metadata(batch);
-    mla_model_->forward(batch, *mla_backend_, logits, all_tokens);
-  } else {
-    batch.token_to_kv_pool = kv_pool_.get();
-#ifdef SPECULA_HAS_CUDA
-    if (cuda_model_) {
-      auto* model = static_cast<LlamaCudaModel*>(cuda_model_.get());
-      if (use_cuda_graph_ && !all_tokens && capture == nullptr &&
-          model->forward_decode_graph(batch, *backend_, logits, greedy_ids)) {
-        return;
-      }
-      if (use_cuda_graph_ && all_tokens && model->forward_verify_graph(batch, *backend_, logits, capture, greedy_ids)) {
-        return;
-      }
-      backend_->init_forward_metadata(batch);
-      model->forward(batch, *backend_, logits, all_tokens, capture, greedy_ids);
-      return;
-    }
-#endif
-    backend_->init_forward_metadata(batch);
-    model_->forward(batch, *backend_, logits, all_tokens, capture);
-  }
-  if (greedy_ids != nullptr) greedy_rows(logits, config_.vocab_size, *greedy_ids);
+                config().architecture);
+  SPECULA_CHECK(capture == nullptr || capture->download || model_->on_gpu(),
+                "{}: hidden states kept on the device need a model on the GPU", config().architecture);
+  model_->forward(batch, logits, {all_tokens, capture, greedy_ids, use_cuda_graph_});
+  if (greedy_ids != nullptr && !model_->on_gpu()) greedy_rows(logits, config().vocab_size, *greedy_ids);
 }
 
 }  // namespace specula

@@ -2,11 +2,12 @@
 // besides the batch itself: the executor (CPU or CUDA), the attention backend, the request table
 // (ReqToTokenPool), the paged KV allocator and the KV pool. The scheduler fills a ForwardBatch
 // with request slots and KV slots from these pools and calls forward().
-// Two model kinds: Llama-family decoders (an AttentionBackend over an MHAKVPool) and DeepSeek's
-// multi-head latent attention models (config.is_mla(): an MlaAttentionBackend over an MLAKVPool,
-// whose format follows kv_dtype: bf16, or fp8_e4m3 for the 656-byte fp8_ds_mla rows).
+// The model is a Model (model/model.h); its kind only decides the KV pool: Llama-family decoders
+// attend over an MHAKVPool, DeepSeek's multi-head latent attention models (config.is_mla()) over
+// an MLAKVPool whose format follows kv_dtype (bf16, or fp8_e4m3 for the 656-byte fp8_ds_mla rows).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,8 +19,8 @@
 #include "specula/kv/mla_kv_pool.h"
 #include "specula/kv/req_to_token_pool.h"
 #include "specula/kv/token_allocator.h"
-#include "specula/model/deepseek.h"
 #include "specula/model/llama.h"
+#include "specula/model/model.h"
 #include "specula/model/weights.h"
 
 namespace specula {
@@ -58,15 +59,19 @@ struct ModelRunnerOptions {
 
 class ModelRunner {
  public:
+  // The checkpoint's model (make_model) on options.device.
   ModelRunner(const ModelConfig& config, const WeightSource& weights, const ModelRunnerOptions& options);
+  // A model built elsewhere (tests' fake models); the pools are sized from model->config().
+  ModelRunner(std::unique_ptr<Model> model, const ModelRunnerOptions& options);
   ~ModelRunner();
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const { return model_->config(); }
   const ModelRunnerOptions& options() const { return options_; }
-  // The Llama-family model; throws specula::Error for MLA models.
-  const LlamaModel& model() const;
+  Model& model() { return *model_; }
+  // The Llama-family host model (what an EAGLE head shares); throws specula::Error for others.
+  const LlamaModel& llama_model() const;
   // The longest prompt + output of one request.
   int max_context_len() const { return options_.max_context_len; }
   // The longest KV a request row maps: the context plus a speculative cycle's scratch.
@@ -82,22 +87,22 @@ class ModelRunner {
   MLAKVPool* mla_kv_pool() { return mla_kv_pool_.get(); }
   // Bytes of weights as the executor holds them (f32 on the CPU; bf16 matrices on a GPU when the
   // checkpoint is bf16): what one decode step must read.
-  size_t weight_bytes() const;
+  size_t weight_bytes() const { return model_->weight_bytes(); }
   // Batch sizes with a captured decode graph (empty on the CPU or with graphs off).
-  std::vector<int> cuda_graph_batch_sizes() const;
+  std::vector<int> cuda_graph_batch_sizes() const { return model_->graph_batch_sizes(); }
   // The cudaStream_t the GPU model runs on (nullptr on the CPU); KV pool operations go there too.
-  void* cuda_stream() const;
+  void* cuda_stream() const { return model_->cuda_stream(); }
   // The KV slot CUDA-graph padding rows write (-1 without graphs); a draft pool that shares the
   // slot numbering may let its padding rows write it too.
-  int32_t cuda_graph_padding_slot() const { return padding_slot_; }
+  int32_t cuda_graph_padding_slot() const { return graph_setup_.padding_slot; }
   // Records TARGET_VERIFY graphs (options().cuda_graph_verify_tokens tokens per request) that
   // capture the hidden states of capture_layers; a no-op without decode graphs.
   void capture_verify_graphs(const std::vector<int>& capture_layers);
   // Turns the replay of captured graphs off and on (benchmarks compare both).
   void set_use_cuda_graph(bool use) { use_cuda_graph_ = use; }
 
-  // Points the batch at the pools, builds the backend's metadata and runs the model: f32 logits of
-  // the last token of each request ([batch_size, vocab]), or of every token with all_tokens.
+  // Points the batch at the pools and runs the model (Model::forward): f32 logits of the last
+  // token of each request ([batch_size, vocab]), or of every token with all_tokens.
   // capture (optional): hidden states of every token for a draft head. greedy_ids (optional):
   // each returned row's greedy token (greedy_token in runner/sampler.h, -1 when a row holds
   // nothing above -inf) instead of the logits; GPU models find them on the device, download only
@@ -106,26 +111,16 @@ class ModelRunner {
                HiddenCapture* capture = nullptr, std::vector<int32_t>* greedy_ids = nullptr);
 
  private:
-  // The model and attention backend of each kind, on the CPU or the GPU.
-  void init_llama(const WeightSource& weights);
-  void init_mla(const WeightSource& weights);
-  MlaKVFormat mla_format() const;  // from kv_dtype: bf16, or fp8_e4m3 for fp8_ds_mla
+  // Checks and completes the options against the model, sizes the pools, captures decode graphs.
+  void init(const ModelConfig& config, const std::function<std::unique_ptr<Model>(const ModelOptions&)>& make);
 
-  ModelConfig config_;
   ModelRunnerOptions options_;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<DeepseekModel> mla_model_;
-  std::unique_ptr<MLAKVPool> mla_kv_pool_;
-  std::shared_ptr<void> cuda_model_;      // LlamaCudaModel in CUDA builds on a GPU
-  std::shared_ptr<void> mla_cuda_model_;  // DeepseekCudaModel in CUDA builds on a GPU
-  // Declared after the executors, so it goes first: it runs on their stream.
-  std::unique_ptr<MlaAttentionBackend> mla_backend_;
-  std::unique_ptr<AttentionBackend> backend_;
+  std::unique_ptr<Model> model_;
   std::unique_ptr<ReqToTokenPool> req_pool_;
   std::unique_ptr<PagedTokenAllocator> allocator_;
   std::unique_ptr<MHAKVPool> kv_pool_;
-  int32_t padding_req_row_ = -1;  // the request row CUDA-graph padding rows point at
-  int32_t padding_slot_ = -1;
+  std::unique_ptr<MLAKVPool> mla_kv_pool_;
+  GraphSetup graph_setup_;  // the padding row and slot of CUDA graphs (padding_slot -1 without)
   bool use_cuda_graph_ = true;
 };
 

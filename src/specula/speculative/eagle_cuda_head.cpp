@@ -7,13 +7,11 @@
 #include <algorithm>
 #include <functional>
 
-#include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_graph.h"
 #include "specula/core/error.h"
 #include "specula/core/pinned_buffer.h"
 #include "specula/model/cuda/cuda_linear.h"
-#include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/model_ops.h"
 #include "specula/speculative/cuda/draft_kernels.h"
 #include "specula/speculative/cuda/eagle_input.h"
@@ -78,11 +76,13 @@ EagleCudaHead::ExtendLayout EagleCudaHead::extend_layout(int batch) const {
   return l;
 }
 
-EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MHAKVPool& draft_kv, void* stream,
-                             const EagleCudaHeadOptions& options)
-    : head_(head), params_(params), draft_kv_(draft_kv), stream_(stream), options_(options) {
+EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MHAKVPool& draft_kv,
+                             AttentionBackend& backend, void* stream, const EagleCudaHeadOptions& options)
+    : head_(head), params_(params), draft_kv_(draft_kv), backend_(backend), stream_(stream), options_(options) {
   const Device device = draft_kv.config().device;
-  SPECULA_CHECK(device.is_cuda() && draft_kv.dtype() == DType::bf16, "the GPU draft head needs a bf16 KV pool on a GPU");
+  SPECULA_CHECK(device.is_cuda() && draft_kv.dtype() == DType::bf16,
+                "the GPU draft head needs a bf16 KV pool on a GPU, not a {} pool on {}", dtype_name(draft_kv.dtype()),
+                device.str());
   SPECULA_CHECK(params.topk <= ck::kMaxDraftTopK, "speculative topk {} is not supported on the GPU; the limit is {}",
                 params.topk, ck::kMaxDraftTopK);
   SPECULA_CHECK(options.page_size >= 1 && options.max_context_len >= 1 && options.max_batch >= 1 &&
@@ -101,12 +101,11 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
   fc_bias_ = upload_f32(w.fc_bias, device);
   input_norm_ = upload_f32(w.input_norm, device);
   hidden_norm_ = upload_f32(w.hidden_norm, device);
-  post_norm_ = upload_f32(w.post_norm, device);
   final_norm_ = upload_f32(w.final_norm, device);
-  w_qkv_ = upload_weight(stack_rows({&w.wq, &w.wk, &w.wv}), device);
-  wo_ = upload_weight(w.wo, device);
-  w_gate_up_ = upload_weight(stack_rows({&w.w_gate, &w.w_up}), device);
-  w_down_ = upload_weight(w.w_down, device);
+  const DecoderLayerDims dims{c.hidden_size, head.kind() == EagleKind::EAGLE3 ? 2 * c.hidden_size : c.hidden_size,
+                             c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size,
+                             static_cast<float>(c.rms_norm_eps), false};
+  layer_ = std::make_unique<CudaDecoderLayer>(w.layer, dims, device);
   lm_head_ = upload_weight(head.kind() == EagleKind::EAGLE ? head.target().lm_head() : w.lm_head, device);
   inv_freq_ = upload_f32(head.inv_freq(), device);
   if (head.kind() == EagleKind::EAGLE3) {
@@ -138,28 +137,17 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
   std::erase_if(sizes, [&](int bs) { return bs > options.max_batch; });
   if (sizes.empty()) return;
   SPECULA_CHECK(options.padding_slot >= 0, "draft CUDA graphs need a padding KV slot");
-  std::sort(sizes.begin(), sizes.end(), std::greater<>());
-  const auto s = static_cast<cudaStream_t>(stream_);
   const ExtendLayout le = extend_layout(options.max_batch);
   ext_ints_ = Buffer(DType::i32, {le.ints}, device);
   ext_floats_ = Buffer(DType::f32, {le.floats}, device);
   // Captured with padding requests only (staging no request): valid slots and pages everywhere.
-  // The largest first: its warm-up sizes the workspace, which is then frozen.
-  for (int bs : sizes) {
-    stage_extend({}, bs);
-    extend_launches(extend_graph_ws_, bs);
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    extend_graph_ws_.frozen = true;
-    extend_graphs_[bs] = std::make_unique<CudaGraph>(stream_, [&] { extend_launches(extend_graph_ws_, bs); });
-  }
+  extend_graphs_.capture(
+      stream_, sizes, [&](int bs) { stage_extend({}, bs); }, [&](int bs) { extend_launches(extend_graph_ws_, bs); },
+      [&] { extend_graph_ws_.freeze(); });
   if (params.num_steps < 2) return;
-  for (int bs : sizes) {
-    stage_loop({}, bs);
-    loop_launches(loop_ws_, bs);
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    loop_ws_.frozen = true;
-    graphs_[bs] = std::make_unique<CudaGraph>(stream_, [&] { loop_launches(loop_ws_, bs); });
-  }
+  graphs_.capture(
+      stream_, sizes, [&](int bs) { stage_loop({}, bs); }, [&](int bs) { loop_launches(loop_ws_, bs); },
+      [&] { loop_ws_.freeze(); });
 }
 
 EagleCudaHead::~EagleCudaHead() = default;
@@ -168,40 +156,20 @@ Buffer& EagleCudaHead::scratch(Workspace& ws, Slot slot, DType dtype, int64_t el
   return ws.get(slot, dtype, elements, draft_kv_.config().device);
 }
 
-std::pair<void*, void*> EagleCudaHead::split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in) {
-  if (!linear_->needs_split(w, n, in)) return {nullptr, nullptr};
-  return {scratch(ws, kHi, DType::bf16, n * in).data(), scratch(ws, kLo, DType::bf16, n * in).data()};
-}
-
-void EagleCudaHead::linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in,
-                           int out) {
-  const auto [hi, lo] = split_scratch(ws, w, n, in);
-  (*linear_)(x, w, bias, y, n, in, out, hi, lo);
-}
+CudaStepLinear EagleCudaHead::step_linear(Workspace& ws) const { return {*linear_, ws.layer, draft_kv_.config().device}; }
 
 void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const int32_t* positions, const float* hidden_in,
-                            bool from_target, const Attend& attend, const int32_t* row_ids, int64_t rows,
+                            bool from_target, const CudaAttend& attend, const int32_t* row_ids, int64_t rows,
                             const int32_t* kv_slots) {
   const ModelConfig& c = head_.config();
   const auto s = static_cast<cudaStream_t>(stream_);
-  const Device device = draft_kv_.config().device;
-  const int h = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
-  const int inter = c.intermediate_size, qkv_width = (Hq + 2 * Hkv) * D;
+  const int h = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const bool eagle3 = head_.kind() == EagleKind::EAGLE3;
-  const int attn_in = eagle3 ? 2 * h : h;
+  const CudaStepLinear linear = step_linear(ws);
   float* x = scratch(ws, kX, DType::f32, n * h).data_as<float>();
   float* a = scratch(ws, kA, DType::f32, n * 2 * h).data_as<float>();
-  float* qkv = scratch(ws, kQkv, DType::f32, n * qkv_width).data_as<float>();
-  Buffer& qb = scratch(ws, kQ, DType::bf16, n * Hq * D);
-  Buffer& kb = scratch(ws, kK, DType::bf16, n * Hkv * D);
-  Buffer& vb = scratch(ws, kV, DType::bf16, n * Hkv * D);
-  Buffer& ab = scratch(ws, kAttnBf16, DType::bf16, n * Hq * D);
-  float* attn = scratch(ws, kAttn, DType::f32, n * Hq * D).data_as<float>();
-  float* o = scratch(ws, kO, DType::f32, n * h).data_as<float>();
   float* xn = scratch(ws, kXn, DType::f32, n * h).data_as<float>();
-  float* gate_up = scratch(ws, kGateUp, DType::f32, n * 2 * inter).data_as<float>();
-  float* act = scratch(ws, kAct, DType::f32, n * inter).data_as<float>();
   float* selected = scratch(ws, kSelected, DType::f32, std::max<int64_t>(rows, 1) * h).data_as<float>();
   float* logits = scratch(ws, kLogits, DType::f32, std::max<int64_t>(rows, 1) * head_.draft_vocab_size()).data_as<float>();
 
@@ -209,7 +177,7 @@ void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const 
   if (eagle3) {
     // x: the residual stream (fc over the target's fused layers, or the fed-back hidden state);
     // the attention reads [input_layernorm(embedding) ; hidden_norm(x)].
-    if (from_target) linear(ws, hidden_in, fc_, Buffer{}, x, n, head_.feature_size(), h);
+    if (from_target) linear(hidden_in, fc_, Buffer{}, x, n, head_.feature_size(), h);
     ck::eagle3_attention_input(embed_.data(), embed_.dtype() == DType::bf16, ids, from_target ? x : hidden_in,
                                input_norm_.data_as<const float>(), hidden_norm_.data_as<const float>(), a,
                                from_target ? nullptr : x, n, h, eps, s);
@@ -224,46 +192,30 @@ void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const 
     }
     copy_columns(a, 2 * h, 0, emb, h, n, s);
     copy_columns(a, 2 * h, h, hidden_in, h, n, s);
-    linear(ws, a, fc_, fc_bias_, x, n, 2 * h, h);
+    linear(a, fc_, fc_bias_, x, n, 2 * h, h);
     attn_input = x;
   }
-  linear(ws, attn_input, w_qkv_, Buffer{}, qkv, n, attn_in, qkv_width);
-  ck::QkvEpilogueParams e{};
-  e.qkv = qkv;
-  e.positions = positions;
-  e.inv_freq = inv_freq_.data_as<const float>();
-  e.rope_factor = head_.rope_attention_factor();
-  e.eps = eps;
-  e.q = qb.data();
-  e.k = kb.data();
-  e.v = vb.data();
-  e.n = n;
-  e.num_q_heads = Hq;
-  e.num_kv_heads = Hkv;
-  e.head_dim = D;
+  CudaLayerStep st;
+  st.n = n;
+  st.attn_input = attn_input;
+  st.x = x;
+  st.xn = xn;
+  st.positions = positions;
+  st.inv_freq = inv_freq_.data_as<const float>();
+  st.rope_factor = head_.rope_attention_factor();
   if (kv_slots != nullptr) {
-    e.k_cache = draft_kv_.k_buffer(0).data();
-    e.v_cache = draft_kv_.v_buffer(0).data();
-    e.cache_loc = kv_slots;
-    e.cache_dtype = static_cast<int>(draft_kv_.dtype());
-    e.k_scale = draft_kv_.k_scale(0);
-    e.v_scale = draft_kv_.v_scale(0);
+    st.kv = {draft_kv_.k_buffer(0).data(), draft_kv_.v_buffer(0).data(), kv_slots, static_cast<int>(draft_kv_.dtype()),
+             draft_kv_.k_scale(0), draft_kv_.v_scale(0)};
   }
-  ck::qkv_epilogue(e, s);
-  attend(TensorView(qb.data(), DType::bf16, {n, Hq, D}, device), TensorView(kb.data(), DType::bf16, {n, Hkv, D}, device),
-         TensorView(vb.data(), DType::bf16, {n, Hkv, D}, device), TensorView(ab.data(), DType::bf16, {n, Hq, D}, device));
-  linear_->product_bf16_x(ab.data(), wo_, Buffer{}, o, n, Hq * D, h, attn);
-  ck::add_rms_norm_rows(x, o, post_norm_.data_as<const float>(), xn, n, h, eps, s);
-  const auto [hi, lo] = split_scratch(ws, w_gate_up_, n, h);
-  linear_->gated(xn, w_gate_up_, Buffer{}, act, n, h, inter, false, gate_up, hi, lo);
-  linear(ws, act, w_down_, Buffer{}, o, n, inter, h);
   if (eagle3 && row_ids == nullptr && rows == n) {
     // Every row's logits (a draft step): the residual add and the final norm in one launch.
-    ck::add_rms_norm_rows(x, o, final_norm_.data_as<const float>(), selected, n, h, eps, s);
-    linear(ws, selected, lm_head_, Buffer{}, logits, rows, h, head_.draft_vocab_size());
+    st.end_norm = final_norm_.data_as<const float>();
+    st.end_out = selected;
+    layer_->forward(st, attend, linear, s);
+    linear(selected, lm_head_, Buffer{}, logits, rows, h, head_.draft_vocab_size());
     return;
   }
-  ck::add_inplace(x, o, n * h, s);
+  layer_->forward(st, attend, linear, s);
 
   if (rows == 0) return;
   const float* src = x;
@@ -276,7 +228,7 @@ void EagleCudaHead::forward(Workspace& ws, int64_t n, const int32_t* ids, const 
     src = selected;
   }
   // EAGLE: the target's lm_head over the unnormed output; EAGLE-3: its own, after its norm.
-  linear(ws, src, lm_head_, Buffer{}, logits, rows, h, head_.draft_vocab_size());
+  linear(src, lm_head_, Buffer{}, logits, rows, h, head_.draft_vocab_size());
 }
 
 void EagleCudaHead::top_k(const float* logits, int64_t rows, int32_t* tokens, float* probs) {
@@ -291,7 +243,7 @@ void EagleCudaHead::top_k(const float* logits, int64_t rows, int32_t* tokens, fl
   ck::draft_top_k(t, static_cast<cudaStream_t>(stream_));
 }
 
-void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend, const float* features,
+void EagleCudaHead::extend(const ForwardBatch& batch, const float* features,
                            const std::vector<int32_t>& last_rows, const std::vector<int32_t>& req_pool_indices) {
   const auto s = static_cast<cudaStream_t>(stream_);
   const int64_t n = batch.num_tokens();
@@ -319,25 +271,25 @@ void EagleCudaHead::extend(const ForwardBatch& batch, AttentionBackend& backend,
   }
   upload_async(extend_rows_.data(), req_pool_indices, s);
   const AttentionLayer& layer = head_.attention_layer();
-  const Attend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
-    backend.forward(q, k, v, out, layer, batch);
+  const CudaAttend attend = [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
+    backend_.forward(q, k, v, out, layer, batch);
   };
   forward(ws, n, ids.data_as<const int32_t>(), pos.data_as<const int32_t>(), feats.data_as<const float>(), true, attend,
           row_ids.data_as<const int32_t>(), rows);
   int32_t* top_tokens = scratch(ws, kTopTokens, DType::i32, rows * K).data_as<int32_t>();
   float* top_probs = scratch(ws, kTopProbs, DType::f32, rows * K).data_as<float>();
-  top_k(ws.slots[kLogits].data_as<const float>(), rows, top_tokens, top_probs);
+  top_k(ws[kLogits].data_as<const float>(), rows, top_tokens, top_probs);
   // The rows' hidden states (forward's kSelected holds them normed for EAGLE-3).
   float* hidden = scratch(ws, kNormed, DType::f32, rows * h).data_as<float>();
-  ck::gather_rows(ws.slots[kX].data_as<const float>(), row_ids.data_as<const int32_t>(), hidden, rows, h, s);
+  ck::gather_rows(ws[kX].data_as<const float>(), row_ids.data_as<const int32_t>(), hidden, rows, h, s);
   store_roots(ws, extend_rows_.data_as<const int32_t>(), static_cast<int>(rows));
 }
 
 void EagleCudaHead::store_roots(Workspace& ws, const int32_t* store_rows, int rows) {
   ck::DraftRootStore store{roots_hidden_.data_as<float>(), roots_tokens_.data_as<int32_t>(),
                            roots_probs_.data_as<float>(), head_.hidden_size(), params_.topk};
-  ck::draft_store_roots(store, store_rows, rows, ws.slots[kNormed].data_as<const float>(),
-                        ws.slots[kTopTokens].data_as<const int32_t>(), ws.slots[kTopProbs].data_as<const float>(),
+  ck::draft_store_roots(store, store_rows, rows, ws[kNormed].data_as<const float>(),
+                        ws[kTopTokens].data_as<const int32_t>(), ws[kTopProbs].data_as<const float>(),
                         static_cast<cudaStream_t>(stream_));
 }
 
@@ -365,13 +317,13 @@ void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
   const int64_t rows = static_cast<int64_t>(batch) * N;
   const ExtendLayout l = extend_layout(batch);
   const int32_t* ints = ext_ints_.data_as<const int32_t>();
-  const Attend attend = [&](const TensorView& q, const TensorView&, const TensorView&, const TensorView& out) {
+  const CudaAttend attend = [&](const TensorView& q, const TensorView&, const TensorView&, const TensorView& out) {
     attend_tree(q, out, N, ints + l.pages, ints + l.prefix_lens, ints + l.branch, N, 0, ints + l.branch_lens);
   };
   forward(ws, rows, ints + l.ids, ints + l.positions, ext_floats_.data_as<const float>(), true, attend, ints + l.last_rows,
           batch, ints + l.slots);
-  top_k(ws.slots[kLogits].data_as<const float>(), batch, scratch(ws, kTopTokens, DType::i32, static_cast<int64_t>(batch) * K).data_as<int32_t>(), scratch(ws, kTopProbs, DType::f32, static_cast<int64_t>(batch) * K).data_as<float>());
-  ck::gather_rows(ws.slots[kX].data_as<const float>(), ints + l.last_rows,
+  top_k(ws[kLogits].data_as<const float>(), batch, scratch(ws, kTopTokens, DType::i32, static_cast<int64_t>(batch) * K).data_as<int32_t>(), scratch(ws, kTopProbs, DType::f32, static_cast<int64_t>(batch) * K).data_as<float>());
+  ck::gather_rows(ws[kX].data_as<const float>(), ints + l.last_rows,
                   scratch(ws, kNormed, DType::f32, static_cast<int64_t>(batch) * h).data_as<float>(), batch, h, s);
   store_roots(ws, ints + l.req_rows, batch);
 }
@@ -379,13 +331,13 @@ void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
 bool EagleCudaHead::extend_after_cycle(std::span<const DraftExtendInput> requests) {
   const auto B = static_cast<int>(requests.size());
   const int N = params_.num_draft_tokens;
-  const auto graph = extend_graphs_.lower_bound(B);
-  if (B == 0 || graph == extend_graphs_.end()) return false;
+  const auto [bs, graph] = extend_graphs_.find(B);
+  if (B == 0 || graph == nullptr) return false;
   for (const DraftExtendInput& r : requests) {
     if (r.len < 1 || r.len > N) return false;
   }
-  stage_extend(requests, graph->first);
-  graph->second->launch(stream_);
+  stage_extend(requests, bs);
+  graph->launch(stream_);
   return true;
 }
 
@@ -444,9 +396,9 @@ void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int
 bool EagleCudaHead::stage_chain_extend(std::span<const DraftLoopInput> requests) {
   const auto B = static_cast<int>(requests.size());
   const int N = params_.num_draft_tokens;
-  const auto graph = extend_graphs_.lower_bound(B);
+  const auto [bs, graph] = extend_graphs_.find(B);
   chain_extend_requests_ = 0;
-  if (params_.topk != 1 || B == 0 || graph == extend_graphs_.end()) return false;
+  if (params_.topk != 1 || B == 0 || graph == nullptr) return false;
   // Every row as if the whole chain were accepted; launch_chain_extend supplies the ids, the
   // last rows and the features.
   const std::vector<int32_t> placeholder(static_cast<size_t>(N), 0);
@@ -454,7 +406,7 @@ bool EagleCudaHead::stage_chain_extend(std::span<const DraftLoopInput> requests)
   for (const DraftLoopInput& r : requests) {
     inputs.push_back({r.kv_len, N, r.req_pool_idx, r.req_row, placeholder.data(), nullptr});
   }
-  stage_extend(inputs, graph->first, /*features=*/false);
+  stage_extend(inputs, bs, /*features=*/false);
   chain_extend_requests_ = B;
   return true;
 }
@@ -465,8 +417,9 @@ void EagleCudaHead::launch_chain_extend(const VerifyDeviceResults& results) {
   const int N = params_.num_draft_tokens;
   SPECULA_CHECK(B > 0 && results.num_tokens >= static_cast<int64_t>(B) * N,
                 "chain extend: a verify of {} tokens does not hold the {} staged chains of {}", results.num_tokens, B, N);
-  const auto graph = extend_graphs_.lower_bound(B);
-  const ExtendLayout l = extend_layout(graph->first);
+  const auto [bs, graph] = extend_graphs_.find(B);
+  SPECULA_ASSERT(graph != nullptr);
+  const ExtendLayout l = extend_layout(bs);
   int32_t* ints = ext_ints_.data_as<int32_t>();
   ck::ChainExtendParams p{};
   p.batch = B;
@@ -479,35 +432,23 @@ void EagleCudaHead::launch_chain_extend(const VerifyDeviceResults& results) {
   p.last_rows = ints + l.last_rows;
   p.ext_features = ext_floats_.data_as<float>();
   ck::chain_extend_inputs(p, s);
-  graph->second->launch(stream_);
+  graph->launch(stream_);
   chain_extend_requests_ = 0;
 }
 
 void EagleCudaHead::attend_tree(const TensorView& q, const TensorView& out, int rows_per_seq, const int32_t* pages,
                                 const int32_t* prefix_lens, const int32_t* branch, int branch_stride, int branch_len,
                                 const int32_t* branch_lens) {
-  const AttentionLayer& layer = head_.attention_layer();
-  const int64_t rows = q.shape()[0];
-  ck::TreeAttentionParams p{};
-  p.q = q.data();
-  p.k_cache = draft_kv_.k_buffer(0).data();
-  p.v_cache = draft_kv_.v_buffer(0).data();
-  p.out = out.data();
-  p.rows = static_cast<int>(rows);
-  p.rows_per_seq = rows_per_seq;
-  p.num_q_heads = layer.num_q_heads;
-  p.num_kv_heads = layer.num_kv_heads;
-  p.head_dim = layer.head_dim;
-  p.scale = layer.effective_scaling();
-  p.prefix_pages = pages;
-  p.page_stride = page_stride_;
-  p.page_size = options_.page_size;
-  p.prefix_lens = prefix_lens;
-  p.branch_slots = branch;
-  p.branch_stride = branch_stride;
-  p.branch_len = branch_len;
-  p.branch_lens = branch_lens;
-  ck::tree_attention(p, static_cast<cudaStream_t>(stream_));
+  DraftTreeView tree;
+  tree.rows_per_seq = rows_per_seq;
+  tree.prefix_pages = pages;
+  tree.page_stride = page_stride_;
+  tree.prefix_lens = prefix_lens;
+  tree.branch_slots = branch;
+  tree.branch_stride = branch_stride;
+  tree.branch_len = branch_len;
+  tree.branch_lens = branch_lens;
+  backend_.forward_draft_tree(q, out, head_.attention_layer(), draft_kv_, tree);
 }
 
 void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
@@ -536,19 +477,19 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
   float* top_probs = scratch(ws, kTopProbs, DType::f32, rows * K).data_as<float>();
   for (int step = 1; step < params_.num_steps; ++step) {
     const int32_t* slots = ints + l.step_slots + (step - 1) * rows;
-    const Attend attend = [&](const TensorView& q, const TensorView&, const TensorView&, const TensorView& out) {
+    const CudaAttend attend = [&](const TensorView& q, const TensorView&, const TensorView&, const TensorView& out) {
       attend_tree(q, out, K, ints + l.pages, ints + l.prefix_lens, st.branch, params_.num_steps, step, nullptr);
     };
     forward(ws, rows, st.row_tokens, ints + l.positions + (step - 1) * rows, st.row_hidden, false, attend, nullptr, rows,
             slots);
     if (K == 1) {
-      ck::draft_top1_select(st, step, ws.slots[kLogits].data_as<const float>(), head_.draft_vocab_size(),
+      ck::draft_top1_select(st, step, ws[kLogits].data_as<const float>(), head_.draft_vocab_size(),
                             d2t_.data() != nullptr ? d2t_.data_as<const int64_t>() : nullptr,
-                            ws.slots[kX].data_as<const float>(), s);
+                            ws[kX].data_as<const float>(), s);
       continue;
     }
-    top_k(ws.slots[kLogits].data_as<const float>(), rows, top_tokens, top_probs);
-    ck::draft_select(st, step, top_tokens, top_probs, ws.slots[kX].data_as<const float>(), s);
+    top_k(ws[kLogits].data_as<const float>(), rows, top_tokens, top_probs);
+    ck::draft_select(st, step, top_tokens, top_probs, ws[kX].data_as<const float>(), s);
   }
 }
 
@@ -614,11 +555,11 @@ void EagleCudaHead::launch_draft_loop(std::span<const DraftLoopInput> requests) 
     }
     return;
   }
-  const auto graph = graphs_.lower_bound(B);
-  const int bs = graph != graphs_.end() ? graph->first : B;
+  const auto [graph_bs, graph] = graphs_.find(B);
+  const int bs = graph != nullptr ? graph_bs : B;
   stage_loop(requests, bs);
-  if (graph != graphs_.end()) {
-    graph->second->launch(stream_);
+  if (graph != nullptr) {
+    graph->launch(stream_);
   } else {
     loop_launches(extend_ws_, bs);
   }

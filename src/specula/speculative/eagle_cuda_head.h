@@ -28,9 +28,10 @@
 #include <vector>
 
 #include "specula/attention/backend.h"
+#include "specula/core/cuda_graph.h"
 #include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
-#include "specula/model/cuda/workspace.h"
+#include "specula/model/cuda/decoder_layer.h"
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/model/eagle_head.h"
 #include "specula/speculative/eagle_tree.h"
@@ -72,8 +73,9 @@ struct EagleCudaHeadOptions {
 class EagleCudaHead {
  public:
   // draft_kv: the head's bf16 pool on the head's device; stream: the target's cudaStream_t.
-  EagleCudaHead(const EagleHead& head, const SpecParams& params, MHAKVPool& draft_kv, void* stream,
-                const EagleCudaHeadOptions& options);
+  // backend: the CUDA attention backend over draft_kv (eager extends and the draft tree steps).
+  EagleCudaHead(const EagleHead& head, const SpecParams& params, MHAKVPool& draft_kv, AttentionBackend& backend,
+                void* stream, const EagleCudaHeadOptions& options);
   ~EagleCudaHead();
   EagleCudaHead(const EagleCudaHead&) = delete;
   EagleCudaHead& operator=(const EagleCudaHead&) = delete;
@@ -82,7 +84,7 @@ class EagleCudaHead {
   // with target features [num_tokens, feature_size] on the host. For each of last_rows: the head's
   // hidden state [hidden] and its top-k (target ids, probabilities) go into the root store at the
   // matching request pool index (req_pool_indices).
-  void extend(const ForwardBatch& batch, AttentionBackend& backend, const float* features,
+  void extend(const ForwardBatch& batch, const float* features,
               const std::vector<int32_t>& last_rows, const std::vector<int32_t>& req_pool_indices);
 
   // The draft extend after a cycle as a CUDA graph (SGLang's draft-extend graph runner): each
@@ -120,28 +122,23 @@ class EagleCudaHead {
 
  private:
   enum Slot : size_t {
-    kIds, kPos, kFeatures, kRowIds, kEmb, kX, kA, kNormed, kQkv, kQ, kK, kV, kAttnBf16, kAttn, kO, kXn, kGateUp, kAct,
-    kSelected, kLogits, kTopTokens, kTopProbs, kHi, kLo, kNumSlots
+    kIds, kPos, kFeatures, kRowIds, kEmb, kX, kA, kNormed, kXn, kSelected, kLogits, kTopTokens, kTopProbs, kNumSlots
   };
-  using Workspace = CudaWorkspace<kNumSlots>;
-  // The rows' attention output (bf16 views), writing their K/V to the draft pool first unless
-  // forward's epilogue already did (kv_slots).
-  using Attend = std::function<void(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out)>;
+  using Workspace = CudaStepWorkspace<kNumSlots>;
 
   Buffer& scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements);
-  // The bf16 hi/lo scratch a product of w over n rows needs (nullptrs when it needs none).
-  std::pair<void*, void*> split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in);
-  void linear(Workspace& ws, const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out);
+  CudaStepLinear step_linear(Workspace& ws) const;
   // The head over n rows of ids, positions and hidden_in (device; target features when
   // from_target, else [n, hidden]). Leaves the next hidden states in kX and the logits of `rows`
   // rows in kLogits: the rows of row_ids (device), or the first ones when row_ids is nullptr.
   // kv_slots (device, [n]) or nullptr: the q/k/v epilogue writes K/V into the draft pool there,
   // and attend must not write them again.
   void forward(Workspace& ws, int64_t n, const int32_t* ids, const int32_t* positions, const float* hidden_in,
-               bool from_target, const Attend& attend, const int32_t* row_ids, int64_t rows,
+               bool from_target, const CudaAttend& attend, const int32_t* row_ids, int64_t rows,
                const int32_t* kv_slots = nullptr);
   // Attends each row (its K/V already in the draft pool) over its sequence's prefix plus its
-  // branch (kernels/tree_attention): the draft loop's and the graphed extend's attention.
+  // branch (AttentionBackend::forward_draft_tree): the draft loop's and the graphed extend's
+  // attention.
   void attend_tree(const TensorView& q, const TensorView& out, int rows_per_seq, const int32_t* pages,
                    const int32_t* prefix_lens, const int32_t* branch, int branch_stride, int branch_len,
                    const int32_t* branch_lens);
@@ -169,12 +166,13 @@ class EagleCudaHead {
   const EagleHead& head_;
   SpecParams params_;
   MHAKVPool& draft_kv_;
+  AttentionBackend& backend_;
   void* stream_;
   EagleCudaHeadOptions options_;
   std::unique_ptr<CudaLinear> linear_;
   int page_stride_ = 0;
-  Buffer embed_, fc_, fc_bias_, input_norm_, hidden_norm_, post_norm_, final_norm_, w_qkv_, wo_, w_gate_up_, w_down_,
-      lm_head_, d2t_, inv_freq_;
+  Buffer embed_, fc_, fc_bias_, input_norm_, hidden_norm_, final_norm_, lm_head_, d2t_, inv_freq_;
+  std::unique_ptr<CudaDecoderLayer> layer_;  // the midlayer
   Workspace extend_ws_, loop_ws_, extend_graph_ws_;
   // The loop's device state (sized for max_batch) and its staged inputs.
   Buffer loop_ints_;
@@ -189,9 +187,9 @@ class EagleCudaHead {
   int chain_extend_requests_ = 0;  // requests of the staged chain extend (0: none)
   std::vector<int32_t> host_ints_;
   std::vector<float> host_floats_;
-  std::map<int, std::unique_ptr<CudaGraph>> graphs_;
+  CudaGraphSet graphs_;  // the draft loop
   Buffer ext_ints_, ext_floats_;  // the extend graphs' staged inputs
-  std::map<int, std::unique_ptr<CudaGraph>> extend_graphs_;
+  CudaGraphSet extend_graphs_;
 };
 
 }  // namespace specula

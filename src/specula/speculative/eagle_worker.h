@@ -7,54 +7,21 @@
 // scratch_tokens() slots past its KV before a cycle, emits the accepted tokens (applying stop
 // conditions), frees the slots it does not keep, and then calls draft_extend on the survivors,
 // which also runs after every prefill chunk.
-//
-// The draft's KV pool is indexed by the same slots as the target's: the draft pair at position t
-// (token t + 1, target feature of position t) lives in the slot of the target's token t.
-// The draft head runs where the target runs: on the CPU in f32 (its pool and attention too), or
-// on the target's GPU (EagleCudaHead: the draft loop as CUDA graphs, a bf16 pool).
+// The draft head (speculative/draft_head.h) runs where the target runs; the worker only
+// sequences a cycle and never asks which head it holds.
 #pragma once
 
-#include <filesystem>
 #include <memory>
 #include <span>
 #include <vector>
 
-#include "specula/kv/mha_kv_pool.h"
-#include "specula/model/eagle_head.h"
 #include "specula/runner/model_runner.h"
 #include "specula/runner/sampler.h"
-#include "specula/speculative/draft_backend.h"
+#include "specula/speculative/draft_head.h"
 #include "specula/speculative/eagle_tree.h"
 #include "specula/speculative/verify.h"
 
 namespace specula {
-
-struct EagleOptions {
-  EagleKind kind = EagleKind::EAGLE3;
-  std::filesystem::path draft_model;
-  SpecParams params{7, 1, 8};
-};
-
-// What the draft knows about a request between cycles: its root (the last draft pair). The CPU
-// head keeps it here; the GPU head keeps it in its root store on the device (on_device).
-struct DraftState {
-  std::vector<float> root_hidden;     // [hidden] the head's output at the root
-  std::vector<int32_t> root_tokens;   // [topk] the root's top-k tokens (target ids), best first
-  std::vector<float> root_probs;      // [topk] their draft probabilities
-  bool on_device = false;
-  bool valid() const { return on_device || !root_tokens.empty(); }
-};
-
-// Draft pairs [start, start + next_tokens.size()) of one request.
-struct DraftExtendItem {
-  int32_t req_pool_idx = -1;
-  int start = 0;
-  std::vector<int32_t> next_tokens;  // the token after each pair's position
-  // [next_tokens.size(), feature_size] target features; may be null for the requests of a cycle
-  // whose extend the device already ran (see draft_extend)
-  const float* features = nullptr;
-  DraftState* state = nullptr;       // updated with the new root (the GPU head: marked on_device)
-};
 
 struct CycleItem {
   // In: a decoding request whose KV holds kv_len tokens, whose last token (root_token) has no KV
@@ -86,51 +53,45 @@ struct SpecTiming {
   double accept_s = 0;        // verification and moving the accepted KV
 };
 
-class EagleCudaHead;
-
 class EagleWorker {
  public:
+  // The head of options.draft_model (make_draft_head).
   EagleWorker(ModelRunner& target, const EagleOptions& options);
+  // A head built elsewhere (tests' fake heads).
+  EagleWorker(ModelRunner& target, std::unique_ptr<DraftHead> head, const SpecParams& params);
   ~EagleWorker();
 
-  const SpecParams& params() const { return options_.params; }
-  const EagleHead& head() const { return *head_; }
+  const SpecParams& params() const { return params_; }
+  const DraftHead& head() const { return *head_; }
   // Slots past its KV a request needs during a cycle (draft scratch and the verify tree).
-  int scratch_tokens() const;
+  int scratch_tokens() const { return params_.scratch_tokens(); }
   // What the target's prefill forwards must capture.
   const std::vector<int>& capture_layers() const { return head_->capture_layers(); }
 
   // After a prefill chunk, or right after run_cycle for its surviving requests (those whose
   // extend the device already ran, for all-greedy chains on the GPU, are only marked).
   void draft_extend(std::span<DraftExtendItem> items);
-  // The request's root on the host: `state` itself for the CPU head, its row of the GPU head's
-  // root store otherwise (one sync; for tests and tools).
-  DraftState root_on_host(int32_t req_pool_idx, const DraftState& state) const;
+  // The request's root on the host (DraftHead::root_on_host).
+  DraftState root_on_host(int32_t req_pool_idx, const DraftState& state) const {
+    return head_->root_on_host(req_pool_idx, state);
+  }
   void run_cycle(std::span<CycleItem> items);
   const SpecTiming& timing() const { return timing_; }
 
  private:
-  void draft_steps(std::span<CycleItem> items, std::vector<DraftCandidates>& candidates);
   // The target's TARGET_VERIFY over the items' trees, then verification and the KV moves.
-  // tokens_on_device: the trees hold the shape only; their tokens are the GPU draft loop's
+  // tokens_on_device: the trees hold the shape only; their tokens are the head's device chain
   // candidates, read on the device by the verify and on the host (fill_chains) after it.
   // extend_on_device: the draft extend after the cycle is queued on the device behind the verify
-  // (EagleCudaHead::launch_chain_extend; staged already), and draft_extend skips these requests.
+  // (DraftHead::launch_chain_extend; staged already), and draft_extend skips these requests.
   void verify(std::span<CycleItem> items, bool tokens_on_device = false, bool extend_on_device = false);
-  void extend_now(std::span<DraftExtendItem> items);
-  // Chains (topk 1) on the GPU head skip the host between the draft loop and the verify.
-  bool chain_on_device() const;
+  // A cycle of chains kept on the device (DraftHead::chains_on_device).
+  void run_device_chain_cycle(std::span<CycleItem> items);
   void fill_chains(std::span<CycleItem> items);
-  // Softmax over the draft vocabulary and the top-k, as target ids.
-  void top_k(const float* logits, std::vector<int32_t>& tokens, std::vector<float>& probs) const;
 
   ModelRunner& target_;
-  EagleOptions options_;
-  std::unique_ptr<EagleHead> head_;
-  std::unique_ptr<MHAKVPool> draft_kv_;
-  std::unique_ptr<AttentionBackend> extend_backend_;
-  std::unique_ptr<DraftCascadeBackend> step_backend_;  // CPU head
-  std::unique_ptr<EagleCudaHead> cuda_head_;           // GPU head
+  SpecParams params_;
+  std::unique_ptr<DraftHead> head_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;  // the verify's argmax per tree token in all-greedy cycles
   // The last cycle's requests whose draft extend the device ran, with the run it accepted.

@@ -3,7 +3,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
@@ -15,30 +14,24 @@ void DecodeGraphs::capture(std::vector<int> batch_sizes, int32_t padding_req_row
                            const std::function<void(const ForwardBatch&)>& step, const std::function<void()>& freeze) {
   padding_req_row_ = padding_req_row;
   padding_slot_ = padding_slot;
-  std::sort(batch_sizes.begin(), batch_sizes.end(), std::greater<>());
-  for (int bs : batch_sizes) {
-    SPECULA_CHECK(bs >= 1, "CUDA-graph batch size {} is not valid", bs);
-    ForwardBatch b = padding_decode_batch(bs, padding_req_row_, padding_slot_);
-    prepare(b);
-    step(b);
-    CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
-    freeze();
-    graphs_[bs] = std::make_unique<CudaGraph>(stream, [&] { step(b); });
-  }
+  ForwardBatch b;
+  graphs_.capture(
+      stream, std::move(batch_sizes),
+      [&](int bs) {
+        b = padding_decode_batch(bs, padding_req_row_, padding_slot_);
+        prepare(b);
+      },
+      [&](int) { step(b); }, freeze);
 }
 
 const CudaGraph* DecodeGraphs::find(const ForwardBatch& batch, ForwardBatch* padded) const {
   if (batch.forward_mode != ForwardMode::DECODE) return nullptr;
-  const auto it = graphs_.lower_bound(batch.batch_size);
-  if (it == graphs_.end()) return nullptr;
-  *padded = pad_decode_batch(batch, it->first, padding_req_row_, padding_slot_);
-  return it->second.get();
+  const auto [bs, graph] = graphs_.find(batch.batch_size);
+  if (graph == nullptr) return nullptr;
+  *padded = pad_decode_batch(batch, bs, padding_req_row_, padding_slot_);
+  return graph;
 }
 
-std::vector<int> DecodeGraphs::batch_sizes() const {
-  std::vector<int> sizes;
-  for (const auto& [bs, graph] : graphs_) sizes.push_back(bs);
-  return sizes;
-}
+std::vector<int> DecodeGraphs::batch_sizes() const { return graphs_.batch_sizes(); }
 
 }  // namespace specula

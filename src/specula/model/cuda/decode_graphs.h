@@ -30,7 +30,7 @@ class DecodeGraphs {
   void clear() { graphs_.clear(); }
 
  private:
-  std::map<int, std::unique_ptr<CudaGraph>> graphs_;  // by batch size
+  CudaGraphSet graphs_;
   int32_t padding_req_row_ = -1;
   int32_t padding_slot_ = 0;
 };

@@ -1,0 +1,114 @@
+// CudaDecoderLayer: upload (q|k|v and gate|up stacked: one product and one pass over x instead of
+// three and two) and the layer's launches.
+#include "specula/model/cuda/decoder_layer.h"
+
+#include "specula/model/cuda/cuda_linear.h"
+#include "specula/model/cuda/fused_ops.h"
+#include "specula/model/cuda/model_ops.h"
+
+namespace specula {
+
+namespace ck = cuda_kernels;
+
+std::pair<void*, void*> CudaStepLinear::split(const Buffer& w, int64_t n, int in) const {
+  if (!linear.needs_split(w, n, in)) return {nullptr, nullptr};
+  return {scratch.get(kLayerHi, DType::bf16, n * in, device).data(), scratch.get(kLayerLo, DType::bf16, n * in, device).data()};
+}
+
+void CudaStepLinear::operator()(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in,
+                                int out) const {
+  const auto [hi, lo] = split(w, n, in);
+  linear(x, w, bias, y, n, in, out, hi, lo);
+}
+
+CudaDecoderLayer::CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLayerDims& dims, Device device)
+    : dims_(dims) {
+  input_norm_ = upload_f32(w.input_norm, device);
+  post_norm_ = upload_f32(w.post_norm, device);
+  post_attn_norm_ = upload_f32(w.post_attn_norm, device);
+  post_ffn_norm_ = upload_f32(w.post_ffn_norm, device);
+  w_qkv_ = upload_weight(stack_rows({&w.wq, &w.wk, &w.wv}), device);
+  b_qkv_ = upload_f32(stack_rows({&w.bq, &w.bk, &w.bv}), device);
+  wo_ = upload_weight(w.wo, device);
+  bo_ = upload_f32(w.bo, device);
+  w_gate_up_ = upload_weight(stack_rows({&w.w_gate, &w.w_up}), device);
+  b_gate_up_ = upload_f32(stack_rows({&w.b_gate, &w.b_up}), device);
+  w_down_ = upload_weight(w.w_down, device);
+  b_down_ = upload_f32(w.b_down, device);
+  q_norm_ = upload_f32(w.q_norm, device);
+  k_norm_ = upload_f32(w.k_norm, device);
+}
+
+size_t CudaDecoderLayer::bytes() const {
+  size_t bytes = 0;
+  for (const Buffer* b : {&input_norm_, &post_norm_, &post_attn_norm_, &post_ffn_norm_, &w_qkv_, &b_qkv_, &wo_, &bo_,
+                          &w_gate_up_, &b_gate_up_, &w_down_, &b_down_, &q_norm_, &k_norm_}) {
+    if (b->data() != nullptr) bytes += b->nbytes();
+  }
+  return bytes;
+}
+
+namespace {
+const float* optional(const Buffer& b) { return b.data() != nullptr ? b.data_as<const float>() : nullptr; }
+}  // namespace
+
+void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend, const CudaStepLinear& linear,
+                               cudaStream_t s) const {
+  const DecoderLayerDims& d = dims_;
+  const int64_t n = st.n;
+  const int h = d.hidden, D = d.head_dim, Hq = d.num_q_heads, Hkv = d.num_kv_heads, inter = d.intermediate;
+  const int qkv_width = (Hq + 2 * Hkv) * D;
+  CudaLayerScratch& ws = linear.scratch;
+  const Device dev = linear.device;
+  float* qkv = ws.get(kLayerQkv, DType::f32, n * qkv_width, dev).data_as<float>();
+  Buffer& qb = ws.get(kLayerQ, DType::bf16, n * Hq * D, dev);
+  Buffer& kb = ws.get(kLayerK, DType::bf16, n * Hkv * D, dev);
+  Buffer& vb = ws.get(kLayerV, DType::bf16, n * Hkv * D, dev);
+  Buffer& ab = ws.get(kLayerAttnBf16, DType::bf16, n * Hq * D, dev);
+  float* attn = ws.get(kLayerAttnF32, DType::f32, n * Hq * D, dev).data_as<float>();
+  float* o = ws.get(kLayerO, DType::f32, n * h, dev).data_as<float>();
+  float* gate_up = ws.get(kLayerGateUp, DType::f32, n * 2 * inter, dev).data_as<float>();
+  float* act = ws.get(kLayerAct, DType::f32, n * inter, dev).data_as<float>();
+
+  linear(st.attn_input, w_qkv_, b_qkv_, qkv, n, d.attn_in, qkv_width);
+  ck::QkvEpilogueParams e{};
+  e.qkv = qkv;
+  e.positions = st.positions;
+  e.inv_freq = st.inv_freq;
+  e.rope_factor = st.rope_factor;
+  e.q_norm = optional(q_norm_);
+  e.k_norm = optional(k_norm_);
+  e.eps = d.eps;
+  e.q = qb.data();
+  e.k = kb.data();
+  e.v = vb.data();
+  e.n = n;
+  e.num_q_heads = Hq;
+  e.num_kv_heads = Hkv;
+  e.head_dim = D;
+  if (st.kv.cache_loc != nullptr) {
+    e.k_cache = st.kv.k_cache;
+    e.v_cache = st.kv.v_cache;
+    e.cache_loc = st.kv.cache_loc;
+    e.cache_dtype = st.kv.cache_dtype;
+    e.k_scale = st.kv.k_scale;
+    e.v_scale = st.kv.v_scale;
+  }
+  ck::qkv_epilogue(e, s);
+  attend(TensorView(qb.data(), DType::bf16, {n, Hq, D}, dev), TensorView(kb.data(), DType::bf16, {n, Hkv, D}, dev),
+         TensorView(vb.data(), DType::bf16, {n, Hkv, D}, dev), TensorView(ab.data(), DType::bf16, {n, Hq, D}, dev));
+  linear.linear.product_bf16_x(ab.data(), wo_, bo_, o, n, Hq * D, h, attn);
+  if (post_attn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_attn_norm_.data_as<const float>(), o, n, h, d.eps, s);
+  ck::add_rms_norm_rows(st.x, o, post_norm_.data_as<const float>(), st.xn, n, h, d.eps, s);
+  const auto [hi, lo] = linear.split(w_gate_up_, n, h);
+  linear.linear.gated(st.xn, w_gate_up_, b_gate_up_, act, n, h, inter, d.gelu, gate_up, hi, lo);
+  linear(act, w_down_, b_down_, o, n, inter, h);
+  if (post_ffn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_ffn_norm_.data_as<const float>(), o, n, h, d.eps, s);
+  if (st.end_norm != nullptr) {
+    ck::add_rms_norm_rows(st.x, o, st.end_norm, st.end_out, n, h, d.eps, s, st.end_copy, st.end_copy_stride);
+  } else {
+    ck::add_inplace(st.x, o, n * h, s);
+  }
+}
+
+}  // namespace specula

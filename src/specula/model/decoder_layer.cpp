@@ -1,0 +1,65 @@
+// cpu_decoder_layer: Hugging Face's LlamaDecoderLayer in f32 (and its Qwen / Gemma-2 variants).
+#include "specula/model/decoder_layer.h"
+
+#include <cmath>
+
+#include "specula/model/cpu_ops.h"
+
+namespace specula {
+
+size_t DecoderLayerWeights::floats() const {
+  size_t n = 0;
+  for (const auto* v : {&input_norm, &post_norm, &post_attn_norm, &post_ffn_norm, &wq, &wk, &wv, &wo, &bq, &bk, &bv,
+                        &bo, &b_gate, &b_up, &b_down, &q_norm, &k_norm, &w_gate, &w_up, &w_down}) {
+    n += v->size();
+  }
+  return n;
+}
+
+void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, int64_t n, const float* attn_input,
+                       std::vector<float>& x, const CpuRope& rope, const CpuAttend& attend) {
+  const int h = d.hidden, D = d.head_dim, Hq = d.num_q_heads, Hkv = d.num_kv_heads, inter = d.intermediate;
+  Buffer q(DType::f32, {n, Hq, D}), k(DType::f32, {n, Hkv, D}), v(DType::f32, {n, Hkv, D}), attn(DType::f32, {n, Hq, D});
+  cpu_linear(attn_input, w.wq, q.data_as<float>(), n, d.attn_in, Hq * D);
+  cpu_linear(attn_input, w.wk, k.data_as<float>(), n, d.attn_in, Hkv * D);
+  cpu_linear(attn_input, w.wv, v.data_as<float>(), n, d.attn_in, Hkv * D);
+  if (!w.bq.empty()) {
+    cpu_add_bias(q.data_as<float>(), w.bq, n);
+    cpu_add_bias(k.data_as<float>(), w.bk, n);
+    cpu_add_bias(v.data_as<float>(), w.bv, n);
+  }
+  if (!w.q_norm.empty()) {
+    cpu_rms_norm(q.data_as<float>(), w.q_norm, q.data_as<float>(), n * Hq, D, d.eps);
+    cpu_rms_norm(k.data_as<float>(), w.k_norm, k.data_as<float>(), n * Hkv, D, d.eps);
+  }
+  rope.apply(q.data_as<float>(), Hq);
+  rope.apply(k.data_as<float>(), Hkv);
+  attend(q, k, v, attn);
+  std::vector<float> o(static_cast<size_t>(n * h)), xn(o.size());
+  cpu_linear(attn.data_as<float>(), w.wo, o.data(), n, Hq * D, h);
+  if (!w.bo.empty()) cpu_add_bias(o.data(), w.bo, n);
+  if (!w.post_attn_norm.empty()) cpu_rms_norm(o.data(), w.post_attn_norm, o.data(), n, h, d.eps);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+  cpu_rms_norm(x.data(), w.post_norm, xn.data(), n, h, d.eps);
+  std::vector<float> gate(static_cast<size_t>(n * inter)), up(gate.size());
+  cpu_linear(xn.data(), w.w_gate, gate.data(), n, h, inter);
+  cpu_linear(xn.data(), w.w_up, up.data(), n, h, inter);
+  if (!w.b_gate.empty()) {
+    cpu_add_bias(gate.data(), w.b_gate, n);
+    cpu_add_bias(up.data(), w.b_up, n);
+  }
+  if (d.gelu) {
+    for (size_t i = 0; i < gate.size(); ++i) {
+      const float g = gate[i];
+      gate[i] = 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g))) * up[i];
+    }
+  } else {
+    cpu_silu_mul(gate, up);
+  }
+  cpu_linear(gate.data(), w.w_down, o.data(), n, inter, h);
+  if (!w.b_down.empty()) cpu_add_bias(o.data(), w.b_down, n);
+  if (!w.post_ffn_norm.empty()) cpu_rms_norm(o.data(), w.post_ffn_norm, o.data(), n, h, d.eps);
+  for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+}
+
+}  // namespace specula

@@ -1,0 +1,105 @@
+// make_model and the CPU implementations of Model (LlamaCpu, DeepseekCpu): the f32 host models
+// with their attention backend. The GPU implementations are in model/cuda_models.cpp.
+#include "specula/model/model.h"
+
+#include "specula/core/error.h"
+#include "specula/model/deepseek.h"
+#include "specula/model/llama.h"
+#ifdef SPECULA_HAS_CUDA
+#include "specula/model/cuda_models.h"
+#endif
+
+namespace specula {
+
+namespace {
+
+class LlamaCpu final : public Model {
+ public:
+  LlamaCpu(const ModelConfig& config, const WeightSource& weights, const ModelOptions& o)
+      : model_(config, weights), backend_(make_llama_backend(model_, o, nullptr)) {}
+  const ModelConfig& config() const override { return model_.config(); }
+  size_t weight_bytes() const override { return model_.weight_bytes(); }
+  AttentionBackend* attention_backend() override { return backend_.get(); }
+  const LlamaModel* llama() const override { return &model_; }
+  void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) override {
+    SPECULA_CHECK(r.capture == nullptr || r.capture->download,
+                  "{}: hidden states kept on the device need a model on the GPU", model_.config().architecture);
+    backend_->init_forward_metadata(batch);
+    model_.forward(batch, *backend_, logits, r.all_tokens, r.capture);
+  }
+
+ private:
+  LlamaModel model_;
+  std::unique_ptr<AttentionBackend> backend_;
+};
+
+class DeepseekCpu final : public Model {
+ public:
+  DeepseekCpu(const ModelConfig& config, const WeightSource& weights, const ModelOptions& o)
+      : model_(config, weights), backend_(make_deepseek_backend(model_, o, nullptr)) {}
+  const ModelConfig& config() const override { return model_.config(); }
+  size_t weight_bytes() const override { return model_.weight_bytes(); }
+  MlaAttentionBackend* mla_backend() override { return backend_.get(); }
+  void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) override {
+    SPECULA_CHECK(r.capture == nullptr, "{}: capturing hidden states for a draft head is not supported",
+                  model_.config().architecture);
+    backend_->init_forward_metadata(batch);
+    model_.forward(batch, *backend_, logits, r.all_tokens);
+  }
+
+ private:
+  DeepseekModel model_;
+  std::unique_ptr<MlaAttentionBackend> backend_;
+};
+
+}  // namespace
+
+MlaKVFormat mla_kv_format(DType kv_dtype) {
+  return kv_dtype == DType::fp8_e4m3 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
+}
+
+std::unique_ptr<AttentionBackend> make_llama_backend(const LlamaModel& model, const ModelOptions& o, void* stream) {
+  AttentionBackendOptions bo;
+  bo.device = o.device;
+  bo.deterministic = o.deterministic;
+  bo.page_size = o.page_size;
+  bo.max_context_len = o.max_kv_len;
+  bo.cuda_stream = stream;
+  auto backend = make_attention_backend(o.attention_backend, bo);
+  // The CPU path attends with f32 queries; the GPU path with bf16 ones.
+  for (const AttentionLayer& layer : model.attention_layers()) {
+    backend->check_layer(layer, o.device.is_cuda() ? DType::bf16 : DType::f32, o.kv_dtype);
+  }
+  return backend;
+}
+
+std::unique_ptr<MlaAttentionBackend> make_deepseek_backend(const DeepseekModel& model, const ModelOptions& o,
+                                                           void* stream) {
+  SPECULA_CHECK(!o.deterministic, "deterministic inference is not available for {} (multi-head latent attention) yet",
+                model.config().architecture);
+  MlaBackendOptions bo;
+  bo.device = o.device;
+  bo.page_size = o.page_size;
+  bo.max_context_len = o.max_kv_len;
+  bo.extend_form = o.mla_extend_form;
+  bo.cuda_stream = stream;
+  auto backend = make_mla_backend(o.attention_backend, bo);
+  for (const MlaLayer& layer : model.mla_layers()) {
+    backend->check_layer(layer, o.device.is_cuda() ? DType::bf16 : DType::f32, mla_kv_format(o.kv_dtype));
+  }
+  return backend;
+}
+
+std::unique_ptr<Model> make_model(const ModelConfig& config, const WeightSource& weights, const ModelOptions& options) {
+  if (options.device.is_cuda()) {
+#ifdef SPECULA_HAS_CUDA
+    return make_cuda_model(config, weights, options);
+#else
+    SPECULA_CHECK(false, "--device {}: this build has no CUDA support", options.device.str());
+#endif
+  }
+  if (config.is_mla()) return std::make_unique<DeepseekCpu>(config, weights, options);
+  return std::make_unique<LlamaCpu>(config, weights, options);
+}
+
+}  // namespace specula

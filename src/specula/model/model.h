@@ -1,0 +1,112 @@
+// Model: the one interface every target model implements (the Llama family and DeepSeek's MLA
+// models, on the CPU and on a GPU), so the model runner never asks which one it holds. A Model
+// owns its weights as its executor holds them and the attention backend its layers attend
+// through (created on the model's stream); the runner owns the request table and the KV pools
+// and points each batch at them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "specula/attention/backend.h"
+#include "specula/attention/mla/mla_backend.h"
+#include "specula/batch/forward_batch.h"
+#include "specula/core/device.h"
+#include "specula/core/dtype.h"
+#include "specula/model/config.h"
+#include "specula/model/hidden_capture.h"
+#include "specula/model/weights.h"
+
+namespace specula {
+
+class LlamaModel;
+class MHAKVPool;
+class MLAKVPool;
+class ReqToTokenPool;
+
+// What one forward returns besides the logits.
+struct ForwardRequest {
+  // f32 logits of every token ([num_tokens, vocab]) instead of each request's last one.
+  bool all_tokens = false;
+  // Hidden states of every token for a draft head (optional; Llama-family models only).
+  HiddenCapture* capture = nullptr;
+  // Each returned row's greedy token (runner/sampler.h's greedy_token, -1 for a row with nothing
+  // above -inf) instead of the logits: GPU models find them on the device, download only the ids
+  // and leave logits as it was; CPU models fill logits too.
+  std::vector<int32_t>* greedy_ids = nullptr;
+  // Replay captured CUDA graphs where one holds the batch (benchmarks compare both).
+  bool use_cuda_graph = true;
+};
+
+// Where CUDA-graph padding rows point: a request row and KV slots set aside for them (one token
+// for decode, the tree after it for verify), and the pools the captured steps run over.
+struct GraphSetup {
+  std::vector<int> batch_sizes;  // each >= 1
+  int32_t padding_req_row = -1;
+  int32_t padding_slot = -1;
+  ReqToTokenPool* req_pool = nullptr;
+  MHAKVPool* kv_pool = nullptr;      // Llama-family models
+  MLAKVPool* mla_kv_pool = nullptr;  // MLA models
+};
+
+struct ModelOptions {
+  Device device = Device::cpu();
+  std::string attention_backend;  // "cpu", "cuda", ... (make_attention_backend / make_mla_backend)
+  int page_size = 16;
+  int max_kv_len = 0;  // the longest KV a request row maps (context plus speculative scratch)
+  DType kv_dtype = DType::f32;
+  bool deterministic = false;
+  MlaExtendForm mla_extend_form = MlaExtendForm::automatic;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  // Bytes of weights as the executor holds them: what one decode step reads.
+  virtual size_t weight_bytes() const = 0;
+  // The cudaStream_t the model runs on (nullptr on the CPU); KV pool operations go there too.
+  virtual void* cuda_stream() const { return nullptr; }
+  // The backend of a Llama-family model / of an MLA model (the other one is nullptr).
+  virtual AttentionBackend* attention_backend() { return nullptr; }
+  virtual MlaAttentionBackend* mla_backend() { return nullptr; }
+  // The Llama-family weights on the host (what an EAGLE head shares: embedding, lm_head), or
+  // nullptr.
+  virtual const LlamaModel* llama() const { return nullptr; }
+  // Whether hidden states can stay on the device (HiddenCapture::download = false).
+  virtual bool on_gpu() const { return false; }
+
+  // One step over the batch, whose request table and KV pool are set: initialises the backend's
+  // metadata for it (or replays a captured graph that holds it) and runs the layers.
+  virtual void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) = 0;
+
+  // CUDA graphs (GPU models; a no-op elsewhere): DECODE steps for each batch size, and
+  // TARGET_VERIFY steps of num_draft_tokens tree tokens per request that capture the hidden
+  // states of capture_layers. max_tokens: the most tokens one captured step holds.
+  virtual void capture_decode_graphs(const GraphSetup& setup, int max_tokens) { (void)setup, (void)max_tokens; }
+  virtual void capture_verify_graphs(const GraphSetup& setup, int num_draft_tokens,
+                                     const std::vector<int>& capture_layers) {
+    (void)setup, (void)num_draft_tokens, (void)capture_layers;
+  }
+  // Batch sizes with a captured decode graph.
+  virtual std::vector<int> graph_batch_sizes() const { return {}; }
+};
+
+// The KV row format of an MLA model's cache dtype: bf16, or fp8_e4m3 for the 656-byte fp8_ds_mla rows.
+MlaKVFormat mla_kv_format(DType kv_dtype);
+class DeepseekModel;
+// A model's attention backend on `stream` (a cudaStream_t, or nullptr), checked against each of
+// its layers.
+std::unique_ptr<AttentionBackend> make_llama_backend(const LlamaModel& model, const ModelOptions& options, void* stream);
+std::unique_ptr<MlaAttentionBackend> make_deepseek_backend(const DeepseekModel& model, const ModelOptions& options,
+                                                           void* stream);
+
+// The model of a checkpoint on options.device: a Llama-family decoder or an MLA model
+// (config.is_mla()), its attention backend checked against every layer (an unsupported shape
+// fails here, naming both sides).
+std::unique_ptr<Model> make_model(const ModelConfig& config, const WeightSource& weights, const ModelOptions& options);
+
+}  // namespace specula

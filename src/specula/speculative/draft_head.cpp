@@ -1,0 +1,67 @@
+// DraftHead's defaults for heads without the device chain path, the head factory and the
+// DRAFT_EXTEND batch both heads build.
+#include "specula/speculative/draft_head.h"
+
+#include "specula/core/error.h"
+#include "specula/kv/req_to_token_pool.h"
+#include "specula/runner/model_runner.h"
+#include "specula/speculative/cpu_draft_head.h"
+#ifdef SPECULA_HAS_CUDA
+#include "specula/speculative/cuda_draft_head.h"
+#endif
+
+namespace specula {
+
+void DraftHead::launch_draft(std::span<const DraftRequest>) {
+  SPECULA_CHECK(false, "this draft head keeps no chains on the device");
+}
+
+void DraftHead::read_candidates(std::vector<DraftCandidates>&) const {
+  SPECULA_CHECK(false, "this draft head keeps no chains on the device");
+}
+
+void DraftHead::launch_chain_extend(const VerifyDeviceResults&) {
+  SPECULA_CHECK(false, "this draft head stages no chain extends");
+}
+
+std::unique_ptr<DraftHead> make_draft_head(ModelRunner& target, const EagleOptions& options) {
+  if (target.options().device.is_cuda()) {
+#ifdef SPECULA_HAS_CUDA
+    return std::make_unique<CudaDraftHead>(target, options);
+#else
+    SPECULA_CHECK(false, "--device {}: this build has no CUDA support", target.options().device.str());
+#endif
+  }
+  return std::make_unique<CpuDraftHead>(target, options);
+}
+
+DraftExtendBatch make_draft_extend_batch(std::span<DraftExtendItem* const> items, ReqToTokenPool& req_pool,
+                                         int feature_size) {
+  DraftExtendBatch out;
+  ForwardBatch& b = out.batch;
+  b.forward_mode = ForwardMode::DRAFT_EXTEND;
+  const auto width = static_cast<size_t>(feature_size);
+  for (DraftExtendItem* it : items) {
+    const auto len = static_cast<int>(it->next_tokens.size());
+    if (len == 0) continue;
+    SPECULA_CHECK(it->features != nullptr, "draft extend of request {}: no target features", it->req_pool_idx);
+    const int32_t* row = req_pool.row(it->req_pool_idx);
+    for (int i = 0; i < len; ++i) {
+      b.input_ids.push_back(it->next_tokens[static_cast<size_t>(i)]);
+      b.positions.push_back(it->start + i);
+      b.out_cache_loc.push_back(row[it->start + i]);
+    }
+    out.features.insert(out.features.end(), it->features, it->features + static_cast<size_t>(len) * width);
+    b.req_pool_indices.push_back(it->req_pool_idx);
+    b.seq_lens.push_back(it->start + len);
+    b.extend_prefix_lens.push_back(it->start);
+    b.extend_seq_lens.push_back(len);
+    out.last_rows.push_back(static_cast<int64_t>(b.input_ids.size()) - 1);
+    out.items.push_back(it);
+  }
+  b.batch_size = static_cast<int>(out.items.size());
+  b.req_to_token_pool = &req_pool;
+  return out;
+}
+
+}  // namespace specula
