@@ -2,10 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "attention/attention_harness.h"
 #include "specula/attention/cpu/cpu_backend.h"
 #include "specula/core/error.h"
+#include "specula/kv/mha_kv_pool.h"
 
 namespace specula::testing {
 namespace {
@@ -86,6 +89,28 @@ TEST(CpuAttentionErrors, ShapeMismatchAndOutOfRangeIndices) {
   b.out_cache_loc = {64};
   backend.init_forward_metadata(b);
   EXPECT_NE(error_of([&] { backend.forward(q, k, v, out, layer, b); }).find("cache location 64"), std::string::npos);
+}
+
+// Draft tree steps are a GPU operation (EAGLE's CUDA draft head): the CPU backend refuses them by name.
+TEST(CpuAttentionErrors, DraftTreeIsRefusedNamingTheBackend) {
+  CpuAttentionBackend backend(AttentionBackendOptions{});
+  AttentionLayer layer;
+  layer.num_q_heads = 4;
+  layer.num_kv_heads = 2;
+  layer.head_dim = 64;
+  MHAKVPool kv_pool(KVPoolConfig{16, 1, 2, 64, 64, DType::f32, Device::cpu()});
+  Buffer q(DType::f32, {2, 4, 64}), out(DType::f32, {2, 4, 64});
+  const std::vector<int32_t> ints(4, 0);
+  DraftTreeView tree;
+  tree.prefix_pages = ints.data();
+  tree.page_stride = 1;
+  tree.prefix_lens = ints.data();
+  tree.branch_slots = ints.data();
+  tree.branch_stride = 1;
+  tree.branch_len = 1;
+  EXPECT_NE(error_of([&] { backend.forward_draft_tree(q, out, layer, kv_pool, tree); })
+                .find("attention backend 'cpu' does not support forward_draft_tree"),
+            std::string::npos);
 }
 
 }  // namespace

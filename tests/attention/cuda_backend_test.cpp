@@ -16,6 +16,7 @@
 #include "specula/attention/cuda/kernels/prefill_wgmma.h"
 #include "specula/attention/merge_state.h"
 #include "specula/core/cuda_check.h"
+#include "specula/core/dtype_code.h"
 #include "specula/kv/mha_kv_pool.h"
 
 namespace specula::testing {
@@ -598,10 +599,132 @@ TEST(CudaAttentionErrors, UnsupportedIsClearAtCheck) {
   layer.num_q_heads = 8;
   layer.num_kv_heads = 2;
   layer.head_dim = 72;
-  EXPECT_NE(cuda_attention_unsupported_reason(layer, DType::bf16, DType::bf16, 16).find("head_dim 72"), std::string::npos);
+  CudaAttentionShape shape;
+  shape.page_size = 16;
+  for (const auto& select : {select_cuda_decode, select_cuda_extend, select_cuda_verify, select_cuda_draft_tree}) {
+    const CudaAttentionPlan plan = select(layer, DType::bf16, DType::bf16, shape);
+    EXPECT_EQ(plan.kernel, CudaAttentionKernel::kNone);
+    EXPECT_NE(plan.unsupported_reason.find("head_dim 72 is not supported; supported: 64, 80, 96, 128, 256"),
+              std::string::npos);
+  }
   layer.head_dim = 128;
-  EXPECT_NE(cuda_attention_unsupported_reason(layer, DType::f32, DType::bf16, 16).find("query dtype f32"), std::string::npos);
-  EXPECT_TRUE(cuda_attention_unsupported_reason(layer, DType::bf16, DType::fp8_e4m3, 64).empty());
+  EXPECT_NE(select_cuda_extend(layer, DType::f32, DType::bf16, shape).unsupported_reason.find("query dtype f32"),
+            std::string::npos);
+  shape.page_size = 64;
+  EXPECT_TRUE(select_cuda_extend(layer, DType::bf16, DType::fp8_e4m3, shape).supported());
+  shape.page_size = 24;
+  EXPECT_NE(select_cuda_decode(layer, DType::bf16, DType::bf16, shape).unsupported_reason.find("page_size 24"),
+            std::string::npos);
+  shape.page_size = 16;
+  layer.use_local_attention = true;
+  EXPECT_NE(select_cuda_decode(layer, DType::bf16, DType::bf16, shape).unsupported_reason.find("attention_chunk_size"),
+            std::string::npos);
+  shape.attention_chunk_size = 64;
+  EXPECT_TRUE(select_cuda_decode(layer, DType::bf16, DType::bf16, shape).supported());
+  shape.custom_mask = true;
+  EXPECT_NE(select_cuda_extend(layer, DType::bf16, DType::bf16, shape).unsupported_reason.find("local attention with a "
+                                                                                               "tree mask"),
+            std::string::npos);
+}
+
+// Extend-like steps: warpgroup MMA for a cache of the query's type at head_dim 64 / 128, mma.sync
+// otherwise; the wgmma head groups from the step's K/V bytes.
+TEST(CudaAttentionSelection, ExtendPicksWgmmaWhereItIsBuilt) {
+  AttentionLayer layer;
+  layer.num_q_heads = 32;
+  layer.num_kv_heads = 8;
+  CudaAttentionShape shape;
+  shape.page_size = 16;
+  shape.kv_rows = 300000;
+  shape.l2_bytes = 50 << 20;
+  for (int d : {64, 80, 96, 128, 256}) {
+    layer.head_dim = d;
+    for (DType q : {DType::bf16, DType::f16}) {
+      for (DType kv : {DType::bf16, DType::f16, DType::fp8_e4m3}) {
+        const CudaAttentionPlan plan = select_cuda_extend(layer, q, kv, shape);
+        ASSERT_TRUE(plan.supported()) << plan.unsupported_reason;
+        const bool wgmma = q == kv && (d == 64 || d == 128);
+        EXPECT_EQ(plan.kernel, wgmma ? CudaAttentionKernel::kPrefillWgmma : CudaAttentionKernel::kPrefillMma)
+            << "head_dim " << d << " q " << dtype_name(q) << " kv " << dtype_name(kv);
+        // The kernel the selection names is one its launch accepts.
+        ck::AttentionParams p{};
+        p.io_dtype = kernel_dtype_code(q);
+        p.kv_dtype = kernel_dtype_code(kv);
+        p.head_dim = d;
+        p.v_head_dim = d;
+        EXPECT_EQ(ck::prefill_wgmma_supports(p), wgmma);
+        EXPECT_EQ(plan.heads_per_group,
+                  ck::prefill_head_group(shape.kv_rows * 2 * d * static_cast<int64_t>(dtype_size(kv)), 32, 8,
+                                         shape.l2_bytes));
+      }
+    }
+  }
+}
+
+// Decode: the split heuristic's plan (for max_context_len when deterministic) and the workspace
+// its splits need.
+TEST(CudaAttentionSelection, DecodePlanAndWorkspace) {
+  AttentionLayer layer;
+  layer.num_q_heads = 12;
+  layer.num_kv_heads = 2;
+  layer.head_dim = 128;
+  CudaAttentionShape shape;
+  shape.page_size = 16;
+  shape.num_sms = 132;
+  shape.batch_size = 3;
+  shape.num_tokens = 3;
+  shape.max_kv_len = 5000;
+  shape.max_context_len = 32768;
+  CudaAttentionPlan plan = select_cuda_decode(layer, DType::bf16, DType::fp8_e4m3, shape);
+  EXPECT_EQ(plan.kernel, CudaAttentionKernel::kDecode);
+  const DecodePlan want = choose_decode_plan(3, 2, 5000, 132);
+  ASSERT_GT(want.splits, 1);
+  EXPECT_EQ(plan.decode.splits, want.splits);
+  EXPECT_EQ(plan.decode.warps, want.warps);
+  EXPECT_EQ(plan.workspace.partial_rows, int64_t{want.splits} * 3 * 12);
+  EXPECT_EQ(plan.workspace.partial_values, int64_t{want.splits} * 3 * 12 * 128);
+  EXPECT_EQ(plan.workspace.counters, 3 * 12);
+  shape.deterministic = true;
+  plan = select_cuda_decode(layer, DType::bf16, DType::bf16, shape);
+  EXPECT_EQ(plan.decode.splits, choose_decode_plan(1, 2, 32768, 132).splits);
+  shape.deterministic = false;
+  shape.batch_size = 200;  // fills the GPU: no split, no workspace
+  shape.num_tokens = 200;
+  plan = select_cuda_decode(layer, DType::bf16, DType::bf16, shape);
+  EXPECT_EQ(plan.decode.splits, 1);
+  EXPECT_EQ(plan.workspace.partial_rows, 0);
+  EXPECT_EQ(plan.workspace.counters, 0);
+}
+
+// Verify: the tree kernel where the step staged it and it serves the layer; else the prefill
+// kernels over the mask, or a refusal naming why when no mask was staged.
+TEST(CudaAttentionSelection, VerifyTreeKernelOrPrefillFallback) {
+  AttentionLayer layer;
+  layer.num_q_heads = 8;
+  layer.num_kv_heads = 2;
+  layer.head_dim = 128;
+  CudaAttentionShape shape;
+  shape.page_size = 16;
+  shape.tree_staged = true;
+  EXPECT_EQ(select_cuda_verify(layer, DType::bf16, DType::bf16, shape).kernel, CudaAttentionKernel::kTree);
+  EXPECT_EQ(select_cuda_draft_tree(layer, DType::bf16, DType::bf16, shape).kernel, CudaAttentionKernel::kTree);
+  shape.rows_contiguous = false;
+  CudaAttentionPlan plan = select_cuda_verify(layer, DType::bf16, DType::bf16, shape);
+  EXPECT_FALSE(plan.supported());
+  EXPECT_NE(plan.unsupported_reason.find("planned for the tree kernel"), std::string::npos);
+  EXPECT_NE(plan.unsupported_reason.find("dense [rows, num_q_heads, head_dim]"), std::string::npos);
+  shape.custom_mask = true;
+  EXPECT_EQ(select_cuda_verify(layer, DType::bf16, DType::bf16, shape).kernel, CudaAttentionKernel::kPrefillWgmma);
+  shape.rows_contiguous = true;
+  layer.sliding_window_size = 64;
+  EXPECT_EQ(select_cuda_verify(layer, DType::bf16, DType::bf16, shape).kernel, CudaAttentionKernel::kPrefillWgmma);
+  EXPECT_NE(select_cuda_draft_tree(layer, DType::bf16, DType::bf16, shape).unsupported_reason.find(
+                "sliding_window_size 64"),
+            std::string::npos);
+  layer.sliding_window_size = -1;
+  EXPECT_EQ(select_cuda_verify(layer, DType::bf16, DType::fp8_e4m3, shape).kernel, CudaAttentionKernel::kPrefillMma);
+  shape.tree_staged = false;
+  EXPECT_EQ(select_cuda_verify(layer, DType::bf16, DType::bf16, shape).kernel, CudaAttentionKernel::kPrefillWgmma);
 }
 
 }  // namespace

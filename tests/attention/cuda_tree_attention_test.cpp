@@ -1,8 +1,9 @@
-// tree_attention (attention/cuda/kernels/tree_attention.h) against a float64 attention over
-// exactly the keys each row may see: its sequence's paged prefix plus its own list of KV slots,
-// with one uniform length (the EAGLE draft loop: distinct slots per row) or per-row lengths (a
-// verify tree: rows of a sequence pick subsets of the sequence's tree slots). Random inputs; the
-// seed is printed and can be fixed with SPECULA_TEST_SEED. Skipped where no GPU is visible.
+// tree_attention (attention/cuda/kernels/tree_attention.h), launched directly and through
+// CudaAttentionBackend::forward_draft_tree, against a float64 attention over exactly the keys each
+// row may see: its sequence's paged prefix plus its own list of KV slots, with one uniform length
+// (the EAGLE draft loop: distinct slots per row) or per-row lengths (a verify tree: rows of a
+// sequence pick subsets of the sequence's tree slots). Random inputs; the seed is printed and can
+// be fixed with SPECULA_TEST_SEED. Skipped where no GPU is visible.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -17,9 +18,12 @@
 #include <vector>
 
 #include "cuda_test_support.h"
+#include "specula/attention/cuda/cuda_backend.h"
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/device.h"
+#include "specula/core/error.h"
+#include "specula/kv/mha_kv_pool.h"
 
 namespace specula::testing {
 namespace {
@@ -157,8 +161,51 @@ std::vector<double> reference_attention(const TreeAttentionInputs& in) {
   return out;
 }
 
-void run_case(const TreeCase& c, std::mt19937_64& rng) {
-  SCOPED_TRACE(::testing::Message() << "seqs " << c.num_seqs << " rows_per_seq " << c.rows_per_seq << " kv heads "
+enum class Path {
+  kKernel,   // ck::tree_attention with the Params filled by hand
+  kBackend,  // CudaAttentionBackend::forward_draft_tree over an MHAKVPool
+};
+
+// The case through the backend: the K/V go to layer 1 of a two-layer pool whose layer 0 is NaN,
+// so reading the wrong layer shows; the scale is the layer's.
+void run_on_backend(const TreeAttentionInputs& in, DeviceTreeAttention& dev) {
+  const ck::TreeAttentionParams& p = dev.p;
+  AttentionBackendOptions o;
+  o.device = Device::cuda(0);
+  o.page_size = p.page_size;
+  CudaAttentionBackend backend(o);
+  AttentionLayer layer;
+  layer.layer_id = 1;
+  layer.num_q_heads = p.num_q_heads;
+  layer.num_kv_heads = p.num_kv_heads;
+  layer.head_dim = p.head_dim;
+  layer.scaling = p.scale;
+  const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
+  const int64_t num_slots = static_cast<int64_t>(in.k_cache.size()) / row_elems;
+  MHAKVPool pool(KVPoolConfig{num_slots, 2, p.num_kv_heads, p.head_dim, p.head_dim, DType::bf16, o.device});
+  const size_t bytes = in.k_cache.size() * sizeof(uint16_t);
+  CUDA_CHECK(cudaMemset(pool.k_buffer(0).data(), 0xff, bytes));
+  CUDA_CHECK(cudaMemset(pool.v_buffer(0).data(), 0xff, bytes));
+  CUDA_CHECK(cudaMemcpy(pool.k_buffer(1).data(), in.k_cache.data(), bytes, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(pool.v_buffer(1).data(), in.v_cache.data(), bytes, cudaMemcpyHostToDevice));
+  DraftTreeView tree;
+  tree.rows_per_seq = p.rows_per_seq;
+  tree.prefix_pages = p.prefix_pages;
+  tree.page_stride = p.page_stride;
+  tree.prefix_lens = p.prefix_lens;
+  tree.branch_slots = p.branch_slots;
+  tree.branch_stride = p.branch_stride;
+  tree.branch_len = std::max(p.branch_len, 0);
+  tree.branch_lens = p.branch_lens;
+  const TensorView q(dev.q.get(), DType::bf16, {p.rows, p.num_q_heads, p.head_dim}, o.device);
+  const TensorView out(dev.out.get(), DType::bf16, {p.rows, p.num_q_heads, p.head_dim}, o.device);
+  backend.forward_draft_tree(q, out, layer, pool, tree);
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void run_case(const TreeCase& c, std::mt19937_64& rng, Path path = Path::kKernel) {
+  SCOPED_TRACE(::testing::Message() << (path == Path::kBackend ? "forward_draft_tree: " : "tree_attention: ")
+                                    << "seqs " << c.num_seqs << " rows_per_seq " << c.rows_per_seq << " kv heads "
                                     << c.num_kv_heads << " group " << c.group << " head_dim " << c.head_dim
                                     << " page_size " << c.page_size << " branch_stride " << c.branch_stride
                                     << (c.lengths == Lengths::kUniform ? " branch_len " : " per-row lengths")
@@ -168,8 +215,12 @@ void run_case(const TreeCase& c, std::mt19937_64& rng) {
   DeviceTreeAttention dev(in);  // binds branch_lens for kPerRow only (branch_len -1)
   dev.out.fill_bytes(0xff);     // NaN bf16 wherever the kernel does not write
   const ck::TreeAttentionParams& p = dev.p;
-  ck::tree_attention(p, nullptr);
-  CUDA_CHECK(cudaDeviceSynchronize());
+  if (path == Path::kBackend) {
+    run_on_backend(in, dev);
+  } else {
+    ck::tree_attention(p, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
   const std::vector<uint16_t> got = dev.out.download();
   const std::vector<double> ref = reference_attention(in);
   double max_err = 0;
@@ -180,8 +231,9 @@ void run_case(const TreeCase& c, std::mt19937_64& rng) {
         << "row " << i / (static_cast<size_t>(p.num_q_heads) * p.head_dim) << " element " << i;
     max_err = std::max(max_err, std::fabs(g - ref[i]));
   }
-  std::printf("tree_attention head_dim %d group %d rows_per_seq %d%s: max abs error %.2e\n", c.head_dim, c.group,
-              c.rows_per_seq, c.lengths == Lengths::kPerRow ? " per-row" : "", max_err);
+  std::printf("%s head_dim %d group %d rows_per_seq %d%s: max abs error %.2e\n",
+              path == Path::kBackend ? "forward_draft_tree" : "tree_attention", c.head_dim, c.group, c.rows_per_seq,
+              c.lengths == Lengths::kPerRow ? " per-row" : "", max_err);
 }
 
 // The draft loop's shape: rows_per_seq = topk, one uniform branch length (the step), distinct
@@ -224,6 +276,68 @@ TEST(CudaTreeAttention, PerRowBranchLengthsMatchFloat64Reference) {
   cases.push_back({2, 8, 1, 4, 256, 16, 8, 0, Lengths::kPerRow, 1.0f});
   cases.push_back({2, 8, 1, 12, 64, 1, 8, 0, Lengths::kPerRow, 8.0f});
   for (const TreeCase& c : cases) run_case(c, rng);
+}
+
+// The same kernel through the backend interface EAGLE's draft head uses: both length kinds, every
+// head_dim it serves, MHA and GQA (a group over several blocks), page sizes 1 and 16, an empty
+// prefix and an empty branch.
+TEST(CudaTreeAttention, ForwardDraftTreeMatchesFloat64Reference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(test_seed("cuda_tree_attention_test") + 2);
+  const std::vector<TreeCase> cases = {
+      {2, 4, 2, 1, 64, 16, 5, 3, Lengths::kUniform, 1.0f},  {3, 4, 2, 4, 128, 1, 8, 6, Lengths::kUniform, 4.0f},
+      {2, 2, 1, 2, 256, 16, 4, 2, Lengths::kUniform, 1.0f}, {3, 4, 2, 2, 64, 16, 4, 0, Lengths::kUniform, 1.0f},
+      {3, 8, 2, 2, 128, 16, 8, 0, Lengths::kPerRow, 1.0f},  {2, 8, 1, 12, 64, 1, 8, 0, Lengths::kPerRow, 8.0f},
+      {4, 8, 2, 2, 128, 16, 11, 0, Lengths::kPerRow, 1.0f},
+  };
+  for (const TreeCase& c : cases) run_case(c, rng, Path::kBackend);
+}
+
+std::string draft_tree_error(const AttentionLayer& layer, DType q_dtype, bool strided) {
+  AttentionBackendOptions o;
+  o.device = Device::cuda(0);
+  o.page_size = 16;
+  CudaAttentionBackend backend(o);
+  MHAKVPool pool(KVPoolConfig{64, 1, layer.num_kv_heads, layer.head_dim, layer.head_dim, DType::bf16, o.device});
+  const int64_t rows = 4, width = static_cast<int64_t>(layer.num_q_heads) * layer.head_dim;
+  Buffer q(q_dtype, {rows, 2 * width}, o.device), out(q_dtype, {rows, 2 * width}, o.device);
+  // strided: every row's heads are followed by a gap as wide, as a slice of a wider projection is.
+  const Shape shape{rows, layer.num_q_heads, layer.head_dim};
+  const Shape strides = strided ? Shape{2 * width, layer.head_dim, 1} : Shape{width, layer.head_dim, 1};
+  const TensorView qv(q.data(), q_dtype, shape, strides, o.device), ov(out.data(), q_dtype, shape, strides, o.device);
+  DeviceArray<int32_t> ints(std::vector<int32_t>(16, 0));
+  DraftTreeView tree;
+  tree.rows_per_seq = 2;
+  tree.prefix_pages = ints.get();
+  tree.page_stride = 1;
+  tree.prefix_lens = ints.get();
+  tree.branch_slots = ints.get();
+  tree.branch_stride = 1;
+  tree.branch_len = 1;
+  try {
+    backend.forward_draft_tree(qv, ov, layer, pool, tree);
+    CUDA_CHECK(cudaDeviceSynchronize());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Layers and inputs the tree kernel is not built for are refused with the value and what is allowed.
+TEST(CudaTreeAttention, ForwardDraftTreeRefusesWhatTheTreeKernelCannotServe) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  AttentionLayer layer;
+  layer.num_q_heads = 8;
+  layer.num_kv_heads = 2;
+  layer.head_dim = 80;
+  EXPECT_NE(draft_tree_error(layer, DType::bf16, false).find("head_dim 80"), std::string::npos);
+  layer.head_dim = 64;
+  EXPECT_NE(draft_tree_error(layer, DType::f16, false).find("bf16 queries and KV cache; got f16"), std::string::npos);
+  EXPECT_NE(draft_tree_error(layer, DType::bf16, true).find("dense [rows, num_q_heads, head_dim]"), std::string::npos);
+  layer.logit_cap = 30.0f;
+  EXPECT_NE(draft_tree_error(layer, DType::bf16, false).find("logit_cap 30"), std::string::npos);
+  layer.logit_cap = 0.0f;
+  EXPECT_EQ(draft_tree_error(layer, DType::bf16, false), "(no error)");
 }
 
 }  // namespace

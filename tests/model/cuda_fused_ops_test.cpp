@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_test_support.h"
@@ -180,7 +181,18 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaQkvEpilogue,
                          ::testing::Values(EpilogueCase{1, 32, 8, 128, false, ck::kBF16, 1.0f, 1.0f},
                                            EpilogueCase{19, 16, 4, 64, true, ck::kBF16, 1.0f, 1.0f},
                                            EpilogueCase{7, 12, 2, 256, true, ck::kFp8E4m3, 0.5f, 2.0f},
-                                           EpilogueCase{33, 8, 8, 80, false, ck::kFp8E4m3, 1.0f, 0.25f}));
+                                           EpilogueCase{33, 8, 8, 80, false, ck::kFp8E4m3, 1.0f, 0.25f}),
+                         [](const ::testing::TestParamInfo<EpilogueCase>& info) {
+                           // e.g. n19_q16_kv4_hd64_norms_bf16_ks100_vs100 (scales in hundredths)
+                           const EpilogueCase& c = info.param;
+                           const std::string dtype = c.cache_dtype == ck::kBF16       ? "bf16"
+                                                     : c.cache_dtype == ck::kFp8E4m3 ? "fp8"
+                                                                                      : "dtype" + std::to_string(c.cache_dtype);
+                           return "n" + std::to_string(c.n) + "_q" + std::to_string(c.num_q_heads) + "_kv" +
+                                  std::to_string(c.num_kv_heads) + "_hd" + std::to_string(c.head_dim) +
+                                  (c.norms ? "_norms_" : "_") + dtype + "_ks" + std::to_string(std::lround(c.k_scale * 100)) +
+                                  "_vs" + std::to_string(std::lround(c.v_scale * 100));
+                         });
 
 }  // namespace
 }  // namespace specula

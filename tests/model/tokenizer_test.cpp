@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <cstdint>
 #include <fstream>
 #include <random>
 
 #include "specula/core/error.h"
 #include "specula/model/tokenizer.h"
+#include "specula/model/utf8.h"
 
 namespace specula {
 namespace {
@@ -162,6 +164,29 @@ TEST(Tokenizer, LossyUtf8LikeHuggingFace) {
   Tokenizer::Stream s(t);
   EXPECT_EQ(s.push(0xE6), "");
   EXPECT_EQ(s.push(0x41), fffd + "A") << "A cannot continue E6: both are final at once";
+}
+
+// The encoder agrees with the validating decoder on every scalar value, at each length boundary.
+// The lead-byte length is by bit pattern alone: invalid leads C0, C1 and F5..F7 still announce 2
+// and 4, which is how SentencePiece-style tokenizers have always grouped such bytes.
+TEST(Tokenizer, Utf8EncodeAndSequenceLength) {
+  EXPECT_EQ(utf8_encode(0x41), "A");
+  EXPECT_EQ(utf8_encode(0x80), "\xC2\x80");
+  EXPECT_EQ(utf8_encode(0x7FF), "\xDF\xBF");
+  EXPECT_EQ(utf8_encode(0x800), "\xE0\xA0\x80");
+  EXPECT_EQ(utf8_encode(0xFFFF), "\xEF\xBF\xBF");
+  EXPECT_EQ(utf8_encode(0x10000), "\xF0\x90\x80\x80");
+  EXPECT_EQ(utf8_encode(0x10FFFF), "\xF4\x8F\xBF\xBF");
+  for (uint32_t cp = 0; cp <= 0x10FFFF; ++cp) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;  // surrogates are not scalar values
+    const std::string bytes = utf8_encode(cp);
+    ASSERT_EQ(utf8_lossy(bytes), bytes) << cp;
+    ASSERT_EQ(utf8_sequence_length(static_cast<uint8_t>(bytes[0])), bytes.size()) << cp;
+  }
+  for (int b = 0; b < 256; ++b) {
+    const size_t expected = b >= 0xC0 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF7 ? 4 : 1;
+    EXPECT_EQ(utf8_sequence_length(static_cast<uint8_t>(b)), expected) << b;
+  }
 }
 
 const char* kSentencePieceVocab = R"(

@@ -11,6 +11,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <string>
 
 #include "specula/cli/bench_attention.h"
 #include "specula/cli/bench_generate.h"
@@ -68,6 +70,22 @@ __attribute__((section(".preinit_array"), used)) void (*const preinit_hook)(int,
   std::_Exit(status);
 }
 
+// CLI11 reads a value of a multi-value option that starts with '[' and ends with ']' as a list
+// ("[a, b]" is two values, "[x]" is x, "[]" none, which then swallows the next argument as the
+// value), and such an option also takes every following word up to the next flag. Prompts and
+// stop strings must reach the engine byte for byte, so every text option of every command takes
+// exactly one value per use, unchanged: repeat the flag for more. Numeric lists keep CLI11's
+// syntax (--stop-token-ids 1,2 or 1 2), where a bracket cannot be part of a value anyway; any
+// other type name (TEXT, or a FILE a command might name) counts as text.
+void take_text_verbatim(CLI::App& app) {
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    const bool numeric = type == "INT" || type == "UINT" || type == "FLOAT";
+    if (!numeric && option->get_allow_extra_args()) option->allow_extra_args(false);
+  }
+  for (CLI::App* command : app.get_subcommands(std::function<bool(CLI::App*)>{})) take_text_verbatim(*command);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,6 +111,7 @@ int main(int argc, char** argv) {
   specula::add_bench_attention_command(*bench);
   specula::add_bench_generate_command(*bench);
   specula::add_bench_serve_command(*bench);
+  take_text_verbatim(app);
 
   // Once the command line is parsed (not for --help or --version), before any command runs.
   app.parse_complete_callback([] { specula::reserve_cpu_blas_buffers(); });

@@ -1,6 +1,5 @@
-// The GPU implementations of Model (LlamaCuda, DeepseekCuda): the host model, its CUDA executor
-// and the attention backend on the executor's stream, with graph replay where a graph holds the
-// batch.
+// make_cuda_model: the Model of a checkpoint on a GPU (LlamaCudaModel or DeepseekCudaModel), kept
+// apart so that CPU-only builds of model.cpp need no CUDA header.
 #pragma once
 
 #include <memory>

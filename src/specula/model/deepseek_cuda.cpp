@@ -21,12 +21,10 @@ namespace specula {
 
 namespace ck = cuda_kernels;
 
-DeepseekCudaModel::DeepseekCudaModel(const DeepseekModel& host, Device device) : host_(host), device_(device) {
-  SPECULA_CHECK(device.is_cuda(), "DeepseekCudaModel needs a CUDA device, not {}", device.str());
-  stream_ = create_model_stream(device);
-  linear_ = std::make_unique<CudaLinear>(device, stream_, false);
-  ends_ = std::make_unique<CudaDecoderEnds>(host, device);
-  for (const DeepseekModel::Layer& l : host.layers()) {
+DeepseekCudaModel::DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const ModelOptions& options)
+    : CudaDecoderExecutor(*host, options.device, false), model_(std::move(host)) {
+  const Device device = device_;
+  for (const DeepseekModel::Layer& l : model_->layers()) {
     Layer d;
     d.input_norm = upload_f32(l.input_norm, device);
     d.post_norm = upload_f32(l.post_norm, device);
@@ -44,15 +42,11 @@ DeepseekCudaModel::DeepseekCudaModel(const DeepseekModel& host, Device device) :
   }
 }
 
-DeepseekCudaModel::~DeepseekCudaModel() {
-  graphs_.clear();
-  linear_.reset();
-  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
-}
+DeepseekCudaModel::~DeepseekCudaModel() { backend_.reset(); }
 
-size_t DeepseekCudaModel::weight_bytes() const {
+size_t DeepseekCudaModel::layer_bytes() const {
   auto held = [](const Buffer& b) { return b.data() != nullptr ? b.nbytes() : 0; };
-  size_t bytes = ends_->bytes();
+  size_t bytes = 0;
   for (const Layer& l : layers_) {
     for (const Buffer* b : {&l.input_norm, &l.post_norm, &l.w_in, &l.q_a_norm, &l.wq_b, &l.kv_a_norm, &l.wkv_b,
                             &l.wkv_b_bf16, &l.wo, &l.w_gate_up, &l.w_down}) {
@@ -62,22 +56,11 @@ size_t DeepseekCudaModel::weight_bytes() const {
   return bytes;
 }
 
-Buffer& DeepseekCudaModel::scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements) {
-  return ws.get(slot, dtype, elements, device_);
-}
-
-std::pair<void*, void*> DeepseekCudaModel::split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in) {
-  if (!linear_->needs_split(w, n, in)) return {nullptr, nullptr};
-  return {scratch(ws, kHi, DType::bf16, n * in).data(), scratch(ws, kLo, DType::bf16, n * in).data()};
-}
-
-void DeepseekCudaModel::linear(Workspace& ws, const float* x, const Buffer& w, float* y, int64_t n, int in, int out) {
-  const auto [hi, lo] = split_scratch(ws, w, n, in);
-  (*linear_)(x, w, Buffer{}, y, n, in, out, hi, lo);
-}
-
-void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBackend& backend, Workspace& ws, int64_t n) {
-  const ModelConfig& c = host_.config();
+void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) {
+  SPECULA_ASSERT(capture == nullptr);
+  MlaAttentionBackend& backend = *backend_;
+  const CudaStepLinear linear = step_linear(ws);
+  const ModelConfig& c = model_->config();
   const MlaConfig& m = c.mla;
   const auto s = static_cast<cudaStream_t>(stream_);
   const int h = c.hidden_size, H = c.num_attention_heads, R = m.kv_lora_rank, rope = m.qk_rope_head_dim;
@@ -114,11 +97,11 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
   ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
-    linear(ws, xn, w.w_in, in, n, h, in_width);
+    linear(xn, w.w_in, Buffer{}, in, n, h, in_width);
     if (m.q_lora_rank > 0) {
       ck::rms_norm_strided(in, in_width, w.q_a_norm.data_as<const float>(), qa, m.q_lora_rank, n, m.q_lora_rank,
                            DeepseekModel::kLatentNormEps, s);
-      linear(ws, qa, w.wq_b, q, n, m.q_lora_rank, H * qk);
+      linear(qa, w.wq_b, Buffer{}, q, n, m.q_lora_rank, H * qk);
     }
     const float* wkv_b = w.wkv_b.data_as<const float>();
     const int64_t head_rows = static_cast<int64_t>(nope + vd) * R;  // kv_b_proj floats per head
@@ -139,7 +122,7 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
     pack.kv_a_stride = in_width;
     pack.positions = pos;
     pack.inv_freq = ends_->inv_freq().data_as<const float>();
-    pack.rope_factor = host_.rope_attention_factor();
+    pack.rope_factor = model_->rope_attention_factor();
     pack.interleave = m.rope_interleave;
     pack.q_out = q_abs.data();
     pack.k_pe_out = k_pe.data_as<float>();
@@ -154,11 +137,11 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
       };
       const TensorView q_exp(q_abs.data(), DType::bf16, {n, H, qk}, device_);
       const TensorView values_bf16(out.data(), DType::bf16, {n, H, vd}, device_);
-      backend.forward_expanded(q_exp, kv_c_view, k_pe_view, values_bf16, host_.mla_layers()[l], batch, expand,
+      backend.forward_expanded(q_exp, kv_c_view, k_pe_view, values_bf16, model_->mla_layers()[l], batch, expand,
                                MlaForwardOptions{});
       ck::bf16_to_f32(out.data(), values, n * H * vd, s);
     } else {
-      backend.forward(q_view, kv_c_view, k_pe_view, out_view, host_.mla_layers()[l], batch, MlaForwardOptions{});
+      backend.forward(q_view, kv_c_view, k_pe_view, out_view, model_->mla_layers()[l], batch, MlaForwardOptions{});
       ck::bf16_to_f32(out.data(), out_f32, n * H * R, s);
     }
     if (n > 0 && !expanded) {
@@ -166,11 +149,11 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
       linear_->batched({out_f32, static_cast<int64_t>(H) * R, R}, {wkv_b + static_cast<int64_t>(nope) * R, R, head_rows},
                        true, values, static_cast<int64_t>(H) * vd, vd, n, R, vd, H);
     }
-    linear(ws, values, w.wo, o, n, H * vd, h);
+    linear(values, w.wo, Buffer{}, o, n, H * vd, h);
     ck::add_rms_norm_rows(x, o, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
-    const auto [hi, lo] = split_scratch(ws, w.w_gate_up, n, h);
+    const auto [hi, lo] = linear.split(w.w_gate_up, n, h);
     linear_->gated(xn, w.w_gate_up, Buffer{}, act, n, h, inter, false, gate_up, hi, lo);
-    linear(ws, act, w.w_down, o, n, inter, h);
+    linear(act, w.w_down, Buffer{}, o, n, inter, h);
     // The residual add, fused with the next layer's input norm.
     if (l + 1 < layers_.size()) {
       ck::add_rms_norm_rows(x, o, layers_[l + 1].input_norm.data_as<const float>(), xn, n, h, eps, s);
@@ -181,76 +164,18 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, MlaAttentionBacken
 
 }
 
-float* DeepseekCudaModel::run_head(Workspace& ws, const int32_t* row_ids, int64_t count) {
-  const ModelConfig& c = host_.config();
-  float* selected = scratch(ws, kSelected, DType::f32, count * c.hidden_size).data_as<float>();
-  float* out = scratch(ws, kLogits, DType::f32, count * c.vocab_size).data_as<float>();
-  ends_->logits(ws.slots[kX].data_as<const float>(), row_ids, count, selected, out,
-                [&](const float* x, const Buffer& w, float* y, int64_t n, int in, int o) { linear(ws, x, w, y, n, in, o); },
-                static_cast<cudaStream_t>(stream_));
-  return out;
+void DeepseekCudaModel::forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) {
+  SPECULA_CHECK(r.capture == nullptr, "{}: capturing hidden states for a draft head is not supported",
+                model_->config().architecture);
+  if (r.use_cuda_graph && !r.all_tokens && replay_decode(batch, logits, r.greedy_ids)) return;
+  eager_forward(batch, logits, r);
 }
 
-void DeepseekCudaModel::forward(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits,
-                                bool all_tokens, std::vector<int32_t>* greedy_ids) {
-  const ModelConfig& c = host_.config();
-  const auto s = static_cast<cudaStream_t>(stream_);
-  const int64_t n = batch.num_tokens();
-  SPECULA_CHECK(static_cast<int64_t>(batch.input_ids.size()) == n && static_cast<int64_t>(batch.positions.size()) == n,
-                "batch has {} tokens but {} input_ids and {} positions", n, batch.input_ids.size(), batch.positions.size());
-  for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-  upload_i32_async(scratch(eager_, kIds, DType::i32, n), batch.input_ids, s);
-  upload_i32_async(scratch(eager_, kPositions, DType::i32, n), batch.positions, s);
-  run_layers(batch, backend, eager_, n);
-  const std::vector<int32_t> rows = logit_rows(batch, all_tokens);
-  const int64_t count = rows.empty() ? n : static_cast<int64_t>(rows.size());
-  const int32_t* row_ids = nullptr;
-  if (!rows.empty()) {
-    Buffer& b = scratch(eager_, kRows, DType::i32, count);
-    upload_i32_async(b, rows, s);
-    row_ids = b.data_as<const int32_t>();
-  }
-  const float* out = run_head(eager_, row_ids, count);
-  download_step(pinned_, out, count, c.vocab_size, logits, greedy_ids, greedy_dev_, nullptr, nullptr, device_, s);
+void DeepseekCudaModel::capture_decode_graphs(const GraphSetup& g, int max_tokens) {
+  int max_bs = 0;
+  for (int bs : g.batch_sizes) max_bs = std::max(max_bs, bs);
+  backend_->init_cuda_graph_state(max_bs, max_tokens);
+  capture_decode(g);
 }
-
-void DeepseekCudaModel::capture_decode_graphs(MlaAttentionBackend& backend, std::vector<int> batch_sizes,
-                                              int32_t padding_req_row, int32_t padding_slot, ReqToTokenPool* req_pool,
-                                              MLAKVPool* kv_pool) {
-  const auto s = static_cast<cudaStream_t>(stream_);
-  graphs_.capture(
-      std::move(batch_sizes), padding_req_row, padding_slot, stream_,
-      [&](ForwardBatch& b) {
-        b.req_to_token_pool = req_pool;
-        b.mla_kv_pool = kv_pool;
-        backend.init_forward_metadata_capture_cuda_graph(b);
-        upload_i32_async(scratch(graph_ws_, kIds, DType::i32, b.batch_size), b.input_ids, s);
-        upload_i32_async(scratch(graph_ws_, kPositions, DType::i32, b.batch_size), b.positions, s);
-      },
-      [&](const ForwardBatch& b) {
-        run_layers(b, backend, graph_ws_, b.batch_size);
-        run_head(graph_ws_, nullptr, b.batch_size);
-      },
-      [&] { graph_ws_.frozen = true; });
-}
-
-bool DeepseekCudaModel::forward_decode_graph(const ForwardBatch& batch, MlaAttentionBackend& backend,
-                                             std::vector<float>& logits, std::vector<int32_t>* greedy_ids) {
-  ForwardBatch padded;
-  const CudaGraph* graph = graphs_.find(batch, &padded);
-  if (graph == nullptr) return false;
-  const ModelConfig& c = host_.config();
-  for (int32_t id : batch.input_ids) SPECULA_CHECK(id >= 0 && id < c.vocab_size, "token id {} is out of range [0, {})", id, c.vocab_size);
-  const auto s = static_cast<cudaStream_t>(stream_);
-  backend.init_forward_metadata_replay_cuda_graph(padded);
-  upload_i32_async(graph_ws_.slots[kIds], padded.input_ids, s);
-  upload_i32_async(graph_ws_.slots[kPositions], padded.positions, s);
-  graph->launch(stream_);
-  download_step(pinned_, graph_ws_.slots[kLogits].data_as<const float>(), batch.batch_size, c.vocab_size, logits,
-                greedy_ids, greedy_dev_, nullptr, nullptr, device_, s);
-  return true;
-}
-
-std::vector<int> DeepseekCudaModel::graph_batch_sizes() const { return graphs_.batch_sizes(); }
 
 }  // namespace specula

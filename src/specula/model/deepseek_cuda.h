@@ -1,5 +1,5 @@
-// DeepseekCudaModel: the same decoder as DeepseekModel, executed on a CUDA device; DECODE steps
-// can run as CUDA graphs captured per batch size, padded up to the next captured size. Weight
+// DeepseekCudaModel: the Model of DeepseekModel's decoder on a CUDA device, over the step
+// skeleton and DECODE graphs of CudaDecoderExecutor. Weight
 // matrices are held in bf16 when the checkpoint's values are bf16 (else f32), except kv_b_proj,
 // whose per-head halves W_UK and W_UV multiply f32 activations in cuBLAS strided-batched sgemms;
 // activations are f32. One product computes q (or q_a) and the latent [c ; k_pe] together; bf16
@@ -11,48 +11,24 @@
 #pragma once
 
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include "specula/attention/mla/mla_backend.h"
-#include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
-#include "specula/model/cuda/decode_graphs.h"
-#include "specula/model/cuda/decoder_ends.h"
-#include "specula/model/cuda/workspace.h"
+#include "specula/model/cuda/decoder_executor.h"
 #include "specula/model/deepseek.h"
 
 namespace specula {
 
-class CudaLinear;
-class ReqToTokenPool;
-
-class DeepseekCudaModel {
+class DeepseekCudaModel final : public CudaDecoderExecutor {
  public:
-  DeepseekCudaModel(const DeepseekModel& host, Device device);
-  ~DeepseekCudaModel();
-  DeepseekCudaModel(const DeepseekCudaModel&) = delete;
-  DeepseekCudaModel& operator=(const DeepseekCudaModel&) = delete;
+  // Uploads the host model's weights and creates the MLA backend on the model's stream.
+  DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const ModelOptions& options);
+  ~DeepseekCudaModel() override;
 
-  // The cudaStream_t all of the model's work runs on; the MLA backend must use it too.
-  void* stream() const { return stream_; }
-  size_t weight_bytes() const;
-
-  // As DeepseekModel::forward; the logits come back to the host, or with greedy_ids only each
-  // returned row's greedy token (as LlamaCudaModel's; also for the graph path below).
-  void forward(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits,
-               bool all_tokens = false, std::vector<int32_t>* greedy_ids = nullptr);
-
-  // As LlamaCudaModel's: one DECODE-step graph per batch size, after the backend's
-  // init_cuda_graph_state(max size); padding rows are one-token requests in padding_req_row
-  // whose token is KV slot padding_slot.
-  void capture_decode_graphs(MlaAttentionBackend& backend, std::vector<int> batch_sizes, int32_t padding_req_row,
-                             int32_t padding_slot, ReqToTokenPool* req_pool, MLAKVPool* kv_pool);
-  // Runs a DECODE batch through the smallest captured graph that holds it; false (nothing run)
-  // when there is none.
-  bool forward_decode_graph(const ForwardBatch& batch, MlaAttentionBackend& backend, std::vector<float>& logits,
-                            std::vector<int32_t>* greedy_ids = nullptr);
-  std::vector<int> graph_batch_sizes() const;
+  MlaAttentionBackend* mla_backend() override { return backend_.get(); }
+  void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override;
+  void capture_decode_graphs(const GraphSetup& setup, int max_tokens) override;
 
  private:
   struct Layer {
@@ -63,33 +39,26 @@ class DeepseekCudaModel {
     Buffer wkv_b_bf16;  // the same in bf16, for the expanded form's keys and values
     Buffer wo, w_gate_up, w_down;
   };
-  enum Slot : size_t {
-    kIds, kPositions, kX, kXn, kIn, kQa, kQ, kQLatent, kQAbs, kKvC, kKPe, kOut, kOutF32, kValues, kO, kGateUp, kAct,
-    kRows, kSelected, kLogits, kHi, kLo, kNumSlots
+  // The MLA layer's own slots, after the executor's.
+  enum MlaSlot : size_t {
+    kIn = kModelSlots, kQa, kQ, kQLatent, kQAbs, kKvC, kKPe, kOut, kOutF32, kValues, kO, kGateUp, kAct, kNumMlaSlots
   };
-  using Workspace = CudaWorkspace<kNumSlots>;
-  Buffer& scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements);
-  // The bf16 hi/lo scratch a product of w over n rows needs (nullptrs when it needs none).
-  std::pair<void*, void*> split_scratch(Workspace& ws, const Buffer& w, int64_t n, int in);
-  void linear(Workspace& ws, const float* x, const Buffer& w, float* y, int64_t n, int in, int out);
-  // The decoder layers over n tokens whose ids and positions are in kIds / kPositions; the final
-  // hidden states are left in kX.
-  void run_layers(const ForwardBatch& batch, MlaAttentionBackend& backend, Workspace& ws, int64_t n);
-  // Final norm and lm_head over `count` rows of kX (row ids in device memory, or the first `count`
-  // rows when nullptr); returns the f32 logits (kLogits).
-  float* run_head(Workspace& ws, const int32_t* row_ids, int64_t count);
+  static_assert(kNumMlaSlots <= kMaxSlots);
 
-  const DeepseekModel& host_;
-  Device device_;
-  void* stream_ = nullptr;  // cudaStream_t
-  std::unique_ptr<CudaLinear> linear_;
-  PinnedBuffer pinned_;
-  Buffer greedy_dev_;  // the device's greedy tokens of a step (download_step)
-  std::unique_ptr<CudaDecoderEnds> ends_;
+  void run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) override;
+  size_t layer_bytes() const override;
+  void init_metadata(const ForwardBatch& batch) override { backend_->init_forward_metadata(batch); }
+  void init_capture_metadata(const ForwardBatch& batch) override {
+    backend_->init_forward_metadata_capture_cuda_graph(batch);
+  }
+  void init_replay_metadata(const ForwardBatch& batch) override {
+    backend_->init_forward_metadata_replay_cuda_graph(batch);
+  }
+
+  std::unique_ptr<DeepseekModel> model_;
   std::vector<Layer> layers_;
-  Workspace eager_;
-  Workspace graph_ws_;
-  DecodeGraphs graphs_;
+  // Declared last, so it goes first: it runs on the model's stream.
+  std::unique_ptr<MlaAttentionBackend> backend_;
 };
 
 }  // namespace specula

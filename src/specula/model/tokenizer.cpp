@@ -20,21 +20,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string utf8_of(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
-
 // Bytes that print as themselves keep their code point; the rest get 256, 257, ... in order.
 const std::array<std::string, 256>& byte_alphabet() {
   static const std::array<std::string, 256> table = [] {
@@ -42,7 +27,7 @@ const std::array<std::string, 256>& byte_alphabet() {
     uint32_t next = 256;
     for (uint32_t b = 0; b < 256; ++b) {
       const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-      t[b] = utf8_of(printable ? b : next++);
+      t[b] = utf8_encode(printable ? b : next++);
     }
     return t;
   }();
@@ -56,15 +41,6 @@ const std::unordered_map<std::string, uint8_t>& unicode_to_byte() {
     return t;
   }();
   return table;
-}
-
-// Length of the UTF-8 sequence starting at s[i] (1 for invalid lead bytes).
-size_t utf8_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if ((lead >> 5) == 0x6) return 2;
-  if ((lead >> 4) == 0xE) return 3;
-  if ((lead >> 3) == 0x1E) return 4;
-  return 1;
 }
 
 constexpr const char* kSpaceMark = "\xE2\x96\x81";  // U+2581 "▁"
@@ -427,7 +403,7 @@ std::vector<int32_t> Tokenizer::bpe(std::string_view piece) const {
     for (unsigned char b : piece) symbols.push_back(byte_alphabet()[b]);
   } else {
     for (size_t i = 0; i < piece.size();) {
-      const size_t n = std::min(utf8_length(static_cast<unsigned char>(piece[i])), piece.size() - i);
+      const size_t n = std::min(utf8_sequence_length(static_cast<uint8_t>(piece[i])), piece.size() - i);
       symbols.emplace_back(piece.substr(i, n));
       i += n;
     }
@@ -548,7 +524,7 @@ std::string Tokenizer::token_bytes(int32_t id, bool first) const {
   const auto& table = unicode_to_byte();
   size_t i = 0;
   while (i < token.size()) {
-    const size_t n = utf8_length(static_cast<unsigned char>(token[i]));
+    const size_t n = utf8_sequence_length(static_cast<uint8_t>(token[i]));
     const auto it = table.find(token.substr(i, n));
     // Characters outside the byte alphabet stand for their own UTF-8 bytes (as in HF).
     if (it != table.end()) {

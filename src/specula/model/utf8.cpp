@@ -1,4 +1,4 @@
-// UTF-8 decoding by the table of well-formed byte sequences (Unicode Table 3-7).
+// UTF-8 encoding, and decoding by the table of well-formed byte sequences (Unicode Table 3-7).
 #include "specula/model/utf8.h"
 
 #include <cstdint>
@@ -55,6 +55,34 @@ size_t valid_prefix(std::string_view s, size_t i, bool& complete) {
 }
 
 }  // namespace
+
+std::string utf8_encode(uint32_t cp) {
+  SPECULA_ASSERT(cp <= 0x10FFFF);
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+size_t utf8_sequence_length(uint8_t lead) {
+  if ((lead >> 5) == 0x6) return 2;
+  if ((lead >> 4) == 0xE) return 3;
+  if ((lead >> 3) == 0x1E) return 4;
+  return 1;
+}
 
 std::string utf8_lossy(std::string_view s) {
   std::string out;

@@ -10,6 +10,10 @@
 // With an EagleWorker, decoding requests advance by speculative cycles instead of DECODE steps
 // (draft, verify a tree, keep the accepted run), and every prefill chunk is followed by the draft
 // head's extend over it; prefill and speculative steps are never mixed.
+//
+// The implementation is split by concept: scheduler.cpp (the policy: admission, retraction,
+// step), request_kv.h (the per-request KV ledger), batch_assembly.cpp (a plan's ForwardBatch,
+// the forward and sampling) and spec_cycle.cpp (the speculative glue).
 #pragma once
 
 #include <chrono>
@@ -23,6 +27,7 @@
 #include "specula/model/tokenizer.h"
 #include "specula/runner/model_runner.h"
 #include "specula/runtime/request.h"
+#include "specula/runtime/request_kv.h"
 #include "specula/speculative/eagle_worker.h"
 
 namespace specula {
@@ -85,52 +90,51 @@ class Scheduler {
   SchedulerStats stats() const;
   // Frees every prefix-cache page (only while no request holds any).
   void flush_cache();
-  const RadixCache* radix_cache() const { return cache_.get(); }
+  const RadixCache* radix_cache() const { return kv_.cache(); }
   const SchedulerOptions& options() const { return options_; }
 
  private:
-  struct Req;
+  struct Req;  // scheduled_request.h
   struct Planned {
     Req* req;
     int extend;  // tokens run this step
   };
 
-  void match_prefix(Req& r);
-  // Makes `pages` free pages available, evicting prefix-cache pages if needed.
-  bool ensure_free_pages(int64_t pages);
-  bool alloc_extend(Req& r, int extend);
-  bool alloc_decode(Req& r);
-  // Hands a request's KV to the prefix cache (page-aligned part) or frees it, and its row.
-  // cache_kv = false frees the request's own slots without caching them (their contents are not
-  // trustworthy after a failed step).
-  void release_kv(Req& r, bool cache_kv = true);
-  // After a prefill chunk: its page-aligned KV joins the prefix cache so others can share it.
-  void cache_unfinished(Req& r);
-  void retract(Req& r);
+  // Policy (scheduler.cpp).
   // Frees pages for every decoding request's next `tokens` KV slots (evicting, then retracting)
   // and allocates them: one committed slot each, or with speculation scratch slots.
   std::vector<Planned> schedule_decodes(int tokens = 1);
-  void run_spec_cycle(const std::vector<Planned>& plan);
-  // After a prefill step: the draft head's extend over each chunk, then the chunk may be cached.
-  void draft_after_prefill(const std::vector<Planned>& plan, const HiddenCapture& capture);
-  // Frees the pages of `slots` (positions after a request's last kept slot `last_kept`) that do not
-  // also hold kept tokens.
-  void free_after(std::span<const int32_t> slots, int32_t last_kept);
-  // KV tokens a request may hand to the prefix cache (with speculation, only those whose draft
-  // KV was computed too).
-  int cacheable_len(const Req& r) const;
+  // Continues chunked prefills, then admits waiting requests while the KV cache holds them.
   std::vector<Planned> schedule_prefills(int budget, int decodes);
+  // Whether r should wait a step for a prefix that a request admitted this step will cache.
+  bool waits_for_in_batch_prefix(const Req& r, const std::vector<const Req*>& admitted) const;
+  // KV tokens the running requests are expected to need still.
   int64_t reserved_tokens() const;
-  void run_batch(const std::vector<Planned>& plan, ForwardMode mode);
+  // The running request a full KV cache pushes back out.
+  std::vector<std::unique_ptr<Req>>::iterator retraction_victim();
+  void retract(Req& r);
+  double initial_new_token_ratio() const;
   void process_token(Req& r, int32_t token);
   void finish(Req& r, std::string reason, bool cache_kv = true);
   void publish(Req& r, bool finished);
+
+  // Batch assembly (batch_assembly.cpp): the ForwardBatch of a plan whose KV slots are
+  // allocated, and one forward over it with sampling; false when the forward failed (its
+  // requests then ended with the error).
+  ForwardBatch assemble_batch(const std::vector<Planned>& plan, ForwardMode mode);
+  bool run_batch(const std::vector<Planned>& plan, ForwardMode mode);
+
+  // Speculative glue (spec_cycle.cpp): one cycle over the decoding requests, and the draft head's
+  // extend over each prefill chunk, after which the chunk may be cached.
+  void run_spec_cycle(const std::vector<Planned>& plan);
+  void draft_after_prefill(const std::vector<Planned>& plan, const HiddenCapture& capture);
+  void record_accept_length(Req& r, size_t accept_len);
 
   ModelRunner& runner_;
   const Tokenizer* tokenizer_;
   EagleWorker* spec_;
   SchedulerOptions options_;
-  std::unique_ptr<RadixCache> cache_;
+  KvLedger kv_;
   std::deque<std::unique_ptr<Req>> waiting_;
   std::vector<std::unique_ptr<Req>> running_;
   double new_token_ratio_;

@@ -1,9 +1,10 @@
-// CudaAttentionBackend: host-side planning once per step (sequence descriptors, page table,
-// prefill work items, local-attention virtual batches, decode split counts), uploads into
-// device buffers that grow on demand (and are frozen in CUDA-graph mode so captured kernels
-// keep valid pointers), the KV write, and the kernel launches.
+// CudaAttentionBackend: host-side planning once per step (sequence descriptors, page table, prefill work items,
+// local-attention virtual batches, decode split counts), uploads into device buffers that grow on
+// demand (and are frozen in CUDA-graph mode so captured kernels keep valid pointers), the KV
+// write, and the kernel launches.
 #include "specula/attention/cuda/cuda_backend.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -12,8 +13,6 @@
 #include <utility>
 #include <vector>
 #include <cuda_runtime_api.h>
-
-#include <algorithm>
 
 #include "specula/attention/cuda/kernels/attention_params.h"
 #include "specula/attention/cuda/kernels/prefill_wgmma.h"
@@ -28,62 +27,7 @@
 
 namespace specula {
 
-namespace {
-
 namespace ck = cuda_kernels;
-
-constexpr int kSupportedHeadDims[] = {64, 80, 96, 128, 256};
-
-int head_blocks(int num_q_heads, int num_kv_heads) {
-  const int group = num_q_heads / num_kv_heads;
-  return (group + ck::kDecodeHeadsPerBlock - 1) / ck::kDecodeHeadsPerBlock;
-}
-
-}  // namespace
-
-std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType q_dtype, DType kv_dtype, int page_size) {
-  if (std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), layer.head_dim) == std::end(kSupportedHeadDims)) {
-    return fmt::format("head_dim {} is not supported; supported: {}", layer.head_dim, fmt::join(kSupportedHeadDims, ", "));
-  }
-  if (layer.effective_v_head_dim() != layer.head_dim) {
-    return fmt::format("v_head_dim {} differs from head_dim {}; the cuda backend needs them equal",
-                       layer.effective_v_head_dim(), layer.head_dim);
-  }
-  if (std::string problem = common_layer_problem(layer); !problem.empty()) return problem;
-  if (q_dtype != DType::bf16 && q_dtype != DType::f16) {
-    return fmt::format("query dtype {} is not supported; supported: bf16, f16", dtype_name(q_dtype));
-  }
-  if (kv_dtype != DType::bf16 && kv_dtype != DType::f16 && kv_dtype != DType::fp8_e4m3) {
-    return fmt::format("KV cache dtype {} is not supported; supported: bf16, f16, fp8_e4m3", dtype_name(kv_dtype));
-  }
-  if (page_size < 1 || (page_size & (page_size - 1)) != 0) {
-    return fmt::format("page_size {} is not supported; it must be a power of two >= 1", page_size);
-  }
-  return {};
-}
-
-DecodePlan choose_decode_plan(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms) {
-  const int64_t blocks = static_cast<int64_t>(batch_size) * kv_head_blocks;
-  if (blocks <= 0 || blocks >= num_sms) return {};
-  DecodePlan plan;
-  int64_t want = 0;
-  if (2 * blocks <= num_sms) {
-    // One wide block per multiprocessor (128 blocks at B=1 with 8 KV heads, so 4 of 132 idle).
-    // H200, B=1 L=32768, cold L2, KV TB/s (page 16 / 64): 33 splits of 4 warps, two blocks per
-    // multiprocessor, 2.94 / 2.98; 16 splits of 8 warps 3.06-3.10 / 3.12-3.13. Their key loops
-    // end 30-36 us into the kernel, the 4-warp blocks' 18-37 us.
-    plan.warps = ck::kDecodeWideWarps;
-    want = num_sms / blocks;
-  } else {
-    // About two blocks per multiprocessor: what the 4-warp kernel keeps resident at head_dim
-    // 96-128 with 16-bit caches (fp8 and smaller heads fit more, head_dim 256 one).
-    want = (2 * static_cast<int64_t>(num_sms) + blocks - 1) / blocks;
-  }
-  const int64_t by_length = std::max<int64_t>(1, (max_kv_len + 255) / 256);
-  plan.splits = static_cast<int>(std::clamp<int64_t>(std::min(want, by_length), 1, ck::kMaxDecodeSplits));
-  if (plan.splits == 1) plan.warps = 4;
-  return plan;
-}
 
 struct CudaAttentionBackend::State {
   Device device;
@@ -127,8 +71,11 @@ struct CudaAttentionBackend::State {
   bool graph_mode = false;
   int graph_max_bs = 0;
   int graph_pages_stride = 0;
-  int max_q_heads = 0;
-  int max_head_dim = 0;
+};
+
+struct CudaAttentionBackend::Sequences {
+  std::vector<int32_t> q_lens, kv_lens, cu_q;
+  PageTable table;
 };
 
 CudaAttentionBackend::CudaAttentionBackend(const AttentionBackendOptions& options)
@@ -153,31 +100,54 @@ CudaAttentionBackend::CudaAttentionBackend(const AttentionBackendOptions& option
 
 CudaAttentionBackend::~CudaAttentionBackend() { delete state_; }
 
+CudaAttentionShape CudaAttentionBackend::base_shape() const {
+  CudaAttentionShape shape;
+  shape.page_size = options_.page_size;
+  shape.attention_chunk_size = options_.attention_chunk_size;
+  shape.num_sms = num_sms_;
+  shape.l2_bytes = l2_bytes_;
+  shape.deterministic = options_.deterministic;
+  shape.max_context_len = options_.max_context_len;
+  return shape;
+}
+
+CudaAttentionShape CudaAttentionBackend::decode_shape(int batch_size, int64_t num_tokens, int max_kv_len) const {
+  CudaAttentionShape shape = base_shape();
+  shape.batch_size = batch_size;
+  shape.num_tokens = num_tokens;
+  shape.max_kv_len = max_kv_len;
+  return shape;
+}
+
 void CudaAttentionBackend::check_layer(const AttentionLayer& layer, DType q_dtype, DType kv_dtype) const {
-  const std::string reason = cuda_attention_unsupported_reason(layer, q_dtype, kv_dtype, options_.page_size);
-  SPECULA_CHECK(reason.empty(), "cuda attention backend cannot serve layer {}: {}", layer.layer_id, reason);
-  SPECULA_CHECK(!layer.use_local_attention || options_.attention_chunk_size > 0,
-                "layer {} uses local attention but the backend has no attention_chunk_size", layer.layer_id);
-  layouts_.insert({layer.num_q_heads, layer.num_kv_heads, layer.use_local_attention});
-  all_layers_tree_ok_ = all_layers_tree_ok_ && tree_kernel_serves(layer, q_dtype, kv_dtype);
-  state_->max_q_heads = std::max(state_->max_q_heads, layer.num_q_heads);
-  state_->max_head_dim = std::max(state_->max_head_dim, layer.head_dim);
+  // Every layer must serve both extend-like and decode steps; verify and draft steps fall back
+  // to the prefill kernels, or are refused when they run.
+  const CudaAttentionShape shape = base_shape();
+  for (const CudaAttentionPlan& plan : {select_cuda_extend(layer, q_dtype, kv_dtype, shape),
+                                        select_cuda_decode(layer, q_dtype, kv_dtype, shape)}) {
+    SPECULA_CHECK(plan.supported(), "cuda attention backend cannot serve layer {}: {}", layer.layer_id,
+                  plan.unsupported_reason);
+  }
+  const HeadLayout layout{layer.num_q_heads, layer.num_kv_heads, layer.head_dim, layer.use_local_attention};
+  // Looked up first: forward checks every layer again, and copying it (sinks) each time would cost.
+  if (layouts_.find(layout) == layouts_.end()) layouts_.emplace(layout, CheckedLayer{layer, q_dtype, kv_dtype});
+  all_layers_tree_ok_ = all_layers_tree_ok_ && select_cuda_draft_tree(layer, q_dtype, kv_dtype, shape).supported();
+}
+
+std::map<CudaAttentionBackend::HeadLayout, DecodePlan> CudaAttentionBackend::plan_decode_step(
+    const CudaAttentionShape& shape, DecodeWorkspace& workspace) const {
+  std::map<HeadLayout, DecodePlan> plans;
+  workspace = {};
+  for (const auto& [layout, checked] : layouts_) {
+    const CudaAttentionPlan plan = select_cuda_decode(checked.layer, checked.q_dtype, checked.kv_dtype, shape);
+    SPECULA_ASSERT(plan.supported(), "a checked layer's decode is unsupported: {}", plan.unsupported_reason);
+    plans[layout] = plan.decode;
+    workspace.cover(plan.workspace);
+  }
+  return plans;
 }
 
 void CudaAttentionBackend::init_forward_metadata(const ForwardBatch& batch) { build_metadata(batch, false); }
-
-bool CudaAttentionBackend::tree_kernel_serves(const AttentionLayer& layer, DType q_dtype, DType kv_dtype) {
-  return q_dtype == DType::bf16 && kv_dtype == DType::bf16 &&
-         (layer.head_dim == 64 || layer.head_dim == 128 || layer.head_dim == 256) && layer.logit_cap == 0.0f &&
-         layer.sinks.empty() && layer.sliding_window_size < 0 && !layer.use_local_attention &&
-         layer.attn_type == AttentionType::DECODER;
-}
-
-DecodePlan CudaAttentionBackend::plan_decode(int batch_size, int kv_head_blocks, int max_kv_len) const {
-  // Deterministic: the same split of every request's keys whatever the batch and its lengths.
-  if (options_.deterministic) return choose_decode_plan(1, kv_head_blocks, options_.max_context_len, num_sms_);
-  return choose_decode_plan(batch_size, kv_head_blocks, max_kv_len, num_sms_);
-}
 
 void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph) {
   state_->uploads.clear();
@@ -186,6 +156,20 @@ void CudaAttentionBackend::build_metadata(const ForwardBatch& batch, bool graph)
 }
 
 void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph) {
+  begin_step(batch, graph);
+  if (batch.forward_mode == ForwardMode::IDLE || batch.batch_size == 0) return;
+  const Sequences seqs = stage_sequences(batch, graph);
+  if (batch.forward_mode == ForwardMode::DECODE) {
+    stage_decode(batch.batch_size, graph);
+    return;
+  }
+  stage_prefill_items(seqs.q_lens);
+  stage_tree_mask(batch, seqs, graph);
+  if (options_.attention_chunk_size > 0) stage_local_batches(seqs);
+}
+
+// Checks the step against graph mode and forgets the previous step's plan.
+void CudaAttentionBackend::begin_step(const ForwardBatch& batch, bool graph) {
   State& st = *state_;
   batch.validate();
   SPECULA_CHECK(!graph || batch.forward_mode == ForwardMode::DECODE || batch.forward_mode == ForwardMode::TARGET_VERIFY,
@@ -194,7 +178,6 @@ void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph)
   SPECULA_CHECK(!graph || options_.attention_chunk_size == 0,
                 "CUDA graphs of TARGET_VERIFY steps do not support local chunked attention");
   st.active = graph ? &st.graph : &st.eager;
-  State::StepArrays& arrays = *st.active;
   st.mode = batch.forward_mode;
   st.batch = &batch;
   st.num_tokens = batch.num_tokens();
@@ -205,22 +188,29 @@ void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph)
   st.has_custom_mask = false;
   st.tree_path = false;
   st.decode_plans.clear();
-  if (batch.forward_mode == ForwardMode::IDLE || batch.batch_size == 0) return;
+}
+
+// Lengths, page table (padded to the graph's stride in graph mode), cu_seqlens and KV write slots.
+CudaAttentionBackend::Sequences CudaAttentionBackend::stage_sequences(const ForwardBatch& batch, bool graph) {
+  State& st = *state_;
+  State::StepArrays& arrays = *st.active;
   SPECULA_CHECK(batch.req_to_token_pool != nullptr && batch.token_to_kv_pool != nullptr,
                 "the batch has no req_to_token_pool or KV pool");
   SPECULA_CHECK(batch.token_to_kv_pool->config().device == options_.device, "the KV pool is on {}, the backend on {}",
                 batch.token_to_kv_pool->config().device.str(), options_.device.str());
-
   const int bs = batch.batch_size;
   const int page_size = options_.page_size;
-  std::vector<int32_t> kv_lens(static_cast<size_t>(bs)), q_lens(static_cast<size_t>(bs));
+  Sequences seqs;
+  seqs.kv_lens.resize(static_cast<size_t>(bs));
+  seqs.q_lens.resize(static_cast<size_t>(bs));
   for (int i = 0; i < bs; ++i) {
-    kv_lens[static_cast<size_t>(i)] = batch.kv_len(i);
-    q_lens[static_cast<size_t>(i)] = batch.query_len(i);
+    seqs.kv_lens[static_cast<size_t>(i)] = batch.kv_len(i);
+    seqs.q_lens[static_cast<size_t>(i)] = batch.query_len(i);
   }
-  st.max_kv_len = *std::max_element(kv_lens.begin(), kv_lens.end());
-  st.kv_rows = std::accumulate(kv_lens.begin(), kv_lens.end(), int64_t{0});
-  const PageTable table = build_page_table(*batch.req_to_token_pool, batch.req_pool_indices, kv_lens, page_size);
+  st.max_kv_len = *std::max_element(seqs.kv_lens.begin(), seqs.kv_lens.end());
+  st.kv_rows = std::accumulate(seqs.kv_lens.begin(), seqs.kv_lens.end(), int64_t{0});
+  seqs.table = build_page_table(*batch.req_to_token_pool, batch.req_pool_indices, seqs.kv_lens, page_size);
+  const PageTable& table = seqs.table;
   const int64_t num_slots = batch.token_to_kv_pool->num_slots();
   for (int32_t page : table.pages) {
     SPECULA_CHECK(page >= 0 && (static_cast<int64_t>(page) + 1) * page_size <= num_slots,
@@ -241,102 +231,115 @@ void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph)
     st.page_table_stride = table.max_pages;
     pages = table.pages;
   }
-  const std::vector<int32_t> cu_q = cumulative_lens(q_lens);
-  arrays.cu_q.upload(cu_q, st.device, st.uploads);
-  arrays.kv_lens.upload(kv_lens, st.device, st.uploads);
+  seqs.cu_q = cumulative_lens(seqs.q_lens);
+  arrays.cu_q.upload(seqs.cu_q, st.device, st.uploads);
+  arrays.kv_lens.upload(seqs.kv_lens, st.device, st.uploads);
   arrays.pages.upload(pages, st.device, st.uploads);
   arrays.out_loc.upload(batch.out_cache_loc, st.device, st.uploads);
+  return seqs;
+}
 
-  if (batch.forward_mode == ForwardMode::DECODE) {
-    const int len_for_plan = graph ? options_.max_context_len : st.max_kv_len;
-    int max_splits = 1;
-    for (const HeadLayout& layout : layouts_) {
-      const auto& [hq, hkv, local] = layout;
-      const DecodePlan plan = plan_decode(bs, hkv * head_blocks(hq, hkv), len_for_plan);
-      st.decode_plans[layout] = plan;
-      max_splits = std::max(max_splits, plan.splits);
-    }
-    if (max_splits > 1) {
-      const size_t rows = static_cast<size_t>(max_splits) * static_cast<size_t>(st.num_tokens) * st.max_q_heads;
-      arrays.partial_lse.reserve(rows, st.device);
-      arrays.partial_out.reserve(rows * st.max_head_dim, st.device);
-      arrays.split_counters.reserve_zeroed(static_cast<size_t>(st.num_tokens) * st.max_q_heads, st.device,
-                                           st.stream);
-    }
-    return;
+// Every checked layout's split plan and the workspace they share. A graph plans for
+// max_context_len, so one capture serves every length (init_cuda_graph_state sized the same way).
+void CudaAttentionBackend::stage_decode(int batch_size, bool graph) {
+  State& st = *state_;
+  State::StepArrays& arrays = *st.active;
+  DecodeWorkspace workspace;
+  st.decode_plans = plan_decode_step(
+      decode_shape(batch_size, st.num_tokens, graph ? options_.max_context_len : st.max_kv_len), workspace);
+  if (workspace.partial_rows > 0) {
+    arrays.partial_lse.reserve(workspace.partial_rows, st.device);
+    arrays.partial_out.reserve(workspace.partial_values, st.device);
+    arrays.split_counters.reserve_zeroed(workspace.counters, st.device, st.stream);
   }
+}
 
-  // Extend-like modes: tiles of kPrefillTileRows query rows.
+// Extend-like modes: tiles of kPrefillTileRows query rows.
+void CudaAttentionBackend::stage_prefill_items(const std::vector<int32_t>& q_lens) {
+  State& st = *state_;
   std::vector<int32_t> items;
-  for (int i = 0; i < bs; ++i) {
+  for (int i = 0; i < static_cast<int>(q_lens.size()); ++i) {
     for (int q = 0; q < q_lens[static_cast<size_t>(i)]; q += ck::kPrefillTileRows) {
       items.push_back(i);
       items.push_back(q);
     }
   }
   st.num_items = static_cast<int>(items.size() / 2);
-  arrays.items.upload(items, st.device, st.uploads);
+  st.active->items.upload(items, st.device, st.uploads);
+}
+
+// TARGET_VERIFY: the tree kernel's rows where the prefix is visible, and the full mask when some
+// checked layer attends through the prefill kernels (or the prefix is not visible).
+void CudaAttentionBackend::stage_tree_mask(const ForwardBatch& batch, const Sequences& seqs, bool graph) {
+  State& st = *state_;
   // A captured verify step always reads a tree mask whose prefix is visible (its kernels were
   // recorded with one).
   SPECULA_CHECK(!graph || (!batch.spec_info->custom_mask.empty() && batch.spec_info->prefix_visible),
                 "a CUDA-graph TARGET_VERIFY step needs its tree mask, with the prefix visible");
-  if (batch.forward_mode == ForwardMode::TARGET_VERIFY && !batch.spec_info->custom_mask.empty()) {
-    const std::vector<uint8_t>& mask = batch.spec_info->custom_mask;
-    std::vector<int64_t> offsets(static_cast<size_t>(bs));
-    int64_t offset = 0;
-    for (int i = 0; i < bs; ++i) {
-      offsets[static_cast<size_t>(i)] = offset;
-      offset += static_cast<int64_t>(q_lens[static_cast<size_t>(i)]) * kv_lens[static_cast<size_t>(i)];
-    }
-    if (batch.spec_info->prefix_visible) {
-      // Per query row: the slots of the tree tokens its mask row shows.
-      const int N = batch.spec_info->num_draft_tokens;
-      std::vector<int32_t> slots(static_cast<size_t>(st.num_tokens) * N, 0), lens(static_cast<size_t>(st.num_tokens));
-      for (int i = 0; i < bs; ++i) {
-        const int32_t prefix = batch.seq_lens[static_cast<size_t>(i)];
-        const int32_t kv = kv_lens[static_cast<size_t>(i)];
-        for (int q = 0; q < N; ++q) {
-          const int64_t row = static_cast<int64_t>(i) * N + q;
-          const uint8_t* m = mask.data() + offsets[static_cast<size_t>(i)] + static_cast<int64_t>(q) * kv + prefix;
-          int count = 0;
-          for (int j = 0; j < N; ++j) {
-            if (m[j] != 0) slots[static_cast<size_t>(row * N + count++)] = batch.out_cache_loc[static_cast<size_t>(i * N + j)];
-          }
-          lens[static_cast<size_t>(row)] = count;
-        }
+  if (batch.forward_mode != ForwardMode::TARGET_VERIFY || batch.spec_info->custom_mask.empty()) return;
+  const int bs = batch.batch_size;
+  std::vector<int64_t> offsets(static_cast<size_t>(bs));
+  int64_t offset = 0;
+  for (int i = 0; i < bs; ++i) {
+    offsets[static_cast<size_t>(i)] = offset;
+    offset += static_cast<int64_t>(seqs.q_lens[static_cast<size_t>(i)]) * seqs.kv_lens[static_cast<size_t>(i)];
+  }
+  if (batch.spec_info->prefix_visible) stage_tree_rows(batch, seqs, offsets);
+  if (!st.tree_path || !all_layers_tree_ok_) {
+    st.active->mask_offsets.upload(offsets, st.device, st.uploads);
+    st.active->custom_mask.upload(batch.spec_info->custom_mask, st.device, st.uploads);
+    st.has_custom_mask = true;
+  }
+}
+
+// Per query row: the slots of the tree tokens its mask row shows (after the visible prefix).
+void CudaAttentionBackend::stage_tree_rows(const ForwardBatch& batch, const Sequences& seqs,
+                                           const std::vector<int64_t>& mask_offsets) {
+  State& st = *state_;
+  const std::vector<uint8_t>& mask = batch.spec_info->custom_mask;
+  const int N = batch.spec_info->num_draft_tokens;
+  std::vector<int32_t> slots(static_cast<size_t>(st.num_tokens) * N, 0), lens(static_cast<size_t>(st.num_tokens));
+  for (int i = 0; i < batch.batch_size; ++i) {
+    const int32_t prefix = batch.seq_lens[static_cast<size_t>(i)];
+    const int32_t kv = seqs.kv_lens[static_cast<size_t>(i)];
+    for (int q = 0; q < N; ++q) {
+      const int64_t row = static_cast<int64_t>(i) * N + q;
+      const uint8_t* m = mask.data() + mask_offsets[static_cast<size_t>(i)] + static_cast<int64_t>(q) * kv + prefix;
+      int count = 0;
+      for (int j = 0; j < N; ++j) {
+        if (m[j] != 0) slots[static_cast<size_t>(row * N + count++)] = batch.out_cache_loc[static_cast<size_t>(i * N + j)];
       }
-      arrays.tree_slots.upload(slots, st.device, st.uploads);
-      arrays.tree_lens.upload(lens, st.device, st.uploads);
-      arrays.prefix_lens.upload(batch.seq_lens, st.device, st.uploads);
-      st.tree_path = true;
-      st.tree_rows_per_seq = N;
-    }
-    // The full mask only when some layer attends through the prefill kernel.
-    if (!st.tree_path || !all_layers_tree_ok_) {
-      arrays.mask_offsets.upload(offsets, st.device, st.uploads);
-      arrays.custom_mask.upload(mask, st.device, st.uploads);
-      st.has_custom_mask = true;
+      lens[static_cast<size_t>(row)] = count;
     }
   }
-  if (options_.attention_chunk_size > 0) {
-    const LocalAttentionBatches local = make_local_attention_virtual_batches(
-        options_.attention_chunk_size, cu_q, kv_lens, table.pages, table.max_pages, page_size);
-    std::vector<int32_t> local_items;
-    for (int v = 0; v < local.num_virtual(); ++v) {
-      for (int q = 0; q < local.seqlens_q_local[static_cast<size_t>(v)]; q += ck::kPrefillTileRows) {
-        local_items.push_back(v);
-        local_items.push_back(q);
-      }
+  st.active->tree_slots.upload(slots, st.device, st.uploads);
+  st.active->tree_lens.upload(lens, st.device, st.uploads);
+  st.active->prefix_lens.upload(batch.seq_lens, st.device, st.uploads);
+  st.tree_path = true;
+  st.tree_rows_per_seq = N;
+}
+
+// Local chunked attention: the virtual batches of attention_chunk_size tokens and their tiles.
+void CudaAttentionBackend::stage_local_batches(const Sequences& seqs) {
+  State& st = *state_;
+  const LocalAttentionBatches local = make_local_attention_virtual_batches(
+      options_.attention_chunk_size, seqs.cu_q, seqs.kv_lens, seqs.table.pages, seqs.table.max_pages,
+      options_.page_size);
+  std::vector<int32_t> local_items;
+  for (int v = 0; v < local.num_virtual(); ++v) {
+    for (int q = 0; q < local.seqlens_q_local[static_cast<size_t>(v)]; q += ck::kPrefillTileRows) {
+      local_items.push_back(v);
+      local_items.push_back(q);
     }
-    st.local_num_seqs = local.num_virtual();
-    st.local_stride = local.pages_per_local_batch;
-    st.local_num_items = static_cast<int>(local_items.size() / 2);
-    st.local_kv_rows = std::accumulate(local.seqlens_k_local.begin(), local.seqlens_k_local.end(), int64_t{0});
-    st.local_cu_q.upload(local.cu_seqlens_q_local, st.device, st.uploads);
-    st.local_kv_lens.upload(local.seqlens_k_local, st.device, st.uploads);
-    st.local_pages.upload(local.block_table_local, st.device, st.uploads);
-    st.local_items.upload(local_items, st.device, st.uploads);
   }
+  st.local_num_seqs = local.num_virtual();
+  st.local_stride = local.pages_per_local_batch;
+  st.local_num_items = static_cast<int>(local_items.size() / 2);
+  st.local_kv_rows = std::accumulate(local.seqlens_k_local.begin(), local.seqlens_k_local.end(), int64_t{0});
+  st.local_cu_q.upload(local.cu_seqlens_q_local, st.device, st.uploads);
+  st.local_kv_lens.upload(local.seqlens_k_local, st.device, st.uploads);
+  st.local_pages.upload(local.block_table_local, st.device, st.uploads);
+  st.local_items.upload(local_items, st.device, st.uploads);
 }
 
 void CudaAttentionBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -362,8 +365,44 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
                 "init_forward_metadata was not called for this batch before forward");
   if (batch.batch_size == 0 || st.num_tokens == 0) return;
   MHAKVPool& pool = *batch.token_to_kv_pool;
+  check_forward_args(q, out, layer, pool, options);
+  if (options.save_kv_cache) {
+    const TensorView loc(st.active->out_loc.data(), DType::i32, {st.num_tokens}, options_.device);
+    pool.set_kv_buffer(layer.layer_id, loc, k, v, st.stream);
+  }
+  if (batch.forward_mode == ForwardMode::DECODE) {
+    run_decode(q, out, layer, pool, options);
+    return;
+  }
+  CudaAttentionShape shape = base_shape();
+  shape.kv_rows = layer.use_local_attention ? st.local_kv_rows : st.kv_rows;
+  shape.custom_mask = st.has_custom_mask;
+  shape.tree_staged = st.tree_path;
+  shape.rows_contiguous = dense_rows(q, layer) && dense_rows(out, layer);
+  const CudaAttentionPlan plan = batch.forward_mode == ForwardMode::TARGET_VERIFY
+                                     ? select_cuda_verify(layer, q.dtype(), pool.dtype(), shape)
+                                     : select_cuda_extend(layer, q.dtype(), pool.dtype(), shape);
+  SPECULA_CHECK(plan.supported(), "layer {}: {}", layer.layer_id, plan.unsupported_reason);
+  if (plan.kernel == CudaAttentionKernel::kTree) {
+    DraftTreeView tree;
+    tree.rows_per_seq = st.tree_rows_per_seq;
+    tree.prefix_pages = st.active->pages.data();
+    tree.page_stride = st.page_table_stride;
+    tree.prefix_lens = st.active->prefix_lens.data();
+    tree.branch_slots = st.active->tree_slots.data();
+    tree.branch_stride = st.tree_rows_per_seq;
+    tree.branch_lens = st.active->tree_lens.data();
+    launch_tree(q, out, layer, pool, tree, options);
+    return;
+  }
+  run_prefill(plan, q, out, layer, pool, options);
+}
+
+// The argument checks every forward shares (the layer again: it may not be one check_layer saw).
+void CudaAttentionBackend::check_forward_args(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                                              const MHAKVPool& pool, const ForwardOptions& options) const {
   check_layer(layer, q.dtype(), pool.dtype());
-  const int64_t n = st.num_tokens;
+  const int64_t n = state_->num_tokens;
   check_shape(q, {n, layer.num_q_heads, layer.head_dim}, "q");
   check_shape(out, {n, layer.num_q_heads, layer.head_dim}, "attention output");
   check_dtype(out, q.dtype(), "attention output");
@@ -381,46 +420,40 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
     check_device(options.lse, options_.device, "lse");
     SPECULA_CHECK(options.lse.stride(1) == 1, "lse {} needs contiguous heads", options.lse.str());
   }
-  const bool fp8 = pool.dtype() == DType::fp8_e4m3;
-  if (options.save_kv_cache) {
-    const TensorView loc(st.active->out_loc.data(), DType::i32, {n}, options_.device);
-    pool.set_kv_buffer(layer.layer_id, loc, k, v, st.stream);
-  }
+}
 
-  if (st.tree_path && tree_kernel_serves(layer, q.dtype(), pool.dtype()) &&
-      q.stride(1) == layer.head_dim && q.stride(0) == static_cast<int64_t>(layer.num_q_heads) * layer.head_dim &&
-      out.stride(1) == layer.head_dim && out.stride(0) == static_cast<int64_t>(layer.num_q_heads) * layer.head_dim) {
-    ck::TreeAttentionParams t{};
-    t.q = q.data();
-    t.k_cache = pool.k_buffer(layer.layer_id).data();
-    t.v_cache = pool.v_buffer(layer.layer_id).data();
-    t.out = out.data();
-    t.rows = static_cast<int>(n);
-    t.rows_per_seq = st.tree_rows_per_seq;
-    t.num_q_heads = layer.num_q_heads;
-    t.num_kv_heads = layer.num_kv_heads;
-    t.head_dim = layer.head_dim;
-    t.scale = layer.effective_scaling();
-    t.prefix_pages = st.active->pages.data();
-    t.page_stride = st.page_table_stride;
-    t.page_size = options_.page_size;
-    t.prefix_lens = st.active->prefix_lens.data();
-    t.branch_slots = st.active->tree_slots.data();
-    t.branch_stride = st.tree_rows_per_seq;
-    t.branch_len = 0;
-    t.branch_lens = st.active->tree_lens.data();
-    t.lse = options.lse.defined() ? options.lse.data_as<float>() : nullptr;
-    t.lse_stride_token = options.lse.defined() ? options.lse.stride(0) : 0;
-    ck::tree_attention(t, st.stream);
-    return;
-  }
-  SPECULA_CHECK(!st.tree_path || st.has_custom_mask,
-                "layer {}: this TARGET_VERIFY step was planned for the tree kernel, which cannot serve the layer "
-                "(non-contiguous q or output)", layer.layer_id);
-  const bool local = layer.use_local_attention;
-  const bool decode = batch.forward_mode == ForwardMode::DECODE;
-  SPECULA_CHECK(!(local && st.has_custom_mask), "layer {}: local attention with a tree mask is not supported",
-                layer.layer_id);
+void CudaAttentionBackend::launch_tree(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                                       const MHAKVPool& pool, const DraftTreeView& tree, const ForwardOptions& options) {
+  ck::TreeAttentionParams t{};
+  t.q = q.data();
+  t.k_cache = pool.k_buffer(layer.layer_id).data();
+  t.v_cache = pool.v_buffer(layer.layer_id).data();
+  t.out = out.data();
+  t.rows = static_cast<int>(q.size(0));
+  t.rows_per_seq = tree.rows_per_seq;
+  t.num_q_heads = layer.num_q_heads;
+  t.num_kv_heads = layer.num_kv_heads;
+  t.head_dim = layer.head_dim;
+  t.scale = layer.effective_scaling();
+  t.prefix_pages = tree.prefix_pages;
+  t.page_stride = tree.page_stride;
+  t.page_size = options_.page_size;
+  t.prefix_lens = tree.prefix_lens;
+  t.branch_slots = tree.branch_slots;
+  t.branch_stride = tree.branch_stride;
+  t.branch_len = tree.branch_len;
+  t.branch_lens = tree.branch_lens;
+  t.lse = options.lse.defined() ? options.lse.data_as<float>() : nullptr;
+  t.lse_stride_token = options.lse.defined() ? options.lse.stride(0) : 0;
+  ck::tree_attention(t, state_->stream);
+}
+
+namespace {
+
+// The Params fields every non-tree launch shares: q, out, the layer's cache and its facts.
+ck::AttentionParams layer_params(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                                 const MHAKVPool& pool, const ForwardOptions& options, int page_size) {
+  const bool fp8 = pool.dtype() == DType::fp8_e4m3;
   ck::AttentionParams p{};
   p.q = q.data();
   p.q_stride_token = q.stride(0);
@@ -440,65 +473,127 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
   p.num_kv_heads = layer.num_kv_heads;
   p.head_dim = layer.head_dim;
   p.v_head_dim = layer.head_dim;
-  p.page_size = options_.page_size;
+  p.page_size = page_size;
   p.scale = layer.effective_scaling();
   p.logit_cap = layer.logit_cap;
   p.window_left = layer.sliding_window_size;
   p.causal = layer.attn_type == AttentionType::DECODER ? 1 : 0;
-  p.chunk_size = (decode && local) ? options_.attention_chunk_size : 0;
-  p.sinks = nullptr;
-  if (!layer.sinks.empty()) {
-    auto& [values, buffer] = st.sinks[layer.layer_id];
-    if (values != layer.sinks) {
-      values = layer.sinks;
-      buffer = Buffer(DType::f32, {layer.num_q_heads}, options_.device);
-      copy(buffer, TensorView(values.data(), DType::f32, {layer.num_q_heads}));
-    }
-    p.sinks = buffer.data_as<const float>();
+  return p;
+}
+
+}  // namespace
+
+const float* CudaAttentionBackend::device_sinks(const AttentionLayer& layer) {
+  if (layer.sinks.empty()) return nullptr;
+  auto& [values, buffer] = state_->sinks[layer.layer_id];
+  if (values != layer.sinks) {
+    values = layer.sinks;
+    buffer = Buffer(DType::f32, {layer.num_q_heads}, options_.device);
+    copy(buffer, TensorView(values.data(), DType::f32, {layer.num_q_heads}));
   }
+  return buffer.data_as<const float>();
+}
+
+// The plan init_forward_metadata selected for the layer's head layout (its workspace is sized).
+void CudaAttentionBackend::run_decode(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                                      const MHAKVPool& pool, const ForwardOptions& options) {
+  State& st = *state_;
+  const bool local = layer.use_local_attention;
+  // The decode kernel indexes cache rows (slot x KV heads + head) in 32 bits.
+  SPECULA_CHECK(pool.num_slots() * layer.num_kv_heads <= std::numeric_limits<int32_t>::max(),
+                "KV pool of {} slots x {} KV heads exceeds the decode kernel's {} cache rows", pool.num_slots(),
+                layer.num_kv_heads, std::numeric_limits<int32_t>::max());
+  const auto it = st.decode_plans.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, layer.head_dim, local});
+  SPECULA_CHECK(it != st.decode_plans.end(),
+                "layer {} ({} query / {} KV heads of dim {}) was not passed to check_layer before "
+                "init_forward_metadata",
+                layer.layer_id, layer.num_q_heads, layer.num_kv_heads, layer.head_dim);
+  ck::AttentionParams p = layer_params(q, out, layer, pool, options, options_.page_size);
+  p.chunk_size = local ? options_.attention_chunk_size : 0;
+  p.sinks = device_sinks(layer);
+  p.num_seqs = st.num_seqs;
+  p.cu_seqlens_q = st.active->cu_q.data();
+  p.seq_lens_k = st.active->kv_lens.data();
+  p.page_table = st.active->pages.data();
+  p.page_table_stride = st.page_table_stride;
+  ck::DecodeSplit split{};
+  const bool splits = it->second.splits > 1;
+  split.num_splits = it->second.splits;
+  split.warps = it->second.warps;
+  split.partial_out = splits ? st.active->partial_out.data() : nullptr;
+  split.partial_lse = splits ? st.active->partial_lse.data() : nullptr;
+  split.counters = splits ? st.active->split_counters.data() : nullptr;
+  split.num_tokens = st.num_tokens;
+  ck::launch_decode(p, split, st.stream);
+}
+
+void CudaAttentionBackend::run_prefill(const CudaAttentionPlan& plan, const TensorView& q, const TensorView& out,
+                                       const AttentionLayer& layer, const MHAKVPool& pool,
+                                       const ForwardOptions& options) {
+  State& st = *state_;
+  const bool local = layer.use_local_attention;
+  ck::AttentionParams p = layer_params(q, out, layer, pool, options, options_.page_size);
+  p.sinks = device_sinks(layer);
   p.custom_mask = st.has_custom_mask ? st.active->custom_mask.data() : nullptr;
   p.mask_offsets = st.has_custom_mask ? st.active->mask_offsets.data() : nullptr;
-  if (local && !decode) {
+  ck::PrefillWork work{};
+  if (local) {
     p.num_seqs = st.local_num_seqs;
     p.cu_seqlens_q = st.local_cu_q.data();
     p.seq_lens_k = st.local_kv_lens.data();
     p.page_table = st.local_pages.data();
     p.page_table_stride = st.local_stride;
+    work.items = st.local_items.data();
+    work.num_items = st.local_num_items;
   } else {
     p.num_seqs = st.num_seqs;
     p.cu_seqlens_q = st.active->cu_q.data();
     p.seq_lens_k = st.active->kv_lens.data();
     p.page_table = st.active->pages.data();
     p.page_table_stride = st.page_table_stride;
+    work.items = st.active->items.data();
+    work.num_items = st.num_items;
   }
-
-  if (decode) {
-    // The decode kernel indexes cache rows (slot x KV heads + head) in 32 bits.
-    SPECULA_CHECK(pool.num_slots() * layer.num_kv_heads <= std::numeric_limits<int32_t>::max(),
-                  "KV pool of {} slots x {} KV heads exceeds the decode kernel's {} cache rows", pool.num_slots(),
-                  layer.num_kv_heads, std::numeric_limits<int32_t>::max());
-    const auto it = st.decode_plans.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, local});
-    SPECULA_CHECK(it != st.decode_plans.end(),
-                  "layer {} ({} query / {} KV heads) was not passed to check_layer before init_forward_metadata",
-                  layer.layer_id, layer.num_q_heads, layer.num_kv_heads);
-    ck::DecodeSplit split{};
-    const bool splits = it->second.splits > 1;
-    split.num_splits = it->second.splits;
-    split.warps = it->second.warps;
-    split.partial_out = splits ? st.active->partial_out.data() : nullptr;
-    split.partial_lse = splits ? st.active->partial_lse.data() : nullptr;
-    split.counters = splits ? st.active->split_counters.data() : nullptr;
-    split.num_tokens = n;
-    ck::launch_decode(p, split, st.stream);
+  work.heads_per_group = plan.heads_per_group;
+  if (plan.kernel == CudaAttentionKernel::kPrefillWgmma) {
+    ck::launch_prefill_wgmma(p, work, st.stream);
   } else {
-    ck::PrefillWork work{};
-    work.items = local ? st.local_items.data() : st.active->items.data();
-    work.num_items = local ? st.local_num_items : st.num_items;
-    const int64_t kv_bytes = (local ? st.local_kv_rows : st.kv_rows) * 2 * layer.head_dim *
-                             static_cast<int64_t>(dtype_size(pool.dtype()));
-    work.heads_per_group = ck::prefill_head_group(kv_bytes, layer.num_q_heads, layer.num_kv_heads, l2_bytes_);
-    ck::launch_prefill(p, work, st.stream);
+    SPECULA_ASSERT(plan.kernel == CudaAttentionKernel::kPrefillMma, "run_prefill given kernel {}",
+                   static_cast<int>(plan.kernel));
+    ck::launch_prefill_mma(p, work, st.stream);
   }
+}
+
+void CudaAttentionBackend::forward_draft_tree(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                                              MHAKVPool& kv_pool, const DraftTreeView& tree) {
+  const int64_t rows = q.size(0);
+  check_shape(q, {rows, layer.num_q_heads, layer.head_dim}, "q");
+  check_shape(out, {rows, layer.num_q_heads, layer.head_dim}, "attention output");
+  check_dtype(out, q.dtype(), "attention output");
+  check_device(q, options_.device, "q");
+  check_device(out, options_.device, "attention output");
+  CudaAttentionShape shape = base_shape();
+  shape.rows_contiguous = dense_rows(q, layer) && dense_rows(out, layer);
+  const CudaAttentionPlan plan = select_cuda_draft_tree(layer, q.dtype(), kv_pool.dtype(), shape);
+  SPECULA_CHECK(plan.supported(), "cuda attention backend cannot run the draft tree of layer {}: {}", layer.layer_id,
+                plan.unsupported_reason);
+  SPECULA_CHECK(kv_pool.config().device == options_.device, "the KV pool is on {}, the backend on {}",
+                kv_pool.config().device.str(), options_.device.str());
+  SPECULA_CHECK(kv_pool.config().num_kv_heads == layer.num_kv_heads && kv_pool.config().head_dim == layer.head_dim,
+                "layer {} has {} KV heads of dim {}, but the KV pool holds {} heads of dim {}", layer.layer_id,
+                layer.num_kv_heads, layer.head_dim, kv_pool.config().num_kv_heads, kv_pool.config().head_dim);
+  SPECULA_CHECK(rows <= std::numeric_limits<int32_t>::max(), "{} draft tree rows exceed the tree kernel's {}", rows,
+                std::numeric_limits<int32_t>::max());
+  SPECULA_CHECK(tree.rows_per_seq >= 1 && tree.page_stride >= 0 && tree.branch_stride >= 0,
+                "draft tree: rows_per_seq {}, page_stride {}, branch_stride {}; need rows_per_seq >= 1 and strides "
+                ">= 0", tree.rows_per_seq, tree.page_stride, tree.branch_stride);
+  SPECULA_CHECK(tree.prefix_lens != nullptr && (tree.prefix_pages != nullptr || tree.page_stride == 0) &&
+                    (tree.branch_slots != nullptr || tree.branch_stride == 0),
+                "draft tree: prefix_lens, prefix_pages (with page_stride > 0) and branch_slots (with branch_stride > "
+                "0) must be device arrays, not null");
+  SPECULA_CHECK(tree.branch_lens != nullptr || (tree.branch_len >= 0 && tree.branch_len <= tree.branch_stride),
+                "draft tree: branch_len {} must be in [0, branch_stride = {}]", tree.branch_len, tree.branch_stride);
+  launch_tree(q, out, layer, kv_pool, tree, ForwardOptions{});
 }
 
 void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
@@ -523,17 +618,16 @@ void CudaAttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens)
   g.tree_slots.reserve(static_cast<size_t>(max_num_tokens) * tree_width, st.device);
   g.tree_lens.reserve(static_cast<size_t>(max_num_tokens), st.device);
   g.prefix_lens.reserve(static_cast<size_t>(max_bs), st.device);
-  size_t rows = 1;
+  // Decode: the workspace stage_decode asks for at every batch size a graph may replay with.
+  DecodeWorkspace largest;
   for (int bs = 1; bs <= max_bs; ++bs) {
-    for (const HeadLayout& layout : layouts_) {
-      const auto& [hq, hkv, local] = layout;
-      const int splits = plan_decode(bs, hkv * head_blocks(hq, hkv), options_.max_context_len).splits;
-      if (splits > 1) rows = std::max(rows, static_cast<size_t>(splits) * bs * st.max_q_heads);
-    }
+    DecodeWorkspace workspace;
+    plan_decode_step(decode_shape(bs, bs, options_.max_context_len), workspace);
+    largest.cover(workspace);
   }
-  g.partial_lse.reserve(rows, st.device);
-  g.partial_out.reserve(rows * st.max_head_dim, st.device);
-  g.split_counters.reserve_zeroed(static_cast<size_t>(max_bs) * st.max_q_heads, st.device, st.stream);
+  g.partial_lse.reserve(largest.partial_rows, st.device);
+  g.partial_out.reserve(largest.partial_values, st.device);
+  g.split_counters.reserve_zeroed(largest.counters, st.device, st.stream);
   for (auto* a : {&g.cu_q, &g.kv_lens, &g.pages, &g.out_loc, &g.items, &g.tree_slots, &g.tree_lens, &g.prefix_lens}) {
     a->freeze();
   }

@@ -5,34 +5,26 @@
 // attention, soft-cap, sinks, custom scale, TARGET_VERIFY tree masks, LSE output, fp8 descale;
 // and the CUDA-graph hooks for DECODE and TARGET_VERIFY. Verify steps whose mask promises a
 // visible prefix (SpecInfo::prefix_visible) attend per query over the prefix plus the tree tokens
-// it sees (kernels/tree_attention), decode-like, instead of through 64-row prefill tiles.
+// it sees (kernels/tree_attention), decode-like, instead of through 128-row prefill tiles; EAGLE's
+// draft tree steps attend through the same kernel (forward_draft_tree).
+//
+// Which kernel serves a call is answered by one selection function per operation
+// (select_cuda_decode / _extend / _verify / _draft_tree): check_layer, the step's metadata
+// planning, the workspace sizing and the launches all go through them.
 #pragma once
 
+#include <cstdint>
 #include <map>
-#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "specula/attention/backend.h"
+#include "specula/attention/cuda/cuda_attention_select.h"
 #include "specula/attention/metadata.h"
+#include "specula/attention/cuda/cuda_attention_select.h"
 
 namespace specula {
-
-// The one selection function for CUDA attention: "supported?" (empty reason) for a layer.
-std::string cuda_attention_unsupported_reason(const AttentionLayer& layer, DType q_dtype, DType kv_dtype,
-                                              int page_size);
-
-// How a decode step's keys are split: splits per (sequence, KV-head block) and warps per block.
-struct DecodePlan {
-  int splits = 1;
-  int warps = 4;
-};
-
-// Decode split heuristic: never splitting when the batch already fills the GPU, never below 256
-// keys per split. Few (sequence, KV-head block) pairs (at most half the multiprocessors) get one
-// wide block per multiprocessor; otherwise about two blocks of 4 warps per multiprocessor.
-DecodePlan choose_decode_plan(int batch_size, int kv_head_blocks, int max_kv_len, int num_sms);
 
 class CudaAttentionBackend final : public AttentionBackend {
  public:
@@ -48,31 +40,58 @@ class CudaAttentionBackend final : public AttentionBackend {
   void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                       const AttentionLayer& layer, const ForwardBatch& batch,
                       const ForwardOptions& options) override;
+  void forward_draft_tree(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                          MHAKVPool& kv_pool, const DraftTreeView& tree) override;
 
   void init_cuda_graph_state(int max_bs, int max_num_tokens) override;
   void init_forward_metadata_capture_cuda_graph(const ForwardBatch& batch) override;
   void init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch) override;
   int cuda_graph_seq_len_fill_value() const override { return 1; }
 
-
  private:
-  struct State;  // device buffers and the host plan (cuda_backend.cpp)
-  using HeadLayout = std::tuple<int, int, bool>;  // (num_q_heads, num_kv_heads, local)
+  struct State;      // device buffers and the host plan (cuda_backend.cpp)
+  struct Sequences;  // a step's per-sequence lengths and page table, host-side (cuda_backend.cpp)
+  using HeadLayout = std::tuple<int, int, int, bool>;  // (num_q_heads, num_kv_heads, head_dim, local)
+  // A checked layer of each head layout, kept to plan decode steps for every layout up front.
+  struct CheckedLayer {
+    AttentionLayer layer;
+    DType q_dtype;
+    DType kv_dtype;
+  };
 
-  // The step's metadata: staged host-side by stage_metadata, then uploaded in one batch.
+  CudaAttentionShape base_shape() const;
+  CudaAttentionShape decode_shape(int batch_size, int64_t num_tokens, int max_kv_len) const;
+  // Every checked layout's decode plan for a step of this shape, and the workspace they share.
+  std::map<HeadLayout, DecodePlan> plan_decode_step(const CudaAttentionShape& shape, DecodeWorkspace& workspace) const;
+
+  // The step's metadata: staged host-side, then uploaded in one batch.
   void build_metadata(const ForwardBatch& batch, bool graph);
   void stage_metadata(const ForwardBatch& batch, bool graph);
-  // Whether TARGET_VERIFY steps of this layer can attend through the tree kernel (bf16 in and out,
-  // no soft-cap, sinks, window or local attention).
-  static bool tree_kernel_serves(const AttentionLayer& layer, DType q_dtype, DType kv_dtype);
-  DecodePlan plan_decode(int batch_size, int kv_head_blocks, int max_kv_len) const;
+  void begin_step(const ForwardBatch& batch, bool graph);
+  Sequences stage_sequences(const ForwardBatch& batch, bool graph);
+  void stage_decode(int batch_size, bool graph);
+  void stage_prefill_items(const std::vector<int32_t>& q_lens);
+  void stage_tree_mask(const ForwardBatch& batch, const Sequences& seqs, bool graph);
+  void stage_tree_rows(const ForwardBatch& batch, const Sequences& seqs, const std::vector<int64_t>& mask_offsets);
+  void stage_local_batches(const Sequences& seqs);
+
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options);
+  void check_forward_args(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                          const MHAKVPool& pool, const ForwardOptions& options) const;
+  // The layer's sinks on the device (uploaded once per layer and set of values), or nullptr.
+  const float* device_sinks(const AttentionLayer& layer);
+  void launch_tree(const TensorView& q, const TensorView& out, const AttentionLayer& layer, const MHAKVPool& pool,
+                   const DraftTreeView& tree, const ForwardOptions& options);
+  void run_decode(const TensorView& q, const TensorView& out, const AttentionLayer& layer, const MHAKVPool& pool,
+                  const ForwardOptions& options);
+  void run_prefill(const CudaAttentionPlan& plan, const TensorView& q, const TensorView& out,
+                   const AttentionLayer& layer, const MHAKVPool& pool, const ForwardOptions& options);
 
   AttentionBackendOptions options_;
   int num_sms_ = 0;
   int64_t l2_bytes_ = 0;
-  mutable std::set<HeadLayout> layouts_;
+  mutable std::map<HeadLayout, CheckedLayer> layouts_;
   mutable bool all_layers_tree_ok_ = true;
   State* state_;
 };

@@ -91,7 +91,9 @@ struct PrefillWork {
   int32_t heads_per_group;
 };
 
-void launch_prefill(const AttentionParams& params, const PrefillWork& work, cudaStream_t stream);
+// The mma.sync prefill kernel (prefill.cu), for what the wgmma kernel (prefill_wgmma.h) is not
+// built for; the backend's selection (select_cuda_extend) picks between them.
+void launch_prefill_mma(const AttentionParams& params, const PrefillWork& work, cudaStream_t stream);
 
 // Query rows per prefill work item.
 inline constexpr int kPrefillTileRows = 128;

@@ -1,6 +1,7 @@
 // Prefill / extend / verify attention over a paged KV cache on tensor cores: the mma.sync kernel
-// (FlashAttention-2 structure) for the cases the wgmma kernel (prefill_wgmma.cu) does not take:
-// fp8 or other-type caches, and head_dim 80, 96 and 256.
+// (FlashAttention-2 structure) for the cases the wgmma kernel (prefill_wgmma.cu) is not built for:
+// fp8 or other-type caches, and head_dim 80, 96 and 256. The backend's selection function chooses;
+// this kernel serves every paged case, so launch_prefill_mma checks only what it cannot do.
 //
 // Grid: (work items, num_q_heads); 256 threads = 8 warps, each owning 16 of the tile's 128
 // query rows. Per K/V tile of kKeys keys: S = Q K^T in registers, scale / soft-cap / masks, online
@@ -17,7 +18,6 @@
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/attention/cuda/kernels/prefill_epilogue.cuh"
-#include "specula/attention/cuda/kernels/prefill_wgmma.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
 
@@ -279,18 +279,13 @@ void launch_kv(const AttentionParams& p, const PrefillWork& work, cudaStream_t s
 
 }  // namespace
 
-void launch_prefill(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
+void launch_prefill_mma(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
   if (work.num_items == 0) return;
-  if (prefill_wgmma_supports(p)) {
-    launch_prefill_wgmma(p, work, stream);
-    CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  SPECULA_REQUIRE(p.v_head_dim == p.head_dim, "prefill: v_head_dim " + std::to_string(p.v_head_dim) +
+  SPECULA_REQUIRE(p.v_head_dim == p.head_dim, "prefill (mma.sync): v_head_dim " + std::to_string(p.v_head_dim) +
                                                   " differs from head_dim " + std::to_string(p.head_dim) +
-                                                  "; only bf16 at 192 / 128 is served");
+                                                  "; only the wgmma kernel serves that (bf16 at 192 / 128)");
   SPECULA_REQUIRE(p.kv_row_start == nullptr && p.q_kv_offset == nullptr,
-                  "prefill: ragged K/V rows and query offsets are served at 192 / 128 only");
+                  "prefill (mma.sync): ragged K/V rows and query offsets are served by the wgmma kernel only");
   if (p.io_dtype == kBF16) {
     launch_kv<__nv_bfloat16>(p, work, stream);
   } else {

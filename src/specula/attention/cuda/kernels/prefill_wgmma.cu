@@ -465,6 +465,11 @@ int prefill_head_group(int64_t kv_bytes_per_kv_head, int num_q_heads, int num_kv
 }
 
 void launch_prefill_wgmma(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
+  SPECULA_REQUIRE(prefill_wgmma_supports(p),
+                  "prefill_wgmma: head_dim " + std::to_string(p.head_dim) + " / v_head_dim " +
+                      std::to_string(p.v_head_dim) + ", query dtype code " + std::to_string(p.io_dtype) +
+                      ", KV dtype code " + std::to_string(p.kv_dtype) + " is not a case it is built for");
+  if (work.num_items == 0) return;  // an empty grid is not a valid launch
   if (p.head_dim == 192) {
     launch_typed<__nv_bfloat16, 192, 128>(p, work, stream);
   } else if (p.io_dtype == kBF16) {
@@ -472,6 +477,7 @@ void launch_prefill_wgmma(const AttentionParams& p, const PrefillWork& work, cud
   } else {
     launch_dim<__half>(p, work, stream);
   }
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace specula::cuda_kernels

@@ -1,4 +1,5 @@
-// The wgmma prefill kernel (prefill_wgmma.cu): launch_prefill sends it the cases it supports.
+// The wgmma prefill kernel (prefill_wgmma.cu): the attention backend's selection function and the
+// expanded MLA prefill send it the cases it is built for (prefill_wgmma_supports, which it asserts).
 #pragma once
 
 #include <cuda_runtime_api.h>

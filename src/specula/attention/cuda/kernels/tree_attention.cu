@@ -255,6 +255,8 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15)
 
 }  // namespace
 
+// Preconditions, asserted: the attention backend's selection (select_cuda_draft_tree) decides
+// which layers come here; these checks catch a caller that bypasses it.
 void tree_attention(const TreeAttentionParams& p, cudaStream_t s) {
   SPECULA_REQUIRE(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256,
                   "tree_attention: head_dim " + std::to_string(p.head_dim) +

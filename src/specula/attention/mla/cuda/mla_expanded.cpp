@@ -154,7 +154,11 @@ void MlaExpandedPass::run(const TensorView& q, const TensorView& out, const Tens
     p.num_kv_rows = pass.rows;
     p.seq_lens_k = meta + bs;
     p.q_kv_offset = meta + 2 * bs;
-    SPECULA_CHECK(ck::prefill_wgmma_supports(p), "the expanded MLA prefill kernel is not built for these widths");
+    SPECULA_CHECK(ck::prefill_wgmma_supports(p),
+                  "the expanded MLA prefill kernel is not built for head_dim {} / v_head_dim {} with query dtype code "
+                  "{} and KV dtype code {}; it is built for head_dim {} / v_head_dim {} with both bf16 (code {})",
+                  p.head_dim, p.v_head_dim, static_cast<int>(p.io_dtype), static_cast<int>(p.kv_dtype), kQkWidth,
+                  kVWidth, static_cast<int>(ck::kBF16));
     const int group = ck::prefill_head_group(pass.rows * 2 * (kQkWidth + kVWidth), H, H, l2_bytes_);
     ck::launch_prefill_wgmma(p, ck::PrefillWork{items_.data(), num_items_, group}, stream_);
     CUDA_CHECK(cudaGetLastError());

@@ -1,0 +1,97 @@
+// CudaDecoderExecutor: the step skeleton every GPU decoder shares (LlamaCudaModel, DeepseekCudaModel),
+// written once: the model's stream, its products (CudaLinear), the embedding and logits head
+// (CudaDecoderEnds), the step's uploads, the eager step (ids checked, layers, head, download of
+// the logits or only the greedy ids) and DECODE-step CUDA graphs captured per batch size and
+// replayed padded (SGLang's CudaGraphRunner). A model supplies its layers and its attention
+// backend's metadata hooks.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "specula/core/pinned_buffer.h"
+#include "specula/core/tensor.h"
+#include "specula/model/cpu_decoder.h"
+#include "specula/model/cuda/decode_graphs.h"
+#include "specula/model/cuda/decoder_ends.h"
+#include "specula/model/cuda/decoder_layer.h"
+#include "specula/model/model.h"
+
+namespace specula {
+
+class CudaLinear;
+
+class CudaDecoderExecutor : public Model {
+ public:
+  ~CudaDecoderExecutor() override;
+  CudaDecoderExecutor(const CudaDecoderExecutor&) = delete;
+  CudaDecoderExecutor& operator=(const CudaDecoderExecutor&) = delete;
+
+  const ModelConfig& config() const override { return host_.config(); }
+  size_t weight_bytes() const override { return ends_->bytes() + layer_bytes(); }
+  void* cuda_stream() const override { return stream_; }
+  bool on_gpu() const override { return true; }
+  std::vector<int> graph_batch_sizes() const override { return graphs_.batch_sizes(); }
+
+ protected:
+  // The step's slots every decoder uses; a model's own slots start at kModelSlots.
+  enum Slot : size_t {
+    kIds, kPositions, kCacheLoc, kX, kXn, kRowIds, kSelected, kLogits, kCaptured, kModelSlots
+  };
+  static constexpr size_t kMaxSlots = 32;
+  using Workspace = CudaStepWorkspace<kMaxSlots>;
+
+  // deterministic: every product row computed the same way whatever the number of rows.
+  CudaDecoderExecutor(const CpuDecoder& host, Device device, bool deterministic);
+
+  // The model's hooks: its layers over n tokens whose ids / positions / KV slots are in kIds /
+  // kPositions / kCacheLoc, leaving the final hidden states in kX (and captured states in
+  // kCaptured); its weights on the device besides the ends; its backend's metadata for an eager
+  // step, a graph capture and a graph replay.
+  virtual void run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) = 0;
+  virtual size_t layer_bytes() const = 0;
+  virtual void init_metadata(const ForwardBatch& batch) = 0;
+  virtual void init_capture_metadata(const ForwardBatch& batch) = 0;
+  virtual void init_replay_metadata(const ForwardBatch& batch) = 0;
+
+  Buffer& scratch(Workspace& ws, size_t slot, DType dtype, int64_t elements);
+  CudaStepLinear step_linear(Workspace& ws) const;
+  void check_ids(const ForwardBatch& batch) const;
+  // ids (with a verify's device tree tokens for its first `requests` requests), positions and
+  // KV slots of the batch into ws.
+  void upload_step(Workspace& ws, const ForwardBatch& batch, int requests);
+  // Final norm and lm_head over `count` rows of kX (row ids in device memory, or the first
+  // `count` rows when nullptr); returns the f32 logits (kLogits).
+  float* run_head(Workspace& ws, const int32_t* row_ids, int64_t count);
+  // An eager step: the backend's metadata, the layers, the head over the rows the step returns,
+  // the download. results_hook (optional): queued work that reads the step's device results.
+  void eager_forward(const ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request,
+                     const std::function<void()>& results_hook = {});
+  // The step's results to the host: the logits of `rows` rows of ws (or the greedy ids), the
+  // captured states, with results_hook queued before the wait.
+  void download(const Workspace& ws, int64_t rows, std::vector<float>& logits, const ForwardRequest& request,
+                const std::function<void()>& results_hook = {});
+  // DECODE graphs for setup's batch sizes (the backend's graph state initialised by the caller).
+  void capture_decode(const GraphSetup& setup);
+  // A DECODE batch through the smallest graph that holds it; false (nothing run) when none does.
+  bool replay_decode(const ForwardBatch& batch, std::vector<float>& logits, std::vector<int32_t>* greedy_ids);
+
+  const CpuDecoder& host_;
+  Device device_;
+  bool deterministic_;
+  void* stream_ = nullptr;         // cudaStream_t
+  void* results_event_ = nullptr;  // cudaEvent_t: a step's downloads done (download_step)
+  std::unique_ptr<CudaLinear> linear_;
+  PinnedBuffer pinned_;  // logits and captured states on their way to the host
+  Buffer greedy_dev_;    // the device's greedy tokens of a step
+  std::unique_ptr<CudaDecoderEnds> ends_;
+  Workspace eager_;
+  Workspace graph_ws_;
+  DecodeGraphs graphs_;
+};
+
+}  // namespace specula

@@ -1,0 +1,80 @@
+// Batch assembly (scheduler.h): turns a step's plan (requests and how many of their tokens run,
+// whose KV slots are allocated already) into a ForwardBatch, runs the model over it, and samples
+// each request's next token from its row of logits. Requests whose prefill is not finished only
+// hand their new KV to the prefix cache.
+#include <algorithm>
+
+#include "specula/runtime/scheduled_request.h"
+#include "specula/runtime/scheduler.h"
+
+namespace specula {
+
+ForwardBatch Scheduler::assemble_batch(const std::vector<Planned>& plan, ForwardMode mode) {
+  ForwardBatch b;
+  b.forward_mode = mode;
+  b.batch_size = static_cast<int>(plan.size());
+  for (const Planned& p : plan) {
+    const Req& r = *p.req;
+    const int start = r.kv_len() - p.extend;  // the step's tokens are the last p.extend of its KV
+    for (int i = start; i < r.kv_len(); ++i) {
+      b.input_ids.push_back(r.fill_id(i));
+      b.positions.push_back(i);
+      b.out_cache_loc.push_back(r.kv.slots[static_cast<size_t>(i)]);
+    }
+    b.req_pool_indices.push_back(r.kv.req_pool_idx);
+    b.seq_lens.push_back(r.kv_len());
+    if (mode != ForwardMode::DECODE) {
+      b.extend_prefix_lens.push_back(start);
+      b.extend_seq_lens.push_back(p.extend);
+    }
+    if (p.extend > 1 || r.out.output_ids.empty()) stats_.prefill_tokens += p.extend;
+  }
+  return b;
+}
+
+bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
+  ForwardBatch b = assemble_batch(plan, mode);
+  HiddenCapture capture;
+  if (spec_ != nullptr) capture.layers = spec_->capture_layers();
+  // Greedy requests without penalties need only each row's argmax: found where the logits are
+  // (on a GPU, one id per row is downloaded instead of the vocabulary's logits).
+  const bool argmax_only = std::all_of(plan.begin(), plan.end(), [](const Planned& p) {
+    return p.req->sampler.picks_argmax() && p.req->params.logprobs < 0;
+  });
+  try {
+    runner_.forward(b, logits_, /*all_tokens=*/false, spec_ != nullptr ? &capture : nullptr,
+                    argmax_only ? &greedy_ids_ : nullptr);
+  } catch (const std::exception& e) {
+    // A failed step ends its requests with the reason rather than losing them silently; the KV
+    // it was writing is not cached.
+    for (const Planned& p : plan) finish(*p.req, std::string("error: ") + e.what(), /*cache_kv=*/false);
+    return false;
+  }
+  const auto vocab = static_cast<size_t>(runner_.config().vocab_size);
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Req& r = *plan[i].req;
+    try {
+      // With speculation a chunk is cached only after the draft head's extend over it.
+      if (r.pending() > 0) {
+        if (spec_ == nullptr) kv_.cache_unfinished(r.kv, r.fill());
+        continue;
+      }
+      const std::span<const float> row = argmax_only ? std::span<const float>()
+                                                     : std::span<const float>(logits_).subspan(i * vocab, vocab);
+      const int32_t token = argmax_only ? r.sampler.take_argmax(greedy_ids_[i]) : r.sampler.sample(row);
+      if (r.params.logprobs >= 0) {
+        auto [logprob, top] = log_softmax_at(row, token, r.params.logprobs);
+        r.out.logprobs.push_back({logprob, std::move(top)});
+      }
+      if (plan[i].extend > 1 && spec_ == nullptr) kv_.cache_unfinished(r.kv, r.fill());
+      process_token(r, token);
+    } catch (const std::exception& e) {
+      // E.g. logits that are all NaN: this request ends, the others go on.
+      if (!r.done) finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
+    }
+  }
+  if (spec_ != nullptr) draft_after_prefill(plan, capture);
+  return true;
+}
+
+}  // namespace specula

@@ -1,0 +1,117 @@
+// The scheduler's speculative glue (scheduler.h): one EagleWorker cycle over the decoding
+// requests (their scratch slots allocated already), emitting each request's accepted run token by
+// token under its stop conditions and keeping exactly the KV of the emitted tokens; and the draft
+// head's extend after every prefill chunk, after which the chunk may join the prefix cache.
+#include "specula/runtime/scheduled_request.h"
+#include "specula/runtime/scheduler.h"
+
+namespace specula {
+
+void Scheduler::draft_after_prefill(const std::vector<Planned>& plan, const HiddenCapture& capture) {
+  // The draft pairs of each chunk: (token t + 1, target feature of t) for the chunk's positions t;
+  // the token after the chunk is the next prompt token, or the one just sampled.
+  const auto width = static_cast<size_t>(spec_->head().feature_size());
+  std::vector<DraftExtendItem> items;
+  std::vector<Req*> reqs;
+  size_t row = 0;
+  for (const Planned& p : plan) {
+    Req& r = *p.req;
+    const size_t first = row;
+    row += static_cast<size_t>(p.extend);
+    if (r.done) continue;
+    const int start = r.kv_len() - p.extend;
+    SPECULA_ASSERT(start == r.kv.draft_len, "chunk at {} but the draft KV ends at {}", start, r.kv.draft_len);
+    DraftExtendItem it;
+    it.req_pool_idx = r.kv.req_pool_idx;
+    it.start = start;
+    for (int t = start; t < r.kv_len(); ++t) it.next_tokens.push_back(r.fill_id(t + 1));
+    it.features = capture.data.data() + first * width;
+    it.state = &r.kv.draft;
+    items.push_back(std::move(it));
+    reqs.push_back(&r);
+  }
+  try {
+    spec_->draft_extend(items);
+  } catch (const std::exception& e) {
+    for (Req* r : reqs) finish(*r, std::string("error: ") + e.what(), /*cache_kv=*/false);
+    return;
+  }
+  for (Req* r : reqs) {
+    r->kv.draft_len = r->kv_len();
+    kv_.cache_unfinished(r->kv, r->fill());
+  }
+}
+
+void Scheduler::record_accept_length(Req& r, size_t accept_len) {
+  ++stats_.spec_cycles;
+  stats_.spec_emitted_tokens += static_cast<int64_t>(accept_len);
+  if (stats_.spec_accept_histogram.size() <= accept_len) stats_.spec_accept_histogram.resize(accept_len + 1, 0);
+  ++stats_.spec_accept_histogram[accept_len];
+  ++r.out.spec_verify_cycles;
+  if (r.out.spec_accept_histogram.size() <= accept_len) r.out.spec_accept_histogram.resize(accept_len + 1, 0);
+  ++r.out.spec_accept_histogram[accept_len];
+}
+
+void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
+  std::vector<CycleItem> items(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Req& r = *plan[i].req;
+    items[i].req_pool_idx = r.kv.req_pool_idx;
+    items[i].kv_len = r.kv_len();
+    items[i].root_token = r.fill_id(r.kv_len());
+    items[i].state = &r.kv.draft;
+    items[i].sampler = &r.sampler;
+  }
+  try {
+    spec_->run_cycle(items);
+  } catch (const std::exception& e) {
+    for (const Planned& p : plan) {
+      Req& r = *p.req;
+      kv_.free_after(r.kv.scratch, r.kv.last_slot());
+      r.kv.scratch.clear();
+      finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
+    }
+    return;
+  }
+  std::vector<DraftExtendItem> extend;
+  std::vector<Req*> extended;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Req& r = *plan[i].req;
+    const VerifyResult& res = items[i].result;
+    record_accept_length(r, res.accepted_nodes.size());  // accepted draft tokens + the bonus token
+    // The cycle's tokens: the accepted draft tokens, then the bonus. Emitting token j commits the
+    // KV of the tree node before it (the root for j = 0), which now sits at scratch position j.
+    std::vector<int32_t> emitted = res.accepted_tokens;
+    emitted.push_back(res.bonus_token);
+    const int kv0 = r.kv_len();
+    std::vector<int32_t> scratch = std::move(r.kv.scratch);
+    r.kv.scratch.clear();
+    size_t used = 0;
+    int32_t last_kept = r.kv.last_slot();
+    while (used < emitted.size() && !r.done) {
+      r.kv.slots.push_back(scratch[used]);
+      last_kept = scratch[used];
+      process_token(r, emitted[used]);
+      ++used;
+    }
+    kv_.free_after(std::span<const int32_t>(scratch).subspan(used), last_kept);
+    if (r.done) continue;
+    DraftExtendItem it;
+    it.req_pool_idx = r.kv.req_pool_idx;
+    it.start = kv0;
+    it.next_tokens = emitted;
+    it.features = items[i].accepted_features.data();
+    it.state = &r.kv.draft;
+    extend.push_back(std::move(it));
+    extended.push_back(&r);
+  }
+  try {
+    spec_->draft_extend(extend);
+  } catch (const std::exception& e) {
+    for (Req* r : extended) finish(*r, std::string("error: ") + e.what(), /*cache_kv=*/false);
+    return;
+  }
+  for (Req* r : extended) r->kv.draft_len = r->kv_len();
+}
+
+}  // namespace specula
