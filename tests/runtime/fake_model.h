@@ -4,7 +4,9 @@
 // hash of the tokens read back through the request table for positions [0, p] of that row's
 // position p. A slot mapped wrongly (a bad prefix-cache page, a retraction that lost KV) so changes
 // the output, and a slot holding another position fails the step. Every forward's batch is
-// recorded, so tests can assert what the scheduler ran.
+// recorded, so tests can assert what the scheduler ran. TARGET_VERIFY steps read each tree row's
+// context under the tree mask (the prefix, then the tree tokens the row sees), and a capture
+// gets, per token and captured layer, [token id, position, 0, ...]: what a draft head may read.
 #pragma once
 
 #include <cstdint>
@@ -45,10 +47,14 @@ class FakeModel : public Model {
     config_.max_position_embeddings = 256;
   }
 
-  // The greedy token after `context` (the tokens at positions [0, p]): FNV-1a over them.
+  // The greedy token after `context` (the tokens at positions [0, p]): FNV-1a over them, then a
+  // finaliser (FNV's low bits alone would repeat: once they reach 0 with token 0, they stay 0).
   static int32_t next_token(std::span<const int32_t> context) {
     uint32_t h = 2166136261u;
     for (int32_t t : context) h = (h ^ static_cast<uint32_t>(t)) * 16777619u;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
     return static_cast<int32_t>(h % kVocab);
   }
   // The greedy continuation of a prompt by `n` tokens: what any schedule must produce.
@@ -67,7 +73,6 @@ class FakeModel : public Model {
   void clear_batches() { batches_.clear(); }
 
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override {
-    SPECULA_CHECK(request.capture == nullptr, "FakeModel captures no hidden states");
     batch.validate();
     record(batch);
     MHAKVPool& pool = *batch.token_to_kv_pool;
@@ -92,16 +97,48 @@ class FakeModel : public Model {
       offset += n;
     }
     logits.assign(rows.size() * kVocab, 0.0f);
+    const SpecInfo* info = batch.spec_info.get();
+    const bool tree = batch.forward_mode == ForwardMode::TARGET_VERIFY && info != nullptr && !info->custom_mask.empty();
     for (size_t r = 0; r < rows.size(); ++r) {
-      const int32_t* row = batch.req_to_token_pool->row(batch.req_pool_indices[static_cast<size_t>(rows[r].request)]);
+      const auto req = static_cast<size_t>(rows[r].request);
+      const int32_t* row = batch.req_to_token_pool->row(batch.req_pool_indices[req]);
       const int32_t position = batch.positions[rows[r].token];
+      // A tree row reads the request's prefix, then the tree tokens its mask row shows.
+      const int32_t prefix = tree ? batch.seq_lens[req] : position + 1;
       std::vector<int32_t> context;
-      for (int32_t p = 0; p <= position; ++p) {
+      for (int32_t p = 0; p < prefix; ++p) {
         const float* kv = k + static_cast<size_t>(row[p]) * row_width;
         SPECULA_CHECK(kv[1] == static_cast<float>(p), "KV slot {} holds position {}, read as position {}", row[p], kv[1], p);
         context.push_back(static_cast<int32_t>(kv[0]));
       }
+      if (tree) {
+        const auto N = static_cast<size_t>(info->num_draft_tokens);
+        size_t mask_offset = 0;
+        for (size_t b = 0; b < req; ++b) mask_offset += N * (static_cast<size_t>(batch.seq_lens[b]) + N);
+        const size_t i = rows[r].token - req * N;  // the row's node in its tree
+        const size_t width = static_cast<size_t>(prefix) + N;
+        for (size_t j = 0; j < N; ++j) {
+          if (info->custom_mask[mask_offset + i * width + static_cast<size_t>(prefix) + j] != 0) {
+            context.push_back(batch.input_ids[req * N + j]);
+          }
+        }
+      }
       logits[r * kVocab + static_cast<size_t>(next_token(context))] = 1.0f;
+    }
+    if (request.capture != nullptr) fill_capture(batch, *request.capture);
+  }
+
+  // What a captured layer holds per token here: [id, position, 0, ...].
+  void fill_capture(const ForwardBatch& batch, HiddenCapture& capture) const {
+    const int64_t n = batch.num_tokens();
+    const auto h = static_cast<size_t>(config_.hidden_size);
+    capture.prepare(config_.num_hidden_layers, n, config_.hidden_size);
+    for (int64_t t = 0; t < n; ++t) {
+      for (size_t e = 0; e < capture.layers.size(); ++e) {
+        float* f = capture.data.data() + (static_cast<size_t>(t) * capture.layers.size() + e) * h;
+        f[0] = static_cast<float>(batch.input_ids[static_cast<size_t>(t)]);
+        f[1] = static_cast<float>(batch.positions[static_cast<size_t>(t)]);
+      }
     }
   }
 

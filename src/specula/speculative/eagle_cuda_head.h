@@ -1,6 +1,6 @@
-// EagleCudaHead: an EagleHead executed on a CUDA device, and the tree-draft loop on the device.
-// Weights as the checkpoint holds them (bf16 matrices), f32 activations, a bf16 draft KV pool;
-// the products and element-wise kernels of the target's GPU decoder (model/cuda).
+// EagleCudaHead: the tree-draft loop on the device, over the head's GPU forward (EagleCudaModel in
+// model/) and a bf16 draft KV pool; attention through the CUDA attention backend (eager extends,
+// and forward_draft_tree for the loop's and the graphed extend's rows).
 //   - extend(): DRAFT_EXTEND through the CUDA attention backend (eagerly: prefill chunks of any
 //     length), then the top-k of each request's last row: the roots of the next cycle, which stay
 //     on the device in a root store indexed by request (SGLang keeps them in its spec_info too).
@@ -31,15 +31,13 @@
 #include "specula/core/cuda_graph.h"
 #include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
-#include "specula/model/cuda/decoder_layer.h"
+#include "specula/model/eagle_cuda.h"
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/model/eagle_head.h"
 #include "specula/speculative/eagle_tree.h"
 
 namespace specula {
 
-class CudaGraph;
-class CudaLinear;
 
 // One request of a draft loop: its KV length, its request row (req_to_token; positions
 // [kv_len, kv_len + (num_steps - 1) * topk) are the loop's scratch slots) and its index in the
@@ -121,18 +119,18 @@ class EagleCudaHead {
   int num_candidates() const;
 
  private:
+  // The head's own slots, after the model's (EagleCudaModel::Slot).
   enum Slot : size_t {
-    kIds, kPos, kFeatures, kRowIds, kEmb, kX, kA, kNormed, kXn, kSelected, kLogits, kTopTokens, kTopProbs, kNumSlots
+    kIds = EagleCudaModel::kCallerSlots, kPos, kFeatures, kRowIds, kNormed, kTopTokens, kTopProbs, kNumSlots
   };
-  using Workspace = CudaStepWorkspace<kNumSlots>;
+  static_assert(kNumSlots <= EagleCudaModel::kMaxSlots);
+  static constexpr size_t kX = EagleCudaModel::kX;
+  static constexpr size_t kLogits = EagleCudaModel::kLogits;
+  using Workspace = EagleCudaModel::Workspace;
 
   Buffer& scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements);
-  CudaStepLinear step_linear(Workspace& ws) const;
-  // The head over n rows of ids, positions and hidden_in (device; target features when
-  // from_target, else [n, hidden]). Leaves the next hidden states in kX and the logits of `rows`
-  // rows in kLogits: the rows of row_ids (device), or the first ones when row_ids is nullptr.
-  // kv_slots (device, [n]) or nullptr: the q/k/v epilogue writes K/V into the draft pool there,
-  // and attend must not write them again.
+  // EagleCudaModel::forward; kv_slots (device, [n]) or nullptr: the q/k/v epilogue writes K/V
+  // into the draft pool there, and attend must not write them again.
   void forward(Workspace& ws, int64_t n, const int32_t* ids, const int32_t* positions, const float* hidden_in,
                bool from_target, const CudaAttend& attend, const int32_t* row_ids, int64_t rows,
                const int32_t* kv_slots = nullptr);
@@ -169,10 +167,8 @@ class EagleCudaHead {
   AttentionBackend& backend_;
   void* stream_;
   EagleCudaHeadOptions options_;
-  std::unique_ptr<CudaLinear> linear_;
+  std::unique_ptr<EagleCudaModel> model_;
   int page_stride_ = 0;
-  Buffer embed_, fc_, fc_bias_, input_norm_, hidden_norm_, final_norm_, lm_head_, d2t_, inv_freq_;
-  std::unique_ptr<CudaDecoderLayer> layer_;  // the midlayer
   Workspace extend_ws_, loop_ws_, extend_graph_ws_;
   // The loop's device state (sized for max_batch) and its staged inputs.
   Buffer loop_ints_;

@@ -4,7 +4,7 @@
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
 #include "specula/model/cuda/reduce.cuh"
-#include "specula/speculative/cuda/eagle_input.h"
+#include "specula/model/cuda/eagle_input.h"
 
 namespace specula::cuda_kernels {
 

@@ -1,0 +1,151 @@
+// EagleWorker against a fake target (FakeModel) and a fake draft head whose errors are designed,
+// through the scheduler that drives it, so each case runs in milliseconds: the output must be the
+// target's own greedy continuation whatever the draft proposes (lossless), every cycle must accept
+// exactly what the head's construction says it should, and the draft extend must receive the
+// target features of exactly the accepted tokens (the head checks each against the target's KV).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/fake_model.h"
+#include "specula/runtime/scheduler.h"
+#include "specula/speculative/eagle_worker.h"
+#include "speculative/fake_draft_head.h"
+
+namespace specula {
+namespace {
+
+using testing_fixtures::FakeDraftHead;
+using testing_fixtures::FakeModel;
+using V = std::vector<int32_t>;
+
+struct SpecCase {
+  int num_steps, topk, num_draft_tokens, page_size, requests;
+};
+
+std::string case_name(const ::testing::TestParamInfo<SpecCase>& info) {
+  const SpecCase& c = info.param;
+  return "s" + std::to_string(c.num_steps) + "_k" + std::to_string(c.topk) + "_n" + std::to_string(c.num_draft_tokens) +
+         "_page" + std::to_string(c.page_size) + "_bs" + std::to_string(c.requests);
+}
+
+class EagleWorkerFake : public ::testing::TestWithParam<SpecCase> {};
+
+TEST_P(EagleWorkerFake, LosslessAndAcceptsExactlyWhatTheDraftGotRight) {
+  const SpecCase& c = GetParam();
+  const SpecParams params{c.num_steps, c.topk, c.num_draft_tokens};
+  ModelRunnerOptions ro;
+  ro.page_size = c.page_size;
+  ro.max_context_len = 160;
+  ro.max_running_requests = 8;
+  ro.spec_scratch_tokens = params.scratch_tokens();
+  ModelRunner runner(std::make_unique<FakeModel>(), ro);
+  auto head = std::make_unique<FakeDraftHead>(runner, params);
+  FakeDraftHead& fake_head = *head;
+  EagleWorker worker(runner, std::move(head), params);
+  SchedulerOptions so;
+  so.log_retractions = false;
+  Scheduler scheduler(runner, nullptr, so, &worker);
+
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("prompt seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, FakeModel::kVocab - 1);
+  std::uniform_int_distribution<int> length(3, 40);
+  std::map<uint64_t, V> prompts;
+  std::map<uint64_t, int> budgets;
+  std::map<uint64_t, RequestOutput> outputs;
+  for (int i = 0; i < c.requests; ++i) {
+    V prompt(static_cast<size_t>(length(rng)));
+    for (int32_t& t : prompt) t = token(rng);
+    EngineRequest r;
+    r.prompt_ids = prompt;
+    r.max_new_tokens = 20 + 7 * i;
+    r.ignore_eos = true;
+    scheduler.validate(r);
+    const auto id = static_cast<uint64_t>(i);
+    prompts[id] = prompt;
+    budgets[id] = r.max_new_tokens;
+    scheduler.submit(id, r, [&outputs](const StreamChunk& chunk) {
+      if (chunk.finished) outputs[chunk.id] = *chunk.output;
+    });
+  }
+  while (scheduler.step()) {
+  }
+
+  ASSERT_EQ(outputs.size(), prompts.size());
+  for (const auto& [id, prompt] : prompts) {
+    EXPECT_EQ(outputs[id].output_ids, FakeModel::continuation(prompt, budgets[id]))
+        << "request " << id << " finished: " << outputs[id].finish_reason;
+  }
+  // Every cycle's accept length (accepted draft tokens + the bonus, as verified: a request's
+  // output budget may keep fewer) is what the head's construction expected.
+  const SchedulerStats stats = scheduler.stats();
+  ASSERT_GT(stats.spec_cycles, 0);
+  ASSERT_EQ(static_cast<int64_t>(fake_head.expected_accepts().size()), stats.spec_cycles);
+  std::vector<int64_t> expected_histogram(static_cast<size_t>(c.num_draft_tokens) + 1, 0);
+  int64_t expected_emitted = 0;
+  for (int accepted : fake_head.expected_accepts()) {
+    ++expected_histogram[static_cast<size_t>(accepted) + 1];
+    expected_emitted += accepted + 1;
+  }
+  std::vector<int64_t> histogram = stats.spec_accept_histogram;
+  histogram.resize(expected_histogram.size(), 0);
+  EXPECT_EQ(histogram, expected_histogram);
+  EXPECT_EQ(stats.spec_emitted_tokens, expected_emitted);
+  const int64_t budget = std::accumulate(budgets.begin(), budgets.end(), int64_t{0},
+                                         [](int64_t s, const auto& b) { return s + b.second; });
+  // Each request's first token comes from its prefill, the rest from cycles, the last of which
+  // may verify more than the budget keeps.
+  EXPECT_GE(stats.spec_emitted_tokens, budget - c.requests);
+  EXPECT_GT(fake_head.extends(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, EagleWorkerFake,
+                         ::testing::Values(SpecCase{3, 1, 4, 1, 1}, SpecCase{5, 1, 6, 16, 3}, SpecCase{7, 1, 8, 4, 4},
+                                           SpecCase{2, 2, 7, 1, 2}, SpecCase{3, 3, 22, 16, 3},
+                                           SpecCase{4, 2, 15, 4, 4}),
+                         case_name);
+
+// A head that proposes the target's continuation exactly: chains accept the whole tree every cycle
+// (but the last of each request), so each request needs the fewest cycles possible.
+TEST(EagleWorkerFake, ChainsOfAPerfectDraftTakeTheFewestCycles) {
+  const SpecParams params{4, 1, 5};
+  ModelRunnerOptions ro;
+  ro.page_size = 1;
+  ro.max_context_len = 128;
+  ro.spec_scratch_tokens = params.scratch_tokens();
+  ModelRunner runner(std::make_unique<FakeModel>(), ro);
+  auto head = std::make_unique<FakeDraftHead>(runner, params);
+  EagleWorker worker(runner, std::move(head), params);
+  SchedulerOptions so;
+  Scheduler scheduler(runner, nullptr, so, &worker);
+  // kv_len % 5 == 4 puts the designed error past the chain's depth 4: with prompt 9 and a cycle
+  // of 5 tokens, every cycle starts at kv_len = 9 + 5j, so the draft is always right.
+  const V prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5};
+  EngineRequest r;
+  r.prompt_ids = prompt;
+  r.max_new_tokens = 21;  // 1 from the prefill, then 4 cycles of 5
+  r.ignore_eos = true;
+  scheduler.validate(r);
+  RequestOutput out;
+  scheduler.submit(1, r, [&out](const StreamChunk& chunk) {
+    if (chunk.finished) out = *chunk.output;
+  });
+  while (scheduler.step()) {
+  }
+  EXPECT_EQ(out.output_ids, FakeModel::continuation(prompt, 21));
+  const SchedulerStats stats = scheduler.stats();
+  EXPECT_EQ(stats.spec_cycles, 4);
+  ASSERT_GE(stats.spec_accept_histogram.size(), 6u);
+  EXPECT_EQ(stats.spec_accept_histogram[5], 4);
+}
+
+}  // namespace
+}  // namespace specula
