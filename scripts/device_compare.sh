@@ -4,7 +4,8 @@
 # the base, extracted from .deps/base.tar by `git archive`, in build/base: specula only).
 # PHASE=run runs every CUDA test binary of this tree, then the benchmarks alternating base and
 # new (attention, bench generate on synthetic Llama-3-8B, bench serve with EAGLE-3 on the shipped
-# pair at batch 1, 8, 32), ROUNDS times; a table comes last. Logs go to $OUT/logs.tar.gz.
+# pair at batch 1, 8, 32), ROUNDS times; a table comes last. SKIP_TESTS=1 / SKIP_BENCH=1 leave
+# out either half. Logs go to $OUT/logs.tar.gz.
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
 mkdir -p "$out"
@@ -36,6 +37,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     echo "$t rc=$?: $(grep -E '^\[  PASSED|^\[  FAILED  \]' "$logs/$t.log" | head -8 | tr '\n' ' ')"
   done
 fi
+[ "${SKIP_BENCH:-0}" = 1 ] && exit 0
 new=build/device/bin/specula
 base=build/base/bin/specula
 # The shipped pair's paths are relative to this tree, so both binaries run from here.
@@ -45,9 +47,10 @@ row() {  # name log
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for side in base new; do
     bin=${!side}
-    "$bin" bench attention --device cuda --filter "${ATTN_FILTER:-decode B=64 L=4096 p16}" \
-      >"$logs/attn_${side}_$r.log" 2>&1
-    row "attention $side r$r" "GB/s|TFLOP" "$logs/attn_${side}_$r.log"
+    for f in "decode B=64 L=4096 p16" "prefill causal hd128"; do
+      "$bin" bench attention --device cuda --filter "$f" >"$logs/attn_${side}_$r.log" 2>&1
+      row "attention ${f%% *} $side r$r" "$f" "$logs/attn_${side}_$r.log"
+    done
     timeout 300 "$bin" bench generate --device cuda --synthetic llama3-8b --prompt-len 256 --decode-len 64 \
       >"$logs/gen8b_${side}_$r.log" 2>&1
     row "generate 8b $side r$r" "decode|tokens/s" "$logs/gen8b_${side}_$r.log"

@@ -40,6 +40,7 @@ DeepseekCudaModel::DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const 
     d.w_down = upload_weight(l.w_down, device);
     layers_.push_back(std::move(d));
   }
+  backend_ = make_deepseek_backend(*model_, options, stream_);
 }
 
 DeepseekCudaModel::~DeepseekCudaModel() { backend_.reset(); }
