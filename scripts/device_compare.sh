@@ -25,19 +25,22 @@ if [ "${PHASE:-run}" = build ]; then
   base_rc=$?
   echo "build rc=$rc base rc=$base_rc"
   grep -E "error" -A4 "$logs/build.log" "$logs/build_base.log" | head -60
-  exit 0
+  exit $((rc || base_rc))
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 # Whatever changed since the build phase (the tree travels again with each call).
 cmake --build build/device -j 16 -- -k 0 >"$logs/rebuild.log" 2>&1 || { grep -E "error" -A4 "$logs/rebuild.log" | head -40; exit 1; }
+failed=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   for t in cuda_core_test cuda_kv_test cuda_attention_test cuda_mla_test cuda_model_test cuda_engine_test \
            cuda_speculative_test; do
     timeout 400 "build/device/tests/$t" >"$logs/$t.log" 2>&1
-    echo "$t rc=$?: $(grep -E '^\[  PASSED|^\[  FAILED  \]' "$logs/$t.log" | head -8 | tr '\n' ' ')"
+    t_rc=$?
+    [ $t_rc = 0 ] || failed=1
+    echo "$t rc=$t_rc: $(grep -E '^\[  PASSED|^\[  FAILED  \]' "$logs/$t.log" | head -8 | tr '\n' ' ')"
   done
 fi
-[ "${SKIP_BENCH:-0}" = 1 ] && exit 0
+[ "${SKIP_BENCH:-0}" = 1 ] && exit $failed
 new=build/device/bin/specula
 base=build/base/bin/specula
 # The shipped pair's paths are relative to this tree, so both binaries run from here.
@@ -63,3 +66,4 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     done
   done
 done | tee "$logs/table.txt"
+exit $failed

@@ -83,7 +83,8 @@ class FakeModel : public Model {
     for (size_t t = 0; t < batch.out_cache_loc.size(); ++t) {
       float* kv = k + static_cast<size_t>(batch.out_cache_loc[t]) * row_width;
       kv[0] = static_cast<float>(batch.input_ids[t]);
-      kv[1] = static_cast<float>(batch.positions[t]);
+      // position + 1: a slot never written (zeros) matches no position.
+      kv[1] = static_cast<float>(batch.positions[t] + 1);
     }
     struct Row {
       size_t token;  // index into the batch's tokens
@@ -108,7 +109,8 @@ class FakeModel : public Model {
       std::vector<int32_t> context;
       for (int32_t p = 0; p < prefix; ++p) {
         const float* kv = k + static_cast<size_t>(row[p]) * row_width;
-        SPECULA_CHECK(kv[1] == static_cast<float>(p), "KV slot {} holds position {}, read as position {}", row[p], kv[1], p);
+        SPECULA_CHECK(kv[1] == static_cast<float>(p + 1), "KV slot {} holds position {}, read as position {}", row[p],
+                      kv[1] - 1, p);
         context.push_back(static_cast<int32_t>(kv[0]));
       }
       if (tree) {

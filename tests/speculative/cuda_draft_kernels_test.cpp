@@ -1,6 +1,6 @@
 // The EAGLE tree-draft GPU kernels against host references: draft_top_k against
-// EagleWorker::top_k's softmax and BetterScore order, draft_init + draft_select against a
-// re-implementation of EagleWorker::draft_steps' bookkeeping (bit-identical candidates), and
+// CpuDraftHead::top_k's softmax and BetterScore order, draft_init + draft_select against a
+// re-implementation of CpuDraftHead::draft's bookkeeping (bit-identical candidates), and
 // all of them with the draft head's tree_attention captured in a CUDA graph (replays equal the
 // eager run bit for bit). Random inputs; the seed is printed and can be
 // fixed with SPECULA_TEST_SEED. Skipped where no GPU is visible.
@@ -96,7 +96,7 @@ TEST(CudaDraftKernels, TopKMatchesHostSoftmaxAndTieOrder) {
     const std::vector<float> probs = d_probs.download();
 
     for (size_t r = 0; r < static_cast<size_t>(c.rows); ++r) {
-      // EagleWorker::top_k: float exp, double sum, float probabilities ranked by BetterScore.
+      // CpuDraftHead::top_k: float exp, double sum, float probabilities ranked by BetterScore.
       const float* l = logits.data() + r * V;
       const float top = *std::max_element(l, l + V);
       std::vector<float> pf(V);
@@ -125,7 +125,7 @@ struct TreeCase {
   bool ties;  // probabilities from {1/8, 1/4, 1/2, 3/4}: exact products, many equal scores
 };
 
-// EagleWorker::draft_steps' bookkeeping on the host, with the per-row top-k results given.
+// CpuDraftHead::draft's bookkeeping on the host, with the per-row top-k results given.
 struct HostTree {
   int batch, k, num_steps, hidden;
   std::vector<std::vector<int32_t>> tokens, parents;

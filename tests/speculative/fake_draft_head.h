@@ -28,6 +28,7 @@ class FakeDraftHead final : public DraftHead {
  public:
   FakeDraftHead(ModelRunner& target, const SpecParams& params) : target_(target), params_(params) {}
 
+  const SpecParams& params() const override { return params_; }
   int feature_size() const override { return target_.config().hidden_size; }
   const std::vector<int>& capture_layers() const override { return layers_; }
   // The draft tokens each draft() expected verification to accept, per request, in call order.

@@ -79,8 +79,9 @@ __attribute__((section(".preinit_array"), used)) void (*const preinit_hook)(int,
 // other type name (TEXT, or a FILE a command might name) counts as text.
 void take_text_verbatim(CLI::App& app) {
   for (CLI::Option* option : app.get_options()) {
+    // By prefix: a validator appends its own text to the type name ("INT:POSITIVE").
     const std::string type = option->get_type_name();
-    const bool numeric = type == "INT" || type == "UINT" || type == "FLOAT";
+    const bool numeric = type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0 || type.rfind("FLOAT", 0) == 0;
     if (!numeric && option->get_allow_extra_args()) option->allow_extra_args(false);
   }
   for (CLI::App* command : app.get_subcommands(std::function<bool(CLI::App*)>{})) take_text_verbatim(*command);

@@ -1,4 +1,4 @@
-// Device-side element conversions shared by the attention kernels: loads of bf16 / f16 / f32 /
+// Device-side element conversions shared by the attention, KV-pool and model kernels: loads of bf16 / f16 / f32 /
 // fp8-e4m3 to float and packed conversions to the 16-bit MMA operand types.
 #pragma once
 

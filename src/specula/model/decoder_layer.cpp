@@ -16,10 +16,23 @@ size_t DecoderLayerWeights::floats() const {
   return n;
 }
 
+namespace {
+// buffer as f32 [n, heads, head_dim], reallocated only when the shape changes.
+Buffer& shaped(Buffer& buffer, int64_t n, int heads, int head_dim) {
+  if (buffer.data() == nullptr || !(buffer.shape() == Shape{n, heads, head_dim})) {
+    buffer = Buffer(DType::f32, {n, heads, head_dim});
+  }
+  return buffer;
+}
+}  // namespace
+
 void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, int64_t n, const float* attn_input,
-                       std::vector<float>& x, const CpuRope& rope, const CpuAttend& attend) {
+                       std::vector<float>& x, const CpuRope& rope, const CpuAttend& attend, CpuLayerScratch& scratch) {
   const int h = d.hidden, D = d.head_dim, Hq = d.num_q_heads, Hkv = d.num_kv_heads, inter = d.intermediate;
-  Buffer q(DType::f32, {n, Hq, D}), k(DType::f32, {n, Hkv, D}), v(DType::f32, {n, Hkv, D}), attn(DType::f32, {n, Hq, D});
+  Buffer& q = shaped(scratch.q, n, Hq, D);
+  Buffer& k = shaped(scratch.k, n, Hkv, D);
+  Buffer& v = shaped(scratch.v, n, Hkv, D);
+  Buffer& attn = shaped(scratch.attn, n, Hq, D);
   cpu_linear(attn_input, w.wq, q.data_as<float>(), n, d.attn_in, Hq * D);
   cpu_linear(attn_input, w.wk, k.data_as<float>(), n, d.attn_in, Hkv * D);
   cpu_linear(attn_input, w.wv, v.data_as<float>(), n, d.attn_in, Hkv * D);
@@ -35,13 +48,19 @@ void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, 
   rope.apply(q.data_as<float>(), Hq);
   rope.apply(k.data_as<float>(), Hkv);
   attend(q, k, v, attn);
-  std::vector<float> o(static_cast<size_t>(n * h)), xn(o.size());
+  std::vector<float>& o = scratch.o;
+  std::vector<float>& xn = scratch.xn;
+  o.resize(static_cast<size_t>(n * h));
+  xn.resize(o.size());
   cpu_linear(attn.data_as<float>(), w.wo, o.data(), n, Hq * D, h);
   if (!w.bo.empty()) cpu_add_bias(o.data(), w.bo, n);
   if (!w.post_attn_norm.empty()) cpu_rms_norm(o.data(), w.post_attn_norm, o.data(), n, h, d.eps);
   for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   cpu_rms_norm(x.data(), w.post_norm, xn.data(), n, h, d.eps);
-  std::vector<float> gate(static_cast<size_t>(n * inter)), up(gate.size());
+  std::vector<float>& gate = scratch.gate;
+  std::vector<float>& up = scratch.up;
+  gate.resize(static_cast<size_t>(n * inter));
+  up.resize(gate.size());
   cpu_linear(xn.data(), w.w_gate, gate.data(), n, h, inter);
   cpu_linear(xn.data(), w.w_up, up.data(), n, h, inter);
   if (!w.b_gate.empty()) {

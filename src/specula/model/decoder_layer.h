@@ -39,6 +39,12 @@ struct DecoderLayerDims {
   bool gelu = false;  // GeLU-tanh gate (Gemma-2) instead of SiLU
 };
 
+// The activations of one layer step, reused by every layer of a step (grown as needed).
+struct CpuLayerScratch {
+  Buffer q, k, v, attn;
+  std::vector<float> o, xn, gate, up;
+};
+
 // q, k, v, out: f32 [n, heads, head_dim] views; the hook writes K/V and attends.
 using CpuAttend = std::function<void(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const TensorView& out)>;
@@ -47,6 +53,6 @@ using CpuAttend = std::function<void(const TensorView& q, const TensorView& k, c
 // RoPE, attention through `attend`, then x [n, hidden] (the residual stream) += the attention
 // and MLP branches.
 void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, int64_t n, const float* attn_input,
-                       std::vector<float>& x, const CpuRope& rope, const CpuAttend& attend);
+                       std::vector<float>& x, const CpuRope& rope, const CpuAttend& attend, CpuLayerScratch& scratch);
 
 }  // namespace specula

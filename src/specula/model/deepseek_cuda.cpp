@@ -22,9 +22,9 @@ namespace specula {
 namespace ck = cuda_kernels;
 
 DeepseekCudaModel::DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const ModelOptions& options)
-    : CudaDecoderExecutor(*host, options.device, false), model_(std::move(host)) {
+    : CudaDecoderExecutor(std::move(host), options.device, false) {
   const Device device = device_;
-  for (const DeepseekModel::Layer& l : model_->layers()) {
+  for (const DeepseekModel::Layer& l : model().layers()) {
     Layer d;
     d.input_norm = upload_f32(l.input_norm, device);
     d.post_norm = upload_f32(l.post_norm, device);
@@ -40,7 +40,7 @@ DeepseekCudaModel::DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const 
     d.w_down = upload_weight(l.w_down, device);
     layers_.push_back(std::move(d));
   }
-  backend_ = make_deepseek_backend(*model_, options, stream_);
+  backend_ = make_deepseek_backend(model(), options, stream_);
 }
 
 DeepseekCudaModel::~DeepseekCudaModel() { backend_.reset(); }
@@ -61,7 +61,7 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
   SPECULA_ASSERT(capture == nullptr);
   MlaAttentionBackend& backend = *backend_;
   const CudaStepLinear linear = step_linear(ws);
-  const ModelConfig& c = model_->config();
+  const ModelConfig& c = model().config();
   const MlaConfig& m = c.mla;
   const auto s = static_cast<cudaStream_t>(stream_);
   const int h = c.hidden_size, H = c.num_attention_heads, R = m.kv_lora_rank, rope = m.qk_rope_head_dim;
@@ -123,7 +123,7 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
     pack.kv_a_stride = in_width;
     pack.positions = pos;
     pack.inv_freq = ends_->inv_freq().data_as<const float>();
-    pack.rope_factor = model_->rope_attention_factor();
+    pack.rope_factor = model().rope_attention_factor();
     pack.interleave = m.rope_interleave;
     pack.q_out = q_abs.data();
     pack.k_pe_out = k_pe.data_as<float>();
@@ -138,11 +138,11 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
       };
       const TensorView q_exp(q_abs.data(), DType::bf16, {n, H, qk}, device_);
       const TensorView values_bf16(out.data(), DType::bf16, {n, H, vd}, device_);
-      backend.forward_expanded(q_exp, kv_c_view, k_pe_view, values_bf16, model_->mla_layers()[l], batch, expand,
+      backend.forward_expanded(q_exp, kv_c_view, k_pe_view, values_bf16, model().mla_layers()[l], batch, expand,
                                MlaForwardOptions{});
       ck::bf16_to_f32(out.data(), values, n * H * vd, s);
     } else {
-      backend.forward(q_view, kv_c_view, k_pe_view, out_view, model_->mla_layers()[l], batch, MlaForwardOptions{});
+      backend.forward(q_view, kv_c_view, k_pe_view, out_view, model().mla_layers()[l], batch, MlaForwardOptions{});
       ck::bf16_to_f32(out.data(), out_f32, n * H * R, s);
     }
     if (n > 0 && !expanded) {
@@ -167,16 +167,9 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
 
 void DeepseekCudaModel::forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) {
   SPECULA_CHECK(r.capture == nullptr, "{}: capturing hidden states for a draft head is not supported",
-                model_->config().architecture);
+                model().config().architecture);
   if (r.use_cuda_graph && !r.all_tokens && replay_decode(batch, logits, r.greedy_ids)) return;
   eager_forward(batch, logits, r);
-}
-
-void DeepseekCudaModel::capture_decode_graphs(const GraphSetup& g, int max_tokens) {
-  int max_bs = 0;
-  for (int bs : g.batch_sizes) max_bs = std::max(max_bs, bs);
-  backend_->init_cuda_graph_state(max_bs, max_tokens);
-  capture_decode(g);
 }
 
 }  // namespace specula

@@ -28,7 +28,6 @@ class DeepseekCudaModel final : public CudaDecoderExecutor {
 
   MlaAttentionBackend* mla_backend() override { return backend_.get(); }
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override;
-  void capture_decode_graphs(const GraphSetup& setup, int max_tokens) override;
 
  private:
   struct Layer {
@@ -54,8 +53,10 @@ class DeepseekCudaModel final : public CudaDecoderExecutor {
   void init_replay_metadata(const ForwardBatch& batch) override {
     backend_->init_forward_metadata_replay_cuda_graph(batch);
   }
+  void init_graph_state(int max_bs, int max_tokens) override { backend_->init_cuda_graph_state(max_bs, max_tokens); }
+  // The host model the executor keeps.
+  const DeepseekModel& model() const { return static_cast<const DeepseekModel&>(host_); }
 
-  std::unique_ptr<DeepseekModel> model_;
   std::vector<Layer> layers_;
   // Declared last, so it goes first: it runs on the model's stream.
   std::unique_ptr<MlaAttentionBackend> backend_;

@@ -219,10 +219,12 @@ void EagleHead::forward(const ForwardBatch& batch, AttentionBackend& backend, co
   }
   const CpuRope rope(batch.positions, inv_freq_, rope_attention_factor_);
   const DecoderLayerDims dims{h, attn_in, Hq, Hkv, D, c.intermediate_size, eps, false};
+  CpuLayerScratch scratch;
   cpu_decoder_layer(w_.layer, dims, n, a.data(), x, rope,
                     [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
                       backend.forward(q, k, v, out, attention_layer_, batch);
-                    });
+                    },
+                    scratch);
   hidden_out = x;
 
   const auto rows = static_cast<int64_t>(logit_rows.size());

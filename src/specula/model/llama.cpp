@@ -99,6 +99,7 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
       std::copy_n(src + t * hidden, hidden, capture->data.begin() + static_cast<int64_t>((static_cast<size_t>(t) * captured + e) * static_cast<size_t>(hidden)));
     }
   };
+  CpuLayerScratch scratch;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
     for (size_t e = 0; e < captured; ++e) {
@@ -108,7 +109,8 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
     cpu_decoder_layer(w, dims, n, xn.data(), x, rope,
                       [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
                         backend.forward(q, k, v, out, attention_layers_[l], batch);
-                      });
+                      },
+                      scratch);
   }
   for (size_t e = 0; e < captured; ++e) {
     if (capture->layers[e] != HiddenCapture::kFinalNormed) continue;

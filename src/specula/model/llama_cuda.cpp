@@ -1,22 +1,18 @@
-// LlamaCudaModel: upload, then the decoder step as a sequence of cuBLAS and element-wise launches
-// on the model's stream, eagerly or as captured decode graphs.
+// LlamaCudaModel: the layers' upload, the layer loop (with the hidden-state capture a draft head
+// reads) and TARGET_VERIFY graphs; the step skeleton is CudaDecoderExecutor's.
 #include "specula/model/llama_cuda.h"
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <functional>
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_graph.h"
 #include "specula/core/error.h"
-#include "specula/core/pinned_buffer.h"
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/kv/req_to_token_pool.h"
-#include "specula/model/cuda/fused_ops.h"
-#include "specula/model/cuda/cuda_linear.h"
 #include "specula/model/cuda/model_ops.h"
 #include "specula/model/cuda/step_io.h"
 
@@ -26,8 +22,8 @@ namespace ck = cuda_kernels;
 
 
 LlamaCudaModel::LlamaCudaModel(std::unique_ptr<LlamaModel> host, const ModelOptions& options)
-    : CudaDecoderExecutor(*host, options.device, options.deterministic), model_(std::move(host)) {
-  const ModelConfig& c = model_->config();
+    : CudaDecoderExecutor(std::move(host), options.device, options.deterministic) {
+  const ModelConfig& c = model().config();
   // Deterministic mode runs every product through the GEMV kernel, which reads rows in 8-element
   // chunks.
   for (int w : {c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size}) {
@@ -36,8 +32,8 @@ LlamaCudaModel::LlamaCudaModel(std::unique_ptr<LlamaModel> host, const ModelOpti
   }
   const DecoderLayerDims dims{c.hidden_size, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                              c.intermediate_size, static_cast<float>(c.rms_norm_eps), c.hidden_act == "gelu_pytorch_tanh"};
-  for (const LlamaModel::Layer& l : model_->layers()) layers_.emplace_back(l, dims, device_);
-  backend_ = make_llama_backend(*model_, options, stream_);
+  for (const LlamaModel::Layer& l : model().layers()) layers_.emplace_back(l, dims, device_);
+  backend_ = make_llama_backend(model(), options, stream_);
 }
 
 LlamaCudaModel::~LlamaCudaModel() {
@@ -53,7 +49,7 @@ size_t LlamaCudaModel::layer_bytes() const {
 }
 
 void LlamaCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) {
-  const ModelConfig& c = model_->config();
+  const ModelConfig& c = model().config();
   AttentionBackend& backend = *backend_;
   const auto s = static_cast<cudaStream_t>(stream_);
   const int h = c.hidden_size;
@@ -68,7 +64,7 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_
   st.xn = xn;
   st.positions = scratch(ws, kPositions, DType::i32, n).data_as<const int32_t>();
   st.inv_freq = ends_->inv_freq().data_as<const float>();
-  st.rope_factor = model_->rope_attention_factor();
+  st.rope_factor = model().rope_attention_factor();
   // The q/k/v epilogue writes K and V straight into the cache (kCacheLoc holds out_cache_loc)
   // when the pool holds rows it can write; otherwise the backend writes them.
   MHAKVPool* kv_pool = batch.token_to_kv_pool;
@@ -121,7 +117,7 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_
     st.end_out = xn;
     st.end_copy = last ? nullptr : capture_dst(l + 1);
     st.end_copy_stride = static_cast<int64_t>(captured) * h;
-    const AttentionLayer& layer = model_->attention_layers()[l];
+    const AttentionLayer& layer = model().attention_layers()[l];
     layers_[l].forward(
         st,
         [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
@@ -150,13 +146,6 @@ std::function<void()> LlamaCudaModel::results_hook(const ForwardBatch& batch, co
     info->on_device_results({ws[kIds].data_as<const int32_t>(), greedy_dev_.data_as<const int32_t>(),
                              ws[kCaptured].data_as<const float>(), n});
   };
-}
-
-void LlamaCudaModel::capture_decode_graphs(const GraphSetup& g, int max_tokens) {
-  int max_bs = 0;
-  for (int bs : g.batch_sizes) max_bs = std::max(max_bs, bs);
-  backend_->init_cuda_graph_state(max_bs, max_tokens);
-  capture_decode(g);
 }
 
 ForwardBatch LlamaCudaModel::verify_padding_batch(int batch_size) const {
@@ -220,7 +209,7 @@ bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, std::vector
   if (r.capture != nullptr ? r.capture->layers != verify_capture_layers_ : !verify_capture_layers_.empty()) return false;
   const auto [bs, graph] = verify_graphs_.find(batch.batch_size);
   if (graph == nullptr) return false;
-  const ModelConfig& c = model_->config();
+  const ModelConfig& c = model().config();
   check_ids(batch);
   // Padded only when no graph has exactly this batch size (no copy of the batch otherwise).
   ForwardBatch padded;

@@ -30,9 +30,8 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
   ~LlamaCudaModel() override;
 
   AttentionBackend* attention_backend() override { return backend_.get(); }
-  const LlamaModel* llama() const override { return model_.get(); }
+  const LlamaModel* llama() const override { return &model(); }
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override;
-  void capture_decode_graphs(const GraphSetup& setup, int max_tokens) override;
   // One graph per batch size for requests of num_draft_tokens tree tokens each (prefix visible),
   // giving the logits of every token and the hidden states of capture_layers. Padding requests
   // have seq_len 1 in the padding row, whose positions [0, num_draft_tokens] map to slots set
@@ -50,6 +49,9 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
   void init_replay_metadata(const ForwardBatch& batch) override {
     backend_->init_forward_metadata_replay_cuda_graph(batch);
   }
+  void init_graph_state(int max_bs, int max_tokens) override { backend_->init_cuda_graph_state(max_bs, max_tokens); }
+  // The host model the executor keeps.
+  const LlamaModel& model() const { return static_cast<const LlamaModel&>(host_); }
   // A TARGET_VERIFY batch through the smallest verify graph that holds it; false (nothing run)
   // when no graph fits or the capture asks for other layers.
   bool forward_verify_graph(const ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request);
@@ -59,7 +61,6 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
   // returns no greedy ids or captured states.
   std::function<void()> results_hook(const ForwardBatch& batch, const Workspace& ws, const ForwardRequest& request);
 
-  std::unique_ptr<LlamaModel> model_;
   std::vector<CudaDecoderLayer> layers_;
   Workspace verify_ws_;
   CudaGraphSet verify_graphs_;

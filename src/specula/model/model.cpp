@@ -22,8 +22,6 @@ class LlamaCpu final : public Model {
   AttentionBackend* attention_backend() override { return backend_.get(); }
   const LlamaModel* llama() const override { return &model_; }
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) override {
-    SPECULA_CHECK(r.capture == nullptr || r.capture->download,
-                  "{}: hidden states kept on the device need a model on the GPU", model_.config().architecture);
     backend_->init_forward_metadata(batch);
     model_.forward(batch, *backend_, logits, r.all_tokens, r.capture);
   }
@@ -75,8 +73,6 @@ std::unique_ptr<AttentionBackend> make_llama_backend(const LlamaModel& model, co
 
 std::unique_ptr<MlaAttentionBackend> make_deepseek_backend(const DeepseekModel& model, const ModelOptions& o,
                                                            void* stream) {
-  SPECULA_CHECK(!o.deterministic, "deterministic inference is not available for {} (multi-head latent attention) yet",
-                model.config().architecture);
   MlaBackendOptions bo;
   bo.device = o.device;
   bo.page_size = o.page_size;
@@ -91,6 +87,9 @@ std::unique_ptr<MlaAttentionBackend> make_deepseek_backend(const DeepseekModel& 
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, const WeightSource& weights, const ModelOptions& options) {
+  // Before any weight is read: a flag error should not wait for the checkpoint to load.
+  SPECULA_CHECK(!(options.deterministic && config.is_mla()),
+                "deterministic inference is not available for {} (multi-head latent attention) yet", config.architecture);
   if (options.device.is_cuda()) {
 #ifdef SPECULA_HAS_CUDA
     return make_cuda_model(config, weights, options);

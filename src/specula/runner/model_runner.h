@@ -1,7 +1,8 @@
-// ModelRunner (SGLang's model_executor.ModelRunner): owns one model and everything a step needs
-// besides the batch itself: the executor (CPU or CUDA), the attention backend, the request table
-// (ReqToTokenPool), the paged KV allocator and the KV pool. The scheduler fills a ForwardBatch
-// with request slots and KV slots from these pools and calls forward().
+// ModelRunner (SGLang's model_executor.ModelRunner): owns one Model (which holds its weights and
+// its attention backend) and everything else a step needs besides the batch itself: the request
+// table (ReqToTokenPool), the paged KV allocator, the KV pool and the CUDA-graph padding row. The
+// scheduler fills a ForwardBatch with request slots and KV slots from these pools and calls
+// forward().
 // The model is a Model (model/model.h); its kind only decides the KV pool: Llama-family decoders
 // attend over an MHAKVPool, DeepSeek's multi-head latent attention models (config.is_mla()) over
 // an MLAKVPool whose format follows kv_dtype (bf16, or fp8_e4m3 for the 656-byte fp8_ds_mla rows).

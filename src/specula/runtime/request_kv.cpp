@@ -142,6 +142,9 @@ void KvLedger::release(RequestKv& kv, const FillTokens& fill, bool cache_kv) {
   int kept = 0;
   if (cache_) {
     kept = cache_kv ? cacheable_len(kv) : kv.prefix_len;
+    // Slots below prefix_len belong to the cache: freeing any of them would corrupt it.
+    SPECULA_ASSERT(kept >= kv.prefix_len, "a request keeps {} KV slots but the cache owns its first {}", kept,
+                   kv.prefix_len);
     if (cache_kv && kept > 0) insert(kv, fill.first(kept));
   }
   if (len > kept) runner_.allocator().free(std::span<const int32_t>(kv.slots).subspan(static_cast<size_t>(kept)));

@@ -11,7 +11,7 @@
 
 #include "specula/kv/radix_cache.h"
 #include "specula/runner/model_runner.h"
-#include "specula/speculative/eagle_worker.h"
+#include "specula/speculative/draft_head.h"
 
 namespace specula {
 

@@ -10,14 +10,11 @@
 namespace specula {
 
 CpuDraftHead::CpuDraftHead(ModelRunner& target, const EagleOptions& options) : target_(target), params_(options.params) {
-  params_.validate();
-  head_ = std::make_unique<EagleHead>(options.draft_model, options.kind, target.llama_model());
+  DraftHeadParts parts = load_draft_head(target, options, DType::f32);
+  head_ = std::move(parts.head);
+  draft_kv_ = std::move(parts.draft_kv);
+  const AttentionBackendOptions& bo = parts.backend_options;
   const AttentionLayer& layer = head_->attention_layer();
-  draft_kv_ = std::make_unique<MHAKVPool>(KVPoolConfig{target.kv_pool().num_slots(), 1, layer.num_kv_heads,
-                                                       layer.head_dim, layer.head_dim, DType::f32, Device::cpu()});
-  AttentionBackendOptions bo;
-  bo.page_size = target.page_size();
-  bo.max_context_len = target.kv_capacity();
   extend_backend_ = make_attention_backend("cpu", bo);
   extend_backend_->check_layer(layer, DType::f32, DType::f32);
   step_backend_ = std::make_unique<DraftCascadeBackend>("cpu", bo, target.options().max_running_requests * params_.topk,

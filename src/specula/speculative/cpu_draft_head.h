@@ -17,6 +17,7 @@ class CpuDraftHead final : public DraftHead {
  public:
   CpuDraftHead(ModelRunner& target, const EagleOptions& options);
 
+  const SpecParams& params() const override { return params_; }
   int feature_size() const override { return head_->feature_size(); }
   const std::vector<int>& capture_layers() const override { return head_->capture_layers(); }
   void extend(std::span<DraftExtendItem* const> items) override;

@@ -8,18 +8,12 @@ namespace specula {
 
 CudaDraftHead::CudaDraftHead(ModelRunner& target, const EagleOptions& options)
     : target_(target), params_(options.params) {
-  params_.validate();
-  head_ = std::make_unique<EagleHead>(options.draft_model, options.kind, target.llama_model());
+  DraftHeadParts parts = load_draft_head(target, options, DType::bf16);
+  head_ = std::move(parts.head);
+  draft_kv_ = std::move(parts.draft_kv);
   const AttentionLayer& layer = head_->attention_layer();
-  const Device device = target.options().device;
-  draft_kv_ = std::make_unique<MHAKVPool>(KVPoolConfig{target.kv_pool().num_slots(), 1, layer.num_kv_heads,
-                                                       layer.head_dim, layer.head_dim, DType::bf16, device});
-  AttentionBackendOptions bo;
-  bo.device = device;
-  bo.page_size = target.page_size();
-  bo.max_context_len = target.kv_capacity();
-  bo.cuda_stream = target.cuda_stream();
-  extend_backend_ = make_attention_backend("cuda", bo);
+  // The head's graphs are recorded on the target's stream, which the backend launches on too.
+  extend_backend_ = make_attention_backend("cuda", parts.backend_options);
   extend_backend_->check_layer(layer, DType::bf16, DType::bf16);
   EagleCudaHeadOptions ho;
   ho.page_size = target.page_size();

@@ -18,6 +18,7 @@ class CudaDraftHead final : public DraftHead {
   CudaDraftHead(ModelRunner& target, const EagleOptions& options);
   ~CudaDraftHead() override;
 
+  const SpecParams& params() const override { return params_; }
   int feature_size() const override { return head_->feature_size(); }
   const std::vector<int>& capture_layers() const override { return head_->capture_layers(); }
   void extend(std::span<DraftExtendItem* const> items) override;

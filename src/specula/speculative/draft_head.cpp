@@ -35,6 +35,22 @@ std::unique_ptr<DraftHead> make_draft_head(ModelRunner& target, const EagleOptio
   return std::make_unique<CpuDraftHead>(target, options);
 }
 
+DraftHeadParts load_draft_head(ModelRunner& target, const EagleOptions& options, DType kv_dtype) {
+  options.params.validate();
+  DraftHeadParts parts;
+  parts.head = std::make_unique<EagleHead>(options.draft_model, options.kind, target.llama_model());
+  const AttentionLayer& layer = parts.head->attention_layer();
+  const Device device = target.options().device;
+  parts.draft_kv = std::make_unique<MHAKVPool>(KVPoolConfig{target.kv_pool().num_slots(), 1, layer.num_kv_heads,
+                                                            layer.head_dim, layer.head_dim, kv_dtype, device});
+  AttentionBackendOptions& bo = parts.backend_options;
+  bo.device = device;
+  bo.page_size = target.page_size();
+  bo.max_context_len = target.kv_capacity();
+  bo.cuda_stream = target.cuda_stream();
+  return parts;
+}
+
 DraftExtendBatch make_draft_extend_batch(std::span<DraftExtendItem* const> items, ReqToTokenPool& req_pool,
                                          int feature_size) {
   DraftExtendBatch out;

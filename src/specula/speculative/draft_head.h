@@ -13,7 +13,9 @@
 #include <span>
 #include <vector>
 
+#include "specula/attention/backend.h"
 #include "specula/batch/forward_batch.h"
+#include "specula/kv/mha_kv_pool.h"
 #include "specula/model/eagle_head.h"
 #include "specula/speculative/eagle_tree.h"
 
@@ -61,6 +63,8 @@ class DraftHead {
  public:
   virtual ~DraftHead() = default;
 
+  // The draft shape the head was built for (the worker checks that it drives the same one).
+  virtual const SpecParams& params() const = 0;
   // Values per token of the target features the head reads, and the target layers they come from
   // (HiddenCapture::layers).
   virtual int feature_size() const = 0;
@@ -97,6 +101,16 @@ class DraftHead {
 // The head of options (EAGLE or EAGLE-3 at options.draft_model) for the target, where the target
 // runs: a CpuDraftHead or, on a GPU, a CudaDraftHead.
 std::unique_ptr<DraftHead> make_draft_head(ModelRunner& target, const EagleOptions& options);
+
+// What every real head builds first: the EagleHead for the target (refused at once if it does
+// not fit it), a draft KV pool of kv_dtype on the target's device that shares the target's slot
+// numbering, and the options of an attention backend over it on the target's stream.
+struct DraftHeadParts {
+  std::unique_ptr<EagleHead> head;
+  std::unique_ptr<MHAKVPool> draft_kv;
+  AttentionBackendOptions backend_options;
+};
+DraftHeadParts load_draft_head(ModelRunner& target, const EagleOptions& options, DType kv_dtype);
 
 // The DRAFT_EXTEND batch of the items with pairs (their KV slots from req_pool), their features
 // concatenated, the batch row of each one's last pair, and the items used, in batch order.

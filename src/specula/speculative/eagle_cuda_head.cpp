@@ -123,6 +123,12 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
 
 EagleCudaHead::~EagleCudaHead() = default;
 
+void EagleCudaHead::check_req_row(const char* what, int32_t req_pool_idx) const {
+  SPECULA_CHECK(req_pool_idx >= 0 && req_pool_idx < options_.num_req_rows, "{}: request index {} is out of range [0, {})",
+                what, req_pool_idx, options_.num_req_rows);
+}
+
+
 Buffer& EagleCudaHead::scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements) {
   return ws.get(slot, dtype, elements, draft_kv_.config().device);
 }
@@ -158,8 +164,7 @@ void EagleCudaHead::extend(const ForwardBatch& batch, const float* features,
   SPECULA_CHECK(req_pool_indices.size() == last_rows.size(), "draft extend: {} request indices for {} rows",
                 req_pool_indices.size(), last_rows.size());
   for (int32_t r : req_pool_indices) {
-    SPECULA_CHECK(r >= 0 && r < options_.num_req_rows, "draft extend: request index {} is out of range [0, {})", r,
-                  options_.num_req_rows);
+    check_req_row("draft extend", r);
   }
   const int h = head_.hidden_size();
   const int K = params_.topk;
@@ -202,8 +207,7 @@ void EagleCudaHead::store_roots(Workspace& ws, const int32_t* store_rows, int ro
 
 void EagleCudaHead::read_root(int32_t req_pool_idx, std::vector<float>& hidden, std::vector<int32_t>& tokens,
                               std::vector<float>& probs) {
-  SPECULA_CHECK(req_pool_idx >= 0 && req_pool_idx < options_.num_req_rows, "request index {} is out of range [0, {})",
-                req_pool_idx, options_.num_req_rows);
+  check_req_row("root read", req_pool_idx);
   const auto s = static_cast<cudaStream_t>(stream_);
   const int h = head_.hidden_size(), K = params_.topk;
   hidden.resize(static_cast<size_t>(h));
@@ -264,8 +268,7 @@ void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int
     at(l.prefix_lens + b) = r != nullptr ? start : 1;
     at(l.last_rows + b) = b * N + len - 1;
     if (r != nullptr) {
-      SPECULA_CHECK(r->req_pool_idx >= 0 && r->req_pool_idx < options_.num_req_rows,
-                    "draft extend: request index {} is out of range [0, {})", r->req_pool_idx, options_.num_req_rows);
+      check_req_row("draft extend", r->req_pool_idx);
     }
     at(l.req_rows + b) = r != nullptr ? r->req_pool_idx : -1;  // padding requests store no root
     const int pages = (start + options_.page_size - 1) / options_.page_size;
@@ -412,8 +415,7 @@ void EagleCudaHead::stage_loop(std::span<const DraftLoopInput> requests, int bs)
     const DraftLoopInput* r = real ? &requests[static_cast<size_t>(b)] : nullptr;
     const int kv_len = real ? r->kv_len : 1;
     if (real) {
-      SPECULA_CHECK(r->req_pool_idx >= 0 && r->req_pool_idx < options_.num_req_rows,
-                    "draft loop: request index {} is out of range [0, {})", r->req_pool_idx, options_.num_req_rows);
+      check_req_row("draft loop", r->req_pool_idx);
     }
     host_ints_[static_cast<size_t>(l.root_rows + b)] = real ? r->req_pool_idx : padding_root_row();
     host_ints_[static_cast<size_t>(l.prefix_lens + b)] = kv_len;
@@ -453,8 +455,7 @@ void EagleCudaHead::launch_draft_loop(std::span<const DraftLoopInput> requests) 
     const size_t bytes = static_cast<size_t>(K) * 4;
     for (int b = 0; b < B; ++b) {
       const int32_t row = requests[static_cast<size_t>(b)].req_pool_idx;
-      SPECULA_CHECK(row >= 0 && row < options_.num_req_rows, "draft loop: request index {} is out of range [0, {})", row,
-                    options_.num_req_rows);
+      check_req_row("draft loop", row);
       CUDA_CHECK(cudaMemcpyAsync(host + b * bytes, roots_tokens_.data_as<int32_t>() + row * K, bytes,
                                  cudaMemcpyDeviceToHost, s));
       CUDA_CHECK(cudaMemcpyAsync(host + 2 * count * 4 + b * bytes, roots_probs_.data_as<float>() + row * K, bytes,

@@ -19,12 +19,9 @@
 //     queued behind the verify, its accepted run found on the device (chain_extend_inputs).
 #pragma once
 
-#include <array>
 #include <functional>
-#include <map>
 #include <memory>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include "specula/attention/backend.h"
@@ -106,7 +103,7 @@ class EagleCudaHead {
                  std::vector<float>& probs);
 
   // The tree expansion of every request; fills each request's candidates (tokens, parents,
-  // scores, depths), as EagleWorker's CPU loop does.
+  // scores, depths), as CpuDraftHead::draft does.
   void draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates);
   // draft_loop in two halves: the launch (the loop and the candidates' download queued on the
   // stream, nothing waited for), and, after the caller has synchronised the stream, the
@@ -129,6 +126,8 @@ class EagleCudaHead {
   using Workspace = EagleCudaModel::Workspace;
 
   Buffer& scratch(Workspace& ws, Slot slot, DType dtype, int64_t elements);
+  // A request pool index this head's root store holds; what names the operation in the error.
+  void check_req_row(const char* what, int32_t req_pool_idx) const;
   // EagleCudaModel::forward; kv_slots (device, [n]) or nullptr: the q/k/v epilogue writes K/V
   // into the draft pool there, and attend must not write them again.
   void forward(Workspace& ws, int64_t n, const int32_t* ids, const int32_t* positions, const float* hidden_in,

@@ -34,6 +34,11 @@ EagleWorker::EagleWorker(ModelRunner& target, std::unique_ptr<DraftHead> head, c
     : target_(target), params_(params), head_(std::move(head)) {
   params_.validate();
   SPECULA_CHECK(head_ != nullptr, "the speculative worker needs a draft head");
+  const SpecParams& h = head_->params();
+  SPECULA_CHECK(h.num_steps == params_.num_steps && h.topk == params_.topk &&
+                    h.num_draft_tokens == params_.num_draft_tokens,
+                "the draft head was built for ({}, {}, {}) (num_steps, topk, num_draft_tokens), the worker runs ({}, {}, {})",
+                h.num_steps, h.topk, h.num_draft_tokens, params_.num_steps, params_.topk, params_.num_draft_tokens);
   target.capture_verify_graphs(head_->capture_layers());
 }
 

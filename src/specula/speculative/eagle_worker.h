@@ -1,5 +1,5 @@
-// EagleWorker (SGLang's speculative/eagle_worker.py): the draft head, its KV cache and its
-// attention, and one speculative cycle over a batch of decoding requests:
+// EagleWorker (SGLang's speculative/eagle_worker.py): one speculative cycle over a batch of
+// decoding requests, with a DraftHead (which owns the head, its KV cache and its attention):
 //   draft (num_steps steps of top-k expansion from each request's root) -> build the trees ->
 //   one TARGET_VERIFY forward of the target over all trees with tree masks -> greedy or
 //   sampling verification -> the accepted path's target KV moved into place.

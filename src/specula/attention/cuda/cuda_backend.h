@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "specula/attention/backend.h"
-#include "specula/attention/cuda/cuda_attention_select.h"
 #include "specula/attention/metadata.h"
 #include "specula/attention/cuda/cuda_attention_select.h"
 

@@ -1,6 +1,8 @@
 // CudaDecoderExecutor: the shared step of the GPU decoders.
 #include "specula/model/cuda/decoder_executor.h"
 
+#include <algorithm>
+
 #include "specula/core/cuda_check.h"
 #include "specula/core/error.h"
 #include "specula/model/cuda/cuda_linear.h"
@@ -8,15 +10,15 @@
 
 namespace specula {
 
-CudaDecoderExecutor::CudaDecoderExecutor(const CpuDecoder& host, Device device, bool deterministic)
-    : host_(host), device_(device), deterministic_(deterministic) {
+CudaDecoderExecutor::CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host, Device device, bool deterministic)
+    : host_owned_(std::move(host)), host_(*host_owned_), device_(device), deterministic_(deterministic) {
   SPECULA_CHECK(device.is_cuda(), "a GPU decoder needs a CUDA device, not {}", device.str());
   stream_ = create_model_stream(device);
   cudaEvent_t results = nullptr;
   CUDA_CHECK(cudaEventCreateWithFlags(&results, cudaEventDisableTiming));
   results_event_ = results;
   linear_ = std::make_unique<CudaLinear>(device, stream_, deterministic);
-  ends_ = std::make_unique<CudaDecoderEnds>(host, device);
+  ends_ = std::make_unique<CudaDecoderEnds>(host_, device);
 }
 
 CudaDecoderExecutor::~CudaDecoderExecutor() {
@@ -85,7 +87,8 @@ void CudaDecoderExecutor::download(const Workspace& ws, int64_t rows, std::vecto
                 static_cast<cudaStream_t>(stream_), results_hook, static_cast<cudaEvent_t>(results_event_));
 }
 
-void CudaDecoderExecutor::capture_decode(const GraphSetup& g) {
+void CudaDecoderExecutor::capture_decode_graphs(const GraphSetup& g, int max_tokens) {
+  init_graph_state(*std::max_element(g.batch_sizes.begin(), g.batch_sizes.end()), max_tokens);
   graphs_.capture(
       g.batch_sizes, g.padding_req_row, g.padding_slot, stream_,
       [&](ForwardBatch& b) {

@@ -36,6 +36,7 @@ class CudaDecoderExecutor : public Model {
   void* cuda_stream() const override { return stream_; }
   bool on_gpu() const override { return true; }
   std::vector<int> graph_batch_sizes() const override { return graphs_.batch_sizes(); }
+  void capture_decode_graphs(const GraphSetup& setup, int max_tokens) override;
 
  protected:
   // The step's slots every decoder uses; a model's own slots start at kModelSlots.
@@ -45,8 +46,10 @@ class CudaDecoderExecutor : public Model {
   static constexpr size_t kMaxSlots = 32;
   using Workspace = CudaStepWorkspace<kMaxSlots>;
 
-  // deterministic: every product row computed the same way whatever the number of rows.
-  CudaDecoderExecutor(const CpuDecoder& host, Device device, bool deterministic);
+  // host: the model on the host, which the executor keeps for as long as it lives (its ends and
+  // config are read from it). deterministic: every product row computed the same way whatever
+  // the number of rows.
+  CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host, Device device, bool deterministic);
 
   // The model's hooks: its layers over n tokens whose ids / positions / KV slots are in kIds /
   // kPositions / kCacheLoc, leaving the final hidden states in kX (and captured states in
@@ -57,6 +60,8 @@ class CudaDecoderExecutor : public Model {
   virtual void init_metadata(const ForwardBatch& batch) = 0;
   virtual void init_capture_metadata(const ForwardBatch& batch) = 0;
   virtual void init_replay_metadata(const ForwardBatch& batch) = 0;
+  // The backend's fixed CUDA-graph buffers for up to max_bs requests and max_tokens tokens.
+  virtual void init_graph_state(int max_bs, int max_tokens) = 0;
 
   Buffer& scratch(Workspace& ws, size_t slot, DType dtype, int64_t elements);
   CudaStepLinear step_linear(Workspace& ws) const;
@@ -75,11 +80,10 @@ class CudaDecoderExecutor : public Model {
   // captured states, with results_hook queued before the wait.
   void download(const Workspace& ws, int64_t rows, std::vector<float>& logits, const ForwardRequest& request,
                 const std::function<void()>& results_hook = {});
-  // DECODE graphs for setup's batch sizes (the backend's graph state initialised by the caller).
-  void capture_decode(const GraphSetup& setup);
   // A DECODE batch through the smallest graph that holds it; false (nothing run) when none does.
   bool replay_decode(const ForwardBatch& batch, std::vector<float>& logits, std::vector<int32_t>* greedy_ids);
 
+  std::unique_ptr<const CpuDecoder> host_owned_;
   const CpuDecoder& host_;
   Device device_;
   bool deterministic_;

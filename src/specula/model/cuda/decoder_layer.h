@@ -1,6 +1,6 @@
 // CudaDecoderLayer: one Llama-family decoder layer on the GPU (the q/k/v product and its fused
 // epilogue, attention through a hook, o_proj, the gated MLP, residual adds and norms), used by
-// every layer of LlamaCudaModel and by the EAGLE / EAGLE-3 heads' midlayer (EagleCudaHead).
+// every layer of LlamaCudaModel and by the EAGLE / EAGLE-3 heads' midlayer (EagleCudaModel).
 // Weights as the checkpoint holds them (bf16 matrices when exactly bf16, else f32); f32
 // activations; bf16 q/k/v for attention. CudaLayerScratch holds the activations of one step
 // (named slots; a CUDA-graph workspace is frozen after its warm-up).

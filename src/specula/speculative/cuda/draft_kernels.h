@@ -1,4 +1,4 @@
-// GPU kernels of the EAGLE tree-draft loop (EagleWorker::draft_steps on the device): the draft
+// GPU kernels of the EAGLE tree-draft loop (CpuDraftHead::draft on the device): the draft
 // head's per-row top-k over its softmax and the tree-expansion bookkeeping (candidate arrays,
 // frontier rows, their branches of KV slots). The draft head's attention over a request's
 // shared prefix plus the row's own branch is tree_attention
@@ -15,7 +15,7 @@ namespace specula::cuda_kernels {
 constexpr int kMaxDraftTopK = 16;
 
 // Per row: softmax over the whole draft vocab (f32 exp, f64 sum, p = float(e / sum), as
-// EagleWorker::top_k), then the k largest p, ties to the lower draft id (BetterScore).
+// CpuDraftHead::top_k), then the k largest p, ties to the lower draft id (BetterScore).
 struct DraftTopKParams {
   const float* logits;  // [rows, vocab]
   int64_t rows;

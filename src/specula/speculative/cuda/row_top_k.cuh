@@ -5,7 +5,7 @@
 // higher value first, equal values to the lower index. It is a strict total order on distinct
 // indices, so every lane of a butterfly agrees on the winner and the result does not depend on
 // the thread count: the selection equals the CPU's partial_sort. row_top_k applies it to one
-// row's softmax, as EagleWorker::top_k computes it.
+// row's softmax, as CpuDraftHead::top_k computes it.
 #pragma once
 
 #include <climits>
@@ -157,7 +157,7 @@ void dispatch_kcap(int k, F&& f) {
 // The k best softmax probabilities of one row (best_v, as draft ids in best_id; shared memory,
 // visible to every thread on return), by the whole block: three passes over the row (the max,
 // the sum, then p and the local lists); the later passes hit L2. p = float(double(e) / sum)
-// with e = expf(l - max), as EagleWorker::top_k computes it, so equal logits give equal p and
+// with e = expf(l - max), as CpuDraftHead::top_k computes it, so equal logits give equal p and
 // fall to the lower id. The sum is Kahan-compensated f32 per thread (f64 conversions cost more
 // than the pass itself), f64 across threads; it depends on the thread count, which
 // topk_threads() fixes per vocabulary size for every caller.
