@@ -172,9 +172,18 @@ test("with EAGLE-3 speculative decoding the greedy outputs are still generate's"
     const m = await (await fetch(spec.url + "/metrics")).text();
     const accept = Number(m.match(/^specula_spec_accept_length (\S+)$/m)[1]);
     assert.ok(accept > 1, `mean accept length ${accept}`);
-    const lp = await post(spec.url, "/v1/completions", { prompt: "a", logprobs: 1 });
-    assert.equal(lp.status, 400);
-    assert.match(lp.json.error.message, /logprobs are not available with speculative decoding/);
+    // Logprobs under speculation are the target's, as plain decoding reports them.
+    const body = { model: "specula-byte-6m", prompt: PROMPTS[0], max_tokens: 24, temperature: 0, logprobs: 2 };
+    const plainLp = await post(server.url, "/v1/completions", body);
+    const specLp = await post(spec.url, "/v1/completions", body);
+    assert.equal(plainLp.status, 200);
+    assert.equal(specLp.status, 200);
+    const a = plainLp.json.choices[0].logprobs, b = specLp.json.choices[0].logprobs;
+    assert.deepEqual(b.tokens, a.tokens);
+    assert.equal(b.token_logprobs.length, 24);
+    for (let t = 0; t < a.token_logprobs.length; t++) {
+      assert.ok(Math.abs(a.token_logprobs[t] - b.token_logprobs[t]) < 1e-3, `token ${t}: ${a.token_logprobs[t]} vs ${b.token_logprobs[t]}`);
+    }
   } finally {
     assert.equal((await spec.stop()).code, 0);
   }

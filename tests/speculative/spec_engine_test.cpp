@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -195,6 +196,62 @@ TEST(SpecEngine, StopTokensInsideAnAcceptedRunEndTheOutputThere) {
   const auto first = std::find(full.begin(), full.end(), full[4]);
   EXPECT_EQ(out.finish_reason, "stop");
   EXPECT_EQ(out.output_ids, std::vector<int32_t>(full.begin(), first + 1));
+}
+
+// Logprobs under speculation: the target's log-probability of every emitted token (accepted draft
+// tokens and bonus tokens alike) and its top entries, as plain decoding reports them, for a chain
+// and a tree, several requests at once.
+TEST(SpecEngine, LogprobsAreThoseOfPlainDecoding) {
+  constexpr int kTop = 3;
+  const std::vector<std::string> texts = {kTexts[0], kTexts[2], kTexts[5]};
+  auto run = [&](std::optional<EagleOptions> spec) {
+    EngineOptions o = options(16);
+    o.speculative = spec;
+    Engine engine(kModel, o);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const std::string& t : texts) {
+      EngineRequest r = greedy(t, kMaxNew);
+      r.logprobs = kTop;
+      handles.push_back(engine.submit(r));
+    }
+    engine.run_until_idle();
+    std::vector<RequestOutput> outs;
+    for (auto& h : handles) outs.push_back(h->wait());
+    return outs;
+  };
+  const std::vector<RequestOutput> reference = run(std::nullopt);
+  for (const EagleOptions& e : {eagle(EagleKind::EAGLE3, SpecParams{7, 1, 8}), eagle(EagleKind::EAGLE, SpecParams{4, 4, 12})}) {
+    SCOPED_TRACE(std::string(eagle_kind_name(e.kind)) + " topk " + std::to_string(e.params.topk));
+    const std::vector<RequestOutput> outs = run(e);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const RequestOutput& a = reference[i];
+      const RequestOutput& b = outs[i];
+      ASSERT_EQ(b.output_ids, a.output_ids) << texts[i];
+      ASSERT_EQ(b.logprobs.size(), b.output_ids.size());
+      ASSERT_EQ(a.logprobs.size(), a.output_ids.size());
+      for (size_t t = 0; t < a.logprobs.size(); ++t) {
+        // The verify attends over the tree in one pass, plain decoding token by token: the same
+        // values up to f32 rounding.
+        EXPECT_NEAR(b.logprobs[t].logprob, a.logprobs[t].logprob, 1e-4) << texts[i] << " token " << t;
+        ASSERT_EQ(b.logprobs[t].top.size(), static_cast<size_t>(kTop));
+        for (int k = 0; k < kTop; ++k) {
+          EXPECT_NEAR(b.logprobs[t].top[static_cast<size_t>(k)].second, a.logprobs[t].top[static_cast<size_t>(k)].second,
+                      1e-4)
+              << texts[i] << " token " << t << " entry " << k;
+          // Ids may swap only between entries whose values tie within rounding.
+          const bool tied = k + 1 < kTop && a.logprobs[t].top[static_cast<size_t>(k)].second -
+                                                    a.logprobs[t].top[static_cast<size_t>(k + 1)].second < 1e-4;
+          if (!tied && (k == 0 || a.logprobs[t].top[static_cast<size_t>(k - 1)].second -
+                                          a.logprobs[t].top[static_cast<size_t>(k)].second >= 1e-4)) {
+            EXPECT_EQ(b.logprobs[t].top[static_cast<size_t>(k)].first, a.logprobs[t].top[static_cast<size_t>(k)].first)
+                << texts[i] << " token " << t << " entry " << k;
+          }
+        }
+        // The emitted token's own entry is the top one under greedy decoding.
+        EXPECT_EQ(b.logprobs[t].top[0].first, b.output_ids[t]);
+      }
+    }
+  }
 }
 
 TEST(SpecEngine, PenaltiesAreRefusedWithSpeculation) {

@@ -68,6 +68,13 @@ class Sampler {
   size_t filter(std::span<const float> logits, std::vector<int32_t>& order, std::vector<double>& probs) const;
 };
 
+// An emitted token's log-probability under the model and the N most likely tokens' (OpenAI's
+// logprobs / top_logprobs).
+struct TokenLogprobs {
+  float logprob = 0;                               // of the emitted token
+  std::vector<std::pair<int32_t, float>> top;      // the N most likely, best first (ties: lower id)
+};
+
 // The log-softmax of raw logits (NaN as -inf) at `token`, and the top_n largest entries, best
 // first (ties: lower id). Computed in double.
 std::pair<float, std::vector<std::pair<int32_t, float>>> log_softmax_at(std::span<const float> logits, int32_t token,

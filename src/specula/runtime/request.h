@@ -27,11 +27,6 @@ struct EngineRequest {
 
 constexpr int kMaxTopLogprobs = 20;
 
-struct TokenLogprobs {
-  float logprob = 0;                               // of the emitted token
-  std::vector<std::pair<int32_t, float>> top;      // the N most likely, best first (ties: lower id)
-};
-
 struct RequestOutput {
   uint64_t id = 0;
   std::vector<int32_t> prompt_ids;

@@ -69,7 +69,6 @@ void Scheduler::validate(EngineRequest& r) const {
   SPECULA_CHECK(r.max_new_tokens >= 0, "max_new_tokens {} is not valid; it must be >= 0", r.max_new_tokens);
   SPECULA_CHECK(r.logprobs >= -1 && r.logprobs <= kMaxTopLogprobs,
                 "logprobs {} is not valid; it must be in [0, {}] (or -1: none)", r.logprobs, kMaxTopLogprobs);
-  SPECULA_CHECK(spec_ == nullptr || r.logprobs < 0, "logprobs are not available with speculative decoding yet");
   r.sampling.validate();
   SPECULA_CHECK(spec_ == nullptr || (r.sampling.repetition_penalty == 1.0f && r.sampling.frequency_penalty == 0.0f &&
                                      r.sampling.presence_penalty == 0.0f),

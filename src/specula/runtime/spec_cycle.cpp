@@ -61,6 +61,7 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
     items[i].root_token = r.fill_id(r.kv_len());
     items[i].state = &r.kv.draft;
     items[i].sampler = &r.sampler;
+    items[i].logprobs = r.params.logprobs;
   }
   try {
     spec_->run_cycle(items);
@@ -91,6 +92,7 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
     while (used < emitted.size() && !r.done) {
       r.kv.slots.push_back(scratch[used]);
       last_kept = scratch[used];
+      if (r.params.logprobs >= 0) r.out.logprobs.push_back(std::move(items[i].emitted_logprobs.at(used)));
       process_token(r, emitted[used]);
       ++used;
     }

@@ -14,10 +14,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Every request of the cycle takes the target's argmax (greedy, no penalties).
-bool all_pick_argmax(std::span<const CycleItem> items) {
-  return std::all_of(items.begin(), items.end(),
-                     [](const CycleItem& it) { return it.sampler == nullptr || it.sampler->picks_argmax(); });
+// Each tree token's argmax is all the cycle needs of the target: every request takes the argmax
+// (greedy, no penalties) and none asks for logprobs (which need the whole rows).
+bool argmax_suffices(std::span<const CycleItem> items) {
+  return std::all_of(items.begin(), items.end(), [](const CycleItem& it) {
+    return (it.sampler == nullptr || it.sampler->picks_argmax()) && it.logprobs < 0;
+  });
 }
 
 std::vector<DraftRequest> draft_requests(std::span<const CycleItem> items) {
@@ -108,7 +110,7 @@ void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool
   // The device extend reads the captured states where the verify left them.
   capture.download = !extend_on_device;
   // All-greedy cycles need only each tree token's argmax (on a GPU target, found on the device).
-  const bool argmax_only = all_pick_argmax(items);
+  const bool argmax_only = argmax_suffices(items);
   target_.forward(b, logits_, /*all_tokens=*/true, &capture, argmax_only ? &greedy_ids_ : nullptr);
   if (tokens_on_device) fill_chains(items);
   SPECULA_CHECK(extended || capture.download, "the verify ran without the device extend it was prepared for");
@@ -139,6 +141,18 @@ void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool
       }
       Sampler* sampler = it.sampler;
       it.result = verify_sampling(it.tree, probs, static_cast<int>(vocab), [sampler] { return sampler->uniform(); });
+    }
+    it.emitted_logprobs.clear();
+    if (it.logprobs >= 0) {
+      // Emitted token j follows accepted node j (the root for j = 0): that node's row is the
+      // target's distribution it was drawn from, as a plain decode step would have computed it.
+      const auto& nodes = it.result.accepted_nodes;
+      for (size_t j = 0; j < nodes.size(); ++j) {
+        const size_t row = i * static_cast<size_t>(N) + static_cast<size_t>(nodes[j]);
+        const int32_t token = j + 1 < nodes.size() ? it.result.accepted_tokens[j] : it.result.bonus_token;
+        auto [logprob, top] = log_softmax_at({logits_.data() + row * vocab, vocab}, token, it.logprobs);
+        it.emitted_logprobs.push_back({logprob, std::move(top)});
+      }
     }
     it.accepted_features.clear();
     const int32_t* row = target_.req_pool().row(it.req_pool_idx);
@@ -193,7 +207,7 @@ void EagleWorker::run_device_chain_cycle(std::span<CycleItem> items) {
   for (CycleItem& it : items) it.tree = build_tree(it.root_token, shape, N);
   // All-greedy chains also queue the next draft extend right behind the verify: the device
   // finds the accepted run itself, and the head runs while the host handles the results.
-  const bool extend_on_device = all_pick_argmax(items) && head_->stage_chain_extend(requests);
+  const bool extend_on_device = argmax_suffices(items) && head_->stage_chain_extend(requests);
   const double before = timing_.accept_s;
   verify(items, /*tokens_on_device=*/true, extend_on_device);
   timing_.verify_s += seconds_since(start) - (timing_.accept_s - before);

@@ -31,12 +31,17 @@ struct CycleItem {
   int32_t root_token = -1;
   DraftState* state = nullptr;
   Sampler* sampler = nullptr;
+  // -1: none; N >= 0: the target's log-probability of each emitted token (accepted draft tokens,
+  // then the bonus) and its N most likely tokens, from the verify's rows (as plain decoding
+  // reports them: the log-softmax of the raw logits).
+  int logprobs = -1;
   // Out: the tree, the verification and the target features of the accepted nodes
   // ([accepted_nodes.size(), feature_size]; empty when the device already ran the draft extend);
   // the accepted nodes' target KV now sits at positions [kv_len, kv_len + accepted_nodes.size()).
   DraftTree tree;
   VerifyResult result;
   std::vector<float> accepted_features;
+  std::vector<TokenLogprobs> emitted_logprobs;  // with logprobs >= 0: one per emitted token
 };
 
 // Where a cycle's time goes (host wall clock, summed over cycles). The host waits for the GPU
