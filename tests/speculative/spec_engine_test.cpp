@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <random>
 #include <string>
 
@@ -254,13 +255,35 @@ TEST(SpecEngine, LogprobsAreThoseOfPlainDecoding) {
   }
 }
 
-TEST(SpecEngine, PenaltiesAreRefusedWithSpeculation) {
-  EngineOptions o = options(16);
-  o.speculative = eagle(EagleKind::EAGLE, SpecParams{3, 1, 4});
-  Engine engine(kModel, o);
-  EngineRequest r = greedy(kTexts[0]);
-  r.sampling.repetition_penalty = 1.2f;
-  EXPECT_THROW(engine.submit(r), Error);
+// Greedy decoding with penalties: each tree node's argmax is taken after the penalties of its
+// path, so the output is plain decoding's with the same penalties, for a chain and a tree.
+TEST(SpecEngine, PenaltiesKeepThePlainOutput) {
+  const std::vector<std::string> texts = {kTexts[0], kTexts[4], kTexts[7]};
+  auto run = [&](std::optional<EagleOptions> spec) {
+    EngineOptions o = options(16);
+    o.speculative = spec;
+    Engine engine(kModel, o);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const std::string& t : texts) {
+      EngineRequest r = greedy(t, kMaxNew);
+      // Strong enough that a token repeated inside one accepted run changes the argmax.
+      r.sampling.repetition_penalty = 1.3f;
+      r.sampling.frequency_penalty = 1.5f;
+      r.sampling.presence_penalty = 1.0f;
+      handles.push_back(engine.submit(r));
+    }
+    engine.run_until_idle();
+    std::vector<std::vector<int32_t>> outs;
+    for (auto& h : handles) outs.push_back(h->wait().output_ids);
+    return outs;
+  };
+  const auto reference = run(std::nullopt);
+  // The penalties must matter here, or the test proves nothing.
+  bool differs = false;
+  for (size_t i = 0; i < texts.size(); ++i) differs = differs || reference[i] != plain(texts[i]);
+  EXPECT_TRUE(differs) << "the penalties changed no output";
+  EXPECT_EQ(run(eagle(EagleKind::EAGLE3, SpecParams{7, 1, 8})), reference);
+  EXPECT_EQ(run(eagle(EagleKind::EAGLE, SpecParams{4, 4, 12})), reference);
 }
 
 // Lossless sampling, end to end: with temperature 1 and top-k 3 the first output token is
@@ -271,20 +294,29 @@ TEST(SpecEngine, PenaltiesAreRefusedWithSpeculation) {
 // reference itself).
 constexpr int kSamplingTopK = 3;
 
-SamplingParams first_tokens_sampling(uint64_t seed) {
+SamplingParams first_tokens_sampling(uint64_t seed, bool penalties) {
   SamplingParams p;
   p.temperature = 1.0f;
   p.top_k = kSamplingTopK;
   p.seed = seed;
+  if (penalties) {
+    p.repetition_penalty = 1.3f;
+    p.frequency_penalty = 0.4f;
+    p.presence_penalty = 0.3f;
+  }
   return p;
 }
 
-// The tokens the sampler can draw after ids, with their probabilities.
-std::map<int32_t, double> target_distribution(ModelRunner& runner, const std::vector<int32_t>& ids) {
+// The tokens the sampler can draw after ids (a prompt of prompt_len tokens, then output), with
+// their probabilities; penalties count the prompt and the output as plain decoding does.
+std::map<int32_t, double> target_distribution(ModelRunner& runner, const std::vector<int32_t>& ids, size_t prompt_len,
+                                              bool penalties) {
   const std::vector<float> logits = last_token_logits(runner, ids);
-  Sampler sampler(first_tokens_sampling(0));
+  Sampler sampler(first_tokens_sampling(0, penalties));
+  sampler.observe_prompt(std::span<const int32_t>(ids).first(prompt_len));
+  for (size_t t = prompt_len; t < ids.size(); ++t) sampler.record(ids[t]);
   std::vector<float> probs;
-  sampler.distribution(logits, probs);
+  sampler.distribution(sampler.penalized(logits, {}), probs);
   std::map<int32_t, double> support;
   double sum = 0;
   for (size_t t = 0; t < probs.size(); ++t) {
@@ -298,12 +330,12 @@ std::map<int32_t, double> target_distribution(ModelRunner& runner, const std::ve
 
 // The first two output tokens of M requests of the prompt, seeds base .. base + M - 1.
 std::vector<std::pair<int32_t, int32_t>> first_two_tokens(const EngineOptions& o, uint64_t base, int m,
-                                                          std::vector<int32_t>& prompt_ids) {
+                                                          std::vector<int32_t>& prompt_ids, bool penalties) {
   Engine engine(kModel, o);
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (int i = 0; i < m; ++i) {
     EngineRequest r = greedy(kTexts[0], 3);
-    r.sampling = first_tokens_sampling(base + static_cast<uint64_t>(i));
+    r.sampling = first_tokens_sampling(base + static_cast<uint64_t>(i), penalties);
     handles.push_back(engine.submit(r));
   }
   engine.run_until_idle();
@@ -412,7 +444,9 @@ uint64_t random_seed_base() {
   return (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
 }
 
-TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) {
+// The first two tokens of many seeded requests against the target's exact distribution, with
+// and without speculation (the latter guards the reference), with or without penalties.
+void check_first_tokens(bool penalties) {
   constexpr int kRequests = 3000;
   const uint64_t base = random_seed_base();
   SCOPED_TRACE(::testing::Message() << "seeds " << base << " .. " << base + kRequests - 1);
@@ -420,7 +454,7 @@ TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) {
   EngineOptions spec = options(16, 64);
   spec.speculative = eagle(EagleKind::EAGLE3, SpecParams{3, 4, 8});
   std::vector<int32_t> prompt_ids;
-  const auto spec_pairs = first_two_tokens(spec, base, kRequests, prompt_ids);
+  const auto spec_pairs = first_two_tokens(spec, base, kRequests, prompt_ids, penalties);
   ASSERT_FALSE(prompt_ids.empty());
 
   // The exact distribution, from the target alone.
@@ -431,12 +465,12 @@ TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) {
   ro.max_context_len = 320;
   ro.max_running_requests = 4;
   ModelRunner runner(config, weights, ro);
-  const std::map<int32_t, double> p1 = target_distribution(runner, prompt_ids);
+  const std::map<int32_t, double> p1 = target_distribution(runner, prompt_ids, prompt_ids.size(), penalties);
   std::map<int32_t, std::map<int32_t, double>> p2;
   for (const auto& [t1, q] : p1) {
     std::vector<int32_t> ids = prompt_ids;
     ids.push_back(t1);
-    p2[t1] = target_distribution(runner, ids);
+    p2[t1] = target_distribution(runner, ids, prompt_ids.size(), penalties);
   }
 
   auto another_batch = [&](const EngineOptions& o) {
@@ -445,15 +479,16 @@ TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) {
       std::printf("second batch, seeds %llu .. %llu\n", static_cast<unsigned long long>(fresh),
                   static_cast<unsigned long long>(fresh + kRequests - 1));
       std::vector<int32_t> ids;
-      return first_two_tokens(o, fresh, kRequests, ids);
+      return first_two_tokens(o, fresh, kRequests, ids, penalties);
     };
   };
-  expect_follows(spec_pairs, p1, p2, "EAGLE3 (3, 4, 8)", another_batch(spec));
+  const std::string name = penalties ? " with penalties" : "";
+  expect_follows(spec_pairs, p1, p2, "EAGLE3 (3, 4, 8)" + name, another_batch(spec));
 
   std::vector<int32_t> plain_prompt;
-  const auto plain_pairs = first_two_tokens(options(16, 64), base, kRequests, plain_prompt);
+  const auto plain_pairs = first_two_tokens(options(16, 64), base, kRequests, plain_prompt, penalties);
   EXPECT_EQ(plain_prompt, prompt_ids);
-  expect_follows(plain_pairs, p1, p2, "no speculation", another_batch(options(16, 64)));
+  expect_follows(plain_pairs, p1, p2, "no speculation" + name, another_batch(options(16, 64)));
   // t1 comes from the same seed and the same prefill logits in both engines.
   int same_t1 = 0;
   for (size_t i = 0; i < std::min(spec_pairs.size(), plain_pairs.size()); ++i) {
@@ -462,6 +497,12 @@ TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) {
   std::printf("t1 equal in %d of %d requests with and without speculation\n", same_t1, kRequests);
   EXPECT_GE(same_t1, kRequests - kRequests / 100);
 }
+
+TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) { check_first_tokens(false); }
+
+// Penalties change the second token's distribution after the first: the verify must apply them
+// per tree node over the node's path, exactly as plain decoding would after emitting it.
+TEST(SpecSampling, FirstTokensFollowTheTargetDistributionWithPenalties) { check_first_tokens(true); }
 
 }  // namespace
 }  // namespace specula

@@ -46,22 +46,31 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 
 void Sampler::observe_prompt(std::span<const int32_t> prompt_ids) { seen_.insert(prompt_ids.begin(), prompt_ids.end()); }
 
-int32_t Sampler::sample(std::span<const float> raw_logits) {
-  std::span<const float> logits = raw_logits;
-  if (has_penalties()) {
-    work_.assign(raw_logits.begin(), raw_logits.end());
-    for (int32_t id : seen_) {
-      if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
-      float& x = work_[static_cast<size_t>(id)];
-      x = x > 0.0f ? x / params_.repetition_penalty : x * params_.repetition_penalty;
-    }
-    for (const auto& [id, count] : output_counts_) {
-      if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
-      work_[static_cast<size_t>(id)] -= params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
-    }
-    logits = work_;
+std::span<const float> Sampler::penalized(std::span<const float> raw, std::span<const int32_t> pending) {
+  if (!has_penalties()) return raw;
+  work_.assign(raw.begin(), raw.end());
+  // Each token penalised once for repetition and once with its total count, as if pending had
+  // been recorded: the same arithmetic as after record() of each.
+  std::unordered_set<int32_t> seen = seen_;
+  std::unordered_map<int32_t, int> counts = output_counts_;
+  for (int32_t id : pending) {
+    seen.insert(id);
+    ++counts[id];
   }
-  const int32_t token = pick(logits);
+  for (int32_t id : seen) {
+    if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
+    float& x = work_[static_cast<size_t>(id)];
+    x = x > 0.0f ? x / params_.repetition_penalty : x * params_.repetition_penalty;
+  }
+  for (const auto& [id, count] : counts) {
+    if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
+    work_[static_cast<size_t>(id)] -= params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+  }
+  return work_;
+}
+
+int32_t Sampler::sample(std::span<const float> raw_logits) {
+  const int32_t token = pick(penalized(raw_logits, {}));
   record(token);
   return token;
 }

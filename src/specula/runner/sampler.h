@@ -36,13 +36,17 @@ class Sampler {
   // Picks a token and records it as output (for the penalties).
   int32_t sample(std::span<const float> logits);
 
-  // For speculative verification (temperature > 0, no penalties): the distribution sample()
-  // draws from (temperature, top-k, top-p, min-p applied; sums to 1) over the whole vocabulary,
-  // uniform doubles in [0, 1) from the request's generator, and recording an emitted token.
+  // For speculative verification: the logits sample() would pick from had it also emitted
+  // `pending` (a tree node's path below the root, not recorded yet): the penalties applied over
+  // the prompt, the recorded output and pending; raw itself without penalties. Then the
+  // distribution sample() draws from (temperature > 0; temperature, top-k, top-p, min-p applied;
+  // sums to 1) over the whole vocabulary, uniform doubles in [0, 1) from the request's
+  // generator, and recording an emitted token.
   bool greedy() const { return params_.temperature == 0.0f; }
   bool has_penalties() const {
     return params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
   }
+  std::span<const float> penalized(std::span<const float> raw, std::span<const int32_t> pending);
   void distribution(std::span<const float> logits, std::vector<float>& probs);
   // Whether the token is a function of the raw logits' argmax alone (greedy, no penalties), so a
   // GPU model can find it on the device; take_argmax then records that token (greedy_token's

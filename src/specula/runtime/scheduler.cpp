@@ -70,9 +70,6 @@ void Scheduler::validate(EngineRequest& r) const {
   SPECULA_CHECK(r.logprobs >= -1 && r.logprobs <= kMaxTopLogprobs,
                 "logprobs {} is not valid; it must be in [0, {}] (or -1: none)", r.logprobs, kMaxTopLogprobs);
   r.sampling.validate();
-  SPECULA_CHECK(spec_ == nullptr || (r.sampling.repetition_penalty == 1.0f && r.sampling.frequency_penalty == 0.0f &&
-                                     r.sampling.presence_penalty == 0.0f),
-                "repetition, frequency and presence penalties are not supported with speculative decoding");
   // Builds (and so checks) the stop strings.
   OutputText check(tokenizer_, r.stop_strings);
 }

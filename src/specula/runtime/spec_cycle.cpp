@@ -93,6 +93,8 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
       r.kv.slots.push_back(scratch[used]);
       last_kept = scratch[used];
       if (r.params.logprobs >= 0) r.out.logprobs.push_back(std::move(items[i].emitted_logprobs.at(used)));
+      // The sampler's penalties count what was emitted, as sample() records it in plain decoding.
+      r.sampler.record(emitted[used]);
       process_token(r, emitted[used]);
       ++used;
     }

@@ -119,24 +119,34 @@ void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool
   const auto width = static_cast<size_t>(head_->feature_size());
   std::vector<int32_t> argmax_ids(static_cast<size_t>(N));
   std::vector<float> probs, row_probs;
-  std::vector<int32_t> src, dst;
+  std::vector<int32_t> src, dst, path;
   for (size_t i = 0; i < items.size(); ++i) {
     CycleItem& it = items[i];
+    const bool penalties = it.sampler != nullptr && it.sampler->has_penalties();
+    // Node n's target logits as the sampler sees them: with penalties, as if the node's path
+    // below the root (the draft tokens it follows, itself included) had been emitted already,
+    // which is the context a plain decode step would have had there.
+    auto node_logits = [&](int n) -> std::span<const float> {
+      const std::span<const float> raw(logits_.data() + (i * static_cast<size_t>(N) + static_cast<size_t>(n)) * vocab,
+                                       vocab);
+      if (!penalties) return raw;
+      path.clear();
+      for (int32_t a = n; a > 0; a = it.tree.parents[static_cast<size_t>(a)]) path.push_back(it.tree.tokens[static_cast<size_t>(a)]);
+      return it.sampler->penalized(raw, path);
+    };
     if (it.sampler == nullptr || it.sampler->greedy()) {
       for (int n = 0; n < N; ++n) {
         const size_t row = i * static_cast<size_t>(N) + static_cast<size_t>(n);
-        argmax_ids[static_cast<size_t>(n)] =
-            argmax_only ? greedy_ids_[row] : greedy_token({logits_.data() + row * vocab, vocab});
+        argmax_ids[static_cast<size_t>(n)] = argmax_only ? greedy_ids_[row] : greedy_token(node_logits(n));
       }
       // A row with nothing above -inf has argmax -1, which matches no tree token; only an
       // emitted bonus token of -1 is an error.
       it.result = verify_greedy(it.tree, argmax_ids);
       checked_greedy_token(it.result.bonus_token);
     } else {
-      const float* logits = logits_.data() + i * static_cast<size_t>(N) * vocab;
       probs.resize(static_cast<size_t>(N) * vocab);
       for (int n = 0; n < N; ++n) {
-        it.sampler->distribution({logits + static_cast<size_t>(n) * vocab, vocab}, row_probs);
+        it.sampler->distribution(node_logits(n), row_probs);
         std::copy(row_probs.begin(), row_probs.end(), probs.begin() + static_cast<int64_t>(static_cast<size_t>(n) * vocab));
       }
       Sampler* sampler = it.sampler;
