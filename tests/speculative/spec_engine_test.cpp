@@ -330,7 +330,8 @@ std::map<int32_t, double> target_distribution(ModelRunner& runner, const std::ve
 
 // The first two output tokens of M requests of the prompt, seeds base .. base + M - 1.
 std::vector<std::pair<int32_t, int32_t>> first_two_tokens(const EngineOptions& o, uint64_t base, int m,
-                                                          std::vector<int32_t>& prompt_ids, bool penalties) {
+                                                          std::vector<int32_t>& prompt_ids, bool penalties,
+                                                          std::vector<int32_t>* third = nullptr) {
   Engine engine(kModel, o);
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (int i = 0; i < m; ++i) {
@@ -353,6 +354,7 @@ std::vector<std::pair<int32_t, int32_t>> first_two_tokens(const EngineOptions& o
       EXPECT_GT(out.spec_verify_cycles, 0);
     }
     pairs.emplace_back(out.output_ids[0], out.output_ids[1]);
+    if (third != nullptr) third->push_back(out.output_ids.at(2));
   }
   EXPECT_EQ(prompt_ids, engine.tokenizer()->encode(kTexts[0]));
   return pairs;
@@ -360,8 +362,10 @@ std::vector<std::pair<int32_t, int32_t>> first_two_tokens(const EngineOptions& o
 
 // 0.999 quantiles of chi-square with df degrees of freedom.
 double chi_square_999(int df) {
-  static const double table[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12};
-  SPECULA_ASSERT(df >= 1 && df <= 8, "df {}", df);
+  static const double table[] = {0,     10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88,
+                                 29.59, 31.26, 32.91, 34.53, 36.12, 37.70, 39.25, 40.79, 42.31, 43.82,
+                                 45.31, 46.80, 48.27, 49.73, 51.18, 52.62, 54.05};
+  SPECULA_ASSERT(df >= 1 && df <= 26, "df {}", df);
   return table[df];
 }
 
@@ -503,6 +507,52 @@ TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) { check_first_tokens(
 // Penalties change the second token's distribution after the first: the verify must apply them
 // per tree node over the node's path, exactly as plain decoding would after emitting it.
 TEST(SpecSampling, FirstTokensFollowTheTargetDistributionWithPenalties) { check_first_tokens(true); }
+
+// The third token with penalties: t2 is usually an accepted draft token, so t3 is drawn at a tree
+// node one below the root, whose penalties must count t2 (its path) besides t1. The triples
+// (t1, t2, t3) must follow p(t1) p(t2 | t1) p(t3 | t1, t2) of the target alone; the pairs
+// (t1, t2) of each t1 are pooled into one cell per (t1, t2) prefix where t3's cells are small.
+TEST(SpecSampling, ThirdTokensFollowThePenalisedDistributionBelowTheRoot) {
+  constexpr int kRequests = 3000;
+  const uint64_t base = random_seed_base();
+  SCOPED_TRACE(::testing::Message() << "seeds " << base << " .. " << base + kRequests - 1);
+  EngineOptions spec = options(16, 64);
+  spec.speculative = eagle(EagleKind::EAGLE3, SpecParams{3, 4, 8});
+  std::vector<int32_t> prompt_ids;
+  auto triples = [&](uint64_t first) {
+    std::vector<int32_t> third, ids;
+    const Pairs pairs = first_two_tokens(spec, first, kRequests, ids, /*penalties=*/true, &third);
+    if (prompt_ids.empty()) prompt_ids = ids;
+    Pairs out;  // (t1 * vocab + t2, t3): a pair test over the (t1, t2) prefix and t3
+    for (size_t i = 0; i < pairs.size(); ++i) out.emplace_back(pairs[i].first * 1024 + pairs[i].second, third[i]);
+    return out;
+  };
+  const Pairs observed = triples(base);
+  ASSERT_FALSE(prompt_ids.empty());
+  const ModelConfig config = load_model_config(kModel);
+  const Checkpoint weights(kModel);
+  ModelRunnerOptions ro;
+  ro.page_size = 16;
+  ro.max_context_len = 320;
+  ro.max_running_requests = 4;
+  ModelRunner runner(config, weights, ro);
+  const size_t n = prompt_ids.size();
+  Distribution prefix;  // p(t1) p(t2 | t1) by t1 * 1024 + t2
+  Conditional next;     // p(t3 | t1, t2)
+  for (const auto& [t1, q1] : target_distribution(runner, prompt_ids, n, true)) {
+    std::vector<int32_t> ids = prompt_ids;
+    ids.push_back(t1);
+    for (const auto& [t2, q2] : target_distribution(runner, ids, n, true)) {
+      std::vector<int32_t> ids2 = ids;
+      ids2.push_back(t2);
+      prefix[t1 * 1024 + t2] = q1 * q2;
+      next[t1 * 1024 + t2] = target_distribution(runner, ids2, n, true);
+    }
+  }
+  expect_follows(observed, prefix, next, "EAGLE3 (3, 4, 8) with penalties, third token", [&] {
+    return triples(random_seed_base());
+  });
+}
 
 }  // namespace
 }  // namespace specula
