@@ -50,21 +50,37 @@ std::span<const float> Sampler::penalized(std::span<const float> raw, std::span<
   if (!has_penalties()) return raw;
   work_.assign(raw.begin(), raw.end());
   // Each token penalised once for repetition and once with its total count, as if pending had
-  // been recorded: the same arithmetic as after record() of each.
-  std::unordered_set<int32_t> seen = seen_;
-  std::unordered_map<int32_t, int> counts = output_counts_;
+  // been recorded: the same arithmetic as sample() after record() of each. pending is a tree
+  // path (at most num_steps tokens): counted in a small vector, not by copying the sets.
+  pending_counts_.clear();
   for (int32_t id : pending) {
-    seen.insert(id);
-    ++counts[id];
+    auto it = std::find_if(pending_counts_.begin(), pending_counts_.end(), [id](const auto& e) { return e.first == id; });
+    if (it == pending_counts_.end()) {
+      pending_counts_.emplace_back(id, 1);
+    } else {
+      ++it->second;
+    }
   }
-  for (int32_t id : seen) {
-    if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
+  auto pending_count = [&](int32_t id) {
+    for (const auto& [p, n] : pending_counts_) {
+      if (p == id) return n;
+    }
+    return 0;
+  };
+  auto repeat = [&](int32_t id) {
+    if (id < 0 || static_cast<size_t>(id) >= work_.size()) return;
     float& x = work_[static_cast<size_t>(id)];
     x = x > 0.0f ? x / params_.repetition_penalty : x * params_.repetition_penalty;
-  }
-  for (const auto& [id, count] : counts) {
-    if (id < 0 || static_cast<size_t>(id) >= work_.size()) continue;
-    work_[static_cast<size_t>(id)] -= params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+  };
+  auto count = [&](int32_t id, int n) {
+    if (id < 0 || static_cast<size_t>(id) >= work_.size()) return;
+    work_[static_cast<size_t>(id)] -= params_.frequency_penalty * static_cast<float>(n) + params_.presence_penalty;
+  };
+  for (int32_t id : seen_) repeat(id);
+  for (const auto& [id, n] : output_counts_) count(id, n + pending_count(id));
+  for (const auto& [id, n] : pending_counts_) {
+    if (!seen_.contains(id)) repeat(id);
+    if (!output_counts_.contains(id)) count(id, n);
   }
   return work_;
 }

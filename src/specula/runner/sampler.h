@@ -62,6 +62,7 @@ class Sampler {
   std::unordered_set<int32_t> seen_;                // prompt and output
   std::unordered_map<int32_t, int> output_counts_;  // output only
   std::vector<float> work_;
+  std::vector<std::pair<int32_t, int>> pending_counts_;  // penalized()'s path tokens
   std::vector<float> clean_;
 
   int32_t pick(std::span<const float> logits);
