@@ -35,23 +35,45 @@ std::string case_name(const ::testing::TestParamInfo<SpecCase>& info) {
          "_page" + std::to_string(c.page_size) + "_bs" + std::to_string(c.requests);
 }
 
+// A FakeModel target, a FakeDraftHead for params, the worker and a scheduler driving it.
+struct SpecHarness {
+  SpecHarness(const SpecParams& params, int page_size, int max_context_len, int max_running_requests,
+              int64_t kv_cache_tokens = 0)
+      : runner(std::make_unique<FakeModel>(), runner_options(params, page_size, max_context_len, max_running_requests,
+                                                             kv_cache_tokens)),
+        head(new FakeDraftHead(runner, params)),
+        worker(runner, std::unique_ptr<DraftHead>(head), params),
+        scheduler(runner, nullptr, scheduler_options(), &worker) {}
+
+  static ModelRunnerOptions runner_options(const SpecParams& params, int page_size, int max_context_len, int rows,
+                                           int64_t kv_cache_tokens) {
+    ModelRunnerOptions ro;
+    ro.page_size = page_size;
+    ro.max_context_len = max_context_len;
+    ro.max_running_requests = rows;
+    ro.kv_cache_tokens = kv_cache_tokens;
+    ro.spec_scratch_tokens = params.scratch_tokens();
+    return ro;
+  }
+  static SchedulerOptions scheduler_options() {
+    SchedulerOptions so;
+    so.log_retractions = false;
+    return so;
+  }
+
+  ModelRunner runner;
+  FakeDraftHead* head;  // owned by the worker
+  EagleWorker worker;
+  Scheduler scheduler;
+};
+
 class EagleWorkerFake : public ::testing::TestWithParam<SpecCase> {};
 
 TEST_P(EagleWorkerFake, LosslessAndAcceptsExactlyWhatTheDraftGotRight) {
   const SpecCase& c = GetParam();
-  const SpecParams params{c.num_steps, c.topk, c.num_draft_tokens};
-  ModelRunnerOptions ro;
-  ro.page_size = c.page_size;
-  ro.max_context_len = 160;
-  ro.max_running_requests = 8;
-  ro.spec_scratch_tokens = params.scratch_tokens();
-  ModelRunner runner(std::make_unique<FakeModel>(), ro);
-  auto head = std::make_unique<FakeDraftHead>(runner, params);
-  FakeDraftHead& fake_head = *head;
-  EagleWorker worker(runner, std::move(head), params);
-  SchedulerOptions so;
-  so.log_retractions = false;
-  Scheduler scheduler(runner, nullptr, so, &worker);
+  SpecHarness h({c.num_steps, c.topk, c.num_draft_tokens}, c.page_size, 160, 8);
+  FakeDraftHead& fake_head = *h.head;
+  Scheduler& scheduler = h.scheduler;
 
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE("prompt seed " + std::to_string(seed));
@@ -113,20 +135,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, EagleWorkerFake,
 // the target's own, and every feature the head is given must match the target's KV.
 TEST(EagleWorkerFake, PrefixCacheAndRetractionKeepEveryOutput) {
   const SpecParams params{3, 2, 7};
-  ModelRunnerOptions ro;
-  ro.page_size = 4;
-  ro.max_context_len = 128;
-  ro.max_running_requests = 6;
-  ro.spec_scratch_tokens = params.scratch_tokens();
   // Room for about two requests' full contexts (plus scratch): six at once must retract.
-  ro.kv_cache_tokens = 2 * (128 + params.scratch_tokens());
-  ModelRunner runner(std::make_unique<FakeModel>(), ro);
-  auto head = std::make_unique<FakeDraftHead>(runner, params);
-  FakeDraftHead& fake_head = *head;
-  EagleWorker worker(runner, std::move(head), params);
-  SchedulerOptions so;
-  so.log_retractions = false;
-  Scheduler scheduler(runner, nullptr, so, &worker);
+  SpecHarness h(params, 4, 128, 6, 2 * (128 + params.scratch_tokens()));
+  FakeDraftHead& fake_head = *h.head;
+  Scheduler& scheduler = h.scheduler;
   const unsigned seed = std::random_device{}();
   SCOPED_TRACE("prompt seed " + std::to_string(seed));
   std::mt19937 rng(seed);
@@ -173,16 +185,8 @@ TEST(EagleWorkerFake, PrefixCacheAndRetractionKeepEveryOutput) {
 // A head that proposes the target's continuation exactly: chains accept the whole tree every cycle
 // (but the last of each request), so each request needs the fewest cycles possible.
 TEST(EagleWorkerFake, ChainsOfAPerfectDraftTakeTheFewestCycles) {
-  const SpecParams params{4, 1, 5};
-  ModelRunnerOptions ro;
-  ro.page_size = 1;
-  ro.max_context_len = 128;
-  ro.spec_scratch_tokens = params.scratch_tokens();
-  ModelRunner runner(std::make_unique<FakeModel>(), ro);
-  auto head = std::make_unique<FakeDraftHead>(runner, params);
-  EagleWorker worker(runner, std::move(head), params);
-  SchedulerOptions so;
-  Scheduler scheduler(runner, nullptr, so, &worker);
+  SpecHarness h({4, 1, 5}, 1, 128, 64);
+  Scheduler& scheduler = h.scheduler;
   // kv_len % 5 == 4 puts the designed error past the chain's depth 4: with prompt 9 and a cycle
   // of 5 tokens, every cycle starts at kv_len = 9 + 5j, so the draft is always right.
   const V prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5};

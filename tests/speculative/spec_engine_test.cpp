@@ -199,6 +199,25 @@ TEST(SpecEngine, StopTokensInsideAnAcceptedRunEndTheOutputThere) {
   EXPECT_EQ(out.output_ids, std::vector<int32_t>(full.begin(), first + 1));
 }
 
+// Greedy requests of texts through an engine with or without speculation; `adjust` sets what the
+// test varies on each request.
+std::vector<RequestOutput> run_greedy_requests(const std::vector<std::string>& texts, std::optional<EagleOptions> spec,
+                                               const std::function<void(EngineRequest&)>& adjust) {
+  EngineOptions o = options(16);
+  o.speculative = std::move(spec);
+  Engine engine(kModel, o);
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const std::string& t : texts) {
+    EngineRequest r = greedy(t, kMaxNew);
+    adjust(r);
+    handles.push_back(engine.submit(r));
+  }
+  engine.run_until_idle();
+  std::vector<RequestOutput> outs;
+  for (auto& h : handles) outs.push_back(h->wait());
+  return outs;
+}
+
 // Logprobs under speculation: the target's log-probability of every emitted token (accepted draft
 // tokens and bonus tokens alike) and its top entries, as plain decoding reports them, for a chain
 // and a tree, several requests at once.
@@ -206,19 +225,7 @@ TEST(SpecEngine, LogprobsAreThoseOfPlainDecoding) {
   constexpr int kTop = 3;
   const std::vector<std::string> texts = {kTexts[0], kTexts[2], kTexts[5]};
   auto run = [&](std::optional<EagleOptions> spec) {
-    EngineOptions o = options(16);
-    o.speculative = spec;
-    Engine engine(kModel, o);
-    std::vector<std::shared_ptr<RequestHandle>> handles;
-    for (const std::string& t : texts) {
-      EngineRequest r = greedy(t, kMaxNew);
-      r.logprobs = kTop;
-      handles.push_back(engine.submit(r));
-    }
-    engine.run_until_idle();
-    std::vector<RequestOutput> outs;
-    for (auto& h : handles) outs.push_back(h->wait());
-    return outs;
+    return run_greedy_requests(texts, std::move(spec), [](EngineRequest& r) { r.logprobs = kTop; });
   };
   const std::vector<RequestOutput> reference = run(std::nullopt);
   for (const EagleOptions& e : {eagle(EagleKind::EAGLE3, SpecParams{7, 1, 8}), eagle(EagleKind::EAGLE, SpecParams{4, 4, 12})}) {
@@ -260,22 +267,16 @@ TEST(SpecEngine, LogprobsAreThoseOfPlainDecoding) {
 TEST(SpecEngine, PenaltiesKeepThePlainOutput) {
   const std::vector<std::string> texts = {kTexts[0], kTexts[4], kTexts[7]};
   auto run = [&](std::optional<EagleOptions> spec) {
-    EngineOptions o = options(16);
-    o.speculative = spec;
-    Engine engine(kModel, o);
-    std::vector<std::shared_ptr<RequestHandle>> handles;
-    for (const std::string& t : texts) {
-      EngineRequest r = greedy(t, kMaxNew);
-      // Strong enough that a token repeated inside one accepted run changes the argmax.
-      r.sampling.repetition_penalty = 1.3f;
-      r.sampling.frequency_penalty = 1.5f;
-      r.sampling.presence_penalty = 1.0f;
-      handles.push_back(engine.submit(r));
+    std::vector<std::vector<int32_t>> ids;
+    for (const RequestOutput& out : run_greedy_requests(texts, std::move(spec), [](EngineRequest& r) {
+           // Strong enough that a token repeated inside one accepted run changes the argmax.
+           r.sampling.repetition_penalty = 1.3f;
+           r.sampling.frequency_penalty = 1.5f;
+           r.sampling.presence_penalty = 1.0f;
+         })) {
+      ids.push_back(out.output_ids);
     }
-    engine.run_until_idle();
-    std::vector<std::vector<int32_t>> outs;
-    for (auto& h : handles) outs.push_back(h->wait().output_ids);
-    return outs;
+    return ids;
   };
   const auto reference = run(std::nullopt);
   // The penalties must matter here, or the test proves nothing.
