@@ -59,7 +59,9 @@ TEST(CudaArgmax, RowsMatchTheHostGreedyToken) {
     for (int r = 0; r < rows; ++r) {
       const int32_t want = greedy_token({x.data() + static_cast<size_t>(r) * width, static_cast<size_t>(width)});
       EXPECT_EQ(got[static_cast<size_t>(r)], want) << "width " << width << " row " << r;
-      if (r % 8 == 4) EXPECT_EQ(want, -1);
+      if (r % 8 == 4) {
+        EXPECT_EQ(want, -1);
+      }
     }
   }
 }
