@@ -27,6 +27,11 @@ EagleKind parse_eagle_kind(std::string_view name) {
   return EagleKind::EAGLE;
 }
 
+std::vector<int> default_eagle3_capture_layers(int target_layers) {
+  const int L = target_layers;
+  return {2, L / 2, L - 3};
+}
+
 namespace {
 
 std::vector<float> to_f32(const TensorView& t) {
@@ -35,15 +40,25 @@ std::vector<float> to_f32(const TensorView& t) {
   return out;
 }
 
+// Converted at once: a synthetic source's view lives only until its next get.
+std::vector<float> load(const WeightSource& weights, const std::string& name, const Shape& shape) {
+  return to_f32(weights.get(name, shape));
+}
+
 // The head's kind as its files say: the architecture name when it is one of the head names, else
 // the tensors (published EAGLE heads often keep `LlamaForCausalLM`).
-EagleKind detect_kind(const std::string& architecture, const Checkpoint& ckpt) {
+EagleKind detect_kind(const std::string& architecture, const WeightSource& ckpt) {
   if (architecture == "LlamaForCausalLMEagle3") return EagleKind::EAGLE3;
   if (architecture == "LlamaForCausalLMEagle") return EagleKind::EAGLE;
   if (ckpt.contains("midlayer.self_attn.q_proj.weight")) return EagleKind::EAGLE3;
   SPECULA_CHECK(ckpt.contains("fc.weight"),
                 "the draft model (architecture '{}') is not an EAGLE head: it has no 'fc.weight' tensor", architecture);
   return EagleKind::EAGLE;
+}
+
+void check_target_hidden(int64_t target_hidden, int64_t th) {
+  SPECULA_CHECK(target_hidden == th, "the EAGLE-3 head's target_hidden_size {} does not match the target's hidden_size {}",
+                target_hidden, th);
 }
 
 }  // namespace
@@ -70,96 +85,122 @@ EagleHead::EagleHead(const std::filesystem::path& dir, EagleKind kind, const Lla
   SPECULA_CHECK(found == kind, "the draft model in {} is an {} head ({}), but the speculative algorithm is {}",
                 dir.string(), eagle_kind_name(found), architecture, eagle_kind_name(kind));
 
-  const ModelConfig& t = target.config();
-  const int64_t h = config_.hidden_size, th = t.hidden_size;
-  const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
-  const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
-  const int64_t inter = config_.intermediate_size;
-  auto load = [&](const std::string& name, const Shape& shape) { return to_f32(ckpt.get(name, shape)); };
-  // The decoder layer's attention and MLP weights under prefix p; q/k/v read attn_in features.
-  auto load_layer = [&](const std::string& p, int64_t attn_in) {
-    w_.layer.wq = load(p + "self_attn.q_proj.weight", {q_out, attn_in});
-    w_.layer.wk = load(p + "self_attn.k_proj.weight", {kv_out, attn_in});
-    w_.layer.wv = load(p + "self_attn.v_proj.weight", {kv_out, attn_in});
-    w_.layer.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
-    w_.layer.post_norm = load(p + "post_attention_layernorm.weight", {h});
-    w_.layer.w_gate = load(p + "mlp.gate_proj.weight", {inter, h});
-    w_.layer.w_up = load(p + "mlp.up_proj.weight", {inter, h});
-    w_.layer.w_down = load(p + "mlp.down_proj.weight", {h, inter});
-  };
-  const bool own_embed = ckpt.contains("embed_tokens.weight");
-  SPECULA_CHECK(config_.vocab_size == t.vocab_size,
-                "the draft head's vocab_size {} does not match the target's {}", config_.vocab_size, t.vocab_size);
-  if (own_embed) {
-    w_.embed = load("embed_tokens.weight", {t.vocab_size, h});
-  } else {
-    SPECULA_CHECK(h == th, "the draft head's hidden_size {} does not match the target's {} (the head shares its embedding)",
-                  h, th);
-  }
-  int64_t attn_in = h;
+  load_embedding(ckpt);
+  const int64_t h = config_.hidden_size, th = target.config().hidden_size;
   if (kind == EagleKind::EAGLE) {
     SPECULA_CHECK(h == th, "the EAGLE head's hidden_size {} does not match the target's {}", h, th);
     feature_size_ = static_cast<int>(th);
     capture_layers_ = {HiddenCapture::kFinalNormed};
-    draft_vocab_ = t.vocab_size;
-    w_.fc = load("fc.weight", {h, 2 * h});
-    if (ckpt.contains("fc.bias")) w_.fc_bias = load("fc.bias", {h});
-    load_layer(ckpt.contains("layers.0.self_attn.q_proj.weight") ? "layers.0." : "model.layers.0.", h);
+    draft_vocab_ = target.config().vocab_size;
+    w_.fc = load(ckpt, "fc.weight", {h, 2 * h});
+    if (ckpt.contains("fc.bias")) w_.fc_bias = load(ckpt, "fc.bias", {h});
+    load_layer(ckpt, ckpt.contains("layers.0.self_attn.q_proj.weight") ? "layers.0." : "model.layers.0.", h);
   } else {
+    // config.json's EAGLE-3 fields, each checked as it is read (load_eagle3 checks the rest).
+    Eagle3HeadConfig head;  // its config is config_, already set
     const int64_t target_hidden = j.contains("target_hidden_size") && j["target_hidden_size"].is_number_integer()
                                       ? j["target_hidden_size"].get<int64_t>()
                                       : h;
-    SPECULA_CHECK(target_hidden == th, "the EAGLE-3 head's target_hidden_size {} does not match the target's hidden_size {}",
-                  target_hidden, th);
+    check_target_hidden(target_hidden, th);
+    head.target_hidden_size = static_cast<int>(target_hidden);
     // SGLang's convention: eagle_aux_hidden_state_layer_ids name layer outputs, i.e. the streams
-    // entering layers id + 1; the default is the streams entering [2, L / 2, L - 3].
-    const int L = t.num_hidden_layers;
-    std::vector<int> ids;
+    // entering layers id + 1.
     if (j.contains("eagle_config") && j["eagle_config"].is_object() &&
         j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {
       for (const json& x : j["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) {
         SPECULA_CHECK(x.is_number_integer(), "{}: eagle_aux_hidden_state_layer_ids must hold integers", path.string());
-        ids.push_back(x.get<int>() + 1);
+        head.capture_layers.push_back(x.get<int>() + 1);
       }
     } else {
-      ids = {2, L / 2, L - 3};
+      head.capture_layers = default_eagle3_capture_layers(target.config().num_hidden_layers);
     }
-    SPECULA_CHECK(ids.size() == 3, "the EAGLE-3 head captures {} target layers; it must be 3", ids.size());
-    for (int id : ids) {
-      SPECULA_CHECK(id >= 0 && id < L, "the EAGLE-3 head reads the stream entering target layer {}; the target has {} layers",
-                    id, L);
-    }
-    capture_layers_ = ids;
-    feature_size_ = static_cast<int>(3 * th);
-    draft_vocab_ = j.contains("draft_vocab_size") && j["draft_vocab_size"].is_number_integer()
-                       ? j["draft_vocab_size"].get<int>()
-                       : config_.vocab_size;
-    SPECULA_CHECK(draft_vocab_ >= 1 && draft_vocab_ <= t.vocab_size, "the EAGLE-3 head's draft_vocab_size {} is not in [1, {}]",
-                  draft_vocab_, t.vocab_size);
-    w_.fc = load("fc.weight", {h, 3 * th});
-    attn_in = 2 * h;
-    w_.input_norm = load("midlayer.input_layernorm.weight", {h});
-    w_.hidden_norm = load("midlayer.hidden_norm.weight", {h});
-    load_layer("midlayer.", attn_in);
-    w_.final_norm = load("norm.weight", {h});
-    w_.lm_head = load("lm_head.weight", {draft_vocab_, h});
-    if (ckpt.contains("d2t")) {
-      const TensorView d2t = ckpt.get("d2t", {draft_vocab_});
-      SPECULA_CHECK(d2t.dtype() == DType::i64, "the EAGLE-3 head's d2t must be int64, not {}", dtype_name(d2t.dtype()));
-      const auto* v = static_cast<const int64_t*>(d2t.data());
-      w_.d2t.assign(v, v + draft_vocab_);
-      for (int i = 0; i < draft_vocab_; ++i) {
-        SPECULA_CHECK(i + w_.d2t[static_cast<size_t>(i)] >= 0 && i + w_.d2t[static_cast<size_t>(i)] < t.vocab_size,
-                      "the EAGLE-3 head's d2t maps draft id {} to {}, outside the target vocabulary [0, {})", i,
-                      i + w_.d2t[static_cast<size_t>(i)], t.vocab_size);
-      }
-    } else {
-      SPECULA_CHECK(draft_vocab_ == t.vocab_size,
-                    "the EAGLE-3 head has a draft vocabulary of {} tokens but no d2t mapping to the target's {}",
-                    draft_vocab_, t.vocab_size);
-      w_.d2t.assign(static_cast<size_t>(draft_vocab_), 0);
-    }
+    head.draft_vocab_size = j.contains("draft_vocab_size") && j["draft_vocab_size"].is_number_integer()
+                                ? j["draft_vocab_size"].get<int>()
+                                : config_.vocab_size;
+    load_eagle3(head, ckpt);
   }
+  finish();
+}
+
+EagleHead::EagleHead(const Eagle3HeadConfig& head, const WeightSource& weights, const LlamaModel& target)
+    : kind_(EagleKind::EAGLE3), config_(head.config), target_(target) {
+  load_embedding(weights);
+  load_eagle3(head, weights);
+  finish();
+}
+
+void EagleHead::load_embedding(const WeightSource& weights) {
+  const ModelConfig& t = target_.config();
+  const int64_t h = config_.hidden_size, th = t.hidden_size;
+  SPECULA_CHECK(config_.vocab_size == t.vocab_size,
+                "the draft head's vocab_size {} does not match the target's {}", config_.vocab_size, t.vocab_size);
+  if (weights.contains("embed_tokens.weight")) {
+    w_.embed = load(weights, "embed_tokens.weight", {t.vocab_size, h});
+  } else {
+    SPECULA_CHECK(h == th, "the draft head's hidden_size {} does not match the target's {} (the head shares its embedding)",
+                  h, th);
+  }
+}
+
+// The decoder layer's attention and MLP weights under `prefix`; q/k/v read attn_in features.
+void EagleHead::load_layer(const WeightSource& weights, const std::string& prefix, int64_t attn_in) {
+  const std::string& p = prefix;
+  const int64_t h = config_.hidden_size;
+  const int64_t q_out = static_cast<int64_t>(config_.num_attention_heads) * config_.head_dim;
+  const int64_t kv_out = static_cast<int64_t>(config_.num_key_value_heads) * config_.head_dim;
+  const int64_t inter = config_.intermediate_size;
+  w_.layer.wq = load(weights, p + "self_attn.q_proj.weight", {q_out, attn_in});
+  w_.layer.wk = load(weights, p + "self_attn.k_proj.weight", {kv_out, attn_in});
+  w_.layer.wv = load(weights, p + "self_attn.v_proj.weight", {kv_out, attn_in});
+  w_.layer.wo = load(weights, p + "self_attn.o_proj.weight", {h, q_out});
+  w_.layer.post_norm = load(weights, p + "post_attention_layernorm.weight", {h});
+  w_.layer.w_gate = load(weights, p + "mlp.gate_proj.weight", {inter, h});
+  w_.layer.w_up = load(weights, p + "mlp.up_proj.weight", {inter, h});
+  w_.layer.w_down = load(weights, p + "mlp.down_proj.weight", {h, inter});
+}
+
+// The EAGLE-3 checks against the target and tensors; config_ already holds head.config.
+void EagleHead::load_eagle3(const Eagle3HeadConfig& head, const WeightSource& weights) {
+  const ModelConfig& t = target_.config();
+  const int64_t h = config_.hidden_size, th = t.hidden_size;
+  check_target_hidden(head.target_hidden_size, th);
+  const int L = t.num_hidden_layers;
+  const std::vector<int>& ids = head.capture_layers;
+  SPECULA_CHECK(ids.size() == 3, "the EAGLE-3 head captures {} target layers; it must be 3", ids.size());
+  for (int id : ids) {
+    SPECULA_CHECK(id >= 0 && id < L, "the EAGLE-3 head reads the stream entering target layer {}; the target has {} layers",
+                  id, L);
+  }
+  capture_layers_ = ids;
+  feature_size_ = static_cast<int>(3 * th);
+  draft_vocab_ = head.draft_vocab_size;
+  SPECULA_CHECK(draft_vocab_ >= 1 && draft_vocab_ <= t.vocab_size, "the EAGLE-3 head's draft_vocab_size {} is not in [1, {}]",
+                draft_vocab_, t.vocab_size);
+  w_.fc = load(weights, "fc.weight", {h, 3 * th});
+  w_.input_norm = load(weights, "midlayer.input_layernorm.weight", {h});
+  w_.hidden_norm = load(weights, "midlayer.hidden_norm.weight", {h});
+  load_layer(weights, "midlayer.", 2 * h);
+  w_.final_norm = load(weights, "norm.weight", {h});
+  w_.lm_head = load(weights, "lm_head.weight", {draft_vocab_, h});
+  if (weights.contains("d2t")) {
+    const TensorView d2t = weights.get("d2t", {draft_vocab_});
+    SPECULA_CHECK(d2t.dtype() == DType::i64, "the EAGLE-3 head's d2t must be int64, not {}", dtype_name(d2t.dtype()));
+    const auto* v = static_cast<const int64_t*>(d2t.data());
+    w_.d2t.assign(v, v + draft_vocab_);
+    for (int i = 0; i < draft_vocab_; ++i) {
+      SPECULA_CHECK(i + w_.d2t[static_cast<size_t>(i)] >= 0 && i + w_.d2t[static_cast<size_t>(i)] < t.vocab_size,
+                    "the EAGLE-3 head's d2t maps draft id {} to {}, outside the target vocabulary [0, {})", i,
+                    i + w_.d2t[static_cast<size_t>(i)], t.vocab_size);
+    }
+  } else {
+    SPECULA_CHECK(draft_vocab_ == t.vocab_size,
+                  "the EAGLE-3 head has a draft vocabulary of {} tokens but no d2t mapping to the target's {}",
+                  draft_vocab_, t.vocab_size);
+    w_.d2t.assign(static_cast<size_t>(draft_vocab_), 0);
+  }
+}
+
+void EagleHead::finish() {
   attention_layer_.layer_id = 0;
   attention_layer_.num_q_heads = config_.num_attention_heads;
   attention_layer_.num_kv_heads = config_.num_key_value_heads;

@@ -22,6 +22,7 @@
 #include "specula/model/decoder_layer.h"
 #include "specula/model/hidden_capture.h"
 #include "specula/model/llama.h"
+#include "specula/model/weights.h"
 
 namespace specula {
 
@@ -39,6 +40,21 @@ struct EagleWeights {
   std::vector<int64_t> d2t;    // EAGLE-3 [draft_vocab]
 };
 
+// What an EAGLE-3 head is besides its tensors: what its config.json says, resolved against the
+// target (the folder constructor derives it from the file; synthetic heads state it directly).
+struct Eagle3HeadConfig {
+  // The midlayer's shape (hidden, heads, head_dim, intermediate, eps, RoPE); vocab_size is the
+  // target's (the head shares its embedding).
+  ModelConfig config;
+  int target_hidden_size = 0;       // width of each captured target stream; fc reads 3 x this
+  std::vector<int> capture_layers;  // the streams entering these target layers (HiddenCapture::layers)
+  int draft_vocab_size = 0;         // rows of the head's lm_head and of d2t
+};
+
+// SGLang's default EAGLE-3 capture for a target of `target_layers` layers: the outputs of layers
+// 1, L/2 - 1 and L - 4 (eagle_aux_hidden_state_layer_ids), i.e. the streams entering 2, L/2, L - 3.
+std::vector<int> default_eagle3_capture_layers(int target_layers);
+
 std::string_view eagle_kind_name(EagleKind kind);
 // "EAGLE" or "EAGLE3" (case-insensitive); throws specula::Error naming the allowed values.
 EagleKind parse_eagle_kind(std::string_view name);
@@ -49,6 +65,10 @@ class EagleHead {
   // once when the head is not of `kind` (e.g. an EAGLE-3 head given as EAGLE), or does not fit
   // the target (hidden size, vocabulary, aux layers out of range), naming both sides.
   EagleHead(const std::filesystem::path& dir, EagleKind kind, const LlamaModel& target);
+  // An EAGLE-3 head of shape `head` whose tensors (SGLang's names: fc.weight, midlayer.*,
+  // norm.weight, lm_head.weight, d2t; embed_tokens.weight if it has its own) come from `weights`,
+  // e.g. SyntheticEagle3Weights. The same checks against the target as the folder constructor.
+  EagleHead(const Eagle3HeadConfig& head, const WeightSource& weights, const LlamaModel& target);
 
   EagleKind kind() const { return kind_; }
   const ModelConfig& config() const { return config_; }
@@ -74,6 +94,13 @@ class EagleHead {
                std::vector<float>& hidden_out, const std::vector<int64_t>& logit_rows, std::vector<float>& logits) const;
 
  private:
+  // The parts both constructors share: the embedding (or the check that the target's fits), the
+  // EAGLE-3 tensors with their checks against the target, and the attention layer and RoPE.
+  void load_embedding(const WeightSource& weights);
+  void load_eagle3(const Eagle3HeadConfig& head, const WeightSource& weights);
+  void load_layer(const WeightSource& weights, const std::string& prefix, int64_t attn_in);
+  void finish();
+
   EagleKind kind_;
   ModelConfig config_;
   const LlamaModel& target_;

@@ -2,6 +2,7 @@
 // order 1/sqrt(fan-in), norms near 1), so a forward pass stays numerically tame.
 #include "specula/model/synthetic.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -17,6 +18,9 @@ uint64_t mix(uint64_t x) {
   x *= 0xc4ceb9fe1a85ec53ULL;
   return x ^ (x >> 33);
 }
+
+// Uniform in [0, 1) from the top 53 bits of mix(x).
+double uniform(uint64_t x) { return static_cast<double>(mix(x) >> 11) * 0x1.0p-53; }
 }  // namespace
 
 std::vector<std::string> synthetic_names() { return {"llama3-8b", "llama3.2-1b", "deepseek-v2-lite-dense", "tiny"}; }
@@ -75,7 +79,7 @@ TensorView SyntheticWeights::get(const std::string& name, const Shape& shape) co
   auto* out = scratch_.data_as<uint16_t>();
   for (int64_t i = 0; i < shape.numel(); ++i) {
     // Uniform in [-sqrt(3), sqrt(3)): unit variance.
-    const double u = static_cast<double>(mix(base + static_cast<uint64_t>(i)) >> 11) * 0x1.0p-53;
+    const double u = uniform(base + static_cast<uint64_t>(i));
     const float v = static_cast<float>((u * 2.0 - 1.0) * 1.7320508) * scale + (norm ? 1.0f : 0.0f);
     out[i] = float_to_bf16_bits(v);
   }
@@ -97,6 +101,94 @@ size_t SyntheticWeights::total_bytes() const {
   const size_t params = static_cast<size_t>(c.vocab_size) * h * (c.tie_word_embeddings ? 1 : 2) + h +
                         layer * static_cast<size_t>(c.num_hidden_layers);
   return params * 2;  // bf16
+}
+
+Eagle3HeadConfig synthetic_eagle3_head_config(const ModelConfig& target) {
+  SPECULA_CHECK(!target.is_mla(), "an EAGLE-3 head needs a Llama-family target; '{}' has MLA attention",
+                target.architecture);
+  SPECULA_CHECK(target.vocab_size >= 2, "an EAGLE-3 head needs a target vocabulary of at least 2 tokens, not {}",
+                target.vocab_size);
+  Eagle3HeadConfig head;
+  ModelConfig& c = head.config;
+  c.architecture = "LlamaForCausalLMEagle3";
+  c.model_type = "llama";
+  // The published heads copy the target's layer shape (Llama-3.1-8B: 4096 hidden, 32 / 8 heads of
+  // 128, 14336 intermediate, eps 1e-5) and must rotate positions exactly as the target does.
+  c.vocab_size = target.vocab_size;
+  c.hidden_size = target.hidden_size;
+  c.intermediate_size = target.intermediate_size;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = target.num_attention_heads;
+  c.num_key_value_heads = target.num_key_value_heads;
+  c.head_dim = target.head_dim;
+  c.max_position_embeddings = target.max_position_embeddings;
+  c.rms_norm_eps = target.rms_norm_eps;
+  c.rope_theta = target.rope_theta;
+  c.rope_scaling = target.rope_scaling;
+  c.torch_dtype = target.torch_dtype;
+  c.eos_token_ids = {};
+  c.layer_sliding_window = {-1};
+  head.target_hidden_size = target.hidden_size;
+  head.capture_layers = default_eagle3_capture_layers(target.num_hidden_layers);
+  // 32000 of Llama-3's 128256 ids in the published head; half the vocabulary of a small target,
+  // so that d2t is not the identity.
+  head.draft_vocab_size = std::min(32000, target.vocab_size / 2);
+  return head;
+}
+
+SyntheticEagle3Weights::SyntheticEagle3Weights(const Eagle3HeadConfig& head, uint64_t seed)
+    : random_(head.config, seed) {
+  const ModelConfig& c = head.config;
+  const int64_t h = c.hidden_size, th = head.target_hidden_size, inter = c.intermediate_size;
+  const int64_t q_out = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
+  const int64_t kv_out = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
+  const int64_t draft = head.draft_vocab_size, vocab = c.vocab_size;
+  SPECULA_CHECK(draft >= 1 && draft <= vocab, "the EAGLE-3 head's draft_vocab_size {} is not in [1, {}]", draft, vocab);
+  shapes_ = {{"fc.weight", {h, 3 * th}},
+             {"midlayer.input_layernorm.weight", {h}},
+             {"midlayer.hidden_norm.weight", {h}},
+             {"midlayer.self_attn.q_proj.weight", {q_out, 2 * h}},
+             {"midlayer.self_attn.k_proj.weight", {kv_out, 2 * h}},
+             {"midlayer.self_attn.v_proj.weight", {kv_out, 2 * h}},
+             {"midlayer.self_attn.o_proj.weight", {h, q_out}},
+             {"midlayer.post_attention_layernorm.weight", {h}},
+             {"midlayer.mlp.gate_proj.weight", {inter, h}},
+             {"midlayer.mlp.up_proj.weight", {inter, h}},
+             {"midlayer.mlp.down_proj.weight", {h, inter}},
+             {"norm.weight", {h}},
+             {"lm_head.weight", {draft, h}},
+             {"d2t", {draft}}};
+  // Selection sampling: target id t joins with probability (ids still needed) / (ids left), which
+  // gives `draft` distinct ids in increasing order, so every offset t - i is >= 0.
+  d2t_ = Buffer(DType::i64, {draft});
+  auto* d2t = d2t_.data_as<int64_t>();
+  const uint64_t base = mix(seed ^ std::hash<std::string>{}("d2t"));
+  int64_t taken = 0;
+  for (int64_t t = 0; t < vocab && taken < draft; ++t) {
+    if (uniform(base + static_cast<uint64_t>(t)) * static_cast<double>(vocab - t) < static_cast<double>(draft - taken)) {
+      d2t[taken] = t - taken;
+      ++taken;
+    }
+  }
+  SPECULA_ASSERT(taken == draft);
+}
+
+bool SyntheticEagle3Weights::contains(const std::string& name) const { return shapes_.count(name) != 0; }
+
+TensorView SyntheticEagle3Weights::get(const std::string& name, const Shape& shape) const {
+  const auto it = shapes_.find(name);
+  SPECULA_CHECK(it != shapes_.end(), "the synthetic EAGLE-3 head has no tensor '{}'", name);
+  SPECULA_CHECK(it->second == shape, "tensor '{}' has shape {}; the config needs {}", name, it->second.str(), shape.str());
+  if (name == "d2t") return d2t_.view();
+  return random_.get(name, shape);
+}
+
+size_t SyntheticEagle3Weights::total_bytes() const {
+  size_t total = d2t_.nbytes();
+  for (const auto& [name, shape] : shapes_) {
+    if (name != "d2t") total += static_cast<size_t>(shape.numel()) * 2;  // bf16
+  }
+  return total;
 }
 
 }  // namespace specula
