@@ -38,11 +38,11 @@ std::string case_name(const ::testing::TestParamInfo<SpecCase>& info) {
 // A FakeModel target, a FakeDraftHead for params, the worker and a scheduler driving it.
 struct SpecHarness {
   SpecHarness(const SpecParams& params, int page_size, int max_context_len, int max_running_requests,
-              int64_t kv_cache_tokens = 0)
+              int64_t kv_cache_tokens = 0, SpecPolicyKind policy = SpecPolicyKind::FIXED)
       : runner(std::make_unique<FakeModel>(), runner_options(params, page_size, max_context_len, max_running_requests,
                                                              kv_cache_tokens)),
         head(new FakeDraftHead(runner, params)),
-        worker(runner, std::unique_ptr<DraftHead>(head), params),
+        worker(runner, std::unique_ptr<DraftHead>(head), params, policy),
         scheduler(runner, nullptr, scheduler_options(), &worker) {}
 
   static ModelRunnerOptions runner_options(const SpecParams& params, int page_size, int max_context_len, int rows,
@@ -69,9 +69,21 @@ struct SpecHarness {
 
 class EagleWorkerFake : public ::testing::TestWithParam<SpecCase> {};
 
-TEST_P(EagleWorkerFake, LosslessAndAcceptsExactlyWhatTheDraftGotRight) {
-  const SpecCase& c = GetParam();
-  SpecHarness h({c.num_steps, c.topk, c.num_draft_tokens}, c.page_size, 160, 8);
+// Shapes the auto policy runs, forced in an order with every transition: runs of off cycles long
+// enough that their pending pairs are flushed mid-run, then each drafting shape between off cycles.
+void force_every_transition(EagleWorker& worker) {
+  SpecPolicy& policy = worker.policy();
+  std::vector<SpecShape> sequence(static_cast<size_t>(worker.params().num_draft_tokens) + 2, SpecShape{0, 1});
+  for (const SpecShape& s : policy.shapes()) {
+    if (s.off()) continue;
+    sequence.insert(sequence.end(), {s, SpecShape{0, 1}, s, s});
+  }
+  policy.force_sequence(sequence);
+}
+
+void lossless_and_exact_accepts(const SpecCase& c, SpecPolicyKind policy) {
+  SpecHarness h({c.num_steps, c.topk, c.num_draft_tokens}, c.page_size, 160, 8, 0, policy);
+  if (policy == SpecPolicyKind::AUTO) force_every_transition(h.worker);
   FakeDraftHead& fake_head = *h.head;
   Scheduler& scheduler = h.scheduler;
 
@@ -110,9 +122,16 @@ TEST_P(EagleWorkerFake, LosslessAndAcceptsExactlyWhatTheDraftGotRight) {
   // output budget may keep fewer) is what the head's construction expected.
   const SchedulerStats stats = scheduler.stats();
   ASSERT_GT(stats.spec_cycles, 0);
-  ASSERT_EQ(static_cast<int64_t>(fake_head.expected_accepts().size()), stats.spec_cycles);
+  if (policy == SpecPolicyKind::FIXED) {
+    ASSERT_EQ(static_cast<int64_t>(fake_head.expected_accepts().size()), stats.spec_cycles);
+  } else {
+    ASSERT_GT(stats.spec_choices.size(), 0u);
+  }
   std::vector<int64_t> expected_histogram(static_cast<size_t>(c.num_draft_tokens) + 1, 0);
-  int64_t expected_emitted = 0;
+  // Cycles with speculation off draft nothing and emit one token each.
+  const int64_t off_cycles = stats.spec_cycles - static_cast<int64_t>(fake_head.expected_accepts().size());
+  expected_histogram[1] = off_cycles;
+  int64_t expected_emitted = off_cycles;
   for (int accepted : fake_head.expected_accepts()) {
     ++expected_histogram[static_cast<size_t>(accepted) + 1];
     expected_emitted += accepted + 1;
@@ -121,6 +140,17 @@ TEST_P(EagleWorkerFake, LosslessAndAcceptsExactlyWhatTheDraftGotRight) {
   histogram.resize(expected_histogram.size(), 0);
   EXPECT_EQ(histogram, expected_histogram);
   EXPECT_EQ(stats.spec_emitted_tokens, expected_emitted);
+}
+
+TEST_P(EagleWorkerFake, LosslessAndAcceptsExactlyWhatTheDraftGotRight) {
+  lossless_and_exact_accepts(GetParam(), SpecPolicyKind::FIXED);
+}
+
+// The same under the auto policy's shapes, forced through every transition: off cycles leave
+// their pairs pending and the head (which checks that every draft starts from a current root and
+// that pairs arrive in order) must still see each pair once, with the right feature.
+TEST_P(EagleWorkerFake, EveryPolicyShapeSequenceIsLosslessAndKeepsTheDraftCurrent) {
+  lossless_and_exact_accepts(GetParam(), SpecPolicyKind::AUTO);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, EagleWorkerFake,

@@ -40,6 +40,11 @@ class FakeDraftHead final : public DraftHead {
     for (DraftExtendItem* it : items) {
       if (it->next_tokens.empty()) continue;
       ++extends_;
+      // Pairs come in order: each extend starts where the request's last one ended (a request
+      // that has none yet starts anywhere: after its cached prefix).
+      SPECULA_CHECK(it->state->root_hidden.size() < 2 || it->start == static_cast<int>(it->state->root_hidden[1]),
+                    "draft extend of request {} at {}, but its pairs end at {}", it->req_pool_idx, it->start,
+                    it->state->root_hidden.size() < 2 ? -1.0f : it->state->root_hidden[1]);
       for (size_t i = 0; i < it->next_tokens.size(); ++i) {
         const int position = it->start + static_cast<int>(i);
         const float* f = it->features + i * F;
@@ -48,21 +53,30 @@ class FakeDraftHead final : public DraftHead {
                       "draft extend of request {}: the feature of position {} is [{}, {}], the target holds token {}",
                       it->req_pool_idx, position, f[0], f[1], token_at(it->req_pool_idx, position));
       }
-      // The root: the last pair's next token (its KV comes with the next cycle's verify).
-      it->state->root_hidden = {static_cast<float>(it->next_tokens.back())};
+      // The root: the last pair's next token (its KV comes with the next cycle's verify), and where
+      // the pairs end.
+      it->state->root_hidden = {static_cast<float>(it->next_tokens.back()),
+                                static_cast<float>(it->start + static_cast<int>(it->next_tokens.size()))};
       it->state->root_tokens = {it->next_tokens.back()};
       it->state->root_probs = {1.0f};
     }
   }
 
-  void draft(std::span<const DraftRequest> requests, std::vector<DraftCandidates>& candidates) override {
+  void draft(std::span<const DraftRequest> requests, int num_steps, std::vector<DraftCandidates>& candidates) override {
+    SPECULA_CHECK(num_steps >= 1 && num_steps <= params_.num_steps && (params_.topk == 1 || num_steps == params_.num_steps),
+                  "the fake head drafts chains of 1..{} steps or its tree, not {} steps", params_.num_steps, num_steps);
     candidates.assign(requests.size(), {});
     for (size_t b = 0; b < requests.size(); ++b) {
       const DraftRequest& r = requests[b];
+      // Every pair up to the root must be in the draft before it drafts (pairs left pending by
+      // cycles with speculation off included).
+      SPECULA_CHECK(r.state->root_hidden.size() == 2 && static_cast<int>(r.state->root_hidden[1]) == r.kv_len,
+                    "draft of request {} at {}, but its draft pairs end at {}", r.req_pool_idx, r.kv_len,
+                    r.state->root_hidden.size() == 2 ? r.state->root_hidden[1] : -1.0f);
       std::vector<int32_t> context;
       for (int p = 0; p < r.kv_len; ++p) context.push_back(token_at(r.req_pool_idx, p));
       context.push_back(static_cast<int32_t>(r.state->root_hidden.at(0)));
-      candidates[b] = params_.topk == 1 ? chain(context, r.kv_len) : tree(context, r.kv_len);
+      candidates[b] = params_.topk == 1 ? chain(context, r.kv_len, num_steps) : tree(context, r.kv_len);
     }
   }
 
@@ -76,11 +90,13 @@ class FakeDraftHead final : public DraftHead {
     return static_cast<int32_t>(target_.kv_pool().k_buffer(0).data_as<const float>()[static_cast<size_t>(slot) * width]);
   }
 
-  DraftCandidates chain(std::vector<int32_t> context, int kv_len) {
+  // A chain of num_steps tokens; the wrong depth follows the head's largest chain, so a shorter
+  // chain may hold only right tokens.
+  DraftCandidates chain(std::vector<int32_t> context, int kv_len, int num_steps) {
     const int S = params_.num_steps;
     const int wrong_depth = 1 + kv_len % (S + 1);
     DraftCandidates c;
-    for (int d = 1; d <= S; ++d) {
+    for (int d = 1; d <= num_steps; ++d) {
       int32_t t = FakeModel::next_token(context);
       if (d == wrong_depth) t = (t + 1) % FakeModel::kVocab;
       c.tokens.push_back(t);
@@ -89,8 +105,7 @@ class FakeDraftHead final : public DraftHead {
       c.depths.push_back(d);
       context.push_back(t);
     }
-    const int depth = std::min(S, params_.num_draft_tokens - 1);
-    expected_.push_back(std::min(wrong_depth - 1, depth));
+    expected_.push_back(std::min(wrong_depth - 1, num_steps));
     return c;
   }
 

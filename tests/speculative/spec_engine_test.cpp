@@ -43,8 +43,10 @@ EngineOptions options(int page_size, int max_running = 16, int chunk = 4096, boo
   return o;
 }
 
-EagleOptions eagle(EagleKind kind, SpecParams p) {
-  return EagleOptions{kind, head_dir(kind), p};
+// The fixed policy unless asked: these tests are about the drafts, and on this CPU the auto policy
+// would rightly turn speculation off.
+EagleOptions eagle(EagleKind kind, SpecParams p, SpecPolicyKind policy = SpecPolicyKind::FIXED) {
+  return EagleOptions{kind, head_dir(kind), p, policy};
 }
 
 // The target's greedy output without speculation, one request at a time.

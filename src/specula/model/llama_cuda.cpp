@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -148,8 +150,7 @@ std::function<void()> LlamaCudaModel::results_hook(const ForwardBatch& batch, co
   };
 }
 
-ForwardBatch LlamaCudaModel::verify_padding_batch(int batch_size) const {
-  const int N = verify_tokens_;
+ForwardBatch LlamaCudaModel::verify_padding_batch(int batch_size, int N) const {
   ForwardBatch b;
   b.forward_mode = ForwardMode::TARGET_VERIFY;
   b.batch_size = batch_size;
@@ -174,40 +175,47 @@ ForwardBatch LlamaCudaModel::verify_padding_batch(int batch_size) const {
   return b;
 }
 
-void LlamaCudaModel::capture_verify_graphs(const GraphSetup& setup, int num_draft_tokens,
+void LlamaCudaModel::capture_verify_graphs(const GraphSetup& setup, const std::vector<int>& num_draft_tokens,
                                            const std::vector<int>& capture_layers) {
-  SPECULA_CHECK(num_draft_tokens >= 1, "verify graphs need num_draft_tokens >= 1, not {}", num_draft_tokens);
+  std::vector<int> sizes = num_draft_tokens;
+  for (int n : sizes) SPECULA_CHECK(n >= 1, "verify graphs need num_draft_tokens >= 1, not {}", n);
+  // Largest first: its warm-up sizes the shared workspace before it is frozen.
+  std::sort(sizes.rbegin(), sizes.rend());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   verify_graphs_.clear();
   verify_ws_ = Workspace{};
-  verify_tokens_ = num_draft_tokens;
   verify_capture_layers_ = capture_layers;
   verify_setup_ = setup;
   ForwardBatch b;
   HiddenCapture capture;
   capture.layers = verify_capture_layers_;
-  verify_graphs_.capture(
-      stream_, setup.batch_sizes,
-      [&](int bs) {
-        b = verify_padding_batch(bs);
-        backend_->init_forward_metadata_capture_cuda_graph(b);
-        upload_step(verify_ws_, b, 0);
-      },
-      [&](int) {
-        run_layers(b, verify_ws_, b.num_tokens(), &capture);
-        run_head(verify_ws_, nullptr, b.num_tokens());
-      },
-      [&] { verify_ws_.freeze(); });
+  for (int N : sizes) {
+    verify_graphs_[N].capture(
+        stream_, setup.batch_sizes,
+        [&](int bs) {
+          b = verify_padding_batch(bs, N);
+          backend_->init_forward_metadata_capture_cuda_graph(b);
+          upload_step(verify_ws_, b, 0);
+        },
+        [&](int) {
+          run_layers(b, verify_ws_, b.num_tokens(), &capture);
+          run_head(verify_ws_, nullptr, b.num_tokens());
+        },
+        [&] { verify_ws_.freeze(); });
+  }
 }
 
 bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, std::vector<float>& logits,
                                           const ForwardRequest& r) {
   if (batch.forward_mode != ForwardMode::TARGET_VERIFY || batch.spec_info == nullptr ||
-      batch.spec_info->num_draft_tokens != verify_tokens_ || batch.spec_info->custom_mask.empty() ||
-      !batch.spec_info->prefix_visible) {
+      batch.spec_info->custom_mask.empty() || !batch.spec_info->prefix_visible) {
     return false;
   }
+  const int N = batch.spec_info->num_draft_tokens;
+  const auto graphs = verify_graphs_.find(N);
+  if (graphs == verify_graphs_.end()) return false;
   if (r.capture != nullptr ? r.capture->layers != verify_capture_layers_ : !verify_capture_layers_.empty()) return false;
-  const auto [bs, graph] = verify_graphs_.find(batch.batch_size);
+  const auto [bs, graph] = graphs->second.find(batch.batch_size);
   if (graph == nullptr) return false;
   const ModelConfig& c = model().config();
   check_ids(batch);
@@ -216,7 +224,7 @@ bool LlamaCudaModel::forward_verify_graph(const ForwardBatch& batch, std::vector
   const ForwardBatch* run = &batch;
   if (bs > batch.batch_size) {
     padded = batch;
-    const ForwardBatch pad = verify_padding_batch(bs - batch.batch_size);
+    const ForwardBatch pad = verify_padding_batch(bs - batch.batch_size, N);
     auto append = [](auto& a, const auto& b) { a.insert(a.end(), b.begin(), b.end()); };
     append(padded.input_ids, pad.input_ids);
     append(padded.positions, pad.positions);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -32,11 +33,12 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
   AttentionBackend* attention_backend() override { return backend_.get(); }
   const LlamaModel* llama() const override { return &model(); }
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override;
-  // One graph per batch size for requests of num_draft_tokens tree tokens each (prefix visible),
-  // giving the logits of every token and the hidden states of capture_layers. Padding requests
-  // have seq_len 1 in the padding row, whose positions [0, num_draft_tokens] map to slots set
-  // aside for them.
-  void capture_verify_graphs(const GraphSetup& setup, int num_draft_tokens,
+  // One graph per batch size and tree size (each of num_draft_tokens tokens per request, prefix
+  // visible), giving the logits of every token and the hidden states of capture_layers. Padding
+  // requests have seq_len 1 in the padding row, whose positions [0, num_draft_tokens] map to
+  // slots set aside for them. The graphs of every tree size share one workspace (they never run
+  // at once), sized by the largest.
+  void capture_verify_graphs(const GraphSetup& setup, const std::vector<int>& num_draft_tokens,
                              const std::vector<int>& capture_layers) override;
 
  private:
@@ -55,7 +57,7 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
   // A TARGET_VERIFY batch through the smallest verify graph that holds it; false (nothing run)
   // when no graph fits or the capture asks for other layers.
   bool forward_verify_graph(const ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request);
-  ForwardBatch verify_padding_batch(int batch_size) const;
+  ForwardBatch verify_padding_batch(int batch_size, int num_draft_tokens) const;
   // The batch's SpecInfo::on_device_results over ws's ids and captured states and the step's
   // greedy ids, queued before the download's wait; empty when the batch has none or the step
   // returns no greedy ids or captured states.
@@ -63,8 +65,7 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
 
   std::vector<CudaDecoderLayer> layers_;
   Workspace verify_ws_;
-  CudaGraphSet verify_graphs_;
-  int verify_tokens_ = 0;
+  std::map<int, CudaGraphSet> verify_graphs_;  // by tree tokens per request
   std::vector<int> verify_capture_layers_;
   GraphSetup verify_setup_;
   // Declared last, so it goes first: it runs on the model's stream.

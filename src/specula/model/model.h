@@ -84,10 +84,11 @@ class Model {
   virtual void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) = 0;
 
   // CUDA graphs (GPU models; a no-op elsewhere): DECODE steps for each batch size, and
-  // TARGET_VERIFY steps of num_draft_tokens tree tokens per request that capture the hidden
-  // states of capture_layers. max_tokens: the most tokens one captured step holds.
+  // TARGET_VERIFY steps of each of num_draft_tokens tree tokens per request (replacing any
+  // captured before) that capture the hidden states of capture_layers. max_tokens: the most
+  // tokens one captured step holds.
   virtual void capture_decode_graphs(const GraphSetup& setup, int max_tokens) { (void)setup, (void)max_tokens; }
-  virtual void capture_verify_graphs(const GraphSetup& setup, int num_draft_tokens,
+  virtual void capture_verify_graphs(const GraphSetup& setup, const std::vector<int>& num_draft_tokens,
                                      const std::vector<int>& capture_layers) {
     (void)setup, (void)num_draft_tokens, (void)capture_layers;
   }

@@ -151,9 +151,16 @@ AttentionBackend& ModelRunner::backend() {
   return *backend;
 }
 
-void ModelRunner::capture_verify_graphs(const std::vector<int>& capture_layers) {
+void ModelRunner::capture_verify_graphs(const std::vector<int>& capture_layers, const std::vector<int>& num_draft_tokens) {
   if (graph_setup_.batch_sizes.empty() || options_.cuda_graph_verify_tokens == 0) return;
-  model_->capture_verify_graphs(graph_setup_, options_.cuda_graph_verify_tokens, capture_layers);
+  std::vector<int> tokens;
+  for (int n : num_draft_tokens) {
+    SPECULA_CHECK(n >= 1 && n <= options_.cuda_graph_verify_tokens,
+                  "verify graphs of {} tokens per request: the runner was sized for 1..{}", n,
+                  options_.cuda_graph_verify_tokens);
+    tokens.push_back(n);
+  }
+  model_->capture_verify_graphs(graph_setup_, tokens, capture_layers);
 }
 
 ModelRunner::~ModelRunner() = default;

@@ -96,9 +96,10 @@ class ModelRunner {
   // The KV slot CUDA-graph padding rows write (-1 without graphs); a draft pool that shares the
   // slot numbering may let its padding rows write it too.
   int32_t cuda_graph_padding_slot() const { return graph_setup_.padding_slot; }
-  // Records TARGET_VERIFY graphs (options().cuda_graph_verify_tokens tokens per request) that
-  // capture the hidden states of capture_layers; a no-op without decode graphs.
-  void capture_verify_graphs(const std::vector<int>& capture_layers);
+  // Records TARGET_VERIFY graphs for each of num_draft_tokens tree tokens per request (at most
+  // options().cuda_graph_verify_tokens) that capture the hidden states of capture_layers; a no-op
+  // without decode graphs.
+  void capture_verify_graphs(const std::vector<int>& capture_layers, const std::vector<int>& num_draft_tokens);
   // Turns the replay of captured graphs off and on (benchmarks compare both).
   void set_use_cuda_graph(bool use) { use_cuda_graph_ = use; }
 

@@ -98,6 +98,7 @@ class Engine {
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   ModelRunner& runner() { return *runner_; }
   const EagleWorker* speculative_worker() const { return spec_.get(); }
+  EagleWorker* speculative_worker() { return spec_.get(); }
 
  private:
   void init(const ModelConfig& config, const WeightSource& weights);

@@ -14,6 +14,7 @@
 #include "specula/runtime/output_text.h"
 #include "specula/runtime/request_kv.h"
 #include "specula/runtime/scheduler.h"
+#include "specula/speculative/spec_policy.h"
 
 namespace specula {
 
@@ -37,6 +38,7 @@ struct Scheduler::Req {
   bool admitted_once = false;
   bool done = false;
   RequestKv kv;
+  DepthAcceptance acceptance;  // speculative decoding: this request's running acceptance per depth
 
   FillTokens fill() const { return {params.prompt_ids, out.output_ids}; }
   int kv_len() const { return kv.len(); }

@@ -88,6 +88,8 @@ void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chu
   SPECULA_ASSERT(spec_ == nullptr || runner_.kv_capacity() - runner_.max_context_len() >= spec_->scratch_tokens());
   r->max_new_tokens = std::max(0, std::min(r->params.max_new_tokens, runner_.max_context_len() - prompt_len));
   r->sampler.observe_prompt(r->params.prompt_ids);
+  // A new request expects the engine's acceptance so far until its own cycles say otherwise.
+  if (spec_ != nullptr) r->acceptance.seed(spec_->policy().acceptance());
   r->submitted = submitted;
   r->out.id = id;
   r->out.prompt_ids = r->params.prompt_ids;

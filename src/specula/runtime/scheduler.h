@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,8 @@ struct SchedulerOptions {
   // --schedule-conservativeness): lower admits more eagerly and retracts more often.
   double schedule_conservativeness = 1.0;
   bool log_retractions = true;  // one line on stderr per retraction
+  // One line on stderr each time the speculative policy changes the draft shape, with why.
+  bool log_spec_choices = false;
 };
 
 struct SchedulerStats {
@@ -57,6 +60,9 @@ struct SchedulerStats {
   int64_t spec_cycles = 0;           // speculative verify cycles
   int64_t spec_emitted_tokens = 0;   // sum of their accept lengths (accepted draft tokens + 1)
   std::vector<int64_t> spec_accept_histogram;  // [L] = cycles of accept length L
+  // The speculative policy's choices: cycles per (batch size bucket, shape: "off" or
+  // "(steps, draft tokens)").
+  std::map<int, std::map<std::string, int64_t>> spec_choices;
   int64_t kv_free_tokens = 0;   // free in the allocator
   int64_t kv_cached_tokens = 0; // held by the prefix cache
   int64_t kv_total_tokens = 0;
@@ -129,6 +135,9 @@ class Scheduler {
   void run_spec_cycle(const std::vector<Planned>& plan);
   void draft_after_prefill(const std::vector<Planned>& plan, const HiddenCapture& capture);
   void record_accept_length(Req& r, size_t accept_len);
+  // One draft extend over the pending pairs of the plan's requests (left by cycles with
+  // speculation off); false when it failed (its requests then ended with the error).
+  bool flush_pending_pairs(const std::vector<Planned>& plan);
 
   ModelRunner& runner_;
   const Tokenizer* tokenizer_;
@@ -141,6 +150,7 @@ class Scheduler {
   SchedulerStats stats_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;  // a step's greedy tokens when every request picks the argmax
+  SpecShape last_shape_{-1, -1};     // the speculative policy's previous choice (for the log)
 };
 
 }  // namespace specula

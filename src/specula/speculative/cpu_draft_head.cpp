@@ -55,9 +55,11 @@ void CpuDraftHead::extend(std::span<DraftExtendItem* const> items) {
   }
 }
 
-void CpuDraftHead::draft(std::span<const DraftRequest> requests, std::vector<DraftCandidates>& candidates) {
-  const SpecParams& p = params_;
-  const int K = p.topk;
+void CpuDraftHead::draft(std::span<const DraftRequest> requests, int num_steps,
+                         std::vector<DraftCandidates>& candidates) {
+  SPECULA_ASSERT(num_steps >= 1 && num_steps <= params_.num_steps, "{} draft steps for a head of {}", num_steps,
+                 params_.num_steps);
+  const int K = params_.topk;
   const size_t B = requests.size();
   const auto h = static_cast<size_t>(head_->hidden_size());
   candidates.assign(B, {});
@@ -82,7 +84,7 @@ void CpuDraftHead::draft(std::span<const DraftRequest> requests, std::vector<Dra
   for (size_t r = 0; r < rows_all.size(); ++r) rows_all[r] = static_cast<int64_t>(r);
   std::vector<int32_t> tokens;
   std::vector<float> probs;
-  for (int step = 1; step < p.num_steps; ++step) {
+  for (int step = 1; step < num_steps; ++step) {
     ForwardBatch b;
     b.forward_mode = ForwardMode::DECODE;
     b.batch_size = static_cast<int>(B) * K;

@@ -21,7 +21,7 @@ class CpuDraftHead final : public DraftHead {
   int feature_size() const override { return head_->feature_size(); }
   const std::vector<int>& capture_layers() const override { return head_->capture_layers(); }
   void extend(std::span<DraftExtendItem* const> items) override;
-  void draft(std::span<const DraftRequest> requests, std::vector<DraftCandidates>& candidates) override;
+  void draft(std::span<const DraftRequest> requests, int num_steps, std::vector<DraftCandidates>& candidates) override;
   DraftState root_on_host(int32_t, const DraftState& state) const override { return state; }
 
  private:

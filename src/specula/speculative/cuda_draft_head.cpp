@@ -22,6 +22,7 @@ CudaDraftHead::CudaDraftHead(ModelRunner& target, const EagleOptions& options)
   ho.num_req_rows = target.req_pool().size();
   ho.graph_batch_sizes = target.cuda_graph_batch_sizes();
   ho.padding_slot = target.cuda_graph_padding_slot();
+  ho.shapes = policy_shapes(params_, options.policy);
   cuda_head_ = std::make_unique<EagleCudaHead>(*head_, params_, *draft_kv_, *extend_backend_, target.cuda_stream(), ho);
 }
 
@@ -59,8 +60,9 @@ std::vector<DraftLoopInput> CudaDraftHead::loop_inputs(std::span<const DraftRequ
   return inputs;
 }
 
-void CudaDraftHead::draft(std::span<const DraftRequest> requests, std::vector<DraftCandidates>& candidates) {
-  cuda_head_->draft_loop(loop_inputs(requests), candidates);
+void CudaDraftHead::draft(std::span<const DraftRequest> requests, int num_steps,
+                          std::vector<DraftCandidates>& candidates) {
+  cuda_head_->draft_loop(loop_inputs(requests), num_steps, candidates);
 }
 
 DraftState CudaDraftHead::root_on_host(int32_t req_pool_idx, const DraftState& state) const {
@@ -70,16 +72,16 @@ DraftState CudaDraftHead::root_on_host(int32_t req_pool_idx, const DraftState& s
   return out;
 }
 
-void CudaDraftHead::launch_draft(std::span<const DraftRequest> requests) {
-  cuda_head_->launch_draft_loop(loop_inputs(requests));
+void CudaDraftHead::launch_draft(std::span<const DraftRequest> requests, int num_steps) {
+  cuda_head_->launch_draft_loop(loop_inputs(requests), num_steps);
 }
 
 void CudaDraftHead::read_candidates(std::vector<DraftCandidates>& candidates) const {
   cuda_head_->read_draft_candidates(candidates);
 }
 
-bool CudaDraftHead::stage_chain_extend(std::span<const DraftRequest> requests) {
-  return cuda_head_->stage_chain_extend(loop_inputs(requests));
+bool CudaDraftHead::stage_chain_extend(std::span<const DraftRequest> requests, int num_draft_tokens) {
+  return cuda_head_->stage_chain_extend(loop_inputs(requests), num_draft_tokens);
 }
 
 void CudaDraftHead::launch_chain_extend(const VerifyDeviceResults& results) { cuda_head_->launch_chain_extend(results); }

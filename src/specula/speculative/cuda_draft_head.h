@@ -22,15 +22,15 @@ class CudaDraftHead final : public DraftHead {
   int feature_size() const override { return head_->feature_size(); }
   const std::vector<int>& capture_layers() const override { return head_->capture_layers(); }
   void extend(std::span<DraftExtendItem* const> items) override;
-  void draft(std::span<const DraftRequest> requests, std::vector<DraftCandidates>& candidates) override;
+  void draft(std::span<const DraftRequest> requests, int num_steps, std::vector<DraftCandidates>& candidates) override;
   DraftState root_on_host(int32_t req_pool_idx, const DraftState& state) const override;
 
   bool chains_on_device() const override { return params_.topk == 1 && params_.num_steps >= 2; }
-  void launch_draft(std::span<const DraftRequest> requests) override;
+  void launch_draft(std::span<const DraftRequest> requests, int num_steps) override;
   const int32_t* device_candidate_tokens() const override { return cuda_head_->candidate_tokens(); }
   int num_candidates() const override { return cuda_head_->num_candidates(); }
   void read_candidates(std::vector<DraftCandidates>& candidates) const override;
-  bool stage_chain_extend(std::span<const DraftRequest> requests) override;
+  bool stage_chain_extend(std::span<const DraftRequest> requests, int num_draft_tokens) override;
   void launch_chain_extend(const VerifyDeviceResults& results) override;
 
  private:

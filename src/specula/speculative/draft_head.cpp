@@ -12,7 +12,7 @@
 
 namespace specula {
 
-void DraftHead::launch_draft(std::span<const DraftRequest>) {
+void DraftHead::launch_draft(std::span<const DraftRequest>, int) {
   SPECULA_CHECK(false, "this draft head keeps no chains on the device");
 }
 

@@ -18,6 +18,7 @@
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/model/eagle_head.h"
 #include "specula/speculative/eagle_tree.h"
+#include "specula/speculative/spec_policy.h"
 
 namespace specula {
 
@@ -27,7 +28,9 @@ class ReqToTokenPool;
 struct EagleOptions {
   EagleKind kind = EagleKind::EAGLE3;
   std::filesystem::path draft_model;
+  // The largest shape: with the auto policy, the head also runs it cut short (spec_policy.h).
   SpecParams params{7, 1, 8};
+  SpecPolicyKind policy = SpecPolicyKind::AUTO;
 };
 
 // What the draft knows about a request between cycles: its root (the last draft pair). The CPU
@@ -63,7 +66,8 @@ class DraftHead {
  public:
   virtual ~DraftHead() = default;
 
-  // The draft shape the head was built for (the worker checks that it drives the same one).
+  // The largest draft shape the head was built for (the worker checks that it drives the same
+  // one); a cycle may draft fewer steps (num_steps arguments below).
   virtual const SpecParams& params() const = 0;
   // Values per token of the target features the head reads, and the target layers they come from
   // (HiddenCapture::layers).
@@ -73,26 +77,27 @@ class DraftHead {
   // DRAFT_EXTEND over the items' pairs (a prefill chunk, or a cycle's accepted run of at most
   // num_draft_tokens pairs); each item's state gets its new root.
   virtual void extend(std::span<DraftExtendItem* const> items) = 0;
-  // The tree expansion (num_steps - 1 head steps of top-k from each request's root): each
-  // request's candidates.
-  virtual void draft(std::span<const DraftRequest> requests, std::vector<DraftCandidates>& candidates) = 0;
+  // The tree expansion (num_steps - 1 head steps of top-k from each request's root, num_steps <=
+  // params().num_steps): each request's candidates.
+  virtual void draft(std::span<const DraftRequest> requests, int num_steps, std::vector<DraftCandidates>& candidates) = 0;
   // The request's root on the host (one sync for a root kept on the device; tests and tools).
   virtual DraftState root_on_host(int32_t req_pool_idx, const DraftState& state) const = 0;
 
   // Chains (topk 1) kept on the device, for heads that run where the target does on a GPU: the
   // expansion is launched and not waited for, and the verify reads its tokens on the device.
   virtual bool chains_on_device() const { return false; }
-  // The launch; then request b's candidate tokens are the num_candidates() int32s at
-  // device_candidate_tokens() + b * num_candidates(), and read_candidates (after the stream's
-  // next sync) gives them on the host.
-  virtual void launch_draft(std::span<const DraftRequest> requests);
+  // The launch (num_steps >= 2); then request b's candidate tokens are the num_candidates() int32s
+  // at device_candidate_tokens() + b * num_candidates() (num_candidates() of this launch), and
+  // read_candidates (after the stream's next sync) gives them on the host.
+  virtual void launch_draft(std::span<const DraftRequest> requests, int num_steps);
   virtual const int32_t* device_candidate_tokens() const { return nullptr; }
   virtual int num_candidates() const { return 0; }
   virtual void read_candidates(std::vector<DraftCandidates>& candidates) const;
-  // All-greedy chains: the next draft extend staged before the verify (false: not possible for
-  // this batch), then queued behind it with the accepted run found on the device.
-  virtual bool stage_chain_extend(std::span<const DraftRequest> requests) {
+  // All-greedy chains of num_draft_tokens: the next draft extend staged before the verify (false:
+  // not possible for this batch), then queued behind it with the accepted run found on the device.
+  virtual bool stage_chain_extend(std::span<const DraftRequest> requests, int num_draft_tokens) {
     (void)requests;
+    (void)num_draft_tokens;
     return false;
   }
   virtual void launch_chain_extend(const VerifyDeviceResults& results);

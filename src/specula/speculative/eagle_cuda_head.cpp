@@ -33,9 +33,9 @@ struct EagleCudaHead::LoopLayout {
   int64_t root_rows = 0, step_slots = 0, positions = 0, prefix_lens = 0, pages = 0, ints = 0;
 };
 
-EagleCudaHead::LoopLayout EagleCudaHead::layout(int batch) const {
+EagleCudaHead::LoopLayout EagleCudaHead::layout(int batch, int S) const {
   const int64_t rows = static_cast<int64_t>(batch) * params_.topk;
-  const int64_t steps = params_.num_steps - 1;
+  const int64_t steps = S - 1;
   LoopLayout l;
   l.root_rows = 0;
   l.step_slots = l.root_rows + batch;
@@ -52,8 +52,8 @@ struct EagleCudaHead::ExtendLayout {
           req_rows = 0, ints = 0, floats = 0;
 };
 
-EagleCudaHead::ExtendLayout EagleCudaHead::extend_layout(int batch) const {
-  const int64_t N = params_.num_draft_tokens, rows = batch * N;
+EagleCudaHead::ExtendLayout EagleCudaHead::extend_layout(int batch, int N) const {
+  const int64_t rows = static_cast<int64_t>(batch) * N;
   ExtendLayout l;
   l.positions = l.ids + rows;
   l.slots = l.positions + rows;
@@ -86,7 +86,7 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
 
   const int64_t rows = static_cast<int64_t>(options.max_batch) * params.topk;
   const int64_t h = head.hidden_size();
-  const LoopLayout l = layout(options.max_batch);
+  const LoopLayout l = layout(options.max_batch, params.num_steps);
   loop_ints_ = Buffer(DType::i32, {l.ints}, device);
   // Zeroed: padding requests start from the padding row, which then holds valid token ids.
   const int64_t store_rows = static_cast<int64_t>(options.num_req_rows) + 1;
@@ -108,17 +108,43 @@ EagleCudaHead::EagleCudaHead(const EagleHead& head, const SpecParams& params, MH
   std::erase_if(sizes, [&](int bs) { return bs > options.max_batch; });
   if (sizes.empty()) return;
   SPECULA_CHECK(options.padding_slot >= 0, "draft CUDA graphs need a padding KV slot");
-  const ExtendLayout le = extend_layout(options.max_batch);
+  const ExtendLayout le = extend_layout(options.max_batch, params.num_draft_tokens);
   ext_ints_ = Buffer(DType::i32, {le.ints}, device);
   ext_floats_ = Buffer(DType::f32, {le.floats}, device);
+  // The counts to capture, largest first: the first capture sizes the shared workspace.
+  std::vector<int> steps, tokens;
+  for (const SpecShape& sh : options.shapes) {
+    SPECULA_CHECK(sh.num_steps <= params.num_steps && sh.num_draft_tokens <= params.num_draft_tokens,
+                  "draft shape {} exceeds the head's ({}, {})", sh.str(), params.num_steps, params.num_draft_tokens);
+    if (sh.num_steps >= 2) steps.push_back(sh.num_steps);
+    if (sh.num_draft_tokens >= 2) tokens.push_back(sh.num_draft_tokens);
+  }
+  if (options.shapes.empty()) {
+    steps.push_back(params.num_steps);
+    tokens.push_back(params.num_draft_tokens);
+  }
+  for (std::vector<int>* v : {&steps, &tokens}) {
+    std::sort(v->rbegin(), v->rend());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
   // Captured with padding requests only (staging no request): valid slots and pages everywhere.
-  extend_graphs_.capture(
-      stream_, sizes, [&](int bs) { stage_extend({}, bs); }, [&](int bs) { extend_launches(extend_graph_ws_, bs); },
-      [&] { extend_graph_ws_.freeze(); });
-  if (params.num_steps < 2) return;
-  graphs_.capture(
-      stream_, sizes, [&](int bs) { stage_loop({}, bs); }, [&](int bs) { loop_launches(loop_ws_, bs); },
-      [&] { loop_ws_.freeze(); });
+  for (int N : tokens) {
+    extend_graphs_[N].capture(
+        stream_, sizes, [&](int bs) { stage_extend({}, bs, N); },
+        [&](int bs) { extend_launches(extend_graph_ws_, bs, N); }, [&] { extend_graph_ws_.freeze(); });
+  }
+  for (int S : steps) {
+    if (S < 2) continue;
+    loop_graphs_[S].capture(
+        stream_, sizes, [&](int bs) { stage_loop({}, bs, S); }, [&](int bs) { loop_launches(loop_ws_, bs, S); },
+        [&] { loop_ws_.freeze(); });
+  }
+}
+
+std::pair<int, const CudaGraph*> EagleCudaHead::extend_graph(int N, int batch) const {
+  const auto it = extend_graphs_.find(N);
+  if (it == extend_graphs_.end()) return {0, nullptr};
+  return it->second.find(batch);
 }
 
 EagleCudaHead::~EagleCudaHead() = default;
@@ -222,11 +248,11 @@ void EagleCudaHead::read_root(int32_t req_pool_idx, std::vector<float>& hidden, 
   CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
+void EagleCudaHead::extend_launches(Workspace& ws, int batch, int N) {
   const auto s = static_cast<cudaStream_t>(stream_);
-  const int N = params_.num_draft_tokens, K = params_.topk, h = head_.hidden_size();
+  const int K = params_.topk, h = head_.hidden_size();
   const int64_t rows = static_cast<int64_t>(batch) * N;
-  const ExtendLayout l = extend_layout(batch);
+  const ExtendLayout l = extend_layout(batch, N);
   const int32_t* ints = ext_ints_.data_as<const int32_t>();
   const CudaAttend attend = [&](const TensorView& q, const TensorView&, const TensorView&, const TensorView& out) {
     attend_tree(q, out, N, ints + l.pages, ints + l.prefix_lens, ints + l.branch, N, 0, ints + l.branch_lens);
@@ -241,22 +267,28 @@ void EagleCudaHead::extend_launches(Workspace& ws, int batch) {
 
 bool EagleCudaHead::extend_after_cycle(std::span<const DraftExtendInput> requests) {
   const auto B = static_cast<int>(requests.size());
-  const int N = params_.num_draft_tokens;
-  const auto [bs, graph] = extend_graphs_.find(B);
-  if (B == 0 || graph == nullptr) return false;
+  if (B == 0) return false;
+  int longest = 0;
   for (const DraftExtendInput& r : requests) {
-    if (r.len < 1 || r.len > N) return false;
+    if (r.len < 1) return false;
+    longest = std::max(longest, r.len);
   }
-  stage_extend(requests, bs);
-  graph->launch(stream_);
-  return true;
+  // The graph of the fewest rows per request that holds the longest run.
+  for (const auto& [N, graphs] : extend_graphs_) {
+    if (N < longest) continue;
+    const auto [bs, graph] = graphs.find(B);
+    if (graph == nullptr) return false;
+    stage_extend(requests, bs, N);
+    graph->launch(stream_);
+    return true;
+  }
+  return false;
 }
 
-void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int bs, bool features) {
+void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int bs, int N, bool features) {
   const auto s = static_cast<cudaStream_t>(stream_);
   const auto B = static_cast<int>(requests.size());
-  const int N = params_.num_draft_tokens;
-  const ExtendLayout l = extend_layout(bs);
+  const ExtendLayout l = extend_layout(bs, N);
   const auto F = static_cast<size_t>(head_.feature_size());
   host_ints_.assign(static_cast<size_t>(l.ints), options_.padding_slot);
   if (features) host_floats_.assign(static_cast<size_t>(l.floats), 0.0f);
@@ -303,10 +335,9 @@ void EagleCudaHead::stage_extend(std::span<const DraftExtendInput> requests, int
   }
 }
 
-bool EagleCudaHead::stage_chain_extend(std::span<const DraftLoopInput> requests) {
+bool EagleCudaHead::stage_chain_extend(std::span<const DraftLoopInput> requests, int N) {
   const auto B = static_cast<int>(requests.size());
-  const int N = params_.num_draft_tokens;
-  const auto [bs, graph] = extend_graphs_.find(B);
+  const auto [bs, graph] = extend_graph(N, B);
   chain_extend_requests_ = 0;
   if (params_.topk != 1 || B == 0 || graph == nullptr) return false;
   // Every row as if the whole chain were accepted; launch_chain_extend supplies the ids, the
@@ -316,20 +347,21 @@ bool EagleCudaHead::stage_chain_extend(std::span<const DraftLoopInput> requests)
   for (const DraftLoopInput& r : requests) {
     inputs.push_back({r.kv_len, N, r.req_pool_idx, r.req_row, placeholder.data(), nullptr});
   }
-  stage_extend(inputs, bs, /*features=*/false);
+  stage_extend(inputs, bs, N, /*features=*/false);
   chain_extend_requests_ = B;
+  chain_extend_tokens_ = N;
   return true;
 }
 
 void EagleCudaHead::launch_chain_extend(const VerifyDeviceResults& results) {
   const auto s = static_cast<cudaStream_t>(stream_);
   const int B = chain_extend_requests_;
-  const int N = params_.num_draft_tokens;
+  const int N = chain_extend_tokens_;
   SPECULA_CHECK(B > 0 && results.num_tokens >= static_cast<int64_t>(B) * N,
                 "chain extend: a verify of {} tokens does not hold the {} staged chains of {}", results.num_tokens, B, N);
-  const auto [bs, graph] = extend_graphs_.find(B);
+  const auto [bs, graph] = extend_graph(N, B);
   SPECULA_ASSERT(graph != nullptr);
-  const ExtendLayout l = extend_layout(bs);
+  const ExtendLayout l = extend_layout(bs, N);
   int32_t* ints = ext_ints_.data_as<int32_t>();
   ck::ChainExtendParams p{};
   p.batch = B;
@@ -361,16 +393,16 @@ void EagleCudaHead::attend_tree(const TensorView& q, const TensorView& out, int 
   backend_.forward_draft_tree(q, out, head_.attention_layer(), draft_kv_, tree);
 }
 
-void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
+void EagleCudaHead::loop_launches(Workspace& ws, int batch, int S) {
   const auto s = static_cast<cudaStream_t>(stream_);
   const int K = params_.topk;
   const int64_t rows = static_cast<int64_t>(batch) * K;
-  const LoopLayout l = layout(batch);
+  const LoopLayout l = layout(batch, S);
   int32_t* ints = loop_ints_.data_as<int32_t>();
   ck::DraftTreeState st{};
   st.batch = batch;
   st.k = K;
-  st.num_steps = params_.num_steps;
+  st.num_steps = S;
   st.hidden = head_.hidden_size();
   st.frontier_scores = frontier_scores_.data_as<float>();
   st.frontier_nodes = frontier_nodes_.data_as<int32_t>();
@@ -385,10 +417,10 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
                  roots_hidden_.data_as<const float>(), ints + l.root_rows, s);
   int32_t* top_tokens = scratch(ws, kTopTokens, DType::i32, rows * K).data_as<int32_t>();
   float* top_probs = scratch(ws, kTopProbs, DType::f32, rows * K).data_as<float>();
-  for (int step = 1; step < params_.num_steps; ++step) {
+  for (int step = 1; step < S; ++step) {
     const int32_t* slots = ints + l.step_slots + (step - 1) * rows;
     const CudaAttend attend = [&](const TensorView& q, const TensorView&, const TensorView&, const TensorView& out) {
-      attend_tree(q, out, K, ints + l.pages, ints + l.prefix_lens, st.branch, params_.num_steps, step, nullptr);
+      attend_tree(q, out, K, ints + l.pages, ints + l.prefix_lens, st.branch, S, step, nullptr);
     };
     forward(ws, rows, st.row_tokens, ints + l.positions + (step - 1) * rows, st.row_hidden, false, attend, nullptr, rows,
             slots);
@@ -403,11 +435,11 @@ void EagleCudaHead::loop_launches(Workspace& ws, int batch) {
   }
 }
 
-void EagleCudaHead::stage_loop(std::span<const DraftLoopInput> requests, int bs) {
+void EagleCudaHead::stage_loop(std::span<const DraftLoopInput> requests, int bs, int S) {
   const auto s = static_cast<cudaStream_t>(stream_);
   const auto B = static_cast<int>(requests.size());
-  const int K = params_.topk, S = params_.num_steps;
-  const LoopLayout l = layout(bs);
+  const int K = params_.topk;
+  const LoopLayout l = layout(bs, S);
   const int64_t rows = static_cast<int64_t>(bs) * K;
   host_ints_.assign(static_cast<size_t>(l.ints), options_.padding_slot);
   for (int b = 0; b < bs; ++b) {
@@ -438,11 +470,14 @@ void EagleCudaHead::stage_loop(std::span<const DraftLoopInput> requests, int bs)
   upload_async(loop_ints_.data(), host_ints_, s);
 }
 
-void EagleCudaHead::launch_draft_loop(std::span<const DraftLoopInput> requests) {
+void EagleCudaHead::launch_draft_loop(std::span<const DraftLoopInput> requests, int S) {
   const auto s = static_cast<cudaStream_t>(stream_);
-  const int K = params_.topk, S = params_.num_steps;
+  const int K = params_.topk;
   const auto B = static_cast<int>(requests.size());
   loop_requests_ = 0;
+  SPECULA_CHECK(S >= 1 && S <= params_.num_steps, "a draft loop of {} steps; the head was built for 1..{}", S,
+                params_.num_steps);
+  loop_steps_ = S;
   if (B == 0) return;
   SPECULA_CHECK(B <= options_.max_batch, "a draft loop of {} requests exceeds the head's max_batch {}", B,
                 options_.max_batch);
@@ -463,23 +498,24 @@ void EagleCudaHead::launch_draft_loop(std::span<const DraftLoopInput> requests) 
     }
     return;
   }
-  const auto [graph_bs, graph] = graphs_.find(B);
+  const auto graphs = loop_graphs_.find(S);
+  const auto [graph_bs, graph] = graphs != loop_graphs_.end() ? graphs->second.find(B) : std::pair<int, const CudaGraph*>{0, nullptr};
   const int bs = graph != nullptr ? graph_bs : B;
-  stage_loop(requests, bs);
+  stage_loop(requests, bs, S);
   if (graph != nullptr) {
     graph->launch(stream_);
   } else {
-    loop_launches(extend_ws_, bs);
+    loop_launches(extend_ws_, bs, S);
   }
   // Queued behind the loop; the caller's next sync on the stream completes them.
   CUDA_CHECK(cudaMemcpy2DAsync(host, count * 4, cands_.data(), static_cast<size_t>(cand_pitch_) * 4, count * 4, 3,
                                cudaMemcpyDeviceToHost, s));
 }
 
-int EagleCudaHead::num_candidates() const { return ck::draft_num_candidates(params_.topk, params_.num_steps); }
+int EagleCudaHead::num_candidates() const { return ck::draft_num_candidates(params_.topk, loop_steps_); }
 
 void EagleCudaHead::read_draft_candidates(std::vector<DraftCandidates>& candidates) const {
-  const int K = params_.topk, S = params_.num_steps;
+  const int K = params_.topk, S = loop_steps_;
   const int B = loop_requests_;
   const int C = ck::draft_num_candidates(K, S);
   const auto count = static_cast<size_t>(B) * C;
@@ -503,8 +539,9 @@ void EagleCudaHead::read_draft_candidates(std::vector<DraftCandidates>& candidat
   }
 }
 
-void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates) {
-  launch_draft_loop(requests);
+void EagleCudaHead::draft_loop(std::span<const DraftLoopInput> requests, int num_steps,
+                               std::vector<DraftCandidates>& candidates) {
+  launch_draft_loop(requests, num_steps);
   CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
   read_draft_candidates(candidates);
 }

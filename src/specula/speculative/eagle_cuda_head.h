@@ -20,6 +20,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/model/eagle_head.h"
 #include "specula/speculative/eagle_tree.h"
+#include "specula/speculative/spec_policy.h"
 
 namespace specula {
 
@@ -63,6 +65,10 @@ struct EagleCudaHeadOptions {
   int num_req_rows = 1;               // rows of the request pool (the root store has one more, for padding)
   std::vector<int> graph_batch_sizes;  // empty: no graphs
   int32_t padding_slot = -1;           // a KV slot padding rows may write (graphs only)
+  // The shapes cycles may run, cut short from the head's params (spec_policy.h): the draft loop
+  // is captured for each step count >= 2 among them and the extend graphs for each draft-token
+  // count >= 2. Empty: the params' shape only.
+  std::vector<SpecShape> shapes;
 };
 
 class EagleCudaHead {
@@ -90,27 +96,28 @@ class EagleCudaHead {
 
   // The extend after an all-greedy chain cycle (topk 1), queued before the host knows the
   // outcome. stage_chain_extend (before the verify is launched) stages each request's
-  // num_draft_tokens rows as if the whole chain were accepted; false (nothing staged) when no
+  // num_draft_tokens rows (the cycle's, one of the captured counts) as if the whole chain were
+  // accepted; false (nothing staged) when no
   // extend graph holds the batch. launch_chain_extend (on the stream, behind the verify) takes the
   // accepted run, the extend's ids and the captured features from the verify's results on the
   // device (chain_extend_inputs) and replays the graph: the same extend, roots in the store, as
   // extend_after_cycle over the accepted tokens.
-  bool stage_chain_extend(std::span<const DraftLoopInput> requests);
+  bool stage_chain_extend(std::span<const DraftLoopInput> requests, int num_draft_tokens);
   void launch_chain_extend(const VerifyDeviceResults& results);
 
   // Row req_pool_idx of the root store on the host (one sync; for tests and tools).
   void read_root(int32_t req_pool_idx, std::vector<float>& hidden, std::vector<int32_t>& tokens,
                  std::vector<float>& probs);
 
-  // The tree expansion of every request; fills each request's candidates (tokens, parents,
-  // scores, depths), as CpuDraftHead::draft does.
-  void draft_loop(std::span<const DraftLoopInput> requests, std::vector<DraftCandidates>& candidates);
+  // The tree expansion of every request over num_steps (<= the params'); fills each request's
+  // candidates (tokens, parents, scores, depths), as CpuDraftHead::draft does.
+  void draft_loop(std::span<const DraftLoopInput> requests, int num_steps, std::vector<DraftCandidates>& candidates);
   // draft_loop in two halves: the launch (the loop and the candidates' download queued on the
   // stream, nothing waited for), and, after the caller has synchronised the stream, the
   // candidates of the last launch's requests. In between, the loop's candidate tokens can feed
   // the next launches on the stream: request b's are the num_candidates() int32s at
-  // candidate_tokens() + b * num_candidates() (num_steps >= 2).
-  void launch_draft_loop(std::span<const DraftLoopInput> requests);
+  // candidate_tokens() + b * num_candidates() (num_steps >= 2; num_candidates() of this launch).
+  void launch_draft_loop(std::span<const DraftLoopInput> requests, int num_steps);
   void read_draft_candidates(std::vector<DraftCandidates>& candidates) const;
   const int32_t* candidate_tokens() const { return cands_.data_as<const int32_t>(); }
   int num_candidates() const;
@@ -141,18 +148,22 @@ class EagleCudaHead {
                    const int32_t* branch_lens);
   // Softmax and top-k (target ids, best first) of `rows` rows of draft logits, on the device.
   void top_k(const float* logits, int64_t rows, int32_t* tokens, float* probs);
-  // The launches of a loop of `batch` requests whose inputs are staged (graph-capturable).
-  void loop_launches(Workspace& ws, int batch);
+  // The launches of a loop of `batch` requests over S steps whose inputs are staged
+  // (graph-capturable).
+  void loop_launches(Workspace& ws, int batch, int S);
   // Fill and upload the staged inputs of a loop / graphed extend of bs requests: `requests`
   // first, padding requests after them (valid slots and pages; what graphs are captured with).
-  void stage_loop(std::span<const DraftLoopInput> requests, int bs);
-  // features false: leave the requests' feature rows to the device (launch_chain_extend).
-  void stage_extend(std::span<const DraftExtendInput> requests, int bs, bool features = true);
+  void stage_loop(std::span<const DraftLoopInput> requests, int bs, int S);
+  // N rows per request; features false: leave the requests' feature rows to the device
+  // (launch_chain_extend).
+  void stage_extend(std::span<const DraftExtendInput> requests, int bs, int N, bool features = true);
   struct LoopLayout;
-  LoopLayout layout(int batch) const;
+  LoopLayout layout(int batch, int S) const;
   struct ExtendLayout;
-  ExtendLayout extend_layout(int batch) const;
-  void extend_launches(Workspace& ws, int batch);
+  ExtendLayout extend_layout(int batch, int N) const;
+  void extend_launches(Workspace& ws, int batch, int N);
+  // The extend graph of N rows per request that holds `batch` requests, if captured.
+  std::pair<int, const CudaGraph*> extend_graph(int N, int batch) const;
   // The roots of `rows` requests (kNormed, kTopTokens, kTopProbs of ws) into the root store at
   // store_rows (device).
   void store_roots(Workspace& ws, const int32_t* store_rows, int rows);
@@ -179,12 +190,14 @@ class EagleCudaHead {
   int64_t cand_pitch_ = 0;
   PinnedBuffer pinned_;  // downloads
   int loop_requests_ = 0;  // requests of the last launch_draft_loop
+  int loop_steps_ = 0;     // and its steps
   int chain_extend_requests_ = 0;  // requests of the staged chain extend (0: none)
+  int chain_extend_tokens_ = 0;    // and its rows per request
   std::vector<int32_t> host_ints_;
   std::vector<float> host_floats_;
-  CudaGraphSet graphs_;  // the draft loop
+  std::map<int, CudaGraphSet> loop_graphs_;  // the draft loop, by steps
   Buffer ext_ints_, ext_floats_;  // the extend graphs' staged inputs
-  CudaGraphSet extend_graphs_;
+  std::map<int, CudaGraphSet> extend_graphs_;  // by rows per request
 };
 
 }  // namespace specula

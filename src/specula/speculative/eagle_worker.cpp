@@ -27,13 +27,24 @@ std::vector<DraftRequest> draft_requests(std::span<const CycleItem> items) {
   for (const CycleItem& it : items) requests.push_back({it.req_pool_idx, it.kv_len, it.state});
   return requests;
 }
+
+// The batch sizes the cost model keeps costs for: the captured graph sizes (a batch between two
+// runs padded to the larger), else powers of two.
+std::vector<int> cost_buckets(const ModelRunner& target) {
+  std::vector<int> sizes = target.cuda_graph_batch_sizes();
+  if (!sizes.empty()) return sizes;
+  for (int bs = 1; bs < target.options().max_running_requests; bs *= 2) sizes.push_back(bs);
+  sizes.push_back(target.options().max_running_requests);
+  return sizes;
+}
 }  // namespace
 
 EagleWorker::EagleWorker(ModelRunner& target, const EagleOptions& options)
-    : EagleWorker(target, make_draft_head(target, options), options.params) {}
+    : EagleWorker(target, make_draft_head(target, options), options.params, options.policy) {}
 
-EagleWorker::EagleWorker(ModelRunner& target, std::unique_ptr<DraftHead> head, const SpecParams& params)
-    : target_(target), params_(params), head_(std::move(head)) {
+EagleWorker::EagleWorker(ModelRunner& target, std::unique_ptr<DraftHead> head, const SpecParams& params,
+                         SpecPolicyKind policy)
+    : target_(target), params_(params), head_(std::move(head)), policy_(policy, params, cost_buckets(target)) {
   params_.validate();
   SPECULA_CHECK(head_ != nullptr, "the speculative worker needs a draft head");
   const SpecParams& h = head_->params();
@@ -41,7 +52,9 @@ EagleWorker::EagleWorker(ModelRunner& target, std::unique_ptr<DraftHead> head, c
                     h.num_draft_tokens == params_.num_draft_tokens,
                 "the draft head was built for ({}, {}, {}) (num_steps, topk, num_draft_tokens), the worker runs ({}, {}, {})",
                 h.num_steps, h.topk, h.num_draft_tokens, params_.num_steps, params_.topk, params_.num_draft_tokens);
-  target.capture_verify_graphs(head_->capture_layers());
+  std::vector<int> tokens;
+  for (const SpecShape& s : policy_.shapes()) tokens.push_back(s.num_draft_tokens);
+  target.capture_verify_graphs(head_->capture_layers(), tokens);
 }
 
 EagleWorker::~EagleWorker() = default;
@@ -75,8 +88,7 @@ void EagleWorker::draft_extend(std::span<DraftExtendItem> items) {
   timing_.draft_extend_s += seconds_since(start);
 }
 
-void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool extend_on_device) {
-  const int N = params_.num_draft_tokens;
+void EagleWorker::verify(std::span<CycleItem> items, int N, bool tokens_on_device, bool extend_on_device) {
   ForwardBatch b;
   b.forward_mode = ForwardMode::TARGET_VERIFY;
   b.batch_size = static_cast<int>(items.size());
@@ -112,7 +124,7 @@ void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool
   // All-greedy cycles need only each tree token's argmax (on a GPU target, found on the device).
   const bool argmax_only = argmax_suffices(items);
   target_.forward(b, logits_, /*all_tokens=*/true, &capture, argmax_only ? &greedy_ids_ : nullptr);
-  if (tokens_on_device) fill_chains(items);
+  if (tokens_on_device) fill_chains(items, N);
   SPECULA_CHECK(extended || capture.download, "the verify ran without the device extend it was prepared for");
   const auto verified = std::chrono::steady_clock::now();
   const auto vocab = static_cast<size_t>(target_.config().vocab_size);
@@ -190,12 +202,12 @@ void EagleWorker::verify(std::span<CycleItem> items, bool tokens_on_device, bool
   timing_.accept_s += seconds_since(verified);
 }
 
-void EagleWorker::fill_chains(std::span<CycleItem> items) {
+void EagleWorker::fill_chains(std::span<CycleItem> items, int N) {
   std::vector<DraftCandidates> cands;
   head_->read_candidates(cands);
   SPECULA_ASSERT(cands.size() == items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    DraftTree tree = build_tree(items[i].root_token, cands[i], params_.num_draft_tokens);
+    DraftTree tree = build_tree(items[i].root_token, cands[i], N);
     // The verify ran over the chain's shape with the loop's tokens; a tree of another shape
     // would mean the two disagree.
     SPECULA_ASSERT(tree.parents == items[i].tree.parents);
@@ -203,44 +215,45 @@ void EagleWorker::fill_chains(std::span<CycleItem> items) {
   }
 }
 
-void EagleWorker::run_device_chain_cycle(std::span<CycleItem> items) {
+void EagleWorker::run_device_chain_cycle(std::span<CycleItem> items, const SpecShape& shape) {
   // A chain's shape, positions, mask and slots do not depend on its tokens: the verify is
   // prepared and queued right behind the draft loop and reads the loop's tokens on the device.
   // The host learns the chain's tokens with the verify's results.
   auto start = std::chrono::steady_clock::now();
   const std::vector<DraftRequest> requests = draft_requests(items);
-  head_->launch_draft(requests);
+  head_->launch_draft(requests, shape.num_steps);
   timing_.draft_steps_s += seconds_since(start);
   start = std::chrono::steady_clock::now();
-  const int N = params_.num_draft_tokens;
-  const DraftCandidates shape = chain_candidates(std::vector<int32_t>(static_cast<size_t>(N - 1), 0));
-  for (CycleItem& it : items) it.tree = build_tree(it.root_token, shape, N);
+  const int N = shape.num_draft_tokens;
+  const DraftCandidates chain = chain_candidates(std::vector<int32_t>(static_cast<size_t>(N - 1), 0));
+  for (CycleItem& it : items) it.tree = build_tree(it.root_token, chain, N);
   // All-greedy chains also queue the next draft extend right behind the verify: the device
   // finds the accepted run itself, and the head runs while the host handles the results.
-  const bool extend_on_device = argmax_suffices(items) && head_->stage_chain_extend(requests);
+  const bool extend_on_device = argmax_suffices(items) && head_->stage_chain_extend(requests, N);
   const double before = timing_.accept_s;
-  verify(items, /*tokens_on_device=*/true, extend_on_device);
+  verify(items, N, /*tokens_on_device=*/true, extend_on_device);
   timing_.verify_s += seconds_since(start) - (timing_.accept_s - before);
   ++timing_.cycles;
 }
 
-void EagleWorker::run_cycle(std::span<CycleItem> items) {
+void EagleWorker::run_cycle(std::span<CycleItem> items, const SpecShape& shape) {
   extended_.clear();
   if (items.empty()) return;
-  if (head_->chains_on_device()) {
-    run_device_chain_cycle(items);
+  SPECULA_CHECK(std::find(policy_.shapes().begin(), policy_.shapes().end(), shape) != policy_.shapes().end(),
+                "draft shape {} is not one the {} policy runs", shape.str(), spec_policy_name(policy_.kind()));
+  const int N = shape.num_draft_tokens;
+  if (!shape.off() && head_->chains_on_device() && shape.num_steps >= 2) {
+    run_device_chain_cycle(items, shape);
     return;
   }
   auto start = std::chrono::steady_clock::now();
-  std::vector<DraftCandidates> cands;
-  head_->draft(draft_requests(items), cands);
+  std::vector<DraftCandidates> cands(items.size());
+  if (!shape.off()) head_->draft(draft_requests(items), shape.num_steps, cands);
   timing_.draft_steps_s += seconds_since(start);
   start = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < items.size(); ++i) {
-    items[i].tree = build_tree(items[i].root_token, cands[i], params_.num_draft_tokens);
-  }
+  for (size_t i = 0; i < items.size(); ++i) items[i].tree = build_tree(items[i].root_token, cands[i], N);
   const double before = timing_.accept_s;
-  verify(items);
+  verify(items, N);
   // verify() books its own tail (verification and KV moves) under accept_s.
   timing_.verify_s += seconds_since(start) - (timing_.accept_s - before);
   ++timing_.cycles;

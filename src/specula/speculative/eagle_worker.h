@@ -19,6 +19,7 @@
 #include "specula/runner/sampler.h"
 #include "specula/speculative/draft_head.h"
 #include "specula/speculative/eagle_tree.h"
+#include "specula/speculative/spec_policy.h"
 #include "specula/speculative/verify.h"
 
 namespace specula {
@@ -63,10 +64,14 @@ class EagleWorker {
   // The head of options.draft_model (make_draft_head).
   EagleWorker(ModelRunner& target, const EagleOptions& options);
   // A head built elsewhere (tests' fake heads).
-  EagleWorker(ModelRunner& target, std::unique_ptr<DraftHead> head, const SpecParams& params);
+  EagleWorker(ModelRunner& target, std::unique_ptr<DraftHead> head, const SpecParams& params,
+              SpecPolicyKind policy = SpecPolicyKind::FIXED);
   ~EagleWorker();
 
+  // The largest shape; cycles run one of policy().shapes().
   const SpecParams& params() const { return params_; }
+  SpecPolicy& policy() { return policy_; }
+  const SpecPolicy& policy() const { return policy_; }
   const DraftHead& head() const { return *head_; }
   // Slots past its KV a request needs during a cycle (draft scratch and the verify tree).
   int scratch_tokens() const { return params_.scratch_tokens(); }
@@ -80,7 +85,11 @@ class EagleWorker {
   DraftState root_on_host(int32_t req_pool_idx, const DraftState& state) const {
     return head_->root_on_host(req_pool_idx, state);
   }
-  void run_cycle(std::span<CycleItem> items);
+  // A cycle of `shape` (one of policy().shapes(); an off cycle verifies each root alone, which is
+  // a plain decode step that also returns the root's target features for a later draft extend).
+  void run_cycle(std::span<CycleItem> items, const SpecShape& shape);
+  // A cycle of the largest shape.
+  void run_cycle(std::span<CycleItem> items) { run_cycle(items, SpecShape{params_.num_steps, params_.num_draft_tokens}); }
   const SpecTiming& timing() const { return timing_; }
 
  private:
@@ -89,14 +98,16 @@ class EagleWorker {
   // candidates, read on the device by the verify and on the host (fill_chains) after it.
   // extend_on_device: the draft extend after the cycle is queued on the device behind the verify
   // (DraftHead::launch_chain_extend; staged already), and draft_extend skips these requests.
-  void verify(std::span<CycleItem> items, bool tokens_on_device = false, bool extend_on_device = false);
+  // N: the trees' tokens per request.
+  void verify(std::span<CycleItem> items, int N, bool tokens_on_device = false, bool extend_on_device = false);
   // A cycle of chains kept on the device (DraftHead::chains_on_device).
-  void run_device_chain_cycle(std::span<CycleItem> items);
-  void fill_chains(std::span<CycleItem> items);
+  void run_device_chain_cycle(std::span<CycleItem> items, const SpecShape& shape);
+  void fill_chains(std::span<CycleItem> items, int N);
 
   ModelRunner& target_;
   SpecParams params_;
   std::unique_ptr<DraftHead> head_;
+  SpecPolicy policy_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;  // the verify's argmax per tree token in all-greedy cycles
   // The last cycle's requests whose draft extend the device ran, with the run it accepted.

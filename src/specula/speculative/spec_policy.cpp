@@ -1,0 +1,151 @@
+// SpecPolicy, SpecCostModel and DepthAcceptance.
+#include "specula/speculative/spec_policy.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include <fmt/format.h>
+
+#include "specula/core/error.h"
+
+namespace specula {
+
+std::string_view spec_policy_name(SpecPolicyKind kind) { return kind == SpecPolicyKind::FIXED ? "fixed" : "auto"; }
+
+SpecPolicyKind parse_spec_policy(std::string_view name) {
+  std::string lower(name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "fixed") return SpecPolicyKind::FIXED;
+  if (lower == "auto") return SpecPolicyKind::AUTO;
+  throw Error(fmt::format("--speculative-policy '{}' is not supported; use fixed or auto", name));
+}
+
+std::string SpecShape::str() const {
+  return off() ? std::string("off") : fmt::format("({}, {})", num_steps, num_draft_tokens);
+}
+
+std::vector<SpecShape> policy_shapes(const SpecParams& max, SpecPolicyKind kind) {
+  const SpecShape configured{max.num_steps, max.num_draft_tokens};
+  if (kind == SpecPolicyKind::FIXED) return {configured};
+  std::vector<SpecShape> shapes{SpecShape{}};
+  if (max.topk == 1) {
+    for (int s = 1; s <= max.num_steps; ++s) shapes.push_back({s, s + 1});
+  } else {
+    shapes.push_back(configured);
+  }
+  return shapes;
+}
+
+void DepthAcceptance::observe(int depth, int accepted) {
+  SPECULA_ASSERT(accepted >= 0 && accepted <= depth, "accepted {} of a depth-{} cycle", accepted, depth);
+  const int seen = std::min(depth, accepted + 1);
+  for (int d = 1; d <= seen; ++d) {
+    if (static_cast<int>(rates_.size()) < d) rates_.push_back(rate(d));
+    double& r = rates_[static_cast<size_t>(d - 1)];
+    r += kAlpha * ((d <= accepted ? 1.0 : 0.0) - r);
+  }
+}
+
+double DepthAcceptance::rate(int d) const {
+  if (rates_.empty()) return kPrior;
+  return rates_[static_cast<size_t>(std::min(d, static_cast<int>(rates_.size())) - 1)];
+}
+
+double DepthAcceptance::expected_tokens(int depth) const {
+  double tokens = 1.0, reach = 1.0;
+  for (int d = 1; d <= depth; ++d) {
+    reach *= rate(d);
+    tokens += reach;
+  }
+  return tokens;
+}
+
+SpecCostModel::SpecCostModel(std::vector<int> bucket_sizes) : buckets_(std::move(bucket_sizes)) {
+  std::sort(buckets_.begin(), buckets_.end());
+}
+
+int SpecCostModel::bucket(int batch_size) const {
+  const auto it = std::lower_bound(buckets_.begin(), buckets_.end(), batch_size);
+  return it != buckets_.end() ? *it : batch_size;
+}
+
+void SpecCostModel::set_prior(int batch_size, const SpecShape& shape, double seconds) {
+  Entry& e = entries_[{bucket(batch_size), {shape.num_steps, shape.num_draft_tokens}}];
+  if (e.measured > 0) return;
+  e.seconds = seconds;
+  e.known = true;
+}
+
+void SpecCostModel::observe(int batch_size, const SpecShape& shape, double seconds) {
+  Entry& e = entries_[{bucket(batch_size), {shape.num_steps, shape.num_draft_tokens}}];
+  // The first measurement replaces the prior outright: a calibration on the device alone does
+  // not see the host's share of a cycle.
+  e.seconds = e.measured == 0 ? seconds : e.seconds + kAlpha * (seconds - e.seconds);
+  e.known = true;
+  ++e.measured;
+}
+
+const SpecCostModel::Entry* SpecCostModel::find(int batch_size, const SpecShape& shape) const {
+  const auto it = entries_.find({bucket(batch_size), {shape.num_steps, shape.num_draft_tokens}});
+  return it != entries_.end() && it->second.known ? &it->second : nullptr;
+}
+
+std::optional<double> SpecCostModel::seconds(int batch_size, const SpecShape& shape) const {
+  const Entry* e = find(batch_size, shape);
+  if (e == nullptr) return std::nullopt;
+  return e->seconds;
+}
+
+int64_t SpecCostModel::measured(int batch_size, const SpecShape& shape) const {
+  const Entry* e = find(batch_size, shape);
+  return e != nullptr ? e->measured : 0;
+}
+
+SpecPolicy::SpecPolicy(SpecPolicyKind kind, const SpecParams& max, std::vector<int> bucket_sizes)
+    : kind_(kind), shapes_(policy_shapes(max, kind)), costs_(std::move(bucket_sizes)) {}
+
+void SpecPolicy::force_sequence(std::vector<SpecShape> sequence) {
+  for (const SpecShape& s : sequence) {
+    SPECULA_CHECK(std::find(shapes_.begin(), shapes_.end(), s) != shapes_.end(),
+                  "draft shape {} is not one the {} policy runs", s.str(), spec_policy_name(kind_));
+  }
+  forced_ = std::move(sequence);
+  forced_next_ = 0;
+}
+
+SpecChoice SpecPolicy::choose(const std::vector<const DepthAcceptance*>& requests) {
+  SPECULA_ASSERT(!requests.empty());
+  if (!forced_.empty()) {
+    const SpecShape s = forced_[forced_next_++ % forced_.size()];
+    return {s, 0, false, "forced"};
+  }
+  if (shapes_.size() == 1) return {shapes_[0], 0, false, "fixed"};
+  const int bs = static_cast<int>(requests.size());
+  const int bucket = costs_.bucket(bs);
+  // A shape this bucket never saw is measured before any estimate is trusted (largest first:
+  // the configured shape is what the user asked for).
+  for (auto it = shapes_.rbegin(); it != shapes_.rend(); ++it) {
+    if (!costs_.seconds(bs, *it)) return {*it, 0, true, fmt::format("{} has no cost for batch {} yet", it->str(), bucket)};
+  }
+  struct Rated {
+    SpecShape shape;
+    double rate;
+  };
+  std::vector<Rated> rated;
+  for (const SpecShape& s : shapes_) {
+    double tokens = 0;
+    for (const DepthAcceptance* a : requests) tokens += a->expected_tokens(s.num_steps);
+    rated.push_back({s, tokens / *costs_.seconds(bs, s)});
+  }
+  // Best first; ties go to the shape listed first (off, then shorter drafts).
+  std::stable_sort(rated.begin(), rated.end(), [](const Rated& a, const Rated& b) { return a.rate > b.rate; });
+  const int64_t n = ++choices_[bucket];
+  const bool explore = rated.size() > 1 && n % kExploreEvery == 0;
+  const Rated& pick = explore ? rated[1] : rated[0];
+  const Rated& other = explore ? rated[0] : rated[1];
+  std::string why = fmt::format("{} {:.0f} tok/s {} {} {:.0f} tok/s at batch {}", pick.shape.str(), pick.rate,
+                                explore ? "(exploring) vs" : ">=", other.shape.str(), other.rate, bucket);
+  return {pick.shape, pick.rate, explore, std::move(why)};
+}
+
+}  // namespace specula

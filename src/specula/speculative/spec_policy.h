@@ -1,0 +1,136 @@
+// Which draft shape a speculative cycle runs (issue 50): a cost model the engine measures itself
+// (the seconds of one cycle of each shape, per batch size: priors from a start-up calibration of
+// the captured graphs, then an exponential average of the cycles actually run) and each request's
+// running acceptance per tree depth; the policy picks, for the current batch, the shape with the
+// most expected committed tokens per second, or "off" (a cycle that verifies the root only: a
+// plain decode step that also keeps the target features the draft head will need) when nothing
+// beats it.
+//
+// Why the cycle time excludes the per-token work (emission, stop checks, streaming): that work
+// costs the same per token with or without speculation, so comparing tokens per second of the
+// model work alone picks the same shape and is far less noisy.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "specula/speculative/eagle_tree.h"
+
+namespace specula {
+
+enum class SpecPolicyKind { FIXED, AUTO };
+std::string_view spec_policy_name(SpecPolicyKind kind);
+// "fixed" or "auto"; throws specula::Error naming the allowed values.
+SpecPolicyKind parse_spec_policy(std::string_view name);
+
+// A cycle's shape. num_draft_tokens 1 (and num_steps 0) is "off": the root alone is verified.
+struct SpecShape {
+  int num_steps = 0;
+  int num_draft_tokens = 1;
+  bool off() const { return num_draft_tokens == 1; }
+  bool operator==(const SpecShape&) const = default;
+  std::string str() const;  // "off" or "(steps, draft tokens)"
+};
+
+// The shapes a policy may pick for a head built with `max` (the configured shape): FIXED: max
+// only. AUTO: off, then for chains (topk 1) every chain (s, s + 1) for s = 1..num_steps, for trees
+// (topk > 1) the configured tree. Each shape's drafts are those of max cut short, so a head built
+// for max runs them all.
+std::vector<SpecShape> policy_shapes(const SpecParams& max, SpecPolicyKind kind);
+
+// Per-depth acceptance as an exponential average: rate(d) estimates the chance that the draft
+// token at depth d is accepted when its parent was (d = 1: the root's child).
+class DepthAcceptance {
+ public:
+  static constexpr double kAlpha = 0.1;  // weight of the newest cycle
+
+  // A cycle of max depth `depth` that accepted `accepted` draft tokens (0..depth): depths
+  // 1..accepted were accepted, depth accepted + 1 (if <= depth) was not; deeper ones say nothing.
+  void observe(int depth, int accepted);
+  // Starts from another's rates (a new request starts from the engine-wide average).
+  void seed(const DepthAcceptance& from) { rates_ = from.rates_; }
+  // The rate at depth d (1-based); depths never observed take the deepest rate known, or prior.
+  double rate(int d) const;
+  // Expected committed tokens of a cycle of max depth `depth`: the bonus plus the expected run.
+  double expected_tokens(int depth) const;
+
+  static constexpr double kPrior = 0.7;
+
+ private:
+  std::vector<double> rates_;
+};
+
+// Seconds of one cycle per (batch bucket, shape): a prior (calibration) overwritten by the
+// exponential average of measured cycles once there are any.
+class SpecCostModel {
+ public:
+  static constexpr double kAlpha = 0.2;
+
+  // bucket_sizes: the batch sizes costs are kept for (the captured graph sizes); a batch counts
+  // as the smallest bucket that holds it (a graph runs it padded), or as itself above them all.
+  explicit SpecCostModel(std::vector<int> bucket_sizes = {});
+  int bucket(int batch_size) const;
+  void set_prior(int batch_size, const SpecShape& shape, double seconds);
+  void observe(int batch_size, const SpecShape& shape, double seconds);
+  // The estimate, or nullopt when the bucket has neither a prior nor a measurement.
+  std::optional<double> seconds(int batch_size, const SpecShape& shape) const;
+  int64_t measured(int batch_size, const SpecShape& shape) const;
+
+ private:
+  struct Entry {
+    double seconds = 0;
+    int64_t measured = 0;
+    bool known = false;
+  };
+  std::vector<int> buckets_;
+  std::map<std::pair<int, std::pair<int, int>>, Entry> entries_;
+  const Entry* find(int batch_size, const SpecShape& shape) const;
+};
+
+// Why a shape was chosen: each candidate's expected tokens and seconds.
+struct SpecChoice {
+  SpecShape shape;
+  double tokens_per_s = 0;
+  bool explored = false;  // chosen to measure it, not for its estimate
+  std::string why;        // "(7, 8) 41.2k tok/s > off 30.1k tok/s"
+};
+
+class SpecPolicy {
+ public:
+  // Cycles between two explorations of the best unmeasured-for-long runner-up of a bucket.
+  static constexpr int kExploreEvery = 64;
+
+  SpecPolicy(SpecPolicyKind kind, const SpecParams& max, std::vector<int> bucket_sizes = {});
+
+  SpecPolicyKind kind() const { return kind_; }
+  const std::vector<SpecShape>& shapes() const { return shapes_; }
+  SpecCostModel& costs() { return costs_; }
+  const SpecCostModel& costs() const { return costs_; }
+  // The engine-wide acceptance, which new requests start from.
+  DepthAcceptance& acceptance() { return acceptance_; }
+
+  // The shape for a batch whose requests have these acceptances. Shapes with no estimate for the
+  // batch's bucket are tried first (largest first), then the estimated best; every
+  // kExploreEvery choices of a bucket the runner-up runs once so that its estimate stays current.
+  SpecChoice choose(const std::vector<const DepthAcceptance*>& requests);
+  // Tests: from now on choose() cycles through `sequence` (each one of shapes()), whatever the
+  // costs say, so that every transition between shapes is exercised; empty: back to the costs.
+  void force_sequence(std::vector<SpecShape> sequence);
+  // After a cycle of `shape`: its measured seconds.
+  void observe(int batch_size, const SpecShape& shape, double seconds) { costs_.observe(batch_size, shape, seconds); }
+
+ private:
+  SpecPolicyKind kind_;
+  std::vector<SpecShape> shapes_;
+  SpecCostModel costs_;
+  DepthAcceptance acceptance_;
+  std::map<int, int64_t> choices_;  // per bucket, for exploration
+  std::vector<SpecShape> forced_;
+  size_t forced_next_ = 0;
+};
+
+}  // namespace specula

@@ -1,0 +1,180 @@
+// SpecPolicy with cost models injected by the test: it must pick the shape with the most expected
+// tokens per second (computed here independently from the per-depth rates), "off" when nothing
+// beats a plain step, measure every shape of a batch size before trusting estimates, and explore
+// the runner-up now and then. DepthAcceptance against a direct computation of the expected run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "specula/core/error.h"
+#include "specula/speculative/spec_policy.h"
+
+namespace specula {
+namespace {
+
+// Expected committed tokens of a chain of `depth` drafts whose depth-d token is accepted with
+// probability p[d - 1] when its parent was: 1 + sum_d prod_{j <= d} p[j - 1].
+double expected(const std::vector<double>& p, int depth) {
+  double total = 1, reach = 1;
+  for (int d = 1; d <= depth; ++d) {
+    reach *= p[static_cast<size_t>(std::min<int>(d, static_cast<int>(p.size())) - 1)];
+    total += reach;
+  }
+  return total;
+}
+
+// A DepthAcceptance driven to per-depth rates close to p by many simulated cycles.
+DepthAcceptance trained(const std::vector<double>& p, int depth, std::mt19937& rng) {
+  DepthAcceptance a;
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int cycle = 0; cycle < 4000; ++cycle) {
+    int accepted = 0;
+    while (accepted < depth && u(rng) < p[static_cast<size_t>(accepted)]) ++accepted;
+    a.observe(depth, accepted);
+  }
+  return a;
+}
+
+TEST(SpecPolicy, ShapesOfEachPolicy) {
+  EXPECT_EQ(policy_shapes({7, 1, 8}, SpecPolicyKind::FIXED), (std::vector<SpecShape>{{7, 8}}));
+  const std::vector<SpecShape> chains = policy_shapes({4, 1, 5}, SpecPolicyKind::AUTO);
+  EXPECT_EQ(chains, (std::vector<SpecShape>{{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}}));
+  EXPECT_TRUE(chains[0].off());
+  EXPECT_EQ(policy_shapes({5, 4, 8}, SpecPolicyKind::AUTO), (std::vector<SpecShape>{{0, 1}, {5, 8}}));
+  EXPECT_EQ(parse_spec_policy("AUTO"), SpecPolicyKind::AUTO);
+  EXPECT_EQ(parse_spec_policy("fixed"), SpecPolicyKind::FIXED);
+  try {
+    parse_spec_policy("greedy");
+    FAIL() << "accepted an unknown policy";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'greedy'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fixed or auto"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SpecPolicy, DepthAcceptanceLearnsTheRatesAndTheExpectedRun) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<double> u(0.2, 0.95);
+  const std::vector<double> p = {u(rng), u(rng), u(rng), u(rng), u(rng)};
+  const DepthAcceptance a = trained(p, 5, rng);
+  for (int d = 1; d <= 5; ++d) {
+    // An exponential average with weight 0.1 over Bernoulli draws: within 0.25 almost surely.
+    EXPECT_NEAR(a.rate(d), p[static_cast<size_t>(d - 1)], 0.25) << "depth " << d;
+  }
+  for (int depth = 0; depth <= 5; ++depth) {
+    std::vector<double> r;
+    for (int d = 1; d <= 5; ++d) r.push_back(a.rate(d));
+    EXPECT_NEAR(a.expected_tokens(depth), expected(r, depth), 1e-12);
+  }
+  EXPECT_EQ(a.expected_tokens(0), 1.0);
+  // Unseen depths take the deepest rate known.
+  EXPECT_EQ(a.rate(9), a.rate(5));
+  DepthAcceptance fresh;
+  EXPECT_EQ(fresh.rate(1), DepthAcceptance::kPrior);
+  fresh.seed(a);
+  EXPECT_EQ(fresh.rate(3), a.rate(3));
+}
+
+TEST(SpecPolicy, PicksTheMostTokensPerSecondIncludingOff) {
+  std::mt19937 rng(std::random_device{}());
+  const SpecParams max{6, 1, 7};
+  const std::vector<double> p = {0.9, 0.8, 0.7, 0.6, 0.5, 0.4};
+  const DepthAcceptance a = trained(p, 6, rng);
+  std::vector<double> r;
+  for (int d = 1; d <= 6; ++d) r.push_back(a.rate(d));
+  std::uniform_real_distribution<double> jitter(0.9, 1.1);
+  for (int trial = 0; trial < 50; ++trial) {
+    SpecPolicy policy(SpecPolicyKind::AUTO, max, {1, 8, 32});
+    // A cycle: a fixed part, a part per draft step and a part per verified token, random per
+    // trial so that sometimes long chains, sometimes short ones and sometimes off win.
+    const double fixed = 1e-4 * jitter(rng), per_step = 3e-5 * jitter(rng) * (trial % 5), per_token = 2e-5 * jitter(rng) * (trial % 7);
+    const int bs = 1 + static_cast<int>(rng() % 32);
+    double best_rate = 0;
+    SpecShape best;
+    for (const SpecShape& s : policy.shapes()) {
+      const double seconds = fixed + per_step * s.num_steps + per_token * s.num_draft_tokens * bs;
+      policy.costs().set_prior(bs, s, seconds);
+      const double rate = bs * expected(r, s.num_steps) / seconds;
+      if (rate > best_rate) best_rate = rate, best = s;
+    }
+    const std::vector<const DepthAcceptance*> batch(static_cast<size_t>(bs), &a);
+    const SpecChoice c = policy.choose(batch);
+    EXPECT_EQ(c.shape, best) << "trial " << trial << ": chose " << c.shape.str() << " (" << c.why << ")";
+    EXPECT_NEAR(c.tokens_per_s, best_rate, 1e-6 * best_rate);
+    EXPECT_FALSE(c.explored);
+  }
+}
+
+TEST(SpecPolicy, OffWhenEveryDraftLosesAndTheLongestChainWhenDraftsAreFree) {
+  const SpecParams max{4, 1, 5};
+  DepthAcceptance good;
+  for (int i = 0; i < 200; ++i) good.observe(4, 4);  // every draft accepted
+  const std::vector<const DepthAcceptance*> batch(8, &good);
+  SpecPolicy slow(SpecPolicyKind::AUTO, max);
+  for (const SpecShape& s : slow.shapes()) slow.costs().set_prior(8, s, s.off() ? 1.0 : 6.0 * s.num_draft_tokens);
+  EXPECT_TRUE(slow.choose(batch).shape.off());
+  SpecPolicy free(SpecPolicyKind::AUTO, max);
+  for (const SpecShape& s : free.shapes()) free.costs().set_prior(8, s, 1.0);
+  EXPECT_EQ(free.choose(batch).shape, (SpecShape{4, 5}));
+  // A request that never gets a draft token accepted: off, even with cheap drafts.
+  DepthAcceptance bad;
+  for (int i = 0; i < 200; ++i) bad.observe(4, 0);
+  const std::vector<const DepthAcceptance*> poor(8, &bad);
+  for (const SpecShape& s : free.shapes()) free.costs().set_prior(8, s, 1.0 + 0.05 * s.num_steps);
+  EXPECT_TRUE(free.choose(poor).shape.off());
+}
+
+TEST(SpecPolicy, MeasuresEveryShapeFirstThenExploresTheRunnerUp) {
+  const SpecParams max{3, 1, 4};
+  SpecPolicy policy(SpecPolicyKind::AUTO, max, {4});
+  DepthAcceptance a;
+  const std::vector<const DepthAcceptance*> batch(3, &a);
+  // No estimate at all: the shapes are tried from the largest down, each once.
+  std::vector<SpecShape> tried;
+  for (size_t i = 0; i < policy.shapes().size(); ++i) {
+    const SpecChoice c = policy.choose(batch);
+    EXPECT_TRUE(c.explored);
+    tried.push_back(c.shape);
+    // Measured: longer chains cost more, off is cheapest per cycle but (1, 2) wins.
+    policy.observe(3, c.shape, c.shape.off() ? 1.0 : 1.2 + 0.5 * (c.shape.num_steps - 1));
+  }
+  EXPECT_EQ(tried, (std::vector<SpecShape>{{3, 4}, {2, 3}, {1, 2}, {0, 1}}));
+  EXPECT_EQ(policy.costs().measured(3, {1, 2}), 1);
+  EXPECT_EQ(policy.costs().bucket(3), 4);
+  // Rates: off 3/1.0 = 3.0; (1,2) 3 x 1.7 / 1.2 = 4.25; (2,3) 3 x 2.19 / 1.7 = 3.86; (3,4) 3 x 2.53 / 2.2 = 3.45.
+  int explored = 0;
+  for (int i = 1; i <= 2 * SpecPolicy::kExploreEvery; ++i) {
+    const SpecChoice c = policy.choose(batch);
+    if (c.explored) {
+      ++explored;
+      EXPECT_EQ(c.shape, (SpecShape{2, 3})) << c.why;
+    } else {
+      EXPECT_EQ(c.shape, (SpecShape{1, 2})) << c.why;
+    }
+  }
+  EXPECT_EQ(explored, 2);
+  // A measurement replaces the prior, then moves by the average's weight.
+  policy.costs().set_prior(3, {1, 2}, 9.0);
+  EXPECT_DOUBLE_EQ(*policy.costs().seconds(3, {1, 2}), 1.2);
+  policy.observe(3, {1, 2}, 2.2);
+  EXPECT_DOUBLE_EQ(*policy.costs().seconds(3, {1, 2}), 1.2 + SpecCostModel::kAlpha * 1.0);
+}
+
+TEST(SpecPolicy, FixedAlwaysRunsTheConfiguredShapeAndForcedSequencesRotate) {
+  SpecPolicy fixed(SpecPolicyKind::FIXED, {5, 4, 8});
+  DepthAcceptance a;
+  const std::vector<const DepthAcceptance*> batch(2, &a);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(fixed.choose(batch).shape, (SpecShape{5, 8}));
+  SpecPolicy policy(SpecPolicyKind::AUTO, {3, 1, 4});
+  policy.force_sequence({{0, 1}, {3, 4}, {1, 2}});
+  EXPECT_EQ(policy.choose(batch).shape, (SpecShape{0, 1}));
+  EXPECT_EQ(policy.choose(batch).shape, (SpecShape{3, 4}));
+  EXPECT_EQ(policy.choose(batch).shape, (SpecShape{1, 2}));
+  EXPECT_EQ(policy.choose(batch).shape, (SpecShape{0, 1}));
+  EXPECT_THROW(policy.force_sequence({{5, 6}}), Error);
+}
+
+}  // namespace
+}  // namespace specula
