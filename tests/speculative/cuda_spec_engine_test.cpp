@@ -77,7 +77,8 @@ TEST(CudaSpeculative, GreedyOutputEqualsTheTargetsOwn) {
                  std::to_string(c.params.topk) + ", " + std::to_string(c.params.num_draft_tokens) + ") page " +
                  std::to_string(c.page_size) + " batch " + std::to_string(c.batch));
     EngineOptions o = gpu_options(c.page_size, c.batch);
-    o.speculative = EagleOptions{c.kind, spec_fixtures::head_dir(c.kind), c.params};
+    o.runner.cuda_graph = c.graphs;
+    o.speculative = EagleOptions{c.kind, spec_fixtures::head_dir(c.kind), c.params, SpecPolicyKind::FIXED};
     Engine engine(kModel, o);
     const int64_t free_at_start = engine.runner().allocator().available_size();
     const auto outs = run(engine, texts);
@@ -89,6 +90,74 @@ TEST(CudaSpeculative, GreedyOutputEqualsTheTargetsOwn) {
                 c.params.num_draft_tokens, c.page_size, c.batch, c.graphs ? "graphs" : "eager",
                 static_cast<double>(s.spec_emitted_tokens) / static_cast<double>(s.spec_cycles),
                 static_cast<long long>(s.spec_cycles));
+    engine.flush_cache();
+    EXPECT_EQ(engine.runner().allocator().available_size(), free_at_start);
+  }
+}
+
+// The auto policy's shapes on the GPU, forced through every transition (off cycles through the
+// one-token verify graphs and pending pairs flushed by the graphed extend, chains cut short
+// through the loop graphs of each step count and the chain extends of each length, the full tree),
+// then left to its own start-up calibration and measurements: the output stays the GPU target's
+// own greedy output, with bf16 and fp8 KV, graphs and eager, and every KV slot returns.
+TEST(CudaSpeculative, AutoPolicyShapesKeepTheTargetsOwnOutput) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::vector<std::string> texts;
+  for (int i = 0; i < 12; ++i) texts.push_back(kTexts[static_cast<size_t>(i) % kTexts.size()]);
+  struct AutoCase {
+    SpecParams params;
+    int page_size, batch;
+    bool graphs, forced;
+    DType kv;
+  };
+  const std::vector<AutoCase> cases = {
+      {{7, 1, 8}, 16, 8, true, true, DType::bf16},   {{7, 1, 8}, 1, 1, true, true, DType::bf16},
+      {{5, 4, 8}, 16, 8, true, true, DType::bf16},   {{6, 1, 7}, 16, 12, false, true, DType::bf16},
+      {{7, 1, 8}, 16, 8, true, true, DType::fp8_e4m3}, {{7, 1, 8}, 16, 8, true, false, DType::bf16},
+      {{5, 4, 8}, 1, 4, true, false, DType::bf16},
+  };
+  std::map<std::pair<int, int>, std::vector<std::vector<int32_t>>> plain;  // by page size and KV dtype
+  for (const AutoCase& c : cases) {
+    const std::pair<int, int> key{c.page_size, static_cast<int>(c.kv)};
+    if (plain.count(key)) continue;
+    EngineOptions o = gpu_options(c.page_size, 16);
+    o.runner.kv_dtype = c.kv;
+    Engine engine(kModel, o);
+    plain[key] = run(engine, texts);
+  }
+  for (const AutoCase& c : cases) {
+    SCOPED_TRACE("(" + std::to_string(c.params.num_steps) + ", " + std::to_string(c.params.topk) + ", " +
+                 std::to_string(c.params.num_draft_tokens) + ") page " + std::to_string(c.page_size) + " batch " +
+                 std::to_string(c.batch) + (c.graphs ? " graphs" : " eager") + (c.forced ? " forced" : " measured") +
+                 " " + std::string(dtype_name(c.kv)));
+    EngineOptions o = gpu_options(c.page_size, c.batch);
+    o.runner.kv_dtype = c.kv;
+    o.runner.cuda_graph = c.graphs;
+    o.speculative = EagleOptions{EagleKind::EAGLE3, spec_fixtures::head_dir(EagleKind::EAGLE3), c.params,
+                                 SpecPolicyKind::AUTO};
+    Engine engine(kModel, o);
+    SpecPolicy& policy = engine.speculative_worker()->policy();
+    if (c.forced) {
+      std::vector<SpecShape> sequence(static_cast<size_t>(c.params.num_draft_tokens) + 2, SpecShape{0, 1});
+      for (const SpecShape& sh : policy.shapes()) {
+        if (!sh.off()) sequence.insert(sequence.end(), {sh, SpecShape{0, 1}, sh, sh});
+      }
+      policy.force_sequence(sequence);
+    }
+    const int64_t free_at_start = engine.runner().allocator().available_size();
+    const auto outs = run(engine, texts);
+    const auto& reference = plain[std::make_pair(c.page_size, static_cast<int>(c.kv))];
+    for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(outs[i], reference[i]) << texts[i];
+    const SchedulerStats s = engine.stats();
+    std::string choices;
+    for (const auto& [bucket, shapes] : s.spec_choices) {
+      for (const auto& [shape, n] : shapes) choices += " bs<=" + std::to_string(bucket) + ":" + shape + "x" + std::to_string(n);
+    }
+    std::printf("auto (%d, %d, %d) page %d batch %d %s %s %s: accept %.3f over %lld drafting cycles;%s\n",
+                c.params.num_steps, c.params.topk, c.params.num_draft_tokens, c.page_size, c.batch,
+                c.graphs ? "graphs" : "eager", c.forced ? "forced" : "measured", std::string(dtype_name(c.kv)).c_str(),
+                s.spec_cycles > 0 ? static_cast<double>(s.spec_emitted_tokens) / static_cast<double>(s.spec_cycles) : 0.0,
+                static_cast<long long>(s.spec_cycles), choices.c_str());
     engine.flush_cache();
     EXPECT_EQ(engine.runner().allocator().available_size(), free_at_start);
   }

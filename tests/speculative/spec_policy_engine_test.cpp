@@ -14,6 +14,7 @@
 #include "runtime/engine_fixtures.h"
 #include "speculative/spec_fixtures.h"
 #include "specula/runtime/engine.h"
+#include "specula/speculative/spec_calibration.h"
 
 namespace specula {
 namespace {
@@ -164,6 +165,45 @@ TEST(SpecAutoEngine, MeasuredChoicesKeepTheOutput) {
   EXPECT_LE(total, s.spec_cycles);
   // Every shape of a batch size is measured once before the estimates decide: all 8 ran.
   EXPECT_EQ(by_shape.size(), 8u);
+}
+
+// The start-up calibration on stand-in requests: a time for every shape at every batch size that
+// fits, plain steps too when asked, priors in the policy's cost model, and every request row and
+// KV slot given back; requests served afterwards are untouched by it.
+TEST(SpecAutoEngine, CalibrationTimesEveryShapeAndGivesEverythingBack) {
+  const AutoCase c{1, 16, DType::f32, 4, false};
+  EngineOptions o = options(c);
+  o.speculative = EagleOptions{EagleKind::EAGLE3, head_dir(EagleKind::EAGLE3), SpecParams{3, 1, 4}, SpecPolicyKind::AUTO};
+  Engine engine(kModel, o);
+  ModelRunner& runner = engine.runner();
+  const int64_t free_slots = runner.allocator().available_size();
+  const int free_rows = runner.req_pool().available_size();
+  EagleWorker& worker = *engine.speculative_worker();
+  const SpecTimings t = time_spec_cycles(worker, runner, SpecTimingOptions{{1, 3}, 24, 1, 3, 7}, /*plain=*/true);
+  EXPECT_EQ(t.context_len, 24);
+  ASSERT_EQ(t.cycles.size(), 2 * worker.policy().shapes().size());
+  ASSERT_EQ(t.plain.size(), 2u);
+  for (const CycleTime& ct : t.cycles) {
+    EXPECT_TRUE(ct.batch_size == 1 || ct.batch_size == 3);
+    EXPECT_GT(ct.seconds, 0.0) << ct.shape.str();
+  }
+  EXPECT_EQ(runner.allocator().available_size(), free_slots);
+  EXPECT_EQ(runner.req_pool().available_size(), free_rows);
+  // A batch larger than the request rows is left out, not failed.
+  const SpecTimings big = time_spec_cycles(worker, runner, SpecTimingOptions{{64}, 24, 0, 1, 7});
+  EXPECT_TRUE(big.cycles.empty());
+  calibrate_policy(worker, runner, SpecTimingOptions{{1, 2}, 24, 0, 1, 7});
+  for (const SpecShape& s : worker.policy().shapes()) {
+    EXPECT_TRUE(worker.policy().costs().seconds(2, s).has_value()) << s.str();
+    EXPECT_EQ(worker.policy().costs().measured(2, s), 0) << s.str();
+  }
+  std::vector<RequestOutput> plain;
+  {
+    Engine reference(kModel, options(c));
+    plain = run(reference, texts());
+  }
+  const std::vector<RequestOutput> outs = run(engine, texts());
+  for (size_t i = 0; i < outs.size(); ++i) EXPECT_EQ(outs[i].output_ids, plain[i].output_ids);
 }
 
 }  // namespace

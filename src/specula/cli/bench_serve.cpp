@@ -298,6 +298,19 @@ void run_offline(const Options& o) {
         "speculative", fmt::format("{} ({}, {}, {})", eagle_kind_name(eo.speculative->kind), p.num_steps, p.topk, p.num_draft_tokens));
     report.extra_lines.emplace_back("mean accept length", fmt::format("{:.3f}", accept_mean));
     report.extra_lines.emplace_back("accept length histogram", fmt::format("{}", fmt::join(stats.spec_accept_histogram, " ")));
+    // What the policy ran, per batch size: the share of steps of each shape.
+    nlohmann::json choices = nlohmann::json::object();
+    for (const auto& [bucket, shapes] : stats.spec_choices) {
+      int64_t steps = 0;
+      for (const auto& [shape, n] : shapes) steps += n;
+      std::vector<std::string> parts;
+      for (const auto& [shape, n] : shapes) {
+        parts.push_back(fmt::format("{} {:.0f}%", shape, 100.0 * static_cast<double>(n) / static_cast<double>(steps)));
+        choices[std::to_string(bucket)][shape] = n;
+      }
+      report.extra_lines.emplace_back(fmt::format("policy {} at batch <= {}", spec_policy_name(eo.speculative->policy), bucket),
+                                      fmt::format("{} ({} steps)", fmt::join(parts, ", "), steps));
+    }
     const SpecTiming& tm = engine->speculative_worker()->timing();
     const double per = tm.cycles > 0 ? 1e3 / static_cast<double>(tm.cycles) : 0.0;
     report.extra_lines.emplace_back("ms per cycle: draft steps",
@@ -309,7 +322,9 @@ void run_offline(const Options& o) {
                                         {"num_draft_tokens", p.num_draft_tokens},
                                         {"verify_cycles", stats.spec_cycles},
                                         {"accept_length_mean", accept_mean},
-                                        {"accept_histogram", stats.spec_accept_histogram}};
+                                        {"accept_histogram", stats.spec_accept_histogram},
+                                        {"policy", spec_policy_name(eo.speculative->policy)},
+                                        {"choices", choices}};
   }
   print_report(o, report);
 }

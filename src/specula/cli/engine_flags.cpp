@@ -60,6 +60,11 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  fmt::format("Tree nodes verified per cycle, the root included: num-steps + 1 when topk is 1, else 2 to "
                              "min({}, 1 + topk + (num-steps - 1) topk^2) (default 8)",
                              SpecParams::kMaxDraftTokens));
+  cmd.add_option("--speculative-policy", f.speculative_policy,
+                 "fixed: every cycle drafts the configured shape; auto: before each cycle, the shape (a chain cut "
+                 "short, the configured tree, or no drafting at all) with the most expected tokens/s for the batch, "
+                 "from costs measured by the engine and each request's acceptance")
+      ->capture_default_str();
 }
 
 EngineOptions engine_options(const EngineFlags& f) {
@@ -81,6 +86,7 @@ EngineOptions engine_options(const EngineFlags& f) {
   o.scheduler.disable_radix_cache = f.disable_radix_cache;
   o.scheduler.enable_mixed_chunk = !f.disable_mixed_chunk;
   o.scheduler.schedule_conservativeness = f.schedule_conservativeness;
+  const SpecPolicyKind policy = parse_spec_policy(f.speculative_policy);
   const bool spec_flags = !f.draft_model.empty() || f.speculative_num_steps || f.speculative_eagle_topk ||
                           f.speculative_num_draft_tokens;
   SPECULA_CHECK(!spec_flags || !f.speculative_algorithm.empty(),
@@ -101,6 +107,7 @@ EngineOptions engine_options(const EngineFlags& f) {
     if (f.speculative_num_draft_tokens) p.num_draft_tokens = *f.speculative_num_draft_tokens;
     else if (p.topk == 1) p.num_draft_tokens = p.num_steps + 1;
     p.validate();
+    e.policy = policy;
     o.speculative = e;
   }
   return o;

@@ -37,6 +37,7 @@ struct EngineFlags {
   std::optional<int> speculative_num_steps;
   std::optional<int> speculative_eagle_topk;
   std::optional<int> speculative_num_draft_tokens;
+  std::string speculative_policy = "auto";
 };
 
 void add_engine_flags(CLI::App& cmd, EngineFlags& flags);

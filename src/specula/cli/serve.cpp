@@ -53,6 +53,8 @@ void run(Options& o) {
   o.server.write_timeout_s = o.timeout_s;
   EngineOptions eo = engine_options(o.engine);
   eo.background_thread = true;
+  // Debug logging includes the speculative policy's changes of draft shape, with why.
+  eo.scheduler.log_spec_choices = o.server.log_level == server::LogLevel::debug;
   std::unique_ptr<Engine> engine_ptr;
   std::optional<ChatTemplate> chat_template;
   std::string what;

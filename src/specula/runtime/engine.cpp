@@ -7,6 +7,7 @@
 
 #include "specula/core/error.h"
 #include "specula/model/safetensors.h"
+#include "specula/speculative/spec_calibration.h"
 
 namespace specula {
 
@@ -70,7 +71,14 @@ void Engine::init(const ModelConfig& config, const WeightSource& weights) {
                 "speculative decoding (EAGLE) needs a Llama-family target; {} uses multi-head latent attention",
                 config.architecture);
   runner_ = std::make_unique<ModelRunner>(config, weights, options_.runner);
-  if (options_.speculative) spec_ = std::make_unique<EagleWorker>(*runner_, *options_.speculative);
+  if (options_.speculative) {
+    spec_ = std::make_unique<EagleWorker>(*runner_, *options_.speculative);
+    // On a GPU the auto policy starts from cycles timed now (about a second); on the CPU from
+    // the first cycles it runs.
+    if (options_.runner.device.is_cuda() && options_.speculative_calibration) {
+      calibrate_policy(*spec_, *runner_, SpecTimingOptions{{}, std::min(256, runner_->max_context_len() / 2), 1, 2, 1});
+    }
+  }
   scheduler_ = std::make_unique<Scheduler>(*runner_, tokenizer_.get(), options_.scheduler, spec_.get());
   stats_ = scheduler_->stats();
   if (options_.background_thread) thread_ = std::thread([this] { loop(); });

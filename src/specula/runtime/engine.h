@@ -40,6 +40,8 @@ struct EngineOptions {
   // EAGLE / EAGLE-3 speculative decoding with this draft head (the target then never runs plain
   // DECODE steps, so no decode CUDA graphs are captured for it).
   std::optional<EagleOptions> speculative;
+  // The auto policy's start-up calibration on a GPU (tests that time nothing turn it off).
+  bool speculative_calibration = true;
   bool background_thread = true;
 };
 

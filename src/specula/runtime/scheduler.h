@@ -57,7 +57,7 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0;    // prompt tokens of admitted requests (first admission)
   int64_t decode_tokens = 0;    // tokens generated
   int64_t retractions = 0;
-  int64_t spec_cycles = 0;           // speculative verify cycles
+  int64_t spec_cycles = 0;           // speculative verify cycles that drafted (per request)
   int64_t spec_emitted_tokens = 0;   // sum of their accept lengths (accepted draft tokens + 1)
   std::vector<int64_t> spec_accept_histogram;  // [L] = cycles of accept length L
   // The speculative policy's choices: cycles per (batch size bucket, shape: "off" or

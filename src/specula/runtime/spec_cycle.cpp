@@ -148,8 +148,9 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
   for (size_t i = 0; i < plan.size(); ++i) {
     Req& r = *plan[i].req;
     const VerifyResult& res = items[i].result;
-    record_accept_length(r, res.accepted_nodes.size());  // accepted draft tokens + the bonus token
     if (!shape.off()) {
+      // Accept lengths describe drafting cycles; an off cycle is a plain decode step.
+      record_accept_length(r, res.accepted_nodes.size());  // accepted draft tokens + the bonus token
       const int depth = *std::max_element(items[i].tree.depths.begin(), items[i].tree.depths.end());
       const auto accepted = static_cast<int>(res.accepted_tokens.size());
       r.acceptance.observe(depth, accepted);

@@ -4,6 +4,7 @@
 
 #include "specula/core/error.h"
 #include "specula/kv/req_to_token_pool.h"
+#include "specula/model/synthetic.h"
 #include "specula/runner/model_runner.h"
 #include "specula/speculative/cpu_draft_head.h"
 #ifdef SPECULA_HAS_CUDA
@@ -38,7 +39,15 @@ std::unique_ptr<DraftHead> make_draft_head(ModelRunner& target, const EagleOptio
 DraftHeadParts load_draft_head(ModelRunner& target, const EagleOptions& options, DType kv_dtype) {
   options.params.validate();
   DraftHeadParts parts;
-  parts.head = std::make_unique<EagleHead>(options.draft_model, options.kind, target.llama_model());
+  if (options.synthetic_head) {
+    SPECULA_CHECK(options.kind == EagleKind::EAGLE3, "synthetic draft heads are EAGLE-3 heads, not {}",
+                  eagle_kind_name(options.kind));
+    const Eagle3HeadConfig config = synthetic_eagle3_head_config(target.config());
+    const SyntheticEagle3Weights weights(config, 11);
+    parts.head = std::make_unique<EagleHead>(config, weights, target.llama_model());
+  } else {
+    parts.head = std::make_unique<EagleHead>(options.draft_model, options.kind, target.llama_model());
+  }
   const AttentionLayer& layer = parts.head->attention_layer();
   const Device device = target.options().device;
   parts.draft_kv = std::make_unique<MHAKVPool>(KVPoolConfig{target.kv_pool().num_slots(), 1, layer.num_kv_heads,

@@ -31,6 +31,9 @@ struct EagleOptions {
   // The largest shape: with the auto policy, the head also runs it cut short (spec_policy.h).
   SpecParams params{7, 1, 8};
   SpecPolicyKind policy = SpecPolicyKind::AUTO;
+  // Benchmarks: instead of draft_model, a random-weight EAGLE-3 head of the target's shape (the
+  // shape of the heads published for Llama 3: model/synthetic.h).
+  bool synthetic_head = false;
 };
 
 // What the draft knows about a request between cycles: its root (the last draft pair). The CPU

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The speculative policy on a GPU machine (issue 50). Builds (Release, sm_90a) the CLI and the CUDA
+# test binaries, then by PHASE:
+#   check: the CUDA speculative, engine and model tests, and `bench spec-cost --synthetic
+#          llama3-8b` (the synthetic EAGLE-3 head of the published 8B head's shape);
+#   serve: `bench serve` on the shipped pair, plain decoding against EAGLE-3 with the fixed
+#          (7, 1, 8) shape and with the auto policy, at each batch of BATCHES, ROUNDS times,
+#          each run sized to last about 3 s or more of plain decoding; one table at the end.
+# Logs go to $OUT (default /tmp/specula-out), packed into one tar.
+set -uo pipefail
+out=${OUT:-/tmp/specula-out}
+logs=$out/logs
+mkdir -p "$logs"
+build=build/device
+phase=${PHASE:-check}
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_BENCH=OFF \
+     -DCMAKE_CUDA_ARCHITECTURES=90a >"$logs/configure.log" 2>&1; then
+  tail -40 "$logs/configure.log"; exit 1
+fi
+targets="specula_main"
+[ "$phase" = check ] && targets="$targets cuda_speculative_test cuda_engine_test cuda_model_test"
+if ! cmake --build "$build" -j "$(nproc)" --target $targets -- -k 0 >"$logs/build.log" 2>&1; then
+  grep -E "error" -A4 "$logs/build.log" | grep -v "^--$" | head -80; exit 1
+fi
+bin=$build/bin/specula
+
+if [ "$phase" = check ]; then
+  for t in ${TESTS:-cuda_speculative_test cuda_engine_test cuda_model_test}; do
+    "$build/tests/$t" >"$logs/$t.log" 2>&1
+    echo "$t rc=$? $(grep -cE '^\[       OK \]' "$logs/$t.log") ok, $(grep -cE '^\[  FAILED  \]' "$logs/$t.log") failed lines"
+    grep -E "^\[  FAILED  \]|Failure|Expected|Which|actual|auto \(|mean accept" "$logs/$t.log" | head -40
+  done
+  timeout 420 "$bin" bench spec-cost --synthetic llama3-8b --context-len "${CONTEXT:-512}" \
+    --json "$logs/spec_cost.json" >"$logs/spec_cost.log" 2>&1
+  echo "spec-cost rc=$?"
+  cat "$logs/spec_cost.log" | tail -30
+fi
+
+if [ "$phase" = serve ]; then
+  # Plain output tok/s of the shipped model by batch (issue 50's table), to size runs of ~3.5 s.
+  declare -A rate=([1]=6300 [2]=11000 [4]=18000 [8]=27500 [16]=48000 [32]=77000 [64]=112000)
+  bench() {  # name round bs flags...
+    local name=$1 round=$2 bs=$3; shift 3
+    local r=${rate[$bs]:-$((bs * 2000))}
+    local n=$(( r * 35 / 10 / 256 )); [ "$n" -lt $((4 * bs)) ] && n=$((4 * bs)); [ "$n" -lt 16 ] && n=16
+    local log="$logs/${name}_bs${bs}_r${round}.log"
+    "$bin" bench serve --device cuda --model models/specula-byte-6m --dataset text --num-requests "$n" \
+      --max-running-requests "$bs" --input-len 128 --output-len 256 --max-context-len 1024 "$@" \
+      --json "$logs/${name}_bs${bs}_r${round}.json" >"$log" 2>&1
+    local tps acc pol
+    tps=$(grep -E '^output tokens/s' "$log" | awk '{print $NF}')
+    acc=$(grep -E '^mean accept length' "$log" | awk '{print $NF}')
+    pol=$(grep -E '^policy ' "$log" | sed -E 's/^policy [a-z]+ at batch <= ([0-9]+) +/b\1: /' | tr '\n' ';' | tr -s ' ')
+    printf "%-7s r%s bs=%-3s n=%-5s out_tok_s=%-10s accept=%-6s %s\n" "$name" "$round" "$bs" "$n" "$tps" "$acc" "$pol"
+  }
+  spec="--speculative-algorithm EAGLE3 --draft-model models/specula-byte-6m-eagle3 --speculative-num-steps 7 \
+--speculative-eagle-topk 1 --speculative-num-draft-tokens 8"
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for bs in ${BATCHES:-1 2 4 8 16 32 64}; do
+      bench plain "$round" "$bs"
+      # shellcheck disable=SC2086
+      bench fixed "$round" "$bs" $spec --speculative-policy fixed
+      # shellcheck disable=SC2086
+      bench auto "$round" "$bs" $spec --speculative-policy auto
+    done
+  done | tee "$logs/serve_table.txt"
+fi
+tar -C "$out" -czf "$out/policy_${phase}.tgz" logs

@@ -1,0 +1,216 @@
+// Timing speculative cycles on stand-in requests (spec_calibration.h).
+#include "specula/speculative/spec_calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "specula/core/error.h"
+#include "specula/runner/sampler.h"
+
+namespace specula {
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The stand-in requests: rows, slots, tokens and roots; given back on destruction.
+struct StandIns {
+  ModelRunner& target;
+  int context_len;
+  std::vector<int32_t> rows;
+  std::vector<std::vector<int32_t>> slots, tokens;  // tokens: context_len + 1 (the root last)
+  std::vector<DraftState> states;
+  std::vector<float> features;  // the first request's pair features, reused for pending flushes
+
+  StandIns(ModelRunner& t, int ctx) : target(t), context_len(ctx) {}
+  ~StandIns() {
+    for (const std::vector<int32_t>& s : slots) target.allocator().free(s);
+    for (int32_t r : rows) target.req_pool().free(r);
+  }
+  StandIns(const StandIns&) = delete;
+  StandIns& operator=(const StandIns&) = delete;
+};
+
+// How many stand-ins fit: free request rows and KV slots for the context plus a cycle's scratch.
+int fitting_requests(ModelRunner& target, int context_len, int scratch, int wanted) {
+  const int64_t per_request = (context_len + scratch + target.page_size() - 1) / target.page_size() * target.page_size();
+  const int64_t by_kv = target.allocator().available_size() / per_request;
+  return static_cast<int>(std::min<int64_t>({wanted, target.req_pool().available_size(), by_kv}));
+}
+
+// Fills request i's KV with an EXTEND forward over its context and gives it a root.
+void prefill(EagleWorker& worker, StandIns& s, size_t i) {
+  const int n = s.context_len;
+  ForwardBatch b;
+  b.forward_mode = ForwardMode::EXTEND;
+  b.batch_size = 1;
+  b.input_ids.assign(s.tokens[i].begin(), s.tokens[i].begin() + n);
+  for (int p = 0; p < n; ++p) b.positions.push_back(p);
+  b.out_cache_loc.assign(s.slots[i].begin(), s.slots[i].begin() + n);
+  b.req_pool_indices = {s.rows[i]};
+  b.seq_lens = {n};
+  b.extend_prefix_lens = {0};
+  b.extend_seq_lens = {n};
+  HiddenCapture capture;
+  capture.layers = worker.capture_layers();
+  std::vector<float> logits;
+  s.target.forward(b, logits, /*all_tokens=*/false, &capture);
+  DraftExtendItem it;
+  it.req_pool_idx = s.rows[i];
+  it.start = 0;
+  it.next_tokens.assign(s.tokens[i].begin() + 1, s.tokens[i].end());
+  it.features = capture.data.data();
+  it.state = &s.states[i];
+  std::vector<DraftExtendItem> items{std::move(it)};
+  worker.draft_extend(items);
+  if (i == 0) s.features = std::move(capture.data);
+}
+
+// One cycle of shape over the first bs stand-ins and its draft extend, as the scheduler runs it;
+// an off cycle instead extends num_draft_tokens pending pairs once every num_draft_tokens
+// cycles, which is charged here by its share.
+double time_cycle(EagleWorker& worker, StandIns& s, int bs, const SpecShape& shape, double flush_share) {
+  std::vector<CycleItem> items(static_cast<size_t>(bs));
+  for (size_t i = 0; i < items.size(); ++i) {
+    items[i].req_pool_idx = s.rows[i];
+    items[i].kv_len = s.context_len;
+    items[i].root_token = s.tokens[i].back();
+    items[i].state = &s.states[i];
+  }
+  const auto start = std::chrono::steady_clock::now();
+  worker.run_cycle(items, shape);
+  std::vector<DraftExtendItem> extend;
+  if (!shape.off()) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      DraftExtendItem it;
+      it.req_pool_idx = s.rows[i];
+      it.start = s.context_len;
+      it.next_tokens = items[i].result.accepted_tokens;
+      it.next_tokens.push_back(items[i].result.bonus_token);
+      it.features = items[i].accepted_features.data();
+      it.state = &s.states[i];
+      extend.push_back(std::move(it));
+    }
+  }
+  worker.draft_extend(extend);
+  return seconds_since(start) + (shape.off() ? flush_share : 0.0);
+}
+
+// One extend of num_draft_tokens pending pairs per request over the first bs stand-ins.
+double time_flush(EagleWorker& worker, StandIns& s, int bs) {
+  const int N = std::min(worker.params().num_draft_tokens, s.context_len);
+  std::vector<DraftExtendItem> extend;
+  for (int i = 0; i < bs; ++i) {
+    DraftExtendItem it;
+    it.req_pool_idx = s.rows[static_cast<size_t>(i)];
+    it.start = s.context_len;
+    it.next_tokens.assign(s.tokens[static_cast<size_t>(i)].begin(), s.tokens[static_cast<size_t>(i)].begin() + N);
+    it.features = s.features.data();
+    it.state = &s.states[static_cast<size_t>(i)];
+    extend.push_back(std::move(it));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  worker.draft_extend(extend);
+  return seconds_since(start);
+}
+
+double time_plain(StandIns& s, int bs) {
+  ForwardBatch b;
+  b.forward_mode = ForwardMode::DECODE;
+  b.batch_size = bs;
+  for (int i = 0; i < bs; ++i) {
+    b.input_ids.push_back(s.tokens[static_cast<size_t>(i)].back());
+    b.positions.push_back(s.context_len);
+    b.out_cache_loc.push_back(s.slots[static_cast<size_t>(i)][static_cast<size_t>(s.context_len)]);
+    b.req_pool_indices.push_back(s.rows[static_cast<size_t>(i)]);
+    b.seq_lens.push_back(s.context_len + 1);
+  }
+  std::vector<float> logits;
+  std::vector<int32_t> greedy;
+  const auto start = std::chrono::steady_clock::now();
+  s.target.forward(b, logits, /*all_tokens=*/false, nullptr, &greedy);
+  return seconds_since(start);
+}
+
+}  // namespace
+
+SpecTimings time_spec_cycles(EagleWorker& worker, ModelRunner& target, const SpecTimingOptions& options, bool plain) {
+  std::vector<int> sizes = options.batch_sizes;
+  if (sizes.empty()) {
+    for (int bs = 1; bs <= target.options().max_running_requests; ++bs) {
+      if (worker.policy().costs().bucket(bs) == bs) sizes.push_back(bs);
+    }
+  }
+  SPECULA_CHECK(options.repeats >= 1 && options.warmup >= 0, "timing repeats {} and warm-up {} must be >= 1 and >= 0",
+                options.repeats, options.warmup);
+  const int ctx = std::clamp(options.context_len, 2, target.max_context_len() - 1);
+  const int most = *std::max_element(sizes.begin(), sizes.end());
+  const int fit = fitting_requests(target, ctx, worker.scratch_tokens(), most);
+  std::erase_if(sizes, [&](int bs) { return bs < 1 || bs > fit; });
+  std::sort(sizes.rbegin(), sizes.rend());
+  SpecTimings out;
+  out.context_len = ctx;
+  if (sizes.empty()) return out;
+
+  StandIns s(target, ctx);
+  std::mt19937 rng(static_cast<uint32_t>(options.seed));
+  std::uniform_int_distribution<int32_t> token(0, target.config().vocab_size - 1);
+  const auto B = static_cast<size_t>(sizes.front());
+  const std::vector<int32_t> rows = target.req_pool().alloc(static_cast<int>(B)).value();
+  s.rows = rows;
+  for (size_t i = 0; i < B; ++i) {
+    const int page = target.page_size();
+    const int tokens = (ctx + worker.scratch_tokens() + page - 1) / page * page;
+    const std::optional<std::vector<int32_t>> slots = target.allocator().alloc(tokens);
+    SPECULA_CHECK(slots.has_value(), "speculative timing: no KV slots for stand-in request {}", i);
+    s.slots.push_back(*slots);
+    target.req_pool().write(s.rows[i], 0, s.slots.back());
+    std::vector<int32_t> ids(static_cast<size_t>(ctx) + 1);
+    for (int32_t& t : ids) t = token(rng);
+    s.tokens.push_back(std::move(ids));
+  }
+  s.states.resize(B);
+  for (size_t i = 0; i < B; ++i) prefill(worker, s, i);
+
+  for (int bs : sizes) {
+    std::vector<double> flush;
+    for (int r = 0; r < options.warmup + options.repeats; ++r) {
+      const double t = time_flush(worker, s, bs);
+      if (r >= options.warmup) flush.push_back(t);
+    }
+    const double flush_share = median(flush) / worker.params().num_draft_tokens;
+    for (const SpecShape& shape : worker.policy().shapes()) {
+      std::vector<double> t;
+      for (int r = 0; r < options.warmup + options.repeats; ++r) {
+        const double c = time_cycle(worker, s, bs, shape, flush_share);
+        if (r >= options.warmup) t.push_back(c);
+      }
+      out.cycles.push_back({bs, shape, median(t)});
+    }
+    if (plain) {
+      std::vector<double> t;
+      for (int r = 0; r < options.warmup + options.repeats; ++r) {
+        const double c = time_plain(s, bs);
+        if (r >= options.warmup) t.push_back(c);
+      }
+      out.plain.push_back({bs, median(t)});
+    }
+  }
+  return out;
+}
+
+void calibrate_policy(EagleWorker& worker, ModelRunner& target, const SpecTimingOptions& options) {
+  if (worker.policy().shapes().size() < 2) return;
+  const SpecTimings t = time_spec_cycles(worker, target, options);
+  for (const CycleTime& c : t.cycles) worker.policy().costs().set_prior(c.batch_size, c.shape, c.seconds);
+}
+
+}  // namespace specula
