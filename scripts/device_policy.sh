@@ -18,7 +18,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_
   tail -40 "$logs/configure.log"; exit 1
 fi
 targets="specula_main"
-[ "$phase" = check ] && targets="$targets cuda_speculative_test cuda_engine_test cuda_model_test"
+[ "$phase" = check ] && targets="$targets ${TESTS:-cuda_speculative_test cuda_engine_test cuda_model_test}"
 if ! cmake --build "$build" -j "$(nproc)" --target $targets -- -k 0 >"$logs/build.log" 2>&1; then
   grep -E "error" -A4 "$logs/build.log" | grep -v "^--$" | head -80; exit 1
 fi
@@ -26,14 +26,26 @@ bin=$build/bin/specula
 
 if [ "$phase" = check ]; then
   for t in ${TESTS:-cuda_speculative_test cuda_engine_test cuda_model_test}; do
-    "$build/tests/$t" >"$logs/$t.log" 2>&1
+    filter_var="FILTER_$t"
+    "$build/tests/$t" ${!filter_var:+--gtest_filter=${!filter_var}} >"$logs/$t.log" 2>&1
     echo "$t rc=$? $(grep -cE '^\[       OK \]' "$logs/$t.log") ok, $(grep -cE '^\[  FAILED  \]' "$logs/$t.log") failed lines"
     grep -E "^\[  FAILED  \]|Failure|Expected|Which|actual|auto \(|mean accept" "$logs/$t.log" | head -40
   done
   timeout 420 "$bin" bench spec-cost --synthetic llama3-8b --context-len "${CONTEXT:-512}" \
     --json "$logs/spec_cost.json" >"$logs/spec_cost.log" 2>&1
   echo "spec-cost rc=$?"
-  cat "$logs/spec_cost.log" | tail -30
+  tail -30 "$logs/spec_cost.log"
+  # Where a batch-1 cycle's time goes, kernel by kernel, when Nsight Systems is installed.
+  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  if [ -n "$nsys" ] && [ -n "${PROFILE:-}" ]; then
+    timeout 300 "$nsys" profile -o "$logs/spec_bs1" --force-overwrite true --trace cuda \
+      "$bin" bench spec-cost --synthetic llama3-8b --batch-sizes 1 --repeats 20 >"$logs/nsys_run.log" 2>&1
+    "$nsys" stats --report cuda_gpu_kern_sum --format csv "$logs/spec_bs1.nsys-rep" >"$logs/kern_sum.csv" 2>"$logs/nsys_stats.log"
+    echo "kernels by total time (top 25):"; head -26 "$logs/kern_sum.csv" | cut -c1-220
+    rm -f "$logs/spec_bs1.nsys-rep" "$logs/spec_bs1.sqlite"
+  else
+    echo "nsys: ${nsys:-not found}"
+  fi
 fi
 
 if [ "$phase" = serve ]; then

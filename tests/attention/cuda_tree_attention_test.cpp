@@ -22,6 +22,7 @@
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/device.h"
+#include "specula/core/dtype.h"
 #include "specula/core/error.h"
 #include "specula/kv/mha_kv_pool.h"
 
@@ -293,6 +294,57 @@ TEST(CudaTreeAttention, ForwardDraftTreeMatchesFloat64Reference) {
   for (const TreeCase& c : cases) run_case(c, rng, Path::kBackend);
 }
 
+// An e4m3 cache (the fp8 KV cache's TARGET_VERIFY rows): the same inputs with K and V stored as
+// e4m3 bytes under scales of different powers of two (so the dequantised values are exact in
+// bf16 and the float64 reference reads them unchanged; K's and V's scales swapped would be off
+// by a factor of 2).
+TEST(CudaTreeAttention, Fp8CacheMatchesFloat64Reference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(test_seed("cuda_tree_attention_test") + 3);
+  const std::vector<TreeCase> cases = {
+      {3, 8, 2, 2, 128, 16, 8, 0, Lengths::kPerRow, 1.0f},  {2, 8, 1, 4, 64, 1, 8, 0, Lengths::kPerRow, 4.0f},
+      {2, 4, 2, 1, 64, 16, 5, 3, Lengths::kUniform, 1.0f},  {2, 8, 1, 4, 256, 16, 8, 0, Lengths::kPerRow, 1.0f},
+      {2, 8, 1, 12, 128, 1, 8, 0, Lengths::kPerRow, 8.0f},
+  };
+  const float k_descale = 1.0f / 64, v_descale = 1.0f / 32;
+  for (const TreeCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "fp8: head_dim " << c.head_dim << " group " << c.group << " rows_per_seq "
+                                      << c.rows_per_seq);
+    TreeAttentionInputs in = make_inputs(c, rng);
+    std::vector<uint8_t> k8(in.k_cache.size()), v8(in.v_cache.size());
+    auto quantise = [](std::vector<uint16_t>& cache, std::vector<uint8_t>& bytes, float descale) {
+      for (size_t i = 0; i < cache.size(); ++i) {
+        const float x = std::clamp(from_bf16(cache[i]) / descale, -kFp8E4m3Max, kFp8E4m3Max);
+        bytes[i] = float_to_fp8_e4m3_bits(x);
+        cache[i] = to_bf16(fp8_e4m3_bits_to_float(bytes[i]) * descale);  // exact: a power-of-two scale
+      }
+    };
+    // The random caches are in [-1, 1): scaled up they use e4m3's range.
+    quantise(in.k_cache, k8, k_descale);
+    quantise(in.v_cache, v8, v_descale);
+    DeviceTreeAttention dev(in);
+    DeviceArray<uint8_t> dk(k8), dv(v8);
+    dev.out.fill_bytes(0xff);
+    ck::TreeAttentionParams p = dev.p;
+    p.k_cache = dk.get();
+    p.v_cache = dv.get();
+    p.kv_fp8 = true;
+    p.k_descale = k_descale;
+    p.v_descale = v_descale;
+    ck::tree_attention(p, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> got = dev.out.download();
+    const std::vector<double> ref = reference_attention(in);
+    double max_err = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double g = from_bf16(got[i]);
+      ASSERT_NEAR(g, ref[i], 2e-3 + 1e-2 * std::fabs(ref[i])) << "element " << i;
+      max_err = std::max(max_err, std::fabs(g - ref[i]));
+    }
+    std::printf("tree_attention fp8 head_dim %d group %d: max abs error %.2e\n", c.head_dim, c.group, max_err);
+  }
+}
+
 std::string draft_tree_error(const AttentionLayer& layer, DType q_dtype, bool strided) {
   AttentionBackendOptions o;
   o.device = Device::cuda(0);
@@ -332,7 +384,7 @@ TEST(CudaTreeAttention, ForwardDraftTreeRefusesWhatTheTreeKernelCannotServe) {
   layer.head_dim = 80;
   EXPECT_NE(draft_tree_error(layer, DType::bf16, false).find("head_dim 80"), std::string::npos);
   layer.head_dim = 64;
-  EXPECT_NE(draft_tree_error(layer, DType::f16, false).find("bf16 queries and KV cache; got f16"), std::string::npos);
+  EXPECT_NE(draft_tree_error(layer, DType::f16, false).find("bf16 queries and a bf16 or fp8_e4m3 KV cache; got f16"), std::string::npos);
   EXPECT_NE(draft_tree_error(layer, DType::bf16, true).find("dense [rows, num_q_heads, head_dim]"), std::string::npos);
   layer.logit_cap = 30.0f;
   EXPECT_NE(draft_tree_error(layer, DType::bf16, false).find("logit_cap 30"), std::string::npos);

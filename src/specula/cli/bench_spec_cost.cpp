@@ -66,6 +66,8 @@ void run(const Options& o) {
   spec.synthetic_head = true;
   spec.params = SpecParams{o.num_steps, o.topk, o.num_draft_tokens};
   spec.params.validate();
+  // Room for every stand-in request at the largest batch (the automatic size may hold fewer).
+  eo.runner.kv_cache_tokens = static_cast<int64_t>(most) * (eo.runner.max_context_len + spec.params.scratch_tokens() + 64);
   spec.policy = SpecPolicyKind::AUTO;
   eo.speculative = spec;
   eo.speculative_calibration = false;

@@ -128,9 +128,9 @@ CudaAttentionPlan select_cuda_draft_tree(const AttentionLayer& layer, DType q_dt
   if (std::string problem = layer_problem(layer, q_dtype, kv_dtype, shape); !problem.empty()) {
     return unsupported(std::move(problem));
   }
-  // What kernels/tree_attention.cu is built for: plain softmax attention over bf16 rows.
-  if (q_dtype != DType::bf16 || kv_dtype != DType::bf16) {
-    return unsupported(fmt::format("the tree kernel needs bf16 queries and KV cache; got {} and {}",
+  // What kernels/tree_attention.cu is built for: plain softmax attention over bf16 or e4m3 rows.
+  if (q_dtype != DType::bf16 || (kv_dtype != DType::bf16 && kv_dtype != DType::fp8_e4m3)) {
+    return unsupported(fmt::format("the tree kernel needs bf16 queries and a bf16 or fp8_e4m3 KV cache; got {} and {}",
                                    dtype_name(q_dtype), dtype_name(kv_dtype)));
   }
   if (layer.head_dim != 64 && layer.head_dim != 128 && layer.head_dim != 256) {

@@ -445,6 +445,9 @@ void CudaAttentionBackend::launch_tree(const TensorView& q, const TensorView& ou
   t.branch_lens = tree.branch_lens;
   t.lse = options.lse.defined() ? options.lse.data_as<float>() : nullptr;
   t.lse_stride_token = options.lse.defined() ? options.lse.stride(0) : 0;
+  t.kv_fp8 = pool.dtype() == DType::fp8_e4m3;
+  t.k_descale = t.kv_fp8 ? pool.k_scale(layer.layer_id) : 1.0f;
+  t.v_descale = t.kv_fp8 ? pool.v_scale(layer.layer_id) : 1.0f;
   ck::tree_attention(t, state_->stream);
 }
 

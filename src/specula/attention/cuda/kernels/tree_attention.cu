@@ -7,8 +7,11 @@
 // whole contiguous rows), kUnroll keys deep to keep loads in flight. Each subgroup runs its own
 // online softmax; subgroups merge within the warp by shuffles, warps through shared memory,
 // always in the same order. Rows are independent: rows of one sequence each read the shared
-// prefix (through L2).
+// prefix (through L2). An fp8 (e4m3) cache is read 8 bytes per lane per row and widened exactly
+// to f32; its K scale is folded into the query's multiplier and its V scale into the output's.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <string>
@@ -35,6 +38,37 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& raw, float (&dst)[kEp
     dst[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
   }
 }
+
+// Eight e4m3 values (one 8-byte load) to f32; every e4m3 value is exact in f16 and in f32.
+__device__ __forceinline__ void unpack_fp8x8(const uint2& raw, float (&dst)[kEpl]) {
+  const uint32_t words[2] = {raw.x, raw.y};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const auto pair = static_cast<__nv_fp8x2_storage_t>((words[i / 2] >> (16 * (i % 2))) & 0xffffu);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    dst[2 * i] = f.x;
+    dst[2 * i + 1] = f.y;
+  }
+}
+
+// A row's 8 elements of one lane as raw bits: 16 bytes of bf16 or 8 bytes of e4m3.
+template <bool FP8>
+struct KvRaw;
+template <>
+struct KvRaw<false> {
+  using Bits = uint4;
+  using Elem = __nv_bfloat16;
+  static __device__ __forceinline__ Bits zero() { return make_uint4(0, 0, 0, 0); }
+  static __device__ __forceinline__ void unpack(const Bits& raw, float (&dst)[kEpl]) { unpack_bf16x8(raw, dst); }
+};
+template <>
+struct KvRaw<true> {
+  using Bits = uint2;
+  using Elem = uint8_t;
+  static __device__ __forceinline__ Bits zero() { return make_uint2(0, 0); }
+  static __device__ __forceinline__ void unpack(const Bits& raw, float (&dst)[kEpl]) { unpack_fp8x8(raw, dst); }
+};
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
@@ -64,11 +98,12 @@ struct AttnConfig {
   static constexpr int kSubgroups = kWarps * (32 / kLpk);
 };
 
-template <int HEAD_DIM, int GMAX>
+template <int HEAD_DIM, int GMAX, bool FP8>
 __global__ void __launch_bounds__(AttnConfig<HEAD_DIM>::kThreads) tree_attention_kernel(const TreeAttentionParams p) {
   pdl_wait();
   pdl_trigger();
   using Cfg = AttnConfig<HEAD_DIM>;
+  using Raw = KvRaw<FP8>;
   constexpr int LPK = Cfg::kLpk, kSubgroups = Cfg::kSubgroups, kWarps = Cfg::kWarps;
   constexpr int kUnroll = GMAX >= 8 ? 2 : 4;  // keys per subgroup per iteration; fewer where q/o take the registers
   __shared__ float sm_m[kWarps][GMAX];
@@ -93,7 +128,7 @@ __global__ void __launch_bounds__(AttnConfig<HEAD_DIM>::kThreads) tree_attention
 
   // q with scale and log2(e) folded in, so scores are in log2 units for exp2f.
   const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(p.q);
-  const float q_mul = p.scale * kLog2e;
+  const float q_mul = p.scale * kLog2e * (FP8 ? p.k_descale : 1.0f);
   float qf[GMAX][kEpl];
 #pragma unroll
   for (int h = 0; h < GMAX; ++h) {
@@ -119,11 +154,11 @@ __global__ void __launch_bounds__(AttnConfig<HEAD_DIM>::kThreads) tree_attention
 
   const int32_t* pages = p.prefix_pages + static_cast<int64_t>(seq) * p.page_stride;
   const int32_t* branch = p.branch_slots + static_cast<int64_t>(r) * p.branch_stride;
-  const __nv_bfloat16* k_cache = static_cast<const __nv_bfloat16*>(p.k_cache);
-  const __nv_bfloat16* v_cache = static_cast<const __nv_bfloat16*>(p.v_cache);
+  const auto* k_cache = static_cast<const typename Raw::Elem*>(p.k_cache);
+  const auto* v_cache = static_cast<const typename Raw::Elem*>(p.v_cache);
   // The trip count is uniform across the block (one row per block): the shuffles below need every lane.
   for (int base = 0; base < total; base += kSubgroups * kUnroll) {
-    uint4 k_raw[kUnroll], v_raw[kUnroll];
+    typename Raw::Bits k_raw[kUnroll], v_raw[kUnroll];
     bool valid[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -136,14 +171,15 @@ __global__ void __launch_bounds__(AttnConfig<HEAD_DIM>::kThreads) tree_attention
         slot = branch[t - prefix_len];
       }
       const int64_t offset = (slot * p.num_kv_heads + kv_head) * HEAD_DIM + d0;
-      k_raw[u] = valid[u] ? __ldg(reinterpret_cast<const uint4*>(k_cache + offset)) : make_uint4(0, 0, 0, 0);
-      v_raw[u] = valid[u] ? __ldg(reinterpret_cast<const uint4*>(v_cache + offset)) : make_uint4(0, 0, 0, 0);
+      using Bits = typename Raw::Bits;
+      k_raw[u] = valid[u] ? __ldg(reinterpret_cast<const Bits*>(k_cache + offset)) : Raw::zero();
+      v_raw[u] = valid[u] ? __ldg(reinterpret_cast<const Bits*>(v_cache + offset)) : Raw::zero();
     }
     float s[kUnroll][GMAX];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       float kf[kEpl];
-      unpack_bf16x8(k_raw[u], kf);
+      Raw::unpack(k_raw[u], kf);
 #pragma unroll
       for (int h = 0; h < GMAX; ++h) {
         float dot = 0.0f;
@@ -170,7 +206,7 @@ __global__ void __launch_bounds__(AttnConfig<HEAD_DIM>::kThreads) tree_attention
         const float pu = exp2f(s[u][h] - m_new);  // an invalid key gives 0
         l[h] += pu;
         float vf[kEpl];
-        unpack_bf16x8(v_raw[u], vf);
+        Raw::unpack(v_raw[u], vf);
 #pragma unroll
         for (int e = 0; e < kEpl; ++e) o[h][e] = fmaf(pu, vf[e], o[h][e]);
       }
@@ -220,7 +256,7 @@ __global__ void __launch_bounds__(AttnConfig<HEAD_DIM>::kThreads) tree_attention
       }
     }
     // No key at all (empty prefix and branch) gives zeros rather than 0/0.
-    const float inv = sum_l > 0.0f ? 1.0f / sum_l : 0.0f;
+    const float inv = sum_l > 0.0f ? (FP8 ? p.v_descale : 1.0f) / sum_l : 0.0f;
     uint4 packed;
     packed.x = pack_bf16x2(acc[0] * inv, acc[1] * inv);
     packed.y = pack_bf16x2(acc[2] * inv, acc[3] * inv);
@@ -235,14 +271,14 @@ __global__ void __launch_bounds__(AttnConfig<HEAD_DIM>::kThreads) tree_attention
   }
 }
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, bool FP8>
 void launch(const TreeAttentionParams& p, cudaStream_t s) {
   const int group = p.num_q_heads / p.num_kv_heads;
   auto run = [&](auto gmax_tag) {
     constexpr int GMAX = decltype(gmax_tag)::value;
     const int head_blocks = (group + GMAX - 1) / GMAX;
     const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.num_kv_heads * head_blocks));
-    launch_pdl(tree_attention_kernel<HEAD_DIM, GMAX>, grid, AttnConfig<HEAD_DIM>::kThreads, 0, s, p);
+    launch_pdl(tree_attention_kernel<HEAD_DIM, GMAX, FP8>, grid, AttnConfig<HEAD_DIM>::kThreads, 0, s, p);
   };
   if (group <= 1) run(std::integral_constant<int, 1>{});
   else if (group <= 2) run(std::integral_constant<int, 2>{});
@@ -251,7 +287,14 @@ void launch(const TreeAttentionParams& p, cudaStream_t s) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+bool aligned(const void* ptr, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(ptr) & (bytes - 1)) == 0; }
+
+template <bool FP8>
+void launch_dim(const TreeAttentionParams& p, cudaStream_t s) {
+  if (p.head_dim == 64) launch<64, FP8>(p, s);
+  else if (p.head_dim == 128) launch<128, FP8>(p, s);
+  else launch<256, FP8>(p, s);
+}
 
 }  // namespace
 
@@ -272,13 +315,17 @@ void tree_attention(const TreeAttentionParams& p, cudaStream_t s) {
   SPECULA_REQUIRE(p.branch_lens != nullptr || (p.branch_len >= 0 && p.branch_len <= p.branch_stride),
                   "tree_attention: branch_len " + std::to_string(p.branch_len) + " must be in [0, branch_stride = " +
                       std::to_string(p.branch_stride) + "]");
-  // 16-byte row loads and stores.
-  SPECULA_REQUIRE(aligned16(p.q) && aligned16(p.k_cache) && aligned16(p.v_cache) && aligned16(p.out),
-                  "tree_attention: q, k_cache, v_cache and out must be 16-byte aligned");
+  // 16-byte row loads and stores (8-byte loads of an fp8 cache).
+  const uintptr_t kv_align = p.kv_fp8 ? 8 : 16;
+  SPECULA_REQUIRE(aligned(p.q, 16) && aligned(p.k_cache, kv_align) && aligned(p.v_cache, kv_align) && aligned(p.out, 16),
+                  "tree_attention: q and out must be 16-byte aligned, k_cache and v_cache " + std::to_string(kv_align) +
+                      "-byte aligned");
   if (p.rows == 0) return;
-  if (p.head_dim == 64) launch<64>(p, s);
-  else if (p.head_dim == 128) launch<128>(p, s);
-  else launch<256>(p, s);
+  if (p.kv_fp8) {
+    launch_dim<true>(p, s);
+  } else {
+    launch_dim<false>(p, s);
+  }
 }
 
 }  // namespace specula::cuda_kernels

@@ -15,7 +15,7 @@ namespace specula::cuda_kernels {
 // slots (the speculative draft's branch, or the tree tokens a verify row may see).
 struct TreeAttentionParams {
   const void* q;        // bf16 [rows, num_q_heads, head_dim], contiguous
-  const void* k_cache;  // bf16 [num_slots, num_kv_heads, head_dim] (already holds the rows' own K/V)
+  const void* k_cache;  // bf16 or e4m3 (kv_fp8) [num_slots, num_kv_heads, head_dim] (already holds the rows' own K/V)
   const void* v_cache;
   void* out;            // bf16 [rows, num_q_heads, head_dim], contiguous
   int rows;
@@ -33,6 +33,10 @@ struct TreeAttentionParams {
   const int32_t* branch_lens;   // [rows] or nullptr: row r sees branch_slots[r * branch_stride + i], i < its length (0 allowed only if prefix_len > 0)
   float* lse;                   // f32 [rows, num_q_heads] at lse_stride_token per row: ln sum exp(scores); or nullptr
   int64_t lse_stride_token;
+  // An fp8 e4m3 cache (k_cache and v_cache hold e4m3 bytes; keys are k_descale x the stored
+  // value, values v_descale x theirs); bf16 otherwise.
+  bool kv_fp8 = false;
+  float k_descale = 1.0f, v_descale = 1.0f;
 };
 // A row with no key at all (prefix and branch both empty) gets zeros (and an LSE of -inf). Per-row lengths are read
 // on the device and not checked; they must lie in [0, branch_stride].
