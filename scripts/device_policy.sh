@@ -39,7 +39,7 @@ if [ "$phase" = check ]; then
   nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
   if [ -n "$nsys" ] && [ -n "${PROFILE:-}" ]; then
     timeout 300 "$nsys" profile -o "$logs/spec_bs1" --force-overwrite true --trace cuda \
-      "$bin" bench spec-cost --synthetic llama3-8b --batch-sizes 1 --repeats 20 >"$logs/nsys_run.log" 2>&1
+      "$bin" bench spec-cost --synthetic llama3-8b --batch-sizes 1 --repeats 30 --speculative-policy fixed >"$logs/nsys_run.log" 2>&1
     "$nsys" stats --report cuda_gpu_kern_sum --format csv "$logs/spec_bs1.nsys-rep" >"$logs/kern_sum.csv" 2>"$logs/nsys_stats.log"
     echo "kernels by total time (top 25):"; head -26 "$logs/kern_sum.csv" | cut -c1-220
     rm -f "$logs/spec_bs1.nsys-rep" "$logs/spec_bs1.sqlite"

@@ -34,6 +34,7 @@ struct Options {
   int topk = 1;
   int num_draft_tokens = 8;
   int repeats = 5;
+  std::string policy = "auto";
   std::string json_path;
 };
 
@@ -68,7 +69,7 @@ void run(const Options& o) {
   spec.params.validate();
   // Room for every stand-in request at the largest batch (the automatic size may hold fewer).
   eo.runner.kv_cache_tokens = static_cast<int64_t>(most) * (eo.runner.max_context_len + spec.params.scratch_tokens() + 64);
-  spec.policy = SpecPolicyKind::AUTO;
+  spec.policy = parse_spec_policy(o.policy);
   eo.speculative = spec;
   eo.speculative_calibration = false;
   Engine engine(config, weights, eo);
@@ -158,6 +159,8 @@ void add_bench_spec_cost_command(CLI::App& bench) {
   cmd->add_option("--speculative-num-steps", o->num_steps, "Draft steps of the configured shape")->capture_default_str();
   cmd->add_option("--speculative-eagle-topk", o->topk, "Its branching")->capture_default_str();
   cmd->add_option("--speculative-num-draft-tokens", o->num_draft_tokens, "Its tree tokens")->capture_default_str();
+  cmd->add_option("--speculative-policy", o->policy, "auto: time every shape the auto policy may pick; fixed: the "
+                  "configured one only")->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "Timed repeats per case (the median is kept)")->capture_default_str();
   cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
   cmd->callback([o] { run(*o); });
