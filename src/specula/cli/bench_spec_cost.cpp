@@ -124,6 +124,20 @@ void run(const Options& o) {
                     {"projected_speedup_by_accept_length", {{"2", x[0]}, {"3", x[1]}, {"4", x[2]}, {"5", x[3]}, {"6", x[4]}}},
                     {"cycle_s_by_shape", shapes}});
   }
+  // The configured cycle's parts, each run alone and waited for: where the time goes.
+  fmt::print("\nconfigured cycle's parts, each alone (ms): verify = the target over the trees, draft = {} head steps "
+             "and the top-k, extend = the head over {} pairs per request\n{:>5} {:>9} {:>9} {:>11} {:>9} {:>9} {:>11}\n",
+             o.num_steps - 1, o.num_draft_tokens, "batch", "verify", "draft", "per step", "extend", "sum", "cycle-sum");
+  nlohmann::json parts = nlohmann::json::array();
+  std::vector<PhaseTime> phases = t.phases;
+  std::sort(phases.begin(), phases.end(), [](const PhaseTime& a, const PhaseTime& b) { return a.batch_size < b.batch_size; });
+  for (const PhaseTime& ph : phases) {
+    const double sum = ph.verify_s + ph.draft_s + ph.extend_s;
+    fmt::print("{:>5} {:>9.3f} {:>9.3f} {:>11.3f} {:>9.3f} {:>9.3f} {:>11.3f}\n", ph.batch_size, ph.verify_s * 1e3,
+               ph.draft_s * 1e3, o.num_steps > 1 ? ph.draft_s * 1e3 / (o.num_steps - 1) : 0.0, ph.extend_s * 1e3,
+               sum * 1e3, (cycle(ph.batch_size, configured) - sum) * 1e3);
+    parts.push_back({{"batch_size", ph.batch_size}, {"verify_s", ph.verify_s}, {"draft_s", ph.draft_s}, {"extend_s", ph.extend_s}});
+  }
   // What the auto policy sees: one cycle of every shape it may pick, per batch size.
   fmt::print("\ncycle ms by shape (off: the root alone, plus its share of the deferred draft extend)\n{:>5}", "batch");
   for (const SpecShape& s : worker.policy().shapes()) fmt::print(" {:>9}", s.str());
@@ -142,7 +156,8 @@ void run(const Options& o) {
                                   {"num_draft_tokens", o.num_draft_tokens},
                                   {"copy_gbytes_per_second", copy_gbps},
                                   {"weight_bytes", runner.weight_bytes()},
-                                  {"rows", rows}});
+                                  {"rows", rows},
+                                  {"parts", parts}});
   }
 }
 

@@ -73,6 +73,7 @@ class EagleWorker {
   SpecPolicy& policy() { return policy_; }
   const SpecPolicy& policy() const { return policy_; }
   const DraftHead& head() const { return *head_; }
+  DraftHead& head() { return *head_; }
   // Slots past its KV a request needs during a cycle (draft scratch and the verify tree).
   int scratch_tokens() const { return params_.scratch_tokens(); }
   // What the target's prefill forwards must capture.

@@ -140,9 +140,67 @@ double time_plain(StandIns& s, int bs) {
   return seconds_since(start);
 }
 
+// The largest shape's parts over the first bs stand-ins, each waited for (spec_calibration.h).
+PhaseTime time_phases(EagleWorker& worker, StandIns& s, int bs) {
+  using Clock = std::chrono::steady_clock;
+  const SpecParams& P = worker.params();
+  const int N = P.num_draft_tokens;
+  PhaseTime out;
+  out.batch_size = bs;
+  std::vector<DraftRequest> requests;
+  for (int i = 0; i < bs; ++i) requests.push_back({s.rows[static_cast<size_t>(i)], s.context_len, &s.states[static_cast<size_t>(i)]});
+  std::vector<DraftCandidates> cands;
+  auto t = Clock::now();
+  worker.head().draft(requests, P.num_steps, cands);
+  out.draft_s = seconds_since(t);
+
+  ForwardBatch b;
+  b.forward_mode = ForwardMode::TARGET_VERIFY;
+  b.batch_size = bs;
+  auto info = std::make_shared<SpecInfo>();
+  info->num_draft_tokens = N;
+  info->prefix_visible = true;
+  for (int i = 0; i < bs; ++i) {
+    const DraftTree tree = build_tree(s.tokens[static_cast<size_t>(i)].back(), cands[static_cast<size_t>(i)], N);
+    const std::vector<int32_t> pos = tree_positions(tree, s.context_len);
+    const std::vector<int32_t>& slots = s.slots[static_cast<size_t>(i)];
+    b.input_ids.insert(b.input_ids.end(), tree.tokens.begin(), tree.tokens.end());
+    b.positions.insert(b.positions.end(), pos.begin(), pos.end());
+    b.out_cache_loc.insert(b.out_cache_loc.end(), slots.begin() + s.context_len, slots.begin() + s.context_len + N);
+    b.req_pool_indices.push_back(s.rows[static_cast<size_t>(i)]);
+    b.seq_lens.push_back(s.context_len);
+    append_tree_mask_full(tree, s.context_len, info->custom_mask);
+  }
+  b.spec_info = info;
+  HiddenCapture capture;
+  capture.layers = worker.capture_layers();
+  std::vector<float> logits;
+  std::vector<int32_t> greedy;
+  t = Clock::now();
+  s.target.forward(b, logits, /*all_tokens=*/true, &capture, &greedy);
+  out.verify_s = seconds_since(t);
+
+  std::vector<DraftExtendItem> extend;
+  for (int i = 0; i < bs; ++i) {
+    DraftExtendItem it;
+    it.req_pool_idx = s.rows[static_cast<size_t>(i)];
+    it.start = s.context_len;
+    it.next_tokens.assign(s.tokens[static_cast<size_t>(i)].begin(), s.tokens[static_cast<size_t>(i)].begin() + N);
+    it.features = s.features.data();
+    it.state = &s.states[static_cast<size_t>(i)];
+    extend.push_back(std::move(it));
+  }
+  t = Clock::now();
+  worker.draft_extend(extend);
+  // The extend may only be queued: reading a root back waits for it.
+  (void)worker.root_on_host(s.rows[0], s.states[0]);
+  out.extend_s = seconds_since(t);
+  return out;
+}
+
 }  // namespace
 
-SpecTimings time_spec_cycles(EagleWorker& worker, ModelRunner& target, const SpecTimingOptions& options, bool plain) {
+SpecTimings time_spec_cycles(EagleWorker& worker, ModelRunner& target, const SpecTimingOptions& options, bool details) {
   std::vector<int> sizes = options.batch_sizes;
   if (sizes.empty()) {
     for (int bs = 1; bs <= target.options().max_running_requests; ++bs) {
@@ -195,13 +253,22 @@ SpecTimings time_spec_cycles(EagleWorker& worker, ModelRunner& target, const Spe
       }
       out.cycles.push_back({bs, shape, median(t)});
     }
-    if (plain) {
+    if (details) {
       std::vector<double> t;
       for (int r = 0; r < options.warmup + options.repeats; ++r) {
         const double c = time_plain(s, bs);
         if (r >= options.warmup) t.push_back(c);
       }
       out.plain.push_back({bs, median(t)});
+      std::vector<double> v, d, e;
+      for (int r = 0; r < options.warmup + options.repeats; ++r) {
+        const PhaseTime p = time_phases(worker, s, bs);
+        if (r < options.warmup) continue;
+        v.push_back(p.verify_s);
+        d.push_back(p.draft_s);
+        e.push_back(p.extend_s);
+      }
+      out.phases.push_back({bs, median(v), median(d), median(e)});
     }
   }
   return out;

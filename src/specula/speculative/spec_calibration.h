@@ -34,16 +34,26 @@ struct PlainTime {
   double seconds = 0;  // one DECODE step of the target alone (graphs where captured)
 };
 
+// The largest shape's cycle taken apart, each part run alone and waited for: the target's
+// TARGET_VERIFY over the trees, the draft head's tree expansion, and its extend over a cycle's
+// worth of pairs (num_draft_tokens per request).
+struct PhaseTime {
+  int batch_size = 0;
+  double verify_s = 0, draft_s = 0, extend_s = 0;
+};
+
 struct SpecTimings {
   std::vector<CycleTime> cycles;
   std::vector<PlainTime> plain;
+  std::vector<PhaseTime> phases;
   int context_len = 0;
 };
 
-// Times every shape of worker.policy() (plain DECODE steps too, with plain) at each batch size
-// that the target's free request rows and KV slots hold; larger sizes are left out.
+// Times every shape of worker.policy() (plain DECODE steps and the largest shape's phases too,
+// with details) at each batch size that the target's free request rows and KV slots hold; larger
+// sizes are left out.
 SpecTimings time_spec_cycles(EagleWorker& worker, ModelRunner& target, const SpecTimingOptions& options,
-                             bool plain = false);
+                             bool details = false);
 
 // The auto policy's priors from time_spec_cycles (the engine calls this at start-up on a GPU).
 void calibrate_policy(EagleWorker& worker, ModelRunner& target, const SpecTimingOptions& options);
