@@ -152,8 +152,8 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
     }
     linear(values, w.wo, Buffer{}, o, n, H * vd, h);
     ck::add_rms_norm_rows(x, o, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
-    const auto [hi, lo] = linear.split(w.w_gate_up, n, h);
-    linear_->gated(xn, w.w_gate_up, Buffer{}, act, n, h, inter, false, gate_up, hi, lo);
+    const CudaStepLinear::Split sp = linear.split(w.w_gate_up, n, h, 2 * inter);
+    linear_->gated(xn, w.w_gate_up, Buffer{}, act, n, h, inter, false, gate_up, sp.hi, sp.lo, sp.halves);
     linear(act, w.w_down, Buffer{}, o, n, inter, h);
     // The residual add, fused with the next layer's input norm.
     if (l + 1 < layers_.size()) {

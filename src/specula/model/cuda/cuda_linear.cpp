@@ -68,11 +68,11 @@ CudaLinear::~CudaLinear() {
 }
 
 bool CudaLinear::needs_split(const Buffer& w, int64_t n, int in) const {
-  return w.dtype() == DType::bf16 && !((n <= ck::kGemvMaxRows || deterministic_) && in % 8 == 0);
+  return w.dtype() == DType::bf16 && !((n <= kGemvFastRows || deterministic_) && in % 8 == 0);
 }
 
 void CudaLinear::operator()(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out,
-                            void* hi, void* lo) const {
+                            void* hi, void* lo, float* halves) const {
   const auto s = static_cast<cudaStream_t>(stream_);
   const auto handle = static_cast<cublasHandle_t>(handle_);
   // Row-major y = x w^T is column-major y^T = w x^T, with w read transposed.
@@ -86,6 +86,17 @@ void CudaLinear::operator()(const float* x, const Buffer& w, const Buffer& bias,
       const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
       ck::gemv_bf16(w.data(), x + r * in, y + r * out, rows, in, out, s);
     }
+  } else if (halves != nullptr) {
+    // Tensor cores with x split into two bf16 terms stacked as 2n rows: one GEMM reads the weights
+    // once; y = (w hi) + (w lo) (+ bias) in one more pass.
+    SPECULA_ASSERT(static_cast<uint16_t*>(lo) == static_cast<uint16_t*>(hi) + n * in, "the stacked split needs lo right after hi");
+    ck::split_bf16(x, hi, lo, n * in, s);
+    status = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(2 * n), in, &one, w.data(), CUDA_R_16BF,
+                          in, hi, CUDA_R_16BF, in, &zero, halves, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM ({} x {} x {}) failed with status {}", 2 * n, in, out,
+                  static_cast<int>(status));
+    ck::add_row_halves(halves, bias.data() != nullptr ? bias.data_as<const float>() : nullptr, y, n, out, s);
+    return;
   } else {
     // Tensor cores with x split into two bf16 terms: y = w hi + w lo, accumulated in f32.
     ck::split_bf16(x, hi, lo, n * in, s);
@@ -128,7 +139,7 @@ void CudaLinear::product_bf16_x(const void* x, const Buffer& w, const Buffer& bi
 }
 
 void CudaLinear::gated(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int inter,
-                       bool gelu, float* gate_up, void* hi, void* lo) const {
+                       bool gelu, float* gate_up, void* hi, void* lo, float* halves) const {
   const auto s = static_cast<cudaStream_t>(stream_);
   if (w.dtype() == DType::bf16 && bias.data() == nullptr && !needs_split(w, n, in)) {
     for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
@@ -137,7 +148,7 @@ void CudaLinear::gated(const float* x, const Buffer& w, const Buffer& bias, floa
     }
     return;
   }
-  (*this)(x, w, bias, gate_up, n, in, 2 * inter, hi, lo);
+  (*this)(x, w, bias, gate_up, n, in, 2 * inter, hi, lo, halves);
   ck::gated_activation_fused(gate_up, y, n, inter, gelu, s);
 }
 

@@ -1,7 +1,9 @@
 // Weights on the device and the products of the GPU decoders (LlamaCudaModel, the EAGLE head):
 // y[n, out] = x[n, in] w[out, in]^T (+ bias) with f32 activations. bf16 weights: the GEMV kernel
-// for up to kGemvMaxRows rows (or any rows in deterministic mode), else two bf16 tensor-core
-// GEMMs over a hi/lo split of x; f32 weights: cuBLAS sgemm.
+// for up to kGemvFastRows rows (any rows in deterministic mode), else bf16 tensor-core GEMMs over
+// a hi/lo split of x: one GEMM over the stacked [hi; lo] rows where the caller gives scratch for
+// its 2n output rows (the weights are read once: what memory-bound steps of a few rows need),
+// else two; f32 weights: cuBLAS sgemm.
 #pragma once
 
 #include <cstdint>
@@ -31,11 +33,20 @@ class CudaLinear {
   CudaLinear(const CudaLinear&) = delete;
   CudaLinear& operator=(const CudaLinear&) = delete;
 
-  // Whether a product needs the bf16 hi/lo scratch (n * in values each).
+  // Rows the GEMV serves outside deterministic mode: it reads the weights once for all its rows,
+  // but past two rows it falls behind a tensor-core GEMM over the stacked split (H200, Llama-3-8B
+  // shapes: 8 rows took 1.8x a 1-row step, the stacked GEMM about what one row takes).
+  static constexpr int kGemvFastRows = 2;
+  // The stacked split's output scratch is kept under this (larger products take two GEMMs).
+  static constexpr int64_t kMaxStackedBytes = 64ll << 20;
+  // Whether a product needs the bf16 hi/lo scratch (n * in values each), and whether it may take
+  // the stacked form (2 n * out f32 values of scratch).
   bool needs_split(const Buffer& w, int64_t n, int in) const;
-  // hi, lo: bf16 scratch of n * in values when needs_split, else unused.
+  static bool stacks(int64_t n, int out) { return 2 * n * out * static_cast<int64_t>(sizeof(float)) <= kMaxStackedBytes; }
+  // hi, lo: bf16 scratch of n * in values when needs_split, else unused. halves: null, or (with
+  // lo == hi + n * in) f32 scratch of 2 n * out values for the stacked form.
   void operator()(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out, void* hi,
-                  void* lo) const;
+                  void* lo, float* halves = nullptr) const;
   // y[n, out] = x w^T (+ bias) with bf16 activations x [n, in] (attention's output). The GEMV and
   // the tensor-core GEMM read x as it is; f32 weights need it as f32 in x_f32 (n * in values).
   void product_bf16_x(const void* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out,
@@ -45,7 +56,7 @@ class CudaLinear {
   // is no bias; otherwise the product into gate_up (n * 2 inter f32 values) and the activation
   // kernel. hi, lo as for operator().
   void gated(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int inter, bool gelu,
-             float* gate_up, void* hi, void* lo) const;
+             float* gate_up, void* hi, void* lo, float* halves = nullptr) const;
   // Per-head products of f32 operands (MLA's W_UK / W_UV), for b in [0, batch):
   // y_b[n, out] = x_b[n, in] * w_b, w_b [in, out] (w_transposed false) or [out, in]^T (true);
   // operand b starts stride_* floats after operand b - 1 and its rows are ld* floats apart.

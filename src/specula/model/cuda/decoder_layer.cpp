@@ -10,15 +10,26 @@ namespace specula {
 
 namespace ck = cuda_kernels;
 
-std::pair<void*, void*> CudaStepLinear::split(const Buffer& w, int64_t n, int in) const {
-  if (!linear.needs_split(w, n, in)) return {nullptr, nullptr};
-  return {scratch.get(kLayerHi, DType::bf16, n * in, device).data(), scratch.get(kLayerLo, DType::bf16, n * in, device).data()};
+CudaStepLinear::Split CudaStepLinear::split(const Buffer& w, int64_t n, int in, int out) const {
+  if (!linear.needs_split(w, n, in)) return {};
+  // hi and lo as one [2n, in] block, so that one GEMM may take both.
+  auto* hi = static_cast<uint16_t*>(scratch.get(kLayerSplit, DType::bf16, 2 * n * in, device).data());
+  Split sp{hi, hi + n * in, nullptr};
+  if (!CudaLinear::stacks(n, out)) return sp;
+  // The output scratch at the cap at once: a CUDA graph's workspace is frozen after the warm-up
+  // of its largest batch, whose products may stack less than a smaller batch's do. A frozen
+  // workspace without it takes the two-GEMM form.
+  constexpr int64_t kCap = CudaLinear::kMaxStackedBytes / static_cast<int64_t>(sizeof(float));
+  const Buffer& held = scratch.ws.slots[kLayerHalves];
+  if (scratch.ws.frozen && (held.data() == nullptr || held.dtype() != DType::f32 || held.numel() < 2 * n * out)) return sp;
+  sp.halves = scratch.get(kLayerHalves, DType::f32, kCap, device).data_as<float>();
+  return sp;
 }
 
 void CudaStepLinear::operator()(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in,
                                 int out) const {
-  const auto [hi, lo] = split(w, n, in);
-  linear(x, w, bias, y, n, in, out, hi, lo);
+  const Split sp = split(w, n, in, out);
+  linear(x, w, bias, y, n, in, out, sp.hi, sp.lo, sp.halves);
 }
 
 CudaDecoderLayer::CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLayerDims& dims, Device device)
@@ -100,8 +111,8 @@ void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend
   linear.linear.product_bf16_x(ab.data(), wo_, bo_, o, n, Hq * D, h, attn);
   if (post_attn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_attn_norm_.data_as<const float>(), o, n, h, d.eps, s);
   ck::add_rms_norm_rows(st.x, o, post_norm_.data_as<const float>(), st.xn, n, h, d.eps, s);
-  const auto [hi, lo] = linear.split(w_gate_up_, n, h);
-  linear.linear.gated(st.xn, w_gate_up_, b_gate_up_, act, n, h, inter, d.gelu, gate_up, hi, lo);
+  const CudaStepLinear::Split sp = linear.split(w_gate_up_, n, h, 2 * inter);
+  linear.linear.gated(st.xn, w_gate_up_, b_gate_up_, act, n, h, inter, d.gelu, gate_up, sp.hi, sp.lo, sp.halves);
   linear(act, w_down_, b_down_, o, n, inter, h);
   if (post_ffn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_ffn_norm_.data_as<const float>(), o, n, h, d.eps, s);
   if (st.end_norm != nullptr) {

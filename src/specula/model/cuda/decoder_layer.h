@@ -21,7 +21,7 @@ namespace specula {
 class CudaLinear;
 
 enum CudaLayerSlot : size_t { kLayerQkv, kLayerQ, kLayerK, kLayerV, kLayerAttnBf16, kLayerAttnF32, kLayerO,
-                              kLayerGateUp, kLayerAct, kLayerHi, kLayerLo, kNumLayerSlots };
+                              kLayerGateUp, kLayerAct, kLayerSplit, kLayerHalves, kNumLayerSlots };
 
 struct CudaLayerScratch {
   CudaWorkspace<kNumLayerSlots> ws;
@@ -48,7 +48,13 @@ struct CudaStepLinear {
   const CudaLinear& linear;
   CudaLayerScratch& scratch;
   Device device;
-  std::pair<void*, void*> split(const Buffer& w, int64_t n, int in) const;
+  // The split scratch of a product of n rows (CudaLinear::operator()): stacked where it may be.
+  struct Split {
+    void* hi = nullptr;
+    void* lo = nullptr;
+    float* halves = nullptr;
+  };
+  Split split(const Buffer& w, int64_t n, int in, int out) const;
   void operator()(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out) const;
 };
 

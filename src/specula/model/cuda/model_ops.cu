@@ -44,6 +44,15 @@ __global__ void split_bf16_kernel(const float* x, __nv_bfloat16* hi, __nv_bfloat
   lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(h));
 }
 
+__global__ void add_row_halves_kernel(const float* halves, const float* b, float* y, int64_t count, int width) {
+  pdl_wait();
+  pdl_trigger();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const float sum = halves[i] + halves[count + i];
+  y[i] = b != nullptr ? sum + b[i % width] : sum;
+}
+
 __global__ void rms_norm_kernel(const float* x, const float* w, float* y, int width, float eps) {
   pdl_wait();
   pdl_trigger();
@@ -119,6 +128,13 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int w
 void add_bias_rows(float* y, const float* b, int64_t rows, int width, cudaStream_t s) {
   if (rows == 0) return;
   launch_pdl(add_bias_kernel, blocks_for(rows * width), kThreads, 0, s, y, b, rows * width, width);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void add_row_halves(const float* halves, const float* b, float* y, int64_t rows, int width, cudaStream_t s) {
+  if (rows == 0) return;
+  const int64_t count = rows * width;
+  launch_pdl(add_row_halves_kernel, blocks_for(count), kThreads, 0, s, halves, b, y, count, width);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -21,6 +21,9 @@ void split_bf16(const float* x, void* hi, void* lo, int64_t count, cudaStream_t 
 void rms_norm_rows(const float* x, const float* w, float* y, int64_t rows, int width, float eps, cudaStream_t s);
 // y[r, :] += b
 void add_bias_rows(float* y, const float* b, int64_t rows, int width, cudaStream_t s);
+// y[r, c] = halves[r, c] + halves[rows + r, c] (+ b[c] when b is not null): the two terms of a
+// product over stacked hi/lo rows.
+void add_row_halves(const float* halves, const float* b, float* y, int64_t rows, int width, cudaStream_t s);
 void add_inplace(float* x, const float* y, int64_t count, cudaStream_t s);
 void bf16_to_f32(const void* x, float* y, int64_t count, cudaStream_t s);
 void softcap(float* x, int64_t count, float cap, cudaStream_t s);
