@@ -3,6 +3,7 @@
 // each request's next token from its row of logits. Requests whose prefill is not finished only
 // hand their new KV to the prefix cache.
 #include <algorithm>
+#include <chrono>
 
 #include "specula/runtime/scheduled_request.h"
 #include "specula/runtime/scheduler.h"
@@ -32,18 +33,22 @@ ForwardBatch Scheduler::assemble_batch(const std::vector<Planned>& plan, Forward
   return b;
 }
 
-bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
+bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, double* forward_s) {
   ForwardBatch b = assemble_batch(plan, mode);
+  // Prefill chunks under speculation capture what the draft head reads; decode steps (speculation
+  // off) capture nothing and run as plain decoding does.
+  const bool drafting = spec_ != nullptr && mode != ForwardMode::DECODE;
   HiddenCapture capture;
-  if (spec_ != nullptr) capture.layers = spec_->capture_layers();
+  if (drafting) capture.layers = spec_->capture_layers();
   // Greedy requests without penalties need only each row's argmax: found where the logits are
   // (on a GPU, one id per row is downloaded instead of the vocabulary's logits).
   const bool argmax_only = std::all_of(plan.begin(), plan.end(), [](const Planned& p) {
     return p.req->sampler.picks_argmax() && p.req->params.logprobs < 0;
   });
   try {
-    runner_.forward(b, logits_, /*all_tokens=*/false, spec_ != nullptr ? &capture : nullptr,
-                    argmax_only ? &greedy_ids_ : nullptr);
+    const auto start = std::chrono::steady_clock::now();
+    runner_.forward(b, logits_, /*all_tokens=*/false, drafting ? &capture : nullptr, argmax_only ? &greedy_ids_ : nullptr);
+    if (forward_s != nullptr) *forward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (const std::exception& e) {
     // A failed step ends its requests with the reason rather than losing them silently; the KV
     // it was writing is not cached.
@@ -73,7 +78,7 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
       if (!r.done) finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
     }
   }
-  if (spec_ != nullptr) draft_after_prefill(plan, capture);
+  if (drafting) draft_after_prefill(plan, capture);
   return true;
 }
 

@@ -150,8 +150,6 @@ void KvLedger::release(RequestKv& kv, const FillTokens& fill, bool cache_kv) {
   if (len > kept) runner_.allocator().free(std::span<const int32_t>(kv.slots).subspan(static_cast<size_t>(kept)));
   kv.draft = {};
   kv.draft_len = 0;
-  kv.pending_tokens.clear();
-  kv.pending_features.clear();
   unlock_prefix(kv);
   runner_.req_pool().free(kv.req_pool_idx);
   kv.req_pool_idx = -1;

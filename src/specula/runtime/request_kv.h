@@ -36,15 +36,12 @@ struct RequestKv {
   std::vector<int32_t> slots;      // KV slots of fill tokens [0, len())
   int prefix_len = 0;              // leading slots owned by the prefix cache (whole pages)
   RadixNode* last_node = nullptr;  // the matched node, locked while set
-  // Speculative decoding: the draft KV exists for pairs [0, draft_len); the root's draft state;
-  // the scratch slots of the running cycle (positions len()...). Cycles with speculation off
-  // leave their pairs pending (the next token and the target features of positions
-  // [draft_len, draft_len + pending_tokens.size())) for one later draft extend.
+  // Speculative decoding: the draft KV exists for pairs [0, draft_len) (less than len() after
+  // steps with speculation off); the root's draft state; the scratch slots of the running cycle
+  // (positions len()...).
   int draft_len = 0;
   DraftState draft;
   std::vector<int32_t> scratch;
-  std::vector<int32_t> pending_tokens;
-  std::vector<float> pending_features;
 
   int len() const { return static_cast<int>(slots.size()); }
   int32_t last_slot() const { return slots.empty() ? -1 : slots.back(); }

@@ -127,17 +127,26 @@ class Scheduler {
   // Batch assembly (batch_assembly.cpp): the ForwardBatch of a plan whose KV slots are
   // allocated, and one forward over it with sampling; false when the forward failed (its
   // requests then ended with the error).
+  // forward_s (optional): the forward's seconds. Under speculation a DECODE step is one the policy
+  // ran with speculation off: a plain step, no features captured (catch_up_drafts recomputes
+  // them when the request speculates again).
   ForwardBatch assemble_batch(const std::vector<Planned>& plan, ForwardMode mode);
-  bool run_batch(const std::vector<Planned>& plan, ForwardMode mode);
+  bool run_batch(const std::vector<Planned>& plan, ForwardMode mode, double* forward_s = nullptr);
 
   // Speculative glue (spec_cycle.cpp): one cycle over the decoding requests, and the draft head's
   // extend over each prefill chunk, after which the chunk may be cached.
   void run_spec_cycle(const std::vector<Planned>& plan);
   void draft_after_prefill(const std::vector<Planned>& plan, const HiddenCapture& capture);
   void record_accept_length(Req& r, size_t accept_len);
-  // One draft extend over the pending pairs of the plan's requests (left by cycles with
-  // speculation off); false when it failed (its requests then ended with the error).
-  bool flush_pending_pairs(const std::vector<Planned>& plan);
+  // A step with speculation off: each request's first scratch slot becomes its decode slot, the
+  // rest goes back, and the step runs as plain decoding. Returns the forward's seconds.
+  double run_spec_off_step(const std::vector<Planned>& plan);
+  // Requests that decoded with speculation off hold KV the draft never saw. One EXTEND of the
+  // target over those tokens recomputes their features, its K/V written to borrowed pages (the
+  // requests' own KV untouched: the output stays that of plain decoding), and the draft extends
+  // over the pairs. False (nothing changed) when the borrowed pages cannot be found; the step
+  // then runs with speculation off.
+  bool catch_up_drafts(const std::vector<Planned>& plan);
 
   ModelRunner& runner_;
   const Tokenizer* tokenizer_;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
+#include <string>
 
 #include "specula/runtime/scheduled_request.h"
 #include "specula/runtime/scheduler.h"
@@ -56,37 +58,111 @@ void Scheduler::record_accept_length(Req& r, size_t accept_len) {
   ++r.out.spec_accept_histogram[accept_len];
 }
 
-bool Scheduler::flush_pending_pairs(const std::vector<Planned>& plan) {
-  std::vector<DraftExtendItem> items;
-  std::vector<Req*> reqs;
+double Scheduler::run_spec_off_step(const std::vector<Planned>& plan) {
+  for (const Planned& p : plan) {
+    RequestKv& kv = p.req->kv;
+    // The first scratch slot sits at the request's next position already (alloc_scratch).
+    kv.slots.push_back(kv.scratch.front());
+    kv_.free_after(std::span<const int32_t>(kv.scratch).subspan(1), kv.scratch.front());
+    kv.scratch.clear();
+  }
+  double forward_s = 0;
+  run_batch(plan, ForwardMode::DECODE, &forward_s);
+  return forward_s;
+}
+
+bool Scheduler::catch_up_drafts(const std::vector<Planned>& plan) {
+  struct Lag {
+    Req* req;
+    int first;                    // the page-aligned position the borrowed pages start at
+    std::vector<int32_t> pages;   // borrowed slots for positions [first, kv_len)
+  };
+  std::vector<Lag> lags;
+  const int page = kv_.page_size();
+  int64_t need = 0;
   for (const Planned& p : plan) {
     Req& r = *p.req;
-    if (r.done || r.kv.pending_tokens.empty()) continue;
+    if (r.done || r.kv.draft_len >= r.kv_len()) continue;
+    const int first = r.kv.draft_len / page * page;
+    need += (r.kv_len() - first + page - 1) / page;
+    lags.push_back({&r, first, {}});
+  }
+  if (lags.empty()) return true;
+  if (!kv_.ensure_free_pages(need)) return false;
+  ForwardBatch b;
+  b.forward_mode = ForwardMode::EXTEND;
+  b.batch_size = static_cast<int>(lags.size());
+  std::vector<int32_t> src, dst;
+  for (Lag& l : lags) {
+    Req& r = *l.req;
+    const int len = r.kv_len(), start = r.kv.draft_len;
+    const int tokens = (len - l.first + page - 1) / page * page;
+    std::optional<std::vector<int32_t>> slots = runner_.allocator().alloc(tokens);
+    SPECULA_ASSERT(slots.has_value(), "{} free pages were made available for {} tokens", need, tokens);
+    l.pages = std::move(*slots);
+    // The borrowed pages start with a copy of the KV before the lag on its first page, so that
+    // the request's row can map whole pages to them while the EXTEND runs.
+    for (int t = l.first; t < start; ++t) {
+      src.push_back(r.kv.slots[static_cast<size_t>(t)]);
+      dst.push_back(l.pages[static_cast<size_t>(t - l.first)]);
+    }
+    runner_.req_pool().write(r.kv.req_pool_idx, l.first,
+                             std::span<const int32_t>(l.pages).first(static_cast<size_t>(len - l.first)));
+    for (int t = start; t < len; ++t) {
+      b.input_ids.push_back(r.fill_id(t));
+      b.positions.push_back(t);
+      b.out_cache_loc.push_back(l.pages[static_cast<size_t>(t - l.first)]);
+    }
+    b.req_pool_indices.push_back(r.kv.req_pool_idx);
+    b.seq_lens.push_back(len);
+    b.extend_prefix_lens.push_back(start);
+    b.extend_seq_lens.push_back(len - start);
+  }
+  runner_.kv_pool().copy_slots(src, dst, runner_.cuda_stream());
+  HiddenCapture capture;
+  capture.layers = spec_->capture_layers();
+  bool ran = true;
+  std::string error;
+  try {
+    runner_.forward(b, logits_, /*all_tokens=*/false, &capture);
+  } catch (const std::exception& e) {
+    ran = false;
+    error = e.what();
+  }
+  // The rows map the requests' own KV again, and the borrowed pages go back.
+  for (Lag& l : lags) {
+    Req& r = *l.req;
+    runner_.req_pool().write(r.kv.req_pool_idx, l.first,
+                             std::span<const int32_t>(r.kv.slots).subspan(static_cast<size_t>(l.first)));
+    runner_.allocator().free(l.pages);
+  }
+  std::vector<DraftExtendItem> items;
+  const auto width = static_cast<size_t>(spec_->head().feature_size());
+  size_t row = 0;
+  for (Lag& l : lags) {
+    Req& r = *l.req;
     DraftExtendItem it;
     it.req_pool_idx = r.kv.req_pool_idx;
     it.start = r.kv.draft_len;
-    it.next_tokens = r.kv.pending_tokens;
-    it.features = r.kv.pending_features.data();
+    for (int t = it.start; t < r.kv_len(); ++t) it.next_tokens.push_back(r.fill_id(t + 1));
+    it.features = ran ? capture.data.data() + row * width : nullptr;
     it.state = &r.kv.draft;
+    row += it.next_tokens.size();
     items.push_back(std::move(it));
-    reqs.push_back(&r);
   }
-  if (items.empty()) return true;
   try {
+    SPECULA_CHECK(ran, "{}", error);
     spec_->draft_extend(items);
   } catch (const std::exception& e) {
-    for (Req* r : reqs) {
-      kv_.free_after(r->kv.scratch, r->kv.last_slot());
-      r->kv.scratch.clear();
-      finish(*r, std::string("error: ") + e.what(), /*cache_kv=*/false);
+    for (Lag& l : lags) {
+      Req& r = *l.req;
+      kv_.free_after(r.kv.scratch, r.kv.last_slot());
+      r.kv.scratch.clear();
+      finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
     }
-    return false;
+    return true;
   }
-  for (Req* r : reqs) {
-    r->kv.draft_len += static_cast<int>(r->kv.pending_tokens.size());
-    r->kv.pending_tokens.clear();
-    r->kv.pending_features.clear();
-  }
+  for (Lag& l : lags) l.req->kv.draft_len = l.req->kv_len();
   return true;
 }
 
@@ -96,66 +172,68 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
   SpecPolicy& policy = spec_->policy();
   std::vector<const DepthAcceptance*> acceptance;
   for (const Planned& p : plan) acceptance.push_back(&p.req->acceptance);
-  const SpecChoice choice = policy.choose(acceptance);
+  SpecChoice choice = policy.choose(acceptance);
+  // The draft must know every pair before it drafts from a request's root. (Not timed: this is
+  // the deferred cost of the steps that ran with speculation off.)
+  if (!choice.shape.off() && !catch_up_drafts(plan)) {
+    choice = {SpecShape{}, 0, false, "no KV pages to recompute the draft's missing pairs"};
+  }
   const SpecShape shape = choice.shape;
   const int bs = static_cast<int>(plan.size());
   ++stats_.spec_choices[policy.costs().bucket(bs)][shape.str()];
   if (options_.log_spec_choices && !(shape == last_shape_)) {
     std::fprintf(stderr, "specula: speculative policy: batch %d runs %s: %s\n", bs, shape.str().c_str(), choice.why.c_str());
   }
+  // Costs are learnt from a shape's second cycle in a row on: the GPU work of a cycle is waited
+  // for by the next one, so the first after a change carries the previous shape's tail.
+  const bool steady = shape == last_shape_;
   last_shape_ = shape;
+  if (shape.off()) {
+    const double forward_s = run_spec_off_step(plan);
+    if (steady) policy.observe(bs, shape, forward_s);
+    return;
+  }
+  std::vector<CycleItem> items;
+  std::vector<Req*> reqs;
+  for (const Planned& p : plan) {
+    Req& r = *p.req;
+    if (r.done) continue;  // a catch-up that failed ended it
+    CycleItem it;
+    it.req_pool_idx = r.kv.req_pool_idx;
+    it.kv_len = r.kv_len();
+    it.root_token = r.fill_id(r.kv_len());
+    it.state = &r.kv.draft;
+    it.sampler = &r.sampler;
+    it.logprobs = r.params.logprobs;
+    items.push_back(std::move(it));
+    reqs.push_back(&r);
+  }
+  if (items.empty()) return;
   // The model work of the cycle, for the cost model: the per-token work below (emission, stop
   // checks, streaming) costs the same with and without speculation and is left out.
   double model_s = 0;
-  if (!shape.off()) {
-    // The draft must know every pair before it drafts from a request's root. (Not timed: this is
-    // the deferred cost of the cycles that ran with speculation off.)
-    if (!flush_pending_pairs(plan)) {
-      for (const Planned& p : plan) {
-        if (p.req->done) continue;
-        kv_.free_after(p.req->kv.scratch, p.req->kv.last_slot());
-        p.req->kv.scratch.clear();
-      }
-      return;
-    }
-  }
-  std::vector<CycleItem> items(plan.size());
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Req& r = *plan[i].req;
-    items[i].req_pool_idx = r.kv.req_pool_idx;
-    items[i].kv_len = r.kv_len();
-    items[i].root_token = r.fill_id(r.kv_len());
-    items[i].state = &r.kv.draft;
-    items[i].sampler = &r.sampler;
-    items[i].logprobs = r.params.logprobs;
-  }
   auto t = Clock::now();
   try {
     spec_->run_cycle(items, shape);
   } catch (const std::exception& e) {
-    for (const Planned& p : plan) {
-      Req& r = *p.req;
-      kv_.free_after(r.kv.scratch, r.kv.last_slot());
-      r.kv.scratch.clear();
-      finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
+    for (Req* r : reqs) {
+      kv_.free_after(r->kv.scratch, r->kv.last_slot());
+      r->kv.scratch.clear();
+      finish(*r, std::string("error: ") + e.what(), /*cache_kv=*/false);
     }
     return;
   }
   model_s += since(t);
   std::vector<DraftExtendItem> extend;
   std::vector<Req*> extended;
-  bool flush = false;
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Req& r = *plan[i].req;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Req& r = *reqs[i];
     const VerifyResult& res = items[i].result;
-    if (!shape.off()) {
-      // Accept lengths describe drafting cycles; an off cycle is a plain decode step.
-      record_accept_length(r, res.accepted_nodes.size());  // accepted draft tokens + the bonus token
-      const int depth = *std::max_element(items[i].tree.depths.begin(), items[i].tree.depths.end());
-      const auto accepted = static_cast<int>(res.accepted_tokens.size());
-      r.acceptance.observe(depth, accepted);
-      policy.acceptance().observe(depth, accepted);
-    }
+    record_accept_length(r, res.accepted_nodes.size());  // accepted draft tokens + the bonus token
+    const int depth = *std::max_element(items[i].tree.depths.begin(), items[i].tree.depths.end());
+    const auto accepted = static_cast<int>(res.accepted_tokens.size());
+    r.acceptance.observe(depth, accepted);
+    policy.acceptance().observe(depth, accepted);
     // The cycle's tokens: the accepted draft tokens, then the bonus. Emitting token j commits the
     // KV of the tree node before it (the root for j = 0), which now sits at scratch position j.
     std::vector<int32_t> emitted = res.accepted_tokens;
@@ -176,14 +254,6 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
     }
     kv_.free_after(std::span<const int32_t>(scratch).subspan(used), last_kept);
     if (r.done) continue;
-    if (shape.off()) {
-      // The root's pair waits for a later extend, with the others of its request.
-      r.kv.pending_tokens.push_back(emitted[0]);
-      r.kv.pending_features.insert(r.kv.pending_features.end(), items[i].accepted_features.begin(),
-                                   items[i].accepted_features.end());
-      flush = flush || static_cast<int>(r.kv.pending_tokens.size()) >= spec_->params().num_draft_tokens;
-      continue;
-    }
     SPECULA_ASSERT(kv0 == r.kv.draft_len, "a cycle at {} but the draft KV ends at {}", kv0, r.kv.draft_len);
     DraftExtendItem it;
     it.req_pool_idx = r.kv.req_pool_idx;
@@ -195,11 +265,6 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
     extended.push_back(&r);
   }
   t = Clock::now();
-  if (flush) {
-    // Pairs pile up while speculation is off: one extend for all of them every num_draft_tokens
-    // cycles (the graphed extend's size) keeps the draft current at a small share of the cost.
-    flush_pending_pairs(plan);
-  }
   try {
     spec_->draft_extend(extend);
   } catch (const std::exception& e) {
@@ -207,7 +272,7 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
     return;
   }
   model_s += since(t);
-  policy.observe(bs, shape, model_s);
+  if (steady) policy.observe(bs, shape, model_s);
   for (Req* r : extended) r->kv.draft_len = r->kv_len();
 }
 

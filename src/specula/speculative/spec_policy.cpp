@@ -139,13 +139,31 @@ SpecChoice SpecPolicy::choose(const std::vector<const DepthAcceptance*>& request
   }
   // Best first; ties go to the shape listed first (off, then shorter drafts).
   std::stable_sort(rated.begin(), rated.end(), [](const Rated& a, const Rated& b) { return a.rate > b.rate; });
-  const int64_t n = ++choices_[bucket];
-  const bool explore = rated.size() > 1 && n % kExploreEvery == 0;
-  const Rated& pick = explore ? rated[1] : rated[0];
-  const Rated& other = explore ? rated[0] : rated[1];
-  std::string why = fmt::format("{} {:.0f} tok/s {} {} {:.0f} tok/s at batch {}", pick.shape.str(), pick.rate,
-                                explore ? "(exploring) vs" : ">=", other.shape.str(), other.rate, bucket);
-  return {pick.shape, pick.rate, explore, std::move(why)};
+  Bucket& b = buckets_[bucket];
+  auto find = [&](const SpecShape& s) {
+    return std::find_if(rated.begin(), rated.end(), [&](const Rated& r) { return r.shape == s; });
+  };
+  if (b.explore_left > 0) {
+    --b.explore_left;
+    const auto e = find(b.exploring);
+    return {b.exploring, e->rate, true, fmt::format("{} (exploring, cycle {})", b.exploring.str(), kExploreCycles - b.explore_left)};
+  }
+  // The bucket's shape stays unless the best beats it by the margin.
+  const auto current = find(b.current);
+  const Rated& best = current != rated.end() && rated[0].rate <= current->rate * (1 + kSwitchMargin) ? *current : rated[0];
+  b.current = best.shape;
+  if (++b.choices % kExploreEvery == 0) {
+    const Rated& other = best.shape == rated[0].shape ? rated[1] : rated[0];
+    b.exploring = other.shape;
+    b.explore_left = kExploreCycles - 1;
+    return {other.shape, other.rate, true,
+            fmt::format("{} {:.0f} tok/s (exploring, cycle 1) vs {} {:.0f} tok/s at batch {}", other.shape.str(), other.rate,
+                        best.shape.str(), best.rate, bucket)};
+  }
+  const Rated& next = best.shape == rated[0].shape ? rated[1] : rated[0];
+  std::string why = fmt::format("{} {:.0f} tok/s vs {} {:.0f} tok/s at batch {}", best.shape.str(), best.rate,
+                                next.shape.str(), next.rate, bucket);
+  return {best.shape, best.rate, false, std::move(why)};
 }
 
 }  // namespace specula

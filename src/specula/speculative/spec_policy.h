@@ -101,8 +101,14 @@ struct SpecChoice {
 
 class SpecPolicy {
  public:
-  // Cycles between two explorations of the best unmeasured-for-long runner-up of a bucket.
+  // Cycles between two explorations of a bucket's runner-up, and how many cycles one runs (the
+  // scheduler learns a cost from a shape's second cycle in a row on).
   static constexpr int kExploreEvery = 64;
+  static constexpr int kExploreCycles = 2;
+  // A bucket keeps its shape until another's estimate beats it by this much: estimates carry
+  // noise, and each change costs (a cycle that pays the previous shape's tail, a catch-up of the
+  // draft after speculation was off).
+  static constexpr double kSwitchMargin = 0.05;
 
   SpecPolicy(SpecPolicyKind kind, const SpecParams& max, std::vector<int> bucket_sizes = {});
 
@@ -114,8 +120,9 @@ class SpecPolicy {
   DepthAcceptance& acceptance() { return acceptance_; }
 
   // The shape for a batch whose requests have these acceptances. Shapes with no estimate for the
-  // batch's bucket are tried first (largest first), then the estimated best; every
-  // kExploreEvery choices of a bucket the runner-up runs once so that its estimate stays current.
+  // batch's bucket are tried first (largest first), then the estimated best (the bucket's
+  // current shape unless beaten by kSwitchMargin); every kExploreEvery choices of a bucket the
+  // runner-up runs kExploreCycles cycles so that its estimate stays current.
   SpecChoice choose(const std::vector<const DepthAcceptance*>& requests);
   // Tests: from now on choose() cycles through `sequence` (each one of shapes()), whatever the
   // costs say, so that every transition between shapes is exercised; empty: back to the costs.
@@ -128,7 +135,13 @@ class SpecPolicy {
   std::vector<SpecShape> shapes_;
   SpecCostModel costs_;
   DepthAcceptance acceptance_;
-  std::map<int, int64_t> choices_;  // per bucket, for exploration
+  struct Bucket {
+    int64_t choices = 0;
+    SpecShape current{-1, -1};
+    SpecShape exploring{-1, -1};
+    int explore_left = 0;
+  };
+  std::map<int, Bucket> buckets_;
   std::vector<SpecShape> forced_;
   size_t forced_next_ = 0;
 };
