@@ -722,7 +722,9 @@ TEST(CudaAttentionSelection, VerifyTreeKernelOrPrefillFallback) {
                 "sliding_window_size 64"),
             std::string::npos);
   layer.sliding_window_size = -1;
-  EXPECT_EQ(select_cuda_verify(layer, DType::bf16, DType::fp8_e4m3, shape).kernel, CudaAttentionKernel::kPrefillMma);
+  // The tree kernel reads an fp8 cache too; a f16 cache goes to the prefill kernels.
+  EXPECT_EQ(select_cuda_verify(layer, DType::bf16, DType::fp8_e4m3, shape).kernel, CudaAttentionKernel::kTree);
+  EXPECT_EQ(select_cuda_verify(layer, DType::bf16, DType::f16, shape).kernel, CudaAttentionKernel::kPrefillMma);
   shape.tree_staged = false;
   EXPECT_EQ(select_cuda_verify(layer, DType::bf16, DType::bf16, shape).kernel, CudaAttentionKernel::kPrefillWgmma);
 }

@@ -6,6 +6,7 @@
 // is visible.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -95,11 +96,41 @@ TEST(CudaSpeculative, GreedyOutputEqualsTheTargetsOwn) {
   }
 }
 
-// The auto policy's shapes on the GPU, forced through every transition (off cycles through the
-// one-token verify graphs and pending pairs flushed by the graphed extend, chains cut short
-// through the loop graphs of each step count and the chain extends of each length, the full tree),
-// then left to its own start-up calibration and measurements: the output stays the GPU target's
-// own greedy output, with bf16 and fp8 KV, graphs and eager, and every KV slot returns.
+// On the GPU a plain decode step attends through the decode kernel (tensor cores) and a verify row
+// through the tree kernel (f32): their last bits differ, so where speculation mixes both (the auto
+// policy's off steps between drafting cycles) a near-tie can go either way. The outputs must be
+// equal up to their first difference, and there the two tokens must be a near-tie of the target's
+// own distribution (scored by `scorer`, plain decoding).
+constexpr float kNearTie = 0.05f;  // log-probability gap
+
+void expect_equal_or_near_tie(Engine& scorer, const std::string& text, const std::vector<int32_t>& got,
+                              const std::vector<int32_t>& want) {
+  size_t j = 0;
+  while (j < got.size() && j < want.size() && got[j] == want[j]) ++j;
+  if (j == got.size() && j == want.size()) return;
+  ASSERT_LT(j, std::min(got.size(), want.size())) << text << ": outputs of different lengths";
+  EngineRequest r = testing_fixtures::greedy(text, static_cast<int>(j) + 1);
+  r.logprobs = 5;
+  auto h = scorer.submit(r);
+  scorer.run_until_idle();
+  const RequestOutput out = h->wait();
+  ASSERT_EQ(out.output_ids.size(), j + 1);
+  ASSERT_EQ(out.output_ids[j], want[j]) << text << ": the scorer does not reproduce the reference";
+  const auto& top = out.logprobs[j].top;
+  const auto other = std::find_if(top.begin(), top.end(), [&](const auto& e) { return e.first == got[j]; });
+  ASSERT_NE(other, top.end()) << text << ": token " << got[j] << " at " << j << " is not among the target's top 5";
+  EXPECT_LE(out.logprobs[j].logprob - other->second, kNearTie)
+      << text << ": at " << j << " token " << got[j] << " has log-probability " << other->second << ", the target's "
+      << want[j] << " " << out.logprobs[j].logprob;
+  std::printf("near-tie at %zu of \"%.20s...\": %d (%.4f) vs %d (%.4f)\n", j, text.c_str(), got[j], other->second,
+              want[j], out.logprobs[j].logprob);
+}
+
+// The auto policy's shapes on the GPU, forced through every transition (off steps as plain decode
+// steps and the draft's catch-up after them, chains cut short through the loop graphs of each step
+// count and the chain extends of each length, the full tree), then left to its own start-up
+// calibration and measurements: the output is the GPU target's own greedy output but for
+// near-ties (above), with bf16 and fp8 KV, graphs and eager, and every KV slot returns.
 TEST(CudaSpeculative, AutoPolicyShapesKeepTheTargetsOwnOutput) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::vector<std::string> texts;
@@ -157,7 +188,14 @@ TEST(CudaSpeculative, AutoPolicyShapesKeepTheTargetsOwnOutput) {
     const int64_t free_at_start = engine.runner().allocator().available_size();
     const auto outs = run(engine, texts);
     const auto& reference = plain[std::make_pair(c.page_size, static_cast<int>(c.kv))];
-    for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(outs[i], reference[i]) << texts[i];
+    EngineOptions so = gpu_options(c.page_size, 1);
+    so.runner.kv_dtype = c.kv;
+    if (c.kv == DType::fp8_e4m3) {
+      so.speculative = EagleOptions{EagleKind::EAGLE3, spec_fixtures::head_dir(EagleKind::EAGLE3), c.params,
+                                    SpecPolicyKind::FIXED};
+    }
+    Engine scorer(kModel, so);
+    for (size_t i = 0; i < texts.size(); ++i) expect_equal_or_near_tie(scorer, texts[i], outs[i], reference[i]);
     const SchedulerStats s = engine.stats();
     std::string choices;
     for (const auto& [bucket, shapes] : s.spec_choices) {

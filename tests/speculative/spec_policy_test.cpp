@@ -84,6 +84,14 @@ TEST(SpecPolicy, DepthAcceptanceLearnsTheRatesAndTheExpectedRun) {
   EXPECT_EQ(fresh.rate(1), DepthAcceptance::kPrior);
   fresh.seed(a);
   EXPECT_EQ(fresh.rate(3), a.rate(3));
+  // Drifting toward another estimate closes kAlpha of the gap at every depth.
+  DepthAcceptance poor;
+  for (int i = 0; i < 100; ++i) poor.observe(5, 0);
+  const double before = poor.rate(2);
+  poor.drift_to(a);
+  EXPECT_NEAR(poor.rate(2), before + DepthAcceptance::kAlpha * (a.rate(2) - before), 1e-12);
+  for (int i = 0; i < 300; ++i) poor.drift_to(a);
+  EXPECT_NEAR(poor.expected_tokens(5), a.expected_tokens(5), 1e-6);
 }
 
 TEST(SpecPolicy, PicksTheMostTokensPerSecondIncludingOff) {

@@ -189,6 +189,7 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
   const bool steady = shape == last_shape_;
   last_shape_ = shape;
   if (shape.off()) {
+    for (const Planned& p : plan) p.req->acceptance.drift_to(policy.acceptance());
     const double forward_s = run_spec_off_step(plan);
     if (steady) policy.observe(bs, shape, forward_s);
     return;

@@ -46,6 +46,14 @@ void DepthAcceptance::observe(int depth, int accepted) {
   }
 }
 
+void DepthAcceptance::drift_to(const DepthAcceptance& to) {
+  const size_t depths = std::max(rates_.size(), to.rates_.size());
+  std::vector<double> now(depths);
+  for (size_t d = 1; d <= depths; ++d) now[d - 1] = rate(static_cast<int>(d));
+  for (size_t d = 1; d <= depths; ++d) now[d - 1] += kAlpha * (to.rate(static_cast<int>(d)) - now[d - 1]);
+  rates_ = std::move(now);
+}
+
 double DepthAcceptance::rate(int d) const {
   if (rates_.empty()) return kPrior;
   return rates_[static_cast<size_t>(std::min(d, static_cast<int>(rates_.size())) - 1)];

@@ -53,6 +53,9 @@ class DepthAcceptance {
   void observe(int depth, int accepted);
   // Starts from another's rates (a new request starts from the engine-wide average).
   void seed(const DepthAcceptance& from) { rates_ = from.rates_; }
+  // Moves kAlpha of the way to another's rates: a request that is not drafting learns nothing of
+  // its own, and its estimate must not keep it off speculation for good.
+  void drift_to(const DepthAcceptance& to);
   // The rate at depth d (1-based); depths never observed take the deepest rate known, or prior.
   double rate(int d) const;
   // Expected committed tokens of a cycle of max depth `depth`: the bonus plus the expected run.
