@@ -139,7 +139,7 @@ void run(const Options& o) {
     parts.push_back({{"batch_size", ph.batch_size}, {"verify_s", ph.verify_s}, {"draft_s", ph.draft_s}, {"extend_s", ph.extend_s}});
   }
   // What the auto policy sees: one cycle of every shape it may pick, per batch size.
-  fmt::print("\ncycle ms by shape (off: the root alone, plus its share of the deferred draft extend)\n{:>5}", "batch");
+  fmt::print("\ncycle ms by shape (off: the plain step)\n{:>5}", "batch");
   for (const SpecShape& s : worker.policy().shapes()) fmt::print(" {:>9}", s.str());
   fmt::print("\n");
   for (const PlainTime& p : plain) {

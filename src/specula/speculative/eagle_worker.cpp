@@ -53,7 +53,9 @@ EagleWorker::EagleWorker(ModelRunner& target, std::unique_ptr<DraftHead> head, c
                 "the draft head was built for ({}, {}, {}) (num_steps, topk, num_draft_tokens), the worker runs ({}, {}, {})",
                 h.num_steps, h.topk, h.num_draft_tokens, params_.num_steps, params_.topk, params_.num_draft_tokens);
   std::vector<int> tokens;
-  for (const SpecShape& s : policy_.shapes()) tokens.push_back(s.num_draft_tokens);
+  for (const SpecShape& s : policy_.shapes()) {
+    if (!s.off()) tokens.push_back(s.num_draft_tokens);
+  }
   target.capture_verify_graphs(head_->capture_layers(), tokens);
 }
 
@@ -239,16 +241,17 @@ void EagleWorker::run_device_chain_cycle(std::span<CycleItem> items, const SpecS
 void EagleWorker::run_cycle(std::span<CycleItem> items, const SpecShape& shape) {
   extended_.clear();
   if (items.empty()) return;
+  SPECULA_CHECK(!shape.off(), "a step with speculation off is a plain decode step, not a cycle");
   SPECULA_CHECK(std::find(policy_.shapes().begin(), policy_.shapes().end(), shape) != policy_.shapes().end(),
                 "draft shape {} is not one the {} policy runs", shape.str(), spec_policy_name(policy_.kind()));
   const int N = shape.num_draft_tokens;
-  if (!shape.off() && head_->chains_on_device() && shape.num_steps >= 2) {
+  if (head_->chains_on_device() && shape.num_steps >= 2) {
     run_device_chain_cycle(items, shape);
     return;
   }
   auto start = std::chrono::steady_clock::now();
   std::vector<DraftCandidates> cands(items.size());
-  if (!shape.off()) head_->draft(draft_requests(items), shape.num_steps, cands);
+  head_->draft(draft_requests(items), shape.num_steps, cands);
   timing_.draft_steps_s += seconds_since(start);
   start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < items.size(); ++i) items[i].tree = build_tree(items[i].root_token, cands[i], N);

@@ -86,8 +86,8 @@ class EagleWorker {
   DraftState root_on_host(int32_t req_pool_idx, const DraftState& state) const {
     return head_->root_on_host(req_pool_idx, state);
   }
-  // A cycle of `shape` (one of policy().shapes(); an off cycle verifies each root alone, which is
-  // a plain decode step that also returns the root's target features for a later draft extend).
+  // A cycle of `shape` (one of policy().shapes() but "off", which the scheduler runs as a plain
+  // decode step).
   void run_cycle(std::span<CycleItem> items, const SpecShape& shape);
   // A cycle of the largest shape.
   void run_cycle(std::span<CycleItem> items) { run_cycle(items, SpecShape{params_.num_steps, params_.num_draft_tokens}); }

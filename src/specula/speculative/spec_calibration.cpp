@@ -74,10 +74,9 @@ void prefill(EagleWorker& worker, StandIns& s, size_t i) {
   if (i == 0) s.features = std::move(capture.data);
 }
 
-// One cycle of shape over the first bs stand-ins and its draft extend, as the scheduler runs it;
-// an off cycle instead extends num_draft_tokens pending pairs once every num_draft_tokens
-// cycles, which is charged here by its share.
-double time_cycle(EagleWorker& worker, StandIns& s, int bs, const SpecShape& shape, double flush_share) {
+// One drafting cycle of shape over the first bs stand-ins and its draft extend, as the scheduler
+// runs it.
+double time_cycle(EagleWorker& worker, StandIns& s, int bs, const SpecShape& shape) {
   std::vector<CycleItem> items(static_cast<size_t>(bs));
   for (size_t i = 0; i < items.size(); ++i) {
     items[i].req_pool_idx = s.rows[i];
@@ -88,36 +87,16 @@ double time_cycle(EagleWorker& worker, StandIns& s, int bs, const SpecShape& sha
   const auto start = std::chrono::steady_clock::now();
   worker.run_cycle(items, shape);
   std::vector<DraftExtendItem> extend;
-  if (!shape.off()) {
-    for (size_t i = 0; i < items.size(); ++i) {
-      DraftExtendItem it;
-      it.req_pool_idx = s.rows[i];
-      it.start = s.context_len;
-      it.next_tokens = items[i].result.accepted_tokens;
-      it.next_tokens.push_back(items[i].result.bonus_token);
-      it.features = items[i].accepted_features.data();
-      it.state = &s.states[i];
-      extend.push_back(std::move(it));
-    }
-  }
-  worker.draft_extend(extend);
-  return seconds_since(start) + (shape.off() ? flush_share : 0.0);
-}
-
-// One extend of num_draft_tokens pending pairs per request over the first bs stand-ins.
-double time_flush(EagleWorker& worker, StandIns& s, int bs) {
-  const int N = std::min(worker.params().num_draft_tokens, s.context_len);
-  std::vector<DraftExtendItem> extend;
-  for (int i = 0; i < bs; ++i) {
+  for (size_t i = 0; i < items.size(); ++i) {
     DraftExtendItem it;
-    it.req_pool_idx = s.rows[static_cast<size_t>(i)];
+    it.req_pool_idx = s.rows[i];
     it.start = s.context_len;
-    it.next_tokens.assign(s.tokens[static_cast<size_t>(i)].begin(), s.tokens[static_cast<size_t>(i)].begin() + N);
-    it.features = s.features.data();
-    it.state = &s.states[static_cast<size_t>(i)];
+    it.next_tokens = items[i].result.accepted_tokens;
+    it.next_tokens.push_back(items[i].result.bonus_token);
+    it.features = items[i].accepted_features.data();
+    it.state = &s.states[i];
     extend.push_back(std::move(it));
   }
-  const auto start = std::chrono::steady_clock::now();
   worker.draft_extend(extend);
   return seconds_since(start);
 }
@@ -239,27 +218,28 @@ SpecTimings time_spec_cycles(EagleWorker& worker, ModelRunner& target, const Spe
   for (size_t i = 0; i < B; ++i) prefill(worker, s, i);
 
   for (int bs : sizes) {
-    std::vector<double> flush;
+    // The plain step: the policy's "off" (the catch-up when a request drafts again is left out:
+    // it depends on how long it was off).
+    std::vector<double> plain_t;
     for (int r = 0; r < options.warmup + options.repeats; ++r) {
-      const double t = time_flush(worker, s, bs);
-      if (r >= options.warmup) flush.push_back(t);
+      const double c = time_plain(s, bs);
+      if (r >= options.warmup) plain_t.push_back(c);
     }
-    const double flush_share = median(flush) / worker.params().num_draft_tokens;
+    const double plain_s = median(plain_t);
     for (const SpecShape& shape : worker.policy().shapes()) {
+      if (shape.off()) {
+        out.cycles.push_back({bs, shape, plain_s});
+        continue;
+      }
       std::vector<double> t;
       for (int r = 0; r < options.warmup + options.repeats; ++r) {
-        const double c = time_cycle(worker, s, bs, shape, flush_share);
+        const double c = time_cycle(worker, s, bs, shape);
         if (r >= options.warmup) t.push_back(c);
       }
       out.cycles.push_back({bs, shape, median(t)});
     }
     if (details) {
-      std::vector<double> t;
-      for (int r = 0; r < options.warmup + options.repeats; ++r) {
-        const double c = time_plain(s, bs);
-        if (r >= options.warmup) t.push_back(c);
-      }
-      out.plain.push_back({bs, median(t)});
+      out.plain.push_back({bs, plain_s});
       std::vector<double> v, d, e;
       for (int r = 0; r < options.warmup + options.repeats; ++r) {
         const PhaseTime p = time_phases(worker, s, bs);

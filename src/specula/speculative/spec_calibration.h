@@ -1,6 +1,6 @@
 // Timing speculative cycles on stand-in requests, before any real request arrives: the start-up
 // calibration of the auto policy's cost model (issue 50, item 1) and the measurements of
-// `bench spec-cost` (item 3). Each stand-in request gets a request row and KV slots for a context
+// `bench spec-cost` (item 3). The "off" shape's time is the plain DECODE step's. Each stand-in request gets a request row and KV slots for a context
 // of random tokens, which one EXTEND forward fills (with the features the draft head needs) and
 // one draft extend turns into a root; then cycles of each shape run over the first bs requests
 // exactly as the scheduler runs them (run_cycle, then the draft extend of what they accepted),
@@ -26,7 +26,7 @@ struct SpecTimingOptions {
 struct CycleTime {
   int batch_size = 0;
   SpecShape shape;
-  double seconds = 0;  // one cycle and its draft extend, host wall clock (the GPU waited for)
+  double seconds = 0;  // one cycle and its draft extend (off: a plain step), host wall clock
 };
 
 struct PlainTime {
