@@ -14,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <map>
 #include <cstdint>
 #include <vector>
 
@@ -47,6 +48,8 @@ class FakeDraftHead final : public DraftHead {
                     it->state->root_hidden.size() < 2 ? -1.0f : it->state->root_hidden[1]);
       for (size_t i = 0; i < it->next_tokens.size(); ++i) {
         const int position = it->start + static_cast<int>(i);
+        // The draft KV is indexed by the request's slots as its row maps them now.
+        pair_at_slot_[target_.req_pool().row(it->req_pool_idx)[position]] = {position, it->next_tokens[i]};
         const float* f = it->features + i * F;
         SPECULA_CHECK(f[0] == static_cast<float>(token_at(it->req_pool_idx, position)) &&
                           f[1] == static_cast<float>(position),
@@ -73,6 +76,18 @@ class FakeDraftHead final : public DraftHead {
       SPECULA_CHECK(r.state->root_hidden.size() == 2 && static_cast<int>(r.state->root_hidden[1]) == r.kv_len,
                     "draft of request {} at {}, but its draft pairs end at {}", r.req_pool_idx, r.kv_len,
                     r.state->root_hidden.size() == 2 ? r.state->root_hidden[1] : -1.0f);
+      // Every draft pair the draft attends to holds the right pair: written at the slot the row maps
+      // the position to (by this request, or by the one whose cached prefix it reuses), with the
+      // token that follows the position (the root for the last).
+      const int32_t* row = target_.req_pool().row(r.req_pool_idx);
+      for (int p = 0; p < r.kv_len; ++p) {
+        const int32_t next = p + 1 < r.kv_len ? token_at(r.req_pool_idx, p + 1) : static_cast<int32_t>(r.state->root_hidden[0]);
+        const auto at = pair_at_slot_.find(row[p]);
+        SPECULA_CHECK(at != pair_at_slot_.end() && at->second == std::make_pair(p, next),
+                      "draft of request {}: slot {} of position {} holds no draft pair for it (position {}, next token {})",
+                      r.req_pool_idx, row[p], p, at != pair_at_slot_.end() ? at->second.first : -1,
+                      at != pair_at_slot_.end() ? at->second.second : -1);
+      }
       std::vector<int32_t> context;
       for (int p = 0; p < r.kv_len; ++p) context.push_back(token_at(r.req_pool_idx, p));
       context.push_back(static_cast<int32_t>(r.state->root_hidden.at(0)));
@@ -156,6 +171,7 @@ class FakeDraftHead final : public DraftHead {
   SpecParams params_;
   std::vector<int> layers_{HiddenCapture::kFinalNormed};
   std::vector<int> expected_;
+  std::map<int32_t, std::pair<int, int32_t>> pair_at_slot_;  // draft KV slot -> (position, next token)
   int extends_ = 0;
 };
 

@@ -172,11 +172,20 @@ TEST(SpecPolicy, MeasuresEveryShapeFirstThenExploresTheRunnerUp) {
     }
   }
   EXPECT_EQ(explored, 2);
-  // A measurement replaces the prior, then moves by the average's weight.
+  // Once measured, a prior no longer counts; later measurements move by the average's weight, and
+  // a step that did not run (0 s) is ignored.
   policy.costs().set_prior(3, {1, 2}, 9.0);
   EXPECT_DOUBLE_EQ(*policy.costs().seconds(3, {1, 2}), 1.2);
   policy.observe(3, {1, 2}, 2.2);
   EXPECT_DOUBLE_EQ(*policy.costs().seconds(3, {1, 2}), 1.2 + SpecCostModel::kAlpha * 1.0);
+  policy.observe(3, {1, 2}, 0.0);
+  EXPECT_DOUBLE_EQ(*policy.costs().seconds(3, {1, 2}), 1.2 + SpecCostModel::kAlpha * 1.0);
+  // A first measurement meets an existing prior halfway.
+  SpecCostModel costs({8});
+  costs.set_prior(5, {2, 3}, 4.0);
+  costs.observe(6, {2, 3}, 2.0);
+  EXPECT_DOUBLE_EQ(*costs.seconds(8, {2, 3}), 3.0);
+  EXPECT_EQ(costs.measured(7, {2, 3}), 1);
 }
 
 TEST(SpecPolicy, FixedAlwaysRunsTheConfiguredShapeAndForcedSequencesRotate) {

@@ -4,7 +4,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 
 #include <algorithm>
 #include <cmath>

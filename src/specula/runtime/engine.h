@@ -37,8 +37,8 @@ class EngineBusy : public Error {
 struct EngineOptions {
   ModelRunnerOptions runner;
   SchedulerOptions scheduler;
-  // EAGLE / EAGLE-3 speculative decoding with this draft head (the target then never runs plain
-  // DECODE steps, so no decode CUDA graphs are captured for it).
+  // EAGLE / EAGLE-3 speculative decoding with this draft head (with the auto policy, steps the
+  // policy runs without drafting are plain DECODE steps, through the decode graphs).
   std::optional<EagleOptions> speculative;
   // The auto policy's start-up calibration on a GPU (tests that time nothing turn it off).
   bool speculative_calibration = true;

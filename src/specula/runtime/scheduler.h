@@ -144,9 +144,9 @@ class Scheduler {
   // Requests that decoded with speculation off hold KV the draft never saw. One EXTEND of the
   // target over those tokens recomputes their features, its K/V written to borrowed pages (the
   // requests' own KV untouched: the output stays that of plain decoding), and the draft extends
-  // over the pairs. False (nothing changed) when the borrowed pages cannot be found; the step
-  // then runs with speculation off.
-  bool catch_up_drafts(const std::vector<Planned>& plan);
+  // over the pairs. Returns why it could not (no pages to borrow, a failed forward or extend:
+  // the step then runs with speculation off and nothing else changed), or empty.
+  std::string catch_up_drafts(const std::vector<Planned>& plan);
 
   ModelRunner& runner_;
   const Tokenizer* tokenizer_;

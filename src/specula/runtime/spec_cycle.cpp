@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "specula/runtime/scheduled_request.h"
 #include "specula/runtime/scheduler.h"
 
@@ -71,11 +73,12 @@ double Scheduler::run_spec_off_step(const std::vector<Planned>& plan) {
   return forward_s;
 }
 
-bool Scheduler::catch_up_drafts(const std::vector<Planned>& plan) {
+std::string Scheduler::catch_up_drafts(const std::vector<Planned>& plan) {
   struct Lag {
     Req* req;
     int first;                    // the page-aligned position the borrowed pages start at
     std::vector<int32_t> pages;   // borrowed slots for positions [first, kv_len)
+    std::vector<float> features;  // the recomputed features of positions [draft_len, kv_len)
   };
   std::vector<Lag> lags;
   const int page = kv_.page_size();
@@ -85,85 +88,118 @@ bool Scheduler::catch_up_drafts(const std::vector<Planned>& plan) {
     if (r.done || r.kv.draft_len >= r.kv_len()) continue;
     const int first = r.kv.draft_len / page * page;
     need += (r.kv_len() - first + page - 1) / page;
-    lags.push_back({&r, first, {}});
+    lags.push_back({&r, first, {}, {}});
   }
-  if (lags.empty()) return true;
-  if (!kv_.ensure_free_pages(need)) return false;
-  ForwardBatch b;
-  b.forward_mode = ForwardMode::EXTEND;
-  b.batch_size = static_cast<int>(lags.size());
-  std::vector<int32_t> src, dst;
-  for (Lag& l : lags) {
-    Req& r = *l.req;
-    const int len = r.kv_len(), start = r.kv.draft_len;
-    const int tokens = (len - l.first + page - 1) / page * page;
-    std::optional<std::vector<int32_t>> slots = runner_.allocator().alloc(tokens);
-    SPECULA_ASSERT(slots.has_value(), "{} free pages were made available for {} tokens", need, tokens);
-    l.pages = std::move(*slots);
-    // The borrowed pages start with a copy of the KV before the lag on its first page, so that
-    // the request's row can map whole pages to them while the EXTEND runs.
-    for (int t = l.first; t < start; ++t) {
-      src.push_back(r.kv.slots[static_cast<size_t>(t)]);
-      dst.push_back(l.pages[static_cast<size_t>(t - l.first)]);
+  if (lags.empty()) return {};
+  if (!kv_.ensure_free_pages(need)) return fmt::format("no {} free KV pages to recompute the draft's missing pairs", need);
+  // Whatever happens below, the rows map the requests' own KV again and the borrowed pages go
+  // back.
+  struct Borrowed {
+    std::vector<Lag>& lags;
+    ModelRunner& runner;
+    void give_back() {
+      for (Lag& l : lags) {
+        if (l.pages.empty()) continue;
+        const RequestKv& kv = l.req->kv;
+        runner.req_pool().write(kv.req_pool_idx, l.first, std::span<const int32_t>(kv.slots).subspan(static_cast<size_t>(l.first)));
+        runner.allocator().free(l.pages);
+        l.pages.clear();
+      }
     }
-    runner_.req_pool().write(r.kv.req_pool_idx, l.first,
-                             std::span<const int32_t>(l.pages).first(static_cast<size_t>(len - l.first)));
-    for (int t = start; t < len; ++t) {
-      b.input_ids.push_back(r.fill_id(t));
-      b.positions.push_back(t);
-      b.out_cache_loc.push_back(l.pages[static_cast<size_t>(t - l.first)]);
-    }
-    b.req_pool_indices.push_back(r.kv.req_pool_idx);
-    b.seq_lens.push_back(len);
-    b.extend_prefix_lens.push_back(start);
-    b.extend_seq_lens.push_back(len - start);
-  }
-  runner_.kv_pool().copy_slots(src, dst, runner_.cuda_stream());
-  HiddenCapture capture;
-  capture.layers = spec_->capture_layers();
-  bool ran = true;
-  std::string error;
+    ~Borrowed() { give_back(); }
+  } borrowed{lags, runner_};
   try {
-    runner_.forward(b, logits_, /*all_tokens=*/false, &capture);
+    std::vector<int32_t> src, dst;
+    for (Lag& l : lags) {
+      const RequestKv& kv = l.req->kv;
+      const int len = l.req->kv_len();
+      std::optional<std::vector<int32_t>> slots = runner_.allocator().alloc((len - l.first + page - 1) / page * page);
+      SPECULA_CHECK(slots.has_value(), "{} free pages were made available but the allocator has fewer", need);
+      l.pages = std::move(*slots);
+      // The borrowed pages start with a copy of the KV before the lag on its first page, so that
+      // the request's row can map whole pages to them while the EXTEND runs.
+      for (int t = l.first; t < kv.draft_len; ++t) {
+        src.push_back(kv.slots[static_cast<size_t>(t)]);
+        dst.push_back(l.pages[static_cast<size_t>(t - l.first)]);
+      }
+      runner_.req_pool().write(kv.req_pool_idx, l.first,
+                               std::span<const int32_t>(l.pages).first(static_cast<size_t>(len - l.first)));
+    }
+    runner_.kv_pool().copy_slots(src, dst, runner_.cuda_stream());
+    // EXTENDs of at most the chunked-prefill size: a long lag runs as several chunks, each seeing
+    // the ones before it in the borrowed pages.
+    const int budget = options_.chunked_prefill_size > 0 ? options_.chunked_prefill_size : 4096;
+    const auto width = static_cast<size_t>(spec_->head().feature_size());
+    struct Segment {
+      Lag* lag;
+      int from, to;
+    };
+    std::vector<Segment> chunk;
+    int in_chunk = 0;
+    auto run_chunk = [&] {
+      ForwardBatch b;
+      b.forward_mode = ForwardMode::EXTEND;
+      b.batch_size = static_cast<int>(chunk.size());
+      for (const Segment& sg : chunk) {
+        const Req& r = *sg.lag->req;
+        for (int t = sg.from; t < sg.to; ++t) {
+          b.input_ids.push_back(r.fill_id(t));
+          b.positions.push_back(t);
+          b.out_cache_loc.push_back(sg.lag->pages[static_cast<size_t>(t - sg.lag->first)]);
+        }
+        b.req_pool_indices.push_back(r.kv.req_pool_idx);
+        b.seq_lens.push_back(sg.to);
+        b.extend_prefix_lens.push_back(sg.from);
+        b.extend_seq_lens.push_back(sg.to - sg.from);
+      }
+      HiddenCapture capture;
+      capture.layers = spec_->capture_layers();
+      runner_.forward(b, logits_, /*all_tokens=*/false, &capture);
+      size_t row = 0;
+      for (const Segment& sg : chunk) {
+        const size_t n = static_cast<size_t>(sg.to - sg.from) * width;
+        sg.lag->features.insert(sg.lag->features.end(), capture.data.begin() + static_cast<int64_t>(row),
+                                capture.data.begin() + static_cast<int64_t>(row + n));
+        row += n;
+      }
+      chunk.clear();
+      in_chunk = 0;
+    };
+    for (Lag& l : lags) {
+      for (int from = l.req->kv.draft_len; from < l.req->kv_len();) {
+        const int to = std::min(l.req->kv_len(), from + (budget - in_chunk));
+        chunk.push_back({&l, from, to});
+        in_chunk += to - from;
+        from = to;
+        if (in_chunk >= budget) run_chunk();
+      }
+    }
+    if (!chunk.empty()) run_chunk();
   } catch (const std::exception& e) {
-    ran = false;
-    error = e.what();
+    return std::string("recomputing the draft's missing pairs failed: ") + e.what();
   }
-  // The rows map the requests' own KV again, and the borrowed pages go back.
-  for (Lag& l : lags) {
-    Req& r = *l.req;
-    runner_.req_pool().write(r.kv.req_pool_idx, l.first,
-                             std::span<const int32_t>(r.kv.slots).subspan(static_cast<size_t>(l.first)));
-    runner_.allocator().free(l.pages);
-  }
+  // The draft extend writes the draft's KV through the rows: they must map the requests' own
+  // slots again first.
+  borrowed.give_back();
   std::vector<DraftExtendItem> items;
-  const auto width = static_cast<size_t>(spec_->head().feature_size());
-  size_t row = 0;
   for (Lag& l : lags) {
     Req& r = *l.req;
     DraftExtendItem it;
     it.req_pool_idx = r.kv.req_pool_idx;
     it.start = r.kv.draft_len;
     for (int t = it.start; t < r.kv_len(); ++t) it.next_tokens.push_back(r.fill_id(t + 1));
-    it.features = ran ? capture.data.data() + row * width : nullptr;
+    it.features = l.features.data();
     it.state = &r.kv.draft;
-    row += it.next_tokens.size();
     items.push_back(std::move(it));
   }
   try {
-    SPECULA_CHECK(ran, "{}", error);
     spec_->draft_extend(items);
   } catch (const std::exception& e) {
-    for (Lag& l : lags) {
-      Req& r = *l.req;
-      kv_.free_after(r.kv.scratch, r.kv.last_slot());
-      r.kv.scratch.clear();
-      finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
-    }
-    return true;
+    // The draft KV past draft_len is recomputed the next time; the target's KV is intact.
+    return std::string("the draft extend over the missing pairs failed: ") + e.what();
   }
   for (Lag& l : lags) l.req->kv.draft_len = l.req->kv_len();
-  return true;
+  return {};
 }
 
 void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
@@ -174,9 +210,10 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
   for (const Planned& p : plan) acceptance.push_back(&p.req->acceptance);
   SpecChoice choice = policy.choose(acceptance);
   // The draft must know every pair before it drafts from a request's root. (Not timed: this is
-  // the deferred cost of the steps that ran with speculation off.)
-  if (!choice.shape.off() && !catch_up_drafts(plan)) {
-    choice = {SpecShape{}, 0, false, "no KV pages to recompute the draft's missing pairs"};
+  // the deferred cost of the steps that ran with speculation off.) When it cannot, the step runs
+  // without drafting; the requests' own KV is untouched either way.
+  if (!choice.shape.off()) {
+    if (std::string failed = catch_up_drafts(plan); !failed.empty()) choice = {SpecShape{}, 0, false, std::move(failed)};
   }
   const SpecShape shape = choice.shape;
   const int bs = static_cast<int>(plan.size());
@@ -198,7 +235,6 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
   std::vector<Req*> reqs;
   for (const Planned& p : plan) {
     Req& r = *p.req;
-    if (r.done) continue;  // a catch-up that failed ended it
     CycleItem it;
     it.req_pool_idx = r.kv.req_pool_idx;
     it.kv_len = r.kv_len();

@@ -29,12 +29,15 @@ std::vector<DraftRequest> draft_requests(std::span<const CycleItem> items) {
 }
 
 // The batch sizes the cost model keeps costs for: the captured graph sizes (a batch between two
-// runs padded to the larger), else powers of two.
+// runs padded to the larger), then powers of two up to the most requests that run at once.
 std::vector<int> cost_buckets(const ModelRunner& target) {
   std::vector<int> sizes = target.cuda_graph_batch_sizes();
-  if (!sizes.empty()) return sizes;
-  for (int bs = 1; bs < target.options().max_running_requests; bs *= 2) sizes.push_back(bs);
-  sizes.push_back(target.options().max_running_requests);
+  const int most = target.options().max_running_requests;
+  const int top = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  for (int bs = 1; bs < most; bs *= 2) {
+    if (bs > top) sizes.push_back(bs);
+  }
+  if (most > top) sizes.push_back(most);
   return sizes;
 }
 }  // namespace

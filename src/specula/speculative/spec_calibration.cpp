@@ -189,6 +189,7 @@ SpecTimings time_spec_cycles(EagleWorker& worker, ModelRunner& target, const Spe
   SPECULA_CHECK(options.repeats >= 1 && options.warmup >= 0, "timing repeats {} and warm-up {} must be >= 1 and >= 0",
                 options.repeats, options.warmup);
   const int ctx = std::clamp(options.context_len, 2, target.max_context_len() - 1);
+  if (sizes.empty()) return SpecTimings{};
   const int most = *std::max_element(sizes.begin(), sizes.end());
   const int fit = fitting_requests(target, ctx, worker.scratch_tokens(), most);
   std::erase_if(sizes, [&](int bs) { return bs < 1 || bs > fit; });

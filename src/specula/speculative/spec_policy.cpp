@@ -85,10 +85,15 @@ void SpecCostModel::set_prior(int batch_size, const SpecShape& shape, double sec
 }
 
 void SpecCostModel::observe(int batch_size, const SpecShape& shape, double seconds) {
+  if (!(seconds > 0)) return;  // a step that did not run
   Entry& e = entries_[{bucket(batch_size), {shape.num_steps, shape.num_draft_tokens}}];
-  // The first measurement replaces the prior outright: a calibration on the device alone does
-  // not see the host's share of a cycle.
-  e.seconds = e.measured == 0 ? seconds : e.seconds + kAlpha * (seconds - e.seconds);
+  // The first measurement meets the prior halfway (one sample is noisy, and the prior timed the
+  // stand-ins only); without a prior it is the estimate.
+  if (e.measured == 0) {
+    e.seconds = e.known ? 0.5 * (e.seconds + seconds) : seconds;
+  } else {
+    e.seconds += kAlpha * (seconds - e.seconds);
+  }
   e.known = true;
   ++e.measured;
 }

@@ -78,6 +78,7 @@ class SpecCostModel {
   explicit SpecCostModel(std::vector<int> bucket_sizes = {});
   int bucket(int batch_size) const;
   void set_prior(int batch_size, const SpecShape& shape, double seconds);
+  // A measured step (seconds <= 0, a step that did not run, is ignored).
   void observe(int batch_size, const SpecShape& shape, double seconds);
   // The estimate, or nullopt when the bucket has neither a prior nor a measurement.
   std::optional<double> seconds(int batch_size, const SpecShape& shape) const;
