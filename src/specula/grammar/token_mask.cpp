@@ -1,0 +1,49 @@
+// TokenTrie.
+#include "specula/grammar/token_mask.h"
+
+#include <algorithm>
+
+namespace specula::grammar {
+
+TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(static_cast<int>(tokens.size())) {
+  nodes_.emplace_back();
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (tokens[id].empty()) continue;
+    int32_t n = 0;
+    for (char c : tokens[id]) {
+      const auto b = static_cast<uint8_t>(c);
+      auto& kids = nodes_[static_cast<size_t>(n)].children;
+      const auto it = std::lower_bound(kids.begin(), kids.end(), b, [](const auto& k, uint8_t v) { return k.first < v; });
+      if (it != kids.end() && it->first == b) {
+        n = it->second;
+      } else {
+        const auto child = static_cast<int32_t>(nodes_.size());
+        kids.insert(it, {b, child});
+        nodes_.emplace_back();
+        n = child;
+      }
+    }
+    nodes_[static_cast<size_t>(n)].tokens.push_back(static_cast<int32_t>(id));
+  }
+}
+
+void TokenTrie::walk(const Automaton& automaton, int32_t node, const MatchState& state, std::vector<uint32_t>& bitmask) const {
+  const Node& nd = nodes_[static_cast<size_t>(node)];
+  for (int32_t id : nd.tokens) bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+  for (const auto& [byte, child] : nd.children) {
+    const MatchState next = automaton.advance(state, byte);
+    if (!next.dead()) walk(automaton, child, next, bitmask);
+  }
+}
+
+void TokenTrie::fill_mask(const Automaton& automaton, const MatchState& state, std::vector<uint32_t>& bitmask) const {
+  bitmask.assign((static_cast<size_t>(vocab_size_) + 31) / 32, 0u);
+  if (state.dead()) return;
+  // The root's own tokens are the empty ones, which are never accepted.
+  for (const auto& [byte, child] : nodes_[0].children) {
+    const MatchState next = automaton.advance(state, byte);
+    if (!next.dead()) walk(automaton, child, next, bitmask);
+  }
+}
+
+}  // namespace specula::grammar

@@ -1,0 +1,36 @@
+// Token masks (issue 51): which vocabulary tokens the grammar accepts next. The vocabulary's byte
+// strings go into a trie once; a mask walks it depth-first from the matcher's state, feeding one
+// byte per edge and dropping a whole subtree as soon as no parse survives its prefix, so tokens
+// that share a rejected prefix cost one step together.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "specula/grammar/matcher.h"
+
+namespace specula::grammar {
+
+class TokenTrie {
+ public:
+  // tokens[id]: the token's bytes; empty strings (special tokens) are never accepted.
+  explicit TokenTrie(const std::vector<std::string>& tokens);
+  int vocab_size() const { return vocab_size_; }
+
+  // bitmask: ceil(vocab / 32) words, bit id % 32 of word id / 32 set for each token the grammar
+  // accepts after `state` (xgrammar's and SGLang's layout).
+  void fill_mask(const Automaton& automaton, const MatchState& state, std::vector<uint32_t>& bitmask) const;
+
+ private:
+  struct Node {
+    std::vector<std::pair<uint8_t, int32_t>> children;  // by byte, sorted
+    std::vector<int32_t> tokens;                         // ids whose bytes end here
+  };
+  void walk(const Automaton& automaton, int32_t node, const MatchState& state, std::vector<uint32_t>& bitmask) const;
+
+  std::vector<Node> nodes_;
+  int vocab_size_ = 0;
+};
+
+}  // namespace specula::grammar
