@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
-FUZZ_TARGETS=${FUZZ_TARGETS:-fuzz_config fuzz_safetensors fuzz_tokenizer_load fuzz_tokenizer_text fuzz_openai_request fuzz_chat_template}
+FUZZ_TARGETS=${FUZZ_TARGETS:-fuzz_config fuzz_safetensors fuzz_tokenizer_load fuzz_tokenizer_text fuzz_openai_request fuzz_chat_template fuzz_grammar}
 FUZZ_OUT=${FUZZ_OUT:-build/fuzz/run}
 FUZZ_CORPUS=${FUZZ_CORPUS:-fuzz/corpus}
 
