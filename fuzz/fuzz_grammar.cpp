@@ -1,5 +1,5 @@
 // Fuzzes the grammar engine (specula::grammar) on arbitrary bytes: the text up to the first NUL is
-// a GBNF grammar (compiled under small limits), the rest are tokens separated by \x01, fed to a
+// a GBNF grammar (compiled under small limits; a regular expression when it starts with "re:"), the rest are tokens separated by \x01, fed to a
 // matcher with a rollback after every third, and a mask over those tokens after each step. A
 // specula::Error is the expected answer to a bad grammar; any other exception, sanitizer report,
 // abort or hang is a finding.
@@ -12,6 +12,7 @@
 #include "fuzz_common.h"
 #include "specula/grammar/grammar.h"
 #include "specula/grammar/matcher.h"
+#include "specula/grammar/regex.h"
 #include "specula/grammar/token_mask.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -32,7 +33,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     limits.max_rules = 300;
     limits.max_elements = 3000;
     limits.max_repeat = 40;
-    auto automaton = std::make_shared<const g::Automaton>(std::make_shared<const g::Grammar>(g::Grammar::parse(text, limits)));
+    const bool regex = text.rfind("re:", 0) == 0;
+    auto automaton = std::make_shared<const g::Automaton>(std::make_shared<const g::Grammar>(
+        regex ? g::compile_regex(std::string_view(text).substr(3), limits) : g::Grammar::parse(text, limits)));
     g::GrammarMatcher m(automaton);
     const g::TokenTrie trie(tokens);
     std::vector<uint32_t> mask;
