@@ -7,9 +7,10 @@
 //  - splits prompts longer than the step's token budget over several steps (chunked prefill);
 //  - runs one forward: EXTEND (prefill only), DECODE, or MIXED (prefill chunks and decodes);
 //  - samples, applies stop conditions, streams, and caches or frees the KV of finished requests.
-// With an EagleWorker, decoding requests advance by speculative cycles instead of DECODE steps
-// (draft, verify a tree, keep the accepted run), and every prefill chunk is followed by the draft
-// head's extend over it; prefill and speculative steps are never mixed.
+// With an EagleWorker, decoding requests advance by speculative cycles (draft, verify a tree, keep
+// the accepted run) of the shape its policy picks per step, or by plain DECODE steps where the
+// policy turns drafting off; every prefill chunk is followed by the draft head's extend over it;
+// prefill and speculative steps are never mixed.
 //
 // The implementation is split by concept: scheduler.cpp (the policy: admission, retraction,
 // step), request_kv.h (the per-request KV ledger), batch_assembly.cpp (a plan's ForwardBatch,

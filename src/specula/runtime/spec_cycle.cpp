@@ -1,7 +1,9 @@
-// The scheduler's speculative glue (scheduler.h): one EagleWorker cycle over the decoding
-// requests (their scratch slots allocated already), emitting each request's accepted run token by
-// token under its stop conditions and keeping exactly the KV of the emitted tokens; and the draft
-// head's extend after every prefill chunk, after which the chunk may join the prefix cache.
+// The scheduler's speculative glue (scheduler.h): the policy's shape for the step; one EagleWorker
+// cycle over the decoding requests (their scratch slots allocated already), emitting each
+// request's accepted run token by token under its stop conditions and keeping exactly the KV of
+// the emitted tokens, or a plain step when drafting is off, and the draft's catch-up over what it
+// missed meanwhile; and the draft head's extend after every prefill chunk, after which the chunk
+// may join the prefix cache.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
