@@ -1,14 +1,14 @@
-// Which draft shape a speculative cycle runs (issue 50): a cost model the engine measures itself
-// (the seconds of one cycle of each shape, per batch size: priors from a start-up calibration of
-// the captured graphs, then an exponential average of the cycles actually run) and each request's
-// running acceptance per tree depth; the policy picks, for the current batch, the shape with the
-// most expected committed tokens per second, or "off" (a cycle that verifies the root only: a
-// plain decode step that also keeps the target features the draft head will need) when nothing
-// beats it.
+// Which draft shape a speculative step runs (issue 50): a cost model the engine measures itself
+// (the seconds of one step of each shape, per batch size: priors from a start-up calibration on
+// stand-in requests, then an average of the steps actually run) and each request's running
+// acceptance per tree depth; the policy picks, for the current batch, the shape with the most
+// expected committed tokens per second, or "off" (a plain decode step; the draft catches up on
+// what it missed when the request drafts again) when nothing beats it.
 //
-// Why the cycle time excludes the per-token work (emission, stop checks, streaming): that work
-// costs the same per token with or without speculation, so comparing tokens per second of the
-// model work alone picks the same shape and is far less noisy.
+// Why a step's time excludes the per-token work (emission, stop checks, streaming): that work
+// costs the same per token with or without speculation. (A cycle's fixed host work, which is per
+// cycle, is left out too; on a model whose whole cycle is a fraction of a millisecond it makes
+// short chains look cheaper than they are: docs/PERFORMANCE.md, issue 50's section.)
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ std::string_view spec_policy_name(SpecPolicyKind kind);
 // "fixed" or "auto"; throws specula::Error naming the allowed values.
 SpecPolicyKind parse_spec_policy(std::string_view name);
 
-// A cycle's shape. num_draft_tokens 1 (and num_steps 0) is "off": the root alone is verified.
+// A step's shape. num_draft_tokens 1 (and num_steps 0) is "off": a plain decode step.
 struct SpecShape {
   int num_steps = 0;
   int num_draft_tokens = 1;
@@ -67,8 +67,8 @@ class DepthAcceptance {
   std::vector<double> rates_;
 };
 
-// Seconds of one cycle per (batch bucket, shape): a prior (calibration) overwritten by the
-// exponential average of measured cycles once there are any.
+// Seconds of one step per (batch bucket, shape): a prior (calibration), then from the first
+// measurement (which meets the prior halfway) an exponential average of measured steps.
 class SpecCostModel {
  public:
   static constexpr double kAlpha = 0.2;
