@@ -7,6 +7,7 @@
 #include <map>
 
 #include "specula/core/error.h"
+#include "specula/grammar/code_points.h"
 #include "specula/grammar/utf8.h"
 
 namespace specula::grammar {
@@ -27,28 +28,9 @@ int Grammar::rule_index(std::string_view name) const {
 
 namespace {
 
-constexpr uint32_t kMaxCodePoint = 0x10FFFF;
-
 // Sorted, merged ranges; `negate` takes the complement over [0, kMaxCodePoint].
 std::vector<std::pair<uint32_t, uint32_t>> normalise(std::vector<std::pair<uint32_t, uint32_t>> r, bool negate) {
-  std::sort(r.begin(), r.end());
-  std::vector<std::pair<uint32_t, uint32_t>> merged;
-  for (const auto& x : r) {
-    if (!merged.empty() && x.first <= merged.back().second + 1) {
-      merged.back().second = std::max(merged.back().second, x.second);
-    } else {
-      merged.push_back(x);
-    }
-  }
-  if (!negate) return merged;
-  std::vector<std::pair<uint32_t, uint32_t>> out;
-  uint32_t next = 0;
-  for (const auto& x : merged) {
-    if (x.first > next) out.emplace_back(next, x.first - 1);
-    next = x.second + 1;
-  }
-  if (next <= kMaxCodePoint) out.emplace_back(next, kMaxCodePoint);
-  return out;
+  return negate ? complement_ranges(r) : merge_ranges(std::move(r));
 }
 
 }  // namespace
@@ -294,7 +276,7 @@ class GrammarBuilder {
         fail(at, fmt::format("escape needs {} hex digits", digits));
       }
       const char h = text_[pos_++];
-      v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
+      v = v * 16 + hex_digit(h);
     }
     if (v > kMaxCodePoint) fail(at, fmt::format("U+{:X} is past the last code point U+10FFFF", v));
     return v;

@@ -10,38 +10,14 @@
 #include <vector>
 
 #include "specula/core/error.h"
+#include "specula/grammar/code_points.h"
 #include "specula/grammar/utf8.h"
 
 namespace specula::grammar {
 
 namespace {
 
-using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
-constexpr uint32_t kLast = 0x10FFFF;
-
-Ranges merged(Ranges r) {
-  std::sort(r.begin(), r.end());
-  Ranges out;
-  for (const auto& x : r) {
-    if (!out.empty() && x.first <= out.back().second + 1) {
-      out.back().second = std::max(out.back().second, x.second);
-    } else {
-      out.push_back(x);
-    }
-  }
-  return out;
-}
-
-Ranges complement(const Ranges& r) {
-  Ranges out;
-  uint32_t next = 0;
-  for (const auto& x : merged(r)) {
-    if (x.first > next) out.emplace_back(next, x.first - 1);
-    next = x.second + 1;
-  }
-  if (next <= kLast) out.emplace_back(next, kLast);
-  return out;
-}
+using Ranges = CodePointRanges;
 
 const Ranges kDigits = {{'0', '9'}};
 const Ranges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
@@ -54,7 +30,7 @@ std::string cp(uint32_t c) { return fmt::format("\\U{:08X}", c); }
 
 std::string class_text(const Ranges& r) {
   std::string s = "[";
-  for (const auto& [lo, hi] : merged(r)) s += lo == hi ? cp(lo) : cp(lo) + "-" + cp(hi);
+  for (const auto& [lo, hi] : merge_ranges(r)) s += lo == hi ? cp(lo) : cp(lo) + "-" + cp(hi);
   return s + "]";
 }
 
@@ -175,7 +151,7 @@ class Translator {
     if (c == '[') return class_text(bracket());
     if (c == '.') {
       ++pos_;
-      return class_text(complement(kLineTerminators));
+      return class_text(complement_ranges(kLineTerminators));
     }
     if (c == '\\') return escape_atom();
     if (c == '^' || c == '$') fail(at, "anchors are supported only at the start (^) and the end ($) of the pattern");
@@ -205,11 +181,11 @@ class Translator {
       case 'v': return '\v';
       case '0': return 0;
       case 'd': r = kDigits; return std::nullopt;
-      case 'D': r = complement(kDigits); return std::nullopt;
+      case 'D': r = complement_ranges(kDigits); return std::nullopt;
       case 'w': r = kWord; return std::nullopt;
-      case 'W': r = complement(kWord); return std::nullopt;
+      case 'W': r = complement_ranges(kWord); return std::nullopt;
       case 's': r = kSpace; return std::nullopt;
-      case 'S': r = complement(kSpace); return std::nullopt;
+      case 'S': r = complement_ranges(kSpace); return std::nullopt;
       case 'x': return hex(at, 2);
       case 'u':
         if (pos_ < p_.size() && p_[pos_] == '{') {
@@ -239,9 +215,9 @@ class Translator {
     for (int i = 0; i < n; ++i) {
       if (pos_ >= p_.size() || !std::isxdigit(static_cast<unsigned char>(p_[pos_]))) fail(at, "bad hex escape");
       const char h = p_[pos_++];
-      v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : std::tolower(h) - 'a' + 10);
+      v = v * 16 + hex_digit(h);
     }
-    if (v > kLast || (v >= 0xD800 && v <= 0xDFFF)) fail(at, fmt::format("U+{:X} is not a code point", v));
+    if (v > kMaxCodePoint || (v >= 0xD800 && v <= 0xDFFF)) fail(at, fmt::format("U+{:X} is not a code point", v));
     return v;
   }
 
@@ -277,7 +253,7 @@ class Translator {
       r.emplace_back(*lo, hi);
     }
     ++pos_;
-    if (negate) return complement(r);
+    if (negate) return complement_ranges(r);
     if (r.empty()) fail(at, "an empty class [] matches nothing");
     return r;
   }
