@@ -16,22 +16,15 @@
 #include "specula/grammar/grammar.h"
 #include "specula/grammar/matcher.h"
 #include "specula/grammar/token_mask.h"
+#include "grammar/grammar_fixtures.h"
 
 namespace specula::grammar {
 namespace {
 
+using testing::accepts;
+
 std::shared_ptr<const Automaton> compile(const std::string& text) {
   return std::make_shared<const Automaton>(std::make_shared<const Grammar>(Grammar::parse(text)));
-}
-
-// Whether the whole of s is a sentence of the grammar, fed byte by byte.
-bool accepts(const Automaton& a, const std::string& s) {
-  MatchState st = a.start();
-  for (char c : s) {
-    st = a.advance(st, static_cast<uint8_t>(c));
-    if (st.dead()) return false;
-  }
-  return a.can_end(st);
 }
 
 std::string error_of(const std::string& text) {
@@ -145,34 +138,6 @@ Both random_expression(std::mt19937& rng, int depth, bool repeated = false) {
   }
 }
 
-std::string random_text(std::mt19937& rng, int max_letters) {
-  std::string s;
-  const int n = static_cast<int>(rng() % static_cast<unsigned>(max_letters + 1));
-  for (int i = 0; i < n; ++i) s += kLetters[rng() % kLetters.size()];
-  return s;
-}
-
-// Texts of the grammar: random walks of the automaton (at each step a random letter among those
-// that keep a parse alive), stopping where it may end.
-std::string random_sentence(const Automaton& a, std::mt19937& rng) {
-  MatchState st = a.start();
-  std::string s;
-  for (int steps = 0; steps < 12; ++steps) {
-    if (a.can_end(st) && rng() % 3 == 0) break;
-    std::vector<std::pair<std::string, MatchState>> options;
-    for (const std::string& l : kLetters) {
-      MatchState t = st;
-      for (char c : l) t = a.advance(t, static_cast<uint8_t>(c));
-      if (!t.dead()) options.emplace_back(l, std::move(t));
-    }
-    if (options.empty()) break;
-    auto& pick = options[rng() % options.size()];
-    s += pick.first;
-    st = std::move(pick.second);
-  }
-  return s;
-}
-
 TEST(Grammar, AutomatonAgreesWithStdRegexOnRandomRegularLanguages) {
   const unsigned seed = std::random_device{}();
   std::printf("seed %u\n", seed);
@@ -184,8 +149,8 @@ TEST(Grammar, AutomatonAgreesWithStdRegexOnRandomRegularLanguages) {
     const auto a = compile("root ::= " + e.gbnf + "\n");
     const std::regex re(e.regex, std::regex::ECMAScript);
     std::vector<std::string> texts;
-    for (int i = 0; i < 30; ++i) texts.push_back(random_text(rng, 5));
-    for (int i = 0; i < 30; ++i) texts.push_back(random_sentence(*a, rng));
+    for (int i = 0; i < 30; ++i) texts.push_back(testing::random_text(kLetters, rng, 5));
+    for (int i = 0; i < 30; ++i) texts.push_back(testing::random_sentence(*a, kLetters, rng, 12));
     for (const std::string& t : texts) {
       const bool want = std::regex_match(t, re);
       ASSERT_EQ(accepts(*a, t), want) << "text '" << t << "'";

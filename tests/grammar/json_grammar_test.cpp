@@ -13,6 +13,7 @@
 
 #include "specula/grammar/json_grammar.h"
 #include "specula/grammar/matcher.h"
+#include "grammar/grammar_fixtures.h"
 
 namespace specula::grammar {
 namespace {
@@ -22,15 +23,7 @@ std::shared_ptr<const Automaton> json_automaton() {
   return a;
 }
 
-bool accepts(const std::string& s) {
-  const Automaton& a = *json_automaton();
-  MatchState st = a.start();
-  for (char c : s) {
-    st = a.advance(st, static_cast<uint8_t>(c));
-    if (st.dead()) return false;
-  }
-  return a.can_end(st);
-}
+bool accepts(const std::string& s) { return testing::accepts(*json_automaton(), s); }
 
 nlohmann::json random_value(std::mt19937& rng, int depth) {
   const int kind = depth <= 0 ? 2 + static_cast<int>(rng() % 5) : static_cast<int>(rng() % 7);

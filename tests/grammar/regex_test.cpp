@@ -15,18 +15,12 @@
 #include "specula/core/error.h"
 #include "specula/grammar/matcher.h"
 #include "specula/grammar/regex.h"
+#include "grammar/grammar_fixtures.h"
 
 namespace specula::grammar {
 namespace {
 
-bool accepts(const Automaton& a, const std::string& s) {
-  MatchState st = a.start();
-  for (char c : s) {
-    st = a.advance(st, static_cast<uint8_t>(c));
-    if (st.dead()) return false;
-  }
-  return a.can_end(st);
-}
+using testing::accepts;
 
 std::shared_ptr<const Automaton> compile(const std::string& pattern) {
   return std::make_shared<const Automaton>(std::make_shared<const Grammar>(compile_regex(pattern)));
@@ -62,32 +56,6 @@ std::string random_pattern(std::mt19937& rng, int depth, bool quantified = false
   }
 }
 
-std::string random_text(std::mt19937& rng) {
-  std::string s;
-  const int n = static_cast<int>(rng() % 6);
-  for (int i = 0; i < n; ++i) s += kLetters[rng() % kLetters.size()];
-  return s;
-}
-
-std::string sentence(const Automaton& a, std::mt19937& rng) {
-  MatchState st = a.start();
-  std::string s;
-  for (int steps = 0; steps < 10; ++steps) {
-    if (a.can_end(st) && rng() % 3 == 0) break;
-    std::vector<std::pair<std::string, MatchState>> options;
-    for (const std::string& l : kLetters) {
-      MatchState t = st;
-      for (char c : l) t = a.advance(t, static_cast<uint8_t>(c));
-      if (!t.dead()) options.emplace_back(l, std::move(t));
-    }
-    if (options.empty()) break;
-    auto& pick = options[rng() % options.size()];
-    s += pick.first;
-    st = std::move(pick.second);
-  }
-  return s;
-}
-
 TEST(RegexGrammar, AcceptsWhatStdRegexAccepts) {
   const unsigned seed = std::random_device{}();
   std::printf("seed %u\n", seed);
@@ -104,7 +72,7 @@ TEST(RegexGrammar, AcceptsWhatStdRegexAccepts) {
     for (size_t at; (at = std_pattern.find("(?<g")) != std::string::npos;) std_pattern.replace(at, 6, "(");
     const std::regex re(std_pattern, std::regex::ECMAScript);
     for (int i = 0; i < 40; ++i) {
-      const std::string t = i % 2 ? random_text(rng) : sentence(*a, rng);
+      const std::string t = i % 2 ? testing::random_text(kLetters, rng, 5) : testing::random_sentence(*a, kLetters, rng, 10);
       const bool want = std::regex_match(t, re);
       ASSERT_EQ(accepts(*a, t), want) << "text '" << t << "'";
       positives += want;
