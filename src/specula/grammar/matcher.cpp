@@ -2,6 +2,8 @@
 #include "specula/grammar/matcher.h"
 
 #include <algorithm>
+#include <set>
+#include <utility>
 
 #include "specula/core/error.h"
 #include "specula/grammar/utf8.h"
@@ -15,62 +17,124 @@ bool MatchState::operator==(const MatchState& o) const {
 
 Automaton::Automaton(std::shared_ptr<const Grammar> grammar) : grammar_(std::move(grammar)) {
   SPECULA_CHECK(grammar_ != nullptr && grammar_->root() >= 0, "a grammar automaton needs a compiled grammar");
-}
-
-void Automaton::expand(Stack stack, std::vector<Stack>& out) const {
-  std::vector<Stack> seen;
-  expand(std::move(stack), out, seen);
-}
-
-void Automaton::expand(Stack stack, std::vector<Stack>& out, std::vector<Stack>& seen) const {
   const std::vector<Rule>& rules = grammar_->rules();
-  // Finished alternatives pop back to what follows their rule reference.
-  while (!stack.empty()) {
-    const Position& top = stack.back();
-    const Sequence& seq = rules[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)];
-    if (static_cast<size_t>(top.index) < seq.size()) break;
-    stack.pop_back();
+  offset_.resize(rules.size());
+  size_t n = 0;
+  for (size_t r = 0; r < rules.size(); ++r) {
+    for (const Sequence& seq : rules[r].alternatives) {
+      offset_[r].push_back(n);
+      n += seq.size() + 1;
+    }
   }
-  if (std::find(seen.begin(), seen.end(), stack) != seen.end()) return;
-  seen.push_back(stack);
-  if (stack.empty()) {
-    out.push_back(std::move(stack));
+  closures_.reserve(n);
+  size_t frames = 0;
+  for (size_t r = 0; r < rules.size(); ++r) {
+    for (size_t a = 0; a < rules[r].alternatives.size(); ++a) {
+      for (size_t i = 0; i <= rules[r].alternatives[a].size(); ++i) {
+        closures_.push_back(compute_closure({static_cast<int32_t>(r), static_cast<int32_t>(a), static_cast<int32_t>(i)}));
+        for (const auto& e : closures_.back().entries) frames += e.size();
+        SPECULA_CHECK(frames <= kMaxClosureFrames,
+                      "grammar: its positions expand to more than {} parse frames (the limit); simplify it",
+                      kMaxClosureFrames);
+      }
+    }
+  }
+}
+
+const Automaton::Closure& Automaton::closure(const Position& p) const {
+  return closures_[offset_[static_cast<size_t>(p.rule)][static_cast<size_t>(p.alt)] + static_cast<size_t>(p.index)];
+}
+
+Automaton::Closure Automaton::compute_closure(const Position& start) const {
+  const std::vector<Rule>& rules = grammar_->rules();
+  const auto sequence = [&](const Position& p) -> const Sequence& {
+    return rules[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)];
+  };
+  Closure c;
+  // (position, the frames below it), depth first; a nullable repetition comes back to a pair
+  // already met.
+  std::set<std::pair<Position, std::vector<Position>>> seen;
+  std::vector<std::pair<Position, std::vector<Position>>> todo = {{start, {}}};
+  while (!todo.empty()) {
+    auto [pos, frames] = std::move(todo.back());
+    todo.pop_back();
+    bool popped_out = false;
+    while (static_cast<size_t>(pos.index) == sequence(pos).size()) {
+      if (frames.empty()) {
+        popped_out = true;
+        break;
+      }
+      pos = frames.back();
+      frames.pop_back();
+    }
+    if (popped_out) {
+      c.pops = true;
+      continue;
+    }
+    if (!seen.insert({pos, frames}).second) continue;
+    const Element& e = sequence(pos)[static_cast<size_t>(pos.index)];
+    if (e.kind == Element::Kind::kChars) {
+      frames.push_back(pos);
+      c.entries.push_back(std::move(frames));
+      continue;
+    }
+    SPECULA_CHECK(frames.size() < kMaxDepth, "grammar: a parse is nested more than {} rules deep (the limit)", kMaxDepth);
+    // The reference is replaced by what follows it (nothing, for a reference at the end of its
+    // alternative, so that repetition, a rule ending by referring to itself, does not grow the
+    // stack), and each alternative of the rule goes on top.
+    const Position after{pos.rule, pos.alt, pos.index + 1};
+    if (static_cast<size_t>(after.index) < sequence(after).size()) frames.push_back(after);
+    const Rule& r = rules[static_cast<size_t>(e.rule)];
+    for (size_t a = 0; a < r.alternatives.size(); ++a) todo.push_back({{e.rule, static_cast<int32_t>(a), 0}, frames});
+  }
+  return c;
+}
+
+void Automaton::apply(const Position& top, Stack& base, std::vector<Stack>& out, size_t& positions) const {
+  const Closure& c = closure(top);
+  for (const std::vector<Position>& frames : c.entries) {
+    SPECULA_CHECK(base.size() + frames.size() <= kMaxDepth, "grammar: a parse is nested more than {} rules deep (the limit)",
+                  kMaxDepth);
+    positions += base.size() + frames.size();
+    SPECULA_CHECK(positions <= 2 * kMaxPositions,
+                  "grammar: its parses hold more than {} positions together (the limit); the grammar is too ambiguous",
+                  kMaxPositions);
+    Stack& s = out.emplace_back();
+    s.reserve(base.size() + frames.size());
+    s.assign(base.begin(), base.end());
+    s.insert(s.end(), frames.begin(), frames.end());
+  }
+  SPECULA_CHECK(out.size() <= 2 * kMaxStacks,
+                "grammar: more than {} simultaneous parses (the limit); the grammar is too ambiguous", kMaxStacks);
+  if (!c.pops) return;
+  if (base.empty()) {
+    out.emplace_back();
     return;
   }
-  const Position top = stack.back();
-  const Element& e = rules[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)][static_cast<size_t>(top.index)];
-  if (e.kind == Element::Kind::kChars) {
-    out.push_back(std::move(stack));
-    return;
-  }
-  SPECULA_CHECK(stack.size() < kMaxDepth, "grammar: a parse is nested more than {} rules deep (the limit)", kMaxDepth);
-  // The reference is replaced by what follows it (nothing, for a reference at the end of its
-  // alternative: so that repetition, a rule that ends by referring to itself, does not grow the
-  // stack), and each alternative of the rule goes on top.
-  stack.back().index += 1;
-  if (static_cast<size_t>(stack.back().index) ==
-      rules[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)].size()) {
-    stack.pop_back();
-  }
-  const Rule& r = rules[static_cast<size_t>(e.rule)];
-  for (size_t a = 0; a < r.alternatives.size(); ++a) {
-    Stack next = stack;
-    next.push_back({e.rule, static_cast<int32_t>(a), 0});
-    expand(std::move(next), out, seen);
-    SPECULA_CHECK(out.size() <= 4 * kMaxStacks, "grammar: more than {} simultaneous parses (the limit)", kMaxStacks);
-  }
+  const Position below = base.back();
+  base.pop_back();
+  apply(below, base, out, positions);
+  base.push_back(below);
 }
 
 void Automaton::normalise(std::vector<Stack>& stacks) const {
   std::sort(stacks.begin(), stacks.end());
   stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
-  SPECULA_CHECK(stacks.size() <= kMaxStacks, "grammar: more than {} simultaneous parses (the limit)", kMaxStacks);
+  SPECULA_CHECK(stacks.size() <= kMaxStacks,
+                "grammar: more than {} simultaneous parses (the limit); the grammar is too ambiguous", kMaxStacks);
+  size_t positions = 0;
+  for (const Stack& s : stacks) positions += s.size();
+  SPECULA_CHECK(positions <= kMaxPositions,
+                "grammar: its parses hold more than {} positions together (the limit); the grammar is too ambiguous",
+                kMaxPositions);
 }
 
 MatchState Automaton::start() const {
   MatchState s;
+  Stack base;
+  size_t positions = 0;
   const Rule& root = grammar_->rules()[static_cast<size_t>(grammar_->root())];
-  for (size_t a = 0; a < root.alternatives.size(); ++a) expand(Stack{{grammar_->root(), static_cast<int32_t>(a), 0}}, s.stacks);
+  for (size_t a = 0; a < root.alternatives.size(); ++a) apply({grammar_->root(), static_cast<int32_t>(a), 0}, base, s.stacks, positions);
   normalise(s.stacks);
   return s;
 }
@@ -133,14 +197,15 @@ MatchState Automaton::advance(const MatchState& s, uint8_t byte) const {
     return out;
   }
   const std::vector<Rule>& rules = grammar_->rules();
+  Stack base;
+  size_t positions = 0;
   for (const Stack& st : s.stacks) {
     if (st.empty()) continue;
     const Position& top = st.back();
     const Element& e = rules[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)][static_cast<size_t>(top.index)];
     if (!e.matches(cp)) continue;
-    Stack next = st;
-    next.back().index += 1;
-    expand(std::move(next), out.stacks);
+    base.assign(st.begin(), st.end() - 1);
+    apply({top.rule, top.alt, top.index + 1}, base, out.stacks, positions);
   }
   normalise(out.stacks);
   return out;

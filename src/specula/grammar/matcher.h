@@ -34,9 +34,12 @@ struct MatchState {
   bool dead() const { return stacks.empty(); }
 };
 
-// The automaton's transitions (no state of their own).
+// The automaton's transitions (no state of their own; immutable after construction, so one
+// automaton may serve many matchers on many threads).
 class Automaton {
  public:
+  // Precomputes every position's closure (below); throws specula::Error when they exceed
+  // kMaxClosureFrames.
   explicit Automaton(std::shared_ptr<const Grammar> grammar);
   const Grammar& grammar() const { return *grammar_; }
   // Before any input.
@@ -48,19 +51,35 @@ class Automaton {
   // Nothing but the end can follow.
   bool terminated(const MatchState& s) const;
 
-  // Limits on the work of one step: the stacks a state holds and their depth. A grammar that
-  // exceeds them (ambiguity that multiplies parses) fails with an error naming the limit.
-  static constexpr size_t kMaxStacks = 4096;
-  static constexpr size_t kMaxDepth = 4096;
+  // Limits on the work of one step: the stacks a state holds, their depth, and the positions
+  // they hold together. A grammar or input that exceeds them (ambiguity that multiplies parses,
+  // nesting without end) fails with an error naming the limit, never a hang.
+  static constexpr size_t kMaxStacks = 256;
+  static constexpr size_t kMaxDepth = 512;
+  static constexpr size_t kMaxPositions = 1 << 13;
+  // The precomputed closures' total size.
+  static constexpr size_t kMaxClosureFrames = 1 << 21;
 
  private:
-  // Expands `stack` until its top is a character class (or it is empty) into out. seen: the
-  // stacks this expansion met already (a nullable repetition comes back to the same stack).
-  void expand(Stack stack, std::vector<Stack>& out) const;
-  void expand(Stack stack, std::vector<Stack>& out, std::vector<Stack>& seen) const;
+  // A position's closure: the stack tops reachable from it without consuming input. Each entry
+  // replaces the position's frame by `frames` (bottom to top; the top a character class); `pops`
+  // when the rest of the position's alternative can match nothing, so that the frame below
+  // continues (its own closure then applies).
+  struct Closure {
+    std::vector<std::vector<Position>> entries;
+    bool pops = false;
+  };
+  const Closure& closure(const Position& p) const;
+  Closure compute_closure(const Position& p) const;
+  // Adds closure(top) on top of `base` (the stack below the position) to out; positions counts
+  // what out holds (before duplicates go), against kMaxPositions.
+  void apply(const Position& top, Stack& base, std::vector<Stack>& out, size_t& positions) const;
   void normalise(std::vector<Stack>& stacks) const;
 
   std::shared_ptr<const Grammar> grammar_;
+  // closures_[offset_[rule] + alt_offset + index], index in [0, size] of each alternative.
+  std::vector<std::vector<size_t>> offset_;
+  std::vector<Closure> closures_;
 };
 
 class GrammarMatcher {
