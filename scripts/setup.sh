@@ -29,7 +29,7 @@ else
 fi
 
 # Node.js runs the server's client tests (the OpenAI SDK for Node, pinned in
-# tests/server/package-lock.json); a Node already on the machine is used as it is.
+# tests/server/package-lock.json) and the grammar tests' validator; a Node already on the machine is used as it is.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   sudo=""
   [[ $(id -u) -eq 0 ]] || sudo="sudo"
@@ -37,10 +37,14 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nodejs npm
 fi
-if [[ ! -d "$root/tests/server/node_modules" ]] || [[ "$root/tests/server/package-lock.json" -nt "$root/tests/server/node_modules" ]]; then
-  echo "setup: npm ci in tests/server"
-  (cd "$root/tests/server" && npm ci --no-audit --no-fund --loglevel=error)
-fi
+# tests/grammar/js: the ajv JSON Schema validator and a real Llama-3 tokenizer.json for the grammar
+# tests and `specula bench grammar`.
+for dir in tests/server tests/grammar/js; do
+  if [[ ! -d "$root/$dir/node_modules" ]] || [[ "$root/$dir/package-lock.json" -nt "$root/$dir/node_modules" ]]; then
+    echo "setup: npm ci in $dir"
+    (cd "$root/$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+done
 
 # Optional packages: setup never fails without them. chromium drives tests/server/browser.test.mjs
 # (the test skips itself when /usr/bin/chromium is absent); on Ubuntu the apt package is a snap stub

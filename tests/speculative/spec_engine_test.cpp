@@ -319,7 +319,7 @@ std::map<int32_t, double> target_distribution(ModelRunner& runner, const std::ve
   sampler.observe_prompt(std::span<const int32_t>(ids).first(prompt_len));
   for (size_t t = prompt_len; t < ids.size(); ++t) sampler.record(ids[t]);
   std::vector<float> probs;
-  sampler.distribution(sampler.penalized(logits, {}), probs);
+  sampler.distribution(sampler.adjusted(logits, {}), probs);
   std::map<int32_t, double> support;
   double sum = 0;
   for (size_t t = 0; t < probs.size(); ++t) {

@@ -28,24 +28,39 @@ const Ranges kLineTerminators = {{0x0A, 0x0A}, {0x0D, 0x0D}, {0x2028, 0x2029}};
 
 std::string cp(uint32_t c) { return fmt::format("\\U{:08X}", c); }
 
-std::string class_text(const Ranges& r) {
-  std::string s = "[";
-  for (const auto& [lo, hi] : merge_ranges(r)) s += lo == hi ? cp(lo) : cp(lo) + "-" + cp(hi);
-  return s + "]";
-}
-
 class Translator {
  public:
-  explicit Translator(std::string_view p) : p_(p) {}
+  Translator(std::string_view p, const Ranges* within) : p_(p), within_(within) {}
 
-  std::string run() {
+  std::string body() {
     if (!p_.empty() && p_[0] == '^') ++pos_;
     std::string body = alternation();
     if (pos_ < p_.size() && p_[pos_] == ')') fail(pos_, "unmatched ')'");
-    return "root ::= " + body + "\n";
+    return body;
   }
 
  private:
+  // A class, narrowed to `within`; refused when nothing of it is left.
+  std::string class_text(const Ranges& r) const {
+    const Ranges kept = within_ == nullptr ? merge_ranges(r)
+                                            : complement_ranges(merge_ranges([&] {
+                                                Ranges both = complement_ranges(r);
+                                                const Ranges out = complement_ranges(*within_);
+                                                both.insert(both.end(), out.begin(), out.end());
+                                                return both;
+                                              }()));
+    if (kept.empty()) fail(pos_, "this part of the pattern can only match characters that are not allowed here");
+    std::string s = "[";
+    for (const auto& [lo, hi] : kept) s += lo == hi ? cp(lo) : cp(lo) + "-" + cp(hi);
+    return s + "]";
+  }
+  std::string literal(uint32_t c) const {
+    if (within_ != nullptr && std::none_of(within_->begin(), within_->end(), [c](const auto& x) { return x.first <= c && c <= x.second; })) {
+      fail(pos_, fmt::format("U+{:04X} is not allowed here", c));
+    }
+    return "\"" + cp(c) + "\"";
+  }
+
   [[noreturn]] void fail(size_t at, const std::string& what) const {
     throw Error(fmt::format("regex: position {}: {}", at, what));
   }
@@ -157,14 +172,14 @@ class Translator {
     if (c == '^' || c == '$') fail(at, "anchors are supported only at the start (^) and the end ($) of the pattern");
     if (c == '*' || c == '+' || c == '?' || c == '{') fail(at, fmt::format("nothing to repeat before '{}'", c));
     if (c == ']' || c == '}') fail(at, fmt::format("unescaped '{}' (write \\{})", c, c));
-    return "\"" + cp(next_code_point()) + "\"";
+    return literal(next_code_point());
   }
 
   // An escape outside a class: a code point or a class.
   std::string escape_atom() {
     Ranges r;
     const std::optional<uint32_t> one = escape(r, false);
-    return one ? "\"" + cp(*one) + "\"" : class_text(r);
+    return one ? literal(*one) : class_text(r);
   }
 
   // Reads an escape at pos_ (a backslash): its code point, or (nullopt) the class it names in r.
@@ -260,11 +275,16 @@ class Translator {
 
   std::string_view p_;
   size_t pos_ = 0;
+  const Ranges* within_ = nullptr;  // every character must lie here (none: any)
 };
 
 }  // namespace
 
-std::string regex_to_gbnf(std::string_view pattern) { return Translator(pattern).run(); }
+std::string regex_to_gbnf(std::string_view pattern) { return "root ::= " + Translator(pattern, nullptr).body() + "\n"; }
+
+std::string regex_expression(std::string_view pattern, const CodePointRanges& within) {
+  return Translator(pattern, &within).body();
+}
 
 Grammar compile_regex(std::string_view pattern, const Limits& limits) { return Grammar::parse(regex_to_gbnf(pattern), limits); }
 

@@ -13,12 +13,16 @@
 #include <string>
 #include <string_view>
 
+#include "specula/grammar/code_points.h"
 #include "specula/grammar/grammar.h"
 
 namespace specula::grammar {
 
 // The GBNF text of the pattern (its rule `root`); throws specula::Error ("regex: position P: ...").
 std::string regex_to_gbnf(std::string_view pattern);
+// The pattern as one GBNF expression (for use inside a larger grammar) whose every character lies
+// in `within`; throws specula::Error where the pattern needs a character outside it.
+std::string regex_expression(std::string_view pattern, const CodePointRanges& within);
 Grammar compile_regex(std::string_view pattern, const Limits& limits = {});
 
 }  // namespace specula::grammar

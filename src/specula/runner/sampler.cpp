@@ -47,6 +47,7 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 void Sampler::observe_prompt(std::span<const int32_t> prompt_ids) { seen_.insert(prompt_ids.begin(), prompt_ids.end()); }
 
 std::span<const float> Sampler::penalized(std::span<const float> raw, std::span<const int32_t> pending) {
+  // pending: a tree path; its order does not matter to the penalties.
   if (!has_penalties()) return raw;
   work_.assign(raw.begin(), raw.end());
   // Each token penalised once for repetition and once with its total count, as if pending had
@@ -85,8 +86,41 @@ std::span<const float> Sampler::penalized(std::span<const float> raw, std::span<
   return work_;
 }
 
+std::span<const float> Sampler::adjusted(std::span<const float> raw, std::span<const int32_t> path) {
+  const std::span<const float> logits = penalized(raw, path);
+  if (constraint_ == nullptr || !constraint_->push(path)) return logits;
+  masked_.assign(logits.begin(), logits.end());
+  constraint_->mask(masked_);
+  constraint_->pop(path.size());
+  return masked_;
+}
+
+int32_t Sampler::greedy_at(std::span<const float> raw, std::span<const int32_t> path) {
+  const std::span<const float> logits = penalized(raw, path);
+  const int32_t best = greedy_token(logits);
+  if (constraint_ == nullptr || best < 0 || !constraint_->push(path)) return best;
+  // The model's choice usually fits the grammar: a few of the best are checked one by one before
+  // the whole vocabulary is masked.
+  constexpr int kTries = 8;
+  int32_t token = best;
+  bool copied = false;
+  for (int i = 0; i < kTries && token >= 0 && !constraint_->allows(token); ++i) {
+    if (!copied) masked_.assign(logits.begin(), logits.end());
+    copied = true;
+    masked_[static_cast<size_t>(token)] = -INFINITY;
+    token = greedy_token(masked_);
+  }
+  if (token >= 0 && !constraint_->allows(token)) {
+    constraint_->mask(masked_);
+    token = greedy_token(masked_);
+  }
+  constraint_->pop(path.size());
+  SPECULA_CHECK(token >= 0 || path.size() > 0, "grammar: no token of the vocabulary can continue the output here");
+  return token;
+}
+
 int32_t Sampler::sample(std::span<const float> raw_logits) {
-  const int32_t token = pick(penalized(raw_logits, {}));
+  const int32_t token = greedy() ? checked_greedy_token(greedy_at(raw_logits, {})) : pick(adjusted(raw_logits, {}));
   record(token);
   return token;
 }
@@ -172,6 +206,7 @@ int32_t Sampler::take_argmax(int32_t token) {
 double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
 
 void Sampler::record(int32_t token) {
+  if (constraint_ != nullptr) constraint_->accept(token);
   seen_.insert(token);
   ++output_counts_[token];
 }

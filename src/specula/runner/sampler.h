@@ -6,12 +6,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
+
+#include "specula/grammar/token_constraint.h"
 
 namespace specula {
 
@@ -33,12 +36,21 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
   void observe_prompt(std::span<const int32_t> prompt_ids);
+  // Structured output: only tokens the grammar allows are picked (the mask applies after the
+  // penalties, before temperature and the filters), and each recorded token advances it.
+  void constrain(std::unique_ptr<grammar::TokenConstraint> constraint) { constraint_ = std::move(constraint); }
+  bool constrained() const { return constraint_ != nullptr; }
+  // The grammar admits nothing but the end: the output is complete.
+  bool grammar_terminated() const { return constraint_ != nullptr && constraint_->terminated(); }
   // Picks a token and records it as output (for the penalties).
   int32_t sample(std::span<const float> logits);
 
-  // For speculative verification: the logits sample() would pick from had it also emitted
-  // `pending` (a tree node's path below the root, not recorded yet): the penalties applied over
-  // the prompt, the recorded output and pending; raw itself without penalties. Then the
+  // For speculative verification: the logits sample() would pick from had it also emitted `path`
+  // (a tree node's draft tokens below the root, in order, not recorded yet): the penalties applied
+  // over the prompt, the recorded output and path, then the grammar's mask after path; raw itself
+  // when there is neither (and the grammar's mask is skipped for a path it rejects, a node no
+  // emitted sequence can reach). greedy_at: the token a greedy sample() would pick there, without
+  // masking the whole vocabulary when the best token fits the grammar. Then the
   // distribution sample() draws from (temperature > 0; temperature, top-k, top-p, min-p applied;
   // sums to 1) over the whole vocabulary, uniform doubles in [0, 1) from the request's
   // generator, and recording an emitted token.
@@ -46,14 +58,17 @@ class Sampler {
   bool has_penalties() const {
     return params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
   }
-  std::span<const float> penalized(std::span<const float> raw, std::span<const int32_t> pending);
+  std::span<const float> adjusted(std::span<const float> raw, std::span<const int32_t> path);
+  int32_t greedy_at(std::span<const float> raw, std::span<const int32_t> path);
+  bool adjusts() const { return has_penalties() || constrained(); }
   void distribution(std::span<const float> logits, std::vector<float>& probs);
   // Whether the token is a function of the raw logits' argmax alone (greedy, no penalties), so a
   // GPU model can find it on the device; take_argmax then records that token (greedy_token's
   // -1 raises sample()'s error).
-  bool picks_argmax() const { return greedy() && !has_penalties(); }
+  bool picks_argmax() const { return greedy() && !has_penalties() && !constrained(); }
   int32_t take_argmax(int32_t token);
   double uniform();
+  // Throws specula::Error when a grammar does not allow the token.
   void record(int32_t token);
 
  private:
@@ -64,6 +79,11 @@ class Sampler {
   std::vector<float> work_;
   std::vector<std::pair<int32_t, int>> pending_counts_;  // penalized()'s path tokens
   std::vector<float> clean_;
+  std::unique_ptr<grammar::TokenConstraint> constraint_;
+  std::vector<float> masked_;
+
+  // Penalties only, over the prompt, the recorded output and path (in any order).
+  std::span<const float> penalized(std::span<const float> raw, std::span<const int32_t> path);
 
   int32_t pick(std::span<const float> logits);
   // Logits with NaN as -inf (and only the +inf tokens when any is +inf).

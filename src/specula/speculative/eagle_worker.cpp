@@ -139,22 +139,30 @@ void EagleWorker::verify(std::span<CycleItem> items, int N, bool tokens_on_devic
   std::vector<int32_t> src, dst, path;
   for (size_t i = 0; i < items.size(); ++i) {
     CycleItem& it = items[i];
-    const bool penalties = it.sampler != nullptr && it.sampler->has_penalties();
-    // Node n's target logits as the sampler sees them: with penalties, as if the node's path
-    // below the root (the draft tokens it follows, itself included) had been emitted already,
-    // which is the context a plain decode step would have had there.
-    auto node_logits = [&](int n) -> std::span<const float> {
-      const std::span<const float> raw(logits_.data() + (i * static_cast<size_t>(N) + static_cast<size_t>(n)) * vocab,
-                                       vocab);
-      if (!penalties) return raw;
+    const bool adjusts = it.sampler != nullptr && it.sampler->adjusts();
+    // Node n's target logits as the sampler sees them: with penalties or a grammar, as if the
+    // node's path below the root (the draft tokens it follows, itself included) had been emitted
+    // already, which is the context a plain decode step would have had there. A grammar thereby
+    // masks each node by its own path (SGLang's traverse_tree / generate_token_bitmask), so a
+    // draft token the grammar rejects is never the target's choice and is cut from the tree.
+    auto node_path = [&](int n) -> std::span<const int32_t> {
       path.clear();
       for (int32_t a = n; a > 0; a = it.tree.parents[static_cast<size_t>(a)]) path.push_back(it.tree.tokens[static_cast<size_t>(a)]);
-      return it.sampler->penalized(raw, path);
+      std::reverse(path.begin(), path.end());
+      return path;
+    };
+    auto node_raw = [&](int n) -> std::span<const float> {
+      return {logits_.data() + (i * static_cast<size_t>(N) + static_cast<size_t>(n)) * vocab, vocab};
+    };
+    auto node_logits = [&](int n) -> std::span<const float> {
+      return adjusts ? it.sampler->adjusted(node_raw(n), node_path(n)) : node_raw(n);
     };
     if (it.sampler == nullptr || it.sampler->greedy()) {
       for (int n = 0; n < N; ++n) {
         const size_t row = i * static_cast<size_t>(N) + static_cast<size_t>(n);
-        argmax_ids[static_cast<size_t>(n)] = argmax_only ? greedy_ids_[row] : greedy_token(node_logits(n));
+        argmax_ids[static_cast<size_t>(n)] = argmax_only ? greedy_ids_[row]
+                                             : adjusts   ? it.sampler->greedy_at(node_raw(n), node_path(n))
+                                                         : greedy_token(node_raw(n));
       }
       // A row with nothing above -inf has argmax -1, which matches no tree token; only an
       // emitted bonus token of -1 is an error.

@@ -1,0 +1,91 @@
+// TokenConstraint.
+#include "specula/grammar/token_constraint.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "specula/core/error.h"
+
+namespace specula::grammar {
+
+TokenConstraint::TokenConstraint(std::shared_ptr<const Automaton> automaton, std::shared_ptr<const Vocabulary> vocabulary,
+                                 std::vector<int32_t> end_ids)
+    : matcher_(std::move(automaton)), vocabulary_(std::move(vocabulary)), end_ids_(std::move(end_ids)) {
+  SPECULA_CHECK(vocabulary_ != nullptr, "a grammar constraint needs the vocabulary");
+}
+
+bool TokenConstraint::is_end(int32_t token) const {
+  return std::find(end_ids_.begin(), end_ids_.end(), token) != end_ids_.end();
+}
+
+std::string TokenConstraint::describe(int32_t token) const {
+  std::string bytes = token >= 0 && token < vocabulary_->size() ? vocabulary_->tokens[static_cast<size_t>(token)] : "";
+  std::string shown;
+  for (char c : bytes) {
+    const auto b = static_cast<unsigned char>(c);
+    shown += b >= 0x20 && b < 0x7F && c != '\'' ? std::string(1, c) : fmt::format("\\x{:02x}", b);
+  }
+  return fmt::format("token {} ('{}')", token, shown);
+}
+
+bool TokenConstraint::allows(int32_t token) const {
+  if (ended_) return false;
+  if (is_end(token)) return matcher_.can_end();
+  if (token < 0 || token >= vocabulary_->size()) return false;
+  const std::string& bytes = vocabulary_->tokens[static_cast<size_t>(token)];
+  if (bytes.empty()) return false;
+  const Automaton& a = matcher_.automaton();
+  MatchState s = matcher_.state();
+  for (char c : bytes) {
+    s = a.advance(s, static_cast<uint8_t>(c));
+    if (s.dead()) return false;
+  }
+  return true;
+}
+
+void TokenConstraint::mask(std::span<float> logits) {
+  // End tokens are decided by whether the grammar can end, whatever bytes they stand for.
+  const bool end_ok = !ended_ && matcher_.can_end();
+  std::vector<std::pair<size_t, float>> ends;
+  for (int32_t id : end_ids_) {
+    if (id >= 0 && static_cast<size_t>(id) < logits.size()) ends.emplace_back(static_cast<size_t>(id), logits[static_cast<size_t>(id)]);
+  }
+  if (ended_) {
+    std::fill(logits.begin(), logits.end(), -INFINITY);
+    return;
+  }
+  vocabulary_->trie.fill_mask(matcher_.automaton(), matcher_.state(), bitmask_);
+  const size_t known = std::min(logits.size(), static_cast<size_t>(vocabulary_->size()));
+  for (size_t id = 0; id < known; ++id) {
+    if ((bitmask_[id / 32] >> (id % 32) & 1u) == 0) logits[id] = -INFINITY;
+  }
+  std::fill(logits.begin() + static_cast<int64_t>(known), logits.end(), -INFINITY);
+  for (const auto& [id, value] : ends) logits[id] = end_ok ? value : -INFINITY;
+}
+
+void TokenConstraint::accept(int32_t token) {
+  SPECULA_CHECK(allows(token), "grammar: {} does not fit the grammar here (the output so far has {} tokens)",
+                describe(token), matcher_.accepted_tokens());
+  if (is_end(token)) {
+    ended_ = true;
+    return;
+  }
+  matcher_.accept_token(vocabulary_->tokens[static_cast<size_t>(token)]);
+}
+
+bool TokenConstraint::push(std::span<const int32_t> path) {
+  if (ended_) return path.empty();
+  for (size_t i = 0; i < path.size(); ++i) {
+    const int32_t t = path[i];
+    const bool fits = !is_end(t) && t >= 0 && t < vocabulary_->size() &&
+                      !vocabulary_->tokens[static_cast<size_t>(t)].empty() &&
+                      matcher_.accept_token(vocabulary_->tokens[static_cast<size_t>(t)]);
+    if (!fits) {
+      matcher_.rollback(static_cast<int>(i));
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace specula::grammar
