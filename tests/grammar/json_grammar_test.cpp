@@ -115,7 +115,7 @@ TEST(JsonGrammar, SentencesOfTheAutomatonAreJsonObjects) {
 TEST(JsonGrammar, RefusesMalformedText) {
   for (const std::string bad : {"{'a':1}", "{\"a\":01}", "{\"a\":1,}", "{\"a\":+1}", "{\"a\":1.}", "{\"a\":.5}",
                                 "{\"a\x01\":1}", "{\"a\":\"\\x\"}", "{\"a\":tru}", "{\"a\":[1,]}", "{\"a\" 1}", "{}{}",
-                                "{\"a\":\"\\u12G4\"}"}) {
+                                "{\"a\":\"\\u12G4\"}", "{\"a\":\"\\uD800\"}", "{\"a\":\"\\udc00\\ud800\"}"}) {
     EXPECT_FALSE(accepts(bad)) << bad;
     EXPECT_FALSE(nlohmann::json::accept(bad)) << bad;  // the reference agrees these are not JSON
   }

@@ -130,7 +130,7 @@ class GrammarBuilder {
 
   // A fresh rule for a group or a repetition, named after the rule being parsed.
   int generated(const std::string& parent, std::vector<Sequence> alternatives) {
-    const int r = rule(fmt::format("{}-{}", parent, ++generated_));
+    const int r = rule(fmt::format("{}#{}", parent, ++generated_));
     defined_[static_cast<size_t>(r)] = true;
     g_.rules_[static_cast<size_t>(r)].alternatives = std::move(alternatives);
     return r;
@@ -324,7 +324,7 @@ class GrammarBuilder {
     count(out.size());
     if (hi < 0) {
       // x* ::= x x* | ε
-      const int star = rule(fmt::format("{}-{}", parent, ++generated_));
+      const int star = rule(fmt::format("{}#{}", parent, ++generated_));
       defined_[static_cast<size_t>(star)] = true;
       Sequence again = unit;
       again.push_back(ref(star));

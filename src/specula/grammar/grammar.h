@@ -38,7 +38,7 @@ struct Element {
 using Sequence = std::vector<Element>;
 
 struct Rule {
-  std::string name;                   // generated rules are named after their parent: "pair-1"
+  std::string name;                   // generated rules are named after their parent: "pair#1" (no rule of the text can be)
   std::vector<Sequence> alternatives;  // an empty sequence matches the empty string
 };
 

@@ -27,6 +27,9 @@ namespace {
 using json = nlohmann::json;
 
 // Integer bounds beyond this are refused: JSON numbers past 2^53 are not exact in most parsers.
+// For the same reason generated numbers have at most 16 integer digits, 16 fraction digits and a
+// two-digit exponent: every parser reads them as finite doubles (1e999 is refused by some and
+// becomes Infinity, which no schema's "number" accepts, in others).
 constexpr double kMaxIntegerBound = 9007199254740991.0;
 
 // The code points a JSON string holds unescaped.
@@ -77,7 +80,7 @@ std::string natural_range(uint64_t lo, std::optional<uint64_t> hi) {
     const std::string to = hi && d == top ? std::to_string(*hi) : std::string(d, '9');
     alts.push_back(same_length_range(from, to));
   }
-  if (!hi) alts.push_back(fmt::format("[1-9] [0-9]{{{},}}", l.size()));
+  if (!hi && l.size() < 16) alts.push_back(fmt::format("[1-9] [0-9]{{{},15}}", l.size()));
   std::string s = "(";
   for (size_t i = 0; i < alts.size(); ++i) s += (i ? " | " : " ") + alts[i];
   return s + " )";
@@ -120,10 +123,10 @@ class SchemaConverter {
   std::string common(const std::string& name) {
     if (common_.insert(name).second) {
       static const std::map<std::string, std::string> kBodies = {
-          {"json-char", R"([^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ))"},
+          {"json-char", R"([^"\\\x00-\x1f] | "\\" ( ["\\/bfnrt] | "u" ( [0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} "\\u" [dD] [c-fC-F] [0-9a-fA-F]{2} ) ))"},
           {"json-string", R"("\"" json-char* "\"")"},
-          {"json-number", R"("-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?)"},
-          {"json-integer", R"("-"? ( "0" | [1-9] [0-9]* ))"},
+          {"json-number", R"("-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )?)"},
+          {"json-integer", R"("-"? ( "0" | [1-9] [0-9]{0,15} ))"},
           {"json-value", R"(json-object | json-array | json-string | json-number | "true" | "false" | "null")"},
           {"json-object", R"("{" ws ( json-string ws ":" ws json-value ws ( "," ws json-string ws ":" ws json-value ws )* )? "}")"},
           {"json-array", R"("[" ws ( json-value ws ( "," ws json-value ws )* )? "]")"},
@@ -276,7 +279,10 @@ class SchemaConverter {
     if (name == "date-time") return "( " + kDate + " \"T\" " + kTime + " )";
     if (name == "uuid") return R"(( [0-9a-f]{8} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{4} "-" [0-9a-f]{12} ))";
     if (name == "ipv4") return "( " + kOctet + " \".\" " + kOctet + " \".\" " + kOctet + " \".\" " + kOctet + " )";
-    if (name == "email") return R"(( [a-z0-9] [a-z0-9._-]{0,40} "@" [a-z0-9] [a-z0-9-]{0,30} ( "." [a-z]{2,10} ){1,3} ))";
+    if (name == "email") {
+      // Dot-separated atoms, then dot-separated labels that start and end with a letter or digit.
+      return R"(( [a-z0-9_+-]{1,20} ( "." [a-z0-9_+-]{1,20} ){0,3} "@" ( [a-z0-9] ( [a-z0-9-]{0,20} [a-z0-9] )? "." ){1,3} [a-z]{2,10} ))";
+    }
     fail(at, fmt::format("format '{}' is not supported (date, time, date-time, uuid, ipv4, email)", name));
   }
 
@@ -318,7 +324,7 @@ class SchemaConverter {
     if (s.contains("maximum") || s.contains("exclusiveMinimum") || s.contains("exclusiveMaximum") || (lo && *lo != 0)) {
       fail(at, "bounds on a number are supported only as minimum: 0 (use type integer for other bounds)");
     }
-    if (lo) return R"(( ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )? ))";
+    if (lo) return R"(( ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,2} )? ))";
     return common("json-number");
   }
 

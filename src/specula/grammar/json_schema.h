@@ -9,7 +9,8 @@
 // object schemas (merged), $ref into #/$defs or #/definitions (recursion allowed), strings with
 // minLength / maxLength, pattern (an ECMAScript subset, regex.h, matched whole) and format (date,
 // time, date-time, uuid, ipv4, email), integers with minimum / maximum / exclusiveMinimum /
-// exclusiveMaximum, numbers with minimum 0; annotations (title, description, default, examples,
+// exclusiveMaximum, numbers with minimum 0 (numbers are generated with at most 16 integer and 16
+// fraction digits and a two-digit exponent, so that every parser reads a finite double); annotations (title, description, default, examples,
 // $schema, $id, $comment, deprecated, readOnly, writeOnly) are ignored. Everything else (not,
 // if/then/else, patternProperties, uniqueItems, multipleOf, minProperties, contains, ...) is
 // refused with one line naming the keyword and where it is.

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "specula/grammar/output_format.h"
 #include "specula/runner/sampler.h"
 
 namespace specula {
@@ -23,6 +24,10 @@ struct EngineRequest {
   // -1: none; N in [0, kMaxTopLogprobs]: each output token's log-probability under the model (the
   // log-softmax of its raw logits) and the N most likely tokens' (OpenAI's logprobs / top_logprobs).
   int logprobs = -1;
+  // Structured output: what the output must match (a JSON object, a JSON schema, a regular
+  // expression or a GBNF grammar); compiled when the request is validated. The request stops
+  // when the grammar admits nothing more.
+  grammar::OutputFormat format;
 };
 
 constexpr int kMaxTopLogprobs = 20;

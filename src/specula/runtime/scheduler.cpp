@@ -70,6 +70,11 @@ void Scheduler::validate(EngineRequest& r) const {
   SPECULA_CHECK(r.logprobs >= -1 && r.logprobs <= kMaxTopLogprobs,
                 "logprobs {} is not valid; it must be in [0, {}] (or -1: none)", r.logprobs, kMaxTopLogprobs);
   r.sampling.validate();
+  if (r.format.constrained()) {
+    SPECULA_CHECK(tokenizer_ != nullptr, "a {} response format needs the model's tokenizer, and this engine has none",
+                  grammar::kind_name(r.format.kind));
+    if (r.format.automaton == nullptr) grammar::compile(r.format);
+  }
   // Builds (and so checks) the stop strings.
   OutputText check(tokenizer_, r.stop_strings);
 }
@@ -88,6 +93,19 @@ void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chu
   SPECULA_ASSERT(spec_ == nullptr || runner_.kv_capacity() - runner_.max_context_len() >= spec_->scratch_tokens());
   r->max_new_tokens = std::max(0, std::min(r->params.max_new_tokens, runner_.max_context_len() - prompt_len));
   r->sampler.observe_prompt(r->params.prompt_ids);
+  if (r->params.format.constrained()) {
+    SPECULA_CHECK(tokenizer_ != nullptr, "a {} response format needs the model's tokenizer, and this engine has none",
+                  grammar::kind_name(r->params.format.kind));
+    if (r->params.format.automaton == nullptr) grammar::compile(r->params.format);
+    if (vocabulary_ == nullptr) {
+      std::vector<std::string> tokens(static_cast<size_t>(c.vocab_size));
+      for (int32_t id = 0; id < c.vocab_size; ++id) {
+        if (!tokenizer_->is_special(id)) tokens[static_cast<size_t>(id)] = tokenizer_->token_raw_bytes(id);
+      }
+      vocabulary_ = std::make_shared<const grammar::Vocabulary>(std::move(tokens));
+    }
+    r->sampler.constrain(std::make_unique<grammar::TokenConstraint>(r->params.format.automaton, vocabulary_, r->stop_ids));
+  }
   // A new request expects the engine's acceptance so far until its own cycles say otherwise.
   if (spec_ != nullptr) r->acceptance.seed(spec_->policy().acceptance());
   r->submitted = submitted;
@@ -318,6 +336,8 @@ void Scheduler::process_token(Req& r, int32_t token) {
   // A stop token ends the output without adding its text (as SGLang trims it).
   if (std::find(r.stop_ids.begin(), r.stop_ids.end(), token) != r.stop_ids.end()) return finish(r, "stop");
   if (r.text.push(token)) return finish(r, "stop");
+  // The grammar admits nothing more (an end token is all it would take next).
+  if (r.sampler.grammar_terminated()) return finish(r, "stop");
   if (static_cast<int>(r.out.output_ids.size()) >= r.max_new_tokens) return finish(r, "length");
   publish(r, false);
 }

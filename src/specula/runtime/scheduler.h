@@ -151,6 +151,8 @@ class Scheduler {
 
   ModelRunner& runner_;
   const Tokenizer* tokenizer_;
+  // The tokenizer's token bytes for grammar masks, built at the first constrained request.
+  std::shared_ptr<const grammar::Vocabulary> vocabulary_;
   EagleWorker* spec_;
   SchedulerOptions options_;
   KvLedger kv_;

@@ -283,11 +283,18 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
     size_t used = 0;
     int32_t last_kept = r.kv.last_slot();
     while (used < emitted.size() && !r.done) {
+      // The sampler's penalties and grammar count what was emitted, as sample() records it in
+      // plain decoding. The verify only accepts tokens the grammar allows; a violation here is a
+      // bug, and ends this request with the reason rather than the step.
+      try {
+        r.sampler.record(emitted[used]);
+      } catch (const std::exception& e) {
+        finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
+        break;
+      }
       r.kv.slots.push_back(scratch[used]);
       last_kept = scratch[used];
       if (r.params.logprobs >= 0) r.out.logprobs.push_back(std::move(items[i].emitted_logprobs.at(used)));
-      // The sampler's penalties count what was emitted, as sample() records it in plain decoding.
-      r.sampler.record(emitted[used]);
       process_token(r, emitted[used]);
       ++used;
     }

@@ -1,0 +1,285 @@
+// JSON Schema to grammar (grammar/json_schema.h): documents walked out of each schema's automaton
+// are validated by a real validator (ajv 2020 with ajv-formats, run by Node from
+// tests/grammar/js, installed by scripts/setup.sh) over a corpus of 50 real-world-shaped schemas;
+// integer bounds against plain arithmetic; refusals name the keyword and where it is.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "grammar/grammar_fixtures.h"
+#include "specula/core/error.h"
+#include "specula/grammar/json_schema.h"
+#include "specula/grammar/matcher.h"
+
+namespace specula::grammar {
+namespace {
+
+using testing::accepts;
+using testing::random_sentence;
+
+std::shared_ptr<const Automaton> schema_automaton(const std::string& schema) {
+  return std::make_shared<const Automaton>(std::make_shared<const Grammar>(json_schema_grammar(schema)));
+}
+
+std::string refusal(const std::string& schema) {
+  try {
+    json_schema_to_gbnf(schema);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+// The shortest sentence of each rule (a fixpoint over lengths; an alternative is chosen only when
+// strictly shorter, so the choices never cycle), and with it the shortest way to finish a parse.
+class Completer {
+ public:
+  explicit Completer(const Grammar& g) : g_(g), len_(g.rules().size(), kInf), alt_(g.rules().size(), -1) {
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t r = 0; r < g.rules().size(); ++r) {
+        const auto& alts = g.rules()[r].alternatives;
+        for (size_t a = 0; a < alts.size(); ++a) {
+          const size_t n = length(alts[a], 0);
+          if (n < len_[r]) {
+            len_[r] = n;
+            alt_[r] = static_cast<int>(a);
+            changed = true;
+          }
+        }
+      }
+    }
+  }
+
+  // The shortest text that lets the state end (the stack whose remainder is shortest).
+  std::string complete(const MatchState& s) const {
+    std::string best;
+    size_t best_len = kInf;
+    for (const Stack& st : s.stacks) {
+      size_t n = 0;
+      for (const Position& p : st) n += length(sequence(p), static_cast<size_t>(p.index));
+      if (n >= best_len) continue;
+      best_len = n;
+      best.clear();
+      for (size_t f = st.size(); f-- > 0;) append(sequence(st[f]), static_cast<size_t>(st[f].index), best);
+    }
+    return best;
+  }
+
+ private:
+  static constexpr size_t kInf = SIZE_MAX / 4;
+  const Sequence& sequence(const Position& p) const {
+    return g_.rules()[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)];
+  }
+  size_t length(const Sequence& seq, size_t from) const {
+    size_t n = 0;
+    for (size_t i = from; i < seq.size(); ++i) n = std::min(kInf, n + (seq[i].kind == Element::Kind::kChars ? 1 : len_[static_cast<size_t>(seq[i].rule)]));
+    return n;
+  }
+  void append(const Sequence& seq, size_t from, std::string& out) const {
+    for (size_t i = from; i < seq.size(); ++i) {
+      const Element& e = seq[i];
+      if (e.kind == Element::Kind::kRule) {
+        append(g_.rules()[static_cast<size_t>(e.rule)].alternatives[static_cast<size_t>(alt_[static_cast<size_t>(e.rule)])], 0, out);
+        continue;
+      }
+      // The first printable code point of the class (its lowest when it has none).
+      uint32_t c = e.ranges.front().first;
+      for (const auto& [lo, hi] : e.ranges) {
+        if (hi >= 0x21) {
+          c = std::max<uint32_t>(lo, 0x21);
+          break;
+        }
+      }
+      char buf[4];
+      const int n = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+      if (n == 1) buf[0] = static_cast<char>(c);
+      else {
+        for (int k = n - 1; k > 0; --k, c >>= 6) buf[k] = static_cast<char>(0x80 | (c & 0x3F));
+        buf[0] = static_cast<char>((n == 2 ? 0xC0 : n == 3 ? 0xE0 : 0xF0) | c);
+      }
+      out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  const Grammar& g_;
+  std::vector<size_t> len_;
+  std::vector<int> alt_;
+};
+
+// A random document of the schema: a random walk of up to max_steps letters, then the shortest
+// completion.
+std::string random_document(const Automaton& a, const std::vector<std::string>& letters, std::mt19937& rng, int max_steps) {
+  std::string s = random_sentence(a, letters, rng, max_steps);
+  MatchState st = a.start();
+  for (char c : s) st = a.advance(st, static_cast<uint8_t>(c));
+  return s + Completer(a.grammar()).complete(st);
+}
+
+std::vector<std::string> letters() {
+  std::vector<std::string> l;
+  for (char c = 0x20; c < 0x7F; ++c) l.emplace_back(1, c);
+  for (const char* extra : {"\n", "\xC3\xA9", "\xE4\xB8\x96"}) l.emplace_back(extra);
+  return l;
+}
+
+const std::filesystem::path kSource = SPECULA_SOURCE_DIR;
+
+// Runs the ajv validator over (schema index, text) pairs; returns its exit status and output.
+std::pair<int, std::string> validate_with_ajv(const std::vector<std::pair<int, std::string>>& documents) {
+  const auto dir = std::filesystem::temp_directory_path() / ("specula_schema_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream out(dir / "documents.jsonl");
+    for (const auto& [schema, text] : documents) out << nlohmann::json{{"schema", schema}, {"text", text}}.dump() << "\n";
+  }
+  const std::string cmd = "cd '" + (kSource / "tests/grammar/js").string() + "' && node validate.mjs '" +
+                          (kSource / "tests/grammar/data/schemas.jsonl").string() + "' '" +
+                          (dir / "documents.jsonl").string() + "' > '" + (dir / "out.txt").string() + "' 2>&1";
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(dir / "out.txt");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::filesystem::remove_all(dir);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text.str()};
+}
+
+TEST(JsonSchema, DocumentsOfFiftyRealWorldSchemasValidateWithAjv) {
+  ASSERT_TRUE(std::filesystem::exists(kSource / "tests/grammar/js/node_modules/ajv"))
+      << "ajv is missing: run scripts/setup.sh (npm ci in tests/grammar/js)";
+  std::ifstream in(kSource / "tests/grammar/data/schemas.jsonl");
+  std::vector<nlohmann::json> schemas;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) schemas.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_GE(schemas.size(), 50u);
+  const std::vector<std::string> alphabet = letters();
+  std::mt19937 rng(std::random_device{}());
+  std::vector<std::pair<int, std::string>> documents;
+  for (size_t i = 0; i < schemas.size(); ++i) {
+    const std::string name = schemas[i]["name"].get<std::string>();
+    std::shared_ptr<const Automaton> a;
+    try {
+      a = schema_automaton(schemas[i]["schema"].dump());
+    } catch (const Error& e) {
+      ADD_FAILURE() << name << ": " << e.what();
+      continue;
+    }
+    for (int d = 0; d < 20; ++d) {
+      const std::string doc = random_document(*a, alphabet, rng, 20 + static_cast<int>(rng() % 200));
+      ASSERT_TRUE(accepts(*a, doc)) << name << ": " << doc;
+      ASSERT_TRUE(nlohmann::json::accept(doc)) << name << ": not JSON: " << nlohmann::json(doc).dump();
+      documents.emplace_back(static_cast<int>(i), doc);
+    }
+  }
+  const auto [status, output] = validate_with_ajv(documents);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_NE(output.find(fmt::format("checked {} documents", documents.size())), std::string::npos) << output;
+}
+
+TEST(JsonSchema, AjvRejectsWhatTheSchemaRefuses) {
+  // The validator run itself can fail: a document the schema does not allow is reported.
+  const auto [status, output] = validate_with_ajv({{0, "{}"}, {0, "not json"}});
+  EXPECT_EQ(status, 1) << output;
+  EXPECT_NE(output.find("FAIL"), std::string::npos) << output;
+}
+
+TEST(JsonSchema, IntegerBoundsAreExact) {
+  std::mt19937 rng(std::random_device{}());
+  for (int round = 0; round < 40; ++round) {
+    const int lo = static_cast<int>(rng() % 4000) - 2000;
+    const int hi = lo + static_cast<int>(rng() % 3000);
+    const int kind = static_cast<int>(rng() % 4);
+    nlohmann::json s = {{"type", "integer"}};
+    std::function<bool(long)> inside;
+    if (kind == 0) {
+      s["minimum"] = lo, s["maximum"] = hi;
+      inside = [=](long x) { return x >= lo && x <= hi; };
+    } else if (kind == 1) {
+      s["exclusiveMinimum"] = lo, s["exclusiveMaximum"] = hi;
+      inside = [=](long x) { return x > lo && x < hi; };
+    } else if (kind == 2) {
+      s["minimum"] = lo;
+      inside = [=](long x) { return x >= lo; };
+    } else {
+      s["maximum"] = hi;
+      inside = [=](long x) { return x <= hi; };
+    }
+    if (kind == 1 && hi - lo < 2) continue;
+    const auto a = schema_automaton(s.dump());
+    for (long x = lo - 1200; x <= hi + 1200; x += 1 + static_cast<long>(rng() % 7)) {
+      EXPECT_EQ(accepts(*a, std::to_string(x)), inside(x)) << s.dump() << " at " << x;
+    }
+    for (long x : {100000L, -100000L, 12345678L}) EXPECT_EQ(accepts(*a, std::to_string(x)), inside(x)) << s.dump() << " at " << x;
+    EXPECT_FALSE(accepts(*a, "007")) << s.dump();
+    EXPECT_FALSE(accepts(*a, "1.5")) << s.dump();
+  }
+}
+
+TEST(JsonSchema, ObjectsKeepDeclaredOrderAndRequiredKeys) {
+  const auto a = schema_automaton(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},
+    "c":{"type":"boolean"}},"required":["b"],"additionalProperties":false})");
+  EXPECT_TRUE(accepts(*a, R"({"b":"x"})"));
+  EXPECT_TRUE(accepts(*a, R"({"a":1,"b":"x","c":true})"));
+  EXPECT_TRUE(accepts(*a, "{\n  \"a\": 1,\n  \"b\": \"x\"\n}"));
+  EXPECT_FALSE(accepts(*a, R"({"a":1})"));          // b is required
+  EXPECT_FALSE(accepts(*a, R"({"b":"x","a":1})"));  // declared order
+  EXPECT_FALSE(accepts(*a, R"({"b":"x","d":1})"));  // no additional keys
+  // Additional keys of a schema, never one of the declared names.
+  const auto open = schema_automaton(R"({"type":"object","properties":{"id":{"type":"integer"}},
+    "additionalProperties":{"type":"string"}})");
+  EXPECT_TRUE(accepts(*open, R"({"id":1,"name":"x","i":"y","idx":"z"})"));
+  EXPECT_TRUE(accepts(*open, R"({"name":"x"})"));
+  EXPECT_FALSE(accepts(*open, R"({"id":1,"id":"x"})"));
+  EXPECT_FALSE(accepts(*open, R"({"id":1,"name":2})"));
+}
+
+TEST(JsonSchema, ArraysRespectPrefixItemsAndCounts) {
+  const auto a = schema_automaton(R"({"type":"array","prefixItems":[{"type":"number"},{"type":"string"}],
+    "items":{"type":"boolean"},"minItems":1,"maxItems":4})");
+  EXPECT_TRUE(accepts(*a, "[1]"));
+  EXPECT_TRUE(accepts(*a, R"([1,"a",true,false])"));
+  EXPECT_FALSE(accepts(*a, "[]"));
+  EXPECT_FALSE(accepts(*a, R"([1,"a",true,false,true])"));
+  EXPECT_FALSE(accepts(*a, R"(["a"])"));
+  const auto tuple = schema_automaton(R"({"type":"array","prefixItems":[{"const":1},{"const":2},{"const":3}],
+    "items":false,"maxItems":2})");
+  EXPECT_TRUE(accepts(*tuple, "[1,2]"));
+  EXPECT_FALSE(accepts(*tuple, "[1,2,3]"));
+}
+
+TEST(JsonSchema, RefusalsNameTheKeywordAndWhereItIs) {
+  EXPECT_NE(refusal(R"({"type":"object","properties":{"x":{"not":{"type":"null"}}}})").find("'/properties/x'"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"type":"object","properties":{"x":{"not":{"type":"null"}}}})").find("'not' is not supported"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"type":"array","uniqueItems":true})").find("'uniqueItems'"), std::string::npos);
+  EXPECT_NE(refusal(R"({"$ref":"#/$defs/missing"})").find("names nothing"), std::string::npos);
+  EXPECT_NE(refusal(R"({"$ref":"https://example.com/s.json"})").find("is not supported"), std::string::npos);
+  EXPECT_NE(refusal("false").find("accepts nothing"), std::string::npos);
+  EXPECT_NE(refusal(R"({"type":"string","minLength":5,"maxLength":2})").find("minLength is above maxLength"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"({"type":"integer","minimum":5,"maximum":2})").find("no integer"), std::string::npos);
+  EXPECT_NE(refusal(R"({"type":"number","maximum":2.5})").find("minimum: 0"), std::string::npos);
+  EXPECT_NE(refusal(R"({"type":"string","pattern":"a\"b"})").find("U+0022 is not allowed"), std::string::npos);
+  EXPECT_NE(refusal(R"({"type":"string","format":"hostname"})").find("format 'hostname'"), std::string::npos);
+  EXPECT_NE(refusal(R"({"type":"objekt"})").find("unknown type 'objekt'"), std::string::npos);
+  EXPECT_NE(refusal("{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(refusal(R"({"type":"object","required":["a"]})").find("'a' is required but not among"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace specula::grammar
