@@ -273,5 +273,47 @@ TEST(Grammar, MultiByteCodePointsMaySpanTokens) {
   EXPECT_TRUE(accepts(*any, "\xED\x9F\xBF"));
 }
 
+TEST(Grammar, EveryAcceptedBytePrefixCanStillFinish) {
+  // A lead byte is accepted only when some code point it can begin (not overlong, not a
+  // surrogate) fits: after "\xE0" only U+0800.. can follow, so an ASCII class refuses it.
+  const auto ascii = compile("root ::= [A-Z]{2} \"-\" [0-9]\n");
+  GrammarMatcher m(ascii);
+  EXPECT_FALSE(m.accept_token("\xE0"));
+  EXPECT_FALSE(m.accept_token("\xC2"));
+  EXPECT_FALSE(m.accept_token("\xF0"));
+  const auto latin = compile("root ::= [\\x80-\\xFF]\n");
+  GrammarMatcher l(latin);
+  EXPECT_TRUE(l.accept_token("\xC2"));
+  EXPECT_FALSE(l.accept_token("\xE0"));
+  // Random walks over single bytes: wherever the text cannot end, some byte continues it.
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
+  const TokenTrie trie(bytes);
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (const char* text : {"root ::= [A-Z]{2,5} \"-\" [0-9]{1,5}\n", "root ::= [a-z\\u00e9\\u4e16]+ \"!\"\n",
+                           "root ::= [\\u0800-\\uD7FF] [\\U00010000-\\U0010FFFF] \"x\"\n", kNested}) {
+    const auto a = compile(text);
+    for (int walk = 0; walk < 40; ++walk) {
+      GrammarMatcher g(a);
+      for (int step = 0; step < 30; ++step) {
+        std::vector<uint32_t> mask;
+        trie.fill_mask(*a, g.state(), mask);
+        std::vector<int> ok;
+        for (int b = 0; b < 256; ++b) {
+          if ((mask[static_cast<size_t>(b) / 32] >> (b % 32)) & 1u) ok.push_back(b);
+        }
+        if (ok.empty()) {
+          ASSERT_TRUE(g.can_end()) << text << ": a live state with no byte to continue";
+          break;
+        }
+        if (g.can_end() && rng() % 4 == 0) break;
+        ASSERT_TRUE(g.accept_token(bytes[static_cast<size_t>(ok[rng() % ok.size()])]));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace specula::grammar

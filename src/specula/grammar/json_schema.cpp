@@ -24,7 +24,7 @@ namespace specula::grammar {
 
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 
 // Integer bounds beyond this are refused: JSON numbers past 2^53 are not exact in most parsers.
 // For the same reason generated numbers have at most 16 integer digits, 16 fraction digits and a

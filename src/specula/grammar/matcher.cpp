@@ -142,7 +142,8 @@ MatchState Automaton::start() const {
 namespace {
 
 // The code points a partial sequence can still become: its bytes followed by the smallest and the
-// largest continuation bytes.
+// largest continuation bytes, clipped to what a sequence of that length may encode (no overlong
+// forms, nothing past U+10FFFF); lo > hi when it can become none.
 std::pair<uint32_t, uint32_t> completions(const uint8_t* bytes, int len, int need) {
   uint32_t lo = bytes[0] & (need == 2 ? 0x1F : need == 3 ? 0x0F : 0x07), hi = lo;
   for (int i = 1; i < need; ++i) {
@@ -150,14 +151,20 @@ std::pair<uint32_t, uint32_t> completions(const uint8_t* bytes, int len, int nee
     lo = (lo << 6) | b;
     hi = (hi << 6) | (i < len ? bytes[i] & 0x3F : 0x3F);
   }
-  return {lo, std::min<uint32_t>(hi, 0x10FFFF)};
+  const uint32_t smallest = need == 2 ? 0x80 : need == 3 ? 0x800 : 0x10000;
+  return {std::max(lo, smallest), std::min<uint32_t>(hi, 0x10FFFF)};
 }
 
+// Whether the stack's top class holds a code point of [lo, hi] that is not a UTF-16 surrogate
+// (which UTF-8 never encodes).
 bool top_accepts_any(const Grammar& g, const Stack& stack, uint32_t lo, uint32_t hi) {
-  if (stack.empty()) return false;
+  if (stack.empty() || lo > hi) return false;
   const Position& top = stack.back();
   const Element& e = g.rules()[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)][static_cast<size_t>(top.index)];
-  return std::any_of(e.ranges.begin(), e.ranges.end(), [&](const auto& r) { return r.first <= hi && lo <= r.second; });
+  const auto overlaps = [&](uint32_t a, uint32_t b) {
+    return a <= b && std::any_of(e.ranges.begin(), e.ranges.end(), [&](const auto& r) { return r.first <= b && a <= r.second; });
+  };
+  return overlaps(lo, std::min<uint32_t>(hi, 0xD7FF)) || overlaps(std::max<uint32_t>(lo, 0xE000), hi);
 }
 
 }  // namespace

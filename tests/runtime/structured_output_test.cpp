@@ -1,0 +1,148 @@
+// Structured output through the Engine on the shipped model (CPU): sampled generations for schemas
+// of the corpus are valid JSON documents of their schema by a real validator (ajv), every format's
+// greedy output is a sentence (or, cut by the length limit, a live prefix) of its grammar, and bad
+// formats are refused when the request is submitted, before any decoding.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "grammar/ajv_validator.h"
+#include "grammar/grammar_fixtures.h"
+#include "runtime/engine_fixtures.h"
+#include "specula/core/error.h"
+#include "specula/grammar/output_format.h"
+#include "specula/runtime/engine.h"
+
+namespace specula {
+namespace {
+
+using grammar::OutputFormat;
+using testing_fixtures::kModel;
+using testing_fixtures::kTexts;
+
+EngineOptions options() {
+  EngineOptions o;
+  o.background_thread = false;
+  o.runner.max_context_len = 640;
+  o.runner.max_running_requests = 16;
+  return o;
+}
+
+OutputFormat format(OutputFormat::Kind kind, std::string source = "") {
+  OutputFormat f;
+  f.kind = kind;
+  f.source = std::move(source);
+  grammar::compile(f);
+  return f;
+}
+
+// Whether text is a sentence of the automaton (finished) or a prefix it can still extend (cut).
+void expect_fits(const grammar::Automaton& a, const RequestOutput& out, const std::string& what) {
+  grammar::MatchState st = a.start();
+  for (char c : out.text) st = a.advance(st, static_cast<uint8_t>(c));
+  EXPECT_FALSE(st.dead()) << what << ": " << out.text;
+  if (out.finish_reason == "stop") EXPECT_TRUE(a.can_end(st)) << what << ": " << out.text;
+}
+
+TEST(StructuredOutput, SampledDocumentsOfCorpusSchemasValidateWithAjv) {
+  ASSERT_TRUE(grammar::testing::ajv_installed()) << "ajv is missing: run scripts/setup.sh";
+  const auto schemas = grammar::testing::schema_corpus();
+  Engine engine(kModel, options());
+  struct Run {
+    int schema;
+    std::shared_ptr<RequestHandle> handle;
+    std::shared_ptr<const grammar::Automaton> automaton;
+  };
+  std::vector<Run> runs;
+  const uint64_t seed = std::random_device{}();
+  for (size_t i = 0; i < schemas.size(); i += 4) {
+    for (int s = 0; s < 3; ++s) {
+      EngineRequest r;
+      r.prompt = "Answer in JSON: " + schemas[i]["name"].get<std::string>() + "\n";
+      r.max_new_tokens = 400;
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = seed + static_cast<uint64_t>(runs.size());
+      r.format = format(OutputFormat::Kind::kJsonSchema, schemas[i]["schema"].dump());
+      const auto automaton = r.format.automaton;
+      runs.push_back({static_cast<int>(i), engine.submit(std::move(r)), automaton});
+    }
+  }
+  engine.run_until_idle();
+  std::vector<std::pair<int, std::string>> finished;
+  for (const Run& run : runs) {
+    const RequestOutput out = run.handle->wait();
+    const std::string name = schemas[static_cast<size_t>(run.schema)]["name"].get<std::string>();
+    ASSERT_TRUE(out.finish_reason == "stop" || out.finish_reason == "length")
+        << name << ": " << out.finish_reason << " after " << nlohmann::json(out.text).dump() << " ids " << nlohmann::json(out.output_ids).dump();
+    expect_fits(*run.automaton, out, name + " (seed " + std::to_string(seed) + ")");
+    if (out.finish_reason == "stop") finished.emplace_back(run.schema, out.text);
+  }
+  // The shipped model wanders (long strings, whitespace); most documents still finish.
+  EXPECT_GE(finished.size() * 2, runs.size());
+  const auto [status, report] = grammar::testing::validate_with_ajv(finished);
+  EXPECT_EQ(status, 0) << report;
+  EXPECT_NE(report.find("checked " + std::to_string(finished.size()) + " documents"), std::string::npos) << report;
+}
+
+TEST(StructuredOutput, EveryFormatsOutputFitsItsGrammar) {
+  Engine engine(kModel, options());
+  const std::vector<OutputFormat> formats = {
+      format(OutputFormat::Kind::kJsonObject),
+      format(OutputFormat::Kind::kRegex, "(the|a) [a-z]{2,8}( [a-z]{1,8}){1,4}\\."),
+      format(OutputFormat::Kind::kGrammar,
+             "root ::= expr \"=\" [0-9]+\nexpr ::= term ( [-+] term )*\nterm ::= [0-9]{1,3} | \"(\" expr \")\"\n"),
+      format(OutputFormat::Kind::kJsonSchema, R"({"type":"array","items":{"enum":["red","green","blue"]},"maxItems":5})"),
+  };
+  for (const OutputFormat& f : formats) {
+    for (float temperature : {0.0f, 0.7f}) {
+      std::vector<std::shared_ptr<RequestHandle>> handles;
+      for (size_t t = 0; t < 4; ++t) {
+        EngineRequest r;
+        r.prompt = kTexts[t];
+        r.max_new_tokens = 120;
+        r.sampling.temperature = temperature;
+        r.sampling.seed = t;
+        r.format = f;
+        handles.push_back(engine.submit(std::move(r)));
+      }
+      engine.run_until_idle();
+      for (auto& h : handles) {
+        const RequestOutput out = h->wait();
+        ASSERT_TRUE(out.finish_reason == "stop" || out.finish_reason == "length")
+            << grammar::kind_name(f.kind) << ": " << out.finish_reason << " after " << nlohmann::json(out.text).dump() << " ids " << nlohmann::json(out.output_ids).dump();
+        expect_fits(*f.automaton, out, std::string(grammar::kind_name(f.kind)));
+      }
+    }
+  }
+}
+
+TEST(StructuredOutput, BadFormatsAreRefusedAtSubmit) {
+  Engine engine(kModel, options());
+  const auto refusal = [&](OutputFormat::Kind kind, const std::string& source) -> std::string {
+    EngineRequest r;
+    r.prompt = "x";
+    r.format.kind = kind;
+    r.format.source = source;
+    try {
+      engine.submit(std::move(r));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_NE(refusal(OutputFormat::Kind::kJsonSchema, R"({"type":"string","not":{}})").find("'not' is not supported"),
+            std::string::npos);
+  EXPECT_NE(refusal(OutputFormat::Kind::kRegex, "a(?=b)").find("regex: position"), std::string::npos);
+  EXPECT_NE(refusal(OutputFormat::Kind::kGrammar, "root ::= item\n").find("'item' is used but never defined"),
+            std::string::npos);
+  EXPECT_NE(refusal(OutputFormat::Kind::kGrammar, "root ::= root \"a\" | \"b\"\n").find("left-recursive"),
+            std::string::npos);
+  // Nothing was queued: the engine is idle.
+  EXPECT_FALSE(engine.step());
+}
+
+}  // namespace
+}  // namespace specula
