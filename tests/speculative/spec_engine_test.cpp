@@ -14,8 +14,10 @@
 #include "runtime/engine_fixtures.h"
 #include "speculative/spec_fixtures.h"
 #include "specula/core/error.h"
+#include "specula/grammar/output_format.h"
 #include "specula/model/config.h"
 #include "specula/model/safetensors.h"
+#include "specula/model/tokenizer.h"
 #include "specula/runtime/engine.h"
 #include "specula/runner/model_runner.h"
 #include "specula/runner/sampler.h"
@@ -297,12 +299,27 @@ TEST(SpecEngine, PenaltiesKeepThePlainOutput) {
 // reference itself).
 constexpr int kSamplingTopK = 3;
 
-SamplingParams first_tokens_sampling(uint64_t seed, bool penalties) {
+// What the sampled requests add to temperature and top-k: nothing, penalties, or a grammar (a
+// regular expression of letters: the verify masks each tree node by its path).
+enum class Variant { kPlain, kPenalties, kGrammar };
+
+const grammar::OutputFormat& lowercase_words() {
+  static const grammar::OutputFormat f = [] {
+    grammar::OutputFormat o;
+    o.kind = grammar::OutputFormat::Kind::kRegex;
+    o.source = "[A-Za-z]{2,30}";
+    grammar::compile(o);
+    return o;
+  }();
+  return f;
+}
+
+SamplingParams first_tokens_sampling(uint64_t seed, Variant variant) {
   SamplingParams p;
   p.temperature = 1.0f;
   p.top_k = kSamplingTopK;
   p.seed = seed;
-  if (penalties) {
+  if (variant == Variant::kPenalties) {
     p.repetition_penalty = 1.3f;
     p.frequency_penalty = 0.4f;
     p.presence_penalty = 0.3f;
@@ -311,11 +328,18 @@ SamplingParams first_tokens_sampling(uint64_t seed, bool penalties) {
 }
 
 // The tokens the sampler can draw after ids (a prompt of prompt_len tokens, then output), with
-// their probabilities; penalties count the prompt and the output as plain decoding does.
+// their probabilities; penalties and the grammar count the prompt and the output as plain
+// decoding does.
 std::map<int32_t, double> target_distribution(ModelRunner& runner, const std::vector<int32_t>& ids, size_t prompt_len,
-                                              bool penalties) {
+                                              Variant variant) {
   const std::vector<float> logits = last_token_logits(runner, ids);
-  Sampler sampler(first_tokens_sampling(0, penalties));
+  Sampler sampler(first_tokens_sampling(0, variant));
+  if (variant == Variant::kGrammar) {
+    static const Tokenizer tokenizer = Tokenizer::from_folder(kModel);
+    static const auto vocabulary = grammar_vocabulary(tokenizer, runner.config().vocab_size);
+    sampler.constrain(std::make_unique<grammar::TokenConstraint>(lowercase_words().automaton, vocabulary,
+                                                                 std::vector<int32_t>{}));
+  }
   sampler.observe_prompt(std::span<const int32_t>(ids).first(prompt_len));
   for (size_t t = prompt_len; t < ids.size(); ++t) sampler.record(ids[t]);
   std::vector<float> probs;
@@ -333,13 +357,14 @@ std::map<int32_t, double> target_distribution(ModelRunner& runner, const std::ve
 
 // The first two output tokens of M requests of the prompt, seeds base .. base + M - 1.
 std::vector<std::pair<int32_t, int32_t>> first_two_tokens(const EngineOptions& o, uint64_t base, int m,
-                                                          std::vector<int32_t>& prompt_ids, bool penalties,
+                                                          std::vector<int32_t>& prompt_ids, Variant variant,
                                                           std::vector<int32_t>* third = nullptr) {
   Engine engine(kModel, o);
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (int i = 0; i < m; ++i) {
     EngineRequest r = greedy(kTexts[0], 3);
-    r.sampling = first_tokens_sampling(base + static_cast<uint64_t>(i), penalties);
+    r.sampling = first_tokens_sampling(base + static_cast<uint64_t>(i), variant);
+    if (variant == Variant::kGrammar) r.format = lowercase_words();
     handles.push_back(engine.submit(r));
   }
   engine.run_until_idle();
@@ -453,7 +478,7 @@ uint64_t random_seed_base() {
 
 // The first two tokens of many seeded requests against the target's exact distribution, with
 // and without speculation (the latter guards the reference), with or without penalties.
-void check_first_tokens(bool penalties) {
+void check_first_tokens(Variant variant) {
   constexpr int kRequests = 3000;
   const uint64_t base = random_seed_base();
   SCOPED_TRACE(::testing::Message() << "seeds " << base << " .. " << base + kRequests - 1);
@@ -461,7 +486,7 @@ void check_first_tokens(bool penalties) {
   EngineOptions spec = options(16, 64);
   spec.speculative = eagle(EagleKind::EAGLE3, SpecParams{3, 4, 8});
   std::vector<int32_t> prompt_ids;
-  const auto spec_pairs = first_two_tokens(spec, base, kRequests, prompt_ids, penalties);
+  const auto spec_pairs = first_two_tokens(spec, base, kRequests, prompt_ids, variant);
   ASSERT_FALSE(prompt_ids.empty());
 
   // The exact distribution, from the target alone.
@@ -472,12 +497,12 @@ void check_first_tokens(bool penalties) {
   ro.max_context_len = 320;
   ro.max_running_requests = 4;
   ModelRunner runner(config, weights, ro);
-  const std::map<int32_t, double> p1 = target_distribution(runner, prompt_ids, prompt_ids.size(), penalties);
+  const std::map<int32_t, double> p1 = target_distribution(runner, prompt_ids, prompt_ids.size(), variant);
   std::map<int32_t, std::map<int32_t, double>> p2;
   for (const auto& [t1, q] : p1) {
     std::vector<int32_t> ids = prompt_ids;
     ids.push_back(t1);
-    p2[t1] = target_distribution(runner, ids, prompt_ids.size(), penalties);
+    p2[t1] = target_distribution(runner, ids, prompt_ids.size(), variant);
   }
 
   auto another_batch = [&](const EngineOptions& o) {
@@ -486,14 +511,16 @@ void check_first_tokens(bool penalties) {
       std::printf("second batch, seeds %llu .. %llu\n", static_cast<unsigned long long>(fresh),
                   static_cast<unsigned long long>(fresh + kRequests - 1));
       std::vector<int32_t> ids;
-      return first_two_tokens(o, fresh, kRequests, ids, penalties);
+      return first_two_tokens(o, fresh, kRequests, ids, variant);
     };
   };
-  const std::string name = penalties ? " with penalties" : "";
+  const std::string name = variant == Variant::kPenalties ? " with penalties"
+                           : variant == Variant::kGrammar ? " with a grammar"
+                                                          : "";
   expect_follows(spec_pairs, p1, p2, "EAGLE3 (3, 4, 8)" + name, another_batch(spec));
 
   std::vector<int32_t> plain_prompt;
-  const auto plain_pairs = first_two_tokens(options(16, 64), base, kRequests, plain_prompt, penalties);
+  const auto plain_pairs = first_two_tokens(options(16, 64), base, kRequests, plain_prompt, variant);
   EXPECT_EQ(plain_prompt, prompt_ids);
   expect_follows(plain_pairs, p1, p2, "no speculation" + name, another_batch(options(16, 64)));
   // t1 comes from the same seed and the same prefill logits in both engines.
@@ -505,11 +532,15 @@ void check_first_tokens(bool penalties) {
   EXPECT_GE(same_t1, kRequests - kRequests / 100);
 }
 
-TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) { check_first_tokens(false); }
+TEST(SpecSampling, FirstTokensFollowTheTargetDistribution) { check_first_tokens(Variant::kPlain); }
 
 // Penalties change the second token's distribution after the first: the verify must apply them
 // per tree node over the node's path, exactly as plain decoding would after emitting it.
-TEST(SpecSampling, FirstTokensFollowTheTargetDistributionWithPenalties) { check_first_tokens(true); }
+TEST(SpecSampling, FirstTokensFollowTheTargetDistributionWithPenalties) { check_first_tokens(Variant::kPenalties); }
+
+// A grammar masks each tree node by its own path: the second token, drawn at a node below the
+// root, must follow the masked distribution after the first, as plain decoding draws it.
+TEST(SpecSampling, FirstTokensFollowTheTargetDistributionWithAGrammar) { check_first_tokens(Variant::kGrammar); }
 
 // The third token with penalties: t2 is usually an accepted draft token, so t3 is drawn at a tree
 // node one below the root, whose penalties must count t2 (its path) besides t1. The triples
@@ -524,7 +555,7 @@ TEST(SpecSampling, ThirdTokensFollowThePenalisedDistributionBelowTheRoot) {
   std::vector<int32_t> prompt_ids;
   auto triples = [&](uint64_t first) {
     std::vector<int32_t> third, ids;
-    const Pairs pairs = first_two_tokens(spec, first, kRequests, ids, /*penalties=*/true, &third);
+    const Pairs pairs = first_two_tokens(spec, first, kRequests, ids, Variant::kPenalties, &third);
     if (prompt_ids.empty()) prompt_ids = ids;
     Pairs out;  // (t1 * vocab + t2, t3): a pair test over the (t1, t2) prefix and t3
     for (size_t i = 0; i < pairs.size(); ++i) out.emplace_back(pairs[i].first * 1024 + pairs[i].second, third[i]);
@@ -542,14 +573,14 @@ TEST(SpecSampling, ThirdTokensFollowThePenalisedDistributionBelowTheRoot) {
   const size_t n = prompt_ids.size();
   Distribution prefix;  // p(t1) p(t2 | t1) by t1 * 1024 + t2
   Conditional next;     // p(t3 | t1, t2)
-  for (const auto& [t1, q1] : target_distribution(runner, prompt_ids, n, true)) {
+  for (const auto& [t1, q1] : target_distribution(runner, prompt_ids, n, Variant::kPenalties)) {
     std::vector<int32_t> ids = prompt_ids;
     ids.push_back(t1);
-    for (const auto& [t2, q2] : target_distribution(runner, ids, n, true)) {
+    for (const auto& [t2, q2] : target_distribution(runner, ids, n, Variant::kPenalties)) {
       std::vector<int32_t> ids2 = ids;
       ids2.push_back(t2);
       prefix[t1 * 1024 + t2] = q1 * q2;
-      next[t1 * 1024 + t2] = target_distribution(runner, ids2, n, true);
+      next[t1 * 1024 + t2] = target_distribution(runner, ids2, n, Variant::kPenalties);
     }
   }
   expect_follows(observed, prefix, next, "EAGLE3 (3, 4, 8) with penalties, third token", [&] {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "specula/core/error.h"
+#include "specula/model/tokenizer.h"
 
 namespace specula {
 
@@ -22,6 +23,14 @@ void SamplingParams::validate() const {
                 "repetition_penalty {} is not valid; expected > 0 (1: off)", repetition_penalty);
   SPECULA_CHECK(std::isfinite(frequency_penalty) && std::isfinite(presence_penalty),
                 "frequency_penalty {} / presence_penalty {} must be finite", frequency_penalty, presence_penalty);
+}
+
+std::shared_ptr<const grammar::Vocabulary> grammar_vocabulary(const Tokenizer& tokenizer, int vocab_size) {
+  std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
+  for (int32_t id = 0; id < vocab_size; ++id) {
+    if (!tokenizer.is_special(id)) tokens[static_cast<size_t>(id)] = tokenizer.token_raw_bytes(id);
+  }
+  return std::make_shared<const grammar::Vocabulary>(std::move(tokens));
 }
 
 int32_t greedy_token(std::span<const float> logits) {

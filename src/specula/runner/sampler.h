@@ -18,6 +18,12 @@
 
 namespace specula {
 
+class Tokenizer;
+
+// The bytes a grammar sees for each of the model's vocab_size ids: the tokenizer's raw bytes, none
+// for special tokens and for ids the tokenizer lacks (padding rows), which a grammar never allows.
+std::shared_ptr<const grammar::Vocabulary> grammar_vocabulary(const Tokenizer& tokenizer, int vocab_size);
+
 struct SamplingParams {
   float temperature = 0.0f;
   int top_k = 0;       // 0: no limit

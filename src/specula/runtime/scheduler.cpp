@@ -97,13 +97,7 @@ void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chu
     SPECULA_CHECK(tokenizer_ != nullptr, "a {} response format needs the model's tokenizer, and this engine has none",
                   grammar::kind_name(r->params.format.kind));
     if (r->params.format.automaton == nullptr) grammar::compile(r->params.format);
-    if (vocabulary_ == nullptr) {
-      std::vector<std::string> tokens(static_cast<size_t>(c.vocab_size));
-      for (int32_t id = 0; id < c.vocab_size; ++id) {
-        if (!tokenizer_->is_special(id)) tokens[static_cast<size_t>(id)] = tokenizer_->token_raw_bytes(id);
-      }
-      vocabulary_ = std::make_shared<const grammar::Vocabulary>(std::move(tokens));
-    }
+    if (vocabulary_ == nullptr) vocabulary_ = grammar_vocabulary(*tokenizer_, c.vocab_size);
     r->sampler.constrain(std::make_unique<grammar::TokenConstraint>(r->params.format.automaton, vocabulary_, r->stop_ids));
   }
   // A new request expects the engine's acceptance so far until its own cycles say otherwise.

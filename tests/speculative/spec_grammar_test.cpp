@@ -1,0 +1,109 @@
+// Structured output under speculative decoding (CPU, the shipped pair): the verify masks each tree
+// node by its own path, so greedy output with EAGLE and EAGLE-3, chains and trees, equals the
+// output without speculation for every kind of format (JSON object, JSON schemas of the corpus, a
+// regular expression, a GBNF grammar), end-of-sequence included.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "grammar/ajv_validator.h"
+#include "runtime/engine_fixtures.h"
+#include "speculative/spec_fixtures.h"
+#include "specula/grammar/output_format.h"
+#include "specula/runtime/engine.h"
+
+namespace specula {
+namespace {
+
+using grammar::OutputFormat;
+using testing_fixtures::kModel;
+using testing_fixtures::kTexts;
+
+EngineOptions options(int page_size) {
+  EngineOptions o;
+  o.background_thread = false;
+  o.runner.page_size = page_size;
+  o.runner.max_context_len = 400;
+  o.runner.max_running_requests = 8;
+  return o;
+}
+
+OutputFormat compiled(OutputFormat::Kind kind, std::string source) {
+  OutputFormat f;
+  f.kind = kind;
+  f.source = std::move(source);
+  grammar::compile(f);
+  return f;
+}
+
+std::vector<std::pair<std::string, OutputFormat>> formats() {
+  std::vector<std::pair<std::string, OutputFormat>> out = {
+      {"json_object", compiled(OutputFormat::Kind::kJsonObject, "")},
+      {"regex", compiled(OutputFormat::Kind::kRegex, "(the|a) [a-z]{2,8}( [a-z]{1,8}){1,6}\\.")},
+      {"grammar", compiled(OutputFormat::Kind::kGrammar,
+                           "root ::= line{2,4}\nline ::= [A-Z] [a-z ]{3,30} [.!?] \"\\n\"\n")},
+  };
+  const auto corpus = grammar::testing::schema_corpus();
+  for (size_t i : {0u, 11u, 23u, 37u}) {
+    out.emplace_back(corpus[i]["name"].get<std::string>(), compiled(OutputFormat::Kind::kJsonSchema, corpus[i]["schema"].dump()));
+  }
+  return out;
+}
+
+// Greedy outputs of two prompts per format, with the given speculation (none: nullopt).
+std::vector<std::vector<int32_t>> outputs(const std::optional<EagleOptions>& spec, int page_size,
+                                          const std::vector<std::pair<std::string, OutputFormat>>& fs,
+                                          std::vector<std::string>* reasons = nullptr) {
+  EngineOptions o = options(page_size);
+  o.speculative = spec;
+  Engine engine(kModel, o);
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const auto& [name, f] : fs) {
+    for (size_t t = 0; t < 2; ++t) {
+      EngineRequest r;
+      r.prompt = kTexts[t * 3];
+      r.max_new_tokens = 160;
+      r.format = f;
+      handles.push_back(engine.submit(std::move(r)));
+    }
+  }
+  engine.run_until_idle();
+  std::vector<std::vector<int32_t>> out;
+  for (auto& h : handles) {
+    const RequestOutput r = h->wait();
+    EXPECT_TRUE(r.finish_reason == "stop" || r.finish_reason == "length") << r.finish_reason;
+    if (reasons != nullptr) reasons->push_back(r.finish_reason);
+    if (spec && r.output_ids.size() > 4) EXPECT_GT(r.spec_verify_cycles, 0);
+    out.push_back(r.output_ids);
+  }
+  return out;
+}
+
+TEST(SpecGrammar, GreedyOutputEqualsTheOutputWithoutSpeculation) {
+  const auto fs = formats();
+  std::vector<std::string> reasons;
+  const auto plain = outputs(std::nullopt, 16, fs, &reasons);
+  // Some outputs end because the grammar finished (end-of-sequence where it may end, or nothing
+  // more allowed), so that path is compared too.
+  EXPECT_GT(std::count(reasons.begin(), reasons.end(), "stop"), 2);
+  struct Shape {
+    EagleKind kind;
+    SpecParams params;
+    int page_size;
+  };
+  for (const Shape& s : {Shape{EagleKind::EAGLE3, {3, 1, 4}, 16}, Shape{EagleKind::EAGLE3, {3, 4, 8}, 1},
+                         Shape{EagleKind::EAGLE, {3, 1, 4}, 1}, Shape{EagleKind::EAGLE, {4, 4, 10}, 16}}) {
+    const EagleOptions spec{s.kind, spec_fixtures::head_dir(s.kind), s.params, SpecPolicyKind::FIXED};
+    const auto got = outputs(spec, s.page_size, fs);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_EQ(got[i], plain[i]) << eagle_kind_name(s.kind) << " (" << s.params.num_steps << ", " << s.params.topk
+                                  << ", " << s.params.num_draft_tokens << ") page " << s.page_size << ", format "
+                                  << fs[i / 2].first << ", prompt " << i % 2;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specula
