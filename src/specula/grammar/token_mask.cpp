@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "specula/core/error.h"
+
 namespace specula::grammar {
 
 TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(static_cast<int>(tokens.size())) {
@@ -27,12 +29,17 @@ TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(stati
   }
 }
 
-void TokenTrie::walk(const Automaton& automaton, int32_t node, const MatchState& state, std::vector<uint32_t>& bitmask) const {
+void TokenTrie::walk(const Automaton& automaton, int32_t node, const MatchState& state, std::vector<uint32_t>& bitmask,
+                     size_t& work) const {
   const Node& nd = nodes_[static_cast<size_t>(node)];
   for (int32_t id : nd.tokens) bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
   for (const auto& [byte, child] : nd.children) {
+    work += state.stacks.size() + 1;
+    SPECULA_CHECK(work <= kMaxMaskWork,
+                  "grammar: the next-token mask needs more than {} parse steps (the limit); the grammar is too ambiguous",
+                  kMaxMaskWork);
     const MatchState next = automaton.advance(state, byte);
-    if (!next.dead()) walk(automaton, child, next, bitmask);
+    if (!next.dead()) walk(automaton, child, next, bitmask, work);
   }
 }
 
@@ -40,9 +47,11 @@ void TokenTrie::fill_mask(const Automaton& automaton, const MatchState& state, s
   bitmask.assign((static_cast<size_t>(vocab_size_) + 31) / 32, 0u);
   if (state.dead()) return;
   // The root's own tokens are the empty ones, which are never accepted.
+  size_t work = 0;
   for (const auto& [byte, child] : nodes_[0].children) {
+    work += state.stacks.size() + 1;
     const MatchState next = automaton.advance(state, byte);
-    if (!next.dead()) walk(automaton, child, next, bitmask);
+    if (!next.dead()) walk(automaton, child, next, bitmask, work);
   }
 }
 

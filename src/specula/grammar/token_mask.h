@@ -19,15 +19,20 @@ class TokenTrie {
   int vocab_size() const { return vocab_size_; }
 
   // bitmask: ceil(vocab / 32) words, bit id % 32 of word id / 32 set for each token the grammar
-  // accepts after `state` (xgrammar's and SGLang's layout).
+  // accepts after `state` (xgrammar's and SGLang's layout). Throws specula::Error when the walk
+  // carries more than kMaxMaskWork parses through the trie (an ambiguous grammar over a large
+  // vocabulary), so that one request cannot stall the engine.
   void fill_mask(const Automaton& automaton, const MatchState& state, std::vector<uint32_t>& bitmask) const;
+
+  static constexpr size_t kMaxMaskWork = size_t{1} << 23;
 
  private:
   struct Node {
     std::vector<std::pair<uint8_t, int32_t>> children;  // by byte, sorted
     std::vector<int32_t> tokens;                         // ids whose bytes end here
   };
-  void walk(const Automaton& automaton, int32_t node, const MatchState& state, std::vector<uint32_t>& bitmask) const;
+  void walk(const Automaton& automaton, int32_t node, const MatchState& state, std::vector<uint32_t>& bitmask,
+            size_t& work) const;
 
   std::vector<Node> nodes_;
   int vocab_size_ = 0;

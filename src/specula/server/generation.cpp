@@ -134,6 +134,7 @@ void HttpServer::generate(const httplib::Request& req, httplib::Response& res, b
       er.stop_strings = g.stop;
       er.stop_token_ids = g.stop_token_ids;
       er.logprobs = g.logprobs;
+      er.format = g.format;
       std::weak_ptr<Collector> events = gen->events;
       auto handle = engine_.submit(std::move(er), [events, c](const StreamChunk& chunk) {
         const auto sink = events.lock();

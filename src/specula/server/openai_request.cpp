@@ -75,17 +75,60 @@ void parse_common(const JsonReader& r, GenerationRequest& g) {
     if (!options->is_object()) options->fail("must be an object");
     g.include_usage = options->bool_or("include_usage", false);
   }
-  for (const char* key : {"regex", "json_schema", "ebnf", "guided_json", "guided_regex", "guided_grammar"}) {
-    if (r.has(key)) {
-      throw HttpError(400, fmt::format("'{}' is not supported yet: constrained decoding has not arrived in specula", key));
+}
+
+// The output format: OpenAI's response_format (text, json_object, json_schema), SGLang's regex,
+// ebnf and json_schema (a string) and vLLM's guided_json, guided_regex and guided_grammar; at
+// most one of them. Compiled here, so that a bad schema, grammar or pattern is a 400 before any
+// decoding. body: the request again, parsed keeping key order (a schema's properties are
+// generated in the order written).
+grammar::OutputFormat parse_format(const JsonReader& r, const std::string& body) {
+  using Kind = grammar::OutputFormat::Kind;
+  std::vector<std::string> given;
+  grammar::OutputFormat f;
+  std::optional<nlohmann::ordered_json> ordered;
+  const auto schema_text = [&](const std::vector<std::string>& path) {
+    if (!ordered) ordered = nlohmann::ordered_json::parse(body);
+    const nlohmann::ordered_json* node = &*ordered;
+    for (const std::string& k : path) node = &node->at(k);
+    return node->is_string() ? node->get<std::string>() : node->dump();
+  };
+  const auto set = [&](const std::string& key, Kind kind, std::string source) {
+    given.push_back(key);
+    f.kind = kind;
+    f.source = std::move(source);
+  };
+  if (const auto rf = r.find("response_format")) {
+    if (!rf->is_object()) rf->fail("must be an object");
+    const std::string type = rf->at("type").string();
+    if (type == "json_object") {
+      set("response_format", Kind::kJsonObject, "");
+    } else if (type == "json_schema") {
+      const JsonReader js = rf->at("json_schema");
+      if (!js.is_object()) js.fail("must be an object with 'schema'");
+      const JsonReader schema = js.at("schema");
+      if (!schema.is_object() && !schema.raw().is_boolean()) schema.fail("must be a JSON Schema (an object)");
+      set("response_format", Kind::kJsonSchema, schema_text({"response_format", "json_schema", "schema"}));
+    } else if (type != "text") {
+      rf->at("type").fail(fmt::format("= '{}' is not valid; supported: text, json_object, json_schema", type));
     }
   }
-  if (const auto format = r.find("response_format")) {
-    const std::string type = format->string_or("type", "text");
-    if (type != "text") {
-      throw HttpError(400, fmt::format("response_format type '{}' is not supported yet; supported: text", type));
+  for (const char* key : {"json_schema", "guided_json"}) {
+    if (const auto v = r.find(key)) {
+      if (!v->is_string() && !v->is_object()) v->fail("must be a JSON Schema (an object, or its JSON text)");
+      set(key, Kind::kJsonSchema, schema_text({key}));
     }
   }
+  for (const char* key : {"regex", "guided_regex"}) {
+    if (r.has(key)) set(key, Kind::kRegex, r.at(key).string());
+  }
+  for (const char* key : {"ebnf", "guided_grammar"}) {
+    if (r.has(key)) set(key, Kind::kGrammar, r.at(key).string());
+  }
+  SPECULA_CHECK(given.size() <= 1, "'{}' and '{}' both constrain the output; give one", given.size() > 1 ? given[0] : "",
+                given.size() > 1 ? given[1] : "");
+  grammar::compile(f);
+  return f;
 }
 
 std::optional<int> max_tokens(const JsonReader& r, const char* key) {
@@ -153,6 +196,7 @@ GenerationRequest parse_completion_request(const std::string& body) {
     const JsonReader r(j, kBody);
     GenerationRequest g;
     parse_common(r, g);
+    g.format = parse_format(r, body);
     const JsonReader prompt = r.at("prompt");
     if (prompt.is_string()) {
       g.prompt_texts.push_back(prompt.string());
@@ -188,6 +232,7 @@ GenerationRequest parse_chat_request(const std::string& body) {
     GenerationRequest g;
     g.chat = true;
     parse_common(r, g);
+    g.format = parse_format(r, body);
     const JsonReader messages = r.at("messages");
     const auto ordered = nlohmann::ordered_json::parse(body);
     g.messages = parse_messages(messages, ordered.at("messages"));

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "specula/grammar/output_format.h"
 #include "specula/runner/sampler.h"
 
 namespace specula::server {
@@ -53,6 +54,7 @@ struct GenerationRequest {
   bool echo = false;  // completions: the prompt text before the output
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  grammar::OutputFormat format;  // response_format, regex, ebnf, json_schema (compiled)
 };
 
 GenerationRequest parse_completion_request(const std::string& body);
