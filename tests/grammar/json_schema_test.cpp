@@ -16,7 +16,9 @@
 #include "grammar/ajv_validator.h"
 #include "grammar/grammar_fixtures.h"
 #include "specula/core/error.h"
+#include "specula/grammar/json_grammar.h"
 #include "specula/grammar/json_schema.h"
+#include "specula/grammar/token_masker.h"
 #include "specula/grammar/matcher.h"
 
 namespace specula::grammar {
@@ -251,6 +253,53 @@ TEST(JsonSchema, RefusalsNameTheKeywordAndWhereItIs) {
   EXPECT_NE(refusal(R"({"type":"objekt"})").find("unknown type 'objekt'"), std::string::npos);
   EXPECT_NE(refusal("{not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(refusal(R"({"type":"object","required":["a"]})").find("'a' is required but not among"), std::string::npos);
+}
+
+// The masker's cached split (accepted in any context / checked against the stack) gives exactly
+// the trie walk's mask, which grammar_test checks token by token, on states of real generations.
+TEST(TokenMasker, MasksEqualTheTrieWalk) {
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  // Every byte, then JSON-ish pieces of 1-6 letters with multi-byte code points split anywhere.
+  std::vector<std::string> vocab;
+  for (int b = 0; b < 256; ++b) vocab.emplace_back(1, static_cast<char>(b));
+  const std::string alphabet = "{}[]\":, \n\t0123456789.-eEtrufalsnxyz\\\xC3\xA9\xE4\xB8\x96";
+  for (int i = 0; i < 3000; ++i) {
+    std::string t;
+    const int n = 1 + static_cast<int>(rng() % 6);
+    for (int j = 0; j < n; ++j) t += alphabet[rng() % alphabet.size()];
+    vocab.push_back(t);
+  }
+  vocab.emplace_back();  // a special token
+  const auto vocabulary = std::make_shared<const Vocabulary>(vocab);
+  const auto corpus = schema_corpus();
+  std::vector<std::shared_ptr<const Automaton>> automata = {
+      std::make_shared<const Automaton>(std::make_shared<const Grammar>(json_object_grammar())),
+      schema_automaton(corpus[3]["schema"].dump()), schema_automaton(corpus[17]["schema"].dump()),
+      schema_automaton(corpus[30]["schema"].dump()), schema_automaton(corpus[44]["schema"].dump())};
+  int compared = 0;
+  for (const auto& a : automata) {
+    TokenMasker masker(a, vocabulary);
+    for (int walk = 0; walk < 6; ++walk) {
+      GrammarMatcher m(a);
+      for (int step = 0; step < 80; ++step) {
+        std::vector<uint32_t> cached, walked;
+        masker.fill(m.state(), cached);
+        vocabulary->trie.fill_mask(*a, m.state(), walked);
+        ASSERT_EQ(cached, walked) << "step " << step;
+        ++compared;
+        std::vector<int> ok;
+        for (size_t id = 0; id < vocab.size(); ++id) {
+          if ((walked[id / 32] >> (id % 32)) & 1u) ok.push_back(static_cast<int>(id));
+        }
+        if (ok.empty() || (m.can_end() && rng() % 8 == 0)) break;
+        ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
+      }
+    }
+    EXPECT_GT(masker.cached_tops(), 3u);
+  }
+  EXPECT_GT(compared, 500);
 }
 
 }  // namespace

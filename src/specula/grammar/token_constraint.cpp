@@ -5,14 +5,17 @@
 #include <cmath>
 
 #include "specula/core/error.h"
+#include "specula/grammar/token_masker.h"
 
 namespace specula::grammar {
 
+TokenConstraint::TokenConstraint(std::shared_ptr<TokenMasker> masker, std::vector<int32_t> end_ids)
+    : masker_(std::move(masker)), matcher_(masker_->automaton()), vocabulary_(&masker_->vocabulary()),
+      end_ids_(std::move(end_ids)) {}
+
 TokenConstraint::TokenConstraint(std::shared_ptr<const Automaton> automaton, std::shared_ptr<const Vocabulary> vocabulary,
                                  std::vector<int32_t> end_ids)
-    : matcher_(std::move(automaton)), vocabulary_(std::move(vocabulary)), end_ids_(std::move(end_ids)) {
-  SPECULA_CHECK(vocabulary_ != nullptr, "a grammar constraint needs the vocabulary");
-}
+    : TokenConstraint(std::make_shared<TokenMasker>(std::move(automaton), std::move(vocabulary)), std::move(end_ids)) {}
 
 bool TokenConstraint::is_end(int32_t token) const {
   return std::find(end_ids_.begin(), end_ids_.end(), token) != end_ids_.end();
@@ -34,13 +37,7 @@ bool TokenConstraint::allows(int32_t token) const {
   if (token < 0 || token >= vocabulary_->size()) return false;
   const std::string& bytes = vocabulary_->tokens[static_cast<size_t>(token)];
   if (bytes.empty()) return false;
-  const Automaton& a = matcher_.automaton();
-  MatchState s = matcher_.state();
-  for (char c : bytes) {
-    s = a.advance(s, static_cast<uint8_t>(c));
-    if (s.dead()) return false;
-  }
-  return true;
+  return masker_->accepts(matcher_.state(), bytes);
 }
 
 void TokenConstraint::mask(std::span<float> logits) {
@@ -54,7 +51,7 @@ void TokenConstraint::mask(std::span<float> logits) {
     std::fill(logits.begin(), logits.end(), -INFINITY);
     return;
   }
-  vocabulary_->trie.fill_mask(matcher_.automaton(), matcher_.state(), bitmask_);
+  masker_->fill(matcher_.state(), bitmask_);
   const size_t known = std::min(logits.size(), static_cast<size_t>(vocabulary_->size()));
   for (size_t id = 0; id < known; ++id) {
     if ((bitmask_[id / 32] >> (id % 32) & 1u) == 0) logits[id] = -INFINITY;

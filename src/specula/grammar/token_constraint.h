@@ -24,10 +24,13 @@ struct Vocabulary {
   int size() const { return static_cast<int>(tokens.size()); }
 };
 
+class TokenMasker;
+
 class TokenConstraint {
  public:
   // end_ids: the tokens that end the sequence (EOS and stop tokens); allowed where the grammar
-  // can end.
+  // can end. The masker (token_masker.h) may be shared by requests of the same grammar.
+  TokenConstraint(std::shared_ptr<TokenMasker> masker, std::vector<int32_t> end_ids);
   TokenConstraint(std::shared_ptr<const Automaton> automaton, std::shared_ptr<const Vocabulary> vocabulary,
                   std::vector<int32_t> end_ids);
 
@@ -49,8 +52,9 @@ class TokenConstraint {
   bool is_end(int32_t token) const;
   std::string describe(int32_t token) const;
 
+  std::shared_ptr<TokenMasker> masker_;
   GrammarMatcher matcher_;
-  std::shared_ptr<const Vocabulary> vocabulary_;
+  const Vocabulary* vocabulary_;
   std::vector<int32_t> end_ids_;
   std::vector<uint32_t> bitmask_;
   bool ended_ = false;

@@ -55,4 +55,43 @@ void TokenTrie::fill_mask(const Automaton& automaton, const MatchState& state, s
   }
 }
 
+void TokenTrie::collect(int32_t node, std::vector<int32_t>& out) const {
+  const Node& nd = nodes_[static_cast<size_t>(node)];
+  out.insert(out.end(), nd.tokens.begin(), nd.tokens.end());
+  for (const auto& kid : nd.children) collect(kid.second, out);
+}
+
+void TokenTrie::classify_walk(const Automaton& automaton, int32_t node, const MatchState& state, bool open,
+                              std::vector<uint32_t>& accepted, std::vector<int32_t>& uncertain) const {
+  const Node& nd = nodes_[static_cast<size_t>(node)];
+  for (const auto& [byte, child] : nd.children) {
+    MatchState next = automaton.advance(state, byte);
+    // An empty stack: the bottom frame finished here. A token that ends here is taken in any
+    // context; one that goes on may continue in what lies below.
+    const bool live = !next.dead();
+    const auto ended = std::remove_if(next.stacks.begin(), next.stacks.end(), [](const Stack& s) { return s.empty(); });
+    const bool finished = ended != next.stacks.end();
+    next.stacks.erase(ended, next.stacks.end());
+    const Node& kid = nodes_[static_cast<size_t>(child)];
+    for (int32_t id : kid.tokens) {
+      if (live) accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+      else if (open) uncertain.push_back(id);
+    }
+    const bool still_open = open || finished;
+    if (!next.dead()) {
+      classify_walk(automaton, child, next, still_open, accepted, uncertain);
+    } else if (still_open) {
+      // Only what lies below could take the rest.
+      for (const auto& grandchild : kid.children) collect(grandchild.second, uncertain);
+    }
+  }
+}
+
+void TokenTrie::classify(const Automaton& automaton, const MatchState& single, std::vector<uint32_t>& accepted,
+                         std::vector<int32_t>& uncertain) const {
+  accepted.assign((static_cast<size_t>(vocab_size_) + 31) / 32, 0u);
+  uncertain.clear();
+  classify_walk(automaton, 0, single, false, accepted, uncertain);
+}
+
 }  // namespace specula::grammar

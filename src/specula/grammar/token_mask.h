@@ -26,6 +26,14 @@ class TokenTrie {
 
   static constexpr size_t kMaxMaskWork = size_t{1} << 23;
 
+  // xgrammar's split of the vocabulary for one stack top, walked from `single` (a state of that
+  // one stack alone, with nothing below it): `accepted` (a bitmask as above) holds the tokens the
+  // stack takes without ever finishing its bottom frame, which no context can change; `uncertain`
+  // the tokens that need what lies below it (they finish the frame and go on), to be checked
+  // against the whole stack. Every other token is refused whatever lies below.
+  void classify(const Automaton& automaton, const MatchState& single, std::vector<uint32_t>& accepted,
+                std::vector<int32_t>& uncertain) const;
+
  private:
   struct Node {
     std::vector<std::pair<uint8_t, int32_t>> children;  // by byte, sorted
@@ -33,6 +41,9 @@ class TokenTrie {
   };
   void walk(const Automaton& automaton, int32_t node, const MatchState& state, std::vector<uint32_t>& bitmask,
             size_t& work) const;
+  void classify_walk(const Automaton& automaton, int32_t node, const MatchState& state, bool open,
+                     std::vector<uint32_t>& accepted, std::vector<int32_t>& uncertain) const;
+  void collect(int32_t node, std::vector<int32_t>& out) const;
 
   std::vector<Node> nodes_;
   int vocab_size_ = 0;

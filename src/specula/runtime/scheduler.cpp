@@ -97,8 +97,7 @@ void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chu
     SPECULA_CHECK(tokenizer_ != nullptr, "a {} response format needs the model's tokenizer, and this engine has none",
                   grammar::kind_name(r->params.format.kind));
     if (r->params.format.automaton == nullptr) grammar::compile(r->params.format);
-    if (vocabulary_ == nullptr) vocabulary_ = grammar_vocabulary(*tokenizer_, c.vocab_size);
-    r->sampler.constrain(std::make_unique<grammar::TokenConstraint>(r->params.format.automaton, vocabulary_, r->stop_ids));
+    r->sampler.constrain(std::make_unique<grammar::TokenConstraint>(masker_for(r->params.format), r->stop_ids));
   }
   // A new request expects the engine's acceptance so far until its own cycles say otherwise.
   if (spec_ != nullptr) r->acceptance.seed(spec_->policy().acceptance());
@@ -106,6 +105,22 @@ void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chu
   r->out.id = id;
   r->out.prompt_ids = r->params.prompt_ids;
   waiting_.push_back(std::move(r));
+}
+
+std::shared_ptr<grammar::TokenMasker> Scheduler::masker_for(const grammar::OutputFormat& format) {
+  if (vocabulary_ == nullptr) vocabulary_ = grammar_vocabulary(*tokenizer_, runner_.config().vocab_size);
+  std::string key(grammar::kind_name(format.kind));
+  key += '\n';
+  key += format.source;
+  for (auto it = maskers_.begin(); it != maskers_.end(); ++it) {
+    if (it->first == key) {
+      maskers_.splice(maskers_.begin(), maskers_, it);
+      return maskers_.front().second;
+    }
+  }
+  maskers_.emplace_front(std::move(key), std::make_shared<grammar::TokenMasker>(format.automaton, vocabulary_));
+  if (maskers_.size() > kMaxMaskers) maskers_.pop_back();
+  return maskers_.front().second;
 }
 
 bool Scheduler::cancel(uint64_t id) {

@@ -20,11 +20,13 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "specula/grammar/token_masker.h"
 #include "specula/kv/radix_cache.h"
 #include "specula/model/tokenizer.h"
 #include "specula/runner/model_runner.h"
@@ -151,8 +153,12 @@ class Scheduler {
 
   ModelRunner& runner_;
   const Tokenizer* tokenizer_;
-  // The tokenizer's token bytes for grammar masks, built at the first constrained request.
+  // The tokenizer's token bytes for grammar masks, built at the first constrained request, and
+  // the maskers of the grammars seen lately (requests of one grammar share its cached masks).
   std::shared_ptr<const grammar::Vocabulary> vocabulary_;
+  std::list<std::pair<std::string, std::shared_ptr<grammar::TokenMasker>>> maskers_;
+  static constexpr size_t kMaxMaskers = 64;
+  std::shared_ptr<grammar::TokenMasker> masker_for(const grammar::OutputFormat& format);
   EagleWorker* spec_;
   SchedulerOptions options_;
   KvLedger kv_;
