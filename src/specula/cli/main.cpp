@@ -16,6 +16,7 @@
 
 #include "specula/cli/bench_attention.h"
 #include "specula/cli/bench_generate.h"
+#include "specula/cli/bench_grammar.h"
 #include "specula/cli/bench_spec_cost.h"
 #include "specula/cli/bench_serve.h"
 #include "specula/cli/generate.h"
@@ -114,6 +115,7 @@ int main(int argc, char** argv) {
   specula::add_bench_generate_command(*bench);
   specula::add_bench_serve_command(*bench);
   specula::add_bench_spec_cost_command(*bench);
+  specula::add_bench_grammar_command(*bench);
   take_text_verbatim(app);
 
   // Once the command line is parsed (not for --help or --version), before any command runs.

@@ -218,6 +218,20 @@ MatchState Automaton::advance(const MatchState& s, uint8_t byte) const {
   return out;
 }
 
+MatchState Automaton::resume(Stack base) const {
+  MatchState s;
+  if (base.empty()) {
+    s.stacks.emplace_back();
+    return s;
+  }
+  const Position top = base.back();
+  base.pop_back();
+  size_t positions = 0;
+  apply(top, base, s.stacks, positions);
+  normalise(s.stacks);
+  return s;
+}
+
 bool Automaton::can_end(const MatchState& s) const {
   return s.partial_len == 0 && std::any_of(s.stacks.begin(), s.stacks.end(), [](const Stack& st) { return st.empty(); });
 }

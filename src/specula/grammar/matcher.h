@@ -50,6 +50,9 @@ class Automaton {
   bool can_end(const MatchState& s) const;
   // Nothing but the end can follow.
   bool terminated(const MatchState& s) const;
+  // The state where `base` goes on after the frames that stood above it finished: its top frame
+  // (a return position) continues. An empty base: the parse is complete.
+  MatchState resume(Stack base) const;
 
   // Limits on the work of one step: the stacks a state holds, their depth, and the positions
   // they hold together. A grammar or input that exceeds them (ambiguity that multiplies parses,

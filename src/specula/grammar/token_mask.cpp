@@ -2,10 +2,79 @@
 #include "specula/grammar/token_mask.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "specula/core/error.h"
 
 namespace specula::grammar {
+
+// The walks meet few distinct states (inside a JSON string every character leads back to the same
+// one), so a walk interns its states and computes each (state, byte) transition once: a trie node
+// then costs a table lookup rather than an automaton step.
+class TokenTrie::Transitions {
+ public:
+  // split: an empty stack (a finished parse) is reported by step() and kept out of the states.
+  Transitions(const Automaton& automaton, bool split) : automaton_(automaton), split_(split) {}
+
+  struct Step {
+    int32_t next = -1;  // -1: no parse survives
+    bool finished = false;
+  };
+
+  int32_t intern(MatchState s) {
+    if (s.dead()) return -1;
+    const size_t h = hash(s);
+    for (auto [it, end] = index_.equal_range(h); it != end; ++it) {
+      if (states_[static_cast<size_t>(it->second)] == s) return it->second;
+    }
+    const auto id = static_cast<int32_t>(states_.size());
+    work_ += s.stacks.size() + 1;
+    SPECULA_CHECK(work_ <= kMaxMaskWork && states_.size() < kMaxMaskWork / 64,
+                  "grammar: the next-token mask needs more than {} parse steps (the limit); the grammar is too ambiguous",
+                  kMaxMaskWork);
+    states_.push_back(std::move(s));
+    index_.emplace(h, id);
+    steps_.resize(steps_.size() + 256);
+    known_.resize(known_.size() + 256, 0);
+    return id;
+  }
+
+  Step step(int32_t from, uint8_t byte) {
+    const size_t slot = static_cast<size_t>(from) * 256 + byte;
+    if (known_[slot] != 0) return steps_[slot];
+    MatchState next = automaton_.advance(states_[static_cast<size_t>(from)], byte);
+    Step out;
+    if (split_) {
+      const auto ended = std::remove_if(next.stacks.begin(), next.stacks.end(), [](const Stack& st) { return st.empty(); });
+      out.finished = ended != next.stacks.end();
+      next.stacks.erase(ended, next.stacks.end());
+    }
+    out.next = intern(std::move(next));
+    // intern() may have grown the tables.
+    steps_[slot] = out;
+    known_[slot] = 1;
+    return out;
+  }
+
+ private:
+  static size_t hash(const MatchState& s) {
+    size_t h = s.partial_len * 31u + s.partial_need;
+    for (int i = 0; i < s.partial_len; ++i) h = h * 131u + s.partial[i];
+    for (const Stack& st : s.stacks) {
+      h = h * 1000003u + st.size();
+      for (const Position& p : st) h = (h * 1000003u) ^ static_cast<size_t>(p.rule * 65599 + p.alt * 257 + p.index);
+    }
+    return h;
+  }
+
+  const Automaton& automaton_;
+  bool split_;
+  std::vector<MatchState> states_;
+  std::unordered_multimap<size_t, int32_t> index_;
+  std::vector<Step> steps_;
+  std::vector<uint8_t> known_;
+  size_t work_ = 0;
+};
 
 TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(static_cast<int>(tokens.size())) {
   nodes_.emplace_back();
@@ -29,69 +98,66 @@ TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(stati
   }
 }
 
-void TokenTrie::walk(const Automaton& automaton, int32_t node, const MatchState& state, std::vector<uint32_t>& bitmask,
-                     size_t& work) const {
+void TokenTrie::walk(Transitions& t, int32_t node, int32_t state, std::vector<uint32_t>& bitmask) const {
   const Node& nd = nodes_[static_cast<size_t>(node)];
   for (int32_t id : nd.tokens) bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
   for (const auto& [byte, child] : nd.children) {
-    work += state.stacks.size() + 1;
-    SPECULA_CHECK(work <= kMaxMaskWork,
-                  "grammar: the next-token mask needs more than {} parse steps (the limit); the grammar is too ambiguous",
-                  kMaxMaskWork);
-    const MatchState next = automaton.advance(state, byte);
-    if (!next.dead()) walk(automaton, child, next, bitmask, work);
+    const int32_t next = t.step(state, byte).next;
+    if (next >= 0) walk(t, child, next, bitmask);
   }
 }
 
 void TokenTrie::fill_mask(const Automaton& automaton, const MatchState& state, std::vector<uint32_t>& bitmask) const {
   bitmask.assign((static_cast<size_t>(vocab_size_) + 31) / 32, 0u);
-  if (state.dead()) return;
+  Transitions t(automaton, /*split=*/false);
+  const int32_t start = t.intern(state);
   // The root's own tokens are the empty ones, which are never accepted.
-  size_t work = 0;
-  for (const auto& [byte, child] : nodes_[0].children) {
-    work += state.stacks.size() + 1;
-    const MatchState next = automaton.advance(state, byte);
-    if (!next.dead()) walk(automaton, child, next, bitmask, work);
-  }
+  if (start >= 0) walk(t, 0, start, bitmask);
 }
 
-void TokenTrie::collect(int32_t node, std::vector<int32_t>& out) const {
+void TokenTrie::collect(int32_t node, const std::vector<int32_t>& open,
+                        std::vector<std::pair<int32_t, int32_t>>& out) const {
   const Node& nd = nodes_[static_cast<size_t>(node)];
-  out.insert(out.end(), nd.tokens.begin(), nd.tokens.end());
-  for (const auto& kid : nd.children) collect(kid.second, out);
+  for (int32_t id : nd.tokens) {
+    for (int32_t at : open) out.emplace_back(id, at);
+  }
+  for (const auto& kid : nd.children) collect(kid.second, open, out);
 }
 
-void TokenTrie::classify_walk(const Automaton& automaton, int32_t node, const MatchState& state, bool open,
-                              std::vector<uint32_t>& accepted, std::vector<int32_t>& uncertain) const {
+void TokenTrie::classify_walk(Transitions& t, int32_t node, int32_t depth, int32_t state, std::vector<int32_t>& open,
+                              std::vector<uint32_t>& accepted, std::vector<std::pair<int32_t, int32_t>>& uncertain) const {
   const Node& nd = nodes_[static_cast<size_t>(node)];
   for (const auto& [byte, child] : nd.children) {
-    MatchState next = automaton.advance(state, byte);
-    // An empty stack: the bottom frame finished here. A token that ends here is taken in any
-    // context; one that goes on may continue in what lies below.
-    const bool live = !next.dead();
-    const auto ended = std::remove_if(next.stacks.begin(), next.stacks.end(), [](const Stack& s) { return s.empty(); });
-    const bool finished = ended != next.stacks.end();
-    next.stacks.erase(ended, next.stacks.end());
+    // finished: every frame finished with this byte. A token that ends here is taken in any
+    // context (what lies below always goes on); one that goes on may continue below.
+    const Transitions::Step step = t.step(state, byte);
+    const bool live = step.next >= 0 || step.finished;
     const Node& kid = nodes_[static_cast<size_t>(child)];
     for (int32_t id : kid.tokens) {
-      if (live) accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
-      else if (open) uncertain.push_back(id);
+      if (live) {
+        accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+      } else {
+        for (int32_t at : open) uncertain.emplace_back(id, at);
+      }
     }
-    const bool still_open = open || finished;
-    if (!next.dead()) {
-      classify_walk(automaton, child, next, still_open, accepted, uncertain);
-    } else if (still_open) {
-      // Only what lies below could take the rest.
-      for (const auto& grandchild : kid.children) collect(grandchild.second, uncertain);
+    if (step.finished) open.push_back(depth + 1);
+    if (step.next >= 0) {
+      classify_walk(t, child, depth + 1, step.next, open, accepted, uncertain);
+    } else if (!open.empty()) {
+      for (const auto& grandchild : kid.children) collect(grandchild.second, open, uncertain);
     }
+    if (step.finished) open.pop_back();
   }
 }
 
 void TokenTrie::classify(const Automaton& automaton, const MatchState& single, std::vector<uint32_t>& accepted,
-                         std::vector<int32_t>& uncertain) const {
+                         std::vector<std::pair<int32_t, int32_t>>& uncertain) const {
   accepted.assign((static_cast<size_t>(vocab_size_) + 31) / 32, 0u);
   uncertain.clear();
-  classify_walk(automaton, 0, single, false, accepted, uncertain);
+  Transitions t(automaton, /*split=*/true);
+  const int32_t start = t.intern(single);
+  std::vector<int32_t> open;
+  if (start >= 0) classify_walk(t, 0, 0, start, open, accepted, uncertain);
 }
 
 }  // namespace specula::grammar

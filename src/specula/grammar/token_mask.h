@@ -20,30 +20,31 @@ class TokenTrie {
 
   // bitmask: ceil(vocab / 32) words, bit id % 32 of word id / 32 set for each token the grammar
   // accepts after `state` (xgrammar's and SGLang's layout). Throws specula::Error when the walk
-  // carries more than kMaxMaskWork parses through the trie (an ambiguous grammar over a large
+  // meets parses of more than kMaxMaskWork stacks in all (an ambiguous grammar over a large
   // vocabulary), so that one request cannot stall the engine.
   void fill_mask(const Automaton& automaton, const MatchState& state, std::vector<uint32_t>& bitmask) const;
 
   static constexpr size_t kMaxMaskWork = size_t{1} << 23;
 
-  // xgrammar's split of the vocabulary for one stack top, walked from `single` (a state of that
-  // one stack alone, with nothing below it): `accepted` (a bitmask as above) holds the tokens the
-  // stack takes without ever finishing its bottom frame, which no context can change; `uncertain`
-  // the tokens that need what lies below it (they finish the frame and go on), to be checked
-  // against the whole stack. Every other token is refused whatever lies below.
+  // xgrammar's split of the vocabulary for the top frames of a stack, walked from `single` (a
+  // state of those frames alone, nothing below them): `accepted` (a bitmask as above) holds the
+  // tokens taken without going below the frames, which no context can change; `uncertain` the
+  // tokens whose walk finishes every frame and goes on, each with the byte offset where that
+  // happened (a token may have several): the rest must then be taken by what lies below. Every
+  // other token is refused whatever lies below.
   void classify(const Automaton& automaton, const MatchState& single, std::vector<uint32_t>& accepted,
-                std::vector<int32_t>& uncertain) const;
+                std::vector<std::pair<int32_t, int32_t>>& uncertain) const;
 
  private:
   struct Node {
     std::vector<std::pair<uint8_t, int32_t>> children;  // by byte, sorted
     std::vector<int32_t> tokens;                         // ids whose bytes end here
   };
-  void walk(const Automaton& automaton, int32_t node, const MatchState& state, std::vector<uint32_t>& bitmask,
-            size_t& work) const;
-  void classify_walk(const Automaton& automaton, int32_t node, const MatchState& state, bool open,
-                     std::vector<uint32_t>& accepted, std::vector<int32_t>& uncertain) const;
-  void collect(int32_t node, std::vector<int32_t>& out) const;
+  class Transitions;
+  void walk(Transitions& t, int32_t node, int32_t state, std::vector<uint32_t>& bitmask) const;
+  void classify_walk(Transitions& t, int32_t node, int32_t depth, int32_t state, std::vector<int32_t>& open,
+                     std::vector<uint32_t>& accepted, std::vector<std::pair<int32_t, int32_t>>& uncertain) const;
+  void collect(int32_t node, const std::vector<int32_t>& open, std::vector<std::pair<int32_t, int32_t>>& out) const;
 
   std::vector<Node> nodes_;
   int vocab_size_ = 0;

@@ -22,17 +22,34 @@ bool TokenMasker::accepts(const MatchState& state, std::string_view bytes) const
   return true;
 }
 
-const TokenMasker::Entry& TokenMasker::entry(const Position& top) {
-  const uint64_t key = (static_cast<uint64_t>(top.rule) << 42) ^ (static_cast<uint64_t>(top.alt) << 21) ^
-                       static_cast<uint64_t>(top.index);
+size_t TokenMasker::KeyHash::operator()(const std::vector<Position>& k) const {
+  size_t h = k.size();
+  for (const Position& p : k) {
+    h = h * 1000003u ^ static_cast<size_t>(p.rule);
+    h = h * 1000003u ^ static_cast<size_t>(p.alt);
+    h = h * 1000003u ^ static_cast<size_t>(p.index);
+  }
+  return h;
+}
+
+TokenMasker::Entry& TokenMasker::entry(const std::vector<Position>& key) {
   const auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
   MatchState single;
-  single.stacks = {Stack{top}};
+  single.stacks = {Stack(key.begin(), key.end())};
   Entry e;
-  vocabulary_->trie.classify(*automaton_, single, e.accepted, e.uncertain);
-  std::sort(e.uncertain.begin(), e.uncertain.end());
-  e.uncertain.erase(std::unique(e.uncertain.begin(), e.uncertain.end()), e.uncertain.end());
+  std::vector<std::pair<int32_t, int32_t>> uncertain;
+  vocabulary_->trie.classify(*automaton_, single, e.accepted, uncertain);
+  std::sort(uncertain.begin(), uncertain.end());
+  uncertain.erase(std::unique(uncertain.begin(), uncertain.end()), uncertain.end());
+  if (!uncertain.empty()) {
+    std::vector<std::string> rests;
+    for (const auto& [id, at] : uncertain) {
+      rests.push_back(vocabulary_->tokens[static_cast<size_t>(id)].substr(static_cast<size_t>(at)));
+      e.rest_token.push_back(id);
+    }
+    e.rests = std::make_unique<TokenTrie>(rests);
+  }
   return cache_.emplace(key, std::move(e)).first->second;
 }
 
@@ -48,22 +65,21 @@ void TokenMasker::fill(const MatchState& state, std::vector<uint32_t>& bitmask) 
     return;
   }
   bitmask.assign(words, 0u);
-  size_t work = 0;
-  MatchState one;
   for (const Stack& s : state.stacks) {
     if (s.empty()) continue;
-    const Entry& e = entry(s.back());
+    const size_t k = std::min(kKeyFrames, s.size());
+    key_.assign(s.end() - static_cast<int64_t>(k), s.end());
+    Entry& e = entry(key_);
     for (size_t w = 0; w < words; ++w) bitmask[w] |= e.accepted[w];
-    if (e.uncertain.empty()) continue;
-    one.stacks.assign(1, s);
-    for (int32_t id : e.uncertain) {
-      if ((bitmask[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u) continue;
-      const std::string& bytes = vocabulary_->tokens[static_cast<size_t>(id)];
-      work += bytes.size() * (s.size() + 1);
-      SPECULA_CHECK(work <= TokenTrie::kMaxMaskWork,
-                    "grammar: the next-token mask needs more than {} parse steps (the limit); the grammar is too ambiguous",
-                    TokenTrie::kMaxMaskWork);
-      if (accepts(one, bytes)) bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+    // With nothing below the frames the parse is complete where they finish: no rest fits.
+    if (e.rests == nullptr || s.size() == k) continue;
+    const MatchState below = automaton_->resume(Stack(s.begin(), s.end() - static_cast<int64_t>(k)));
+    e.rests->fill_mask(*automaton_, below, e.rest_mask);
+    for (size_t r = 0; r < e.rest_token.size(); ++r) {
+      if ((e.rest_mask[r / 32] >> (r % 32)) & 1u) {
+        const int32_t id = e.rest_token[r];
+        bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+      }
     }
   }
 }

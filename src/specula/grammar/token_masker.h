@@ -1,10 +1,12 @@
-// Next-token masks with xgrammar's adaptive cache (issue 51): for each stack top the grammar
-// reaches, the vocabulary is split once into the tokens that top takes in any context (a bitmask
-// ORed in) and the few that depend on the frames below it (checked against the whole stack at
-// run time); every other token is refused by that top whatever lies below. A mask then costs a
-// few bitmask ORs and those checks instead of a walk of the whole vocabulary trie. Entries are
-// computed on first use and kept for the automaton's lifetime, so requests that share a grammar
-// share them.
+// Next-token masks with xgrammar's adaptive cache (issue 51): for the top kKeyFrames frames of
+// each stack the grammar reaches, the vocabulary is split once into the tokens those frames take
+// in any context (a bitmask ORed in) and the few that finish them and go on (JSON: a string's
+// closing quote and what follows it in the token); the rest of each such token, after the point
+// where the frames finished, goes into a small trie walked at run time from the state of the
+// frames below. Every other token is refused whatever lies below. A mask then costs a bitmask OR
+// and a short walk instead of a walk of the whole vocabulary trie. Entries are computed on first
+// use and kept with the masker, so requests that share a grammar share them (and the frames of,
+// say, every plain JSON string of a schema share one entry).
 //
 // Not thread-safe: one masker is used by one thread at a time (the scheduler's).
 #pragma once
@@ -31,19 +33,29 @@ class TokenMasker {
   void fill(const MatchState& state, std::vector<uint32_t>& bitmask);
   // Whether `bytes` are accepted after `state`.
   bool accepts(const MatchState& state, std::string_view bytes) const;
-  // Stack tops classified so far.
+  // Frame sequences classified so far.
   size_t cached_tops() const { return cache_.size(); }
+
+  // How many top frames key an entry: enough that a JSON string's characters (the string, its
+  // repetition and the character rule) share one.
+  static constexpr size_t kKeyFrames = 3;
 
  private:
   struct Entry {
-    std::vector<uint32_t> accepted;  // bitmask
-    std::vector<int32_t> uncertain;  // sorted ids
+    std::vector<uint32_t> accepted;     // bitmask over the vocabulary
+    std::unique_ptr<TokenTrie> rests;   // what uncertain tokens leave for the frames below
+    std::vector<int32_t> rest_token;    // rests' id -> vocabulary id
+    std::vector<uint32_t> rest_mask;    // scratch
   };
-  const Entry& entry(const Position& top);
+  struct KeyHash {
+    size_t operator()(const std::vector<Position>& k) const;
+  };
+  Entry& entry(const std::vector<Position>& key);
 
   std::shared_ptr<const Automaton> automaton_;
   std::shared_ptr<const Vocabulary> vocabulary_;
-  std::unordered_map<uint64_t, Entry> cache_;
+  std::unordered_map<std::vector<Position>, Entry, KeyHash> cache_;
+  std::vector<Position> key_;
 };
 
 }  // namespace specula::grammar

