@@ -77,33 +77,64 @@ class TokenTrie::Transitions {
 };
 
 TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(static_cast<int>(tokens.size())) {
-  nodes_.emplace_back();
+  struct Node {
+    std::vector<std::pair<uint8_t, int32_t>> children;  // by byte, sorted
+    std::vector<int32_t> tokens;                         // ids whose bytes end here
+  };
+  std::vector<Node> nodes(1);
   for (size_t id = 0; id < tokens.size(); ++id) {
     if (tokens[id].empty()) continue;
     int32_t n = 0;
     for (char c : tokens[id]) {
       const auto b = static_cast<uint8_t>(c);
-      auto& kids = nodes_[static_cast<size_t>(n)].children;
+      auto& kids = nodes[static_cast<size_t>(n)].children;
       const auto it = std::lower_bound(kids.begin(), kids.end(), b, [](const auto& k, uint8_t v) { return k.first < v; });
       if (it != kids.end() && it->first == b) {
         n = it->second;
       } else {
-        const auto child = static_cast<int32_t>(nodes_.size());
+        const auto child = static_cast<int32_t>(nodes.size());
         kids.insert(it, {b, child});
-        nodes_.emplace_back();
+        nodes.emplace_back();
         n = child;
       }
     }
-    nodes_[static_cast<size_t>(n)].tokens.push_back(static_cast<int32_t>(id));
+    nodes[static_cast<size_t>(n)].tokens.push_back(static_cast<int32_t>(id));
+  }
+  // Depth-first numbering, then the flat arrays.
+  std::vector<int32_t> order, number(nodes.size());
+  order.reserve(nodes.size());
+  std::vector<int32_t> todo = {0};
+  while (!todo.empty()) {
+    const int32_t n = todo.back();
+    todo.pop_back();
+    number[static_cast<size_t>(n)] = static_cast<int32_t>(order.size());
+    order.push_back(n);
+    const auto& kids = nodes[static_cast<size_t>(n)].children;
+    for (auto it = kids.rbegin(); it != kids.rend(); ++it) todo.push_back(it->second);
+  }
+  edges_.assign(1, 0);
+  tokens_.assign(1, 0);
+  for (int32_t n : order) {
+    const Node& nd = nodes[static_cast<size_t>(n)];
+    for (const auto& [byte, child] : nd.children) {
+      edge_byte_.push_back(byte);
+      edge_child_.push_back(number[static_cast<size_t>(child)]);
+    }
+    token_ids_.insert(token_ids_.end(), nd.tokens.begin(), nd.tokens.end());
+    edges_.push_back(static_cast<uint32_t>(edge_byte_.size()));
+    tokens_.push_back(static_cast<uint32_t>(token_ids_.size()));
   }
 }
 
 void TokenTrie::walk(Transitions& t, int32_t node, int32_t state, std::vector<uint32_t>& bitmask) const {
-  const Node& nd = nodes_[static_cast<size_t>(node)];
-  for (int32_t id : nd.tokens) bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
-  for (const auto& [byte, child] : nd.children) {
-    const int32_t next = t.step(state, byte).next;
-    if (next >= 0) walk(t, child, next, bitmask);
+  const auto n = static_cast<size_t>(node);
+  for (uint32_t k = tokens_[n]; k < tokens_[n + 1]; ++k) {
+    const int32_t id = token_ids_[k];
+    bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+  }
+  for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) {
+    const int32_t next = t.step(state, edge_byte_[e]).next;
+    if (next >= 0) walk(t, edge_child_[e], next, bitmask);
   }
 }
 
@@ -117,23 +148,24 @@ void TokenTrie::fill_mask(const Automaton& automaton, const MatchState& state, s
 
 void TokenTrie::collect(int32_t node, const std::vector<int32_t>& open,
                         std::vector<std::pair<int32_t, int32_t>>& out) const {
-  const Node& nd = nodes_[static_cast<size_t>(node)];
-  for (int32_t id : nd.tokens) {
-    for (int32_t at : open) out.emplace_back(id, at);
+  const auto n = static_cast<size_t>(node);
+  for (uint32_t k = tokens_[n]; k < tokens_[n + 1]; ++k) {
+    for (int32_t at : open) out.emplace_back(token_ids_[k], at);
   }
-  for (const auto& kid : nd.children) collect(kid.second, open, out);
+  for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) collect(edge_child_[e], open, out);
 }
 
 void TokenTrie::classify_walk(Transitions& t, int32_t node, int32_t depth, int32_t state, std::vector<int32_t>& open,
                               std::vector<uint32_t>& accepted, std::vector<std::pair<int32_t, int32_t>>& uncertain) const {
-  const Node& nd = nodes_[static_cast<size_t>(node)];
-  for (const auto& [byte, child] : nd.children) {
+  const auto n = static_cast<size_t>(node);
+  for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) {
     // finished: every frame finished with this byte. A token that ends here is taken in any
     // context (what lies below always goes on); one that goes on may continue below.
-    const Transitions::Step step = t.step(state, byte);
+    const Transitions::Step step = t.step(state, edge_byte_[e]);
     const bool live = step.next >= 0 || step.finished;
-    const Node& kid = nodes_[static_cast<size_t>(child)];
-    for (int32_t id : kid.tokens) {
+    const auto kid = static_cast<size_t>(edge_child_[e]);
+    for (uint32_t k = tokens_[kid]; k < tokens_[kid + 1]; ++k) {
+      const int32_t id = token_ids_[k];
       if (live) {
         accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
       } else {
@@ -142,9 +174,9 @@ void TokenTrie::classify_walk(Transitions& t, int32_t node, int32_t depth, int32
     }
     if (step.finished) open.push_back(depth + 1);
     if (step.next >= 0) {
-      classify_walk(t, child, depth + 1, step.next, open, accepted, uncertain);
+      classify_walk(t, static_cast<int32_t>(kid), depth + 1, step.next, open, accepted, uncertain);
     } else if (!open.empty()) {
-      for (const auto& grandchild : kid.children) collect(grandchild.second, open, uncertain);
+      for (uint32_t g = edges_[kid]; g < edges_[kid + 1]; ++g) collect(edge_child_[g], open, uncertain);
     }
     if (step.finished) open.pop_back();
   }

@@ -36,18 +36,19 @@ class TokenTrie {
                 std::vector<std::pair<int32_t, int32_t>>& uncertain) const;
 
  private:
-  struct Node {
-    std::vector<std::pair<uint8_t, int32_t>> children;  // by byte, sorted
-    std::vector<int32_t> tokens;                         // ids whose bytes end here
-  };
+  // Flat, in depth-first order (a walk reads memory mostly forward): node n's edges are
+  // edge_byte_ / edge_child_ [edges_[n], edges_[n + 1]), its tokens token_ids_ [tokens_[n],
+  // tokens_[n + 1]).
+  std::vector<uint32_t> edges_, tokens_;
+  std::vector<uint8_t> edge_byte_;
+  std::vector<int32_t> edge_child_, token_ids_;
+  int vocab_size_ = 0;
+
   class Transitions;
   void walk(Transitions& t, int32_t node, int32_t state, std::vector<uint32_t>& bitmask) const;
   void classify_walk(Transitions& t, int32_t node, int32_t depth, int32_t state, std::vector<int32_t>& open,
                      std::vector<uint32_t>& accepted, std::vector<std::pair<int32_t, int32_t>>& uncertain) const;
   void collect(int32_t node, const std::vector<int32_t>& open, std::vector<std::pair<int32_t, int32_t>>& out) const;
-
-  std::vector<Node> nodes_;
-  int vocab_size_ = 0;
 };
 
 }  // namespace specula::grammar

@@ -2,6 +2,7 @@
 #include "specula/grammar/token_masker.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "specula/core/error.h"
 
@@ -35,6 +36,7 @@ size_t TokenMasker::KeyHash::operator()(const std::vector<Position>& k) const {
 TokenMasker::Entry& TokenMasker::entry(const std::vector<Position>& key) {
   const auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
+  const auto start = std::chrono::steady_clock::now();
   MatchState single;
   single.stacks = {Stack(key.begin(), key.end())};
   Entry e;
@@ -50,6 +52,7 @@ TokenMasker::Entry& TokenMasker::entry(const std::vector<Position>& key) {
     }
     e.rests = std::make_unique<TokenTrie>(rests);
   }
+  classify_seconds_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return cache_.emplace(key, std::move(e)).first->second;
 }
 

@@ -33,8 +33,9 @@ class TokenMasker {
   void fill(const MatchState& state, std::vector<uint32_t>& bitmask);
   // Whether `bytes` are accepted after `state`.
   bool accepts(const MatchState& state, std::string_view bytes) const;
-  // Frame sequences classified so far.
+  // Frame sequences classified so far, and the time each classification took (seconds).
   size_t cached_tops() const { return cache_.size(); }
+  const std::vector<double>& classify_seconds() const { return classify_seconds_; }
 
   // How many top frames key an entry: enough that a JSON string's characters (the string, its
   // repetition and the character rule) share one.
@@ -56,6 +57,7 @@ class TokenMasker {
   std::shared_ptr<const Vocabulary> vocabulary_;
   std::unordered_map<std::vector<Position>, Entry, KeyHash> cache_;
   std::vector<Position> key_;
+  std::vector<double> classify_seconds_;
 };
 
 }  // namespace specula::grammar
