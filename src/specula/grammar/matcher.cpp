@@ -31,11 +31,8 @@ Automaton::Automaton(std::shared_ptr<const Grammar> grammar) : grammar_(std::mov
   for (size_t r = 0; r < rules.size(); ++r) {
     for (size_t a = 0; a < rules[r].alternatives.size(); ++a) {
       for (size_t i = 0; i <= rules[r].alternatives[a].size(); ++i) {
-        closures_.push_back(compute_closure({static_cast<int32_t>(r), static_cast<int32_t>(a), static_cast<int32_t>(i)}));
-        for (const auto& e : closures_.back().entries) frames += e.size();
-        SPECULA_CHECK(frames <= kMaxClosureFrames,
-                      "grammar: its positions expand to more than {} parse frames (the limit); simplify it",
-                      kMaxClosureFrames);
+        closures_.push_back(
+            compute_closure({static_cast<int32_t>(r), static_cast<int32_t>(a), static_cast<int32_t>(i)}, frames));
       }
     }
   }
@@ -45,7 +42,7 @@ const Automaton::Closure& Automaton::closure(const Position& p) const {
   return closures_[offset_[static_cast<size_t>(p.rule)][static_cast<size_t>(p.alt)] + static_cast<size_t>(p.index)];
 }
 
-Automaton::Closure Automaton::compute_closure(const Position& start) const {
+Automaton::Closure Automaton::compute_closure(const Position& start, size_t& frames_total) const {
   const std::vector<Rule>& rules = grammar_->rules();
   const auto sequence = [&](const Position& p) -> const Sequence& {
     return rules[static_cast<size_t>(p.rule)].alternatives[static_cast<size_t>(p.alt)];
@@ -75,6 +72,13 @@ Automaton::Closure Automaton::compute_closure(const Position& start) const {
     const Element& e = sequence(pos)[static_cast<size_t>(pos.index)];
     if (e.kind == Element::Kind::kChars) {
       frames.push_back(pos);
+      frames_total += frames.size();
+      // Checked as it grows: nullable repetitions nested deep ("(a?){1000}") expand
+      // quadratically, and the check must come before the time is spent.
+      SPECULA_CHECK(frames_total <= kMaxClosureFrames,
+                    "grammar: its positions expand to more than {} parse frames (the limit); it nests optional "
+                    "parts too deeply, simplify it",
+                    kMaxClosureFrames);
       c.entries.push_back(std::move(frames));
       continue;
     }

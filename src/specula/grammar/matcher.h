@@ -61,7 +61,7 @@ class Automaton {
   static constexpr size_t kMaxDepth = 512;
   static constexpr size_t kMaxPositions = 1 << 13;
   // The precomputed closures' total size.
-  static constexpr size_t kMaxClosureFrames = 1 << 21;
+  static constexpr size_t kMaxClosureFrames = 1 << 18;
 
  private:
   // A position's closure: the stack tops reachable from it without consuming input. Each entry
@@ -73,7 +73,8 @@ class Automaton {
     bool pops = false;
   };
   const Closure& closure(const Position& p) const;
-  Closure compute_closure(const Position& p) const;
+  // frames_total: the frames of every closure so far, against kMaxClosureFrames.
+  Closure compute_closure(const Position& p, size_t& frames_total) const;
   // Adds closure(top) on top of `base` (the stack below the position) to out; positions counts
   // what out holds (before duplicates go), against kMaxPositions.
   void apply(const Position& top, Stack& base, std::vector<Stack>& out, size_t& positions) const;
