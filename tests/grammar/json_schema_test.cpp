@@ -161,6 +161,29 @@ TEST(JsonSchema, RefusalsNameTheKeywordAndWhereItIs) {
   EXPECT_NE(refusal(R"({"type":"objekt"})").find("unknown type 'objekt'"), std::string::npos);
   EXPECT_NE(refusal("{not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(refusal(R"({"type":"object","required":["a"]})").find("'a' is required but not among"), std::string::npos);
+  // allOf: a part beside its $ref, and additionalProperties false that would forbid another part's
+  // properties (JSON Schema applies it per schema object).
+  EXPECT_NE(refusal(R"({"$defs":{"B":{"type":"object","properties":{"id":{"type":"integer"}}}},
+    "allOf":[{"$ref":"#/$defs/B","required":["id"]}]})").find("'required' beside $ref"), std::string::npos);
+  EXPECT_NE(refusal(R"({"allOf":[{"type":"object","properties":{"a":{}},"additionalProperties":false},
+    {"type":"object","properties":{"b":{}}}]})").find("forbids 'b'"), std::string::npos);
+  // Counts beyond the grammar's repetition limit name the schema keyword.
+  EXPECT_NE(refusal(R"({"type":"string","maxLength":5000})").find("maxLength must be an integer in [0, 1000]"),
+            std::string::npos);
+}
+
+TEST(JsonSchema, NamesOfDefsAndKeysNeverClash) {
+  // A $defs entry named like a shared rule.
+  const auto a = schema_automaton(R"({"$defs":{"json_value":{"type":"string"}},"type":"object",
+    "properties":{"a":{"$ref":"#/$defs/json_value"},"b":{}},"required":["a","b"]})");
+  EXPECT_TRUE(accepts(*a, R"({"a":"x","b":[1,{"c":null}]})"));
+  EXPECT_FALSE(accepts(*a, R"({"a":1,"b":2})"));
+  // Declared names that need escapes leave the other keys' grammar valid JSON.
+  const auto b = schema_automaton(R"({"type":"object","properties":{"a\"b":{"type":"integer"},"c":{"type":"integer"}},
+    "additionalProperties":{"type":"integer"}})");
+  EXPECT_TRUE(accepts(*b, R"({"a\"b":1,"c":2,"d":3})"));
+  EXPECT_FALSE(accepts(*b, R"({"a"":1})"));
+  EXPECT_FALSE(accepts(*b, R"({"c":1,"c":2})"));
 }
 
 // The masker's cached split (accepted in any context / checked against the stack) gives exactly

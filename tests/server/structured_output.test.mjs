@@ -94,6 +94,7 @@ test("bad formats are 400s naming the problem, and the server keeps serving", as
     [{ ebnf: "root ::= item\n" }, "'item' is used but never defined"],
     [{ regex: "a", ebnf: 'root ::= "a"' }, "both constrain the output"],
     [{ guided_json: 5 }, "must be a JSON Schema"],
+    [{ guided_choice: ["yes", "no"] }, "'guided_choice' is not supported"],
   ];
   for (const [fields, fragment] of cases) {
     const r = await post(server.url, "/v1/completions", { ...body, ...fields });

@@ -55,7 +55,7 @@ std::vector<std::pair<std::string, OutputFormat>> formats() {
 // Greedy outputs of two prompts per format, with the given speculation (none: nullopt).
 std::vector<std::vector<int32_t>> outputs(const std::optional<EagleOptions>& spec, int page_size,
                                           const std::vector<std::pair<std::string, OutputFormat>>& fs,
-                                          std::vector<std::string>* reasons = nullptr) {
+                                          std::vector<std::string>* reasons = nullptr, bool ignore_eos = false) {
   EngineOptions o = options(page_size);
   o.speculative = spec;
   Engine engine(kModel, o);
@@ -66,6 +66,7 @@ std::vector<std::vector<int32_t>> outputs(const std::optional<EagleOptions>& spe
       r.prompt = kTexts[t * 3];
       r.max_new_tokens = 160;
       r.format = f;
+      r.ignore_eos = ignore_eos;
       handles.push_back(engine.submit(std::move(r)));
     }
   }
@@ -102,6 +103,26 @@ TEST(SpecGrammar, GreedyOutputEqualsTheOutputWithoutSpeculation) {
                                   << ", " << s.params.num_draft_tokens << ") page " << s.page_size << ", format "
                                   << fs[i / 2].first << ", prompt " << i % 2;
     }
+  }
+}
+
+// Without end-of-sequence tokens a grammar that finishes mid-tree leaves nodes below it where
+// nothing fits; the request stops at the finishing token, and its batch-mates go on.
+TEST(SpecGrammar, GrammarsThatFinishInsideTheTreeStopTheirRequestOnly) {
+  const std::vector<std::pair<std::string, OutputFormat>> fs = {
+      {"short words", compiled(OutputFormat::Kind::kRegex, "[a-z]{2,4}( [a-z]{2,4}){0,2}")},
+      {"digits", compiled(OutputFormat::Kind::kGrammar, "root ::= [0-9] [0-9]\n")},
+      {"text", compiled(OutputFormat::Kind::kRegex, "[^\\n]{20,40}")},
+  };
+  std::vector<std::string> reasons;
+  const auto plain = outputs(std::nullopt, 16, fs, &reasons, /*ignore_eos=*/true);
+  for (const std::string& r : reasons) EXPECT_EQ(r, "stop");
+  for (const EagleKind kind : {EagleKind::EAGLE3, EagleKind::EAGLE}) {
+    const EagleOptions spec{kind, spec_fixtures::head_dir(kind), SpecParams{4, 4, 10}, SpecPolicyKind::FIXED};
+    std::vector<std::string> spec_reasons;
+    const auto got = outputs(spec, 16, fs, &spec_reasons, /*ignore_eos=*/true);
+    EXPECT_EQ(spec_reasons, reasons);
+    for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(got[i], plain[i]) << fs[i / 2].first << ", prompt " << i % 2;
   }
 }
 

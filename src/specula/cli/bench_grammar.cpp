@@ -77,12 +77,16 @@ void run(const Options& o) {
     grammar::OutputFormat format;
   };
   std::vector<Workload> workloads;
+  int line_no = 0;
   for (std::string line; std::getline(in, line);) {
+    ++line_no;
     if (line.empty()) continue;
-    const auto j = nlohmann::ordered_json::parse(line);
-    Workload w{j.at("name").get<std::string>(), {}};
+    const auto j = nlohmann::ordered_json::parse(line, nullptr, /*allow_exceptions=*/false);
+    SPECULA_CHECK(j.is_object() && j.contains("name") && j["name"].is_string() && j.contains("schema"),
+                  "--schemas {}: line {} is not a JSON object with \"name\" (a string) and \"schema\"", o.schemas, line_no);
+    Workload w{j["name"].get<std::string>(), {}};
     w.format.kind = grammar::OutputFormat::Kind::kJsonSchema;
-    w.format.source = j.at("schema").dump();
+    w.format.source = j["schema"].dump();
     workloads.push_back(std::move(w));
   }
   workloads.push_back({"json_object", {grammar::OutputFormat::Kind::kJsonObject, "", nullptr}});

@@ -137,7 +137,6 @@ class SchemaConverter {
           {"json-object", {"json-string", "json-value"}},
           {"json-array", {"json-value"}},
       };
-      names_.insert(name);
       rules_.emplace_back(name, kBodies.at(name));
       if (const auto it = kUses.find(name); it != kUses.end()) {
         for (const std::string& u : it->second) common(u);
@@ -231,11 +230,13 @@ class SchemaConverter {
     fail(at + "/type", fmt::format("unknown type '{}' (string, integer, number, boolean, null, object, array)", t));
   }
 
+  // Counts beyond the grammar's repetition limit would fail later, naming GBNF the user never wrote.
   static std::optional<uint64_t> count(const json& s, const char* key, const std::string& at) {
     if (!s.contains(key)) return std::nullopt;
     const json& v = s[key];
-    if (!v.is_number_unsigned() || v.get<uint64_t>() > 100000) {
-      fail(at + "/" + key, fmt::format("{} must be an integer in [0, 100000]", key));
+    const auto most = static_cast<uint64_t>(Limits{}.max_repeat);
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > most) {
+      fail(at + "/" + key, fmt::format("{} must be an integer in [0, {}] (the largest count supported)", key, most));
     }
     return v.get<uint64_t>();
   }
@@ -388,9 +389,22 @@ class SchemaConverter {
     const std::string any = R"([^"\\\x00-\x1f]*)";
     // node(prefix): the rest of a key that starts with prefix (a prefix of some name).
     std::map<std::string, std::string> node;
+    // Names with characters a key holds only escaped can never be written by the unescaped key
+    // grammar, so they need no exclusion.
+    std::set<std::string> plain;
+    for (const std::string& n : names) {
+      bool ok = true;
+      for (size_t i = 0; i < n.size() && ok;) {
+        uint32_t c = 0;
+        const size_t len = decode_utf8(std::string_view(n).substr(i), c);
+        ok = len > 0 && c >= 0x20 && c != '"' && c != '\\';
+        i += len == 0 ? 1 : len;
+      }
+      if (ok) plain.insert(n);
+    }
     std::function<std::string(const std::string&)> build = [&](const std::string& prefix) -> std::string {
       std::set<std::string> next;
-      for (const std::string& n : names) {
+      for (const std::string& n : plain) {
         if (n.size() > prefix.size() && n.compare(0, prefix.size(), prefix) == 0) {
           uint32_t c = 0;
           const size_t len = decode_utf8(std::string_view(n).substr(prefix.size()), c);
@@ -399,7 +413,7 @@ class SchemaConverter {
         }
       }
       std::vector<std::string> alts;
-      if (!names.contains(prefix)) alts.push_back("\"\\\"\"");
+      if (!plain.contains(prefix)) alts.push_back("\"\\\"\"");
       std::string excluded;
       for (const std::string& c : next) {
         alts.push_back(literal(c) + " " + build(prefix + c));
@@ -486,7 +500,12 @@ class SchemaConverter {
     for (size_t i = 0; i < parts.size(); ++i) {
       json part = parts[i];
       for (int hops = 0; part.is_object() && part.contains("$ref"); ++hops) {
-        if (hops > 32) fail(at + "/allOf", "$ref chain too long");
+        const std::string where = fmt::format("{}/allOf/{}", at, i);
+        if (hops > 32) fail(where, "$ref chain too long");
+        for (const auto& [k, v] : part.items()) {
+          if (k != "$ref" && !is_annotation(k)) fail(where, fmt::format("'{}' beside $ref is not supported", k));
+        }
+        if (!part["$ref"].is_string()) fail(where + "/$ref", "$ref must be a string");
         const std::string ref = part["$ref"].get<std::string>();
         if (ref.rfind("#/", 0) != 0) fail(fmt::format("{}/allOf/{}", at, i), "allOf: only local $ref are supported");
         try {
@@ -496,6 +515,29 @@ class SchemaConverter {
         }
       }
       all.push_back(part);
+    }
+    // additionalProperties false applies to its own schema's properties alone (JSON Schema has no
+    // merging): a part that forbids others' properties makes the merge wrong, so it is refused.
+    std::set<std::string> every;
+    for (const json& part : all) {
+      if (part.is_object() && part.contains("properties") && part["properties"].is_object()) {
+        for (const auto& [name, sub] : part["properties"].items()) every.insert(name);
+      }
+    }
+    for (size_t i = 0; i < all.size(); ++i) {
+      const json& part = all[i];
+      if (!part.is_object() || !part.contains("additionalProperties") || !part["additionalProperties"].is_boolean() ||
+          part["additionalProperties"].get<bool>()) {
+        continue;
+      }
+      for (const std::string& name : every) {
+        if (!part.contains("properties") || !part["properties"].is_object() || !part["properties"].contains(name)) {
+          fail(i == 0 ? at : fmt::format("{}/allOf/{}", at, i - 1),
+               fmt::format("additionalProperties false here forbids '{}', a property of another allOf part (JSON "
+                           "Schema applies it to this schema's own properties); not supported",
+                           name));
+        }
+      }
     }
     json out = json::object();
     for (size_t i = 0; i < all.size(); ++i) {
@@ -527,7 +569,9 @@ class SchemaConverter {
 
   const json& root_;
   std::vector<std::pair<std::string, std::string>> rules_;
-  std::set<std::string> names_ = {"root", "ws"};
+  // The shared rules' names are taken from the start, so that no $defs name becomes one of them.
+  std::set<std::string> names_ = {"root",        "ws",          "json-char",  "json-string", "json-number",
+                                  "json-integer", "json-value", "json-object", "json-array"};
   std::set<std::string> common_;
   std::map<std::string, std::string> refs_;
 };

@@ -96,6 +96,8 @@ class GrammarMatcher {
   bool accept_token(std::string_view bytes);
   // Undoes the last n accepted tokens (n <= accepted_tokens()).
   void rollback(int n);
+  // Forgets the states kept for rollback: what was accepted so far stays.
+  void commit() { history_.clear(); }
   int accepted_tokens() const { return static_cast<int>(history_.size()); }
   bool can_end() const { return automaton_->can_end(state_); }
   bool terminated() const { return automaton_->terminated(state_); }

@@ -68,6 +68,8 @@ void TokenConstraint::accept(int32_t token) {
     return;
   }
   matcher_.accept_token(vocabulary_->tokens[static_cast<size_t>(token)]);
+  // Only speculative paths roll back, and never past an emitted token.
+  matcher_.commit();
 }
 
 bool TokenConstraint::push(std::span<const int32_t> path) {

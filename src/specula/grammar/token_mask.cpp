@@ -29,19 +29,22 @@ class TokenTrie::Transitions {
     }
     const auto id = static_cast<int32_t>(states_.size());
     work_ += s.stacks.size() + 1;
-    SPECULA_CHECK(work_ <= kMaxMaskWork && states_.size() < kMaxMaskWork / 64,
+    SPECULA_CHECK(work_ <= kMaxMaskWork,
                   "grammar: the next-token mask needs more than {} parse steps (the limit); the grammar is too ambiguous",
                   kMaxMaskWork);
+    SPECULA_CHECK(states_.size() < kMaxStates,
+                  "grammar: the next-token mask meets more than {} distinct parse states (the limit); the grammar "
+                  "branches too much (a very large enum?)",
+                  kMaxStates);
     states_.push_back(std::move(s));
     index_.emplace(h, id);
-    steps_.resize(steps_.size() + 256);
-    known_.resize(known_.size() + 256, 0);
+    steps_.resize(steps_.size() + 256, kUnknown);
     return id;
   }
 
   Step step(int32_t from, uint8_t byte) {
     const size_t slot = static_cast<size_t>(from) * 256 + byte;
-    if (known_[slot] != 0) return steps_[slot];
+    if (steps_[slot] != kUnknown) return {steps_[slot] / 2 - 1, (steps_[slot] & 1) != 0};
     MatchState next = automaton_.advance(states_[static_cast<size_t>(from)], byte);
     Step out;
     if (split_) {
@@ -50,11 +53,13 @@ class TokenTrie::Transitions {
       next.stacks.erase(ended, next.stacks.end());
     }
     out.next = intern(std::move(next));
-    // intern() may have grown the tables.
-    steps_[slot] = out;
-    known_[slot] = 1;
+    // intern() may have grown the table: index it again.
+    steps_[slot] = (out.next + 1) * 2 + (out.finished ? 1 : 0);
     return out;
   }
+
+  // 1 KiB of transitions per state: 64 MiB at most.
+  static constexpr size_t kMaxStates = 1 << 16;
 
  private:
   static size_t hash(const MatchState& s) {
@@ -71,8 +76,8 @@ class TokenTrie::Transitions {
   bool split_;
   std::vector<MatchState> states_;
   std::unordered_multimap<size_t, int32_t> index_;
-  std::vector<Step> steps_;
-  std::vector<uint8_t> known_;
+  static constexpr int32_t kUnknown = -1;
+  std::vector<int32_t> steps_;  // (next + 1) * 2 + finished, or kUnknown
   size_t work_ = 0;
 };
 

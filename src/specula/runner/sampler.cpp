@@ -95,12 +95,28 @@ std::span<const float> Sampler::penalized(std::span<const float> raw, std::span<
   return work_;
 }
 
+namespace {
+
+// Pops a speculative path off the grammar however the scope is left.
+struct PathGuard {
+  grammar::TokenConstraint* constraint;
+  size_t n;
+  ~PathGuard() { constraint->pop(n); }
+};
+
+}  // namespace
+
 std::span<const float> Sampler::adjusted(std::span<const float> raw, std::span<const int32_t> path) {
   const std::span<const float> logits = penalized(raw, path);
   if (constraint_ == nullptr || !constraint_->push(path)) return logits;
+  const PathGuard guard{constraint_.get(), path.size()};
   masked_.assign(logits.begin(), logits.end());
   constraint_->mask(masked_);
-  constraint_->pop(path.size());
+  // Below the root, a node where the grammar admits nothing (it finished and no end token is
+  // allowed) is never sampled from: the request stops at the node's token.
+  if (!path.empty() && std::none_of(masked_.begin(), masked_.end(), [](float x) { return x > -INFINITY; })) {
+    return logits;
+  }
   return masked_;
 }
 
@@ -108,6 +124,7 @@ int32_t Sampler::greedy_at(std::span<const float> raw, std::span<const int32_t> 
   const std::span<const float> logits = penalized(raw, path);
   const int32_t best = greedy_token(logits);
   if (constraint_ == nullptr || best < 0 || !constraint_->push(path)) return best;
+  const PathGuard guard{constraint_.get(), path.size()};
   // The model's choice usually fits the grammar: a few of the best are checked one by one before
   // the whole vocabulary is masked.
   constexpr int kTries = 8;
@@ -123,8 +140,9 @@ int32_t Sampler::greedy_at(std::span<const float> raw, std::span<const int32_t> 
     constraint_->mask(masked_);
     token = greedy_token(masked_);
   }
-  constraint_->pop(path.size());
-  SPECULA_CHECK(token >= 0 || path.size() > 0, "grammar: no token of the vocabulary can continue the output here");
+  // As in adjusted(): a node below the root where nothing fits is never emitted from.
+  if (token < 0 && !path.empty()) return best;
+  SPECULA_CHECK(token >= 0, "grammar: no token of the vocabulary can continue the output here");
   return token;
 }
 

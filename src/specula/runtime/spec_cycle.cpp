@@ -267,6 +267,12 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
   std::vector<Req*> extended;
   for (size_t i = 0; i < items.size(); ++i) {
     Req& r = *reqs[i];
+    if (!items[i].error.empty()) {
+      kv_.free_after(r.kv.scratch, r.kv.last_slot());
+      r.kv.scratch.clear();
+      finish(r, "error: " + items[i].error, /*cache_kv=*/false);
+      continue;
+    }
     const VerifyResult& res = items[i].result;
     record_accept_length(r, res.accepted_nodes.size());  // accepted draft tokens + the bonus token
     const int depth = *std::max_element(items[i].tree.depths.begin(), items[i].tree.depths.end());

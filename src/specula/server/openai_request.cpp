@@ -125,6 +125,15 @@ grammar::OutputFormat parse_format(const JsonReader& r, const std::string& body)
   for (const char* key : {"ebnf", "guided_grammar"}) {
     if (r.has(key)) set(key, Kind::kGrammar, r.at(key).string());
   }
+  // Other engines' constraint fields this server does not implement: refused rather than
+  // silently generating unconstrained text.
+  for (const char* key : {"guided_choice", "guided_whitespace_pattern", "structural_tag"}) {
+    if (r.has(key)) {
+      throw HttpError(400, fmt::format("'{}' is not supported; supported: response_format, regex, ebnf, json_schema, "
+                                       "guided_json, guided_regex, guided_grammar",
+                                       key));
+    }
+  }
   SPECULA_CHECK(given.size() <= 1, "'{}' and '{}' both constrain the output; give one", given.size() > 1 ? given[0] : "",
                 given.size() > 1 ? given[1] : "");
   grammar::compile(f);

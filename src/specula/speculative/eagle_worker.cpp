@@ -157,37 +157,45 @@ void EagleWorker::verify(std::span<CycleItem> items, int N, bool tokens_on_devic
     auto node_logits = [&](int n) -> std::span<const float> {
       return adjusts ? it.sampler->adjusted(node_raw(n), node_path(n)) : node_raw(n);
     };
-    if (it.sampler == nullptr || it.sampler->greedy()) {
-      for (int n = 0; n < N; ++n) {
-        const size_t row = i * static_cast<size_t>(N) + static_cast<size_t>(n);
-        argmax_ids[static_cast<size_t>(n)] = argmax_only ? greedy_ids_[row]
-                                             : adjusts   ? it.sampler->greedy_at(node_raw(n), node_path(n))
-                                                         : greedy_token(node_raw(n));
+    it.error.clear();
+    try {
+      if (it.sampler == nullptr || it.sampler->greedy()) {
+        for (int n = 0; n < N; ++n) {
+          const size_t row = i * static_cast<size_t>(N) + static_cast<size_t>(n);
+          argmax_ids[static_cast<size_t>(n)] = argmax_only ? greedy_ids_[row]
+                                               : adjusts   ? it.sampler->greedy_at(node_raw(n), node_path(n))
+                                                           : greedy_token(node_raw(n));
+        }
+        // A row with nothing above -inf has argmax -1, which matches no tree token; only an
+        // emitted bonus token of -1 is an error.
+        it.result = verify_greedy(it.tree, argmax_ids);
+        checked_greedy_token(it.result.bonus_token);
+      } else {
+        probs.resize(static_cast<size_t>(N) * vocab);
+        for (int n = 0; n < N; ++n) {
+          it.sampler->distribution(node_logits(n), row_probs);
+          std::copy(row_probs.begin(), row_probs.end(), probs.begin() + static_cast<int64_t>(static_cast<size_t>(n) * vocab));
+        }
+        Sampler* sampler = it.sampler;
+        it.result = verify_sampling(it.tree, probs, static_cast<int>(vocab), [sampler] { return sampler->uniform(); });
       }
-      // A row with nothing above -inf has argmax -1, which matches no tree token; only an
-      // emitted bonus token of -1 is an error.
-      it.result = verify_greedy(it.tree, argmax_ids);
-      checked_greedy_token(it.result.bonus_token);
-    } else {
-      probs.resize(static_cast<size_t>(N) * vocab);
-      for (int n = 0; n < N; ++n) {
-        it.sampler->distribution(node_logits(n), row_probs);
-        std::copy(row_probs.begin(), row_probs.end(), probs.begin() + static_cast<int64_t>(static_cast<size_t>(n) * vocab));
+      it.emitted_logprobs.clear();
+      if (it.logprobs >= 0) {
+        // Emitted token j follows accepted node j (the root for j = 0): that node's row is the
+        // target's distribution it was drawn from, as a plain decode step would have computed it.
+        const auto& nodes = it.result.accepted_nodes;
+        for (size_t j = 0; j < nodes.size(); ++j) {
+          const size_t row = i * static_cast<size_t>(N) + static_cast<size_t>(nodes[j]);
+          const int32_t token = j + 1 < nodes.size() ? it.result.accepted_tokens[j] : it.result.bonus_token;
+          auto [logprob, top] = log_softmax_at({logits_.data() + row * vocab, vocab}, token, it.logprobs);
+          it.emitted_logprobs.push_back({logprob, std::move(top)});
+        }
       }
-      Sampler* sampler = it.sampler;
-      it.result = verify_sampling(it.tree, probs, static_cast<int>(vocab), [sampler] { return sampler->uniform(); });
-    }
-    it.emitted_logprobs.clear();
-    if (it.logprobs >= 0) {
-      // Emitted token j follows accepted node j (the root for j = 0): that node's row is the
-      // target's distribution it was drawn from, as a plain decode step would have computed it.
-      const auto& nodes = it.result.accepted_nodes;
-      for (size_t j = 0; j < nodes.size(); ++j) {
-        const size_t row = i * static_cast<size_t>(N) + static_cast<size_t>(nodes[j]);
-        const int32_t token = j + 1 < nodes.size() ? it.result.accepted_tokens[j] : it.result.bonus_token;
-        auto [logprob, top] = log_softmax_at({logits_.data() + row * vocab, vocab}, token, it.logprobs);
-        it.emitted_logprobs.push_back({logprob, std::move(top)});
-      }
+    } catch (const std::exception& e) {
+      // A grammar's limits end this request alone; the others of the cycle go on.
+      it.error = e.what();
+      it.result = VerifyResult{{0}, {}, -1};
+      it.emitted_logprobs.clear();
     }
     it.accepted_features.clear();
     const int32_t* row = target_.req_pool().row(it.req_pool_idx);

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "specula/runner/model_runner.h"
@@ -43,6 +44,9 @@ struct CycleItem {
   VerifyResult result;
   std::vector<float> accepted_features;
   std::vector<TokenLogprobs> emitted_logprobs;  // with logprobs >= 0: one per emitted token
+  // Out: why this request alone could not be verified (its grammar hit a limit); the result then
+  // holds the root only and the request must end with the reason.
+  std::string error;
 };
 
 // Where a cycle's time goes (host wall clock, summed over cycles). The host waits for the GPU
