@@ -1,7 +1,8 @@
-// Structured output through the Engine on the shipped model (CPU): sampled generations for schemas
-// of the corpus are valid JSON documents of their schema by a real validator (ajv), every format's
-// greedy output is a sentence (or, cut by the length limit, a live prefix) of its grammar, and bad
-// formats are refused when the request is submitted, before any decoding.
+// Structured output through the Engine on the shipped model (CPU): sampled generations for every
+// schema of the corpus (two seeds each) are valid JSON documents of their schema by a real
+// validator (ajv), every format's greedy output is a sentence (or, cut by the length limit, a live
+// prefix) of its grammar, and bad formats are refused when the request is submitted, before any
+// decoding.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -58,8 +59,8 @@ TEST(StructuredOutput, SampledDocumentsOfCorpusSchemasValidateWithAjv) {
   };
   std::vector<Run> runs;
   const uint64_t seed = std::random_device{}();
-  for (size_t i = 0; i < schemas.size(); i += 4) {
-    for (int s = 0; s < 3; ++s) {
+  for (size_t i = 0; i < schemas.size(); ++i) {
+    for (int s = 0; s < 2; ++s) {
       EngineRequest r;
       r.prompt = "Answer in JSON: " + schemas[i]["name"].get<std::string>() + "\n";
       r.max_new_tokens = 400;
