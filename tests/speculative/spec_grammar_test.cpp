@@ -55,16 +55,17 @@ std::vector<std::pair<std::string, OutputFormat>> formats() {
 // Greedy outputs of two prompts per format, with the given speculation (none: nullopt).
 std::vector<std::vector<int32_t>> outputs(const std::optional<EagleOptions>& spec, int page_size,
                                           const std::vector<std::pair<std::string, OutputFormat>>& fs,
-                                          std::vector<std::string>* reasons = nullptr, bool ignore_eos = false) {
+                                          std::vector<std::string>* reasons = nullptr, bool ignore_eos = false,
+                                          size_t prompts = 2, int max_new = 160) {
   EngineOptions o = options(page_size);
   o.speculative = spec;
   Engine engine(kModel, o);
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (const auto& [name, f] : fs) {
-    for (size_t t = 0; t < 2; ++t) {
+    for (size_t t = 0; t < prompts; ++t) {
       EngineRequest r;
       r.prompt = kTexts[t * 3];
-      r.max_new_tokens = 160;
+      r.max_new_tokens = max_new;
       r.format = f;
       r.ignore_eos = ignore_eos;
       handles.push_back(engine.submit(std::move(r)));
@@ -123,6 +124,27 @@ TEST(SpecGrammar, GrammarsThatFinishInsideTheTreeStopTheirRequestOnly) {
     const auto got = outputs(spec, 16, fs, &spec_reasons, /*ignore_eos=*/true);
     EXPECT_EQ(spec_reasons, reasons);
     for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(got[i], plain[i]) << fs[i / 2].first << ", prompt " << i % 2;
+  }
+}
+
+// Every schema of the corpus, one prompt each, chains and trees of both heads.
+TEST(SpecGrammar, EveryCorpusSchemaKeepsThePlainGreedyOutput) {
+  std::vector<std::pair<std::string, OutputFormat>> fs;
+  for (const auto& entry : grammar::testing::schema_corpus()) {
+    fs.emplace_back(entry["name"].get<std::string>(), compiled(OutputFormat::Kind::kJsonSchema, entry["schema"].dump()));
+  }
+  ASSERT_GE(fs.size(), 50u);
+  const auto plain = outputs(std::nullopt, 16, fs, nullptr, false, 1, 96);
+  const std::vector<std::pair<EagleKind, SpecParams>> shapes = {{EagleKind::EAGLE3, {3, 1, 4}},
+                                                                 {EagleKind::EAGLE3, {3, 4, 8}},
+                                                                 {EagleKind::EAGLE, {3, 1, 4}},
+                                                                 {EagleKind::EAGLE, {3, 4, 8}}};
+  for (const auto& [kind, params] : shapes) {
+    const EagleOptions spec{kind, spec_fixtures::head_dir(kind), params, SpecPolicyKind::FIXED};
+    const auto got = outputs(spec, 16, fs, nullptr, false, 1, 96);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_EQ(got[i], plain[i]) << eagle_kind_name(kind) << " topk " << params.topk << ", schema " << fs[i].first;
+    }
   }
 }
 
