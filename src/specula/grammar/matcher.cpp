@@ -122,7 +122,12 @@ void Automaton::apply(const Position& top, Stack& base, std::vector<Stack>& out,
 }
 
 void Automaton::normalise(std::vector<Stack>& stacks) const {
-  std::sort(stacks.begin(), stacks.end());
+  // Any fixed order makes equal states equal; stacks share their bottoms and differ near their
+  // tops, so they are compared by size and then from the top.
+  std::sort(stacks.begin(), stacks.end(), [](const Stack& a, const Stack& b) {
+    if (a.size() != b.size()) return a.size() < b.size();
+    return std::lexicographical_compare(a.rbegin(), a.rend(), b.rbegin(), b.rend());
+  });
   stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
   SPECULA_CHECK(stacks.size() <= kMaxStacks,
                 "grammar: more than {} simultaneous parses (the limit); the grammar is too ambiguous", kMaxStacks);
