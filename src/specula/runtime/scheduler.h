@@ -157,7 +157,9 @@ class Scheduler {
   // the maskers of the grammars seen lately (requests of one grammar share its cached masks).
   std::shared_ptr<const grammar::Vocabulary> vocabulary_;
   std::list<std::pair<std::string, std::shared_ptr<grammar::TokenMasker>>> maskers_;
-  static constexpr size_t kMaxMaskers = 64;
+  // A masker holds a vocabulary bitmask per cached frame sequence (16 KiB each for 128k tokens,
+  // a few MB per schema), so only the grammars of recent requests keep theirs.
+  static constexpr size_t kMaxMaskers = 16;
   std::shared_ptr<grammar::TokenMasker> masker_for(const grammar::OutputFormat& format);
   EagleWorker* spec_;
   SchedulerOptions options_;
