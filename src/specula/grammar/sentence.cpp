@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "specula/model/utf8.h"
+
 namespace specula::grammar {
 
 namespace {
@@ -55,23 +57,11 @@ class Shortest {
           break;
         }
       }
-      append_utf8(c, out);
+      out += utf8_encode(c);
     }
   }
 
  private:
-  static void append_utf8(uint32_t c, std::string& out) {
-    if (c < 0x80) {
-      out += static_cast<char>(c);
-      return;
-    }
-    const int n = c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
-    char buf[4];
-    for (int k = n - 1; k > 0; --k, c >>= 6) buf[k] = static_cast<char>(0x80 | (c & 0x3F));
-    buf[0] = static_cast<char>((n == 2 ? 0xC0 : n == 3 ? 0xE0 : 0xF0) | c);
-    out.append(buf, static_cast<size_t>(n));
-  }
-
   const Grammar& g_;
   std::vector<size_t> len_;
   std::vector<int> alt_;
