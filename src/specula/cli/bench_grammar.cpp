@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "specula/cli/json_file.h"
+#include "specula/cli/sample_stats.h"
 #include "specula/core/error.h"
 #include "specula/grammar/output_format.h"
 #include "specula/grammar/sentence.h"
@@ -40,24 +41,7 @@ using Clock = std::chrono::steady_clock;
 
 double us_since(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
 
-struct Summary {
-  size_t n = 0;
-  double median = 0, p99 = 0, max = 0, mean = 0;
-};
-
-Summary summarize(std::vector<double> v) {
-  Summary s;
-  if (v.empty()) return s;
-  std::sort(v.begin(), v.end());
-  s.n = v.size();
-  s.median = v[v.size() / 2];
-  s.p99 = v[std::min(v.size() - 1, static_cast<size_t>(0.99 * static_cast<double>(v.size())))];
-  s.max = v.back();
-  double sum = 0;
-  for (double x : v) sum += x;
-  s.mean = sum / static_cast<double>(v.size());
-  return s;
-}
+using Summary = SampleStats;
 
 nlohmann::json to_json(const Summary& s) {
   return {{"n", s.n}, {"median", s.median}, {"p99", s.p99}, {"max", s.max}, {"mean", s.mean}};

@@ -21,6 +21,7 @@
 #include "specula/cli/bench_serve_remote.h"
 #include "specula/cli/engine_flags.h"
 #include "specula/cli/json_file.h"
+#include "specula/cli/sample_stats.h"
 #include "specula/core/error.h"
 #include "specula/model/config.h"
 #include "specula/model/synthetic.h"
@@ -49,23 +50,7 @@ struct Options {
   std::vector<const CLI::Option*> engine_flag_options;  // refused with --url (but --model)
 };
 
-struct Summary {
-  double mean = 0, median = 0, p99 = 0;
-};
-
-Summary summarize(std::vector<double> v) {
-  Summary s;
-  if (v.empty()) return s;
-  std::sort(v.begin(), v.end());
-  double sum = 0;
-  for (double x : v) sum += x;
-  s.mean = sum / static_cast<double>(v.size());
-  s.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  // Nearest-rank percentile.
-  const auto rank = static_cast<size_t>(std::ceil(0.99 * static_cast<double>(v.size())));
-  s.p99 = v[std::max<size_t>(rank, 1) - 1];
-  return s;
-}
+using Summary = SampleStats;
 
 std::vector<std::vector<int32_t>> make_prompts(const Options& o, int vocab, const Tokenizer* tokenizer) {
   std::mt19937_64 rng(o.seed);
