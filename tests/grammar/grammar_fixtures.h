@@ -8,9 +8,21 @@
 #include <utility>
 #include <vector>
 
+#include "specula/core/error.h"
 #include "specula/grammar/matcher.h"
 
 namespace specula::grammar::testing {
+
+// The one-line error compiling `source` with `compile` raises, or "(no error)".
+template <typename Compile>
+std::string error_text(Compile compile, const std::string& source) {
+  try {
+    compile(source);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // Whether the whole of s is a sentence of the automaton's grammar, fed byte by byte.
 inline bool accepts(const Automaton& a, const std::string& s) {

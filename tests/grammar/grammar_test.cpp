@@ -28,12 +28,7 @@ std::shared_ptr<const Automaton> compile(const std::string& text) {
 }
 
 std::string error_of(const std::string& text) {
-  try {
-    Grammar::parse(text);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return testing::error_text([](const std::string& t) { Grammar::parse(t); }, text);
 }
 
 TEST(Grammar, ParsesGbnfAndMatchesSentences) {

@@ -90,12 +90,7 @@ TEST(RegexGrammar, EscapesAndClasses) {
 }
 
 std::string error_of(const std::string& pattern) {
-  try {
-    compile_regex(pattern);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return testing::error_text([](const std::string& p) { compile_regex(p); }, pattern);
 }
 
 TEST(RegexGrammar, RefusesWhatItDoesNotSupport) {
