@@ -45,7 +45,9 @@ void expect_fits(const grammar::Automaton& a, const RequestOutput& out, const st
   grammar::MatchState st = a.start();
   for (char c : out.text) st = a.advance(st, static_cast<uint8_t>(c));
   EXPECT_FALSE(st.dead()) << what << ": " << out.text;
-  if (out.finish_reason == "stop") EXPECT_TRUE(a.can_end(st)) << what << ": " << out.text;
+  if (out.finish_reason == "stop") {
+    EXPECT_TRUE(a.can_end(st)) << what << ": " << out.text;
+  }
 }
 
 TEST(StructuredOutput, SampledDocumentsOfCorpusSchemasValidateWithAjv) {

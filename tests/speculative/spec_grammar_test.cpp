@@ -8,18 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "grammar/ajv_validator.h"
-#include "runtime/engine_fixtures.h"
 #include "speculative/spec_fixtures.h"
-#include "specula/grammar/output_format.h"
-#include "specula/runtime/engine.h"
+#include "speculative/spec_grammar_fixtures.h"
 
 namespace specula {
 namespace {
 
 using grammar::OutputFormat;
-using testing_fixtures::kModel;
-using testing_fixtures::kTexts;
+using spec_grammar::compiled;
+using spec_grammar::formats;
 
 EngineOptions options(int page_size) {
   EngineOptions o;
@@ -30,57 +27,12 @@ EngineOptions options(int page_size) {
   return o;
 }
 
-OutputFormat compiled(OutputFormat::Kind kind, std::string source) {
-  OutputFormat f;
-  f.kind = kind;
-  f.source = std::move(source);
-  grammar::compile(f);
-  return f;
-}
-
-std::vector<std::pair<std::string, OutputFormat>> formats() {
-  std::vector<std::pair<std::string, OutputFormat>> out = {
-      {"json_object", compiled(OutputFormat::Kind::kJsonObject, "")},
-      {"regex", compiled(OutputFormat::Kind::kRegex, "(the|a) [a-z]{2,8}( [a-z]{1,8}){1,6}\\.")},
-      {"grammar", compiled(OutputFormat::Kind::kGrammar,
-                           "root ::= line{2,4}\nline ::= [A-Z] [a-z ]{3,30} [.!?] \"\\n\"\n")},
-  };
-  const auto corpus = grammar::testing::schema_corpus();
-  for (size_t i : {0u, 11u, 23u, 37u}) {
-    out.emplace_back(corpus[i]["name"].get<std::string>(), compiled(OutputFormat::Kind::kJsonSchema, corpus[i]["schema"].dump()));
-  }
-  return out;
-}
-
-// Greedy outputs of two prompts per format, with the given speculation (none: nullopt).
+// Greedy outputs on the CPU with this page size (the fixture's outputs()).
 std::vector<std::vector<int32_t>> outputs(const std::optional<EagleOptions>& spec, int page_size,
                                           const std::vector<std::pair<std::string, OutputFormat>>& fs,
                                           std::vector<std::string>* reasons = nullptr, bool ignore_eos = false,
                                           size_t prompts = 2, int max_new = 160) {
-  EngineOptions o = options(page_size);
-  o.speculative = spec;
-  Engine engine(kModel, o);
-  std::vector<std::shared_ptr<RequestHandle>> handles;
-  for (const auto& [name, f] : fs) {
-    for (size_t t = 0; t < prompts; ++t) {
-      EngineRequest r;
-      r.prompt = kTexts[t * 3];
-      r.max_new_tokens = max_new;
-      r.format = f;
-      r.ignore_eos = ignore_eos;
-      handles.push_back(engine.submit(std::move(r)));
-    }
-  }
-  engine.run_until_idle();
-  std::vector<std::vector<int32_t>> out;
-  for (auto& h : handles) {
-    const RequestOutput r = h->wait();
-    EXPECT_TRUE(r.finish_reason == "stop" || r.finish_reason == "length") << r.finish_reason;
-    if (reasons != nullptr) reasons->push_back(r.finish_reason);
-    if (spec && r.output_ids.size() > 4) EXPECT_GT(r.spec_verify_cycles, 0);
-    out.push_back(r.output_ids);
-  }
-  return out;
+  return spec_grammar::outputs(options(page_size), spec, fs, reasons, ignore_eos, prompts, max_new);
 }
 
 TEST(SpecGrammar, GreedyOutputEqualsTheOutputWithoutSpeculation) {
@@ -129,10 +81,7 @@ TEST(SpecGrammar, GrammarsThatFinishInsideTheTreeStopTheirRequestOnly) {
 
 // Every schema of the corpus, one prompt each, chains and trees of both heads.
 TEST(SpecGrammar, EveryCorpusSchemaKeepsThePlainGreedyOutput) {
-  std::vector<std::pair<std::string, OutputFormat>> fs;
-  for (const auto& entry : grammar::testing::schema_corpus()) {
-    fs.emplace_back(entry["name"].get<std::string>(), compiled(OutputFormat::Kind::kJsonSchema, entry["schema"].dump()));
-  }
+  const auto fs = spec_grammar::corpus_formats();
   ASSERT_GE(fs.size(), 50u);
   const auto plain = outputs(std::nullopt, 16, fs, nullptr, false, 1, 96);
   const std::vector<std::pair<EagleKind, SpecParams>> shapes = {{EagleKind::EAGLE3, {3, 1, 4}},

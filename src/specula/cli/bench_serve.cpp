@@ -20,6 +20,7 @@
 
 #include "specula/cli/bench_serve_remote.h"
 #include "specula/cli/engine_flags.h"
+#include "specula/cli/format_flags.h"
 #include "specula/cli/json_file.h"
 #include "specula/cli/sample_stats.h"
 #include "specula/core/error.h"
@@ -48,6 +49,9 @@ struct Options {
   std::string url;          // a running server to drive instead of a local engine
   int max_concurrency = 0;  // requests in flight at most (0: unlimited)
   std::vector<const CLI::Option*> engine_flag_options;  // refused with --url (but --model)
+  FormatFlags format;     // structured output asked of every request
+  std::string tokenizer;  // --synthetic: the tokenizer a format's grammar is built over
+  float temperature = 0;
 };
 
 using Summary = SampleStats;
@@ -205,6 +209,14 @@ void print_report(const Options& o, const Report& r) {
 
 void run_offline(const Options& o) {
   SPECULA_CHECK(o.synthetic.empty() || o.engine.model.empty(), "give at most one of --model and --synthetic");
+  SPECULA_CHECK(o.tokenizer.empty() || !o.synthetic.empty(),
+                "--tokenizer {} is for --synthetic (a model folder brings its own tokenizer)", o.tokenizer);
+  SPECULA_CHECK(o.temperature >= 0, "--temperature {} must be >= 0", o.temperature);
+  // Compiled once for every request, and refused before any model loads.
+  const grammar::OutputFormat format = output_format(o.format);
+  const bool constrained = format.kind != grammar::OutputFormat::Kind::kText;
+  SPECULA_CHECK(!constrained || o.synthetic.empty() || !o.tokenizer.empty(),
+                "a structured-output format needs a tokenizer: give --tokenizer DIR with --synthetic");
   EngineOptions eo = engine_options(o.engine);
   eo.background_thread = true;
   // An offline benchmark may queue all of its requests at once.
@@ -215,7 +227,14 @@ void run_offline(const Options& o) {
   if (!o.synthetic.empty()) {
     const ModelConfig config = synthetic_config(o.synthetic);
     const SyntheticWeights weights(config, 7);
-    engine = std::make_unique<Engine>(config, weights, eo);
+    std::unique_ptr<Tokenizer> tokenizer;
+    if (!o.tokenizer.empty()) {
+      tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_folder(o.tokenizer));
+      SPECULA_CHECK(tokenizer->vocab_size() <= config.vocab_size,
+                    "--tokenizer {} has {} tokens; synthetic {} has a vocabulary of {}", o.tokenizer,
+                    tokenizer->vocab_size(), o.synthetic, config.vocab_size);
+    }
+    engine = std::make_unique<Engine>(config, weights, eo, std::move(tokenizer));
     report.what = "synthetic " + o.synthetic;
   } else {
     const auto folder = model_folder(o.engine);
@@ -243,6 +262,9 @@ void run_offline(const Options& o) {
     r.prompt_ids = prompts[k];
     r.max_new_tokens = o.output_len;
     r.ignore_eos = true;
+    r.format = format;
+    r.sampling.temperature = o.temperature;
+    r.sampling.seed = o.seed + k;
     StreamCallback on_chunk;
     if (o.max_concurrency > 0) {
       std::unique_lock lk(slots->mu);
@@ -265,7 +287,9 @@ void run_offline(const Options& o) {
 
   int64_t cached = 0;
   for (const RequestOutput& out : outs) {
-    SPECULA_CHECK(out.finish_reason == "length", "request {} ended with '{}'", out.id, out.finish_reason);
+    // A format's grammar may end a request before --output-len ("stop").
+    SPECULA_CHECK(out.finish_reason == "length" || (constrained && out.finish_reason == "stop"),
+                  "request {} ended with '{}'", out.id, out.finish_reason);
     report.add(out.time_to_first_token_s, out.token_times_s, out.latency_s, static_cast<int64_t>(out.prompt_ids.size()),
                static_cast<int64_t>(out.output_ids.size()));
     cached += out.cached_tokens;
@@ -275,6 +299,13 @@ void run_offline(const Options& o) {
   report.prefill_tokens = stats.prefill_tokens;
   report.retractions = stats.retractions;
   report.extra_json["device"] = o.engine.device;
+  if (constrained) {
+    report.extra_lines.emplace_back("format", std::string(grammar::kind_name(format.kind)));
+    report.extra_lines.emplace_back("mean output tokens per request",
+                                    fmt::format("{:.1f}", static_cast<double>(report.out_tokens) / report.completed));
+    report.extra_json["format"] = std::string(grammar::kind_name(format.kind));
+  }
+  if (o.temperature > 0) report.extra_lines.emplace_back("temperature", fmt::format("{}", o.temperature));
   const double accept_mean =
       stats.spec_cycles > 0 ? static_cast<double>(stats.spec_emitted_tokens) / static_cast<double>(stats.spec_cycles) : 0.0;
   if (eo.speculative) {
@@ -324,6 +355,10 @@ std::optional<double> metric_diff(const RemoteBenchResult& r, const std::string&
 
 void run_remote(const Options& o) {
   SPECULA_CHECK(o.synthetic.empty() || o.engine.model.empty(), "give at most one of --model and --synthetic");
+  SPECULA_CHECK(output_format(o.format).kind == grammar::OutputFormat::Kind::kText && o.tokenizer.empty() &&
+                    o.temperature == 0,
+                "--url: --json-object, --json-schema, --regex, --grammar, --tokenizer and --temperature are for a local "
+                "engine");
   for (const CLI::Option* opt : o.engine_flag_options) {
     SPECULA_CHECK(opt->count() == 0 || opt->get_name() == "--model",
                   "--url drives a running server: {} configures a local engine; give it to `specula serve` instead "
@@ -476,6 +511,11 @@ void add_bench_serve_command(CLI::App& bench) {
                   "--model or --synthetic only name the model whose vocabulary (and tokenizer, for --dataset text) "
                   "build the prompts, as offline. Exits 1 if any request failed");
   cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
+  add_format_flags(*cmd, o->format);
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "With --synthetic: a folder with tokenizer.json, for the grammar of a structured-output format");
+  cmd->add_option("--temperature", o->temperature, "Sampling temperature of every request (0: greedy)")
+      ->capture_default_str();
   cmd->callback([o] { run(*o); });
 }
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "specula/core/error.h"
-#include "specula/core/json_reader.h"
 #include "specula/cli/engine_flags.h"
+#include "specula/cli/format_flags.h"
 #include "specula/runtime/engine.h"
 
 namespace specula {
@@ -38,29 +38,8 @@ struct Options {
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
-  std::string json_schema, regex, grammar;
-  bool json_object = false;
+  FormatFlags format;
 };
-
-// Text given inline, or with a leading '@' the contents of that file.
-std::string inline_or_file(const std::string& value) {
-  return !value.empty() && value[0] == '@' ? read_text_file(value.substr(1)) : value;
-}
-
-// The output format the flags ask for (at most one of them).
-grammar::OutputFormat output_format(const Options& o) {
-  using Kind = grammar::OutputFormat::Kind;
-  const int given = (o.json_object ? 1 : 0) + !o.json_schema.empty() + !o.regex.empty() + !o.grammar.empty();
-  SPECULA_CHECK(given <= 1, "--json-object, --json-schema, --regex and --grammar are exclusive; {} were given", given);
-  grammar::OutputFormat f;
-  if (o.json_object) f.kind = Kind::kJsonObject;
-  if (!o.json_schema.empty()) f = {Kind::kJsonSchema, inline_or_file(o.json_schema), nullptr};
-  if (!o.regex.empty()) f = {Kind::kRegex, o.regex, nullptr};
-  if (!o.grammar.empty()) f = {Kind::kGrammar, inline_or_file(o.grammar), nullptr};
-  // Compiled once here for every prompt (and refused before any model loads).
-  grammar::compile(f);
-  return f;
-}
 
 std::vector<int32_t> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
@@ -95,7 +74,7 @@ std::vector<EngineRequest> requests(const Options& o) {
   base.sampling.presence_penalty = o.presence_penalty;
   base.stop_strings = o.stop;
   base.stop_token_ids = o.stop_token_ids;
-  base.format = output_format(o);
+  base.format = output_format(o.format);
   for (const std::string& p : o.prompts) {
     SPECULA_CHECK(!p.empty(), "--prompt: the prompt is empty");
     out.push_back(base);
@@ -220,10 +199,7 @@ void add_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--presence-penalty", o->presence_penalty, "Penalty on tokens already in the output")
       ->capture_default_str();
-  cmd->add_flag("--json-object", o->json_object, "Constrain the output to a JSON object");
-  cmd->add_option("--json-schema", o->json_schema, "Constrain the output to JSON that follows this schema (@file or inline)");
-  cmd->add_option("--regex", o->regex, "Constrain the output to text the whole regular expression matches");
-  cmd->add_option("--grammar", o->grammar, "Constrain the output to a GBNF grammar (@file or inline)");
+  add_format_flags(*cmd, o->format);
   cmd->add_flag("--json", o->json, "Print one JSON object per request (one per line) instead of text");
   cmd->callback([o] { run(*o); });
 }

@@ -40,24 +40,29 @@ bool TokenConstraint::allows(int32_t token) const {
   return masker_->accepts(matcher_.state(), bytes);
 }
 
-void TokenConstraint::mask(std::span<float> logits) {
-  // End tokens are decided by whether the grammar can end, whatever bytes they stand for.
-  const bool end_ok = !ended_ && matcher_.can_end();
-  std::vector<std::pair<size_t, float>> ends;
-  for (int32_t id : end_ids_) {
-    if (id >= 0 && static_cast<size_t>(id) < logits.size()) ends.emplace_back(static_cast<size_t>(id), logits[static_cast<size_t>(id)]);
-  }
-  if (ended_) {
-    std::fill(logits.begin(), logits.end(), -INFINITY);
-    return;
-  }
+void TokenConstraint::fill_bitmask(std::span<uint32_t> words) {
+  std::fill(words.begin(), words.end(), 0u);
+  if (ended_) return;
   masker_->fill(matcher_.state(), bitmask_);
-  const size_t known = std::min(logits.size(), static_cast<size_t>(vocabulary_->size()));
-  for (size_t id = 0; id < known; ++id) {
-    if ((bitmask_[id / 32] >> (id % 32) & 1u) == 0) logits[id] = -INFINITY;
+  const size_t known = std::min(words.size() * 32, static_cast<size_t>(vocabulary_->size()));
+  std::copy_n(bitmask_.begin(), (known + 31) / 32, words.begin());
+  if (known % 32 != 0) words[known / 32] &= (1u << (known % 32)) - 1u;
+  // End tokens are decided by whether the grammar can end, whatever bytes they stand for.
+  const bool end_ok = matcher_.can_end();
+  for (int32_t id : end_ids_) {
+    if (id < 0 || static_cast<size_t>(id) / 32 >= words.size()) continue;
+    const uint32_t bit = 1u << (static_cast<uint32_t>(id) % 32);
+    uint32_t& word = words[static_cast<size_t>(id) / 32];
+    word = end_ok ? word | bit : word & ~bit;
   }
-  std::fill(logits.begin() + static_cast<int64_t>(known), logits.end(), -INFINITY);
-  for (const auto& [id, value] : ends) logits[id] = end_ok ? value : -INFINITY;
+}
+
+void TokenConstraint::mask(std::span<float> logits) {
+  allowed_.resize((logits.size() + 31) / 32);
+  fill_bitmask(allowed_);
+  for (size_t id = 0; id < logits.size(); ++id) {
+    if ((allowed_[id / 32] >> (id % 32) & 1u) == 0) logits[id] = -INFINITY;
+  }
 }
 
 void TokenConstraint::accept(int32_t token) {

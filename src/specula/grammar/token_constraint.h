@@ -38,6 +38,9 @@ class TokenConstraint {
   bool allows(int32_t token) const;
   // Sets the logit of every token that may not come next to -inf (logits: one per vocabulary id).
   void mask(std::span<float> logits);
+  // The tokens that may come next as bits (token id i: bit i % 32 of words[i / 32]), over as many
+  // ids as words hold; ids the vocabulary lacks are never allowed. What mask() keeps.
+  void fill_bitmask(std::span<uint32_t> words);
   // Advances over an emitted token; throws specula::Error naming the token when the grammar does
   // not allow it. After an end token nothing more is allowed.
   void accept(int32_t token);
@@ -56,7 +59,8 @@ class TokenConstraint {
   GrammarMatcher matcher_;
   const Vocabulary* vocabulary_;
   std::vector<int32_t> end_ids_;
-  std::vector<uint32_t> bitmask_;
+  std::vector<uint32_t> bitmask_;  // the masker's bits
+  std::vector<uint32_t> allowed_;  // mask()'s bits over the logits
   bool ended_ = false;
 };
 

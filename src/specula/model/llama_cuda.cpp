@@ -134,7 +134,7 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_
 }
 
 void LlamaCudaModel::forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) {
-  if (r.use_cuda_graph && !r.all_tokens && r.capture == nullptr && replay_decode(batch, logits, r.greedy_ids)) return;
+  if (r.use_cuda_graph && !r.all_tokens && r.capture == nullptr && replay_decode(batch, logits, r.greedy_ids, r.token_bitmask)) return;
   if (r.use_cuda_graph && r.all_tokens && forward_verify_graph(batch, logits, r)) return;
   eager_forward(batch, logits, r, results_hook(batch, eager_, r));
 }
@@ -144,7 +144,7 @@ std::function<void()> LlamaCudaModel::results_hook(const ForwardBatch& batch, co
   const SpecInfo* info = batch.spec_info.get();
   if (info == nullptr || !info->on_device_results || r.greedy_ids == nullptr || r.capture == nullptr) return {};
   return [this, info, &ws, n = batch.num_tokens()] {
-    info->on_device_results({ws[kIds].data_as<const int32_t>(), greedy_dev_.data_as<const int32_t>(),
+    info->on_device_results({ws[kIds].data_as<const int32_t>(), greedy_.ids.data_as<const int32_t>(),
                              ws[kCaptured].data_as<const float>(), n});
   };
 }

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,12 @@ class MHAKVPool;
 class MLAKVPool;
 class ReqToTokenPool;
 
+// Structured output's allowed tokens for greedy rows: fills words ([rows, ceil(vocab / 32)], token
+// id i of a row at bit i % 32 of its word i / 32). A GPU model calls it once the step's work is
+// queued and before it waits for the results, so the host computes the masks while the device
+// runs the forward.
+using TokenBitmaskFill = std::function<void(std::span<uint32_t> words)>;
+
 // What one forward returns besides the logits.
 struct ForwardRequest {
   // f32 logits of every token ([num_tokens, vocab]) instead of each request's last one.
@@ -36,6 +44,9 @@ struct ForwardRequest {
   // above -inf) instead of the logits: GPU models find them on the device, download only the ids
   // and leave logits as it was; CPU models fill logits too.
   std::vector<int32_t>* greedy_ids = nullptr;
+  // With greedy_ids (optional): fills the tokens each returned row may pick (TokenBitmaskFill);
+  // its row's greedy token is then the argmax over those alone, -1 where none is above -inf.
+  TokenBitmaskFill token_bitmask;
   // Replay captured CUDA graphs where one holds the batch (benchmarks compare both).
   bool use_cuda_graph = true;
 };

@@ -166,18 +166,37 @@ void ModelRunner::capture_verify_graphs(const std::vector<int>& capture_layers, 
 ModelRunner::~ModelRunner() = default;
 
 namespace {
-// The CPU models' greedy tokens, from their host logits.
-void greedy_rows(const std::vector<float>& logits, int vocab, std::vector<int32_t>& ids) {
+// The CPU models' greedy tokens, from their host logits, over the tokens token_bitmask allows
+// where it is given (greedy_token's order: the lowest index of the largest value, NaN never).
+void greedy_rows(const std::vector<float>& logits, int vocab, std::vector<int32_t>& ids,
+                 const TokenBitmaskFill& token_bitmask) {
   const size_t rows = logits.size() / static_cast<size_t>(vocab);
+  const size_t width = static_cast<size_t>(vocab);
   ids.resize(rows);
+  if (!token_bitmask) {
+    for (size_t r = 0; r < rows; ++r) ids[r] = greedy_token(std::span<const float>(logits).subspan(r * width, width));
+    return;
+  }
+  const size_t words = (width + 31) / 32;
+  std::vector<uint32_t> allowed(rows * words);
+  token_bitmask(allowed);
   for (size_t r = 0; r < rows; ++r) {
-    ids[r] = greedy_token(std::span<const float>(logits).subspan(r * static_cast<size_t>(vocab), static_cast<size_t>(vocab)));
+    float best = -INFINITY;
+    int32_t index = -1;
+    for (size_t i = 0; i < width; ++i) {
+      const float v = logits[r * width + i];
+      if ((allowed[r * words + i / 32] >> (i % 32) & 1u) != 0 && v > best) {
+        best = v;
+        index = static_cast<int32_t>(i);
+      }
+    }
+    ids[r] = index;
   }
 }
 }  // namespace
 
 void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens, HiddenCapture* capture,
-                          std::vector<int32_t>* greedy_ids) {
+                          std::vector<int32_t>* greedy_ids, const TokenBitmaskFill& token_bitmask) {
   batch.req_to_token_pool = req_pool_.get();
   batch.token_to_kv_pool = kv_pool_.get();
   batch.mla_kv_pool = mla_kv_pool_.get();
@@ -187,8 +206,9 @@ void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool 
                 config().architecture);
   SPECULA_CHECK(capture == nullptr || capture->download || model_->on_gpu(),
                 "{}: hidden states kept on the device need a model on the GPU", config().architecture);
-  model_->forward(batch, logits, {all_tokens, capture, greedy_ids, use_cuda_graph_});
-  if (greedy_ids != nullptr && !model_->on_gpu()) greedy_rows(logits, config().vocab_size, *greedy_ids);
+  SPECULA_ASSERT(!token_bitmask || greedy_ids != nullptr);
+  model_->forward(batch, logits, {all_tokens, capture, greedy_ids, token_bitmask, use_cuda_graph_});
+  if (greedy_ids != nullptr && !model_->on_gpu()) greedy_rows(logits, config().vocab_size, *greedy_ids, token_bitmask);
 }
 
 }  // namespace specula

@@ -108,9 +108,11 @@ class ModelRunner {
   // capture (optional): hidden states of every token for a draft head. greedy_ids (optional):
   // each returned row's greedy token (greedy_token in runner/sampler.h, -1 when a row holds
   // nothing above -inf) instead of the logits; GPU models find them on the device, download only
-  // the ids and leave logits as it was, CPU models fill logits too.
+  // the ids and leave logits as it was, CPU models fill logits too. token_bitmask (optional, with
+  // greedy_ids): the tokens each row may pick (model.h's TokenBitmaskFill).
   void forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens = false,
-               HiddenCapture* capture = nullptr, std::vector<int32_t>* greedy_ids = nullptr);
+               HiddenCapture* capture = nullptr, std::vector<int32_t>* greedy_ids = nullptr,
+               const TokenBitmaskFill& token_bitmask = {});
 
  private:
   // Checks and completes the options against the model, sizes the pools, captures decode graphs.

@@ -97,6 +97,8 @@ std::span<const float> Sampler::penalized(std::span<const float> raw, std::span<
 
 namespace {
 
+constexpr const char* kNothingFits = "grammar: no token of the vocabulary can continue the output here";
+
 // Pops a speculative path off the grammar however the scope is left.
 struct PathGuard {
   grammar::TokenConstraint* constraint;
@@ -142,7 +144,7 @@ int32_t Sampler::greedy_at(std::span<const float> raw, std::span<const int32_t> 
   }
   // As in adjusted(): a node below the root where nothing fits is never emitted from.
   if (token < 0 && !path.empty()) return best;
-  SPECULA_CHECK(token >= 0, "grammar: no token of the vocabulary can continue the output here");
+  SPECULA_CHECK(token >= 0, kNothingFits);
   return token;
 }
 
@@ -227,6 +229,13 @@ void Sampler::distribution(std::span<const float> raw, std::vector<float>& out) 
 int32_t Sampler::take_argmax(int32_t token) {
   SPECULA_ASSERT(picks_argmax());
   record(checked_greedy_token(token));
+  return token;
+}
+
+int32_t Sampler::take_masked_argmax(int32_t token) {
+  SPECULA_ASSERT(picks_masked_argmax());
+  SPECULA_CHECK(token >= 0, kNothingFits);
+  record(token);
   return token;
 }
 

@@ -73,6 +73,12 @@ class Sampler {
   // -1 raises sample()'s error).
   bool picks_argmax() const { return greedy() && !has_penalties() && !constrained(); }
   int32_t take_argmax(int32_t token);
+  // The same with a grammar: the token is the argmax over the tokens fill_token_bitmask() allows
+  // (bits as grammar::TokenConstraint::fill_bitmask), which the host can fill while a GPU runs the
+  // forward; take_masked_argmax records it (-1 raises greedy_at's error: nothing fits).
+  bool picks_masked_argmax() const { return greedy() && !has_penalties() && constrained(); }
+  void fill_token_bitmask(std::span<uint32_t> words) { constraint_->fill_bitmask(words); }
+  int32_t take_masked_argmax(int32_t token);
   double uniform();
   // Throws specula::Error when a grammar does not allow the token.
   void record(int32_t token);

@@ -41,13 +41,34 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
   HiddenCapture capture;
   if (drafting) capture.layers = spec_->capture_layers();
   // Greedy requests without penalties need only each row's argmax: found where the logits are
-  // (on a GPU, one id per row is downloaded instead of the vocabulary's logits).
+  // (on a GPU, one id per row is downloaded instead of the vocabulary's logits). With a grammar,
+  // the argmax over the tokens it allows, whose masks the host fills while a GPU runs the step.
   const bool argmax_only = std::all_of(plan.begin(), plan.end(), [](const Planned& p) {
-    return p.req->sampler.picks_argmax() && p.req->params.logprobs < 0;
+    const Sampler& s = p.req->sampler;
+    return (s.picks_argmax() || s.picks_masked_argmax()) && p.req->params.logprobs < 0;
   });
+  const bool masked = argmax_only && std::any_of(plan.begin(), plan.end(), [](const Planned& p) {
+    return p.req->sampler.picks_masked_argmax() && p.req->pending() == 0;
+  });
+  TokenBitmaskFill fill_masks;
+  if (masked) {
+    fill_masks = [&plan](std::span<uint32_t> words) {
+      const size_t per_row = words.size() / plan.size();
+      for (size_t i = 0; i < plan.size(); ++i) {
+        const std::span<uint32_t> row = words.subspan(i * per_row, per_row);
+        Req& r = *plan[i].req;
+        if (r.sampler.picks_masked_argmax() && r.pending() == 0) {
+          r.sampler.fill_token_bitmask(row);
+        } else {
+          std::fill(row.begin(), row.end(), ~0u);
+        }
+      }
+    };
+  }
   try {
     const auto start = std::chrono::steady_clock::now();
-    runner_.forward(b, logits_, /*all_tokens=*/false, drafting ? &capture : nullptr, argmax_only ? &greedy_ids_ : nullptr);
+    runner_.forward(b, logits_, /*all_tokens=*/false, drafting ? &capture : nullptr, argmax_only ? &greedy_ids_ : nullptr,
+                    fill_masks);
     if (forward_s != nullptr) *forward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (const std::exception& e) {
     // A failed step ends its requests with the reason rather than losing them silently; the KV
@@ -66,7 +87,9 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
       }
       const std::span<const float> row = argmax_only ? std::span<const float>()
                                                      : std::span<const float>(logits_).subspan(i * vocab, vocab);
-      const int32_t token = argmax_only ? r.sampler.take_argmax(greedy_ids_[i]) : r.sampler.sample(row);
+      const int32_t token = !argmax_only                         ? r.sampler.sample(row)
+                            : r.sampler.picks_masked_argmax() ? r.sampler.take_masked_argmax(greedy_ids_[i])
+                                                              : r.sampler.take_argmax(greedy_ids_[i]);
       if (r.params.logprobs >= 0) {
         auto [logprob, top] = log_softmax_at(row, token, r.params.logprobs);
         r.out.logprobs.push_back({logprob, std::move(top)});

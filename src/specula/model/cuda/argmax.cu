@@ -23,14 +23,17 @@ __device__ __forceinline__ void keep_better(float& value, int& index, float othe
   }
 }
 
-__global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restrict__ x, int width, int32_t* out) {
+// allowed (optional): the row's allowed tokens, a bit each (token j: bit j % 32 of word j / 32).
+__global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restrict__ x, int width,
+                                                          const uint32_t* __restrict__ allowed, int words, int32_t* out) {
   pdl_wait();
   pdl_trigger();
   const float* row = x + static_cast<int64_t>(blockIdx.x) * width;
+  const uint32_t* row_allowed = allowed != nullptr ? allowed + static_cast<int64_t>(blockIdx.x) * words : nullptr;
   float best = -__builtin_huge_valf();
   int index = INT_MAX;
   auto consider = [&](float v, int j) {
-    if (v > best) {
+    if (v > best && (row_allowed == nullptr || (row_allowed[j / 32] >> (j % 32) & 1u) != 0)) {
       best = v;
       index = j;
     }
@@ -69,10 +72,10 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restric
 
 }  // namespace
 
-void argmax_rows(const float* x, int64_t rows, int width, int32_t* out, cudaStream_t s) {
+void argmax_rows(const float* x, int64_t rows, int width, int32_t* out, cudaStream_t s, const uint32_t* allowed) {
   if (rows == 0) return;
   SPECULA_REQUIRE(width >= 1, "argmax_rows: width " + std::to_string(width) + "; it must be at least 1");
-  launch_pdl(argmax_kernel, static_cast<unsigned>(rows), kThreads, 0, s, x, width, out);
+  launch_pdl(argmax_kernel, static_cast<unsigned>(rows), kThreads, 0, s, x, width, allowed, (width + 31) / 32, out);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -83,7 +83,7 @@ void CudaDecoderExecutor::eager_forward(const ForwardBatch& batch, std::vector<f
 void CudaDecoderExecutor::download(const Workspace& ws, int64_t rows, std::vector<float>& logits,
                                    const ForwardRequest& request, const std::function<void()>& results_hook) {
   download_step(pinned_, ws[kLogits].data_as<const float>(), rows, host_.config().vocab_size, logits,
-                request.greedy_ids, greedy_dev_, request.capture, ws[kCaptured].data_as<const float>(), device_,
+                request.greedy_ids, request.token_bitmask, greedy_, request.capture, ws[kCaptured].data_as<const float>(), device_,
                 static_cast<cudaStream_t>(stream_), results_hook, static_cast<cudaEvent_t>(results_event_));
 }
 
@@ -106,7 +106,7 @@ void CudaDecoderExecutor::capture_decode_graphs(const GraphSetup& g, int max_tok
 }
 
 bool CudaDecoderExecutor::replay_decode(const ForwardBatch& batch, std::vector<float>& logits,
-                                        std::vector<int32_t>* greedy_ids) {
+                                        std::vector<int32_t>* greedy_ids, const TokenBitmaskFill& token_bitmask) {
   ForwardBatch padded;
   const CudaGraph* graph = graphs_.find(batch, &padded);
   if (graph == nullptr) return false;
@@ -115,7 +115,7 @@ bool CudaDecoderExecutor::replay_decode(const ForwardBatch& batch, std::vector<f
   upload_step(graph_ws_, padded, 0);
   graph->launch(stream_);
   download_step(pinned_, graph_ws_[kLogits].data_as<const float>(), batch.batch_size, host_.config().vocab_size, logits,
-                greedy_ids, greedy_dev_, nullptr, nullptr, device_, static_cast<cudaStream_t>(stream_));
+                greedy_ids, token_bitmask, greedy_, nullptr, nullptr, device_, static_cast<cudaStream_t>(stream_));
   return true;
 }
 

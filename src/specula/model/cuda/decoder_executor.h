@@ -19,6 +19,7 @@
 #include "specula/model/cuda/decode_graphs.h"
 #include "specula/model/cuda/decoder_ends.h"
 #include "specula/model/cuda/decoder_layer.h"
+#include "specula/model/cuda/step_io.h"
 #include "specula/model/model.h"
 
 namespace specula {
@@ -81,7 +82,8 @@ class CudaDecoderExecutor : public Model {
   void download(const Workspace& ws, int64_t rows, std::vector<float>& logits, const ForwardRequest& request,
                 const std::function<void()>& results_hook = {});
   // A DECODE batch through the smallest graph that holds it; false (nothing run) when none does.
-  bool replay_decode(const ForwardBatch& batch, std::vector<float>& logits, std::vector<int32_t>* greedy_ids);
+  bool replay_decode(const ForwardBatch& batch, std::vector<float>& logits, std::vector<int32_t>* greedy_ids,
+                     const TokenBitmaskFill& token_bitmask);
 
   std::unique_ptr<const CpuDecoder> host_owned_;
   const CpuDecoder& host_;
@@ -91,7 +93,7 @@ class CudaDecoderExecutor : public Model {
   void* results_event_ = nullptr;  // cudaEvent_t: a step's downloads done (download_step)
   std::unique_ptr<CudaLinear> linear_;
   PinnedBuffer pinned_;  // logits and captured states on their way to the host
-  Buffer greedy_dev_;    // the device's greedy tokens of a step
+  GreedyBuffers greedy_;  // the device's greedy tokens of a step, and their masks
   std::unique_ptr<CudaDecoderEnds> ends_;
   Workspace eager_;
   Workspace graph_ws_;

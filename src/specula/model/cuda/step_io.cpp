@@ -47,8 +47,27 @@ std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens) {
   return rows;
 }
 
+namespace {
+
+// The rows' allowed tokens on the device (filled on the host as the step runs), or null.
+const uint32_t* upload_token_bitmask(const TokenBitmaskFill& fill, GreedyBuffers& greedy, int64_t rows, int vocab,
+                                     Device device, cudaStream_t s) {
+  if (!fill) return nullptr;
+  const auto words = static_cast<size_t>(rows) * static_cast<size_t>((vocab + 31) / 32);
+  auto* host = greedy.mask_host.reserve_as<uint32_t>(words);
+  fill(std::span<uint32_t>(host, words));
+  if (greedy.mask_device.data() == nullptr || greedy.mask_device.numel() < static_cast<int64_t>(words)) {
+    greedy.mask_device = Buffer(DType::i32, {static_cast<int64_t>(words)}, device);
+  }
+  CUDA_CHECK(cudaMemcpyAsync(greedy.mask_device.data(), host, words * sizeof(uint32_t), cudaMemcpyHostToDevice, s));
+  return static_cast<const uint32_t*>(greedy.mask_device.data());
+}
+
+}  // namespace
+
 void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
-                   std::vector<int32_t>* greedy_ids, Buffer& ids, HiddenCapture* capture, const float* captured_states,
+                   std::vector<int32_t>* greedy_ids, const TokenBitmaskFill& token_bitmask, GreedyBuffers& greedy,
+                   HiddenCapture* capture, const float* captured_states,
                    Device device, cudaStream_t s, const std::function<void()>& before_wait, cudaEvent_t done) {
   const size_t captured = capture != nullptr ? capture->data.size() : 0;
   const auto count = static_cast<size_t>(rows) * static_cast<size_t>(greedy_ids != nullptr ? 1 : vocab);
@@ -59,8 +78,10 @@ void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int voc
   }
   const void* results = src;
   if (greedy_ids != nullptr) {
+    Buffer& ids = greedy.ids;
     if (ids.data() == nullptr || ids.numel() < rows) ids = Buffer(DType::i32, {std::max<int64_t>(rows, 1)}, device);
-    cuda_kernels::argmax_rows(src, rows, vocab, ids.data_as<int32_t>(), s);
+    const uint32_t* allowed = upload_token_bitmask(token_bitmask, greedy, rows, vocab, device, s);
+    cuda_kernels::argmax_rows(src, rows, vocab, ids.data_as<int32_t>(), s, allowed);
     results = ids.data();
   }
   CUDA_CHECK(cudaMemcpyAsync(host + captured * sizeof(float), results, count * item, cudaMemcpyDeviceToHost, s));

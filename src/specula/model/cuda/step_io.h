@@ -13,6 +13,7 @@
 #include "specula/core/pinned_buffer.h"
 #include "specula/core/tensor.h"
 #include "specula/model/hidden_capture.h"
+#include "specula/model/model.h"
 
 namespace specula {
 
@@ -29,15 +30,27 @@ void upload_ids_async(Buffer& dst, const ForwardBatch& batch, int requests, cuda
 // all_tokens. Empty when that is every token of the batch in order (all_tokens, or a decode step).
 std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens);
 
+// Where a step's greedy tokens are found on the device: their device buffer, and structured
+// output's allowed-token masks (pinned host words the fill writes, their device copy); all grown
+// as steps need.
+struct GreedyBuffers {
+  Buffer ids;
+  PinnedBuffer mask_host;
+  Buffer mask_device;
+};
+
 // A step's results to the host through pinned memory, with one sync: with capture, the first
 // capture->data.size() floats of captured_states into capture->data; then the rows x vocab
 // logits at src into logits or, with greedy_ids, only each row's greedy token, found on the
-// device (cuda_kernels::argmax_rows into ids, a device buffer grown here): 4 bytes per row cross
-// instead of the vocabulary's logits and the host does not scan them.
+// device (cuda_kernels::argmax_rows into greedy.ids): 4 bytes per row cross instead of the
+// vocabulary's logits and the host does not scan them. token_bitmask (optional, with
+// greedy_ids): the rows' allowed tokens, filled here while the device still runs the queued
+// step, then uploaded before the argmax.
 // before_wait (optional): called once the downloads are queued, with `done` recorded after them;
 // the work it queues on s runs while the host waits only for `done`.
 void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
-                   std::vector<int32_t>* greedy_ids, Buffer& ids, HiddenCapture* capture, const float* captured_states,
+                   std::vector<int32_t>* greedy_ids, const TokenBitmaskFill& token_bitmask, GreedyBuffers& greedy,
+                   HiddenCapture* capture, const float* captured_states,
                    Device device, cudaStream_t s, const std::function<void()>& before_wait = {},
                    cudaEvent_t done = nullptr);
 

