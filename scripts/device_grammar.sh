@@ -15,7 +15,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_
      -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1; then
   tail -40 "$out/configure.log"; exit 1
 fi
-if ! cmake --build "$build" -j "$(nproc)" --target specula cuda_speculative_test cuda_model_test -- -k 0 >"$out/build.log" 2>&1; then
+if ! cmake --build "$build" -j "$(nproc)" --target specula_main cuda_speculative_test cuda_model_test -- -k 0 >"$out/build.log" 2>&1; then
   grep -E "error" -A4 "$out/build.log" | grep -v "^--$" | head -80; exit 1
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

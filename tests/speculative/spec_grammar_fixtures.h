@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -56,7 +57,7 @@ inline std::vector<std::pair<std::string, OutputFormat>> corpus_formats() {
 inline std::vector<std::vector<int32_t>> outputs(EngineOptions o, const std::optional<EagleOptions>& spec,
                                           const std::vector<std::pair<std::string, OutputFormat>>& fs,
                                           std::vector<std::string>* reasons = nullptr, bool ignore_eos = false,
-                                          size_t prompts = 2, int max_new = 160) {
+                                          size_t prompts = 2, int max_new = 160, int logprobs = -1) {
   o.speculative = spec;
   Engine engine(kModel, o);
   std::vector<std::shared_ptr<RequestHandle>> handles;
@@ -67,6 +68,7 @@ inline std::vector<std::vector<int32_t>> outputs(EngineOptions o, const std::opt
       r.max_new_tokens = max_new;
       r.format = f;
       r.ignore_eos = ignore_eos;
+      r.logprobs = logprobs;
       handles.push_back(engine.submit(std::move(r)));
     }
   }
@@ -82,6 +84,20 @@ inline std::vector<std::vector<int32_t>> outputs(EngineOptions o, const std::opt
     out.push_back(r.output_ids);
   }
   return out;
+}
+
+// Where two outputs first differ and the tokens around it (for failure messages).
+inline std::string first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  if (i == a.size() && i == b.size()) return "equal";
+  auto window = [i](const std::vector<int32_t>& v) {
+    std::string out;
+    for (size_t k = i >= 4 ? i - 4 : 0; k < std::min(v.size(), i + 6); ++k) out += (k == i ? " [" : " ") + std::to_string(v[k]) + (k == i ? "]" : "");
+    return out;
+  };
+  return "first difference at token " + std::to_string(i) + " of " + std::to_string(a.size()) + " / " +
+         std::to_string(b.size()) + ":" + window(a) + "  vs" + window(b);
 }
 
 }  // namespace specula::spec_grammar
