@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <numeric>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -32,6 +34,66 @@ TEST(Sampler, GreedyAndFilters) {
   for (int i = 0; i < 200; ++i) {
     const int t = s3.sample(logits);
     EXPECT_TRUE(t == 1 || t == 3);
+  }
+}
+
+// The filters select without sorting the whole vocabulary (a selection for top-k, a prefix sorted
+// in growing steps for top-p and min-p): against a float64 reference that sorts everything, on
+// vocabularies large enough for several steps, with tied logits and -inf entries.
+std::vector<double> reference_distribution(const std::vector<float>& logits, const SamplingParams& p) {
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  size_t keep = order.size();
+  while (keep > 0 && std::isinf(logits[static_cast<size_t>(order[keep - 1])])) --keep;
+  if (p.top_k > 0) keep = std::min(keep, static_cast<size_t>(p.top_k));
+  std::vector<double> probs(keep);
+  double z = 0;
+  for (size_t i = 0; i < keep; ++i) z += probs[i] = std::exp((double{logits[order[i]]} - logits[order[0]]) / p.temperature);
+  for (double& x : probs) x /= z;
+  size_t cut = keep;
+  double cumulative = 0;
+  for (size_t i = 0; i < keep && p.top_p < 1.0f; ++i) {
+    cumulative += probs[i];
+    if (cumulative >= p.top_p) {
+      cut = i + 1;
+      break;
+    }
+  }
+  for (size_t i = 1; i < cut && p.min_p > 0.0f; ++i) {
+    if (probs[i] < probs[0] * p.min_p) cut = i;
+  }
+  double kept = 0;
+  for (size_t i = 0; i < cut; ++i) kept += probs[i];
+  std::vector<double> out(logits.size(), 0.0);
+  for (size_t i = 0; i < cut; ++i) out[static_cast<size_t>(order[i])] = probs[i] / kept;
+  return out;
+}
+
+TEST(Sampler, DistributionMatchesANaiveReferenceOnALargeVocabulary) {
+  std::mt19937 rng(20261129);
+  for (int trial = 0; trial < 60; ++trial) {
+    const size_t vocab = trial % 3 == 0 ? 50000 : 3000;
+    std::normal_distribution<float> normal(0.0f, trial % 2 ? 1.0f : 4.0f);
+    std::vector<float> logits(vocab);
+    for (float& x : logits) x = std::round(normal(rng) * 8.0f) / 8.0f;  // many ties
+    for (size_t i = 0; i < vocab; i += 7) logits[i] = -INFINITY;
+    SamplingParams p;
+    p.temperature = std::array<float, 3>{0.3f, 0.7f, 1.5f}[static_cast<size_t>(trial % 3)];
+    p.top_k = std::array<int, 4>{0, 1, 40, 2500}[static_cast<size_t>(trial % 4)];
+    p.top_p = std::array<float, 5>{1.0f, 0.9f, 0.5f, 0.99f, 0.2f}[static_cast<size_t>(trial % 5)];
+    p.min_p = std::array<float, 3>{0.0f, 0.05f, 0.001f}[static_cast<size_t>(trial % 7 % 3)];
+    Sampler s(p);
+    std::vector<float> got;
+    s.distribution(logits, got);
+    const std::vector<double> want = reference_distribution(logits, p);
+    size_t support = 0;
+    for (size_t i = 0; i < vocab; ++i) {
+      support += want[i] > 0;
+      ASSERT_EQ(got[i] > 0.0f, static_cast<float>(want[i]) > 0.0f) << "trial " << trial << " token " << i;
+      ASSERT_NEAR(got[i], want[i], 1e-6 + 1e-5 * want[i]) << "trial " << trial << " token " << i;
+    }
+    EXPECT_GE(support, 1u);
   }
 }
 

@@ -169,61 +169,96 @@ std::span<const float> Sampler::clean(std::span<const float> raw) {
   return clean_;
 }
 
-size_t Sampler::filter(std::span<const float> logits, std::vector<int32_t>& order, std::vector<double>& probs) const {
-  order.resize(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
-  size_t keep = order.size();
-  if (params_.top_k > 0) keep = std::min(keep, static_cast<size_t>(params_.top_k));
-  const float top = logits[static_cast<size_t>(order[0])];
-  probs.resize(keep);
-  double sum = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    probs[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(order[i])]) - top) / params_.temperature);
-    sum += probs[i];
+size_t Sampler::filter(std::span<const float> logits, std::vector<int32_t>& order, std::vector<double>& probs) {
+  // Candidates in the order of a stable sort by logit (ties: the lower id first), but only as far
+  // as the filters need it: no sort at all without top-p or min-p, a selection of k for top-k, and
+  // for top-p / min-p a prefix sorted in growing steps until the filter is decided (the nucleus is
+  // usually small next to a 128k vocabulary).
+  const auto before = [&](int32_t a, int32_t b) {
+    const float x = logits[static_cast<size_t>(a)], y = logits[static_cast<size_t>(b)];
+    return x > y || (x == y && a < b);
+  };
+  order.clear();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (logits[i] > -INFINITY) order.push_back(static_cast<int32_t>(i));
   }
-  for (double& p : probs) p /= sum;
-  if (params_.top_p < 1.0f) {
+  size_t keep = order.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < keep) {
+    keep = static_cast<size_t>(params_.top_k);
+    std::nth_element(order.begin(), order.begin() + static_cast<int64_t>(keep), order.end(), before);
+    order.resize(keep);
+  }
+  float top = -INFINITY;
+  for (int32_t id : order) top = std::max(top, logits[static_cast<size_t>(id)]);
+  // Each candidate's weight exp((logit - top) / temperature), computed once, by id.
+  weights_.resize(logits.size());
+  double sum = 0;
+  for (int32_t id : order) {
+    const double w = std::exp((static_cast<double>(logits[static_cast<size_t>(id)]) - top) / params_.temperature);
+    weights_[static_cast<size_t>(id)] = w;
+    sum += w;
+  }
+  const auto weight = [&](int32_t id) { return weights_[static_cast<size_t>(id)]; };
+  size_t sorted = 0;
+  const auto sort_prefix = [&](size_t upto) {
+    upto = std::min(upto, keep);
+    if (upto <= sorted) return;
+    const auto first = order.begin() + static_cast<int64_t>(sorted), last = order.begin() + static_cast<int64_t>(keep);
+    if (upto < keep) std::nth_element(first, order.begin() + static_cast<int64_t>(upto), last, before);
+    std::sort(first, order.begin() + static_cast<int64_t>(upto), before);
+    sorted = upto;
+  };
+  if (params_.top_p < 1.0f || params_.min_p > 0.0f) {
+    const double threshold = params_.min_p > 0.0f ? params_.min_p / sum : 0.0;  // min-p against the best (weight 1)
     double cumulative = 0;
     size_t cut = keep;
-    for (size_t i = 0; i < keep; ++i) {
-      cumulative += probs[i];
-      if (cumulative >= params_.top_p) {
+    for (size_t i = 0, step = 64; i < keep; ++i) {
+      if (i == sorted) {
+        sort_prefix(sorted + step);
+        step *= 2;
+      }
+      const double p = weight(order[i]) / sum;
+      if (params_.min_p > 0.0f && i > 0 && p < threshold) {
+        cut = i;
+        break;
+      }
+      cumulative += p;
+      if (params_.top_p < 1.0f && cumulative >= params_.top_p) {
         cut = i + 1;
         break;
       }
     }
     keep = cut;
   }
-  if (params_.min_p > 0.0f) {
-    const double threshold = probs[0] * params_.min_p;
-    size_t cut = 1;
-    while (cut < keep && probs[cut] >= threshold) ++cut;
-    keep = cut;
-  }
+  probs.resize(keep);
+  for (size_t i = 0; i < keep; ++i) probs[i] = weight(order[i]) / sum;
   return keep;
 }
 
 int32_t Sampler::pick(std::span<const float> raw) {
   if (params_.temperature == 0.0f) return checked_greedy_token(greedy_token(raw));
   const std::span<const float> logits = clean(raw);
-  std::vector<int32_t> order;
-  std::vector<double> probs;
-  const size_t keep = filter(logits, order, probs);
-  std::discrete_distribution<size_t> draw(probs.begin(), probs.begin() + static_cast<int64_t>(keep));
-  return order[draw(rng_)];
+  const size_t keep = filter(logits, order_, probs_);
+  // The first kept token whose running sum passes a uniform draw over their total.
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += probs_[i];
+  const double u = uniform() * total;
+  double running = 0;
+  for (size_t i = 0; i + 1 < keep; ++i) {
+    running += probs_[i];
+    if (u < running) return order_[i];
+  }
+  return order_[keep - 1];
 }
 
 void Sampler::distribution(std::span<const float> raw, std::vector<float>& out) {
   SPECULA_CHECK(params_.temperature > 0.0f, "a sampling distribution needs temperature > 0");
   const std::span<const float> logits = clean(raw);
-  std::vector<int32_t> order;
-  std::vector<double> probs;
-  const size_t keep = filter(logits, order, probs);
+  const size_t keep = filter(logits, order_, probs_);
   double sum = 0;
-  for (size_t i = 0; i < keep; ++i) sum += probs[i];
+  for (size_t i = 0; i < keep; ++i) sum += probs_[i];
   out.assign(logits.size(), 0.0f);
-  for (size_t i = 0; i < keep; ++i) out[static_cast<size_t>(order[i])] = static_cast<float>(probs[i] / sum);
+  for (size_t i = 0; i < keep; ++i) out[static_cast<size_t>(order_[i])] = static_cast<float>(probs_[i] / sum);
 }
 
 int32_t Sampler::take_argmax(int32_t token) {

@@ -93,6 +93,9 @@ class Sampler {
   std::vector<float> clean_;
   std::unique_ptr<grammar::TokenConstraint> constraint_;
   std::vector<float> masked_;
+  std::vector<double> weights_;  // filter()'s candidate weights, by token id
+  std::vector<int32_t> order_;  // filter()'s candidates (scratch of pick() and distribution())
+  std::vector<double> probs_;
 
   // Penalties only, over the prompt, the recorded output and path (in any order).
   std::span<const float> penalized(std::span<const float> raw, std::span<const int32_t> path);
@@ -102,7 +105,7 @@ class Sampler {
   std::span<const float> clean(std::span<const float> raw);
   // Token ids by falling logit and the temperature-scaled probabilities of the first ones; returns
   // how many survive top-k, top-p and min-p.
-  size_t filter(std::span<const float> logits, std::vector<int32_t>& order, std::vector<double>& probs) const;
+  size_t filter(std::span<const float> logits, std::vector<int32_t>& order, std::vector<double>& probs);
 };
 
 // An emitted token's log-probability under the model and the N most likely tokens' (OpenAI's
