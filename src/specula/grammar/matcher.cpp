@@ -178,6 +178,21 @@ bool top_accepts_any(const Grammar& g, const Stack& stack, uint32_t lo, uint32_t
 
 }  // namespace
 
+bool Automaton::completes_alike(const MatchState& s) const {
+  if (s.partial_len == 0 || s.partial_len + 1 != s.partial_need) return false;
+  const auto [lo, hi] = completions(s.partial, s.partial_len, s.partial_need);
+  const std::vector<Rule>& rules = grammar_->rules();
+  for (const Stack& st : s.stacks) {
+    if (st.empty()) return false;
+    const Position& top = st.back();
+    const Element& e = rules[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)][static_cast<size_t>(top.index)];
+    if (std::none_of(e.ranges.begin(), e.ranges.end(), [&](const auto& r) { return r.first <= lo && hi <= r.second; })) {
+      return false;
+    }
+  }
+  return true;
+}
+
 MatchState Automaton::advance(const MatchState& s, uint8_t byte) const {
   MatchState out;
   if (s.dead()) return out;

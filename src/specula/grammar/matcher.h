@@ -50,6 +50,10 @@ class Automaton {
   bool can_end(const MatchState& s) const;
   // Nothing but the end can follow.
   bool terminated(const MatchState& s) const;
+  // A state one byte short of a code point whose stacks each take every code point that byte can
+  // complete (inside a JSON string, any non-ASCII character): the partial bytes then decide
+  // nothing about what follows, so such states may be treated as one.
+  bool completes_alike(const MatchState& s) const;
   // The state where `base` goes on after the frames that stood above it finished: its top frame
   // (a return position) continues. An empty base: the parse is complete.
   MatchState resume(Stack base) const;

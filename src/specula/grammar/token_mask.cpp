@@ -2,6 +2,8 @@
 #include "specula/grammar/token_mask.h"
 
 #include <algorithm>
+#include <array>
+#include <string>
 #include <unordered_map>
 
 #include "specula/core/error.h"
@@ -23,9 +25,14 @@ class TokenTrie::Transitions {
 
   int32_t intern(MatchState s) {
     if (s.dead()) return -1;
-    const size_t h = hash(s);
+    // States that differ only in the bytes of a code point their stacks all take alike are one:
+    // inside a string, the thousand-odd two-byte prefixes of CJK characters would otherwise each
+    // be a state of their own.
+    MatchState key = s;
+    if (automaton_.completes_alike(key)) std::fill(std::begin(key.partial), std::end(key.partial), uint8_t{0});
+    const size_t h = hash(key);
     for (auto [it, end] = index_.equal_range(h); it != end; ++it) {
-      if (states_[static_cast<size_t>(it->second)] == s) return it->second;
+      if (keys_[static_cast<size_t>(it->second)] == key) return it->second;
     }
     const auto id = static_cast<int32_t>(states_.size());
     work_ += s.stacks.size() + 1;
@@ -37,6 +44,7 @@ class TokenTrie::Transitions {
                   "branches too much (a very large enum?)",
                   kMaxStates);
     states_.push_back(std::move(s));
+    keys_.push_back(std::move(key));
     index_.emplace(h, id);
     steps_.resize(steps_.size() + 256, kUnknown);
     return id;
@@ -61,6 +69,36 @@ class TokenTrie::Transitions {
   // 1 KiB of transitions per state: 64 MiB at most.
   static constexpr size_t kMaxStates = 1 << 16;
 
+  // The ASCII bytes that lead from a state exactly where `byte` does: those the same stacks' top
+  // character classes take (an ASCII byte is a whole code point, and the stacks that take it
+  // decide the next state). Empty when the state waits for the rest of a code point or nothing
+  // takes `byte`. Computed once per state.
+  std::array<uint64_t, 2> alike(int32_t state, uint8_t byte) {
+    if (classes_.size() <= static_cast<size_t>(state)) classes_.resize(states_.size());
+    Classes& c = classes_[static_cast<size_t>(state)];
+    if (c.masks.empty()) fill_classes(states_[static_cast<size_t>(state)], c);
+    return c.cls[byte] < 0 ? std::array<uint64_t, 2>{} : c.masks[static_cast<size_t>(c.cls[byte])];
+  }
+
+  // The ASCII bytes that, at each of the first `levels` steps of repeating `byte` from `state`,
+  // lead where `byte` leads, that path staying alive and inside the frames throughout; none when
+  // it finishes or dies sooner. Memoized per (state, byte), so a walk pays O(1) per trie node.
+  std::array<uint64_t, 2> alike_run(int32_t state, uint8_t byte, int levels) {
+    Run& r = runs_[(static_cast<uint64_t>(state) << 8) | byte];
+    while (static_cast<int>(r.masks.size()) < levels && !r.ended) {
+      const int32_t from = r.masks.empty() ? state : r.last;
+      const std::array<uint64_t, 2> same = alike(from, byte);
+      const Step st = step(from, byte);
+      if ((same[0] | same[1]) == 0 || st.finished || st.next < 0) {
+        r.ended = true;
+        break;
+      }
+      r.masks.push_back(r.masks.empty() ? same : std::array<uint64_t, 2>{r.masks.back()[0] & same[0], r.masks.back()[1] & same[1]});
+      r.last = st.next;
+    }
+    return static_cast<int>(r.masks.size()) >= levels ? r.masks[static_cast<size_t>(levels - 1)] : std::array<uint64_t, 2>{};
+  }
+
  private:
   static size_t hash(const MatchState& s) {
     size_t h = s.partial_len * 31u + s.partial_need;
@@ -72,9 +110,53 @@ class TokenTrie::Transitions {
     return h;
   }
 
+  struct Classes {
+    std::array<int16_t, 128> cls{};               // class of each ASCII byte; -1: no stack takes it
+    std::vector<std::array<uint64_t, 2>> masks;  // each class's bytes
+  };
+
+  void fill_classes(const MatchState& s, Classes& c) const {
+    c.cls.fill(-1);
+    c.masks.assign(1, {0, 0});  // a placeholder so that an empty result is computed once
+    if (s.partial_len > 0) return;
+    const std::vector<Rule>& rules = automaton_.grammar().rules();
+    std::vector<std::string> signatures;  // which stacks take the byte, one char per stack
+    for (int b = 0; b < 128; ++b) {
+      std::string sig(s.stacks.size(), '0');
+      bool any = false;
+      for (size_t k = 0; k < s.stacks.size(); ++k) {
+        const Position& top = s.stacks[k].back();
+        const Element& e = rules[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)][static_cast<size_t>(top.index)];
+        if (e.kind == Element::Kind::kChars && e.matches(static_cast<uint32_t>(b))) {
+          sig[k] = '1';
+          any = true;
+        }
+      }
+      if (!any) continue;
+      auto it = std::find(signatures.begin(), signatures.end(), sig);
+      if (it == signatures.end()) {
+        signatures.push_back(sig);
+        c.masks.push_back({0, 0});
+        it = signatures.end() - 1;
+      }
+      const auto id = static_cast<int16_t>(1 + (it - signatures.begin()));
+      c.cls[static_cast<size_t>(b)] = id;
+      c.masks[static_cast<size_t>(id)][static_cast<size_t>(b / 64)] |= uint64_t{1} << (b % 64);
+    }
+  }
+
+  struct Run {
+    std::vector<std::array<uint64_t, 2>> masks;  // masks[i]: alike at every step up to i
+    int32_t last = -1;                           // the state after masks.size() steps
+    bool ended = false;
+  };
+
   const Automaton& automaton_;
   bool split_;
-  std::vector<MatchState> states_;
+  std::vector<Classes> classes_;  // by state, filled on demand
+  std::unordered_map<uint64_t, Run> runs_;  // by (state << 8 | byte)
+  std::vector<MatchState> states_;  // each state as first met (advanced from)
+  std::vector<MatchState> keys_;    // and as compared (intern())
   std::unordered_multimap<size_t, int32_t> index_;
   static constexpr int32_t kUnknown = -1;
   std::vector<int32_t> steps_;  // (next + 1) * 2 + finished, or kUnknown
@@ -129,6 +211,40 @@ TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(stati
     edges_.push_back(static_cast<uint32_t>(edge_byte_.size()));
     tokens_.push_back(static_cast<uint32_t>(token_ids_.size()));
   }
+  // Children follow their parent in depth-first order: one backward pass sums the subtrees up.
+  const size_t count = order.size();
+  subtree_end_.assign(count, 0);
+  below_.assign(count, {0, 0});
+  below_wide_.assign(count, 0);
+  height_.assign(count, 0);
+  for (size_t n = count; n-- > 0;) {
+    subtree_end_[n] = static_cast<uint32_t>(n + 1);
+    for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) {
+      const auto kid = static_cast<size_t>(edge_child_[e]);
+      const uint8_t b = edge_byte_[e];
+      subtree_end_[n] = std::max(subtree_end_[n], subtree_end_[kid]);
+      below_[n][0] |= below_[kid][0];
+      below_[n][1] |= below_[kid][1];
+      below_wide_[n] |= below_wide_[kid];
+      if (b < 128) {
+        below_[n][b / 64] |= uint64_t{1} << (b % 64);
+      } else {
+        below_wide_[n] = 1;
+      }
+      height_[n] = static_cast<uint8_t>(std::max<int>(height_[n], std::min(255, height_[kid] + 1)));
+    }
+  }
+}
+
+bool TokenTrie::uniform_below(Transitions& t, int32_t node, int32_t state) const {
+  const auto n = static_cast<size_t>(node);
+  if (below_wide_[n] != 0 || height_[n] == 0 || height_[n] == 255) return false;
+  const std::array<uint64_t, 2>& bytes = below_[n];
+  const auto rep = static_cast<uint8_t>(bytes[0] != 0 ? __builtin_ctzll(bytes[0]) : 64 + __builtin_ctzll(bytes[1]));
+  // Every string over these bytes, up to the subtree's height, follows the path of `rep`'s
+  // repetitions: the path must stay alive and inside the frames all the way.
+  const std::array<uint64_t, 2> same = t.alike_run(state, rep, height_[n]);
+  return (bytes[0] & ~same[0]) == 0 && (bytes[1] & ~same[1]) == 0;
 }
 
 void TokenTrie::walk(Transitions& t, int32_t node, int32_t state, std::vector<uint32_t>& bitmask) const {
@@ -161,7 +277,8 @@ void TokenTrie::collect(int32_t node, const std::vector<int32_t>& open,
 }
 
 void TokenTrie::classify_walk(Transitions& t, int32_t node, int32_t depth, int32_t state, std::vector<int32_t>& open,
-                              std::vector<uint32_t>& accepted, std::vector<std::pair<int32_t, int32_t>>& uncertain) const {
+                              bool below, std::vector<uint32_t>& accepted,
+                              std::vector<std::pair<int32_t, int32_t>>& uncertain) const {
   const auto n = static_cast<size_t>(node);
   for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) {
     // finished: every frame finished with this byte. A token that ends here is taken in any
@@ -177,24 +294,30 @@ void TokenTrie::classify_walk(Transitions& t, int32_t node, int32_t depth, int32
         for (int32_t at : open) uncertain.emplace_back(id, at);
       }
     }
-    if (step.finished) open.push_back(depth + 1);
-    if (step.next >= 0) {
-      classify_walk(t, static_cast<int32_t>(kid), depth + 1, step.next, open, accepted, uncertain);
+    const bool opens = step.finished && below;
+    if (opens) open.push_back(depth + 1);
+    if (step.next >= 0 && uniform_below(t, static_cast<int32_t>(kid), step.next)) {
+      for (uint32_t k = tokens_[kid + 1]; k < tokens_[subtree_end_[kid]]; ++k) {
+        const int32_t id = token_ids_[k];
+        accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+      }
+    } else if (step.next >= 0) {
+      classify_walk(t, static_cast<int32_t>(kid), depth + 1, step.next, open, below, accepted, uncertain);
     } else if (!open.empty()) {
       for (uint32_t g = edges_[kid]; g < edges_[kid + 1]; ++g) collect(edge_child_[g], open, uncertain);
     }
-    if (step.finished) open.pop_back();
+    if (opens) open.pop_back();
   }
 }
 
 void TokenTrie::classify(const Automaton& automaton, const MatchState& single, std::vector<uint32_t>& accepted,
-                         std::vector<std::pair<int32_t, int32_t>>& uncertain) const {
+                         std::vector<std::pair<int32_t, int32_t>>& uncertain, bool below) const {
   accepted.assign((static_cast<size_t>(vocab_size_) + 31) / 32, 0u);
   uncertain.clear();
   Transitions t(automaton, /*split=*/true);
   const int32_t start = t.intern(single);
   std::vector<int32_t> open;
-  if (start >= 0) classify_walk(t, 0, 0, start, open, accepted, uncertain);
+  if (start >= 0) classify_walk(t, 0, 0, start, open, below, accepted, uncertain);
 }
 
 }  // namespace specula::grammar

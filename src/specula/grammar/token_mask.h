@@ -4,6 +4,7 @@
 // that share a rejected prefix cost one step together.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,9 +32,10 @@ class TokenTrie {
   // tokens taken without going below the frames, which no context can change; `uncertain` the
   // tokens whose walk finishes every frame and goes on, each with the byte offset where that
   // happened (a token may have several): the rest must then be taken by what lies below. Every
-  // other token is refused whatever lies below.
+  // other token is refused whatever lies below. Without below (the frames are a whole stack, so
+  // that nothing can follow where they finish) no token is uncertain: those are refused.
   void classify(const Automaton& automaton, const MatchState& single, std::vector<uint32_t>& accepted,
-                std::vector<std::pair<int32_t, int32_t>>& uncertain) const;
+                std::vector<std::pair<int32_t, int32_t>>& uncertain, bool below = true) const;
 
  private:
   // Flat, in depth-first order (a walk reads memory mostly forward): node n's edges are
@@ -43,10 +45,21 @@ class TokenTrie {
   std::vector<uint8_t> edge_byte_;
   std::vector<int32_t> edge_child_, token_ids_;
   int vocab_size_ = 0;
+  // Per node, what its subtree holds below it: the node one past the subtree (nodes [n, end) in
+  // depth-first order, so its tokens are contiguous too), the ASCII bytes on its edges (a bitset;
+  // below_wide_ when any byte is not ASCII) and its height in bytes (capped at 255). A walk skips
+  // a subtree whose bytes all lead where the first of them leads, level after level (the body of a
+  // string, a run of a character class): every token in it is taken alike.
+  std::vector<uint32_t> subtree_end_;
+  std::vector<std::array<uint64_t, 2>> below_;
+  std::vector<uint8_t> below_wide_, height_;
 
   class Transitions;
+  // Whether every token below `node` is taken from `state` without finishing its frames (see
+  // below_); then they need no walk.
+  bool uniform_below(Transitions& t, int32_t node, int32_t state) const;
   void walk(Transitions& t, int32_t node, int32_t state, std::vector<uint32_t>& bitmask) const;
-  void classify_walk(Transitions& t, int32_t node, int32_t depth, int32_t state, std::vector<int32_t>& open,
+  void classify_walk(Transitions& t, int32_t node, int32_t depth, int32_t state, std::vector<int32_t>& open, bool below,
                      std::vector<uint32_t>& accepted, std::vector<std::pair<int32_t, int32_t>>& uncertain) const;
   void collect(int32_t node, const std::vector<int32_t>& open, std::vector<std::pair<int32_t, int32_t>>& out) const;
 };

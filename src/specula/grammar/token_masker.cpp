@@ -41,7 +41,8 @@ TokenMasker::Entry& TokenMasker::entry(const std::vector<Position>& key) {
   single.stacks = {Stack(key.begin(), key.end())};
   Entry e;
   std::vector<std::pair<int32_t, int32_t>> uncertain;
-  vocabulary_->trie.classify(*automaton_, single, e.accepted, uncertain);
+  // A key of fewer than kKeyFrames frames is a whole stack: nothing lies below it.
+  vocabulary_->trie.classify(*automaton_, single, e.accepted, uncertain, /*below=*/key.size() == kKeyFrames);
   std::sort(uncertain.begin(), uncertain.end());
   uncertain.erase(std::unique(uncertain.begin(), uncertain.end()), uncertain.end());
   if (!uncertain.empty()) {
