@@ -38,7 +38,7 @@ bench() {  # name bs flags...
   timeout 300 "$build/bin/specula" bench serve --device cuda --synthetic llama3-8b --tokenizer "$tokenizer" \
     --num-requests $((bs * 3)) --max-running-requests "$bs" --input-len 128 --output-len "${OUTPUT_LEN:-256}" \
     --max-context-len 512 "$@" --json "$out/grammar_${name}_bs$bs.json" >"$out/grammar_${name}_bs$bs.log" 2>&1
-  printf "%-18s bs=%-3s %s\n" "$name" "$bs" "$(grep -E 'output tokens/s|ITL ms|mean output tokens|failed' "$out/grammar_${name}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
+  printf "%-18s bs=%-3s %s\n" "$name" "$bs" "$(grep -E 'output tokens/s|decode tokens/s|ITL ms|mean output tokens|failed|error' "$out/grammar_${name}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
 }
 for bs in ${BATCHES:-1 32}; do
   for temp in ${TEMPERATURES:-0 0.7}; do
@@ -51,4 +51,4 @@ for bs in ${BATCHES:-1 32}; do
       bench "${f}_t$temp" "$bs" --temperature "$temp" "${flags[@]}"
     done
   done
-done | tee "$out/grammar_table.txt"
+done | tee -a "$out/grammar_table.txt"

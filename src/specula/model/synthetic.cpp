@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 #include <functional>
 
 #include "specula/core/error.h"
@@ -77,12 +79,22 @@ TensorView SyntheticWeights::get(const std::string& name, const Shape& shape) co
   const float scale = norm ? 0.05f : 1.0f / std::sqrt(static_cast<float>(shape[shape.rank() - 1]));
   const uint64_t base = mix(seed_ ^ std::hash<std::string>{}(name));
   auto* out = scratch_.data_as<uint16_t>();
-  for (int64_t i = 0; i < shape.numel(); ++i) {
-    // Uniform in [-sqrt(3), sqrt(3)): unit variance.
-    const double u = uniform(base + static_cast<uint64_t>(i));
-    const float v = static_cast<float>((u * 2.0 - 1.0) * 1.7320508) * scale + (norm ? 1.0f : 0.0f);
-    out[i] = float_to_bf16_bits(v);
-  }
+  auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      // Uniform in [-sqrt(3), sqrt(3)): unit variance.
+      const double u = uniform(base + static_cast<uint64_t>(i));
+      const float v = static_cast<float>((u * 2.0 - 1.0) * 1.7320508) * scale + (norm ? 1.0f : 0.0f);
+      out[i] = float_to_bf16_bits(v);
+    }
+  };
+  // Each value depends on its index alone: large tensors (an 8B model's 16 GB) are made on every
+  // core, the same values whatever their number.
+  const int64_t n = shape.numel();
+  const int64_t workers = n < (int64_t{1} << 22) ? 1 : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  std::vector<std::thread> threads;
+  for (int64_t w = 1; w < workers; ++w) threads.emplace_back(fill, n * w / workers, n * (w + 1) / workers);
+  fill(0, n / workers);
+  for (std::thread& t : threads) t.join();
   return scratch_.view();
 }
 
