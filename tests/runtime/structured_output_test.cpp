@@ -122,6 +122,47 @@ TEST(StructuredOutput, EveryFormatsOutputFitsItsGrammar) {
   }
 }
 
+// A grammar that compiles but whose next-token mask exceeds the matcher's limit of simultaneous
+// parses (after "z", 300 optional "q"s): the step's greedy requests take their mask-constrained
+// argmax together, and that grammar's error ends its own request alone, greedy and sampled; the
+// requests batched with it run to their length.
+TEST(StructuredOutput, AGrammarThatHitsALimitEndsOnlyItsOwnRequest) {
+  std::string text = "root ::= \"a\" [a-z]{1,5} | \"z\" t\nt ::=";
+  for (int i = 0; i < 300; ++i) text += " \"q\"?";
+  text += " \"w\"\n";
+  OutputFormat bad;
+  bad.kind = OutputFormat::Kind::kGrammar;
+  bad.source = text;
+  grammar::compile(bad);
+  for (const float temperature : {0.0f, 0.8f}) {
+    Engine engine(kModel, options());
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (size_t k = 0; k < 4; ++k) {
+      EngineRequest r;
+      r.prompt = kTexts[k];
+      r.max_new_tokens = 12;
+      r.ignore_eos = true;
+      r.sampling.temperature = temperature;
+      r.sampling.seed = k;
+      if (k == 1) r.format = bad;
+      if (k == 2) r.format = grammar::OutputFormat{OutputFormat::Kind::kRegex, "[a-z ]{20,40}", nullptr};
+      if (k == 2) grammar::compile(r.format);
+      handles.push_back(engine.submit(std::move(r)));
+    }
+    engine.run_until_idle();
+    for (size_t k = 0; k < handles.size(); ++k) {
+      const RequestOutput out = handles[k]->wait();
+      if (k == 1) {
+        EXPECT_NE(out.finish_reason.find("error: grammar: more than 256 simultaneous parses"), std::string::npos)
+            << out.finish_reason;
+      } else {
+        EXPECT_EQ(out.finish_reason, "length") << "request " << k << " at temperature " << temperature;
+        EXPECT_EQ(out.output_ids.size(), 12u);
+      }
+    }
+  }
+}
+
 TEST(StructuredOutput, BadFormatsAreRefusedAtSubmit) {
   Engine engine(kModel, options());
   const auto refusal = [&](OutputFormat::Kind kind, const std::string& source) -> std::string {

@@ -91,10 +91,11 @@ TensorView SyntheticWeights::get(const std::string& name, const Shape& shape) co
   // core, the same values whatever their number.
   const int64_t n = shape.numel();
   const int64_t workers = n < (int64_t{1} << 22) ? 1 : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  std::vector<std::thread> threads;
-  for (int64_t w = 1; w < workers; ++w) threads.emplace_back(fill, n * w / workers, n * (w + 1) / workers);
-  fill(0, n / workers);
-  for (std::thread& t : threads) t.join();
+  {
+    std::vector<std::jthread> threads;
+    for (int64_t w = 1; w < workers; ++w) threads.emplace_back(fill, n * w / workers, n * (w + 1) / workers);
+    fill(0, n / workers);
+  }
   return scratch_.view();
 }
 

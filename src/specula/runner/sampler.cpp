@@ -244,11 +244,14 @@ int32_t Sampler::pick(std::span<const float> raw) {
   for (size_t i = 0; i < keep; ++i) total += probs_[i];
   const double u = uniform() * total;
   double running = 0;
-  for (size_t i = 0; i + 1 < keep; ++i) {
+  size_t last = 0;  // the last candidate of positive weight: where rounding leaves u at the total
+  for (size_t i = 0; i < keep; ++i) {
+    if (probs_[i] <= 0) continue;
     running += probs_[i];
+    last = i;
     if (u < running) return order_[i];
   }
-  return order_[keep - 1];
+  return order_[last];
 }
 
 void Sampler::distribution(std::span<const float> raw, std::vector<float>& out) {

@@ -103,8 +103,9 @@ class Sampler {
   int32_t pick(std::span<const float> logits);
   // Logits with NaN as -inf (and only the +inf tokens when any is +inf).
   std::span<const float> clean(std::span<const float> raw);
-  // Token ids by falling logit and the temperature-scaled probabilities of the first ones; returns
-  // how many survive top-k, top-p and min-p.
+  // The candidates (ids with a logit above -inf) and their temperature-scaled probabilities;
+  // returns how many survive top-k, top-p and min-p, which are the first ones of order. Sorted by
+  // falling logit only as far as top-p and min-p need (otherwise in no particular order).
   size_t filter(std::span<const float> logits, std::vector<int32_t>& order, std::vector<double>& probs);
 };
 

@@ -4,7 +4,10 @@
 // hand their new KV to the prefix cache.
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <vector>
 
+#include "specula/core/error.h"
 #include "specula/runtime/scheduled_request.h"
 #include "specula/runtime/scheduler.h"
 
@@ -51,15 +54,20 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
     return p.req->sampler.picks_masked_argmax() && p.req->pending() == 0;
   });
   TokenBitmaskFill fill_masks;
+  // A grammar whose mask hits a limit ends its own request after the step, not the batch's.
+  std::vector<std::string> mask_errors(plan.size());
   if (masked) {
-    fill_masks = [&plan](std::span<uint32_t> words) {
+    fill_masks = [&plan, &mask_errors](std::span<uint32_t> words) {
       const size_t per_row = words.size() / plan.size();
       for (size_t i = 0; i < plan.size(); ++i) {
         const std::span<uint32_t> row = words.subspan(i * per_row, per_row);
         Req& r = *plan[i].req;
-        if (r.sampler.picks_masked_argmax() && r.pending() == 0) {
+        std::fill(row.begin(), row.end(), ~0u);
+        if (!r.sampler.picks_masked_argmax() || r.pending() > 0) continue;
+        try {
           r.sampler.fill_token_bitmask(row);
-        } else {
+        } catch (const std::exception& e) {
+          mask_errors[i] = e.what();
           std::fill(row.begin(), row.end(), ~0u);
         }
       }
@@ -85,6 +93,7 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
         if (spec_ == nullptr) kv_.cache_unfinished(r.kv, r.fill());
         continue;
       }
+      SPECULA_CHECK(mask_errors[i].empty(), "{}", mask_errors[i]);
       const std::span<const float> row = argmax_only ? std::span<const float>()
                                                      : std::span<const float>(logits_).subspan(i * vocab, vocab);
       const int32_t token = !argmax_only                         ? r.sampler.sample(row)
