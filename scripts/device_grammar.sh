@@ -4,7 +4,8 @@
 # masked argmax, then
 # `bench serve` on the synthetic Llama-3-8B at batch 1 and 32 without a format and with each
 # format of FORMATS (json_object; schema: a JSON schema of the corpus), greedy and sampled, and
-# prints one table. The grammar's vocabulary is the Llama-3 tokenizer (TOKENIZER; setup installs
+# prints one table (BATCHES, TEMPERATURES, FORMATS choose the runs; SKIP_PLAIN=1 leaves out the runs
+# without a format; SKIP_TESTS=1 the tests). The grammar's vocabulary is the Llama-3 tokenizer (TOKENIZER; setup installs
 # it under tests/grammar/js; its pre-tokenizer regex needs PCRE2: carry .deps/pcre2 from
 # tools/device/bundle_pcre2.sh where the machine lacks the package). Logs and JSON go to $OUT
 # (default /tmp/specula-out).
@@ -42,7 +43,7 @@ bench() {  # name bs flags...
 }
 for bs in ${BATCHES:-1 32}; do
   for temp in ${TEMPERATURES:-0 0.7}; do
-    bench "plain_t$temp" "$bs" --temperature "$temp"
+    [ "${SKIP_PLAIN:-0}" = 1 ] || bench "plain_t$temp" "$bs" --temperature "$temp"
     for f in ${FORMATS:-json_object schema}; do
       case $f in
         json_object) flags=(--json-object) ;;
