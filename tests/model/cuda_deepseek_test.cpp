@@ -8,6 +8,10 @@
 #include <cstdio>
 #include <random>
 
+#include "specula/core/error.h"
+#include "specula/model/config.h"
+#include "specula/model/cuda_models.h"
+#include "specula/model/synthetic.h"
 #include "specula/runtime/engine.h"
 #include "specula/runtime/generator.h"
 #include "tiny_deepseek.h"
@@ -148,6 +152,32 @@ TEST(CudaDeepseekEngine, BatchedGraphDecodeMatchesTheReference) {
   }
   EXPECT_GT(checked, 5);
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+// Mixture-of-experts layers have no GPU kernels yet: a CUDA model of such a config is refused
+// with the reason before any weight is read or any device touched (so CI sees it too).
+TEST(CudaDeepseekMoe, RefusedBeforeAnyWeightIsRead) {
+  test::DeepseekShape shape;
+  shape.experts = 8;
+  const ModelConfig config = parse_model_config(test::deepseek_config(shape).dump());
+  ASSERT_TRUE(config.has_moe());
+  const SyntheticWeights weights(config, 5);
+  ModelOptions options;
+  options.device = Device::cuda(0);
+  try {
+    make_cuda_model(config, weights, options);
+    ADD_FAILURE() << "a mixture-of-experts model was built for the GPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mixture-of-experts layers (n_routed_experts 8) run on the CPU only"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

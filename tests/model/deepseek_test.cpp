@@ -1,4 +1,4 @@
-// DeepSeek-V2/V3 (MLA, dense MLP) end to end on the CPU: tiny random checkpoints written in
+// DeepSeek-V2/V3 (MLA, dense and mixture-of-experts MLPs) end to end on the CPU: tiny random checkpoints written in
 // Hugging Face layout, run through the Generator (scheduler, paged latent cache, CPU MLA
 // backend, absorbed attention) against the float64 expanded-form reference; plus the config's
 // MLA fields and its clear errors.
@@ -10,6 +10,7 @@
 
 #include "specula/core/error.h"
 #include "specula/model/config.h"
+#include "specula/model/moe.h"
 #include "specula/runtime/generator.h"
 #include "tiny_deepseek.h"
 
@@ -81,7 +82,31 @@ INSTANTIATE_TEST_SUITE_P(
                                s.arch = "DeepseekV3ForCausalLM";
                                s.kv_lora = 128;
                                s.yarn = true;
-                             }), DType::fp8_e4m3, 64}),
+                             }), DType::fp8_e4m3, 64},
+                      DsCase{"V2MoeGreedy", shape([](auto& s) { s.experts = 8; }), std::nullopt},
+                      DsCase{"V2MoeGroupLimitedNormalised", shape([](auto& s) {
+                               s.experts = 8;
+                               s.top_k = 3;
+                               s.n_group = 4;
+                               s.topk_group = 2;
+                               s.topk_method = "group_limited_greedy";
+                               s.norm_topk = true;
+                               s.scaling = 2.5;
+                               s.shared = 0;
+                             }), std::nullopt},
+                      DsCase{"V3MoeNoAuxTc", shape([](auto& s) {
+                               s.arch = "DeepseekV3ForCausalLM";
+                               s.q_lora = 40;
+                               s.experts = 8;
+                               s.top_k = 2;
+                               s.n_group = 4;
+                               s.topk_group = 2;
+                               s.topk_method = "noaux_tc";
+                               s.norm_topk = true;
+                               s.scaling = 2.5;
+                               s.shared = 2;
+                               s.first_dense = 0;
+                             }), std::nullopt, 16}),
     [](const auto& info) { return info.param.name; });
 
 nlohmann::json small_config() { return test::deepseek_config(test::DeepseekShape{}); }
@@ -106,19 +131,43 @@ TEST(DeepseekConfig, ReadsTheMlaFieldsAndTheScale) {
   EXPECT_NEAR(parse_model_config(j.dump()).mla.softmax_scale, 1.0 / std::sqrt(48.0), 1e-12);
 }
 
-TEST(DeepseekConfig, MixtureOfExpertsLayersAreAClearError) {
+TEST(DeepseekConfig, ReadsTheMixtureOfExpertsFields) {
   nlohmann::json j = small_config();
   j["n_routed_experts"] = 8;
+  j["num_experts_per_tok"] = 3;
+  j["n_shared_experts"] = 2;
   j["first_k_dense_replace"] = 1;
-  try {
-    parse_model_config(j.dump());
-    FAIL() << "a config with MoE layers was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer 1 is a mixture-of-experts layer"), std::string::npos) << e.what();
-  }
-  // Every layer dense (first_k_dense_replace covers them all): accepted.
-  j["first_k_dense_replace"] = 2;
-  EXPECT_TRUE(parse_model_config(j.dump()).is_mla());
+  j["n_group"] = 4;
+  j["topk_group"] = 2;
+  j["topk_method"] = "group_limited_greedy";
+  j["routed_scaling_factor"] = 16.0;
+  const ModelConfig c = parse_model_config(j.dump());
+  ASSERT_TRUE(c.has_moe());
+  EXPECT_EQ(c.moe.n_routed_experts, 8);
+  EXPECT_EQ(c.moe.num_experts_per_tok, 3);
+  EXPECT_EQ(c.moe.n_shared_experts, 2);
+  EXPECT_EQ(c.moe.moe_intermediate_size, 32);
+  EXPECT_EQ(c.moe.topk_method, MoeConfig::TopK::kGroupLimited);
+  EXPECT_FALSE(c.moe.sigmoid);
+  EXPECT_FALSE(c.moe.scale_always);
+  EXPECT_DOUBLE_EQ(c.moe.routed_scaling_factor, 16.0);
+  EXPECT_FALSE(c.moe.is_moe_layer(0));
+  EXPECT_TRUE(c.moe.is_moe_layer(1));
+  // V3's defaults: sigmoid scores, noaux_tc, the scaling factor always applied.
+  nlohmann::json v3 = j;
+  v3["architectures"] = {"DeepseekV3ForCausalLM"};
+  v3.erase("topk_method");
+  const ModelConfig c3 = parse_model_config(v3.dump());
+  EXPECT_TRUE(c3.moe.sigmoid);
+  EXPECT_EQ(c3.moe.topk_method, MoeConfig::TopK::kNoAuxTc);
+  EXPECT_TRUE(c3.moe.scale_always);
+  // Without routed experts every layer is dense.
+  j["n_routed_experts"] = nullptr;
+  EXPECT_FALSE(parse_model_config(j.dump()).has_moe());
+}
+
+TEST(DeepseekConfig, BadFieldsAreClearErrors) {
+  const nlohmann::json j = small_config();
   auto expect_error = [](const nlohmann::json& bad, const std::string& says) {
     try {
       parse_model_config(bad.dump());
@@ -136,6 +185,73 @@ TEST(DeepseekConfig, MixtureOfExpertsLayersAreAClearError) {
   bad = j;
   bad["quantization_config"] = {{"quant_method", "fp8"}};
   expect_error(bad, "quantized checkpoints (quantization_config) are not supported");
+  nlohmann::json moe = j;
+  moe["n_routed_experts"] = 8;
+  moe["num_experts_per_tok"] = 2;
+  bad = moe;
+  bad["num_experts_per_tok"] = 9;
+  expect_error(bad, "num_experts_per_tok");
+  bad = moe;
+  bad["n_group"] = 3;
+  expect_error(bad, "n_group 3 does not divide n_routed_experts 8");
+  bad = moe;
+  bad["n_group"] = 4;
+  bad["topk_group"] = 5;
+  expect_error(bad, "topk_group");
+  bad = moe;
+  bad["topk_method"] = "random";
+  expect_error(bad, "topk_method 'random' is not supported; supported: greedy, group_limited_greedy, noaux_tc");
+  bad = moe;
+  bad["scoring_func"] = "relu";
+  expect_error(bad, "scoring_func 'relu' is not supported");
+  bad = moe;
+  bad["n_group"] = 8;
+  bad["topk_group"] = 1;
+  bad["topk_method"] = "noaux_tc";
+  expect_error(bad, "leaves fewer than 2 per group");
+  bad = moe;
+  bad["n_group"] = 4;
+  bad["topk_group"] = 1;
+  bad["num_experts_per_tok"] = 3;
+  bad["topk_method"] = "group_limited_greedy";
+  expect_error(bad, "num_experts_per_tok 3 exceeds the experts of topk_group 1 groups of 2");
+  bad = moe;
+  bad.erase("moe_intermediate_size");
+  expect_error(bad, "moe_intermediate_size");
+}
+
+// Routing ties (equal scores) go to the lower expert, and tied groups to the lower group.
+TEST(MoeRouting, TiesGoToTheLowerIndex) {
+  MoeConfig m;
+  m.n_routed_experts = 8;
+  m.num_experts_per_tok = 2;
+  m.n_group = 4;
+  m.topk_group = 2;
+  const std::vector<float> flat(8, 0.25f);
+  MoeRoute r;
+  moe_route(m, flat.data(), {}, 1, r);
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{0, 1}));
+  EXPECT_NEAR(r.weights[0], 1.0f / 8, 1e-7);
+  m.topk_method = MoeConfig::TopK::kGroupLimited;
+  // Groups {0,1} {2,3} {4,5} {6,7}: groups 1 and 3 tie for the best expert, ahead of 0 and 2.
+  const std::vector<float> logits = {0.0f, 0.0f, 1.0f, 0.5f, 0.0f, 0.0f, 1.0f, 0.9f};
+  moe_route(m, logits.data(), {}, 1, r);
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{2, 6}));
+  m.num_experts_per_tok = 3;
+  moe_route(m, logits.data(), {}, 1, r);
+  EXPECT_EQ(r.experts, (std::vector<int32_t>{2, 6, 7}));
+  // noaux_tc: the bias moves the selection, the weights stay the unbiased sigmoid scores.
+  m.topk_method = MoeConfig::TopK::kNoAuxTc;
+  m.sigmoid = true;
+  m.num_experts_per_tok = 2;
+  m.norm_topk_prob = true;
+  m.scale_always = true;
+  m.routed_scaling_factor = 2.0;
+  const std::vector<float> bias = {2.0f, 2.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  moe_route(m, logits.data(), bias, 1, r);
+  EXPECT_EQ(r.experts[0], 0);
+  EXPECT_EQ(r.experts[1], 1);
+  EXPECT_NEAR(r.weights[0] + r.weights[1], 2.0f, 1e-6);
 }
 
 TEST(DeepseekConfig, OptionsMlaCannotServeAreClearErrors) {

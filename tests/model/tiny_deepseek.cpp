@@ -71,6 +71,79 @@ void rotate(double* x, const Vec& freq, int position, double factor, bool interl
   }
 }
 
+// A SiLU-gated MLP under prefix (gate_proj, up_proj, down_proj) of width inter.
+Vec mlp(const TinyDeepseek& m, const std::string& prefix, const Vec& x, int inter) {
+  const Vec g = matvec(m.weights.at(prefix + "gate_proj.weight"), x, inter);
+  const Vec u = matvec(m.weights.at(prefix + "up_proj.weight"), x, inter);
+  Vec act(static_cast<size_t>(inter));
+  for (int i = 0; i < inter; ++i) {
+    const double gi = g[static_cast<size_t>(i)];
+    act[static_cast<size_t>(i)] = gi / (1.0 + std::exp(-gi)) * u[static_cast<size_t>(i)];
+  }
+  return matvec(m.weights.at(prefix + "down_proj.weight"), act, m.shape.hidden);
+}
+
+// The indices of the k largest values, ties to the lower index.
+std::vector<int> largest(const Vec& v, int k) {
+  std::vector<int> idx(v.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int>(i);
+  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return v[static_cast<size_t>(a)] > v[static_cast<size_t>(b)]; });
+  idx.resize(static_cast<size_t>(k));
+  return idx;
+}
+
+// DeepseekV2MoE / DeepseekV3MoE: the router's scores, the selection, the weights, the experts.
+Vec moe_mlp(const TinyDeepseek& m, const std::string& p, const Vec& x) {
+  const DeepseekShape& s = m.shape;
+  const bool v3 = s.arch == "DeepseekV3ForCausalLM";
+  const Vec logits = matvec(m.weights.at(p + "mlp.gate.weight"), x, s.experts);
+  Vec scores(logits.size());
+  if (v3) {
+    for (size_t e = 0; e < scores.size(); ++e) scores[e] = 1.0 / (1.0 + std::exp(-logits[e]));
+  } else {
+    const double top = *std::max_element(logits.begin(), logits.end());
+    double z = 0;
+    for (size_t e = 0; e < scores.size(); ++e) z += scores[e] = std::exp(logits[e] - top);
+    for (double& v : scores) v /= z;
+  }
+  Vec choice = scores;
+  if (s.topk_method == "noaux_tc") {
+    const std::vector<float>& bias = m.weights.at(p + "mlp.gate.e_score_correction_bias");
+    for (size_t e = 0; e < choice.size(); ++e) choice[e] += bias[e];
+  }
+  if (s.topk_method != "greedy") {
+    const int per = s.experts / s.n_group;
+    Vec group(static_cast<size_t>(s.n_group));
+    for (int g = 0; g < s.n_group; ++g) {
+      Vec in(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      std::sort(in.begin(), in.end(), std::greater<>());
+      group[static_cast<size_t>(g)] = s.topk_method == "noaux_tc" ? in[0] + in[1] : in[0];
+    }
+    const std::vector<int> kept = largest(group, s.topk_group);
+    for (int e = 0; e < s.experts; ++e) {
+      if (std::find(kept.begin(), kept.end(), e / per) == kept.end()) choice[static_cast<size_t>(e)] = 0.0;
+    }
+  }
+  const std::vector<int> picked = largest(choice, s.top_k);
+  Vec weight;
+  double sum = 0;
+  for (int e : picked) sum += scores[static_cast<size_t>(e)];
+  const bool normalise = s.top_k > 1 && s.norm_topk;
+  for (int e : picked) {
+    double w = scores[static_cast<size_t>(e)];
+    if (normalise) w /= sum + 1e-20;
+    if (!normalise || v3) w *= s.scaling;
+    weight.push_back(w);
+  }
+  Vec out(static_cast<size_t>(s.hidden), 0.0);
+  if (s.shared > 0) out = mlp(m, p + "mlp.shared_experts.", x, s.shared * s.moe_inter);
+  for (size_t i = 0; i < picked.size(); ++i) {
+    const Vec y = mlp(m, p + "mlp.experts." + std::to_string(picked[i]) + ".", x, s.moe_inter);
+    for (int j = 0; j < s.hidden; ++j) out[static_cast<size_t>(j)] += weight[i] * y[static_cast<size_t>(j)];
+  }
+  return out;
+}
+
 }  // namespace
 
 TinyDeepseek make_tiny_deepseek(const DeepseekShape& s, uint32_t seed) {
@@ -98,6 +171,24 @@ TinyDeepseek make_tiny_deepseek(const DeepseekShape& s, uint32_t seed) {
     // saturated softmax would amplify rounding and test less of it.
     w.add(rng, p + "self_attn.kv_b_proj.weight", {s.heads * (s.nope + s.v), s.kv_lora}, 0.05f);
     w.add(rng, p + "self_attn.o_proj.weight", {s.hidden, s.heads * s.v}, 0.2f);
+    if (s.experts > 0 && l >= s.first_dense) {
+      // A router wide enough that tokens pick different experts.
+      w.add(rng, p + "mlp.gate.weight", {s.experts, s.hidden}, 0.5f);
+      if (s.topk_method == "noaux_tc") w.add(rng, p + "mlp.gate.e_score_correction_bias", {s.experts}, 0.3f);
+      for (int e = 0; e < s.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        w.add(rng, x + "gate_proj.weight", {s.moe_inter, s.hidden}, 0.3f);
+        w.add(rng, x + "up_proj.weight", {s.moe_inter, s.hidden}, 0.3f);
+        w.add(rng, x + "down_proj.weight", {s.hidden, s.moe_inter}, 0.3f);
+      }
+      if (s.shared > 0) {
+        const std::string x = p + "mlp.shared_experts.";
+        w.add(rng, x + "gate_proj.weight", {s.shared * s.moe_inter, s.hidden}, 0.2f);
+        w.add(rng, x + "up_proj.weight", {s.shared * s.moe_inter, s.hidden}, 0.2f);
+        w.add(rng, x + "down_proj.weight", {s.hidden, s.shared * s.moe_inter}, 0.2f);
+      }
+      continue;
+    }
     w.add(rng, p + "mlp.gate_proj.weight", {s.inter, s.hidden}, 0.2f);
     w.add(rng, p + "mlp.up_proj.weight", {s.inter, s.hidden}, 0.2f);
     w.add(rng, p + "mlp.down_proj.weight", {s.hidden, s.inter}, 0.2f);
@@ -117,6 +208,21 @@ nlohmann::json deepseek_config(const DeepseekShape& s) {
                       {"bos_token_id", 256}, {"eos_token_id", 257}};
   c["q_lora_rank"] = s.q_lora > 0 ? nlohmann::json(s.q_lora) : nlohmann::json(nullptr);
   if (s.arch == "DeepseekV3ForCausalLM") c["rope_interleave"] = s.interleave;
+  if (s.experts > 0) {
+    const bool v3 = s.arch == "DeepseekV3ForCausalLM";
+    c["n_routed_experts"] = s.experts;
+    c["num_experts_per_tok"] = s.top_k;
+    c["n_shared_experts"] = s.shared > 0 ? nlohmann::json(s.shared) : nlohmann::json(nullptr);
+    c["moe_intermediate_size"] = s.moe_inter;
+    c["first_k_dense_replace"] = s.first_dense;
+    c["moe_layer_freq"] = 1;
+    c["n_group"] = s.n_group;
+    c["topk_group"] = s.topk_group;
+    c["topk_method"] = s.topk_method;
+    c["scoring_func"] = v3 ? "sigmoid" : "softmax";
+    c["norm_topk_prob"] = s.norm_topk;
+    c["routed_scaling_factor"] = s.scaling;
+  }
   if (s.yarn) {
     c["rope_scaling"] = {{"type", "yarn"}, {"factor", kYarnFactor}, {"original_max_position_embeddings", kYarnOriginal},
                          {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", kMscale}, {"mscale_all_dim", kMscaleAllDim}};
@@ -193,13 +299,7 @@ std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFo
       Vec& ht = h[static_cast<size_t>(t)];
       for (int i = 0; i < H; ++i) ht[static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
       const Vec x = rms(ht, W(p + "post_attention_layernorm.weight"), s.eps);
-      const Vec g = matvec(W(p + "mlp.gate_proj.weight"), x, s.inter), u = matvec(W(p + "mlp.up_proj.weight"), x, s.inter);
-      Vec act(static_cast<size_t>(s.inter));
-      for (int i = 0; i < s.inter; ++i) {
-        const double gi = g[static_cast<size_t>(i)];
-        act[static_cast<size_t>(i)] = gi / (1.0 + std::exp(-gi)) * u[static_cast<size_t>(i)];
-      }
-      const Vec d = matvec(W(p + "mlp.down_proj.weight"), act, H);
+      const Vec d = s.experts > 0 && l >= s.first_dense ? moe_mlp(model, p, x) : mlp(model, p + "mlp.", x, s.inter);
       for (int i = 0; i < H; ++i) ht[static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
     }
   }

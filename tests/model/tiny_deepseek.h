@@ -1,4 +1,4 @@
-// A tiny random DeepSeek-V2/V3 checkpoint (dense MLP layers) and an independent float64
+// A tiny random DeepSeek-V2/V3 checkpoint (dense or mixture-of-experts MLP layers) and an independent float64
 // implementation of the Hugging Face definition in the expanded form (per-head keys and values
 // from kv_b_proj, full causal softmax, no KV cache), for the CPU and CUDA model tests.
 #pragma once
@@ -22,6 +22,12 @@ struct DeepseekShape {
   bool yarn = false;        // rope_scaling yarn, factor 4 over 64 original positions, DeepSeek's mscales
   bool interleave = true;   // rope_interleave
   double eps = 1e-5, theta = 10000.0;  // rms_norm_eps: not the latent norms' 1e-6
+  // Mixture of experts from layer first_dense on (experts 0: every layer dense). Scores are
+  // softmax for V2, sigmoid for V3; topk_method greedy, group_limited_greedy or noaux_tc.
+  int experts = 0, top_k = 2, shared = 1, moe_inter = 32, first_dense = 1, n_group = 1, topk_group = 1;
+  std::string topk_method = "greedy";
+  bool norm_topk = false;
+  double scaling = 1.0;
 };
 
 struct TinyDeepseek {

@@ -32,6 +32,51 @@ int require_int(const JsonReader& j, const char* key, int64_t min_value, int64_t
   return static_cast<int>(j.at(key).integer(min_value, max_value));
 }
 
+// DeepSeek's mixture-of-experts fields (MoeConfig); none when n_routed_experts is absent or null.
+void parse_moe(const JsonReader& j, ModelConfig& c) {
+  MoeConfig& e = c.moe;
+  e.n_routed_experts = static_cast<int>(j.int_or("n_routed_experts", 0, 0, 1 << 16));
+  if (e.n_routed_experts == 0) return;
+  e.num_experts_per_tok = require_int(j, "num_experts_per_tok", 1, e.n_routed_experts);
+  e.n_shared_experts = static_cast<int>(j.int_or("n_shared_experts", 0, 0, 1 << 10));
+  e.moe_intermediate_size = require_int(j, "moe_intermediate_size", 1, kMaxIntermediate);
+  e.first_k_dense_replace = static_cast<int>(j.int_or("first_k_dense_replace", 0, 0, kMaxLayers));
+  e.moe_layer_freq = static_cast<int>(j.int_or("moe_layer_freq", 1, 1, kMaxLayers));
+  e.n_group = static_cast<int>(j.int_or("n_group", 1, 1, e.n_routed_experts));
+  e.topk_group = static_cast<int>(j.int_or("topk_group", 1, 1, e.n_group));
+  SPECULA_CHECK(e.n_routed_experts % e.n_group == 0, "config.json: n_group {} does not divide n_routed_experts {}",
+                e.n_group, e.n_routed_experts);
+  e.routed_scaling_factor = j.number_or("routed_scaling_factor", 1.0);
+  SPECULA_CHECK(e.routed_scaling_factor > 0 && std::isfinite(e.routed_scaling_factor),
+                "config.json: routed_scaling_factor {} must be positive", e.routed_scaling_factor);
+  e.norm_topk_prob = j.bool_or("norm_topk_prob", false);
+  const bool v3 = c.architecture == "DeepseekV3ForCausalLM";
+  const std::string scoring = j.string_or("scoring_func", v3 ? "sigmoid" : "softmax");
+  SPECULA_CHECK(scoring == "softmax" || scoring == "sigmoid",
+                "config.json: scoring_func '{}' is not supported; supported: softmax, sigmoid", scoring);
+  e.sigmoid = scoring == "sigmoid";
+  const std::string method = j.string_or("topk_method", v3 ? "noaux_tc" : "greedy");
+  if (method == "greedy") {
+    e.topk_method = MoeConfig::TopK::kGreedy;
+  } else if (method == "group_limited_greedy") {
+    e.topk_method = MoeConfig::TopK::kGroupLimited;
+  } else if (method == "noaux_tc") {
+    e.topk_method = MoeConfig::TopK::kNoAuxTc;
+    SPECULA_CHECK(e.n_routed_experts / e.n_group >= 2,
+                  "config.json: noaux_tc ranks groups by their two best experts; n_routed_experts {} / n_group {} "
+                  "leaves fewer than 2 per group",
+                  e.n_routed_experts, e.n_group);
+  } else {
+    SPECULA_CHECK(false, "config.json: topk_method '{}' is not supported; supported: greedy, group_limited_greedy, noaux_tc",
+                  method);
+  }
+  SPECULA_CHECK(e.topk_method == MoeConfig::TopK::kGreedy ||
+                    e.num_experts_per_tok <= e.topk_group * (e.n_routed_experts / e.n_group),
+                "config.json: num_experts_per_tok {} exceeds the experts of topk_group {} groups of {}",
+                e.num_experts_per_tok, e.topk_group, e.n_routed_experts / e.n_group);
+  e.scale_always = v3;
+}
+
 // The DeepSeek-V2/V3 fields (after rope scaling is known: the softmax scale depends on it).
 void parse_mla(const JsonReader& j, ModelConfig& c) {
   MlaConfig& m = c.mla;
@@ -49,18 +94,7 @@ void parse_mla(const JsonReader& j, ModelConfig& c) {
   SPECULA_CHECK(!c.attention_bias, "config.json: attention_bias is not supported for {}", c.architecture);
   SPECULA_CHECK(c.hidden_act == "silu", "config.json: activation '{}' is not supported for {}; supported: silu",
                 c.hidden_act, c.architecture);
-  // Mixture-of-experts layers: every moe_layer_freq-th layer from first_k_dense_replace on.
-  const int64_t experts = j.int_or("n_routed_experts", 0, 0, INT32_MAX);
-  if (experts > 0) {
-    const int first_dense = static_cast<int>(j.int_or("first_k_dense_replace", 0, 0, INT32_MAX));
-    const int freq = static_cast<int>(j.int_or("moe_layer_freq", 1, 1, INT32_MAX));
-    for (int l = first_dense; l < c.num_hidden_layers; ++l) {
-      SPECULA_CHECK(l % freq != 0,
-                    "config.json: layer {} is a mixture-of-experts layer (n_routed_experts {}, first_k_dense_replace {}); "
-                    "specula runs {} with dense MLP layers only",
-                    l, experts, first_dense, c.architecture);
-    }
-  }
+  parse_moe(j, c);
 }
 
 std::vector<int> eos_ids(const JsonReader& e) {

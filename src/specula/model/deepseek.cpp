@@ -1,5 +1,6 @@
 // DeepseekModel on the CPU, in float32 as transformers' DeepseekV2/V3 modules compute it (RMSNorm
-// in f32, RoPE over adjacent pairs with f32 angles, SiLU-gated MLP), with attention absorbed.
+// in f32, RoPE over adjacent pairs with f32 angles, SiLU-gated MLPs or experts), with attention
+// absorbed.
 #include "specula/model/deepseek.h"
 
 #include <algorithm>
@@ -33,9 +34,14 @@ DeepseekModel::DeepseekModel(const ModelConfig& c, const WeightSource& ckpt) : C
     w.kv_a_norm = load(p + "self_attn.kv_a_layernorm.weight", {m.kv_lora_rank});
     w.wkv_b = load(p + "self_attn.kv_b_proj.weight", {heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
     w.wo = load(p + "self_attn.o_proj.weight", {h, heads * m.v_head_dim});
-    w.w_gate = load(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
-    w.w_up = load(p + "mlp.up_proj.weight", {c.intermediate_size, h});
-    w.w_down = load(p + "mlp.down_proj.weight", {h, c.intermediate_size});
+    w.is_moe = c.moe.is_moe_layer(l);
+    if (w.is_moe) {
+      w.moe = load_moe_weights(load, p, c);
+    } else {
+      w.w_gate = load(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
+      w.w_up = load(p + "mlp.up_proj.weight", {c.intermediate_size, h});
+      w.w_down = load(p + "mlp.down_proj.weight", {h, c.intermediate_size});
+    }
     layers_.push_back(std::move(w));
 
     MlaLayer a;
@@ -57,6 +63,7 @@ size_t DeepseekModel::weight_bytes() const {
                           &l.wkv_b, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
       floats += v->size();
     }
+    floats += l.moe.floats();
   }
   return floats * sizeof(float);
 }
@@ -117,10 +124,16 @@ void DeepseekModel::forward(const ForwardBatch& batch, MlaAttentionBackend& back
     cpu_linear(values.data(), w.wo, o.data(), n, H * vd, hidden);
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
     cpu_rms_norm(x.data(), w.post_norm, xn.data(), n, hidden, eps);
-    cpu_linear(xn.data(), w.w_gate, gate.data(), n, hidden, c.intermediate_size);
-    cpu_linear(xn.data(), w.w_up, up.data(), n, hidden, c.intermediate_size);
-    cpu_silu_mul(gate, up);
-    cpu_linear(gate.data(), w.w_down, o.data(), n, c.intermediate_size, hidden);
+    if (w.is_moe) {
+      cpu_moe(c.moe, w.moe, xn.data(), n, hidden, o.data());
+    } else {
+      gate.resize(static_cast<size_t>(n * c.intermediate_size));
+      up.resize(gate.size());
+      cpu_linear(xn.data(), w.w_gate, gate.data(), n, hidden, c.intermediate_size);
+      cpu_linear(xn.data(), w.w_up, up.data(), n, hidden, c.intermediate_size);
+      cpu_silu_mul(gate, up);
+      cpu_linear(gate.data(), w.w_down, o.data(), n, c.intermediate_size, hidden);
+    }
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   }
   final_logits(x.data(), batch, all_tokens, logits);

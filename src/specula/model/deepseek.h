@@ -1,5 +1,5 @@
-// DeepseekModel: the DeepSeek-V2/V3 decoder with dense MLP layers on the CPU (weights held as f32,
-// products through OpenBLAS). Attention is multi-head latent attention in the absorbed form
+// DeepseekModel: the DeepSeek-V2/V3 decoder on the CPU (weights held as f32, products through
+// OpenBLAS), its MLP layers dense or mixtures of experts (model/moe.h). Attention is multi-head latent attention in the absorbed form
 // through an MlaAttentionBackend over the latent cache (MLAKVPool):
 //   q = q_proj(x), or q_b_proj(q_a_layernorm(q_a_proj(x))); per head q_nope [qk_nope_head_dim] and
 //   q_pe [qk_rope_head_dim];
@@ -16,6 +16,7 @@
 #include "specula/attention/mla/mla_backend.h"
 #include "specula/model/config.h"
 #include "specula/model/cpu_decoder.h"
+#include "specula/model/moe.h"
 #include "specula/model/weights.h"
 
 namespace specula {
@@ -47,7 +48,9 @@ class DeepseekModel : public CpuDecoder {
     std::vector<float> kv_a_norm;              // [kv_lora_rank]
     std::vector<float> wkv_b;                  // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
     std::vector<float> wo;                     // [hidden, heads * v_head_dim]
-    std::vector<float> w_gate, w_up, w_down;
+    std::vector<float> w_gate, w_up, w_down;  // a dense MLP layer's
+    bool is_moe = false;                      // MoeConfig::is_moe_layer: moe holds the MLP
+    MoeWeights moe;
   };
   const std::vector<Layer>& layers() const { return layers_; }
 
