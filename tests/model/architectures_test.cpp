@@ -1,9 +1,10 @@
-// Every supported architecture on a tiny random-weight checkpoint that this test writes in
+// Every supported architecture (Qwen3-MoE and Mixtral's experts too) on a tiny random-weight checkpoint that this test writes in
 // Hugging Face layout (config.json, model.safetensors, the shipped byte tokenizer), checked
 // against an independent float64 implementation of the Hugging Face definitions (plain loops,
 // full causal softmax, no KV cache): prompt logits and greedy tokens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -24,7 +25,20 @@ struct Arch {
   int first_window_layer = 0;  // Qwen2's max_window_layers
   bool all_biases = false;     // Llama with attention_bias (q/k/v/o) and mlp_bias
   double linear_rope = 0;      // > 0: rope_scaling linear with this factor
+  // Mixture of experts (Qwen3MoeForCausalLM, MixtralForCausalLM): experts per layer, the top k,
+  // and (Qwen3-MoE) norm_topk_prob and the layers kept dense (mlp_only_layers).
+  int experts = 0, top_k = 2;
+  bool norm_topk = true;
+  std::vector<int> dense_layers = {};
 };
+
+constexpr int kMoeInter = 32;  // Qwen3-MoE's moe_intermediate_size in the tiny model
+
+bool is_moe_layer(const Arch& a, int l) {
+  return a.experts > 0 && std::find(a.dense_layers.begin(), a.dense_layers.end(), l) == a.dense_layers.end();
+}
+
+bool mixtral(const Arch& a) { return a.name == "MixtralForCausalLM"; }
 
 // Gemma-2's extra constants in the tiny model (small caps, so capping changes the numbers).
 constexpr double kAttnCap = 4.0, kFinalCap = 3.0, kQueryScalar = 48.0;
@@ -74,6 +88,18 @@ TinyModel make_weights(const Arch& a, uint32_t seed) {
       add(m, rng, p + "self_attn.q_norm.weight", {m.head_dim}, 0.1f, 1.0f);
       add(m, rng, p + "self_attn.k_norm.weight", {m.head_dim}, 0.1f, 1.0f);
     }
+    if (is_moe_layer(a, l)) {
+      const std::string b = p + (mixtral(a) ? "block_sparse_moe." : "mlp.");
+      const int inter = mixtral(a) ? m.inter : kMoeInter;
+      add(m, rng, b + "gate.weight", {a.experts, m.hidden}, 0.5f);
+      for (int e = 0; e < a.experts; ++e) {
+        const std::string x = b + "experts." + std::to_string(e) + ".";
+        add(m, rng, x + (mixtral(a) ? "w1.weight" : "gate_proj.weight"), {inter, m.hidden}, 0.3f);
+        add(m, rng, x + (mixtral(a) ? "w3.weight" : "up_proj.weight"), {inter, m.hidden}, 0.3f);
+        add(m, rng, x + (mixtral(a) ? "w2.weight" : "down_proj.weight"), {m.hidden, inter}, 0.3f);
+      }
+      continue;
+    }
     add(m, rng, p + "mlp.gate_proj.weight", {m.inter, m.hidden}, 0.2f);
     add(m, rng, p + "mlp.up_proj.weight", {m.inter, m.hidden}, 0.2f);
     add(m, rng, p + "mlp.down_proj.weight", {m.hidden, m.inter}, 0.2f);
@@ -93,6 +119,17 @@ void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::
     config["mlp_bias"] = true;
   }
   if (a.linear_rope > 0) config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", a.linear_rope}};
+  if (a.experts > 0 && mixtral(a)) {
+    config["num_local_experts"] = a.experts;
+    config["num_experts_per_tok"] = a.top_k;
+  } else if (a.experts > 0) {
+    config["num_experts"] = a.experts;
+    config["num_experts_per_tok"] = a.top_k;
+    config["moe_intermediate_size"] = kMoeInter;
+    config["norm_topk_prob"] = a.norm_topk;
+    config["decoder_sparse_step"] = 1;
+    config["mlp_only_layers"] = a.dense_layers;
+  }
   if (a.gemma2) {
     config["tie_word_embeddings"] = true;
     config["hidden_activation"] = "gelu_pytorch_tanh";
@@ -197,6 +234,38 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
       if (a.gemma2) o = rms(o, W(p + "post_attention_layernorm.weight"));
       for (int i = 0; i < H; ++i) h[static_cast<size_t>(t)][static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
       const auto x = rms(h[static_cast<size_t>(t)], W(p + (a.gemma2 ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight")));
+      if (is_moe_layer(a, l)) {
+        // Softmax over the router's logits, the top k (ties: the lower expert), renormalised.
+        const std::string b = p + (mixtral(a) ? "block_sparse_moe." : "mlp.");
+        const int inter = mixtral(a) ? m.inter : kMoeInter;
+        const auto logits = matvec(W(b + "gate.weight"), x, a.experts);
+        const double top = *std::max_element(logits.begin(), logits.end());
+        std::vector<double> prob(logits.size());
+        double z = 0;
+        for (size_t e = 0; e < prob.size(); ++e) z += prob[e] = std::exp(logits[e] - top);
+        std::vector<int> order(prob.size());
+        for (size_t e = 0; e < order.size(); ++e) order[e] = static_cast<int>(e);
+        std::stable_sort(order.begin(), order.end(), [&](int i, int j) { return prob[static_cast<size_t>(i)] > prob[static_cast<size_t>(j)]; });
+        order.resize(static_cast<size_t>(a.top_k));
+        double kept = 0;
+        for (int e : order) kept += prob[static_cast<size_t>(e)] / z;
+        std::vector<double> sum(static_cast<size_t>(H), 0.0);
+        for (int e : order) {
+          const double weight = prob[static_cast<size_t>(e)] / z / (mixtral(a) || a.norm_topk ? kept : 1.0);
+          const std::string x_name = b + "experts." + std::to_string(e) + ".";
+          const auto ge = matvec(W(x_name + (mixtral(a) ? "w1.weight" : "gate_proj.weight")), x, inter);
+          const auto ue = matvec(W(x_name + (mixtral(a) ? "w3.weight" : "up_proj.weight")), x, inter);
+          std::vector<double> act(static_cast<size_t>(inter));
+          for (int i = 0; i < inter; ++i) {
+            const double gi = ge[static_cast<size_t>(i)];
+            act[static_cast<size_t>(i)] = gi / (1.0 + std::exp(-gi)) * ue[static_cast<size_t>(i)];
+          }
+          const auto y = matvec(W(x_name + (mixtral(a) ? "w2.weight" : "down_proj.weight")), act, H);
+          for (int i = 0; i < H; ++i) sum[static_cast<size_t>(i)] += weight * y[static_cast<size_t>(i)];
+        }
+        for (int i = 0; i < H; ++i) h[static_cast<size_t>(t)][static_cast<size_t>(i)] += sum[static_cast<size_t>(i)];
+        continue;
+      }
       auto g = matvec(W(p + "mlp.gate_proj.weight"), x, m.inter);
       auto u = matvec(W(p + "mlp.up_proj.weight"), x, m.inter);
       if (a.all_biases) {
@@ -284,10 +353,16 @@ INSTANTIATE_TEST_SUITE_P(All, Architectures,
                                            Arch{"Qwen2ForCausalLM", true, false, 5, false, 1},
                                            Arch{"Qwen3ForCausalLM", false, true, -1},
                                            Arch{"Gemma2ForCausalLM", false, false, 6, true},
-                                           Arch{"LlamaForCausalLM", false, false, -1, false, 0, true, 2.0}),
+                                           Arch{"LlamaForCausalLM", false, false, -1, false, 0, true, 2.0},
+                                           Arch{"Qwen3MoeForCausalLM", false, true, -1, false, 0, false, 0, 8, 2, true, {0}},
+                                           Arch{"Qwen3MoeForCausalLM", false, true, -1, false, 0, false, 0, 6, 1, false},
+                                           Arch{"MixtralForCausalLM", false, false, -1, false, 0, false, 0, 4, 2}),
                          [](const auto& info) {
                            std::string n = info.param.name.substr(0, info.param.name.find("For"));
                            if (info.param.all_biases) n += "BiasesLinearRope";
+                           if (info.param.experts > 0) {
+                             n += "Experts" + std::to_string(info.param.experts) + "Top" + std::to_string(info.param.top_k);
+                           }
                            return n + (info.param.window > 0 ? "Window" + std::to_string(info.param.window) : "");
                          });
 

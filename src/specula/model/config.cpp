@@ -40,8 +40,9 @@ void parse_moe(const JsonReader& j, ModelConfig& c) {
   e.num_experts_per_tok = require_int(j, "num_experts_per_tok", 1, e.n_routed_experts);
   e.n_shared_experts = static_cast<int>(j.int_or("n_shared_experts", 0, 0, 1 << 10));
   e.moe_intermediate_size = require_int(j, "moe_intermediate_size", 1, kMaxIntermediate);
-  e.first_k_dense_replace = static_cast<int>(j.int_or("first_k_dense_replace", 0, 0, kMaxLayers));
-  e.moe_layer_freq = static_cast<int>(j.int_or("moe_layer_freq", 1, 1, kMaxLayers));
+  const int first_dense = static_cast<int>(j.int_or("first_k_dense_replace", 0, 0, kMaxLayers));
+  const int freq = static_cast<int>(j.int_or("moe_layer_freq", 1, 1, kMaxLayers));
+  for (int l = 0; l < c.num_hidden_layers; ++l) e.layers.push_back(l >= first_dense && l % freq == 0 ? 1 : 0);
   e.n_group = static_cast<int>(j.int_or("n_group", 1, 1, e.n_routed_experts));
   e.topk_group = static_cast<int>(j.int_or("topk_group", 1, 1, e.n_group));
   SPECULA_CHECK(e.n_routed_experts % e.n_group == 0, "config.json: n_group {} does not divide n_routed_experts {}",
@@ -75,6 +76,29 @@ void parse_moe(const JsonReader& j, ModelConfig& c) {
                 "config.json: num_experts_per_tok {} exceeds the experts of topk_group {} groups of {}",
                 e.num_experts_per_tok, e.topk_group, e.n_routed_experts / e.n_group);
   e.scale_always = v3;
+}
+
+// Qwen3-MoE's and Mixtral's experts: softmax scores, the top num_experts_per_tok, no shared
+// experts, no scaling; Qwen3-MoE normalises when norm_topk_prob, Mixtral always.
+void parse_llama_moe(const JsonReader& j, ModelConfig& c) {
+  MoeConfig& e = c.moe;
+  const bool mixtral = c.architecture == "MixtralForCausalLM";
+  e.n_routed_experts = require_int(j, mixtral ? "num_local_experts" : "num_experts", 1, 1 << 16);
+  e.num_experts_per_tok = require_int(j, "num_experts_per_tok", 1, e.n_routed_experts);
+  e.moe_intermediate_size = mixtral ? c.intermediate_size : require_int(j, "moe_intermediate_size", 1, kMaxIntermediate);
+  e.norm_topk_prob = mixtral || j.bool_or("norm_topk_prob", false);
+  e.norm_single = true;
+  e.mixtral_names = mixtral;
+  std::vector<int> dense;
+  if (const auto only = j.find("mlp_only_layers"); only && !mixtral) {
+    if (!only->is_array()) only->fail("must be an array of layer indices");
+    only->for_each([&](const JsonReader& x) { dense.push_back(static_cast<int>(x.integer(0, kMaxLayers))); });
+  }
+  const int step = mixtral ? 1 : static_cast<int>(j.int_or("decoder_sparse_step", 1, 1, kMaxLayers));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const bool sparse = std::find(dense.begin(), dense.end(), l) == dense.end() && (l + 1) % step == 0;
+    e.layers.push_back(sparse ? 1 : 0);
+  }
 }
 
 // The DeepSeek-V2/V3 fields (after rope scaling is known: the softmax scale depends on it).
@@ -152,12 +176,15 @@ ModelConfig parse_config_object(const JsonReader& j) {
   // Llama / Qwen3 with attention_bias put a bias on o_proj too; Qwen2's o_proj has none.
   c.o_proj_bias = c.architecture != "Qwen2ForCausalLM" && flag("attention_bias");
   c.mlp_bias = flag("mlp_bias");
-  c.qk_norm = c.architecture == "Qwen3ForCausalLM";
+  c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
   // Mistral's default window is 4096 tokens when the field is absent (transformers' MistralConfig).
   const int default_window = c.architecture == "MistralForCausalLM" && !j.raw().contains("sliding_window") ? 4096 : -1;
   const int window = static_cast<int>(j.int_or("sliding_window", default_window, 1, INT32_MAX));
-  const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM";
-  const bool use_window = qwen ? j.bool_or("use_sliding_window", false) : c.architecture == "MistralForCausalLM";
+  const bool qwen = c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen3ForCausalLM" ||
+                    c.architecture == "Qwen3MoeForCausalLM";
+  // Mixtral slides only when its config gives a window (transformers' default is none).
+  const bool use_window = qwen ? j.bool_or("use_sliding_window", false)
+                               : c.architecture == "MistralForCausalLM" || (c.architecture == "MixtralForCausalLM" && window > 0);
   const int first_window_layer = qwen ? static_cast<int>(j.int_or("max_window_layers", 0, 0, INT32_MAX)) : 0;
   c.gemma2 = c.architecture == "Gemma2ForCausalLM";
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -206,6 +233,7 @@ ModelConfig parse_config_object(const JsonReader& j) {
   SPECULA_CHECK(c.rope_theta > 0, "config.json: rope_theta {} must be positive", c.rope_theta);
   SPECULA_CHECK(c.rms_norm_eps >= 0, "config.json: rms_norm_eps {} must not be negative", c.rms_norm_eps);
   if (deepseek) parse_mla(j, c);
+  if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "MixtralForCausalLM") parse_llama_moe(j, c);
   return c;
 }
 
@@ -213,7 +241,8 @@ ModelConfig parse_config_object(const JsonReader& j) {
 
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                                 "Qwen3ForCausalLM", "Gemma2ForCausalLM",
+                                                 "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
+                                                 "Gemma2ForCausalLM",
                                                  "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"};
   return names;
 }

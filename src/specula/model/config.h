@@ -41,34 +41,39 @@ struct MlaConfig {
   double softmax_scale = 0.0;
 };
 
-// Mixture-of-experts MLP layers (DeepSeek-V2/V3): every moe_layer_freq-th layer from
-// first_k_dense_replace on replaces the dense MLP by n_shared_experts always-on experts plus
-// num_experts_per_tok of n_routed_experts SiLU-gated experts (moe_intermediate_size wide each),
-// chosen per token by a router (mlp.gate: [n_routed_experts, hidden]):
+// Mixture-of-experts MLP layers. DeepSeek-V2/V3: every moe_layer_freq-th layer from
+// first_k_dense_replace on; Qwen3-MoE: every decoder_sparse_step-th layer not in mlp_only_layers;
+// Mixtral: every layer. Such a layer replaces the dense MLP by n_shared_experts always-on experts
+// (DeepSeek) plus num_experts_per_tok of n_routed_experts SiLU-gated experts
+// (moe_intermediate_size wide each), chosen per token by a router ([n_routed_experts, hidden]):
 //   scores = softmax or sigmoid (scoring_func) of the router's logits (in f32);
 //   selection (topk_method): greedy, the top-k scores; group_limited_greedy, the top-k within the
 //   topk_group groups (of n_group equal slices) whose best score is highest; noaux_tc (V3), the
 //   top-k of scores + e_score_correction_bias within the topk_group groups whose two best biased
 //   scores sum highest; the bias only selects, the weights are the unbiased scores;
-//   weights: normalised to sum 1 when norm_topk_prob and top-k > 1, times routed_scaling_factor
-//   (V2, as its modelling code: only when not normalised; V3: always).
+//   weights: normalised to sum 1 when norm_topk_prob (DeepSeek: and top-k > 1; Mixtral always),
+//   times routed_scaling_factor (DeepSeek-V2, as its modelling code: only when not normalised;
+//   V3: always).
 // Ties go to the lower expert (group) index.
 struct MoeConfig {
   int n_routed_experts = 0;  // 0: every layer is dense
   int num_experts_per_tok = 0;
   int n_shared_experts = 0;
   int moe_intermediate_size = 0;
-  int first_k_dense_replace = 0;
-  int moe_layer_freq = 1;
+  std::vector<char> layers;  // per layer: a mixture of experts (1) or dense (0)
   int n_group = 1, topk_group = 1;
   double routed_scaling_factor = 1.0;
   bool sigmoid = false;  // scoring_func: sigmoid (V3) or softmax
   enum class TopK { kGreedy, kGroupLimited, kNoAuxTc } topk_method = TopK::kGreedy;
   bool norm_topk_prob = false;
+  bool norm_single = false;   // normalise a single expert's weight too (Qwen3-MoE, Mixtral)
   bool scale_always = false;  // V3: routed_scaling_factor after normalising too
+  // Tensor names under model.layers.L.: "mlp.gate" and "mlp.experts.E.{gate,up,down}_proj", or
+  // Mixtral's "block_sparse_moe.gate" and "block_sparse_moe.experts.E.{w1,w3,w2}".
+  bool mixtral_names = false;
 
   bool is_moe_layer(int layer) const {
-    return n_routed_experts > 0 && layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+    return layer >= 0 && static_cast<size_t>(layer) < layers.size() && layers[static_cast<size_t>(layer)] != 0;
   }
 };
 

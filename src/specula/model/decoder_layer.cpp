@@ -1,8 +1,9 @@
-// cpu_decoder_layer: Hugging Face's LlamaDecoderLayer in f32 (and its Qwen / Gemma-2 variants).
+// cpu_decoder_layer: Hugging Face's LlamaDecoderLayer in f32 (and its Qwen / Gemma-2 / MoE variants).
 #include "specula/model/decoder_layer.h"
 
 #include <cmath>
 
+#include "specula/core/error.h"
 #include "specula/model/cpu_ops.h"
 
 namespace specula {
@@ -13,7 +14,7 @@ size_t DecoderLayerWeights::floats() const {
                         &bo, &b_gate, &b_up, &b_down, &q_norm, &k_norm, &w_gate, &w_up, &w_down}) {
     n += v->size();
   }
-  return n;
+  return n + moe.floats();
 }
 
 namespace {
@@ -57,6 +58,12 @@ void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, 
   if (!w.post_attn_norm.empty()) cpu_rms_norm(o.data(), w.post_attn_norm, o.data(), n, h, d.eps);
   for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   cpu_rms_norm(x.data(), w.post_norm, xn.data(), n, h, d.eps);
+  if (!w.moe.experts.empty()) {
+    SPECULA_CHECK(d.moe != nullptr, "a mixture-of-experts layer needs its routing (DecoderLayerDims::moe)");
+    cpu_moe(*d.moe, w.moe, xn.data(), n, h, o.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    return;
+  }
   std::vector<float>& gate = scratch.gate;
   std::vector<float>& up = scratch.up;
   gate.resize(static_cast<size_t>(n * inter));

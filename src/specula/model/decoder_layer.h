@@ -1,7 +1,8 @@
 // DecoderLayerWeights: one Llama-family decoder layer's tensors as the host holds them (f32,
 // [out, in] row-major), shared by the target's layers (LlamaModel) and the EAGLE heads' midlayer,
 // and cpu_decoder_layer, the layer's forward on the CPU for both. The family's variants are
-// optional tensors: biases (Qwen2, mlp_bias), q/k norms (Qwen3), Gemma-2's extra norms.
+// optional tensors: biases (Qwen2, mlp_bias), q/k norms (Qwen3), Gemma-2's extra norms, and a
+// mixture of experts in place of the MLP (Qwen3-MoE, Mixtral).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,8 @@
 #include <vector>
 
 #include "specula/core/tensor.h"
+#include "specula/model/config.h"
+#include "specula/model/moe.h"
 
 namespace specula {
 
@@ -22,6 +25,7 @@ struct DecoderLayerWeights {
   std::vector<float> b_gate, b_up, b_down;           // [out] (mlp_bias) or empty
   std::vector<float> q_norm, k_norm;                 // [head_dim] (qk_norm) or empty
   std::vector<float> w_gate, w_up, w_down;
+  MoeWeights moe;  // a mixture-of-experts layer's MLP (experts non-empty) instead of w_gate/up/down
 
   size_t floats() const;
 };
@@ -37,6 +41,7 @@ struct DecoderLayerDims {
   int intermediate = 0;
   float eps = 1e-6f;
   bool gelu = false;  // GeLU-tanh gate (Gemma-2) instead of SiLU
+  const MoeConfig* moe = nullptr;  // the routing of the layers whose weights hold experts
 };
 
 // The activations of one layer step, reused by every layer of a step (grown as needed).

@@ -55,9 +55,13 @@ LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt) : CpuDeco
       layer.q_norm = load(p + "self_attn.q_norm.weight", {c.head_dim});
       layer.k_norm = load(p + "self_attn.k_norm.weight", {c.head_dim});
     }
-    layer.w_gate = load(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
-    layer.w_up = load(p + "mlp.up_proj.weight", {c.intermediate_size, h});
-    layer.w_down = load(p + "mlp.down_proj.weight", {h, c.intermediate_size});
+    if (c.moe.is_moe_layer(l)) {
+      layer.moe = load_moe_weights(load, p, c);
+    } else {
+      layer.w_gate = load(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
+      layer.w_up = load(p + "mlp.up_proj.weight", {c.intermediate_size, h});
+      layer.w_down = load(p + "mlp.down_proj.weight", {h, c.intermediate_size});
+    }
     layers_.push_back(std::move(layer));
 
     AttentionLayer a;
@@ -90,7 +94,8 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   std::vector<float> xn(x.size());
   const CpuRope rope(batch.positions, inv_freq(), rope_attention_factor());
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const DecoderLayerDims dims{hidden, hidden, Hq, Hkv, D, c.intermediate_size, eps, c.hidden_act == "gelu_pytorch_tanh"};
+  const DecoderLayerDims dims{hidden, hidden, Hq, Hkv, D, c.intermediate_size, eps, c.hidden_act == "gelu_pytorch_tanh",
+                              c.has_moe() ? &c.moe : nullptr};
   const size_t captured = capture != nullptr ? capture->layers.size() : 0;
   if (capture != nullptr) capture->prepare(c.num_hidden_layers, n, hidden);
   // Copies [n, hidden] into capture entry e of every token.

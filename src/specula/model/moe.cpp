@@ -1,5 +1,6 @@
-// Routing follows transformers' DeepseekV2MoEGate / DeepseekV3TopkRouter (scores in f32; the
-// selection's ties go to the lower index, where torch.topk leaves the order unspecified).
+// Routing follows transformers' DeepseekV2MoEGate / DeepseekV3TopkRouter, Qwen3MoeSparseMoeBlock
+// and MixtralSparseMoeBlock (scores in f32; the selection's ties go to the lower index, where
+// torch.topk leaves the order unspecified).
 #include "specula/model/moe.h"
 
 #include <algorithm>
@@ -13,12 +14,12 @@ namespace specula {
 
 namespace {
 
-ExpertWeights load_expert(F32WeightLoader& load, const std::string& p, int hidden, int inter) {
+ExpertWeights load_expert(F32WeightLoader& load, const std::string& p, int hidden, int inter, bool mixtral = false) {
   ExpertWeights e;
   e.inter = inter;
-  e.w_gate = load(p + "gate_proj.weight", {inter, hidden});
-  e.w_up = load(p + "up_proj.weight", {inter, hidden});
-  e.w_down = load(p + "down_proj.weight", {hidden, inter});
+  e.w_gate = load(p + (mixtral ? "w1.weight" : "gate_proj.weight"), {inter, hidden});
+  e.w_up = load(p + (mixtral ? "w3.weight" : "up_proj.weight"), {inter, hidden});
+  e.w_down = load(p + (mixtral ? "w2.weight" : "down_proj.weight"), {hidden, inter});
   return e;
 }
 
@@ -55,13 +56,14 @@ size_t MoeWeights::floats() const {
 MoeWeights load_moe_weights(F32WeightLoader& load, const std::string& prefix, const ModelConfig& c) {
   const MoeConfig& m = c.moe;
   MoeWeights w;
-  const std::string p = prefix + "mlp.";
+  const std::string p = prefix + (m.mixtral_names ? "block_sparse_moe." : "mlp.");
   w.router = load(p + "gate.weight", {m.n_routed_experts, c.hidden_size});
   if (m.topk_method == MoeConfig::TopK::kNoAuxTc) {
     w.correction_bias = load(p + "gate.e_score_correction_bias", {m.n_routed_experts});
   }
   for (int e = 0; e < m.n_routed_experts; ++e) {
-    w.experts.push_back(load_expert(load, p + "experts." + std::to_string(e) + ".", c.hidden_size, m.moe_intermediate_size));
+    w.experts.push_back(
+        load_expert(load, p + "experts." + std::to_string(e) + ".", c.hidden_size, m.moe_intermediate_size, m.mixtral_names));
   }
   if (m.n_shared_experts > 0) {
     w.shared = load_expert(load, p + "shared_experts.", c.hidden_size, m.n_shared_experts * m.moe_intermediate_size);
@@ -111,7 +113,7 @@ void moe_route(const MoeConfig& m, const float* router_logits, const std::vector
     top_k(choice, k, picked);
     double sum = 0;
     for (int i = 0; i < k; ++i) sum += scores[static_cast<size_t>(picked[static_cast<size_t>(i)])];
-    const bool normalise = k > 1 && m.norm_topk_prob;
+    const bool normalise = m.norm_topk_prob && (k > 1 || m.norm_single);
     for (int i = 0; i < k; ++i) {
       double weight = scores[static_cast<size_t>(picked[static_cast<size_t>(i)])];
       if (normalise) weight /= sum + 1e-20;

@@ -1,4 +1,5 @@
-// Mixture-of-experts MLP layers on the CPU (DeepSeek-V2/V3, MoeConfig in config.h): the router,
+// Mixture-of-experts MLP layers on the CPU (DeepSeek-V2/V3, Qwen3-MoE, Mixtral; MoeConfig in
+// config.h): the router,
 // each token's experts and weights exactly as the model defines them, and the SiLU-gated experts
 // run over the tokens routed to each, plus the shared experts every token takes.
 #pragma once
@@ -26,7 +27,8 @@ struct MoeWeights {
   size_t floats() const;
 };
 
-// Layer `prefix`'s ("model.layers.L.") mixture-of-experts tensors under transformers' names.
+// Layer `prefix`'s ("model.layers.L.") mixture-of-experts tensors under transformers' names
+// (MoeConfig::mixtral_names).
 MoeWeights load_moe_weights(F32WeightLoader& load, const std::string& prefix, const ModelConfig& config);
 
 // Each token's num_experts_per_tok experts and their weights ([n, k] each, by falling selection
