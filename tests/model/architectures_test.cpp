@@ -10,6 +10,7 @@
 #include <random>
 
 #include "specula/core/error.h"
+#include "specula/model/tokenizer.h"
 #include "specula/runtime/generator.h"
 #include "tiny_checkpoint.h"
 
@@ -148,7 +149,12 @@ void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::
 }
 
 // The reference: logits of every position of `ids`, in double, straight from the definitions.
-std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const std::vector<int32_t>& ids) {
+// routing_margin (optional): the smallest gap, over tokens and MoE layers, between the last expert
+// picked and the first left out (where the last one's probability is not negligible).
+constexpr double kRoutingMargin = 1e-5;
+std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const std::vector<int32_t>& ids,
+                                     double* routing_margin = nullptr) {
+  if (routing_margin != nullptr) *routing_margin = INFINITY;
   const int n = static_cast<int>(ids.size()), H = m.hidden, D = m.head_dim;
   auto W = [&](const std::string& name) -> const std::vector<float>& { return m.w.at(name); };
   auto matvec = [&](const std::vector<float>& w, const std::vector<double>& x, int out) {
@@ -246,6 +252,11 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
         std::vector<int> order(prob.size());
         for (size_t e = 0; e < order.size(); ++e) order[e] = static_cast<int>(e);
         std::stable_sort(order.begin(), order.end(), [&](int i, int j) { return prob[static_cast<size_t>(i)] > prob[static_cast<size_t>(j)]; });
+        if (routing_margin != nullptr && a.top_k < a.experts &&
+            prob[static_cast<size_t>(order[static_cast<size_t>(a.top_k - 1)])] / z > 1e-4) {
+          *routing_margin = std::min(*routing_margin, (prob[static_cast<size_t>(order[static_cast<size_t>(a.top_k - 1)])] -
+                                                       prob[static_cast<size_t>(order[static_cast<size_t>(a.top_k)])]) / z);
+        }
         order.resize(static_cast<size_t>(a.top_k));
         double kept = 0;
         for (int e : order) kept += prob[static_cast<size_t>(e)] / z;
@@ -305,15 +316,28 @@ class Architectures : public ::testing::TestWithParam<Arch> {};
 
 TEST_P(Architectures, MatchTheFloat64Reference) {
   const Arch a = GetParam();
-  const uint32_t seed = std::random_device{}();
+  const std::string text = "Tiny models, real code paths: 123!";
+  // Fresh weights, redrawn (a few times at most) while a token's routing is within rounding of
+  // another expert's: the model and the reference could then route it differently.
+  uint32_t seed = std::random_device{}();
+  TinyModel m = make_weights(a, seed);
+  if (a.experts > 0) {
+    const std::vector<int32_t> prompt =
+        Tokenizer::from_folder(std::filesystem::path(SPECULA_SOURCE_DIR) / "models" / "specula-byte-6m").encode(text);
+    double margin = 0;
+    for (int retry = 0; retry < 8; ++retry) {
+      reference_logits(m, a, prompt, &margin);
+      if (margin > kRoutingMargin) break;
+      m = make_weights(a, ++seed);
+    }
+  }
   SCOPED_TRACE(::testing::Message() << a.name << " seed=" << seed);
-  const TinyModel m = make_weights(a, seed);
   const auto dir = std::filesystem::temp_directory_path() / ("specula_arch_" + std::to_string(seed));
   write_checkpoint(m, a, dir);
   GeneratorOptions o;
   o.page_size = 4;
   Generator gen(dir, o);
-  std::vector<int32_t> ids = gen.tokenizer().encode("Tiny models, real code paths: 123!");
+  std::vector<int32_t> ids = gen.tokenizer().encode(text);
   const std::vector<float> got = gen.prompt_logits(ids);
   const std::vector<double> want = reference_logits(m, a, ids);
   ASSERT_EQ(got.size(), want.size());
@@ -333,13 +357,14 @@ TEST_P(Architectures, MatchTheFloat64Reference) {
   const auto out = gen.generate(r).output_ids;
   std::vector<int32_t> seq = ids;
   for (int32_t token : out) {
-    const auto logits = reference_logits(m, a, seq);
+    double routing = INFINITY;
+    const auto logits = reference_logits(m, a, seq, &routing);
     const double* last = logits.data() + (seq.size() - 1) * static_cast<size_t>(m.vocab);
     std::vector<double> row(last, last + m.vocab);
     const auto best = std::max_element(row.begin(), row.end()) - row.begin();
     std::vector<double> sorted = row;
     std::sort(sorted.rbegin(), sorted.rend());
-    if (sorted[0] - sorted[1] > 1e-3) {
+    if (sorted[0] - sorted[1] > 1e-3 && routing > kRoutingMargin) {
       EXPECT_EQ(token, best) << "step " << seq.size() - ids.size();
     }
     seq.push_back(token);
@@ -356,7 +381,8 @@ INSTANTIATE_TEST_SUITE_P(All, Architectures,
                                            Arch{"LlamaForCausalLM", false, false, -1, false, 0, true, 2.0},
                                            Arch{"Qwen3MoeForCausalLM", false, true, -1, false, 0, false, 0, 8, 2, true, {0}},
                                            Arch{"Qwen3MoeForCausalLM", false, true, -1, false, 0, false, 0, 6, 1, false},
-                                           Arch{"MixtralForCausalLM", false, false, -1, false, 0, false, 0, 4, 2}),
+                                           Arch{"MixtralForCausalLM", false, false, -1, false, 0, false, 0, 4, 2},
+                                           Arch{"MixtralForCausalLM", false, false, 7, false, 0, false, 0, 4, 1}),
                          [](const auto& info) {
                            std::string n = info.param.name.substr(0, info.param.name.find("For"));
                            if (info.param.all_biases) n += "BiasesLinearRope";

@@ -93,7 +93,9 @@ std::vector<int> largest(const Vec& v, int k) {
 }
 
 // DeepseekV2MoE / DeepseekV3MoE: the router's scores, the selection, the weights, the experts.
-Vec moe_mlp(const TinyDeepseek& m, const std::string& p, const Vec& x) {
+// margin (optional): lowered to the gap between the last expert (and group) picked and the
+// first left out, where a rounding difference could change the pick.
+Vec moe_mlp(const TinyDeepseek& m, const std::string& p, const Vec& x, double* margin) {
   const DeepseekShape& s = m.shape;
   const bool v3 = s.arch == "DeepseekV3ForCausalLM";
   const Vec logits = matvec(m.weights.at(p + "mlp.gate.weight"), x, s.experts);
@@ -120,11 +122,27 @@ Vec moe_mlp(const TinyDeepseek& m, const std::string& p, const Vec& x) {
       group[static_cast<size_t>(g)] = s.topk_method == "noaux_tc" ? in[0] + in[1] : in[0];
     }
     const std::vector<int> kept = largest(group, s.topk_group);
+    // A near tie matters only between candidates whose weight is not negligible (a flip between
+    // two experts scoring 1e-8 moves the output by about that much).
+    if (margin != nullptr && s.topk_group < s.n_group) {
+      Vec sorted = group;
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      if (std::fabs(sorted[static_cast<size_t>(s.topk_group - 1)]) > 1e-4) {
+        *margin = std::min(*margin, sorted[static_cast<size_t>(s.topk_group - 1)] - sorted[static_cast<size_t>(s.topk_group)]);
+      }
+    }
     for (int e = 0; e < s.experts; ++e) {
-      if (std::find(kept.begin(), kept.end(), e / per) == kept.end()) choice[static_cast<size_t>(e)] = 0.0;
+      if (std::find(kept.begin(), kept.end(), e / per) == kept.end()) choice[static_cast<size_t>(e)] = -INFINITY;
     }
   }
   const std::vector<int> picked = largest(choice, s.top_k);
+  if (margin != nullptr && s.top_k < s.experts) {
+    Vec sorted = choice;
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    if (std::isfinite(sorted[static_cast<size_t>(s.top_k)]) && std::fabs(sorted[static_cast<size_t>(s.top_k - 1)]) > 1e-4) {
+      *margin = std::min(*margin, sorted[static_cast<size_t>(s.top_k - 1)] - sorted[static_cast<size_t>(s.top_k)]);
+    }
+  }
   Vec weight;
   double sum = 0;
   for (int e : picked) sum += scores[static_cast<size_t>(e)];
@@ -231,7 +249,8 @@ nlohmann::json deepseek_config(const DeepseekShape& s) {
 }
 
 std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFormat cache,
-                                              const std::vector<int32_t>& ids) {
+                                              const std::vector<int32_t>& ids, double* routing_margin) {
+  if (routing_margin != nullptr) *routing_margin = INFINITY;
   const DeepseekShape& s = model.shape;
   auto W = [&](const std::string& name) -> const std::vector<float>& { return model.weights.at(name); };
   const int n = static_cast<int>(ids.size()), H = s.hidden, qk = s.nope + s.rope;
@@ -299,7 +318,7 @@ std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFo
       Vec& ht = h[static_cast<size_t>(t)];
       for (int i = 0; i < H; ++i) ht[static_cast<size_t>(i)] += o[static_cast<size_t>(i)];
       const Vec x = rms(ht, W(p + "post_attention_layernorm.weight"), s.eps);
-      const Vec d = s.experts > 0 && l >= s.first_dense ? moe_mlp(model, p, x) : mlp(model, p + "mlp.", x, s.inter);
+      const Vec d = s.experts > 0 && l >= s.first_dense ? moe_mlp(model, p, x, routing_margin) : mlp(model, p + "mlp.", x, s.inter);
       for (int i = 0; i < H; ++i) ht[static_cast<size_t>(i)] += d[static_cast<size_t>(i)];
     }
   }
@@ -326,12 +345,13 @@ GreedyCheck check_greedy(const TinyDeepseek& model, MlaKVFormat cache, const std
   GreedyCheck result;
   std::vector<int32_t> seq = prompt;
   for (int32_t token : output) {
-    const auto logits = deepseek_reference_logits(model, cache, seq);
+    double routing = INFINITY;
+    const auto logits = deepseek_reference_logits(model, cache, seq, &routing);
     std::vector<double> row(logits.end() - model.shape.vocab, logits.end());
     const auto best = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
     std::vector<double> sorted = row;
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-    if (sorted[0] - sorted[1] > margin) {
+    if (sorted[0] - sorted[1] > margin && routing > kRoutingMargin) {
       ++result.checked;
       if (token != best) {
         result.mismatches.push_back("step " + std::to_string(seq.size() - prompt.size()) + ": got " +

@@ -40,8 +40,12 @@ nlohmann::json deepseek_config(const DeepseekShape& shape);
 
 // Logits of every position of ids, [ids.size(), vocab]. The cached latent rows (c, and k_pe after
 // RoPE) go through the cache format's encoding first, as the model's keys and values do.
+// routing_margin (optional): the smallest gap, over every token and MoE layer, between the last
+// expert (or group) picked and the first left out; below kRoutingMargin a rounding difference
+// could route a token elsewhere, so such a step or model is not compared.
 std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFormat cache,
-                                              const std::vector<int32_t>& ids);
+                                              const std::vector<int32_t>& ids, double* routing_margin = nullptr);
+inline constexpr double kRoutingMargin = 1e-5;  // f32 routing scores differ from f64 by ~1e-7
 
 // How far logits are from the reference: max |got - want| over all entries, max |want|, and
 // whether every got is finite.
@@ -52,7 +56,8 @@ struct LogitError {
 LogitError logit_error(const std::vector<float>& got, const std::vector<double>& want);
 
 // Walks a greedy continuation of prompt: at each step where the reference's top two logits are
-// more than margin apart, the token must be the reference's argmax. Returns the steps checked and
+// more than margin apart (and its routing more than kRoutingMargin), the token must be the
+// reference's argmax. Returns the steps checked and
 // a description of every mismatch.
 struct GreedyCheck {
   int checked = 0;

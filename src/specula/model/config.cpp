@@ -43,15 +43,17 @@ void parse_moe(const JsonReader& j, ModelConfig& c) {
   const int first_dense = static_cast<int>(j.int_or("first_k_dense_replace", 0, 0, kMaxLayers));
   const int freq = static_cast<int>(j.int_or("moe_layer_freq", 1, 1, kMaxLayers));
   for (int l = 0; l < c.num_hidden_layers; ++l) e.layers.push_back(l >= first_dense && l % freq == 0 ? 1 : 0);
-  e.n_group = static_cast<int>(j.int_or("n_group", 1, 1, e.n_routed_experts));
-  e.topk_group = static_cast<int>(j.int_or("topk_group", 1, 1, e.n_group));
+  // DeepseekV3Config's defaults where V3's fields are absent (8 groups keeping 4, normalised,
+  // scaled by 2.5); V2's are one group, not normalised, not scaled.
+  const bool v3 = c.architecture == "DeepseekV3ForCausalLM";
+  e.n_group = static_cast<int>(j.int_or("n_group", v3 ? std::min(8, e.n_routed_experts) : 1, 1, e.n_routed_experts));
+  e.topk_group = static_cast<int>(j.int_or("topk_group", v3 ? std::min(4, e.n_group) : 1, 1, e.n_group));
   SPECULA_CHECK(e.n_routed_experts % e.n_group == 0, "config.json: n_group {} does not divide n_routed_experts {}",
                 e.n_group, e.n_routed_experts);
-  e.routed_scaling_factor = j.number_or("routed_scaling_factor", 1.0);
+  e.routed_scaling_factor = j.number_or("routed_scaling_factor", v3 ? 2.5 : 1.0);
   SPECULA_CHECK(e.routed_scaling_factor > 0 && std::isfinite(e.routed_scaling_factor),
                 "config.json: routed_scaling_factor {} must be positive", e.routed_scaling_factor);
-  e.norm_topk_prob = j.bool_or("norm_topk_prob", false);
-  const bool v3 = c.architecture == "DeepseekV3ForCausalLM";
+  e.norm_topk_prob = j.bool_or("norm_topk_prob", v3);
   const std::string scoring = j.string_or("scoring_func", v3 ? "sigmoid" : "softmax");
   SPECULA_CHECK(scoring == "softmax" || scoring == "sigmoid",
                 "config.json: scoring_func '{}' is not supported; supported: softmax, sigmoid", scoring);
@@ -73,8 +75,9 @@ void parse_moe(const JsonReader& j, ModelConfig& c) {
   }
   SPECULA_CHECK(e.topk_method == MoeConfig::TopK::kGreedy ||
                     e.num_experts_per_tok <= e.topk_group * (e.n_routed_experts / e.n_group),
-                "config.json: num_experts_per_tok {} exceeds the experts of topk_group {} groups of {}",
-                e.num_experts_per_tok, e.topk_group, e.n_routed_experts / e.n_group);
+                "config.json: num_experts_per_tok {} exceeds the {} experts of the topk_group {} kept groups (of {} each)",
+                e.num_experts_per_tok, e.topk_group * (e.n_routed_experts / e.n_group), e.topk_group,
+                e.n_routed_experts / e.n_group);
   e.scale_always = v3;
 }
 
@@ -89,6 +92,8 @@ void parse_llama_moe(const JsonReader& j, ModelConfig& c) {
   e.norm_topk_prob = mixtral || j.bool_or("norm_topk_prob", false);
   e.norm_single = true;
   e.mixtral_names = mixtral;
+  SPECULA_CHECK(c.hidden_act == "silu", "config.json: activation '{}' is not supported for {}'s experts; supported: silu",
+                c.hidden_act, c.architecture);
   std::vector<int> dense;
   if (const auto only = j.find("mlp_only_layers"); only && !mixtral) {
     if (!only->is_array()) only->fail("must be an array of layer indices");

@@ -52,8 +52,8 @@ struct MlaConfig {
 //   top-k of scores + e_score_correction_bias within the topk_group groups whose two best biased
 //   scores sum highest; the bias only selects, the weights are the unbiased scores;
 //   weights: normalised to sum 1 when norm_topk_prob (DeepSeek: and top-k > 1; Mixtral always),
-//   times routed_scaling_factor (DeepSeek-V2, as its modelling code: only when not normalised;
-//   V3: always).
+//   times routed_scaling_factor (DeepSeek-V2, as DeepSeek's remote modelling code: only when not
+//   normalised; V3: always). The experts of groups not kept are out of the selection (-inf).
 // Ties go to the lower expert (group) index.
 struct MoeConfig {
   int n_routed_experts = 0;  // 0: every layer is dense

@@ -34,7 +34,7 @@ void run_expert(const ExpertWeights& e, const float* x, int64_t n, int hidden, s
   cpu_linear(gate.data(), e.w_down, y, n, e.inter, hidden);
 }
 
-// The k best of `values` among `allowed` (all when empty), larger first, ties to the lower index.
+// The k best of `values`, larger first, ties to the lower index.
 void top_k(const std::vector<double>& values, int k, std::vector<int32_t>& out) {
   out.resize(values.size());
   std::iota(out.begin(), out.end(), 0);
@@ -73,7 +73,17 @@ MoeWeights load_moe_weights(F32WeightLoader& load, const std::string& prefix, co
 
 void moe_route(const MoeConfig& m, const float* router_logits, const std::vector<float>& correction_bias, int64_t n,
                MoeRoute& route) {
-  const int E = m.n_routed_experts, k = m.num_experts_per_tok, per_group = E / m.n_group;
+  const int E = m.n_routed_experts, k = m.num_experts_per_tok;
+  SPECULA_CHECK(E >= 1 && k >= 1 && k <= E && m.n_group >= 1 && E % m.n_group == 0 && m.topk_group >= 1 &&
+                    m.topk_group <= m.n_group,
+                "moe_route: {} experts, top {}, {} groups keeping {}: not a valid routing", E, k, m.n_group, m.topk_group);
+  const int per_group = E / m.n_group;
+  SPECULA_CHECK(m.topk_method != MoeConfig::TopK::kNoAuxTc || per_group >= 2,
+                "moe_route: noaux_tc ranks groups by their two best experts; groups hold {}", per_group);
+  SPECULA_CHECK(m.topk_method == MoeConfig::TopK::kGreedy || k <= m.topk_group * per_group,
+                "moe_route: top {} from {} kept groups of {}", k, m.topk_group, per_group);
+  SPECULA_CHECK(correction_bias.empty() || correction_bias.size() == static_cast<size_t>(E),
+                "moe_route: {} correction biases for {} experts", correction_bias.size(), E);
   route.experts.assign(static_cast<size_t>(n * k), 0);
   route.weights.assign(static_cast<size_t>(n * k), 0.0f);
   std::vector<double> scores(static_cast<size_t>(E)), choice(static_cast<size_t>(E)), group(static_cast<size_t>(m.n_group));
@@ -102,12 +112,12 @@ void moe_route(const MoeConfig& m, const float* router_logits, const std::vector
         group[static_cast<size_t>(g)] = m.topk_method == MoeConfig::TopK::kNoAuxTc ? static_cast<double>(static_cast<float>(in[0] + in[1])) : in[0];
       }
       top_k(group, m.topk_group, groups);
-      // Experts of the other groups score 0, as the model's masked_fill does (they can still be
-      // picked when fewer than k experts of the kept groups score above 0).
+      // Experts of the other groups are out (-inf, as DeepSeek's inference code, vLLM and SGLang
+      // mask them; transformers' 0.0 differs only where a kept expert's biased score is negative).
       std::vector<bool> kept(static_cast<size_t>(m.n_group), false);
       for (int32_t g : groups) kept[static_cast<size_t>(g)] = true;
       for (int e = 0; e < E; ++e) {
-        if (!kept[static_cast<size_t>(e / per_group)]) choice[static_cast<size_t>(e)] = 0.0;
+        if (!kept[static_cast<size_t>(e / per_group)]) choice[static_cast<size_t>(e)] = -INFINITY;
       }
     }
     top_k(choice, k, picked);
