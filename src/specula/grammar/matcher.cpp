@@ -180,7 +180,9 @@ bool top_accepts_any(const Grammar& g, const Stack& stack, uint32_t lo, uint32_t
 
 bool Automaton::completes_alike(const MatchState& s) const {
   if (s.partial_len == 0 || s.partial_len + 1 != s.partial_need) return false;
-  const auto [lo, hi] = completions(s.partial, s.partial_len, s.partial_need);
+  // Named copies: clang 14 (the fuzz build) does not let a lambda capture structured bindings.
+  const std::pair<uint32_t, uint32_t> range = completions(s.partial, s.partial_len, s.partial_need);
+  const uint32_t lo = range.first, hi = range.second;
   const std::vector<Rule>& rules = grammar_->rules();
   for (const Stack& st : s.stacks) {
     if (st.empty()) return false;
