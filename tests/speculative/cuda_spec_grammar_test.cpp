@@ -102,13 +102,7 @@ void expect_speculation_keeps_output(const std::vector<std::pair<std::string, Ou
     EXPECT_EQ(on_host[i], plain[i]) << "format " << fs[i / prompts].first << ", prompt " << i % prompts << ": "
                                     << spec_grammar::first_difference(on_host[i], plain[i]);
   }
-  struct Shape {
-    EagleKind kind;
-    SpecParams params;
-    int page_size;
-  };
-  for (const Shape& s : {Shape{EagleKind::EAGLE3, {3, 1, 4}, 16}, Shape{EagleKind::EAGLE3, {4, 4, 10}, 1},
-                         Shape{EagleKind::EAGLE, {3, 1, 4}, 1}, Shape{EagleKind::EAGLE, {4, 4, 10}, 16}}) {
+  for (const spec_grammar::SpecShape& s : spec_grammar::spec_shapes()) {
     const EagleOptions spec{s.kind, spec_fixtures::head_dir(s.kind), s.params, SpecPolicyKind::FIXED};
     const auto got = spec_grammar::outputs(gpu_options(s.page_size), spec, fs, nullptr, false, prompts, max_new);
     ASSERT_EQ(got.size(), plain.size());
@@ -120,10 +114,8 @@ void expect_speculation_keeps_output(const std::vector<std::pair<std::string, Ou
       const OutputFormat& f = fs[i / prompts].second;
       const Divergence d = divergence(with_logprobs(std::nullopt, 16, f, i % prompts, max_new),
                                       with_logprobs(spec, s.page_size, f, i % prompts, max_new));
-      const std::string where = std::string(eagle_kind_name(s.kind)) + " (" + std::to_string(s.params.num_steps) + ", " +
-                                std::to_string(s.params.topk) + ", " + std::to_string(s.params.num_draft_tokens) +
-                                ") page " + std::to_string(s.page_size) + ", format " + fs[i / prompts].first +
-                                ", prompt " + std::to_string(i % prompts) + ": " +
+      const std::string where = s.name() + ", format " + fs[i / prompts].first + ", prompt " +
+                                std::to_string(i % prompts) + ": " +
                                 spec_grammar::first_difference(got[i], plain[i]) + "; " + d.text;
       constexpr float kNearTie = 0.05f;
       const bool near_tie = d.plain_gap && d.verify_gap && *d.plain_gap <= kNearTie && *d.verify_gap <= kNearTie;

@@ -86,6 +86,26 @@ inline std::vector<std::vector<int32_t>> outputs(EngineOptions o, const std::opt
   return out;
 }
 
+// The speculation the CPU and GPU tests compare with plain decoding: both heads, a chain and a
+// tree each, page sizes 1 and 16.
+struct SpecShape {
+  EagleKind kind;
+  SpecParams params;
+  int page_size;
+  std::string name() const {
+    return std::string(eagle_kind_name(kind)) + " (" + std::to_string(params.num_steps) + ", " +
+           std::to_string(params.topk) + ", " + std::to_string(params.num_draft_tokens) + ") page " +
+           std::to_string(page_size);
+  }
+};
+inline const std::vector<SpecShape>& spec_shapes() {
+  static const std::vector<SpecShape> shapes = {{EagleKind::EAGLE3, {3, 1, 4}, 16},
+                                                {EagleKind::EAGLE3, {4, 4, 10}, 1},
+                                                {EagleKind::EAGLE, {3, 1, 4}, 1},
+                                                {EagleKind::EAGLE, {4, 4, 10}, 16}};
+  return shapes;
+}
+
 // Where two outputs first differ and the tokens around it (for failure messages).
 inline std::string first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   size_t i = 0;

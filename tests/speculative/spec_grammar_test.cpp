@@ -42,19 +42,11 @@ TEST(SpecGrammar, GreedyOutputEqualsTheOutputWithoutSpeculation) {
   // Some outputs end because the grammar finished (end-of-sequence where it may end, or nothing
   // more allowed), so that path is compared too.
   EXPECT_GT(std::count(reasons.begin(), reasons.end(), "stop"), 2);
-  struct Shape {
-    EagleKind kind;
-    SpecParams params;
-    int page_size;
-  };
-  for (const Shape& s : {Shape{EagleKind::EAGLE3, {3, 1, 4}, 16}, Shape{EagleKind::EAGLE3, {3, 4, 8}, 1},
-                         Shape{EagleKind::EAGLE, {3, 1, 4}, 1}, Shape{EagleKind::EAGLE, {4, 4, 10}, 16}}) {
+  for (const spec_grammar::SpecShape& s : spec_grammar::spec_shapes()) {
     const EagleOptions spec{s.kind, spec_fixtures::head_dir(s.kind), s.params, SpecPolicyKind::FIXED};
     const auto got = outputs(spec, s.page_size, fs);
     for (size_t i = 0; i < plain.size(); ++i) {
-      EXPECT_EQ(got[i], plain[i]) << eagle_kind_name(s.kind) << " (" << s.params.num_steps << ", " << s.params.topk
-                                  << ", " << s.params.num_draft_tokens << ") page " << s.page_size << ", format "
-                                  << fs[i / 2].first << ", prompt " << i % 2;
+      EXPECT_EQ(got[i], plain[i]) << s.name() << ", format " << fs[i / 2].first << ", prompt " << i % 2;
     }
   }
 }
@@ -84,16 +76,10 @@ TEST(SpecGrammar, EveryCorpusSchemaKeepsThePlainGreedyOutput) {
   const auto fs = spec_grammar::corpus_formats();
   ASSERT_GE(fs.size(), 50u);
   const auto plain = outputs(std::nullopt, 16, fs, nullptr, false, 1, 96);
-  const std::vector<std::pair<EagleKind, SpecParams>> shapes = {{EagleKind::EAGLE3, {3, 1, 4}},
-                                                                 {EagleKind::EAGLE3, {3, 4, 8}},
-                                                                 {EagleKind::EAGLE, {3, 1, 4}},
-                                                                 {EagleKind::EAGLE, {3, 4, 8}}};
-  for (const auto& [kind, params] : shapes) {
-    const EagleOptions spec{kind, spec_fixtures::head_dir(kind), params, SpecPolicyKind::FIXED};
-    const auto got = outputs(spec, 16, fs, nullptr, false, 1, 96);
-    for (size_t i = 0; i < plain.size(); ++i) {
-      EXPECT_EQ(got[i], plain[i]) << eagle_kind_name(kind) << " topk " << params.topk << ", schema " << fs[i].first;
-    }
+  for (const spec_grammar::SpecShape& s : spec_grammar::spec_shapes()) {
+    const EagleOptions spec{s.kind, spec_fixtures::head_dir(s.kind), s.params, SpecPolicyKind::FIXED};
+    const auto got = outputs(spec, s.page_size, fs, nullptr, false, 1, 96);
+    for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(got[i], plain[i]) << s.name() << ", schema " << fs[i].first;
   }
 }
 
