@@ -55,8 +55,9 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
   });
   TokenBitmaskFill fill_masks;
   // A grammar whose mask hits a limit ends its own request after the step, not the batch's.
-  std::vector<std::string> mask_errors(plan.size());
+  std::vector<std::string> mask_errors;
   if (masked) {
+    mask_errors.resize(plan.size());
     fill_masks = [&plan, &mask_errors](std::span<uint32_t> words) {
       const size_t per_row = words.size() / plan.size();
       for (size_t i = 0; i < plan.size(); ++i) {
@@ -93,7 +94,7 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
         if (spec_ == nullptr) kv_.cache_unfinished(r.kv, r.fill());
         continue;
       }
-      SPECULA_CHECK(mask_errors[i].empty(), "{}", mask_errors[i]);
+      SPECULA_CHECK(mask_errors.empty() || mask_errors[i].empty(), "{}", mask_errors[i]);
       const std::span<const float> row = argmax_only ? std::span<const float>()
                                                      : std::span<const float>(logits_).subspan(i * vocab, vocab);
       const int32_t token = !argmax_only                         ? r.sampler.sample(row)
