@@ -107,9 +107,18 @@ void moe_route(const MoeConfig& m, const float* router_logits, const std::vector
     if (m.topk_method != MoeConfig::TopK::kGreedy) {
       // A group's rank: its best score, or (noaux_tc) the sum of its two best biased scores.
       for (int g = 0; g < m.n_group; ++g) {
-        std::vector<double> in(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
-        std::sort(in.rbegin(), in.rend());
-        group[static_cast<size_t>(g)] = m.topk_method == MoeConfig::TopK::kNoAuxTc ? static_cast<double>(static_cast<float>(in[0] + in[1])) : in[0];
+        double best = -INFINITY, second = -INFINITY;
+        for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
+          const double v = choice[static_cast<size_t>(e)];
+          if (v > best) {
+            second = best;
+            best = v;
+          } else if (v > second) {
+            second = v;
+          }
+        }
+        group[static_cast<size_t>(g)] =
+            m.topk_method == MoeConfig::TopK::kNoAuxTc ? static_cast<double>(static_cast<float>(best + second)) : best;
       }
       top_k(group, m.topk_group, groups);
       // Experts of the other groups are out (-inf, as DeepSeek's inference code, vLLM and SGLang
