@@ -355,8 +355,7 @@ std::optional<double> metric_diff(const RemoteBenchResult& r, const std::string&
 
 void run_remote(const Options& o) {
   SPECULA_CHECK(o.synthetic.empty() || o.engine.model.empty(), "give at most one of --model and --synthetic");
-  SPECULA_CHECK(output_format(o.format).kind == grammar::OutputFormat::Kind::kText && o.tokenizer.empty() &&
-                    o.temperature == 0,
+  SPECULA_CHECK(o.format.given() == 0 && o.tokenizer.empty() && o.temperature == 0,
                 "--url: --json-object, --json-schema, --regex, --grammar, --tokenizer and --temperature are for a local "
                 "engine");
   for (const CLI::Option* opt : o.engine_flag_options) {

@@ -23,7 +23,7 @@ void add_format_flags(CLI::App& cmd, FormatFlags& flags) {
 
 grammar::OutputFormat output_format(const FormatFlags& flags) {
   using Kind = grammar::OutputFormat::Kind;
-  const int given = (flags.json_object ? 1 : 0) + !flags.json_schema.empty() + !flags.regex.empty() + !flags.grammar.empty();
+  const int given = flags.given();
   SPECULA_CHECK(given <= 1, "--json-object, --json-schema, --regex and --grammar are exclusive; {} were given", given);
   grammar::OutputFormat f;
   if (flags.json_object) f.kind = Kind::kJsonObject;

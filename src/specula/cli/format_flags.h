@@ -12,6 +12,8 @@ namespace specula {
 struct FormatFlags {
   bool json_object = false;
   std::string json_schema, regex, grammar;
+  // How many of the flags were given.
+  int given() const { return (json_object ? 1 : 0) + !json_schema.empty() + !regex.empty() + !grammar.empty(); }
 };
 
 void add_format_flags(CLI::App& cmd, FormatFlags& flags);
