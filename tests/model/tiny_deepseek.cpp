@@ -341,7 +341,7 @@ LogitError logit_error(const std::vector<float>& got, const std::vector<double>&
 }
 
 GreedyCheck check_greedy(const TinyDeepseek& model, MlaKVFormat cache, const std::vector<int32_t>& prompt,
-                         const std::vector<int32_t>& output, double margin) {
+                         const std::vector<int32_t>& output, double margin, double routing_margin) {
   GreedyCheck result;
   std::vector<int32_t> seq = prompt;
   for (int32_t token : output) {
@@ -351,7 +351,7 @@ GreedyCheck check_greedy(const TinyDeepseek& model, MlaKVFormat cache, const std
     const auto best = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
     std::vector<double> sorted = row;
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-    if (sorted[0] - sorted[1] > margin && routing > kRoutingMargin) {
+    if (sorted[0] - sorted[1] > margin && routing > routing_margin) {
       ++result.checked;
       if (token != best) {
         result.mismatches.push_back("step " + std::to_string(seq.size() - prompt.size()) + ": got " +
@@ -364,14 +364,15 @@ GreedyCheck check_greedy(const TinyDeepseek& model, MlaKVFormat cache, const std
 }
 
 GreedyCheck decode_and_check(Generator& gen, const TinyDeepseek& model, MlaKVFormat cache,
-                             const std::vector<int32_t>& prompt, int max_new, const LogitError& prompt_error) {
+                             const std::vector<int32_t>& prompt, int max_new, const LogitError& prompt_error,
+                             double routing_margin) {
   GenerateRequest r;
   r.prompt_ids = prompt;
   r.max_new_tokens = max_new;
   r.ignore_eos = true;
   const std::vector<int32_t> out = gen.generate(r).output_ids;
   const double margin = std::max(4 * prompt_error.max_err, 1e-3 * prompt_error.max_abs);
-  GreedyCheck check = check_greedy(model, cache, prompt, out, margin);
+  GreedyCheck check = check_greedy(model, cache, prompt, out, margin, routing_margin);
   if (static_cast<int>(out.size()) != max_new) {
     check.mismatches.push_back(std::to_string(out.size()) + " tokens generated, " + std::to_string(max_new) + " asked");
   }

@@ -9,12 +9,12 @@ namespace specula {
 
 std::unique_ptr<Model> make_cuda_model(const ModelConfig& config, const WeightSource& weights,
                                        const ModelOptions& options) {
-  // Refused before any weight is read: the GPU has no fused MoE kernels yet (issue 53).
-  SPECULA_CHECK(!config.has_moe(),
-                "{}: mixture-of-experts layers (n_routed_experts {}) run on the CPU only in this build; use --device cpu",
-                config.architecture, config.moe.n_routed_experts);
-  if (config.is_mla()) return std::make_unique<DeepseekCudaModel>(std::make_unique<DeepseekModel>(config, weights), options);
-  return std::make_unique<LlamaCudaModel>(std::make_unique<LlamaModel>(config, weights), options);
+  // The host model holds no routed experts: the GPU model reads them one at a time from the
+  // checkpoint into its stacked bf16 layout (an f32 host copy of a 16B-parameter MoE is 64 GB).
+  if (config.is_mla()) {
+    return std::make_unique<DeepseekCudaModel>(std::make_unique<DeepseekModel>(config, weights, false), options, &weights);
+  }
+  return std::make_unique<LlamaCudaModel>(std::make_unique<LlamaModel>(config, weights, false), options, &weights);
 }
 
 }  // namespace specula

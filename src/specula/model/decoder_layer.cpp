@@ -58,7 +58,7 @@ void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, 
   if (!w.post_attn_norm.empty()) cpu_rms_norm(o.data(), w.post_attn_norm, o.data(), n, h, d.eps);
   for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];
   cpu_rms_norm(x.data(), w.post_norm, xn.data(), n, h, d.eps);
-  if (!w.moe.experts.empty()) {
+  if (w.moe.layer) {
     SPECULA_CHECK(d.moe != nullptr, "a mixture-of-experts layer needs its routing (DecoderLayerDims::moe)");
     cpu_moe(*d.moe, w.moe, xn.data(), n, h, o.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += o[i];

@@ -25,7 +25,7 @@ struct DecoderLayerWeights {
   std::vector<float> b_gate, b_up, b_down;           // [out] (mlp_bias) or empty
   std::vector<float> q_norm, k_norm;                 // [head_dim] (qk_norm) or empty
   std::vector<float> w_gate, w_up, w_down;
-  MoeWeights moe;  // a mixture-of-experts layer's MLP (experts non-empty) instead of w_gate/up/down
+  MoeWeights moe;  // a mixture-of-experts layer's MLP (moe.layer) instead of w_gate/up/down
 
   size_t floats() const;
 };

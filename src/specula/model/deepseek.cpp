@@ -11,7 +11,7 @@
 
 namespace specula {
 
-DeepseekModel::DeepseekModel(const ModelConfig& c, const WeightSource& ckpt) : CpuDecoder(c) {
+DeepseekModel::DeepseekModel(const ModelConfig& c, const WeightSource& ckpt, bool routed_experts) : CpuDecoder(c) {
   SPECULA_CHECK(c.is_mla(), "{} is not a multi-head latent attention model", c.architecture);
   const MlaConfig& m = c.mla;
   const int64_t h = c.hidden_size, heads = c.num_attention_heads;
@@ -36,7 +36,7 @@ DeepseekModel::DeepseekModel(const ModelConfig& c, const WeightSource& ckpt) : C
     w.wo = load(p + "self_attn.o_proj.weight", {h, heads * m.v_head_dim});
     w.is_moe = c.moe.is_moe_layer(l);
     if (w.is_moe) {
-      w.moe = load_moe_weights(load, p, c);
+      w.moe = load_moe_weights(load, p, c, routed_experts);
     } else {
       w.w_gate = load(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
       w.w_up = load(p + "mlp.up_proj.weight", {c.intermediate_size, h});

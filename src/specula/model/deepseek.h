@@ -28,7 +28,9 @@ class DeepseekModel : public CpuDecoder {
   static constexpr float kLatentNormEps = 1e-6f;
 
   // Throws specula::Error for configs that are not MLA models.
-  DeepseekModel(const ModelConfig& config, const WeightSource& weights);
+  // routed_experts false: mixture-of-experts layers hold all but their routed experts (a GPU
+  // model loads those itself); such a model cannot run forward on the CPU.
+  DeepseekModel(const ModelConfig& config, const WeightSource& weights, bool routed_experts = true);
 
   const std::vector<MlaLayer>& mla_layers() const { return mla_layers_; }
   size_t weight_bytes() const;  // all weights as held (f32)

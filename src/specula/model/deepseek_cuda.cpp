@@ -21,10 +21,13 @@ namespace specula {
 
 namespace ck = cuda_kernels;
 
-DeepseekCudaModel::DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const ModelOptions& options)
+DeepseekCudaModel::DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const ModelOptions& options,
+                                     const WeightSource* experts)
     : CudaDecoderExecutor(std::move(host), options.device, false) {
   const Device device = device_;
-  for (const DeepseekModel::Layer& l : model().layers()) {
+  const ModelConfig& c = model().config();
+  for (size_t i = 0; i < model().layers().size(); ++i) {
+    const DeepseekModel::Layer& l = model().layers()[i];
     Layer d;
     d.input_norm = upload_f32(l.input_norm, device);
     d.post_norm = upload_f32(l.post_norm, device);
@@ -38,6 +41,10 @@ DeepseekCudaModel::DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const 
     d.wo = upload_weight(l.wo, device);
     d.w_gate_up = upload_weight(stack_rows({&l.w_gate, &l.w_up}), device);
     d.w_down = upload_weight(l.w_down, device);
+    if (l.is_moe) {
+      d.moe = std::make_unique<CudaMoe>(c.moe, l.moe, experts, "model.layers." + std::to_string(i) + ".", c.hidden_size,
+                                        device);
+    }
     layers_.push_back(std::move(d));
   }
   backend_ = make_deepseek_backend(model(), options, stream_);
@@ -53,6 +60,7 @@ size_t DeepseekCudaModel::layer_bytes() const {
                             &l.wkv_b_bf16, &l.wo, &l.w_gate_up, &l.w_down}) {
       bytes += held(*b);
     }
+    if (l.moe != nullptr) bytes += l.moe->bytes();
   }
   return bytes;
 }
@@ -152,9 +160,13 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
     }
     linear(values, w.wo, Buffer{}, o, n, H * vd, h);
     ck::add_rms_norm_rows(x, o, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
-    const CudaStepLinear::Split sp = linear.split(w.w_gate_up, n, h, 2 * inter);
-    linear_->gated(xn, w.w_gate_up, Buffer{}, act, n, h, inter, false, gate_up, sp.hi, sp.lo, sp.halves);
-    linear(act, w.w_down, Buffer{}, o, n, inter, h);
+    if (w.moe != nullptr) {
+      w.moe->forward(xn, o, n, linear, s);
+    } else {
+      const CudaStepLinear::Split sp = linear.split(w.w_gate_up, n, h, 2 * inter);
+      linear_->gated(xn, w.w_gate_up, Buffer{}, act, n, h, inter, false, gate_up, sp.hi, sp.lo, sp.halves);
+      linear(act, w.w_down, Buffer{}, o, n, inter, h);
+    }
     // The residual add, fused with the next layer's input norm.
     if (l + 1 < layers_.size()) {
       ck::add_rms_norm_rows(x, o, layers_[l + 1].input_norm.data_as<const float>(), xn, n, h, eps, s);

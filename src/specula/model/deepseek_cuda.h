@@ -15,6 +15,7 @@
 
 #include "specula/attention/mla/mla_backend.h"
 #include "specula/core/tensor.h"
+#include "specula/model/cuda/cuda_moe.h"
 #include "specula/model/cuda/decoder_executor.h"
 #include "specula/model/deepseek.h"
 
@@ -23,7 +24,9 @@ namespace specula {
 class DeepseekCudaModel final : public CudaDecoderExecutor {
  public:
   // Uploads the host model's weights and creates the MLA backend on the model's stream.
-  DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const ModelOptions& options);
+  // experts: where the routed experts are read from when the host model holds none
+  // (DeepseekModel's routed_experts false).
+  DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const ModelOptions& options, const WeightSource* experts = nullptr);
   ~DeepseekCudaModel() override;
 
   MlaAttentionBackend* mla_backend() override { return backend_.get(); }
@@ -37,6 +40,7 @@ class DeepseekCudaModel final : public CudaDecoderExecutor {
     Buffer wkv_b;      // f32 [heads * (nope + v), kv_lora_rank]
     Buffer wkv_b_bf16;  // the same in bf16, for the expanded form's keys and values
     Buffer wo, w_gate_up, w_down;
+    std::unique_ptr<CudaMoe> moe;  // a mixture-of-experts layer's MLP, instead of w_gate_up / w_down
   };
   // The MLA layer's own slots, after the executor's.
   enum MlaSlot : size_t {

@@ -12,7 +12,7 @@
 
 namespace specula {
 
-LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt) : CpuDecoder(c) {
+LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt, bool routed_experts) : CpuDecoder(c) {
   const int64_t h = c.hidden_size, q_out = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t kv_out = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
   F32WeightLoader load(ckpt);
@@ -56,7 +56,7 @@ LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt) : CpuDeco
       layer.k_norm = load(p + "self_attn.k_norm.weight", {c.head_dim});
     }
     if (c.moe.is_moe_layer(l)) {
-      layer.moe = load_moe_weights(load, p, c);
+      layer.moe = load_moe_weights(load, p, c, routed_experts);
     } else {
       layer.w_gate = load(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
       layer.w_up = load(p + "mlp.up_proj.weight", {c.intermediate_size, h});

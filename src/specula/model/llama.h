@@ -18,7 +18,9 @@ namespace specula {
 
 class LlamaModel : public CpuDecoder {
  public:
-  LlamaModel(const ModelConfig& config, const WeightSource& weights);
+  // routed_experts false: mixture-of-experts layers hold all but their routed experts (a GPU
+  // model loads those itself); such a model cannot run forward on the CPU.
+  LlamaModel(const ModelConfig& config, const WeightSource& weights, bool routed_experts = true);
 
   // One AttentionLayer per decoder layer (for backend checks and KV pool sizing).
   const std::vector<AttentionLayer>& attention_layers() const { return attention_layers_; }

@@ -22,7 +22,7 @@ namespace specula {
 namespace ck = cuda_kernels;
 
 
-LlamaCudaModel::LlamaCudaModel(std::unique_ptr<LlamaModel> host, const ModelOptions& options)
+LlamaCudaModel::LlamaCudaModel(std::unique_ptr<LlamaModel> host, const ModelOptions& options, const WeightSource* experts)
     : CudaDecoderExecutor(std::move(host), options.device, options.deterministic) {
   const ModelConfig& c = model().config();
   // Deterministic mode runs every product through the GEMV kernel, which reads rows in 8-element
@@ -32,8 +32,11 @@ LlamaCudaModel::LlamaCudaModel(std::unique_ptr<LlamaModel> host, const ModelOpti
                   "deterministic inference needs matrix widths that are multiples of 8; this model has {}", w);
   }
   const DecoderLayerDims dims{c.hidden_size, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                             c.intermediate_size, static_cast<float>(c.rms_norm_eps), c.hidden_act == "gelu_pytorch_tanh"};
-  for (const LlamaModel::Layer& l : model().layers()) layers_.emplace_back(l, dims, device_);
+                             c.intermediate_size, static_cast<float>(c.rms_norm_eps), c.hidden_act == "gelu_pytorch_tanh",
+                             c.has_moe() ? &c.moe : nullptr};
+  for (size_t l = 0; l < model().layers().size(); ++l) {
+    layers_.emplace_back(model().layers()[l], dims, device_, experts, "model.layers." + std::to_string(l) + ".");
+  }
   backend_ = make_llama_backend(model(), options, stream_);
 }
 

@@ -27,7 +27,9 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
   // Uploads the host model's weights and creates the attention backend on the model's stream.
   // options.deterministic: every product row is computed the same way whatever the number of
   // rows (the GEMV kernel, 8 rows per pass), so a request's results do not depend on its batch.
-  LlamaCudaModel(std::unique_ptr<LlamaModel> host, const ModelOptions& options);
+  // experts: where a mixture-of-experts model's routed experts are read from when the host model
+  // holds none (LlamaModel's routed_experts false).
+  LlamaCudaModel(std::unique_ptr<LlamaModel> host, const ModelOptions& options, const WeightSource* experts = nullptr);
   ~LlamaCudaModel() override;
 
   AttentionBackend* attention_backend() override { return backend_.get(); }

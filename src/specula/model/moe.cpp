@@ -14,12 +14,12 @@ namespace specula {
 
 namespace {
 
-ExpertWeights load_expert(F32WeightLoader& load, const std::string& p, int hidden, int inter, bool mixtral = false) {
+ExpertWeights load_expert(F32WeightLoader& load, const ExpertNames& names, int hidden, int inter) {
   ExpertWeights e;
   e.inter = inter;
-  e.w_gate = load(p + (mixtral ? "w1.weight" : "gate_proj.weight"), {inter, hidden});
-  e.w_up = load(p + (mixtral ? "w3.weight" : "up_proj.weight"), {inter, hidden});
-  e.w_down = load(p + (mixtral ? "w2.weight" : "down_proj.weight"), {hidden, inter});
+  e.w_gate = load(names.gate, {inter, hidden});
+  e.w_up = load(names.up, {inter, hidden});
+  e.w_down = load(names.down, {hidden, inter});
   return e;
 }
 
@@ -53,20 +53,28 @@ size_t MoeWeights::floats() const {
   return f;
 }
 
-MoeWeights load_moe_weights(F32WeightLoader& load, const std::string& prefix, const ModelConfig& c) {
+ExpertNames expert_names(const std::string& prefix, const MoeConfig& m, int expert) {
+  const std::string p = prefix + (m.mixtral_names ? "block_sparse_moe.experts." : "mlp.experts.") + std::to_string(expert) + ".";
+  if (m.mixtral_names) return {p + "w1.weight", p + "w3.weight", p + "w2.weight"};
+  return {p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"};
+}
+
+MoeWeights load_moe_weights(F32WeightLoader& load, const std::string& prefix, const ModelConfig& c, bool routed) {
   const MoeConfig& m = c.moe;
   MoeWeights w;
+  w.layer = true;
   const std::string p = prefix + (m.mixtral_names ? "block_sparse_moe." : "mlp.");
   w.router = load(p + "gate.weight", {m.n_routed_experts, c.hidden_size});
   if (m.topk_method == MoeConfig::TopK::kNoAuxTc) {
     w.correction_bias = load(p + "gate.e_score_correction_bias", {m.n_routed_experts});
   }
-  for (int e = 0; e < m.n_routed_experts; ++e) {
-    w.experts.push_back(
-        load_expert(load, p + "experts." + std::to_string(e) + ".", c.hidden_size, m.moe_intermediate_size, m.mixtral_names));
+  for (int e = 0; routed && e < m.n_routed_experts; ++e) {
+    w.experts.push_back(load_expert(load, expert_names(prefix, m, e), c.hidden_size, m.moe_intermediate_size));
   }
   if (m.n_shared_experts > 0) {
-    w.shared = load_expert(load, p + "shared_experts.", c.hidden_size, m.n_shared_experts * m.moe_intermediate_size);
+    const std::string sp = p + "shared_experts.";
+    w.shared = load_expert(load, {sp + "gate_proj.weight", sp + "up_proj.weight", sp + "down_proj.weight"}, c.hidden_size,
+                           m.n_shared_experts * m.moe_intermediate_size);
   }
   return w;
 }
@@ -145,6 +153,8 @@ void moe_route(const MoeConfig& m, const float* router_logits, const std::vector
 
 void cpu_moe(const MoeConfig& m, const MoeWeights& w, const float* x, int64_t n, int hidden, float* out) {
   const int E = m.n_routed_experts, k = m.num_experts_per_tok;
+  SPECULA_CHECK(w.experts.size() == static_cast<size_t>(E),
+                "this model's routed experts were loaded for the GPU only; the CPU forward needs all {}", E);
   std::vector<float> logits(static_cast<size_t>(n * E));
   cpu_linear(x, w.router, logits.data(), n, hidden, E);
   MoeRoute route;

@@ -20,6 +20,7 @@ struct ExpertWeights {
 };
 
 struct MoeWeights {
+  bool layer = false;                  // a mixture-of-experts layer (its routed experts may be held elsewhere)
   std::vector<float> router;           // mlp.gate.weight [n_routed_experts, hidden]
   std::vector<float> correction_bias;  // mlp.gate.e_score_correction_bias [n_routed_experts] (noaux_tc)
   std::vector<ExpertWeights> experts;  // mlp.experts.{e}
@@ -28,8 +29,16 @@ struct MoeWeights {
 };
 
 // Layer `prefix`'s ("model.layers.L.") mixture-of-experts tensors under transformers' names
-// (MoeConfig::mixtral_names).
-MoeWeights load_moe_weights(F32WeightLoader& load, const std::string& prefix, const ModelConfig& config);
+// (MoeConfig::mixtral_names). routed false: all but the routed experts (a GPU model reads those
+// straight from the checkpoint, one at a time, with no f32 copy on the host).
+MoeWeights load_moe_weights(F32WeightLoader& load, const std::string& prefix, const ModelConfig& config,
+                            bool routed = true);
+
+// The checkpoint names of routed expert e's matrices in layer `prefix`.
+struct ExpertNames {
+  std::string gate, up, down;
+};
+ExpertNames expert_names(const std::string& prefix, const MoeConfig& config, int expert);
 
 // Each token's num_experts_per_tok experts and their weights ([n, k] each, by falling selection
 // score) from the router's f32 logits [n, n_routed_experts].

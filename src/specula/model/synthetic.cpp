@@ -25,7 +25,9 @@ uint64_t mix(uint64_t x) {
 double uniform(uint64_t x) { return static_cast<double>(mix(x) >> 11) * 0x1.0p-53; }
 }  // namespace
 
-std::vector<std::string> synthetic_names() { return {"llama3-8b", "llama3.2-1b", "deepseek-v2-lite-dense", "tiny"}; }
+std::vector<std::string> synthetic_names() {
+  return {"llama3-8b", "llama3.2-1b", "deepseek-v2-lite", "deepseek-v2-lite-dense", "qwen3-30b-a3b", "tiny"};
+}
 
 ModelConfig synthetic_config(const std::string& name) {
   ModelConfig c;
@@ -41,9 +43,10 @@ ModelConfig synthetic_config(const std::string& name) {
     c.num_attention_heads = 32, c.num_key_value_heads = 8, c.head_dim = 64, c.max_position_embeddings = 8192;
     c.rope_theta = 500000.0;
     c.tie_word_embeddings = true;
-  } else if (name == "deepseek-v2-lite-dense") {
-    // DeepSeek-V2-Lite's attention (MLA, no q_lora, YaRN x40) with every layer's MLP dense at the
-    // size of its first (dense) layer: specula runs no MoE.
+  } else if (name == "deepseek-v2-lite" || name == "deepseek-v2-lite-dense") {
+    // DeepSeek-V2-Lite: MLA (no q_lora, YaRN x40); layer 0 a dense MLP, layers 1-26 64 routed
+    // experts (top 6, softmax, greedy, no renormalisation) and 2 shared ones of 1408. The -dense
+    // variant has every MLP dense at layer 0's size.
     c.architecture = "DeepseekV2ForCausalLM";
     c.model_type = "deepseek_v2";
     c.rms_norm_eps = 1e-6;
@@ -57,11 +60,33 @@ ModelConfig synthetic_config(const std::string& name) {
     c.rope_scaling.mscale_all_dim = 0.707;
     const double mscale = 0.1 * 0.707 * std::log(40.0) + 1.0;
     c.mla.softmax_scale = mscale * mscale / std::sqrt(192.0);
+    if (name == "deepseek-v2-lite") {
+      MoeConfig& m = c.moe;
+      m.n_routed_experts = 64, m.num_experts_per_tok = 6, m.n_shared_experts = 2, m.moe_intermediate_size = 1408;
+      m.layers.assign(static_cast<size_t>(c.num_hidden_layers), 1);
+      m.layers[0] = 0;
+    }
+  } else if (name == "qwen3-30b-a3b") {
+    // Qwen3-30B-A3B: 48 layers of GQA (32 / 4 heads of 128, q/k norms) and 128 experts of 768
+    // (top 8, renormalised), no shared expert.
+    c.architecture = "Qwen3MoeForCausalLM";
+    c.model_type = "qwen3_moe";
+    c.rms_norm_eps = 1e-6;
+    c.vocab_size = 151936, c.hidden_size = 2048, c.intermediate_size = 6144, c.num_hidden_layers = 48;
+    c.num_attention_heads = 32, c.num_key_value_heads = 4, c.head_dim = 128, c.max_position_embeddings = 40960;
+    c.rope_theta = 1000000.0;
+    c.qk_norm = true;
+    MoeConfig& m = c.moe;
+    m.n_routed_experts = 128, m.num_experts_per_tok = 8, m.moe_intermediate_size = 768;
+    m.norm_topk_prob = true, m.norm_single = true;
+    m.layers.assign(static_cast<size_t>(c.num_hidden_layers), 1);
   } else if (name == "tiny") {
     c.vocab_size = 259, c.hidden_size = 256, c.intermediate_size = 640, c.num_hidden_layers = 8;
     c.num_attention_heads = 4, c.num_key_value_heads = 2, c.head_dim = 64, c.max_position_embeddings = 1024;
   } else {
-    SPECULA_CHECK(false, "synthetic model '{}' is not known; known: llama3-8b, llama3.2-1b, deepseek-v2-lite-dense, tiny",
+    SPECULA_CHECK(false,
+                  "synthetic model '{}' is not known; known: llama3-8b, llama3.2-1b, deepseek-v2-lite, "
+                  "deepseek-v2-lite-dense, qwen3-30b-a3b, tiny",
                   name);
   }
   c.eos_token_ids = {};
@@ -90,7 +115,7 @@ TensorView SyntheticWeights::get(const std::string& name, const Shape& shape) co
   // Each value depends on its index alone: large tensors (an 8B model's 16 GB) are made on every
   // core, the same values whatever their number.
   const int64_t n = shape.numel();
-  const int64_t workers = n < (int64_t{1} << 22) ? 1 : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t workers = n < (int64_t{1} << 20) ? 1 : std::max<int64_t>(1, std::thread::hardware_concurrency());
   {
     std::vector<std::jthread> threads;
     for (int64_t w = 1; w < workers; ++w) threads.emplace_back(fill, n * w / workers, n * (w + 1) / workers);
@@ -110,9 +135,27 @@ size_t SyntheticWeights::total_bytes() const {
     attention = h * heads * qk + h * (rank + static_cast<size_t>(m.qk_rope_head_dim)) + rank +
                 heads * static_cast<size_t>(m.qk_nope_head_dim + m.v_head_dim) * rank + heads * static_cast<size_t>(m.v_head_dim) * h;
   }
-  const size_t layer = 2 * h + attention + 3 * h * static_cast<size_t>(c.intermediate_size);
-  const size_t params = static_cast<size_t>(c.vocab_size) * h * (c.tie_word_embeddings ? 1 : 2) + h +
-                        layer * static_cast<size_t>(c.num_hidden_layers);
+  size_t params = static_cast<size_t>(c.vocab_size) * h * (c.tie_word_embeddings ? 1 : 2) + h;
+  const MoeConfig& m = c.moe;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const size_t experts = static_cast<size_t>(m.n_routed_experts) + static_cast<size_t>(m.n_shared_experts);
+    const size_t mlp = m.is_moe_layer(l) ? 3 * h * static_cast<size_t>(m.moe_intermediate_size) * experts +
+                                               h * static_cast<size_t>(m.n_routed_experts)
+                                         : 3 * h * static_cast<size_t>(c.intermediate_size);
+    params += 2 * h + attention + mlp;
+  }
+  return params * 2;  // bf16
+}
+
+size_t SyntheticWeights::routed_expert_bytes() const {
+  const MoeConfig& m = config_.moe;
+  size_t params = 0;
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    if (m.is_moe_layer(l)) {
+      params += 3 * static_cast<size_t>(config_.hidden_size) * static_cast<size_t>(m.moe_intermediate_size) *
+                static_cast<size_t>(m.n_routed_experts);
+    }
+  }
   return params * 2;  // bf16
 }
 

@@ -13,8 +13,9 @@
 
 namespace specula {
 
-// "llama3-8b" (Llama-3-8B), "llama3.2-1b" (Llama-3.2-1B), "deepseek-v2-lite-dense" (DeepSeek-V2-Lite
-// with dense MLPs), "tiny" (the shipped model's shape).
+// "llama3-8b" (Llama-3-8B), "llama3.2-1b" (Llama-3.2-1B), "deepseek-v2-lite" (DeepSeek-V2-Lite, 64
+// routed + 2 shared experts), "deepseek-v2-lite-dense" (its attention with dense MLPs),
+// "qwen3-30b-a3b" (Qwen3-30B-A3B, 128 experts, top 8), "tiny" (the shipped model's shape).
 ModelConfig synthetic_config(const std::string& name);
 std::vector<std::string> synthetic_names();
 
@@ -24,6 +25,8 @@ class SyntheticWeights final : public WeightSource {
   TensorView get(const std::string& name, const Shape& shape) const override;
   bool contains(const std::string& name) const override;
   size_t total_bytes() const override;
+  // Of which the routed experts (a GPU model reads those into device memory only).
+  size_t routed_expert_bytes() const;
 
  private:
   ModelConfig config_;

@@ -3,6 +3,7 @@
 #include "specula/model/cuda/decoder_layer.h"
 
 #include "specula/model/cuda/cuda_linear.h"
+#include "specula/model/cuda/cuda_moe.h"
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/model_ops.h"
 
@@ -32,7 +33,8 @@ void CudaStepLinear::operator()(const float* x, const Buffer& w, const Buffer& b
   linear(x, w, bias, y, n, in, out, sp.hi, sp.lo, sp.halves);
 }
 
-CudaDecoderLayer::CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLayerDims& dims, Device device)
+CudaDecoderLayer::CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLayerDims& dims, Device device,
+                                   const WeightSource* experts, const std::string& prefix)
     : dims_(dims) {
   input_norm_ = upload_f32(w.input_norm, device);
   post_norm_ = upload_f32(w.post_norm, device);
@@ -48,7 +50,14 @@ CudaDecoderLayer::CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLa
   b_down_ = upload_f32(w.b_down, device);
   q_norm_ = upload_f32(w.q_norm, device);
   k_norm_ = upload_f32(w.k_norm, device);
+  if (w.moe.layer) {
+    SPECULA_CHECK(dims.moe != nullptr, "a mixture-of-experts layer needs its routing (DecoderLayerDims::moe)");
+    moe_ = std::make_unique<CudaMoe>(*dims.moe, w.moe, experts, prefix, dims.hidden, device);
+  }
 }
+
+CudaDecoderLayer::~CudaDecoderLayer() = default;
+CudaDecoderLayer::CudaDecoderLayer(CudaDecoderLayer&&) noexcept = default;
 
 size_t CudaDecoderLayer::bytes() const {
   size_t bytes = 0;
@@ -56,7 +65,7 @@ size_t CudaDecoderLayer::bytes() const {
                           &w_gate_up_, &b_gate_up_, &w_down_, &b_down_, &q_norm_, &k_norm_}) {
     if (b->data() != nullptr) bytes += b->nbytes();
   }
-  return bytes;
+  return bytes + (moe_ != nullptr ? moe_->bytes() : 0);
 }
 
 namespace {
@@ -78,8 +87,6 @@ void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend
   Buffer& ab = ws.get(kLayerAttnBf16, DType::bf16, n * Hq * D, dev);
   float* attn = ws.get(kLayerAttnF32, DType::f32, n * Hq * D, dev).data_as<float>();
   float* o = ws.get(kLayerO, DType::f32, n * h, dev).data_as<float>();
-  float* gate_up = ws.get(kLayerGateUp, DType::f32, n * 2 * inter, dev).data_as<float>();
-  float* act = ws.get(kLayerAct, DType::f32, n * inter, dev).data_as<float>();
 
   linear(st.attn_input, w_qkv_, b_qkv_, qkv, n, d.attn_in, qkv_width);
   ck::QkvEpilogueParams e{};
@@ -111,9 +118,15 @@ void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend
   linear.linear.product_bf16_x(ab.data(), wo_, bo_, o, n, Hq * D, h, attn);
   if (post_attn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_attn_norm_.data_as<const float>(), o, n, h, d.eps, s);
   ck::add_rms_norm_rows(st.x, o, post_norm_.data_as<const float>(), st.xn, n, h, d.eps, s);
-  const CudaStepLinear::Split sp = linear.split(w_gate_up_, n, h, 2 * inter);
-  linear.linear.gated(st.xn, w_gate_up_, b_gate_up_, act, n, h, inter, d.gelu, gate_up, sp.hi, sp.lo, sp.halves);
-  linear(act, w_down_, b_down_, o, n, inter, h);
+  if (moe_ != nullptr) {
+    moe_->forward(st.xn, o, n, linear, s);
+  } else {
+    float* gate_up = ws.get(kLayerGateUp, DType::f32, n * 2 * inter, dev).data_as<float>();
+    float* act = ws.get(kLayerAct, DType::f32, n * inter, dev).data_as<float>();
+    const CudaStepLinear::Split sp = linear.split(w_gate_up_, n, h, 2 * inter);
+    linear.linear.gated(st.xn, w_gate_up_, b_gate_up_, act, n, h, inter, d.gelu, gate_up, sp.hi, sp.lo, sp.halves);
+    linear(act, w_down_, b_down_, o, n, inter, h);
+  }
   if (post_ffn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_ffn_norm_.data_as<const float>(), o, n, h, d.eps, s);
   if (st.end_norm != nullptr) {
     ck::add_rms_norm_rows(st.x, o, st.end_norm, st.end_out, n, h, d.eps, s, st.end_copy, st.end_copy_stride);

@@ -10,18 +10,25 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
 #include <utility>
 
 #include "specula/core/tensor.h"
 #include "specula/model/cuda/workspace.h"
 #include "specula/model/decoder_layer.h"
+#include "specula/model/weights.h"
 
 namespace specula {
 
 class CudaLinear;
+class CudaMoe;
 
 enum CudaLayerSlot : size_t { kLayerQkv, kLayerQ, kLayerK, kLayerV, kLayerAttnBf16, kLayerAttnF32, kLayerO,
-                              kLayerGateUp, kLayerAct, kLayerSplit, kLayerHalves, kNumLayerSlots };
+                              kLayerGateUp, kLayerAct, kLayerSplit, kLayerHalves,
+                              // A mixture-of-experts layer's (CudaMoe).
+                              kMoeLogits, kMoeIds, kMoeWeights, kMoeSorted, kMoeBlockExpert, kMoeSlot, kMoeBlocks,
+                              kMoeX, kMoeAct, kMoeY, kMoeShared, kNumLayerSlots };
 
 struct CudaLayerScratch {
   CudaWorkspace<kNumLayerSlots> ws;
@@ -92,7 +99,12 @@ struct CudaLayerStep {
 
 class CudaDecoderLayer {
  public:
-  CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLayerDims& dims, Device device);
+  // A mixture-of-experts layer (w.moe.layer) whose routed experts the host did not load reads
+  // them from `experts` under layer `prefix`'s names (CudaMoe).
+  CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLayerDims& dims, Device device,
+                   const WeightSource* experts = nullptr, const std::string& prefix = {});
+  ~CudaDecoderLayer();
+  CudaDecoderLayer(CudaDecoderLayer&&) noexcept;
 
   const DecoderLayerDims& dims() const { return dims_; }
   const Buffer& input_norm() const { return input_norm_; }
@@ -108,6 +120,7 @@ class CudaDecoderLayer {
   Buffer wo_, bo_;
   Buffer w_gate_up_, b_gate_up_;  // [2 intermediate, hidden]: gate_proj | up_proj
   Buffer w_down_, b_down_, q_norm_, k_norm_;
+  std::unique_ptr<CudaMoe> moe_;  // instead of the gated MLP
 };
 
 }  // namespace specula

@@ -1,0 +1,189 @@
+// The MoE benchmark: CudaMoe layers built from synthetic weights (several layers, so that a
+// timed call finds its experts out of the L2, as a model's layer does), timed with CUDA events.
+#include "specula/cli/bench_moe.h"
+
+#include <fmt/format.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "specula/cli/json_file.h"
+#include "specula/core/error.h"
+#include "specula/model/synthetic.h"
+
+#ifdef SPECULA_HAS_CUDA
+#include <cuda_runtime_api.h>
+
+#include "specula/cli/cuda_ceilings.h"
+#include "specula/cli/cuda_timing.h"
+#include "specula/model/cuda/cuda_linear.h"
+#include "specula/model/cuda/cuda_moe.h"
+#include "specula/model/cuda/decoder_layer.h"
+#include "specula/model/cuda/moe_kernels.h"
+#include "specula/model/weight_loader.h"
+#endif
+
+namespace specula {
+
+namespace {
+
+struct Options {
+  std::vector<std::string> shapes = {"deepseek-v2-lite", "qwen3-30b-a3b"};
+  std::vector<int> batches = {1, 8, 64};
+  int prefill = 4096;
+  int layers = 4;
+  std::string json_path;
+};
+
+#ifdef SPECULA_HAS_CUDA
+namespace ck = cuda_kernels;
+
+void run(const Options& o) {
+  const Device dev = Device::cuda(0);
+  SPECULA_CHECK(o.layers >= 1 && o.prefill >= 1, "--layers {} and --prefill {} must be positive", o.layers, o.prefill);
+  const CudaCeilings ceilings = measure_cuda_ceilings(dev);
+  fmt::print("{}: copy {:.2f} TB/s, bf16 cuBLAS GEMM {:.0f} TFLOP/s\n", ceilings.device_name, ceilings.copy_tbps,
+             ceilings.gemm_tflops);
+  nlohmann::json out = nlohmann::json::array();
+  CudaLinear linear(dev, nullptr, false);
+  for (const std::string& shape : o.shapes) {
+    const ModelConfig config = synthetic_config(shape);
+    SPECULA_CHECK(config.has_moe(), "--shape {} has no mixture-of-experts layers", shape);
+    const MoeConfig& m = config.moe;
+    const int h = config.hidden_size, E = m.n_routed_experts, k = m.num_experts_per_tok;
+    const int inter = m.moe_intermediate_size, shared_inter = m.n_shared_experts * inter;
+    const SyntheticWeights weights(config, 7);
+    F32WeightLoader load(weights);
+    std::vector<std::unique_ptr<CudaMoe>> layers;
+    for (int l = 0; l < o.layers; ++l) {
+      const std::string prefix = "model.layers." + std::to_string(l + 1) + ".";
+      const MoeWeights host = load_moe_weights(load, prefix, config, false);
+      layers.push_back(std::make_unique<CudaMoe>(m, host, &weights, prefix, h, dev));
+    }
+    CudaLayerScratch scratch;
+    const CudaStepLinear step{linear, scratch, dev};
+    std::mt19937 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    fmt::print("\n{}: {} experts (top {}, {} shared) of {} x {}\n", shape, E, k, m.n_shared_experts, h, inter);
+    fmt::print("{:>7} {:>10} {:>9} {:>9} {:>10} {:>10} {:>7}\n", "tokens", "us/layer", "experts", "MB read", "TB/s",
+               "ceiling", "frac");
+    const double expert_bytes = 3.0 * h * inter * 2, fixed_bytes = 3.0 * h * shared_inter * 2 + 2.0 * E * h;
+    for (int n : o.batches) {
+      std::vector<float> x(static_cast<size_t>(n) * h);
+      for (float& v : x) v = normal(rng);
+      const Buffer d_x = upload_f32(x, dev);
+      Buffer d_out(DType::f32, {static_cast<int64_t>(n) * h}, dev);
+      size_t next = 0;
+      const double seconds = cuda_median_seconds(
+          [&] { layers[next++ % layers.size()]->forward(d_x.data_as<const float>(), d_out.data_as<float>(), n, step, nullptr); },
+          30);
+      // The experts this batch selects (the same in every layer: the weights differ, but a
+      // synthetic router's picks are all that is counted here, from the last layer run).
+      std::vector<int32_t> ids(static_cast<size_t>(n) * k);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaMemcpy(ids.data(), scratch.ws.slots[kMoeIds].data(), ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+      const size_t distinct = std::set<int32_t>(ids.begin(), ids.end()).size();
+      const double bytes = static_cast<double>(distinct) * expert_bytes + fixed_bytes;
+      const double ceiling = measure_cuda_read_tbps(dev, static_cast<size_t>(bytes), "cold");
+      const double tbps = bytes / seconds / 1e12;
+      fmt::print("{:>7} {:>10.1f} {:>9} {:>9.1f} {:>10.2f} {:>10.2f} {:>7.2f}\n", n, seconds * 1e6, distinct, bytes / 1e6,
+                 tbps, ceiling, tbps / ceiling);
+      out.push_back({{"shape", shape}, {"tokens", n}, {"us", seconds * 1e6}, {"experts_read", distinct},
+                     {"bytes", bytes}, {"tbps", tbps}, {"ceiling_tbps", ceiling}});
+    }
+
+    // Prefill: the whole layer, then its two grouped GEMMs alone (over the routing the layer's
+    // run left in the scratch), then cuBLAS on the same FLOPs as two dense bf16 GEMMs.
+    const int n = o.prefill;
+    const int64_t pairs = static_cast<int64_t>(n) * k;
+    std::vector<float> x(static_cast<size_t>(n) * h);
+    for (float& v : x) v = normal(rng);
+    const Buffer d_x = upload_f32(x, dev);
+    Buffer d_out(DType::f32, {static_cast<int64_t>(n) * h}, dev);
+    const double layer_s = cuda_median_seconds(
+        [&] { layers[0]->forward(d_x.data_as<const float>(), d_out.data_as<float>(), n, step, nullptr); }, 10);
+    const ck::MoeTile tile = ck::moe_pick_tile(pairs, E);
+    const int bm = ck::moe_tile_rows(tile);
+    const int inter_padded = (inter + 31) / 32 * 32;
+    const int64_t rows = scratch.ws.slots[kMoeY].numel() / h;
+    Buffer w_gate_up(DType::bf16, {E, 2 * inter_padded, h}, dev), w_down(DType::bf16, {E, h, inter_padded}, dev);
+    CUDA_CHECK(cudaMemset(w_gate_up.data(), 0x3c, w_gate_up.nbytes()));
+    CUDA_CHECK(cudaMemset(w_down.data(), 0x3c, w_down.nbytes()));
+    auto* x_hi = static_cast<uint16_t*>(scratch.ws.slots[kMoeX].data());
+    auto* act = static_cast<uint16_t*>(scratch.ws.slots[kMoeAct].data());
+    ck::MoeGemmParams g;
+    g.a_hi = x_hi;
+    g.a_lo = x_hi + static_cast<int64_t>(n) * h;
+    g.gather = true;
+    g.top_k = k;
+    g.sorted = scratch.ws.slots[kMoeSorted].data_as<const int32_t>();
+    g.block_expert = scratch.ws.slots[kMoeBlockExpert].data_as<const int32_t>();
+    g.num_blocks = scratch.ws.slots[kMoeBlocks].data_as<const int32_t>();
+    g.max_blocks = ck::moe_max_blocks(pairs, E, bm);
+    g.w = w_gate_up.data();
+    g.n = 2 * inter_padded;
+    g.k = h;
+    g.gate_up = true;
+    g.act_hi = act;
+    g.act_lo = act + rows * inter_padded;
+    ck::MoeGemmParams d = g;
+    d.a_hi = act;
+    d.a_lo = act + rows * inter_padded;
+    d.gather = false;
+    d.w = w_down.data();
+    d.n = h;
+    d.k = inter_padded;
+    d.gate_up = false;
+    d.out = scratch.ws.slots[kMoeY].data_as<float>();
+    const double gemm_s = cuda_median_seconds(
+        [&] {
+          ck::moe_gemm(g, tile, nullptr);
+          ck::moe_gemm(d, tile, nullptr);
+        },
+        10);
+    // cuBLAS: [pairs, h] x [h, 2 inter] and [pairs, inter] x [inter, h], bf16 in and out.
+    Buffer a(DType::bf16, {pairs, std::max(h, inter)}, dev), b(DType::bf16, {2 * inter, h}, dev),
+        c(DType::bf16, {pairs, std::max(2 * inter, h)}, dev);
+    CUDA_CHECK(cudaMemset(a.data(), 0x3c, a.nbytes()));
+    CUDA_CHECK(cudaMemset(b.data(), 0x3c, b.nbytes()));
+    const double cublas_s = cuda_median_seconds(
+        [&] {
+          linear.batched_bf16({a.data(), h, 0}, {b.data(), h, 0}, c.data(), 2 * inter, 0, pairs, h, 2 * inter, 1);
+          linear.batched_bf16({a.data(), inter, 0}, {b.data(), inter, 0}, c.data(), h, 0, pairs, inter, h, 1);
+        },
+        10);
+    const double flops = 2.0 * static_cast<double>(pairs) * h * 3.0 * inter;
+    fmt::print("prefill {} tokens ({} tile): layer {:.0f} us ({:.0f} TFLOP/s); grouped GEMMs {:.0f} us = {:.0f} TFLOP/s "
+               "({:.0f} on tensor cores, hi + lo); cuBLAS bf16 same FLOPs {:.0f} us = {:.0f} TFLOP/s; GEMMs / cuBLAS "
+               "{:.2f}\n",
+               n, bm, layer_s * 1e6, flops / layer_s / 1e12, gemm_s * 1e6, flops / gemm_s / 1e12,
+               2 * flops / gemm_s / 1e12, cublas_s * 1e6, flops / cublas_s / 1e12, cublas_s / gemm_s);
+    out.push_back({{"shape", shape}, {"prefill_tokens", n}, {"layer_us", layer_s * 1e6}, {"gemm_us", gemm_s * 1e6},
+                   {"cublas_us", cublas_s * 1e6}, {"gemm_tflops", flops / gemm_s / 1e12},
+                   {"cublas_tflops", flops / cublas_s / 1e12}, {"gemm_ceiling_tflops", ceilings.gemm_tflops}});
+  }
+  if (!o.json_path.empty()) write_json_file(o.json_path, out);
+}
+#else
+void run(const Options&) { SPECULA_CHECK(false, "bench moe needs a CUDA build"); }
+#endif
+
+}  // namespace
+
+void add_bench_moe_command(CLI::App& bench) {
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand("moe", "Time the GPU mixture-of-experts layer on real model shapes");
+  cmd->add_option("--shape", o->shapes, "Synthetic model shapes with experts")->capture_default_str();
+  cmd->add_option("--batches", o->batches, "Decode batch sizes (tokens)")->capture_default_str();
+  cmd->add_option("--prefill", o->prefill, "Tokens of the prefill case")->capture_default_str();
+  cmd->add_option("--layers", o->layers, "Layers built and cycled through (each timed call finds a cold L2)")
+      ->capture_default_str();
+  cmd->add_option("--json", o->json_path, "Also write the results to this JSON file");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace specula

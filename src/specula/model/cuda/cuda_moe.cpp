@@ -1,0 +1,217 @@
+// CudaMoe: the expert upload (one expert at a time, into the stacked bf16 layouts) and the
+// layer's launches.
+#include "specula/model/cuda/cuda_moe.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "specula/core/cuda_check.h"
+#include "specula/core/dtype.h"
+#include "specula/core/error.h"
+#include "specula/model/cuda/cuda_linear.h"
+#include "specula/model/cuda/decoder_layer.h"
+#include "specula/model/cuda/model_ops.h"
+#include "specula/model/cuda/moe_kernels.h"
+
+namespace specula {
+
+namespace ck = cuda_kernels;
+
+namespace {
+
+constexpr int kInterleave = 32;  // gate and up rows alternate in runs of this many
+
+// A matrix as bf16 bits, rounded to nearest even from any stored type.
+std::vector<uint16_t> to_bf16(const void* data, DType dtype, size_t count) {
+  std::vector<uint16_t> bits(count);
+  if (dtype == DType::bf16) {
+    std::copy_n(static_cast<const uint16_t*>(data), count, bits.data());
+    return bits;
+  }
+  std::vector<float> f(count);
+  convert_to_float(data, dtype, f.data(), count);
+  for (size_t i = 0; i < count; ++i) bits[i] = float_to_bf16_bits(f[i]);
+  return bits;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) { return to_bf16(v.data(), DType::f32, v.size()); }
+
+// The rows of the largest block list any tile can make of `pairs` pairs (moe_pick_tile changes
+// the tile with the batch; a CUDA graph's frozen workspace must hold every batch it replays).
+int64_t max_rows(int64_t pairs, int experts) {
+  int64_t rows = 0;
+  for (ck::MoeTile t : {ck::MoeTile::kSmall, ck::MoeTile::kMedium, ck::MoeTile::kLarge}) {
+    const int bm = ck::moe_tile_rows(t);
+    rows = std::max(rows, ck::moe_max_blocks(pairs, experts, bm) * bm);
+  }
+  return rows;
+}
+
+}  // namespace
+
+CudaMoe::CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSource* source, const std::string& prefix,
+                 int hidden, Device device)
+    : config_(config), hidden_(hidden), inter_(config.moe_intermediate_size) {
+  const int E = config.n_routed_experts;
+  SPECULA_CHECK(hidden % 8 == 0 && inter_ % 8 == 0,
+                "mixture-of-experts layers on the GPU need hidden_size and moe_intermediate_size multiples of 8, not {} "
+                "and {}",
+                hidden, inter_);
+  SPECULA_CHECK(E <= ck::kMaxRouteExperts && config.n_group <= ck::kMaxRouteGroups,
+                "mixture-of-experts layers on the GPU route over at most {} experts in {} groups, not {} in {}",
+                ck::kMaxRouteExperts, ck::kMaxRouteGroups, E, config.n_group);
+  SPECULA_CHECK(host.experts.size() == static_cast<size_t>(E) || source != nullptr,
+                "CudaMoe: the routed experts are neither loaded nor readable");
+  inter_padded_ = (inter_ + kInterleave - 1) / kInterleave * kInterleave;
+  router_ = upload_weight(host.router, device);
+  bias_ = upload_f32(host.correction_bias, device);
+  if (!host.shared.w_gate.empty()) {
+    shared_inter_ = host.shared.inter;
+    shared_gate_up_ = upload_weight(stack_rows({&host.shared.w_gate, &host.shared.w_up}), device);
+    shared_down_ = upload_weight(host.shared.w_down, device);
+  }
+  const int64_t Ip = inter_padded_, h = hidden;
+  w_gate_up_ = Buffer(DType::bf16, {E, 2 * Ip, h}, device);
+  w_down_ = Buffer(DType::bf16, {E, h, Ip}, device);
+  std::vector<uint16_t> gate_up(static_cast<size_t>(2 * Ip * h)), down(static_cast<size_t>(h * Ip));
+  for (int e = 0; e < E; ++e) {
+    std::vector<uint16_t> g, u, d;
+    if (host.experts.size() == static_cast<size_t>(E)) {
+      const ExpertWeights& x = host.experts[static_cast<size_t>(e)];
+      g = to_bf16(x.w_gate), u = to_bf16(x.w_up), d = to_bf16(x.w_down);
+    } else {
+      const ExpertNames names = expert_names(prefix, config, e);
+      // A synthetic source's view lives until its next call: each matrix is converted at once.
+      auto read = [&](const std::string& name, const Shape& shape) {
+        const TensorView t = source->get(name, shape);
+        return to_bf16(t.data(), t.dtype(), static_cast<size_t>(t.numel()));
+      };
+      g = read(names.gate, {inter_, hidden});
+      u = read(names.up, {inter_, hidden});
+      d = read(names.down, {hidden, inter_});
+    }
+    std::fill(gate_up.begin(), gate_up.end(), uint16_t{0});
+    for (int64_t r = 0; r < inter_; ++r) {
+      const int64_t run = r / kInterleave, within = r % kInterleave;
+      std::copy_n(g.data() + r * h, h, gate_up.data() + (run * 2 * kInterleave + within) * h);
+      std::copy_n(u.data() + r * h, h, gate_up.data() + (run * 2 * kInterleave + kInterleave + within) * h);
+    }
+    std::fill(down.begin(), down.end(), uint16_t{0});
+    for (int64_t r = 0; r < h; ++r) std::copy_n(d.data() + r * inter_, inter_, down.data() + r * Ip);
+    CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(w_gate_up_.data()) + e * 2 * Ip * h, gate_up.data(),
+                          gate_up.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(w_down_.data()) + e * h * Ip, down.data(), down.size() * sizeof(uint16_t),
+                          cudaMemcpyHostToDevice));
+  }
+}
+
+size_t CudaMoe::bytes() const {
+  size_t bytes = 0;
+  for (const Buffer* b : {&router_, &bias_, &w_gate_up_, &w_down_, &shared_gate_up_, &shared_down_}) {
+    if (b->data() != nullptr) bytes += b->nbytes();
+  }
+  return bytes;
+}
+
+void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLinear& linear, cudaStream_t s) const {
+  const MoeConfig& m = config_;
+  const int E = m.n_routed_experts, k = m.num_experts_per_tok, h = hidden_;
+  const int64_t pairs = n * k, rows = max_rows(pairs, E);
+  const ck::MoeTile tile = ck::moe_pick_tile(pairs, E);
+  const int bm = ck::moe_tile_rows(tile);
+  const int64_t blocks = ck::moe_max_blocks(pairs, E, bm);
+  CudaLayerScratch& ws = linear.scratch;
+  const Device dev = linear.device;
+  float* logits = ws.get(kMoeLogits, DType::f32, n * E, dev).data_as<float>();
+  auto* ids = ws.get(kMoeIds, DType::i32, pairs, dev).data_as<int32_t>();
+  auto* weights = ws.get(kMoeWeights, DType::f32, pairs, dev).data_as<float>();
+  auto* sorted = ws.get(kMoeSorted, DType::i32, rows, dev).data_as<int32_t>();
+  auto* block_expert = ws.get(kMoeBlockExpert, DType::i32, rows, dev).data_as<int32_t>();
+  auto* slot = ws.get(kMoeSlot, DType::i32, pairs, dev).data_as<int32_t>();
+  auto* num_blocks = ws.get(kMoeBlocks, DType::i32, 1, dev).data_as<int32_t>();
+  auto* x_hi = static_cast<uint16_t*>(ws.get(kMoeX, DType::bf16, 2 * n * h, dev).data());
+  auto* act_hi = static_cast<uint16_t*>(ws.get(kMoeAct, DType::bf16, 2 * rows * inter_padded_, dev).data());
+  float* y = ws.get(kMoeY, DType::f32, rows * h, dev).data_as<float>();
+  float* shared = shared_inter_ > 0 ? ws.get(kMoeShared, DType::f32, n * h, dev).data_as<float>() : nullptr;
+  if (n == 0) return;
+
+  linear(xn, router_, Buffer{}, logits, n, h, E);
+  ck::MoeRouteParams r;
+  r.logits = logits;
+  r.bias = bias_.data() != nullptr ? bias_.data_as<const float>() : nullptr;
+  r.n = n;
+  r.experts = E;
+  r.top_k = k;
+  r.groups = m.n_group;
+  r.top_groups = m.topk_group;
+  r.method = static_cast<int>(m.topk_method);
+  r.sigmoid = m.sigmoid;
+  r.normalise = m.norm_topk_prob && (k > 1 || m.norm_single);
+  r.scale = m.scale_always;
+  r.scaling_factor = m.routed_scaling_factor;
+  r.ids = ids;
+  r.weights = weights;
+  ck::moe_route(r, s);
+
+  ck::MoeAlignParams a;
+  a.ids = ids;
+  a.pairs = pairs;
+  a.experts = E;
+  a.block_m = bm;
+  a.sorted = sorted;
+  a.block_expert = block_expert;
+  a.slot = slot;
+  a.num_blocks = num_blocks;
+  ck::moe_align(a, s);
+
+  ck::split_bf16(xn, x_hi, x_hi + n * h, n * h, s);
+  ck::MoeGemmParams g;
+  g.a_hi = x_hi;
+  g.a_lo = x_hi + n * h;
+  g.gather = true;
+  g.top_k = k;
+  g.sorted = sorted;
+  g.block_expert = block_expert;
+  g.num_blocks = num_blocks;
+  g.max_blocks = blocks;
+  g.w = w_gate_up_.data();
+  g.n = 2 * inter_padded_;
+  g.k = h;
+  g.gate_up = true;
+  g.act_hi = act_hi;
+  g.act_lo = act_hi + rows * inter_padded_;
+  ck::moe_gemm(g, tile, s);
+
+  ck::MoeGemmParams d = g;
+  d.a_hi = act_hi;
+  d.a_lo = act_hi + rows * inter_padded_;
+  d.gather = false;
+  d.w = w_down_.data();
+  d.n = h;
+  d.k = inter_padded_;
+  d.gate_up = false;
+  d.act_hi = d.act_lo = nullptr;
+  d.out = y;
+  ck::moe_gemm(d, tile, s);
+
+  if (shared != nullptr) {
+    float* gate_up = ws.get(kLayerGateUp, DType::f32, n * 2 * shared_inter_, dev).data_as<float>();
+    float* act = ws.get(kLayerAct, DType::f32, n * shared_inter_, dev).data_as<float>();
+    const CudaStepLinear::Split sp = linear.split(shared_gate_up_, n, h, 2 * shared_inter_);
+    linear.linear.gated(xn, shared_gate_up_, Buffer{}, act, n, h, shared_inter_, false, gate_up, sp.hi, sp.lo, sp.halves);
+    linear(act, shared_down_, Buffer{}, shared, n, shared_inter_, h);
+  }
+  ck::MoeCombineParams c;
+  c.y = y;
+  c.slot = slot;
+  c.ids = ids;
+  c.weights = weights;
+  c.shared = shared;
+  c.out = out;
+  c.n = n;
+  c.hidden = h;
+  c.top_k = k;
+  ck::moe_combine(c, s);
+}
+
+}  // namespace specula

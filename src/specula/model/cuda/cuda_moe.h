@@ -1,0 +1,49 @@
+// CudaMoe: a mixture-of-experts MLP layer on the GPU (DeepSeek-V2/V3, Qwen3-MoE, Mixtral), the
+// fused-MoE design of vLLM and SGLang over specula's f32 activations: the router's product (as
+// the dense layers compute theirs), routing and the expert sort on the device (moe_kernels.h),
+// two grouped GEMMs that read only the selected experts' weights (the gate|up one ends in the
+// SiLU gate), the shared experts as a dense gated MLP, and one weighted combine. No host sync:
+// a decode step is captured in a CUDA graph as it is.
+//
+// Routed experts are held in bf16 (a checkpoint's f32 or f16 values are rounded), stacked per
+// layer: gate|up as [experts, 2 inter', hidden] with 32 gate rows and then the same 32 up rows
+// in turn (the GEMM's gate epilogue finds both in one tile), down as [experts, hidden, inter'],
+// inter' = moe_intermediate_size rounded up to 32 with zero padding.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "specula/core/tensor.h"
+#include "specula/model/config.h"
+#include "specula/model/moe.h"
+#include "specula/model/weights.h"
+
+namespace specula {
+
+struct CudaStepLinear;
+
+class CudaMoe {
+ public:
+  // host: the layer's router, correction bias and shared experts, and its routed experts when
+  // loaded (host.experts); otherwise those are read from `source` under layer `prefix`'s names,
+  // one expert at a time.
+  CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSource* source, const std::string& prefix,
+          int hidden, Device device);
+
+  size_t bytes() const;
+  // out [n, hidden] = the layer's MLP output for xn [n, hidden] (normed). Scratch from
+  // linear.scratch; runs on s.
+  void forward(const float* xn, float* out, int64_t n, const CudaStepLinear& linear, cudaStream_t s) const;
+
+ private:
+  MoeConfig config_;
+  int hidden_ = 0, inter_ = 0, inter_padded_ = 0, shared_inter_ = 0;
+  Buffer router_, bias_;
+  Buffer w_gate_up_, w_down_;         // bf16, the layouts above
+  Buffer shared_gate_up_, shared_down_;  // the shared experts as one gated MLP, as the dense layers hold theirs
+};
+
+}  // namespace specula

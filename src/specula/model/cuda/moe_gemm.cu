@@ -1,0 +1,225 @@
+// moe_gemm (moe_kernels.h): a grouped GEMM over the expert-sorted row blocks of moe_align, on
+// mma.sync bf16 tensor cores with a cp.async pipeline (vLLM's and SGLang's fused_moe design,
+// written for specula's f32-accurate activations: each A tile is the hi and the lo bf16 term of
+// the f32 rows, both multiplied by the same weight fragments, so the weights are read once).
+//
+// A block owns block_m rows of one expert and bn output columns. Rows come from the token's
+// activations (gather, the gate|up product) or from the rows themselves (the down product);
+// padding rows (pair -1) read zeros. Shared rows are padded by 8 bf16 (16 bytes), which keeps
+// ldmatrix free of bank conflicts for both tile widths.
+#include <cuda_bf16.h>
+
+#include "specula/attention/cuda/kernels/mma.cuh"
+#include "specula/core/cuda_check.h"
+#include "specula/core/error.h"
+#include "specula/model/cuda/activation.cuh"
+#include "specula/model/cuda/moe_kernels.h"
+
+namespace specula::cuda_kernels {
+
+namespace {
+
+constexpr int kPad = 8;
+
+template <int kBm, int kBn, int kBk, int kWm, int kWn, int kStages>
+struct Tile {
+  static constexpr int bm = kBm, bn = kBn, bk = kBk, wn = kWn, stages = kStages;
+  static constexpr int threads = 32 * kWm * kWn;
+  static constexpr int lds = kBk + kPad;  // bf16 per shared row
+  static constexpr int warp_m = kBm / kWm, warp_n = kBn / kWn;
+  static constexpr int mt = warp_m / 16, nt = warp_n / 8;
+  static_assert(warp_m % 16 == 0 && warp_n % 16 == 0 && kBk % 16 == 0 && kBn % 64 == 0);
+  static constexpr size_t pipeline_bytes = sizeof(__nv_bfloat16) * kStages * (2 * kBm + kBn) * lds;
+  static constexpr size_t epilogue_bytes = sizeof(float) * kBm * (kBn + 4);
+  static constexpr size_t smem_bytes = pipeline_bytes > epilogue_bytes ? pipeline_bytes : epilogue_bytes;
+};
+
+using SmallTile = Tile<16, 64, 64, 1, 4, 4>;
+using MediumTile = Tile<64, 128, 32, 2, 4, 4>;
+using LargeTile = Tile<128, 128, 32, 2, 4, 4>;
+
+template <class T>
+__global__ void __launch_bounds__(T::threads) moe_gemm_kernel(MoeGemmParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int row_src[T::bm];
+  const int block = blockIdx.y;
+  if (block >= *p.num_blocks) return;
+  const int expert = p.block_expert[block];
+  const int n0 = blockIdx.x * T::bn;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / T::wn, wn = warp % T::wn;
+  auto* a_hi_s = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* a_lo_s = a_hi_s + T::stages * T::bm * T::lds;
+  __nv_bfloat16* b_s = a_lo_s + T::stages * T::bm * T::lds;
+  for (int i = tid; i < T::bm; i += T::threads) {
+    const int64_t r = static_cast<int64_t>(block) * T::bm + i;
+    const int pair = p.sorted[r];
+    row_src[i] = pair < 0 ? -1 : (p.gather ? pair / p.top_k : static_cast<int>(r));
+  }
+  __syncthreads();
+  const auto* a_hi = static_cast<const __nv_bfloat16*>(p.a_hi);
+  const auto* a_lo = static_cast<const __nv_bfloat16*>(p.a_lo);
+  const auto* w = static_cast<const __nv_bfloat16*>(p.w) + static_cast<int64_t>(expert) * p.n * p.k;
+  const int k_tiles = (p.k + T::bk - 1) / T::bk;
+  constexpr int kChunks = T::bk / 8;  // 16-byte chunks per row of a k tile
+
+  auto load = [&](int stage, int kt) {
+    const int k0 = kt * T::bk;
+    for (int c = tid; c < T::bm * kChunks; c += T::threads) {
+      const int r = c / kChunks, kk = k0 + (c % kChunks) * 8;
+      const int src = row_src[r];
+      const bool valid = src >= 0 && kk < p.k;
+      const int64_t off = valid ? static_cast<int64_t>(src) * p.k + kk : 0;
+      const int dst = (stage * T::bm + r) * T::lds + (c % kChunks) * 8;
+      cp_async_16(a_hi_s + dst, a_hi + off, valid);
+      cp_async_16(a_lo_s + dst, a_lo + off, valid);
+    }
+    for (int c = tid; c < T::bn * kChunks; c += T::threads) {
+      const int r = c / kChunks, kk = k0 + (c % kChunks) * 8;
+      const bool valid = n0 + r < p.n && kk < p.k;
+      const int64_t off = valid ? static_cast<int64_t>(n0 + r) * p.k + kk : 0;
+      cp_async_16(b_s + (stage * T::bn + r) * T::lds + (c % kChunks) * 8, w + off, valid);
+    }
+  };
+
+  float acc[T::mt][T::nt][4] = {};
+  for (int s = 0; s < T::stages - 1; ++s) {
+    if (s < k_tiles) load(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<T::stages - 2>();
+    __syncthreads();
+    const int next = kt + T::stages - 1;
+    if (next < k_tiles) load(next % T::stages, next);
+    cp_async_commit();
+    const int stage = kt % T::stages;
+#pragma unroll
+    for (int kk = 0; kk < T::bk; kk += 16) {
+      uint32_t ah[T::mt][4], al[T::mt][4];
+#pragma unroll
+      for (int m = 0; m < T::mt; ++m) {
+        const int row = wm * T::warp_m + m * 16 + lane % 16;
+        const int at = (stage * T::bm + row) * T::lds + kk + (lane / 16) * 8;
+        ldmatrix_x4(ah[m], a_hi_s + at);
+        ldmatrix_x4(al[m], a_lo_s + at);
+      }
+#pragma unroll
+      for (int np = 0; np < T::nt / 2; ++np) {
+        uint32_t b[4];
+        const int j = lane / 8;
+        const int row = wn * T::warp_n + np * 16 + (j / 2) * 8 + lane % 8;
+        ldmatrix_x4(b, b_s + (stage * T::bn + row) * T::lds + kk + (j % 2) * 8);
+#pragma unroll
+        for (int m = 0; m < T::mt; ++m) {
+          mma_16816<__nv_bfloat16>(acc[m][2 * np], ah[m], b[0], b[1]);
+          mma_16816<__nv_bfloat16>(acc[m][2 * np], al[m], b[0], b[1]);
+          mma_16816<__nv_bfloat16>(acc[m][2 * np + 1], ah[m], b[2], b[3]);
+          mma_16816<__nv_bfloat16>(acc[m][2 * np + 1], al[m], b[2], b[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  const int g = lane / 4, t4 = lane % 4;
+  const int64_t row0 = static_cast<int64_t>(block) * T::bm;
+  if (!p.gate_up) {
+#pragma unroll
+    for (int m = 0; m < T::mt; ++m) {
+#pragma unroll
+      for (int n = 0; n < T::nt; ++n) {
+        const int col = n0 + wn * T::warp_n + n * 8 + 2 * t4;
+        if (col >= p.n) continue;
+        const int r = wm * T::warp_m + m * 16 + g;
+        *reinterpret_cast<float2*>(p.out + (row0 + r) * p.n + col) = make_float2(acc[m][n][0], acc[m][n][1]);
+        *reinterpret_cast<float2*>(p.out + (row0 + r + 8) * p.n + col) = make_float2(acc[m][n][2], acc[m][n][3]);
+      }
+    }
+    return;
+  }
+  // gate|up: the tile through shared memory, so that each gate column meets its up column
+  // (32 columns further on), then act = silu(gate) * up as hi / lo bf16.
+  __syncthreads();
+  auto* c_s = reinterpret_cast<float*>(smem);
+  constexpr int kLdc = T::bn + 4;
+#pragma unroll
+  for (int m = 0; m < T::mt; ++m) {
+#pragma unroll
+    for (int n = 0; n < T::nt; ++n) {
+      const int r = wm * T::warp_m + m * 16 + g, c = wn * T::warp_n + n * 8 + 2 * t4;
+      c_s[r * kLdc + c] = acc[m][n][0];
+      c_s[r * kLdc + c + 1] = acc[m][n][1];
+      c_s[(r + 8) * kLdc + c] = acc[m][n][2];
+      c_s[(r + 8) * kLdc + c + 1] = acc[m][n][3];
+    }
+  }
+  __syncthreads();
+  const int inter = p.n / 2;
+  auto* act_hi = static_cast<__nv_bfloat16*>(p.act_hi);
+  auto* act_lo = static_cast<__nv_bfloat16*>(p.act_lo);
+  for (int i = tid; i < T::bm * (T::bn / 2); i += T::threads) {
+    const int r = i / (T::bn / 2), c = i % (T::bn / 2);
+    const int local = (c / 32) * 64 + c % 32;
+    const float a = gate_activation(c_s[r * kLdc + local], false) * c_s[r * kLdc + local + 32];
+    const int col = n0 / 2 + c;
+    if (col >= inter) continue;
+    const __nv_bfloat16 hi = __float2bfloat16_rn(a);
+    const int64_t at = (row0 + r) * inter + col;
+    act_hi[at] = hi;
+    act_lo[at] = __float2bfloat16_rn(a - __bfloat162float(hi));
+  }
+}
+
+template <class T>
+void launch(const MoeGemmParams& p, cudaStream_t s) {
+  static bool raised = false;
+  if (!raised) {
+    CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(T::smem_bytes)));
+    raised = true;
+  }
+  SPECULA_CHECK(p.max_blocks <= 65535, "moe_gemm: {} row blocks (at most 65535)", p.max_blocks);
+  const dim3 grid(static_cast<unsigned>((p.n + T::bn - 1) / T::bn), static_cast<unsigned>(p.max_blocks));
+  moe_gemm_kernel<T><<<grid, T::threads, T::smem_bytes, s>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+int moe_tile_rows(MoeTile tile) {
+  switch (tile) {
+    case MoeTile::kSmall:
+      return SmallTile::bm;
+    case MoeTile::kMedium:
+      return MediumTile::bm;
+    case MoeTile::kLarge:
+      return LargeTile::bm;
+  }
+  return LargeTile::bm;
+}
+
+MoeTile moe_pick_tile(int64_t pairs, int experts) {
+  // Rows per expert on average: below 16 a 16-row block wastes little; far above, the large
+  // tile's reuse of each weight fragment pays.
+  const int64_t mean = pairs / (experts > 0 ? experts : 1);
+  if (mean <= 16) return MoeTile::kSmall;
+  if (mean <= 96) return MoeTile::kMedium;
+  return MoeTile::kLarge;
+}
+
+void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s) {
+  if (p.max_blocks == 0) return;
+  SPECULA_CHECK(p.k % 8 == 0 && p.n % 8 == 0 && (!p.gate_up || p.n % 64 == 0),
+                "moe_gemm: an [{}, {}] expert matrix (widths must be multiples of 8, gate|up rows of 64)", p.n, p.k);
+  switch (tile) {
+    case MoeTile::kSmall:
+      return launch<SmallTile>(p, s);
+    case MoeTile::kMedium:
+      return launch<MediumTile>(p, s);
+    case MoeTile::kLarge:
+      return launch<LargeTile>(p, s);
+  }
+}
+
+}  // namespace specula::cuda_kernels

@@ -1,0 +1,228 @@
+// moe_route, moe_align and moe_combine (moe_kernels.h). The router keeps the CPU reference's
+// arithmetic (model/moe.cpp): scores rounded to f32 from double, selection ties to the lower
+// index, so that the GPU picks the same experts.
+#include <cub/block/block_scan.cuh>
+
+#include <cmath>
+
+#include "specula/core/cuda_check.h"
+#include "specula/core/error.h"
+#include "specula/model/cuda/moe_kernels.h"
+
+namespace specula::cuda_kernels {
+
+namespace {
+
+constexpr int kRouteWarps = 4;
+
+// A candidate of a warp-wide arg-max: larger value first, ties to the lower index; idx < 0 is
+// no candidate.
+struct Best {
+  float value;
+  int idx;
+};
+
+__device__ __forceinline__ bool better(Best a, Best b) {
+  if (a.idx < 0) return false;
+  if (b.idx < 0) return true;
+  return a.value > b.value || (a.value == b.value && a.idx < b.idx);
+}
+
+__device__ __forceinline__ Best warp_best(Best b) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    Best o{__shfl_xor_sync(0xffffffffu, b.value, offset), __shfl_xor_sync(0xffffffffu, b.idx, offset)};
+    if (better(o, b)) b = o;
+  }
+  return b;
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// One warp per token. Shared memory: per warp, scores and choices [experts] and group values.
+__global__ void route_kernel(MoeRouteParams p) {
+  extern __shared__ float route_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= p.n) return;
+  const int E = p.experts;
+  float* score = route_smem + warp * (2 * E + kMaxRouteGroups);
+  float* choice = score + E;
+  float* group = choice + E;
+  const float* logits = p.logits + t * E;
+  if (p.sigmoid) {
+    for (int e = lane; e < E; e += 32) score[e] = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(logits[e]))));
+  } else {
+    float top = -INFINITY;
+    for (int e = lane; e < E; e += 32) top = fmaxf(top, logits[e]);
+    top = warp_max(top);
+    double z = 0;
+    for (int e = lane; e < E; e += 32) z += exp(static_cast<double>(logits[e]) - top);
+    z = warp_sum(z);
+    for (int e = lane; e < E; e += 32) score[e] = static_cast<float>(exp(static_cast<double>(logits[e]) - top) / z);
+  }
+  for (int e = lane; e < E; e += 32) {
+    choice[e] = p.bias != nullptr ? static_cast<float>(static_cast<double>(score[e]) + static_cast<double>(p.bias[e]))
+                                  : score[e];
+  }
+  __syncwarp();
+  if (p.method != 0) {
+    const int per_group = E / p.groups;
+    for (int g = lane; g < p.groups; g += 32) {
+      float best = -INFINITY, second = -INFINITY;
+      for (int e = g * per_group; e < (g + 1) * per_group; ++e) {
+        const float v = choice[e];
+        if (v > best) {
+          second = best;
+          best = v;
+        } else if (v > second) {
+          second = v;
+        }
+      }
+      group[g] = p.method == 2 ? static_cast<float>(static_cast<double>(best) + static_cast<double>(second)) : best;
+    }
+    __syncwarp();
+    uint64_t kept = 0;  // groups <= kMaxRouteGroups
+    for (int r = 0; r < p.top_groups; ++r) {
+      Best b{0.0f, -1};
+      for (int g = lane; g < p.groups; g += 32) {
+        const Best c{group[g], g};
+        if (!((kept >> g) & 1u) && better(c, b)) b = c;
+      }
+      b = warp_best(b);
+      kept |= uint64_t{1} << b.idx;
+    }
+    for (int e = lane; e < E; e += 32) {
+      if (!((kept >> (e / per_group)) & 1u)) choice[e] = -INFINITY;
+    }
+    __syncwarp();
+  }
+  // Lane l holds experts l, l + 32, ...: bit i of `taken` is expert l + 32 i.
+  uint32_t taken = 0;
+  double sum = 0;
+  for (int r = 0; r < p.top_k; ++r) {
+    Best b{0.0f, -1};
+    for (int e = lane, i = 0; e < E; e += 32, ++i) {
+      const Best c{choice[e], e};
+      if (!((taken >> i) & 1u) && better(c, b)) b = c;
+    }
+    b = warp_best(b);
+    if (b.idx % 32 == lane) taken |= 1u << (b.idx / 32);
+    sum += score[b.idx];
+    if (lane == 0) p.ids[t * p.top_k + r] = b.idx;
+  }
+  if (lane == 0) {
+    for (int r = 0; r < p.top_k; ++r) {
+      double w = score[p.ids[t * p.top_k + r]];
+      if (p.normalise) w /= sum + 1e-20;
+      if (!p.normalise || p.scale) w *= p.scaling_factor;
+      p.weights[t * p.top_k + r] = static_cast<float>(w);
+    }
+  }
+}
+
+constexpr int kAlignThreads = 1024;
+
+__global__ void __launch_bounds__(kAlignThreads) align_kernel(MoeAlignParams p) {
+  using Scan = cub::BlockScan<int, kAlignThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int counts[kMaxRouteExperts], first_block[kMaxRouteExperts], cursor[kMaxRouteExperts];
+  __shared__ int total;
+  const int tid = threadIdx.x, E = p.experts;
+  for (int e = tid; e < E; e += kAlignThreads) counts[e] = cursor[e] = 0;
+  __syncthreads();
+  for (int64_t i = tid; i < p.pairs; i += kAlignThreads) atomicAdd(&counts[p.ids[i]], 1);
+  __syncthreads();
+  const int blocks = tid < E ? (counts[tid] + p.block_m - 1) / p.block_m : 0;
+  int first = 0, all = 0;
+  Scan(scan_storage).ExclusiveSum(blocks, first, all);
+  if (tid < E) first_block[tid] = first;
+  if (tid == 0) {
+    total = all;
+    *p.num_blocks = all;
+  }
+  __syncthreads();
+  for (int e = tid; e < E; e += kAlignThreads) {
+    const int nb = (counts[e] + p.block_m - 1) / p.block_m;
+    for (int b = 0; b < nb; ++b) p.block_expert[first_block[e] + b] = e;
+  }
+  for (int64_t r = tid; r < static_cast<int64_t>(total) * p.block_m; r += kAlignThreads) p.sorted[r] = -1;
+  __syncthreads();
+  for (int64_t i = tid; i < p.pairs; i += kAlignThreads) {
+    const int e = p.ids[i];
+    const int row = first_block[e] * p.block_m + atomicAdd(&cursor[e], 1);
+    p.sorted[row] = static_cast<int32_t>(i);
+    p.slot[i] = row;
+  }
+}
+
+constexpr int kMaxCombineTopK = 32;
+
+__global__ void combine_kernel(MoeCombineParams p) {
+  __shared__ int order[kMaxCombineTopK];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x == 0) {
+    // The token's experts by index, as the CPU adds them.
+    for (int j = 0; j < p.top_k; ++j) order[j] = j;
+    for (int a = 1; a < p.top_k; ++a) {
+      for (int b = a; b > 0 && p.ids[t * p.top_k + order[b]] < p.ids[t * p.top_k + order[b - 1]]; --b) {
+        const int tmp = order[b];
+        order[b] = order[b - 1];
+        order[b - 1] = tmp;
+      }
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < p.hidden; c += blockDim.x) {
+    float acc = p.shared != nullptr ? p.shared[t * p.hidden + c] : 0.0f;
+    for (int j = 0; j < p.top_k; ++j) {
+      const int64_t pair = t * p.top_k + order[j];
+      acc = __fadd_rn(acc, __fmul_rn(p.weights[pair], p.y[static_cast<int64_t>(p.slot[pair]) * p.hidden + c]));
+    }
+    p.out[t * p.hidden + c] = acc;
+  }
+}
+
+}  // namespace
+
+void moe_route(const MoeRouteParams& p, cudaStream_t s) {
+  if (p.n == 0) return;
+  SPECULA_CHECK(p.experts >= 1 && p.experts <= kMaxRouteExperts && p.groups >= 1 && p.groups <= kMaxRouteGroups &&
+                    p.experts % p.groups == 0 && p.top_k >= 1 && p.top_k <= p.experts && p.top_groups >= 1 &&
+                    p.top_groups <= p.groups,
+                "moe_route on the GPU: {} experts in {} groups keeping {}, top {}: supported are up to {} experts and {} groups",
+                p.experts, p.groups, p.top_groups, p.top_k, kMaxRouteExperts, kMaxRouteGroups);
+  const auto blocks = static_cast<unsigned>((p.n + kRouteWarps - 1) / kRouteWarps);
+  const size_t smem = sizeof(float) * kRouteWarps * (2 * p.experts + kMaxRouteGroups);
+  static bool raised = false;
+  if (!raised) {
+    CUDA_CHECK(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(sizeof(float) * kRouteWarps * (2 * kMaxRouteExperts + kMaxRouteGroups))));
+    raised = true;
+  }
+  route_kernel<<<blocks, kRouteWarps * 32, smem, s>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_align(const MoeAlignParams& p, cudaStream_t s) {
+  SPECULA_CHECK(p.experts >= 1 && p.experts <= kMaxRouteExperts && p.block_m >= 1, "moe_align: {} experts (at most {})",
+                p.experts, kMaxRouteExperts);
+  align_kernel<<<1, kAlignThreads, 0, s>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_combine(const MoeCombineParams& p, cudaStream_t s) {
+  if (p.n == 0) return;
+  SPECULA_CHECK(p.top_k >= 1 && p.top_k <= kMaxCombineTopK, "moe_combine: top {} (at most {})", p.top_k, kMaxCombineTopK);
+  combine_kernel<<<static_cast<unsigned>(p.n), 256, 0, s>>>(p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace specula::cuda_kernels

@@ -1,0 +1,291 @@
+// The GPU mixture-of-experts layer (CudaMoe and its kernels) against the CPU layer (cpu_moe,
+// itself checked against float64 model definitions in deepseek_test / architectures_test): the
+// router's picks and weights exactly, ties included, for every routing method; whole layers over
+// 1..4096 tokens (experts that receive no token, every tile shape), with and without shared
+// experts. Skipped where no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_support.h"
+#include "specula/core/cuda_check.h"
+#include "specula/core/device.h"
+#include "specula/model/cpu_ops.h"
+#include "specula/model/cuda/cuda_linear.h"
+#include "specula/model/cuda/cuda_moe.h"
+#include "specula/model/cuda/decoder_layer.h"
+#include "specula/model/cuda/moe_kernels.h"
+#include "specula/model/moe.h"
+
+namespace specula {
+namespace {
+
+float round_bf16(float v) {
+  const uint32_t u = std::bit_cast<uint32_t>(v);
+  return std::bit_cast<float>((u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u);
+}
+
+std::vector<float> normal(std::mt19937& rng, size_t n, float scale, bool bf16) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = bf16 ? round_bf16(d(rng)) : d(rng);
+  return v;
+}
+
+struct Routing {
+  std::string name;
+  int experts = 8, top_k = 2, groups = 1, top_groups = 1, shared = 0;
+  MoeConfig::TopK method = MoeConfig::TopK::kGreedy;
+  bool sigmoid = false, norm = false, norm_single = false, scale_always = false;
+  double scaling = 1.0;
+};
+
+MoeConfig moe_config(const Routing& r, int inter) {
+  MoeConfig m;
+  m.n_routed_experts = r.experts;
+  m.num_experts_per_tok = r.top_k;
+  m.n_shared_experts = r.shared;
+  m.moe_intermediate_size = inter;
+  m.n_group = r.groups;
+  m.topk_group = r.top_groups;
+  m.topk_method = r.method;
+  m.sigmoid = r.sigmoid;
+  m.norm_topk_prob = r.norm;
+  m.norm_single = r.norm_single;
+  m.scale_always = r.scale_always;
+  m.routed_scaling_factor = r.scaling;
+  return m;
+}
+
+// DeepSeek-V2 (softmax, greedy, 2 shared, no renormalisation, x16), V2 with group limits,
+// V3 (sigmoid, noaux_tc over groups, bias, renormalised then x2.5), Qwen3-MoE (128 experts, top
+// 8, renormalised), Mixtral (8 experts, top 2) and a single-expert pick.
+std::vector<Routing> routings() {
+  using T = MoeConfig::TopK;
+  return {Routing{"DeepseekV2", 64, 6, 1, 1, 2, T::kGreedy, false, false, false, false, 16.0},
+          Routing{"DeepseekV2Groups", 32, 4, 8, 3, 1, T::kGroupLimited, false, false, false, false, 1.0},
+          Routing{"DeepseekV3", 64, 8, 8, 4, 1, T::kNoAuxTc, true, true, false, true, 2.5},
+          Routing{"Qwen3Moe", 128, 8, 1, 1, 0, T::kGreedy, false, true, true},
+          Routing{"Mixtral", 8, 2, 1, 1, 0, T::kGreedy, false, true, true},
+          Routing{"TopOne", 16, 1, 1, 1, 1, T::kGreedy, true, true, false}};
+}
+
+// The gap between the last expert picked and the first left out (and likewise for groups), in
+// double from the same logits: below a few 1e-6 the GPU's scores may order two experts the other
+// way, and such a token is not compared.
+double routing_margin(const MoeConfig& m, const float* logits, const std::vector<float>& bias) {
+  const int E = m.n_routed_experts;
+  std::vector<double> score(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
+  double top = *std::max_element(logits, logits + E), z = 0;
+  for (int e = 0; e < E; ++e) z += std::exp(double{logits[e]} - top);
+  for (int e = 0; e < E; ++e) {
+    score[static_cast<size_t>(e)] = m.sigmoid ? 1.0 / (1.0 + std::exp(-double{logits[e]})) : std::exp(double{logits[e]} - top) / z;
+    choice[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + (bias.empty() ? 0.0 : bias[static_cast<size_t>(e)]);
+  }
+  double margin = INFINITY;
+  auto gap = [&](std::vector<double> v, int k) {
+    std::sort(v.begin(), v.end(), std::greater<>());
+    if (k < static_cast<int>(v.size())) margin = std::min(margin, v[static_cast<size_t>(k - 1)] - v[static_cast<size_t>(k)]);
+  };
+  if (m.topk_method != MoeConfig::TopK::kGreedy) {
+    const int per = E / m.n_group;
+    std::vector<double> groups(static_cast<size_t>(m.n_group));
+    for (int g = 0; g < m.n_group; ++g) {
+      std::vector<double> v(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      std::sort(v.begin(), v.end(), std::greater<>());
+      groups[static_cast<size_t>(g)] = m.topk_method == MoeConfig::TopK::kNoAuxTc ? v[0] + v[1] : v[0];
+      // The two best inside a group decide its rank.
+      if (m.topk_method == MoeConfig::TopK::kNoAuxTc && per > 2) margin = std::min(margin, v[1] - v[2]);
+    }
+    gap(groups, m.topk_group);
+    std::vector<int> order(static_cast<size_t>(m.n_group));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return groups[static_cast<size_t>(a)] > groups[static_cast<size_t>(b)]; });
+    std::vector<double> kept;
+    for (int i = 0; i < m.topk_group; ++i) {
+      const int g = order[static_cast<size_t>(i)];
+      kept.insert(kept.end(), choice.begin() + g * per, choice.begin() + (g + 1) * per);
+    }
+    gap(kept, m.num_experts_per_tok);
+  } else {
+    gap(choice, m.num_experts_per_tok);
+  }
+  return margin;
+}
+
+class CudaMoeRoute : public ::testing::TestWithParam<Routing> {};
+
+// Logits drawn from a few values make many exact ties: the picks must still agree (ties go to
+// the lower index on both sides).
+TEST_P(CudaMoeRoute, PicksTheCpuExpertsAndWeightsTiesIncluded) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Routing& r = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("cuda_model_test")));
+  const MoeConfig m = moe_config(r, 32);
+  const int64_t n = 300;
+  const int E = r.experts, k = r.top_k;
+  std::vector<float> logits(static_cast<size_t>(n * E));
+  std::uniform_int_distribution<int> level(-6, 6);
+  std::normal_distribution<float> d(0.0f, 1.5f);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = i < logits.size() / 2 ? 0.25f * level(rng) : d(rng);
+  std::vector<float> bias;
+  if (r.method == MoeConfig::TopK::kNoAuxTc) {
+    for (int e = 0; e < E; ++e) bias.push_back(0.125f * static_cast<float>(level(rng)));
+  }
+  MoeRoute want;
+  moe_route(m, logits.data(), bias, n, want);
+
+  const Device dev = Device::cuda(0);
+  const Buffer d_logits = upload_f32(logits, dev), d_bias = upload_f32(bias, dev);
+  Buffer ids(DType::i32, {n * k}, dev), weights(DType::f32, {n * k}, dev);
+  cuda_kernels::MoeRouteParams p;
+  p.logits = d_logits.data_as<const float>();
+  p.bias = bias.empty() ? nullptr : d_bias.data_as<const float>();
+  p.n = n;
+  p.experts = E;
+  p.top_k = k;
+  p.groups = r.groups;
+  p.top_groups = r.top_groups;
+  p.method = static_cast<int>(r.method);
+  p.sigmoid = r.sigmoid;
+  p.normalise = r.norm && (k > 1 || r.norm_single);
+  p.scale = r.scale_always;
+  p.scaling_factor = r.scaling;
+  p.ids = ids.data_as<int32_t>();
+  p.weights = weights.data_as<float>();
+  cuda_kernels::moe_route(p, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> got_ids(static_cast<size_t>(n * k));
+  std::vector<float> got_w(got_ids.size());
+  copy(TensorView(got_ids.data(), DType::i32, {n * k}), ids);
+  copy(TensorView(got_w.data(), DType::f32, {n * k}), weights);
+  int differing = 0;
+  for (size_t i = 0; i < got_ids.size(); ++i) {
+    if (got_ids[i] != want.experts[i]) {
+      ++differing;
+      continue;
+    }
+    EXPECT_NEAR(got_w[i], want.weights[i], 2e-7 * std::max(1.0f, std::fabs(want.weights[i]))) << "pair " << i;
+  }
+  EXPECT_EQ(differing, 0) << "token 0 picks " << got_ids[0] << " / " << want.experts[0];
+  // Real routing happened: the picks are spread over the experts.
+  std::vector<int> used(static_cast<size_t>(E), 0);
+  for (int32_t e : got_ids) used[static_cast<size_t>(e)] = 1;
+  EXPECT_GE(std::accumulate(used.begin(), used.end(), 0), std::min(E, 8));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CudaMoeRoute, ::testing::ValuesIn(routings()),
+                         [](const auto& info) { return info.param.name; });
+
+struct LayerCase {
+  Routing routing;
+  int hidden = 128, inter = 96;
+  std::vector<int64_t> tokens;
+};
+
+class CudaMoeLayer : public ::testing::TestWithParam<LayerCase> {};
+
+// The whole layer against cpu_moe on bf16 weights (the GPU holds experts in bf16): the GPU's
+// f32-accurate activations (hi/lo split) leave differences near 1e-5 of the output's scale.
+TEST_P(CudaMoeLayer, MatchesTheCpuLayer) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const LayerCase& c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("cuda_model_test")) ^ 0x5eed);
+  const MoeConfig m = moe_config(c.routing, c.inter);
+  const int h = c.hidden, E = m.n_routed_experts;
+  MoeWeights w;
+  w.layer = true;
+  w.router = normal(rng, static_cast<size_t>(E) * h, 0.3f, true);
+  if (m.topk_method == MoeConfig::TopK::kNoAuxTc) w.correction_bias = normal(rng, static_cast<size_t>(E), 0.05f, false);
+  auto expert = [&](int inter, float scale) {
+    ExpertWeights e;
+    e.inter = inter;
+    e.w_gate = normal(rng, static_cast<size_t>(inter) * h, scale, true);
+    e.w_up = normal(rng, static_cast<size_t>(inter) * h, scale, true);
+    e.w_down = normal(rng, static_cast<size_t>(h) * inter, scale, true);
+    return e;
+  };
+  for (int e = 0; e < E; ++e) w.experts.push_back(expert(c.inter, 0.15f));
+  if (m.n_shared_experts > 0) w.shared = expert(m.n_shared_experts * c.inter, 0.1f);
+  const Device dev = Device::cuda(0);
+  const CudaMoe moe(m, w, nullptr, "", h, dev);
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  CudaLinear linear(dev, stream, false);
+  CudaLayerScratch scratch;
+  const CudaStepLinear step{linear, scratch, dev};
+  for (int64_t n : c.tokens) {
+    SCOPED_TRACE(::testing::Message() << c.routing.name << " tokens=" << n);
+    // Tokens are drawn again while their routing is near a tie (below 1e-4 a rounding
+    // difference could pick another expert); what remains near one is not compared.
+    std::vector<float> x(static_cast<size_t>(n * h)), logits(static_cast<size_t>(n * E));
+    std::vector<char> near_tie(static_cast<size_t>(n), 1);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int attempt = 0; attempt < 50 && near_tie[static_cast<size_t>(t)]; ++attempt) {
+        const std::vector<float> row = normal(rng, static_cast<size_t>(h), 1.0f, false);
+        std::copy(row.begin(), row.end(), x.begin() + t * h);
+        cpu_linear(row.data(), w.router, logits.data() + t * E, 1, h, E);
+        near_tie[static_cast<size_t>(t)] = routing_margin(m, logits.data() + t * E, w.correction_bias) < 1e-4;
+      }
+    }
+    std::vector<float> want(x.size());
+    cpu_moe(m, w, x.data(), n, h, want.data());
+
+    const Buffer d_x = upload_f32(x, dev);
+    Buffer d_out(DType::f32, {n * h}, dev);
+    moe.forward(d_x.data_as<const float>(), d_out.data_as<float>(), n, step, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> got(x.size());
+    copy(TensorView(got.data(), DType::f32, {n * h}), d_out);
+
+    int64_t compared = 0;
+    double worst = 0, scale = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      if (near_tie[static_cast<size_t>(t)]) continue;
+      ++compared;
+      double row_scale = 0, row_err = 0;
+      for (int i = 0; i < h; ++i) {
+        const size_t at = static_cast<size_t>(t * h + i);
+        ASSERT_TRUE(std::isfinite(got[at])) << "token " << t;
+        row_scale = std::max(row_scale, std::fabs(double{want[at]}));
+        row_err = std::max(row_err, std::fabs(double{got[at]} - want[at]));
+      }
+      scale = std::max(scale, row_scale);
+      worst = std::max(worst, row_err / std::max(row_scale, 1e-3));
+      EXPECT_LT(row_err, 2e-4 * std::max(row_scale, 1e-3)) << "token " << t << " of " << n;
+    }
+    EXPECT_GE(compared, n - std::max<int64_t>(1, n / 50)) << "too many near-tied routings";
+    EXPECT_GT(scale, 0.05);
+    std::printf("%s, %lld tokens: %lld compared, worst row error %.2e of the row's scale\n", c.routing.name.c_str(),
+                static_cast<long long>(n), static_cast<long long>(compared), worst);
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+std::vector<LayerCase> layer_cases() {
+  std::vector<LayerCase> cases;
+  for (const Routing& r : routings()) cases.push_back(LayerCase{r, 128, 96, {1, 3, 37, 300}});
+  // Every tile: the small (decode), medium and large (prefill) ones, up to 4096 tokens; widths
+  // that are not multiples of 32 (padded inter) or of the tile.
+  cases.push_back(LayerCase{routings()[4], 136, 40, {1, 64, 700, 4096}});
+  cases.push_back(LayerCase{routings()[0], 64, 1408 / 8, {5, 1024}});
+  return cases;
+}
+
+void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.routing.name << "_h" << c.hidden << "_i" << c.inter; }
+
+INSTANTIATE_TEST_SUITE_P(All, CudaMoeLayer, ::testing::ValuesIn(layer_cases()), [](const auto& info) {
+  return info.param.routing.name + "_h" + std::to_string(info.param.hidden) + "_i" + std::to_string(info.param.inter);
+});
+
+}  // namespace
+}  // namespace specula
