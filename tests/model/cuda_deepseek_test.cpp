@@ -175,11 +175,11 @@ class CudaDeepseekMoe : public ::testing::TestWithParam<MoeCase> {};
 // DeepSeek models with mixture-of-experts layers on the GPU (CudaMoe; experts read from the
 // checkpoint without an f32 host copy): prompt logits against the float64 reference and the CPU
 // path, then greedy decoding through captured graphs. The GPU's bf16 attention moves an MoE
-// layer's input by ~1e-3, so a model whose prompt routes within kGpuRouting of a tie is drawn
-// again, and decode steps that close are not checked.
+// layer's input by ~1e-3 relative (a logit by ~5e-3), so a model whose prompt routes within
+// kGpuRouting of a tie is drawn again, and decode steps that close are not checked.
 TEST_P(CudaDeepseekMoe, MatchesTheReferenceAndTheCpuPath) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  constexpr double kGpuRouting = 2e-3;
+  constexpr double kGpuRouting = 1.5e-2;
   const MoeCase& c = GetParam();
   test::DeepseekShape shape = gpu_shape();
   shape.q_lora = 64;

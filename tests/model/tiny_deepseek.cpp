@@ -94,7 +94,9 @@ std::vector<int> largest(const Vec& v, int k) {
 
 // DeepseekV2MoE / DeepseekV3MoE: the router's scores, the selection, the weights, the experts.
 // margin (optional): lowered to the gap between the last expert (and group) picked and the
-// first left out, where a rounding difference could change the pick.
+// first left out, where a rounding difference could change the pick. Softmax scores are compared
+// by their logarithms (the logits' gap): an input moved by a relative error moves every logit by
+// about as much, whatever its score.
 Vec moe_mlp(const TinyDeepseek& m, const std::string& p, const Vec& x, double* margin) {
   const DeepseekShape& s = m.shape;
   const bool v3 = s.arch == "DeepseekV3ForCausalLM";
@@ -108,6 +110,7 @@ Vec moe_mlp(const TinyDeepseek& m, const std::string& p, const Vec& x, double* m
     for (size_t e = 0; e < scores.size(); ++e) z += scores[e] = std::exp(logits[e] - top);
     for (double& v : scores) v /= z;
   }
+  auto gap = [&](double picked, double left) { return v3 ? picked - left : std::log(picked) - std::log(left); };
   Vec choice = scores;
   if (s.topk_method == "noaux_tc") {
     const std::vector<float>& bias = m.weights.at(p + "mlp.gate.e_score_correction_bias");
@@ -128,7 +131,7 @@ Vec moe_mlp(const TinyDeepseek& m, const std::string& p, const Vec& x, double* m
       Vec sorted = group;
       std::sort(sorted.begin(), sorted.end(), std::greater<>());
       if (std::fabs(sorted[static_cast<size_t>(s.topk_group - 1)]) > 1e-4) {
-        *margin = std::min(*margin, sorted[static_cast<size_t>(s.topk_group - 1)] - sorted[static_cast<size_t>(s.topk_group)]);
+        *margin = std::min(*margin, gap(sorted[static_cast<size_t>(s.topk_group - 1)], sorted[static_cast<size_t>(s.topk_group)]));
       }
     }
     for (int e = 0; e < s.experts; ++e) {
@@ -140,7 +143,7 @@ Vec moe_mlp(const TinyDeepseek& m, const std::string& p, const Vec& x, double* m
     Vec sorted = choice;
     std::sort(sorted.begin(), sorted.end(), std::greater<>());
     if (std::isfinite(sorted[static_cast<size_t>(s.top_k)]) && std::fabs(sorted[static_cast<size_t>(s.top_k - 1)]) > 1e-4) {
-      *margin = std::min(*margin, sorted[static_cast<size_t>(s.top_k - 1)] - sorted[static_cast<size_t>(s.top_k)]);
+      *margin = std::min(*margin, gap(sorted[static_cast<size_t>(s.top_k - 1)], sorted[static_cast<size_t>(s.top_k)]));
     }
   }
   Vec weight;

@@ -45,7 +45,9 @@ nlohmann::json deepseek_config(const DeepseekShape& shape);
 // could route a token elsewhere, so such a step or model is not compared.
 std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFormat cache,
                                               const std::vector<int32_t>& ids, double* routing_margin = nullptr);
-inline constexpr double kRoutingMargin = 1e-5;  // f32 routing scores differ from f64 by ~1e-7
+// The f32 path's MoE input differs from the f64 one by ~1e-5 relative, which moves a logit by
+// ~5e-5 (softmax margins are logit gaps) or a sigmoid score by less.
+inline constexpr double kRoutingMargin = 1e-4;
 
 // How far logits are from the reference: max |got - want| over all entries, max |want|, and
 // whether every got is finite.

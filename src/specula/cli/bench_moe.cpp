@@ -42,6 +42,51 @@ struct Options {
 #ifdef SPECULA_HAS_CUDA
 namespace ck = cuda_kernels;
 
+// The two grouped GEMMs of a layer that just ran n tokens, over the routing it left in the
+// scratch, on weights of the layer's shape (their values do not change the time).
+struct LayerGemms {
+  ck::MoeGemmParams gate_up, down;
+  ck::MoeTile tile;
+};
+
+LayerGemms layer_gemms(const CudaLayerScratch& scratch, int64_t n, int per_token, int stacked, int h, int inter,
+                       const Buffer& w_gate_up, const Buffer& w_down) {
+  LayerGemms l;
+  const int64_t pairs = n * per_token;
+  l.tile = ck::moe_pick_tile(pairs, stacked);
+  const int inter_padded = (inter + 31) / 32 * 32;
+  const int64_t rows = scratch.ws.slots[kMoeY].numel() / h;
+  auto* x_hi = static_cast<const uint16_t*>(scratch.ws.slots[kMoeX].data());
+  auto* act = static_cast<uint16_t*>(scratch.ws.slots[kMoeAct].data());
+  ck::MoeGemmParams& g = l.gate_up;
+  g.a_hi = x_hi;
+  g.a_lo = x_hi + n * h;
+  g.gather = true;
+  g.top_k = per_token;
+  g.sorted = scratch.ws.slots[kMoeSorted].data_as<const int32_t>();
+  g.block_expert = scratch.ws.slots[kMoeBlockExpert].data_as<const int32_t>();
+  g.num_blocks = scratch.ws.slots[kMoeBlocks].data_as<const int32_t>();
+  g.max_blocks = ck::moe_max_blocks(pairs, stacked, ck::moe_tile_rows(l.tile));
+  g.w = w_gate_up.data();
+  g.n = 2 * inter_padded;
+  g.k = h;
+  g.gate_up = true;
+  g.act_hi = act;
+  g.act_lo = act + rows * inter_padded;
+  ck::MoeGemmParams& d = l.down;
+  d = g;
+  d.a_hi = act;
+  d.a_lo = act + rows * inter_padded;
+  d.gather = false;
+  d.w = w_down.data();
+  d.n = h;
+  d.k = inter_padded;
+  d.gate_up = false;
+  d.act_hi = d.act_lo = nullptr;
+  d.out = const_cast<float*>(scratch.ws.slots[kMoeY].data_as<const float>());
+  return l;
+}
+
 void run(const Options& o) {
   const Device dev = Device::cuda(0);
   SPECULA_CHECK(o.layers >= 1 && o.prefill >= 1, "--layers {} and --prefill {} must be positive", o.layers, o.prefill);
@@ -55,7 +100,11 @@ void run(const Options& o) {
     SPECULA_CHECK(config.has_moe(), "--shape {} has no mixture-of-experts layers", shape);
     const MoeConfig& m = config.moe;
     const int h = config.hidden_size, E = m.n_routed_experts, k = m.num_experts_per_tok;
-    const int inter = m.moe_intermediate_size, shared_inter = m.n_shared_experts * inter;
+    const int inter = m.moe_intermediate_size, S = m.n_shared_experts, per_token = k + S, stacked = E + S;
+    const int inter_padded = (inter + 31) / 32 * 32;
+    Buffer w_gate_up(DType::bf16, {stacked, 2 * inter_padded, h}, dev), w_down(DType::bf16, {stacked, h, inter_padded}, dev);
+    CUDA_CHECK(cudaMemset(w_gate_up.data(), 0x3c, w_gate_up.nbytes()));
+    CUDA_CHECK(cudaMemset(w_down.data(), 0x3c, w_down.nbytes()));
     const SyntheticWeights weights(config, 7);
     F32WeightLoader load(weights);
     std::vector<std::unique_ptr<CudaMoe>> layers;
@@ -69,9 +118,9 @@ void run(const Options& o) {
     std::mt19937 rng(3);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     fmt::print("\n{}: {} experts (top {}, {} shared) of {} x {}\n", shape, E, k, m.n_shared_experts, h, inter);
-    fmt::print("{:>7} {:>10} {:>9} {:>9} {:>10} {:>10} {:>7}\n", "tokens", "us/layer", "experts", "MB read", "TB/s",
-               "ceiling", "frac");
-    const double expert_bytes = 3.0 * h * inter * 2, fixed_bytes = 3.0 * h * shared_inter * 2 + 2.0 * E * h;
+    fmt::print("{:>7} {:>10} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>10}\n", "tokens", "us/layer", "experts", "MB read",
+               "TB/s", "ceiling", "frac", "GEMMs us", "GEMMs TB/s");
+    const double expert_bytes = 3.0 * h * inter * 2, fixed_bytes = 2.0 * E * h;
     for (int n : o.batches) {
       std::vector<float> x(static_cast<size_t>(n) * h);
       for (float& v : x) v = normal(rng);
@@ -83,66 +132,43 @@ void run(const Options& o) {
           30);
       // The experts this batch selects (the same in every layer: the weights differ, but a
       // synthetic router's picks are all that is counted here, from the last layer run).
-      std::vector<int32_t> ids(static_cast<size_t>(n) * k);
+      std::vector<int32_t> ids(static_cast<size_t>(n) * per_token);
       CUDA_CHECK(cudaDeviceSynchronize());
       CUDA_CHECK(cudaMemcpy(ids.data(), scratch.ws.slots[kMoeIds].data(), ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
-      const size_t distinct = std::set<int32_t>(ids.begin(), ids.end()).size();
+      const size_t distinct = std::set<int32_t>(ids.begin(), ids.end()).size();  // the shared ones included
       const double bytes = static_cast<double>(distinct) * expert_bytes + fixed_bytes;
       const double ceiling = measure_cuda_read_tbps(dev, static_cast<size_t>(bytes), "cold");
       const double tbps = bytes / seconds / 1e12;
-      fmt::print("{:>7} {:>10.1f} {:>9} {:>9.1f} {:>10.2f} {:>10.2f} {:>7.2f}\n", n, seconds * 1e6, distinct, bytes / 1e6,
-                 tbps, ceiling, tbps / ceiling);
+      const LayerGemms lg = layer_gemms(scratch, n, per_token, stacked, h, inter, w_gate_up, w_down);
+      const double gemm_s = cuda_median_seconds(
+          [&] {
+            ck::moe_gemm(lg.gate_up, lg.tile, nullptr);
+            ck::moe_gemm(lg.down, lg.tile, nullptr);
+          },
+          30);
+      const double gemm_tbps = static_cast<double>(distinct) * expert_bytes / gemm_s / 1e12;
+      fmt::print("{:>7} {:>10.1f} {:>9} {:>9.1f} {:>10.2f} {:>10.2f} {:>7.2f} {:>10.1f} {:>10.2f}\n", n, seconds * 1e6,
+                 distinct, bytes / 1e6, tbps, ceiling, tbps / ceiling, gemm_s * 1e6, gemm_tbps);
       out.push_back({{"shape", shape}, {"tokens", n}, {"us", seconds * 1e6}, {"experts_read", distinct},
-                     {"bytes", bytes}, {"tbps", tbps}, {"ceiling_tbps", ceiling}});
+                     {"bytes", bytes}, {"tbps", tbps}, {"ceiling_tbps", ceiling}, {"gemm_us", gemm_s * 1e6}});
     }
 
     // Prefill: the whole layer, then its two grouped GEMMs alone (over the routing the layer's
     // run left in the scratch), then cuBLAS on the same FLOPs as two dense bf16 GEMMs.
     const int n = o.prefill;
-    const int64_t pairs = static_cast<int64_t>(n) * k;
+    const int64_t pairs = static_cast<int64_t>(n) * per_token;
     std::vector<float> x(static_cast<size_t>(n) * h);
     for (float& v : x) v = normal(rng);
     const Buffer d_x = upload_f32(x, dev);
     Buffer d_out(DType::f32, {static_cast<int64_t>(n) * h}, dev);
     const double layer_s = cuda_median_seconds(
         [&] { layers[0]->forward(d_x.data_as<const float>(), d_out.data_as<float>(), n, step, nullptr); }, 10);
-    const ck::MoeTile tile = ck::moe_pick_tile(pairs, E);
-    const int bm = ck::moe_tile_rows(tile);
-    const int inter_padded = (inter + 31) / 32 * 32;
-    const int64_t rows = scratch.ws.slots[kMoeY].numel() / h;
-    Buffer w_gate_up(DType::bf16, {E, 2 * inter_padded, h}, dev), w_down(DType::bf16, {E, h, inter_padded}, dev);
-    CUDA_CHECK(cudaMemset(w_gate_up.data(), 0x3c, w_gate_up.nbytes()));
-    CUDA_CHECK(cudaMemset(w_down.data(), 0x3c, w_down.nbytes()));
-    auto* x_hi = static_cast<uint16_t*>(scratch.ws.slots[kMoeX].data());
-    auto* act = static_cast<uint16_t*>(scratch.ws.slots[kMoeAct].data());
-    ck::MoeGemmParams g;
-    g.a_hi = x_hi;
-    g.a_lo = x_hi + static_cast<int64_t>(n) * h;
-    g.gather = true;
-    g.top_k = k;
-    g.sorted = scratch.ws.slots[kMoeSorted].data_as<const int32_t>();
-    g.block_expert = scratch.ws.slots[kMoeBlockExpert].data_as<const int32_t>();
-    g.num_blocks = scratch.ws.slots[kMoeBlocks].data_as<const int32_t>();
-    g.max_blocks = ck::moe_max_blocks(pairs, E, bm);
-    g.w = w_gate_up.data();
-    g.n = 2 * inter_padded;
-    g.k = h;
-    g.gate_up = true;
-    g.act_hi = act;
-    g.act_lo = act + rows * inter_padded;
-    ck::MoeGemmParams d = g;
-    d.a_hi = act;
-    d.a_lo = act + rows * inter_padded;
-    d.gather = false;
-    d.w = w_down.data();
-    d.n = h;
-    d.k = inter_padded;
-    d.gate_up = false;
-    d.out = scratch.ws.slots[kMoeY].data_as<float>();
+    const LayerGemms lg = layer_gemms(scratch, n, per_token, stacked, h, inter, w_gate_up, w_down);
+    const int bm = ck::moe_tile_rows(lg.tile);
     const double gemm_s = cuda_median_seconds(
         [&] {
-          ck::moe_gemm(g, tile, nullptr);
-          ck::moe_gemm(d, tile, nullptr);
+          ck::moe_gemm(lg.gate_up, lg.tile, nullptr);
+          ck::moe_gemm(lg.down, lg.tile, nullptr);
         },
         10);
     // cuBLAS: [pairs, h] x [h, 2 inter] and [pairs, inter] x [inter, h], bf16 in and out.

@@ -65,15 +65,29 @@ CudaMoe::CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSo
   inter_padded_ = (inter_ + kInterleave - 1) / kInterleave * kInterleave;
   router_ = upload_weight(host.router, device);
   bias_ = upload_f32(host.correction_bias, device);
-  if (!host.shared.w_gate.empty()) {
-    shared_inter_ = host.shared.inter;
-    shared_gate_up_ = upload_weight(stack_rows({&host.shared.w_gate, &host.shared.w_up}), device);
-    shared_down_ = upload_weight(host.shared.w_down, device);
-  }
+  shared_ = config.n_shared_experts;
+  SPECULA_CHECK(shared_ == 0 || host.shared.inter == shared_ * inter_,
+                "CudaMoe: {} shared experts of {} in one MLP of {}", shared_, inter_, host.shared.inter);
   const int64_t Ip = inter_padded_, h = hidden;
-  w_gate_up_ = Buffer(DType::bf16, {E, 2 * Ip, h}, device);
-  w_down_ = Buffer(DType::bf16, {E, h, Ip}, device);
+  const int64_t stacked = E + shared_;
+  w_gate_up_ = Buffer(DType::bf16, {stacked, 2 * Ip, h}, device);
+  w_down_ = Buffer(DType::bf16, {stacked, h, Ip}, device);
   std::vector<uint16_t> gate_up(static_cast<size_t>(2 * Ip * h)), down(static_cast<size_t>(h * Ip));
+  // Expert e's gate, up [inter, hidden] and down [hidden, inter] into slot e of the layouts.
+  auto place = [&](int64_t e, const uint16_t* g, const uint16_t* u, const uint16_t* d, int64_t d_stride) {
+    std::fill(gate_up.begin(), gate_up.end(), uint16_t{0});
+    for (int64_t r = 0; r < inter_; ++r) {
+      const int64_t run = r / kInterleave, within = r % kInterleave;
+      std::copy_n(g + r * h, h, gate_up.data() + (run * 2 * kInterleave + within) * h);
+      std::copy_n(u + r * h, h, gate_up.data() + (run * 2 * kInterleave + kInterleave + within) * h);
+    }
+    std::fill(down.begin(), down.end(), uint16_t{0});
+    for (int64_t r = 0; r < h; ++r) std::copy_n(d + r * d_stride, inter_, down.data() + r * Ip);
+    CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(w_gate_up_.data()) + e * 2 * Ip * h, gate_up.data(),
+                          gate_up.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(w_down_.data()) + e * h * Ip, down.data(), down.size() * sizeof(uint16_t),
+                          cudaMemcpyHostToDevice));
+  };
   for (int e = 0; e < E; ++e) {
     std::vector<uint16_t> g, u, d;
     if (host.experts.size() == static_cast<size_t>(E)) {
@@ -90,24 +104,22 @@ CudaMoe::CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSo
       u = read(names.up, {inter_, hidden});
       d = read(names.down, {hidden, inter_});
     }
-    std::fill(gate_up.begin(), gate_up.end(), uint16_t{0});
-    for (int64_t r = 0; r < inter_; ++r) {
-      const int64_t run = r / kInterleave, within = r % kInterleave;
-      std::copy_n(g.data() + r * h, h, gate_up.data() + (run * 2 * kInterleave + within) * h);
-      std::copy_n(u.data() + r * h, h, gate_up.data() + (run * 2 * kInterleave + kInterleave + within) * h);
+    place(e, g.data(), u.data(), d.data(), inter_);
+  }
+  if (shared_ > 0) {
+    // The shared MLP of shared x inter splits into `shared` experts of inter (its intermediate
+    // rows, and down's columns, in runs of inter): their sum is the MLP.
+    const std::vector<uint16_t> g = to_bf16(host.shared.w_gate), u = to_bf16(host.shared.w_up),
+                                d = to_bf16(host.shared.w_down);
+    for (int j = 0; j < shared_; ++j) {
+      place(E + j, g.data() + j * inter_ * h, u.data() + j * inter_ * h, d.data() + j * inter_, shared_ * inter_);
     }
-    std::fill(down.begin(), down.end(), uint16_t{0});
-    for (int64_t r = 0; r < h; ++r) std::copy_n(d.data() + r * inter_, inter_, down.data() + r * Ip);
-    CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(w_gate_up_.data()) + e * 2 * Ip * h, gate_up.data(),
-                          gate_up.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(w_down_.data()) + e * h * Ip, down.data(), down.size() * sizeof(uint16_t),
-                          cudaMemcpyHostToDevice));
   }
 }
 
 size_t CudaMoe::bytes() const {
   size_t bytes = 0;
-  for (const Buffer* b : {&router_, &bias_, &w_gate_up_, &w_down_, &shared_gate_up_, &shared_down_}) {
+  for (const Buffer* b : {&router_, &bias_, &w_gate_up_, &w_down_}) {
     if (b->data() != nullptr) bytes += b->nbytes();
   }
   return bytes;
@@ -116,10 +128,12 @@ size_t CudaMoe::bytes() const {
 void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLinear& linear, cudaStream_t s) const {
   const MoeConfig& m = config_;
   const int E = m.n_routed_experts, k = m.num_experts_per_tok, h = hidden_;
-  const int64_t pairs = n * k, rows = max_rows(pairs, E);
-  const ck::MoeTile tile = ck::moe_pick_tile(pairs, E);
+  // Each token's rows: its top k and the shared experts (experts E .. E + shared - 1).
+  const int per_token = k + shared_, stacked = E + shared_;
+  const int64_t pairs = n * per_token, rows = max_rows(pairs, stacked);
+  const ck::MoeTile tile = ck::moe_pick_tile(pairs, stacked);
   const int bm = ck::moe_tile_rows(tile);
-  const int64_t blocks = ck::moe_max_blocks(pairs, E, bm);
+  const int64_t blocks = ck::moe_max_blocks(pairs, stacked, bm);
   CudaLayerScratch& ws = linear.scratch;
   const Device dev = linear.device;
   float* logits = ws.get(kMoeLogits, DType::f32, n * E, dev).data_as<float>();
@@ -132,7 +146,6 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   auto* x_hi = static_cast<uint16_t*>(ws.get(kMoeX, DType::bf16, 2 * n * h, dev).data());
   auto* act_hi = static_cast<uint16_t*>(ws.get(kMoeAct, DType::bf16, 2 * rows * inter_padded_, dev).data());
   float* y = ws.get(kMoeY, DType::f32, rows * h, dev).data_as<float>();
-  float* shared = shared_inter_ > 0 ? ws.get(kMoeShared, DType::f32, n * h, dev).data_as<float>() : nullptr;
   if (n == 0) return;
 
   linear(xn, router_, Buffer{}, logits, n, h, E);
@@ -149,6 +162,7 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   r.normalise = m.norm_topk_prob && (k > 1 || m.norm_single);
   r.scale = m.scale_always;
   r.scaling_factor = m.routed_scaling_factor;
+  r.shared = shared_;
   r.ids = ids;
   r.weights = weights;
   ck::moe_route(r, s);
@@ -156,7 +170,7 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   ck::MoeAlignParams a;
   a.ids = ids;
   a.pairs = pairs;
-  a.experts = E;
+  a.experts = stacked;
   a.block_m = bm;
   a.sorted = sorted;
   a.block_expert = block_expert;
@@ -169,7 +183,7 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   g.a_hi = x_hi;
   g.a_lo = x_hi + n * h;
   g.gather = true;
-  g.top_k = k;
+  g.top_k = per_token;
   g.sorted = sorted;
   g.block_expert = block_expert;
   g.num_blocks = num_blocks;
@@ -194,23 +208,15 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   d.out = y;
   ck::moe_gemm(d, tile, s);
 
-  if (shared != nullptr) {
-    float* gate_up = ws.get(kLayerGateUp, DType::f32, n * 2 * shared_inter_, dev).data_as<float>();
-    float* act = ws.get(kLayerAct, DType::f32, n * shared_inter_, dev).data_as<float>();
-    const CudaStepLinear::Split sp = linear.split(shared_gate_up_, n, h, 2 * shared_inter_);
-    linear.linear.gated(xn, shared_gate_up_, Buffer{}, act, n, h, shared_inter_, false, gate_up, sp.hi, sp.lo, sp.halves);
-    linear(act, shared_down_, Buffer{}, shared, n, shared_inter_, h);
-  }
   ck::MoeCombineParams c;
   c.y = y;
   c.slot = slot;
   c.ids = ids;
   c.weights = weights;
-  c.shared = shared;
   c.out = out;
   c.n = n;
   c.hidden = h;
-  c.top_k = k;
+  c.top_k = per_token;
   ck::moe_combine(c, s);
 }
 

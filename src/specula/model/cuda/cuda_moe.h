@@ -2,13 +2,14 @@
 // fused-MoE design of vLLM and SGLang over specula's f32 activations: the router's product (as
 // the dense layers compute theirs), routing and the expert sort on the device (moe_kernels.h),
 // two grouped GEMMs that read only the selected experts' weights (the gate|up one ends in the
-// SiLU gate), the shared experts as a dense gated MLP, and one weighted combine. No host sync:
-// a decode step is captured in a CUDA graph as it is.
+// SiLU gate), and one weighted combine. The shared experts are stacked after the routed ones and
+// picked by every token with weight 1 (SGLang's shared-expert fusion): one pass over all the
+// layer's weights a token needs. No host sync: a decode step is captured in a CUDA graph as it is.
 //
 // Routed experts are held in bf16 (a checkpoint's f32 or f16 values are rounded), stacked per
 // layer: gate|up as [experts, 2 inter', hidden] with 32 gate rows and then the same 32 up rows
 // in turn (the GEMM's gate epilogue finds both in one tile), down as [experts, hidden, inter'],
-// inter' = moe_intermediate_size rounded up to 32 with zero padding.
+// inter' = moe_intermediate_size rounded up to 32 with zero padding; experts = routed + shared.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -40,10 +41,9 @@ class CudaMoe {
 
  private:
   MoeConfig config_;
-  int hidden_ = 0, inter_ = 0, inter_padded_ = 0, shared_inter_ = 0;
+  int hidden_ = 0, inter_ = 0, inter_padded_ = 0, shared_ = 0;
   Buffer router_, bias_;
-  Buffer w_gate_up_, w_down_;         // bf16, the layouts above
-  Buffer shared_gate_up_, shared_down_;  // the shared experts as one gated MLP, as the dense layers hold theirs
+  Buffer w_gate_up_, w_down_;  // bf16, the layouts above
 };
 
 }  // namespace specula

@@ -21,9 +21,11 @@ namespace {
 
 constexpr int kPad = 8;
 
-template <int kBm, int kBn, int kBk, int kWm, int kWn, int kStages>
+// kMinBlocks: blocks per multiprocessor the registers must allow (mma.sync hides its latency
+// with other warps, not with a deeper register pipeline).
+template <int kBm, int kBn, int kBk, int kWm, int kWn, int kStages, int kMinBlocks>
 struct Tile {
-  static constexpr int bm = kBm, bn = kBn, bk = kBk, wn = kWn, stages = kStages;
+  static constexpr int bm = kBm, bn = kBn, bk = kBk, wn = kWn, stages = kStages, min_blocks = kMinBlocks;
   static constexpr int threads = 32 * kWm * kWn;
   static constexpr int lds = kBk + kPad;  // bf16 per shared row
   static constexpr int warp_m = kBm / kWm, warp_n = kBn / kWn;
@@ -34,12 +36,14 @@ struct Tile {
   static constexpr size_t smem_bytes = pipeline_bytes > epilogue_bytes ? pipeline_bytes : epilogue_bytes;
 };
 
-using SmallTile = Tile<16, 64, 64, 1, 4, 4>;
-using MediumTile = Tile<64, 128, 32, 2, 4, 4>;
-using LargeTile = Tile<128, 128, 32, 2, 4, 4>;
+// Decode: 4 stages of 64-deep k tiles keep 32 KB of weights in flight per block. Prefill: 3
+// stages, so that two blocks (16 warps) share a multiprocessor.
+using SmallTile = Tile<16, 64, 64, 1, 4, 4, 2>;
+using MediumTile = Tile<64, 128, 32, 2, 4, 3, 2>;
+using LargeTile = Tile<128, 128, 32, 2, 4, 3, 2>;
 
 template <class T>
-__global__ void __launch_bounds__(T::threads) moe_gemm_kernel(MoeGemmParams p) {
+__global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(MoeGemmParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int row_src[T::bm];
   const int block = blockIdx.y;

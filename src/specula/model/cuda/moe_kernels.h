@@ -11,7 +11,8 @@
 //                  of the f32 activations, f32 accumulation. The gate|up product ends in the SiLU
 //                  gate (act = silu(gate) * up, written as a hi/lo split for the down product);
 //                  the down product writes f32 rows;
-//   moe_combine    out[t] = shared[t] + sum_j w[t, j] y[pair (t, j)], one pass, no atomics.
+//   moe_combine    out[t] = sum_j w[t, j] y[pair (t, j)], one pass, no atomics.
+// Shared experts run as routed ones that every token picks with weight 1 (moe_route appends them).
 // Everything is deterministic: a row's arithmetic does not depend on which rows share its block.
 #pragma once
 
@@ -29,8 +30,11 @@ struct MoeRouteParams {
   int method = 0;  // MoeConfig::TopK: 0 greedy, 1 group-limited greedy, 2 noaux_tc
   bool sigmoid = false, normalise = false, scale = false;
   double scaling_factor = 1.0;
-  int32_t* ids = nullptr;   // [n, top_k]
-  float* weights = nullptr;  // [n, top_k]
+  // Shared experts folded into the routed ones (SGLang's shared-expert fusion): every token also
+  // takes experts `experts` .. `experts + shared - 1` with weight 1, after its top_k picks.
+  int shared = 0;
+  int32_t* ids = nullptr;   // [n, top_k + shared]
+  float* weights = nullptr;  // [n, top_k + shared]
 };
 // At most kMaxRouteExperts experts and kMaxRouteGroups groups.
 constexpr int kMaxRouteExperts = 1024;
@@ -89,7 +93,6 @@ struct MoeCombineParams {
   const int32_t* slot = nullptr;  // [n * top_k]
   const int32_t* ids = nullptr;   // [n * top_k] (the sum runs over a token's experts by index)
   const float* weights = nullptr;  // [n * top_k]
-  const float* shared = nullptr;  // [n, hidden] or null
   float* out = nullptr;           // [n, hidden]
   int64_t n = 0;
   int hidden = 0, top_k = 0;

@@ -105,6 +105,7 @@ __global__ void route_kernel(MoeRouteParams p) {
     __syncwarp();
   }
   // Lane l holds experts l, l + 32, ...: bit i of `taken` is expert l + 32 i.
+  const int stride = p.top_k + p.shared;
   uint32_t taken = 0;
   double sum = 0;
   for (int r = 0; r < p.top_k; ++r) {
@@ -116,15 +117,19 @@ __global__ void route_kernel(MoeRouteParams p) {
     b = warp_best(b);
     if (b.idx % 32 == lane) taken |= 1u << (b.idx / 32);
     sum += score[b.idx];
-    if (lane == 0) p.ids[t * p.top_k + r] = b.idx;
+    if (lane == 0) p.ids[t * stride + r] = b.idx;
   }
   if (lane == 0) {
     for (int r = 0; r < p.top_k; ++r) {
-      double w = score[p.ids[t * p.top_k + r]];
+      double w = score[p.ids[t * stride + r]];
       if (p.normalise) w /= sum + 1e-20;
       if (!p.normalise || p.scale) w *= p.scaling_factor;
-      p.weights[t * p.top_k + r] = static_cast<float>(w);
+      p.weights[t * stride + r] = static_cast<float>(w);
     }
+  }
+  for (int j = lane; j < p.shared; j += 32) {
+    p.ids[t * stride + p.top_k + j] = E + j;
+    p.weights[t * stride + p.top_k + j] = 1.0f;
   }
 }
 
@@ -169,7 +174,7 @@ __global__ void combine_kernel(MoeCombineParams p) {
   __shared__ int order[kMaxCombineTopK];
   const int64_t t = blockIdx.x;
   if (threadIdx.x == 0) {
-    // The token's experts by index, as the CPU adds them.
+    // The token's experts by index, as the CPU adds its routed ones.
     for (int j = 0; j < p.top_k; ++j) order[j] = j;
     for (int a = 1; a < p.top_k; ++a) {
       for (int b = a; b > 0 && p.ids[t * p.top_k + order[b]] < p.ids[t * p.top_k + order[b - 1]]; --b) {
@@ -181,7 +186,7 @@ __global__ void combine_kernel(MoeCombineParams p) {
   }
   __syncthreads();
   for (int c = threadIdx.x; c < p.hidden; c += blockDim.x) {
-    float acc = p.shared != nullptr ? p.shared[t * p.hidden + c] : 0.0f;
+    float acc = 0.0f;
     for (int j = 0; j < p.top_k; ++j) {
       const int64_t pair = t * p.top_k + order[j];
       acc = __fadd_rn(acc, __fmul_rn(p.weights[pair], p.y[static_cast<int64_t>(p.slot[pair]) * p.hidden + c]));
@@ -194,7 +199,8 @@ __global__ void combine_kernel(MoeCombineParams p) {
 
 void moe_route(const MoeRouteParams& p, cudaStream_t s) {
   if (p.n == 0) return;
-  SPECULA_CHECK(p.experts >= 1 && p.experts <= kMaxRouteExperts && p.groups >= 1 && p.groups <= kMaxRouteGroups &&
+  SPECULA_CHECK(p.experts >= 1 && p.experts + p.shared <= kMaxRouteExperts && p.shared >= 0 && p.groups >= 1 &&
+                    p.groups <= kMaxRouteGroups &&
                     p.experts % p.groups == 0 && p.top_k >= 1 && p.top_k <= p.experts && p.top_groups >= 1 &&
                     p.top_groups <= p.groups,
                 "moe_route on the GPU: {} experts in {} groups keeping {}, top {}: supported are up to {} experts and {} groups",
