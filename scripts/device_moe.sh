@@ -4,7 +4,7 @@
 # every other GPU model test, since the decoder layers changed), then `bench moe` (decode
 # bandwidth and prefill GEMM rate of the layer), `bench generate` (batch 1 decode of the whole
 # model) and `bench serve` (batch 1 and 64) on the synthetic DeepSeek-V2-Lite and Qwen3-30B-A3B.
-# SKIP_TESTS=1 leaves out the tests, SHAPES picks the models. Logs to $OUT (default
+# SKIP_TESTS=1 leaves out the tests, SKIP_SERVE=1 the serving runs, SHAPES picks the models. Logs to $OUT (default
 # /tmp/specula-out).
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
@@ -29,6 +29,7 @@ for shape in ${SHAPES:-deepseek-v2-lite qwen3-30b-a3b}; do
   timeout 300 "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --prompt-len 128 --decode-len 128 \
     --json "$out/generate_$shape.json" >"$out/generate_$shape.log" 2>&1
   echo "bench generate $shape rc=$?"; tail -8 "$out/generate_$shape.log"
+  [ "${SKIP_SERVE:-0}" = 1 ] && continue
   for bs in ${BATCHES:-1 64}; do
     timeout 300 "$build/bin/specula" bench serve --device cuda --synthetic "$shape" --num-requests $((bs * 3)) \
       --max-running-requests "$bs" --input-len 128 --output-len 128 --max-context-len 512 \

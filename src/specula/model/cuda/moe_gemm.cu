@@ -3,6 +3,11 @@
 // written for specula's f32-accurate activations: each A tile is the hi and the lo bf16 term of
 // the f32 rows, both multiplied by the same weight fragments, so the weights are read once).
 //
+// Programmatic dependent launch: the block list comes from moe_align, two launches back, which
+// has completed when this kernel starts (cuda_pdl.cuh); so a block reads its expert and starts
+// streaming that expert's weights at once, and waits for the previous kernel (the split of x, or
+// the gate|up product) only before its activation rows.
+//
 // A block owns block_m rows of one expert and bn output columns. Rows come from the token's
 // activations (gather, the gate|up product) or from the rows themselves (the down product);
 // padding rows (pair -1) read zeros. Shared rows are padded by 8 bf16 (16 bytes), which keeps
@@ -11,6 +16,7 @@
 
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 #include "specula/core/error.h"
 #include "specula/model/cuda/activation.cuh"
 #include "specula/model/cuda/moe_kernels.h"
@@ -41,13 +47,20 @@ struct Tile {
 using SmallTile = Tile<16, 64, 64, 1, 4, 4, 2>;
 using MediumTile = Tile<64, 128, 32, 2, 4, 3, 2>;
 using LargeTile = Tile<128, 128, 32, 2, 4, 3, 2>;
+// Prefill alternatives that bench moe measures: 64 x 64 warp tiles, and 64-deep k tiles.
+using LargeWideTile = Tile<128, 256, 32, 2, 4, 3, 1>;
+using LargeDeepTile = Tile<128, 128, 64, 2, 4, 3, 1>;
 
 template <class T>
 __global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(MoeGemmParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int row_src[T::bm];
   const int block = blockIdx.y;
-  if (block >= *p.num_blocks) return;
+  if (block >= *p.num_blocks) {
+    pdl_wait();
+    pdl_trigger();
+    return;
+  }
   const int expert = p.block_expert[block];
   const int n0 = blockIdx.x * T::bn;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -67,7 +80,7 @@ __global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(Moe
   const int k_tiles = (p.k + T::bk - 1) / T::bk;
   constexpr int kChunks = T::bk / 8;  // 16-byte chunks per row of a k tile
 
-  auto load = [&](int stage, int kt) {
+  auto load_a = [&](int stage, int kt) {
     const int k0 = kt * T::bk;
     for (int c = tid; c < T::bm * kChunks; c += T::threads) {
       const int r = c / kChunks, kk = k0 + (c % kChunks) * 8;
@@ -78,6 +91,9 @@ __global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(Moe
       cp_async_16(a_hi_s + dst, a_hi + off, valid);
       cp_async_16(a_lo_s + dst, a_lo + off, valid);
     }
+  };
+  auto load_b = [&](int stage, int kt) {
+    const int k0 = kt * T::bk;
     for (int c = tid; c < T::bn * kChunks; c += T::threads) {
       const int r = c / kChunks, kk = k0 + (c % kChunks) * 8;
       const bool valid = n0 + r < p.n && kk < p.k;
@@ -87,15 +103,25 @@ __global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(Moe
   };
 
   float acc[T::mt][T::nt][4] = {};
+  // The first stages' weights before the wait; each stage's group then closes with its rows (the
+  // first group holds all the early weights).
   for (int s = 0; s < T::stages - 1; ++s) {
-    if (s < k_tiles) load(s, s);
+    if (s < k_tiles) load_b(s, s);
+  }
+  pdl_wait();
+  pdl_trigger();
+  for (int s = 0; s < T::stages - 1; ++s) {
+    if (s < k_tiles) load_a(s, s);
     cp_async_commit();
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<T::stages - 2>();
     __syncthreads();
     const int next = kt + T::stages - 1;
-    if (next < k_tiles) load(next % T::stages, next);
+    if (next < k_tiles) {
+      load_a(next % T::stages, next);
+      load_b(next % T::stages, next);
+    }
     cp_async_commit();
     const int stage = kt % T::stages;
 #pragma unroll
@@ -185,7 +211,7 @@ void launch(const MoeGemmParams& p, cudaStream_t s) {
   }
   SPECULA_CHECK(p.max_blocks <= 65535, "moe_gemm: {} row blocks (at most 65535)", p.max_blocks);
   const dim3 grid(static_cast<unsigned>((p.n + T::bn - 1) / T::bn), static_cast<unsigned>(p.max_blocks));
-  moe_gemm_kernel<T><<<grid, T::threads, T::smem_bytes, s>>>(p);
+  launch_pdl(moe_gemm_kernel<T>, grid, T::threads, T::smem_bytes, s, p);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -198,6 +224,8 @@ int moe_tile_rows(MoeTile tile) {
     case MoeTile::kMedium:
       return MediumTile::bm;
     case MoeTile::kLarge:
+    case MoeTile::kLargeWide:
+    case MoeTile::kLargeDeep:
       return LargeTile::bm;
   }
   return LargeTile::bm;
@@ -223,6 +251,10 @@ void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s) {
       return launch<MediumTile>(p, s);
     case MoeTile::kLarge:
       return launch<LargeTile>(p, s);
+    case MoeTile::kLargeWide:
+      return launch<LargeWideTile>(p, s);
+    case MoeTile::kLargeDeep:
+      return launch<LargeDeepTile>(p, s);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_pdl.cuh"
 #include "specula/core/error.h"
 #include "specula/model/cuda/moe_kernels.h"
 
@@ -49,6 +50,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // One warp per token. Shared memory: per warp, scores and choices [experts] and group values.
 __global__ void route_kernel(MoeRouteParams p) {
   extern __shared__ float route_smem[];
+  pdl_wait();
+  pdl_trigger();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
   if (t >= p.n) return;
@@ -140,6 +143,8 @@ __global__ void __launch_bounds__(kAlignThreads) align_kernel(MoeAlignParams p) 
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int counts[kMaxRouteExperts], first_block[kMaxRouteExperts], cursor[kMaxRouteExperts];
   __shared__ int total;
+  pdl_wait();
+  pdl_trigger();
   const int tid = threadIdx.x, E = p.experts;
   for (int e = tid; e < E; e += kAlignThreads) counts[e] = cursor[e] = 0;
   __syncthreads();
@@ -172,6 +177,8 @@ constexpr int kMaxCombineTopK = 32;
 
 __global__ void combine_kernel(MoeCombineParams p) {
   __shared__ int order[kMaxCombineTopK];
+  pdl_wait();
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   if (threadIdx.x == 0) {
     // The token's experts by index, as the CPU adds its routed ones.
@@ -213,21 +220,21 @@ void moe_route(const MoeRouteParams& p, cudaStream_t s) {
                                     static_cast<int>(sizeof(float) * kRouteWarps * (2 * kMaxRouteExperts + kMaxRouteGroups))));
     raised = true;
   }
-  route_kernel<<<blocks, kRouteWarps * 32, smem, s>>>(p);
+  launch_pdl(route_kernel, blocks, kRouteWarps * 32, smem, s, p);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void moe_align(const MoeAlignParams& p, cudaStream_t s) {
   SPECULA_CHECK(p.experts >= 1 && p.experts <= kMaxRouteExperts && p.block_m >= 1, "moe_align: {} experts (at most {})",
                 p.experts, kMaxRouteExperts);
-  align_kernel<<<1, kAlignThreads, 0, s>>>(p);
+  launch_pdl(align_kernel, 1, kAlignThreads, 0, s, p);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void moe_combine(const MoeCombineParams& p, cudaStream_t s) {
   if (p.n == 0) return;
   SPECULA_CHECK(p.top_k >= 1 && p.top_k <= kMaxCombineTopK, "moe_combine: top {} (at most {})", p.top_k, kMaxCombineTopK);
-  combine_kernel<<<static_cast<unsigned>(p.n), 256, 0, s>>>(p);
+  launch_pdl(combine_kernel, static_cast<unsigned>(p.n), 256, 0, s, p);
   CUDA_CHECK(cudaGetLastError());
 }
 
