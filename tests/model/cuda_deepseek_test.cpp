@@ -174,16 +174,20 @@ class CudaDeepseekMoe : public ::testing::TestWithParam<MoeCase> {};
 
 // DeepSeek models with mixture-of-experts layers on the GPU (CudaMoe; experts read from the
 // checkpoint without an f32 host copy): prompt logits against the float64 reference and the CPU
-// path, then greedy decoding through captured graphs. The GPU's bf16 attention moves an MoE
-// layer's input by ~1e-3 relative (a logit by ~5e-3), so a model whose prompt routes within
-// kGpuRouting of a tie is drawn again, and decode steps that close are not checked.
+// path, then greedy decoding through captured graphs. The GPU's bf16 queries, attention outputs
+// and experts (the checkpoint is f32) move the logits by ~1% of their scale, and an MoE layer's
+// router logits likewise: a token routed within that of a tie may take another expert, which
+// changes its output by O(1). So a model whose prompt routes within `clear` of a tie (logit gaps
+// for softmax scores, score gaps for sigmoid ones) is drawn again, and decode steps that close
+// are not checked.
 TEST_P(CudaDeepseekMoe, MatchesTheReferenceAndTheCpuPath) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  constexpr double kGpuRouting = 1.5e-2;
   const MoeCase& c = GetParam();
+  const double clear = c.method == "noaux_tc" ? 3e-2 : 0.15;
   test::DeepseekShape shape = gpu_shape();
   shape.q_lora = 64;
   shape.layers = 3;
+  shape.first_dense = 2;  // one MoE layer: fewer routings that must all be clear
   shape.experts = c.experts;
   shape.top_k = c.top_k;
   shape.shared = c.shared;
@@ -196,15 +200,15 @@ TEST_P(CudaDeepseekMoe, MatchesTheReferenceAndTheCpuPath) {
   shape.arch = c.method == "noaux_tc" ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM";
   uint32_t seed = std::random_device{}();
   std::vector<int32_t> ids;
-  for (int i = 0; i < 20; ++i) ids.push_back(static_cast<int32_t>(32 + (i * 37) % 200));
+  for (int i = 0; i < 12; ++i) ids.push_back(static_cast<int32_t>(32 + (i * 37) % 200));
   test::TinyDeepseek m;
   double routing = 0;
-  for (int attempt = 0; attempt < 60 && routing < kGpuRouting; ++attempt, ++seed) {
+  for (int attempt = 0; attempt < 200 && routing < clear; ++attempt, ++seed) {
     m = test::make_tiny_deepseek(shape, seed);
     routing = INFINITY;
     test::deepseek_reference_logits(m, MlaKVFormat::bf16, ids, &routing);
   }
-  ASSERT_GE(routing, kGpuRouting) << "no model in 60 draws routes the prompt clear of ties";
+  ASSERT_GE(routing, clear) << "no model in 200 draws routes the prompt clear of ties";
   SCOPED_TRACE(::testing::Message() << c.name << " seed=" << seed - 1);
   const auto dir = std::filesystem::temp_directory_path() / ("specula_cuda_moe_" + std::to_string(seed));
   test::write_tiny_checkpoint(dir, test::deepseek_config(shape), m.weights);
@@ -228,7 +232,7 @@ TEST_P(CudaDeepseekMoe, MatchesTheReferenceAndTheCpuPath) {
   EXPECT_LT(cpu_diff, 3e-2 * std::max(1.0, err.max_abs));
   std::printf("%s: max |logit| %.3f, max error vs float64 %.2e, vs the CPU path %.2e\n", c.name.c_str(), err.max_abs,
               err.max_err, cpu_diff);
-  const test::GreedyCheck check = test::decode_and_check(gpu, m, MlaKVFormat::bf16, ids, 12, err, kGpuRouting);
+  const test::GreedyCheck check = test::decode_and_check(gpu, m, MlaKVFormat::bf16, ids, 12, err, clear);
   EXPECT_TRUE(check.mismatches.empty()) << check.mismatches.front();
   std::printf("%s: %d greedy steps checked\n", c.name.c_str(), check.checked);
   std::filesystem::remove_all(dir);

@@ -171,17 +171,6 @@ void run(const Options& o) {
           ck::moe_gemm(lg.down, lg.tile, nullptr);
         },
         10);
-    // The other 128-row tiles over the same rows.
-    for (const auto& [name, tile] : {std::pair{"wide", ck::MoeTile::kLargeWide}, std::pair{"deep", ck::MoeTile::kLargeDeep}}) {
-      if (lg.tile != ck::MoeTile::kLarge) break;
-      const double s = cuda_median_seconds(
-          [&] {
-            ck::moe_gemm(lg.gate_up, tile, nullptr);
-            ck::moe_gemm(lg.down, tile, nullptr);
-          },
-          10);
-      fmt::print("  {} 128-row tile: grouped GEMMs {:.0f} us\n", name, s * 1e6);
-    }
     // cuBLAS: [pairs, h] x [h, 2 inter] and [pairs, inter] x [inter, h], bf16 in and out.
     Buffer a(DType::bf16, {pairs, std::max(h, inter)}, dev), b(DType::bf16, {2 * inter, h}, dev),
         c(DType::bf16, {pairs, std::max(2 * inter, h)}, dev);

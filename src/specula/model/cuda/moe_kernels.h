@@ -60,8 +60,7 @@ void moe_align(const MoeAlignParams& p, cudaStream_t s);
 
 // Tile shapes of moe_gemm: small blocks for decode (few rows per expert: what matters is
 // reading each selected expert's weights once, at full bandwidth) and large ones for prefill.
-// kLargeWide and kLargeDeep: 128-row alternatives to kLarge (256 columns; 64-deep k tiles).
-enum class MoeTile { kSmall, kMedium, kLarge, kLargeWide, kLargeDeep };
+enum class MoeTile { kSmall, kMedium, kLarge };
 int moe_tile_rows(MoeTile tile);
 // The tile for `pairs` pairs over `experts` experts (by the mean rows per expert).
 MoeTile moe_pick_tile(int64_t pairs, int experts);
