@@ -166,6 +166,7 @@ struct MoeCase {
   int experts = 8, top_k = 2, shared = 1, n_group = 1, topk_group = 1;
   bool norm = false;
   double scaling = 1.0;
+  int fp8_block = 0;  // > 0: the checkpoint in DeepSeek-V3's fp8 layout with these blocks
 };
 
 void PrintTo(const MoeCase& c, std::ostream* os) { *os << c.name; }
@@ -205,13 +206,16 @@ TEST_P(CudaDeepseekMoe, MatchesTheReferenceAndTheCpuPath) {
   double routing = 0;
   for (int attempt = 0; attempt < 200 && routing < clear; ++attempt, ++seed) {
     m = test::make_tiny_deepseek(shape, seed);
+    if (c.fp8_block > 0) test::quantize_deepseek_fp8(m, c.fp8_block);
     routing = INFINITY;
     test::deepseek_reference_logits(m, MlaKVFormat::bf16, ids, &routing);
   }
   ASSERT_GE(routing, clear) << "no model in 200 draws routes the prompt clear of ties";
   SCOPED_TRACE(::testing::Message() << c.name << " seed=" << seed - 1);
   const auto dir = std::filesystem::temp_directory_path() / ("specula_cuda_moe_" + std::to_string(seed));
-  test::write_tiny_checkpoint(dir, test::deepseek_config(shape), m.weights);
+  nlohmann::json config = test::deepseek_config(shape);
+  if (c.fp8_block > 0) test::add_fp8_quantization_config(config, c.fp8_block);
+  test::write_tiny_checkpoint(dir, config, m.weights);
   GeneratorOptions o;
   o.device = Device::cuda(0);
   o.page_size = 16;
@@ -241,7 +245,8 @@ TEST_P(CudaDeepseekMoe, MatchesTheReferenceAndTheCpuPath) {
 INSTANTIATE_TEST_SUITE_P(All, CudaDeepseekMoe,
                          ::testing::Values(MoeCase{"V2SoftmaxGreedy"},
                                            MoeCase{"V2GroupLimited", "group_limited_greedy", 8, 2, 2, 4, 2, false, 1.0},
-                                           MoeCase{"V3SigmoidNoauxTc", "noaux_tc", 16, 4, 1, 4, 2, true, 2.5}),
+                                           MoeCase{"V3SigmoidNoauxTc", "noaux_tc", 16, 4, 1, 4, 2, true, 2.5},
+                                           MoeCase{"V3Fp8Blocks", "noaux_tc", 16, 4, 1, 4, 2, true, 2.5, 32}),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -10,6 +10,8 @@
 
 #include "specula/core/error.h"
 #include "specula/model/config.h"
+#include "specula/model/fp8_weights.h"
+#include "specula/model/safetensors.h"
 #include "specula/model/tokenizer.h"
 #include "specula/model/moe.h"
 #include "specula/runtime/generator.h"
@@ -127,6 +129,66 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name; });
 
 nlohmann::json small_config() { return test::deepseek_config(test::DeepseekShape{}); }
+
+// DeepSeek-V3's published fp8 layout (e4m3 projections with block scales, here 32 x 32 over
+// matrices that are not multiples of it): the loader dequantizes each matrix exactly as the test
+// decodes it, and the model (MoE layers, noaux_tc routing) matches the float64 reference over the
+// dequantized weights.
+TEST(DeepseekFp8, BlockScaledCheckpointMatchesTheReference) {
+  test::DeepseekShape shape;
+  shape.arch = "DeepseekV3ForCausalLM";
+  shape.q_lora = 48;
+  shape.experts = 8;
+  shape.top_k = 2;
+  shape.n_group = 4;
+  shape.topk_group = 2;
+  shape.topk_method = "noaux_tc";
+  shape.norm_topk = true;
+  shape.scaling = 2.5;
+  constexpr int kBlock = 32;
+  const std::string text = "fp8 blocks, dequantized on load.";
+  const std::vector<int32_t> prompt =
+      Tokenizer::from_folder(std::filesystem::path(SPECULA_SOURCE_DIR) / "models" / "specula-byte-6m").encode(text);
+  uint32_t seed = std::random_device{}();
+  test::TinyDeepseek m;
+  double margin = 0;
+  for (int retry = 0; retry < 20 && margin <= test::kRoutingMargin; ++retry, ++seed) {
+    m = test::make_tiny_deepseek(shape, seed);
+    test::quantize_deepseek_fp8(m, kBlock);
+    margin = INFINITY;
+    test::deepseek_reference_logits(m, MlaKVFormat::bf16, prompt, &margin);
+  }
+  ASSERT_GT(margin, test::kRoutingMargin);
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed - 1);
+  ASSERT_FALSE(m.weights.fp8_codes.empty());
+  const auto dir = std::filesystem::temp_directory_path() / ("specula_deepseek_fp8_" + std::to_string(seed));
+  nlohmann::json config = test::deepseek_config(shape);
+  test::add_fp8_quantization_config(config, kBlock);
+  test::write_tiny_checkpoint(dir, config, m.weights);
+  {
+    const Checkpoint ckpt(dir);
+    const ModelConfig c = load_model_config(dir);
+    const Fp8BlockWeights weights(ckpt, c);
+    for (const auto& [name, codes] : m.weights.fp8_codes) {
+      const std::vector<int64_t>& dims = m.weights.shapes.at(name);
+      ASSERT_EQ(ckpt.get(name, Shape(dims)).dtype(), DType::fp8_e4m3) << name;
+      const TensorView t = weights.get(name, Shape(dims));
+      ASSERT_EQ(t.dtype(), DType::f32);
+      const std::vector<float>& want = m.weights.at(name);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(static_cast<const float*>(t.data())[i], want[i]) << name << " " << i;
+    }
+  }
+  Generator gen(dir, GeneratorOptions{});
+  const std::vector<float> got = gen.prompt_logits(prompt);
+  const std::vector<double> want = test::deepseek_reference_logits(m, MlaKVFormat::bf16, prompt);
+  const test::LogitError err = test::logit_error(got, want);
+  ASSERT_TRUE(err.finite);
+  EXPECT_GT(err.max_abs, 0.5);
+  EXPECT_LT(err.max_err, 2e-3 * std::max(1.0, err.max_abs)) << "max |logit| " << err.max_abs;
+  const test::GreedyCheck check = test::decode_and_check(gen, m, MlaKVFormat::bf16, prompt, 8, err);
+  EXPECT_TRUE(check.mismatches.empty()) << check.mismatches.front();
+  std::filesystem::remove_all(dir);
+}
 
 TEST(DeepseekConfig, ReadsTheMlaFieldsAndTheScale) {
   nlohmann::json j = small_config();
@@ -250,8 +312,21 @@ TEST(DeepseekConfig, BadFieldsAreClearErrors) {
   bad["hidden_act"] = "gelu_pytorch_tanh";
   expect_error(bad, "activation 'gelu_pytorch_tanh' is not supported for DeepseekV2ForCausalLM");
   bad = j;
+  bad["quantization_config"] = {{"quant_method", "gptq"}};
+  expect_error(bad, "quantization_config quant_method 'gptq' is not supported; supported: fp8");
   bad["quantization_config"] = {{"quant_method", "fp8"}};
-  expect_error(bad, "quantized checkpoints (quantization_config) are not supported");
+  expect_error(bad, "quantization_config needs weight_block_size");
+  bad["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}, {"weight_block_size", {128, 128}}};
+  expect_error(bad, "fmt 'e5m2' is not supported; supported: e4m3");
+  bad["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}, {"weight_block_size", {128, 128}}};
+  expect_error(bad, "activation_scheme 'static' is not supported; supported: dynamic");
+  bad["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128}}};
+  expect_error(bad, "must be [rows, columns]");
+  bad = j;
+  test::add_fp8_quantization_config(bad, 128);
+  const ModelConfig fp8 = parse_model_config(bad.dump());
+  EXPECT_EQ(fp8.fp8_block_out, 128);
+  EXPECT_EQ(fp8.fp8_block_in, 128);
   nlohmann::json moe = j;
   moe["n_routed_experts"] = 8;
   moe["num_experts_per_tok"] = 2;

@@ -333,6 +333,19 @@ std::vector<double> deepseek_reference_logits(const TinyDeepseek& model, MlaKVFo
   return logits;
 }
 
+void quantize_deepseek_fp8(TinyDeepseek& model, int block) {
+  std::vector<std::string> names;
+  for (const auto& [name, shape] : model.weights.shapes) {
+    if (shape.size() == 2 && name.size() > 12 && name.compare(name.size() - 12, 12, "_proj.weight") == 0) names.push_back(name);
+  }
+  for (const std::string& name : names) quantize_fp8_blocks(model.weights, name, block, block);
+}
+
+void add_fp8_quantization_config(nlohmann::json& config, int block) {
+  config["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                                   {"weight_block_size", {block, block}}};
+}
+
 LogitError logit_error(const std::vector<float>& got, const std::vector<double>& want) {
   LogitError e;
   for (size_t i = 0; i < want.size() && i < got.size(); ++i) {

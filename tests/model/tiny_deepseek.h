@@ -38,6 +38,12 @@ struct TinyDeepseek {
 TinyDeepseek make_tiny_deepseek(const DeepseekShape& shape, uint32_t seed);
 nlohmann::json deepseek_config(const DeepseekShape& shape);
 
+// DeepSeek-V3's fp8 layout on a tiny model: every projection matrix ("*_proj.weight": attention
+// and experts; not the router, norms, embedding or head) as e4m3 codes with [block, block] scales
+// (quantize_fp8_blocks), and the config's quantization_config to match.
+void quantize_deepseek_fp8(TinyDeepseek& model, int block);
+void add_fp8_quantization_config(nlohmann::json& config, int block);
+
 // Logits of every position of ids, [ids.size(), vocab]. The cached latent rows (c, and k_pe after
 // RoPE) go through the cache format's encoding first, as the model's keys and values do.
 // routing_margin (optional): the smallest gap, over every token and MoE layer, between the last

@@ -136,6 +136,28 @@ std::vector<int> eos_ids(const JsonReader& e) {
   return ids;
 }
 
+// quantization_config: fp8 e4m3 weights with block scales and dynamic activation scales, as
+// DeepSeek-V3 ships them (weights are dequantized on load; model/fp8_weights.h).
+void parse_quantization(const JsonReader& q, ModelConfig& c) {
+  const std::string method = q.string_or("quant_method", "");
+  SPECULA_CHECK(method == "fp8",
+                "config.json: quantization_config quant_method '{}' is not supported; supported: fp8 (e4m3 weights "
+                "with block scales)",
+                method);
+  const std::string format = q.string_or("fmt", "e4m3");
+  SPECULA_CHECK(format == "e4m3", "config.json: quantization_config fmt '{}' is not supported; supported: e4m3", format);
+  const std::string activations = q.string_or("activation_scheme", "dynamic");
+  SPECULA_CHECK(activations == "dynamic",
+                "config.json: quantization_config activation_scheme '{}' is not supported; supported: dynamic",
+                activations);
+  SPECULA_CHECK(q.has("weight_block_size"),
+                "config.json: quantization_config needs weight_block_size (per-tensor fp8 scales are not supported)");
+  const JsonReader block = q.at("weight_block_size");
+  if (!block.is_array() || block.size() != 2) block.fail("must be [rows, columns]");
+  c.fp8_block_out = static_cast<int>(block[0].integer(1, 1 << 16));
+  c.fp8_block_in = static_cast<int>(block[1].integer(1, 1 << 16));
+}
+
 ModelConfig parse_config_object(const JsonReader& j) {
   ModelConfig c;
   const JsonReader architectures = j.at("architectures");
@@ -145,8 +167,7 @@ ModelConfig parse_config_object(const JsonReader& j) {
   SPECULA_CHECK(std::find(supported.begin(), supported.end(), c.architecture) != supported.end(),
                 "architecture '{}' is not supported; supported: {}", c.architecture, fmt::join(supported, ", "));
   c.model_type = j.string_or("model_type", "");
-  SPECULA_CHECK(!j.has("quantization_config"),
-                "config.json: quantized checkpoints (quantization_config) are not supported; give bf16, f16 or f32 weights");
+  if (j.has("quantization_config")) parse_quantization(j.at("quantization_config"), c);
   c.vocab_size = require_int(j, "vocab_size", 1, kMaxVocab);
   c.hidden_size = require_int(j, "hidden_size", 1, kMaxWidth);
   c.intermediate_size = require_int(j, "intermediate_size", 1, kMaxIntermediate);

@@ -112,6 +112,10 @@ struct ModelConfig {
   bool is_mla() const { return mla.kv_lora_rank > 0; }
   MoeConfig moe;
   bool has_moe() const { return moe.n_routed_experts > 0; }
+  // quantization_config fp8 (DeepSeek-V3's published layout): e4m3 weights with one f32 scale
+  // per block of [fp8_block_out, fp8_block_in] values in "<name>_scale_inv"; 0: not quantized.
+  int fp8_block_out = 0, fp8_block_in = 0;
+  bool fp8_weights() const { return fp8_block_out > 0; }
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
   std::string torch_dtype = "bfloat16";

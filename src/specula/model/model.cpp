@@ -2,6 +2,8 @@
 // with their attention backend. The GPU implementations are in model/cuda_models.cpp.
 #include "specula/model/model.h"
 
+#include "specula/model/fp8_weights.h"
+
 #include "specula/core/error.h"
 #include "specula/model/deepseek.h"
 #include "specula/model/llama.h"
@@ -87,6 +89,13 @@ std::unique_ptr<MlaAttentionBackend> make_deepseek_backend(const DeepseekModel& 
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, const WeightSource& weights, const ModelOptions& options) {
+  if (config.fp8_weights()) {
+    // fp8 block-scaled weights are dequantized as they are read (the models hold f32 or bf16).
+    const Fp8BlockWeights dequantized(weights, config);
+    ModelConfig plain = config;
+    plain.fp8_block_out = plain.fp8_block_in = 0;
+    return make_model(plain, dequantized, options);
+  }
   // Before any weight is read: a flag error should not wait for the checkpoint to load.
   SPECULA_CHECK(!(options.deterministic && config.is_mla()),
                 "deterministic inference is not available for {} (multi-head latent attention) yet", config.architecture);
