@@ -179,6 +179,9 @@ TEST(DeepseekFp8, BlockScaledCheckpointMatchesTheReference) {
     }
   }
   Generator gen(dir, GeneratorOptions{});
+  // A decode step reads 2 of the 8 experts of the one MoE layer (f32 on the CPU).
+  EXPECT_EQ(gen.runner().weight_bytes() - gen.runner().decode_weight_bytes(),
+            size_t{6} * 3 * static_cast<size_t>(shape.hidden) * static_cast<size_t>(shape.moe_inter) * sizeof(float));
   const std::vector<float> got = gen.prompt_logits(prompt);
   const std::vector<double> want = test::deepseek_reference_logits(m, MlaKVFormat::bf16, prompt);
   const test::LogitError err = test::logit_error(got, want);

@@ -89,11 +89,14 @@ void run(const Options& o) {
   }
 
   const double weight_gb = static_cast<double>(gen->runner().weight_bytes()) / 1e9;
-  const double bound = copy_gbps / weight_gb;  // tokens/s if every step only streamed the weights
+  // A mixture of experts reads its top-k and shared experts only.
+  const double read_gb = static_cast<double>(gen->runner().decode_weight_bytes()) / 1e9;
+  const double bound = copy_gbps / read_gb;  // tokens/s if every step only streamed the weights it reads
   const double prefill_tps = o.prompt_len / result.time_to_first_token_s;
   fmt::print("specula bench generate  {}  device={} threads={}\n", what, device.str(), default_thread_pool().num_threads());
-  fmt::print("weights as held: {:.3f} GB ({}); copy ceiling measured now: {:.1f} GB/s -> decode bound {:.1f} tok/s\n\n",
-             weight_gb, device.is_cpu() ? "f32" : "bf16 matrices where the checkpoint is bf16", copy_gbps, bound);
+  fmt::print("weights as held: {:.3f} GB ({}), {:.3f} GB read per decode step; copy ceiling measured now: {:.1f} GB/s -> "
+             "decode bound {:.1f} tok/s\n\n",
+             weight_gb, device.is_cpu() ? "f32" : "bf16 matrices where the checkpoint is bf16", read_gb, copy_gbps, bound);
   fmt::print("{:<28} {:>12}\n", "prompt tokens", o.prompt_len);
   fmt::print("{:<28} {:>12.1f}\n", "prefill tok/s", prefill_tps);
   fmt::print("{:<28} {:>12.2f}\n", "time to first token ms", result.time_to_first_token_s * 1e3);
@@ -112,6 +115,7 @@ void run(const Options& o) {
                         {"time_to_first_token_s", result.time_to_first_token_s},
                         {"decode_tokens_per_s", result.decode_tokens_per_s},
                         {"weight_bytes", gen->runner().weight_bytes()},
+                        {"decode_weight_bytes", gen->runner().decode_weight_bytes()},
                         {"copy_gbytes_per_second", copy_gbps},
                         {"decode_bound_tokens_per_s", bound},
                         {"cuda_graph", eager.has_value()}};

@@ -7,6 +7,7 @@
 #include "specula/core/error.h"
 #include "specula/model/deepseek.h"
 #include "specula/model/llama.h"
+#include "specula/model/moe.h"
 #ifdef SPECULA_HAS_CUDA
 #include "specula/model/cuda_models.h"
 #endif
@@ -21,6 +22,7 @@ class LlamaCpu final : public Model {
       : model_(config, weights), backend_(make_llama_backend(model_, o, nullptr)) {}
   const ModelConfig& config() const override { return model_.config(); }
   size_t weight_bytes() const override { return model_.weight_bytes(); }
+  size_t decode_weight_bytes() const override { return model_.weight_bytes() - moe_unread_bytes(model_.config(), sizeof(float)); }
   AttentionBackend* attention_backend() override { return backend_.get(); }
   const LlamaModel* llama() const override { return &model_; }
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) override {
@@ -39,6 +41,7 @@ class DeepseekCpu final : public Model {
       : model_(config, weights), backend_(make_deepseek_backend(model_, o, nullptr)) {}
   const ModelConfig& config() const override { return model_.config(); }
   size_t weight_bytes() const override { return model_.weight_bytes(); }
+  size_t decode_weight_bytes() const override { return model_.weight_bytes() - moe_unread_bytes(model_.config(), sizeof(float)); }
   MlaAttentionBackend* mla_backend() override { return backend_.get(); }
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) override {
     SPECULA_CHECK(r.capture == nullptr, "{}: capturing hidden states for a draft head is not supported",

@@ -77,8 +77,11 @@ class Model {
   virtual ~Model() = default;
 
   virtual const ModelConfig& config() const = 0;
-  // Bytes of weights as the executor holds them: what one decode step reads.
+  // Bytes of weights as the executor holds them.
   virtual size_t weight_bytes() const = 0;
+  // Of which one single-token decode step reads: all of them, except that a mixture-of-experts
+  // layer reads its top-k and shared experts only.
+  virtual size_t decode_weight_bytes() const { return weight_bytes(); }
   // The cudaStream_t the model runs on (nullptr on the CPU); KV pool operations go there too.
   virtual void* cuda_stream() const { return nullptr; }
   // The backend of a Llama-family model / of an MLA model (the other one is nullptr).

@@ -151,6 +151,17 @@ void moe_route(const MoeConfig& m, const float* router_logits, const std::vector
   }
 }
 
+size_t moe_unread_bytes(const ModelConfig& c, size_t bytes_per_value) {
+  const MoeConfig& m = c.moe;
+  size_t bytes = 0;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (!m.is_moe_layer(l)) continue;
+    bytes += static_cast<size_t>(m.n_routed_experts - m.num_experts_per_tok) * 3 * static_cast<size_t>(c.hidden_size) *
+             static_cast<size_t>(m.moe_intermediate_size) * bytes_per_value;
+  }
+  return bytes;
+}
+
 void cpu_moe(const MoeConfig& m, const MoeWeights& w, const float* x, int64_t n, int hidden, float* out) {
   const int E = m.n_routed_experts, k = m.num_experts_per_tok;
   SPECULA_CHECK(w.experts.size() == static_cast<size_t>(E),

@@ -49,6 +49,10 @@ struct MoeRoute {
 void moe_route(const MoeConfig& config, const float* router_logits, const std::vector<float>& correction_bias,
                int64_t n, MoeRoute& route);
 
+// The routed experts' weights a single token does not read, over every MoE layer of `config`, at
+// bytes_per_value bytes a weight.
+size_t moe_unread_bytes(const ModelConfig& config, size_t bytes_per_value);
+
 // out [n, hidden] = the layer's MLP output for x [n, hidden] (already normed).
 void cpu_moe(const MoeConfig& config, const MoeWeights& w, const float* x, int64_t n, int hidden, float* out);
 

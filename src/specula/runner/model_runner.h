@@ -89,6 +89,7 @@ class ModelRunner {
   // Bytes of weights as the executor holds them (f32 on the CPU; bf16 matrices on a GPU when the
   // checkpoint is bf16): what one decode step must read.
   size_t weight_bytes() const { return model_->weight_bytes(); }
+  size_t decode_weight_bytes() const { return model_->decode_weight_bytes(); }
   // Batch sizes with a captured decode graph (empty on the CPU or with graphs off).
   std::vector<int> cuda_graph_batch_sizes() const { return model_->graph_batch_sizes(); }
   // The cudaStream_t the GPU model runs on (nullptr on the CPU); KV pool operations go there too.

@@ -21,6 +21,7 @@
 #include "specula/model/cuda/decoder_layer.h"
 #include "specula/model/cuda/step_io.h"
 #include "specula/model/model.h"
+#include "specula/model/moe.h"
 
 namespace specula {
 
@@ -34,6 +35,8 @@ class CudaDecoderExecutor : public Model {
 
   const ModelConfig& config() const override { return host_.config(); }
   size_t weight_bytes() const override { return ends_->bytes() + layer_bytes(); }
+  // Experts are held in bf16: two bytes a weight.
+  size_t decode_weight_bytes() const override { return weight_bytes() - moe_unread_bytes(config(), 2); }
   void* cuda_stream() const override { return stream_; }
   bool on_gpu() const override { return true; }
   std::vector<int> graph_batch_sizes() const override { return graphs_.batch_sizes(); }
