@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -24,7 +25,9 @@
 #include "specula/model/cuda/cuda_moe.h"
 #include "specula/model/cuda/decoder_layer.h"
 #include "specula/model/cuda/moe_kernels.h"
+#include "specula/model/fp8_weights.h"
 #include "specula/model/moe.h"
+#include "specula/model/weights.h"
 
 namespace specula {
 namespace {
@@ -286,6 +289,115 @@ void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.routing.name << "_
 INSTANTIATE_TEST_SUITE_P(All, CudaMoeLayer, ::testing::ValuesIn(layer_cases()), [](const auto& info) {
   return info.param.routing.name + "_h" + std::to_string(info.param.hidden) + "_i" + std::to_string(info.param.inter);
 });
+
+// Tensors held in memory under checkpoint names.
+class MapSource final : public WeightSource {
+ public:
+  std::map<std::string, Buffer> tensors;
+  TensorView get(const std::string& name, const Shape& shape) const override {
+    const Buffer& b = tensors.at(name);
+    EXPECT_EQ(b.shape(), shape) << name;
+    return b.view();
+  }
+  bool contains(const std::string& name) const override { return tensors.count(name) != 0; }
+  size_t total_bytes() const override { return 0; }
+};
+
+// An fp8 block-scaled matrix in `source` (codes and "<name>_scale_inv"), returned dequantized in f32
+// as the checkpoint loader computes it.
+std::vector<float> add_fp8(MapSource& source, std::mt19937& rng, const std::string& name, int64_t rows, int64_t cols,
+                           int block, float scale) {
+  const std::vector<float> v = normal(rng, static_cast<size_t>(rows * cols), scale, false);
+  const int64_t br = (rows + block - 1) / block, bc = (cols + block - 1) / block;
+  Buffer codes(DType::fp8_e4m3, {rows, cols}), scales(DType::f32, {br, bc});
+  auto* q = static_cast<uint8_t*>(codes.data());
+  auto* sc = scales.data_as<float>();
+  for (int64_t b = 0; b < br * bc; ++b) sc[b] = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      float& m = sc[(r / block) * bc + c / block];
+      m = std::max(m, std::fabs(v[static_cast<size_t>(r * cols + c)]) / 448.0f);
+    }
+  }
+  std::vector<float> dequantized(v.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float s = sc[(r / block) * bc + c / block];
+      q[r * cols + c] = float_to_fp8_e4m3_bits(v[static_cast<size_t>(r * cols + c)] / s);
+      dequantized[static_cast<size_t>(r * cols + c)] = fp8_e4m3_bits_to_float(q[r * cols + c]) * s;
+    }
+  }
+  source.tensors.emplace(name, std::move(codes));
+  source.tensors.emplace(name + "_scale_inv", std::move(scales));
+  return dequantized;
+}
+
+class CudaMoeFp8 : public ::testing::TestWithParam<int> {};
+
+// Experts kept in fp8 on the device (codes and block scales, half the bytes) give bit for bit what
+// the same experts dequantized to bf16 on the host give, over every tile; the shared experts are
+// split along block edges.
+TEST_P(CudaMoeFp8, EqualsTheLayerDequantizedOnTheHostBitForBit) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int shared = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("cuda_model_test")) ^ 0xf8);
+  Routing r = routings()[2];  // DeepSeek-V3's routing
+  r.experts = 16, r.top_k = 4, r.groups = 4, r.top_groups = 2, r.shared = shared;
+  const int h = 128, inter = 96, block = 32;
+  const MoeConfig m = moe_config(r, inter);
+  const std::string prefix = "model.layers.3.";
+  MapSource source;
+  MoeWeights loaded, streamed;
+  loaded.layer = streamed.layer = true;
+  loaded.router = streamed.router = normal(rng, static_cast<size_t>(r.experts) * h, 0.3f, true);
+  loaded.correction_bias = streamed.correction_bias = normal(rng, static_cast<size_t>(r.experts), 0.05f, false);
+  for (int e = 0; e < r.experts; ++e) {
+    const ExpertNames n = expert_names(prefix, m, e);
+    ExpertWeights x;
+    x.inter = inter;
+    x.w_gate = add_fp8(source, rng, n.gate, inter, h, block, 0.15f);
+    x.w_up = add_fp8(source, rng, n.up, inter, h, block, 0.15f);
+    x.w_down = add_fp8(source, rng, n.down, h, inter, block, 0.15f);
+    loaded.experts.push_back(std::move(x));
+  }
+  const std::string sp = prefix + "mlp.shared_experts.";
+  loaded.shared.inter = shared * inter;
+  loaded.shared.w_gate = add_fp8(source, rng, sp + "gate_proj.weight", shared * inter, h, block, 0.1f);
+  loaded.shared.w_up = add_fp8(source, rng, sp + "up_proj.weight", shared * inter, h, block, 0.1f);
+  loaded.shared.w_down = add_fp8(source, rng, sp + "down_proj.weight", h, shared * inter, block, 0.1f);
+  streamed.shared = loaded.shared;
+  ModelConfig config;
+  config.fp8_block_out = config.fp8_block_in = block;
+  const Fp8BlockWeights fp8_source(source, config);
+  const Device dev = Device::cuda(0);
+  const CudaMoe as_bf16(m, loaded, nullptr, prefix, h, dev);
+  const CudaMoe as_fp8(m, streamed, &fp8_source, prefix, h, dev);
+  ASSERT_FALSE(as_bf16.fp8());
+  ASSERT_TRUE(as_fp8.fp8());
+  EXPECT_LT(as_fp8.bytes(), as_bf16.bytes() * 6 / 10);
+  CudaLinear linear(dev, nullptr, false);
+  CudaLayerScratch scratch;
+  const CudaStepLinear step{linear, scratch, dev};
+  for (int64_t n : {1, 37, 300, 1500}) {
+    SCOPED_TRACE(::testing::Message() << "tokens=" << n);
+    const Buffer x = upload_f32(normal(rng, static_cast<size_t>(n * h), 1.0f, false), dev);
+    Buffer a(DType::f32, {n * h}, dev), b(DType::f32, {n * h}, dev);
+    as_bf16.forward(x.data_as<const float>(), a.data_as<float>(), n, step, nullptr);
+    as_fp8.forward(x.data_as<const float>(), b.data_as<float>(), n, step, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> ha(static_cast<size_t>(n * h)), hb(ha.size());
+    copy(TensorView(ha.data(), DType::f32, {n * h}), a);
+    copy(TensorView(hb.data(), DType::f32, {n * h}), b);
+    double scale = 0;
+    for (size_t i = 0; i < ha.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(ha[i]), std::bit_cast<uint32_t>(hb[i])) << "value " << i << ": " << ha[i] << " vs " << hb[i];
+      scale = std::max(scale, std::fabs(double{ha[i]}));
+    }
+    EXPECT_GT(scale, 0.01);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shared, CudaMoeFp8, ::testing::Values(1, 2));
 
 }  // namespace
 }  // namespace specula

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -13,6 +14,7 @@
 
 #include "specula/cli/json_file.h"
 #include "specula/core/error.h"
+#include "specula/model/fp8_weights.h"
 #include "specula/model/synthetic.h"
 
 #ifdef SPECULA_HAS_CUDA
@@ -36,11 +38,42 @@ struct Options {
   std::vector<int> batches = {1, 8, 64};
   int prefill = 4096;
   int layers = 4;
+  bool fp8 = false;
   std::string json_path;
 };
 
 #ifdef SPECULA_HAS_CUDA
 namespace ck = cuda_kernels;
+
+// DeepSeek-V3's fp8 layout over a synthetic model: every expert matrix as random e4m3 codes (no
+// NaN) with 128 x 128 block scales; everything else as the synthetic source makes it.
+class SyntheticFp8Experts final : public WeightSource {
+ public:
+  explicit SyntheticFp8Experts(const SyntheticWeights& base) : base_(base) {}
+  TensorView get(const std::string& name, const Shape& shape) const override {
+    const bool expert = name.find("experts.") != std::string::npos;
+    if (expert && name.ends_with("_scale_inv")) {
+      scratch_ = Buffer(DType::f32, shape);
+      std::fill_n(scratch_.data_as<float>(), shape.numel(), 1.0f / 4096.0f);
+      return scratch_.view();
+    }
+    if (!expert || !name.ends_with("_proj.weight")) return base_.get(name, shape);
+    scratch_ = Buffer(DType::fp8_e4m3, shape);
+    auto* q = static_cast<uint8_t*>(scratch_.data());
+    uint64_t x = std::hash<std::string>{}(name) | 1;
+    for (int64_t i = 0; i < shape.numel(); ++i) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      q[i] = static_cast<uint8_t>((x >> 56) & 0xf7);  // never 0x7f / 0xff (NaN)
+    }
+    return scratch_.view();
+  }
+  bool contains(const std::string& name) const override { return base_.contains(name); }
+  size_t total_bytes() const override { return base_.total_bytes(); }
+
+ private:
+  const SyntheticWeights& base_;
+  mutable Buffer scratch_;
+};
 
 // The two grouped GEMMs of a layer that just ran n tokens, over the routing it left in the
 // scratch, on weights of the layer's shape (their values do not change the time).
@@ -50,7 +83,8 @@ struct LayerGemms {
 };
 
 LayerGemms layer_gemms(const CudaLayerScratch& scratch, int64_t n, int per_token, int stacked, int h, int inter,
-                       const Buffer& w_gate_up, const Buffer& w_down) {
+                       const Buffer& w_gate_up, const Buffer& w_down, const Buffer* scale_gate_up = nullptr,
+                       const Buffer* scale_down = nullptr) {
   LayerGemms l;
   const int64_t pairs = n * per_token;
   l.tile = ck::moe_pick_tile(pairs, stacked);
@@ -84,6 +118,11 @@ LayerGemms layer_gemms(const CudaLayerScratch& scratch, int64_t n, int per_token
   d.gate_up = false;
   d.act_hi = d.act_lo = nullptr;
   d.out = const_cast<float*>(scratch.ws.slots[kMoeY].data_as<const float>());
+  if (scale_gate_up != nullptr) {
+    g.w_scale = scale_gate_up->data_as<const float>();
+    d.w_scale = scale_down->data_as<const float>();
+    g.scale_k = d.scale_k = 128;
+  }
   return l;
 }
 
@@ -105,22 +144,37 @@ void run(const Options& o) {
     Buffer w_gate_up(DType::bf16, {stacked, 2 * inter_padded, h}, dev), w_down(DType::bf16, {stacked, h, inter_padded}, dev);
     CUDA_CHECK(cudaMemset(w_gate_up.data(), 0x3c, w_gate_up.nbytes()));
     CUDA_CHECK(cudaMemset(w_down.data(), 0x3c, w_down.nbytes()));
-    const SyntheticWeights weights(config, 7);
+    // fp8: the same buffers' first halves as codes, and scales of 1/64.
+    Buffer scale_gate_up(DType::f32, {stacked, 2 * inter_padded, (h + 127) / 128}, dev),
+        scale_down(DType::f32, {stacked, h, (inter_padded + 127) / 128}, dev);
+    CUDA_CHECK(cudaMemset(scale_gate_up.data(), 0x3c, scale_gate_up.nbytes()));
+    CUDA_CHECK(cudaMemset(scale_down.data(), 0x3c, scale_down.nbytes()));
+    const SyntheticWeights synthetic(config, 7);
+    const SyntheticFp8Experts fp8_experts(synthetic);
+    ModelConfig fp8_config = config;
+    fp8_config.fp8_block_out = fp8_config.fp8_block_in = 128;
+    const Fp8BlockWeights fp8_weights(fp8_experts, fp8_config);
+    const WeightSource& weights = o.fp8 ? static_cast<const WeightSource&>(fp8_weights) : synthetic;
     F32WeightLoader load(weights);
     std::vector<std::unique_ptr<CudaMoe>> layers;
     for (int l = 0; l < o.layers; ++l) {
       const std::string prefix = "model.layers." + std::to_string(l + 1) + ".";
       const MoeWeights host = load_moe_weights(load, prefix, config, false);
       layers.push_back(std::make_unique<CudaMoe>(m, host, &weights, prefix, h, dev));
+      SPECULA_CHECK(layers.back()->fp8() == o.fp8, "bench moe: the layer's experts are not held as asked");
     }
     CudaLayerScratch scratch;
     const CudaStepLinear step{linear, scratch, dev};
     std::mt19937 rng(3);
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    fmt::print("\n{}: {} experts (top {}, {} shared) of {} x {}\n", shape, E, k, m.n_shared_experts, h, inter);
+    fmt::print("\n{}: {} experts (top {}, {} shared) of {} x {}, {}\n", shape, E, k, m.n_shared_experts, h, inter,
+               o.fp8 ? "fp8 e4m3 with 128 x 128 block scales" : "bf16");
     fmt::print("{:>7} {:>10} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>10}\n", "tokens", "us/layer", "experts", "MB read",
                "TB/s", "ceiling", "frac", "GEMMs us", "GEMMs TB/s");
-    const double expert_bytes = 3.0 * h * inter * 2, fixed_bytes = 2.0 * E * h;
+    // An expert's weights (and, in fp8, its scales: one f32 per row per 128 values of k).
+    const double expert_bytes = o.fp8 ? 3.0 * h * inter + 4.0 * (2.0 * inter * ((h + 127) / 128) + h * ((inter + 127) / 128))
+                                      : 3.0 * h * inter * 2;
+    const double fixed_bytes = 2.0 * E * h;
     for (int n : o.batches) {
       std::vector<float> x(static_cast<size_t>(n) * h);
       for (float& v : x) v = normal(rng);
@@ -139,7 +193,8 @@ void run(const Options& o) {
       const double bytes = static_cast<double>(distinct) * expert_bytes + fixed_bytes;
       const double ceiling = measure_cuda_read_tbps(dev, static_cast<size_t>(bytes), "cold");
       const double tbps = bytes / seconds / 1e12;
-      const LayerGemms lg = layer_gemms(scratch, n, per_token, stacked, h, inter, w_gate_up, w_down);
+      const LayerGemms lg = layer_gemms(scratch, n, per_token, stacked, h, inter, w_gate_up, w_down, o.fp8 ? &scale_gate_up : nullptr,
+                                         o.fp8 ? &scale_down : nullptr);
       const double gemm_s = cuda_median_seconds(
           [&] {
             ck::moe_gemm(lg.gate_up, lg.tile, nullptr);
@@ -150,7 +205,7 @@ void run(const Options& o) {
       fmt::print("{:>7} {:>10.1f} {:>9} {:>9.1f} {:>10.2f} {:>10.2f} {:>7.2f} {:>10.1f} {:>10.2f}\n", n, seconds * 1e6,
                  distinct, bytes / 1e6, tbps, ceiling, tbps / ceiling, gemm_s * 1e6, gemm_tbps);
       out.push_back({{"shape", shape}, {"tokens", n}, {"us", seconds * 1e6}, {"experts_read", distinct},
-                     {"bytes", bytes}, {"tbps", tbps}, {"ceiling_tbps", ceiling}, {"gemm_us", gemm_s * 1e6}});
+                     {"fp8", o.fp8}, {"bytes", bytes}, {"tbps", tbps}, {"ceiling_tbps", ceiling}, {"gemm_us", gemm_s * 1e6}});
     }
 
     // Prefill: the whole layer, then its two grouped GEMMs alone (over the routing the layer's
@@ -163,7 +218,8 @@ void run(const Options& o) {
     Buffer d_out(DType::f32, {static_cast<int64_t>(n) * h}, dev);
     const double layer_s = cuda_median_seconds(
         [&] { layers[0]->forward(d_x.data_as<const float>(), d_out.data_as<float>(), n, step, nullptr); }, 10);
-    const LayerGemms lg = layer_gemms(scratch, n, per_token, stacked, h, inter, w_gate_up, w_down);
+    const LayerGemms lg = layer_gemms(scratch, n, per_token, stacked, h, inter, w_gate_up, w_down, o.fp8 ? &scale_gate_up : nullptr,
+                                         o.fp8 ? &scale_down : nullptr);
     const int bm = ck::moe_tile_rows(lg.tile);
     const double gemm_s = cuda_median_seconds(
         [&] {
@@ -208,6 +264,7 @@ void add_bench_moe_command(CLI::App& bench) {
   cmd->add_option("--prefill", o->prefill, "Tokens of the prefill case")->capture_default_str();
   cmd->add_option("--layers", o->layers, "Layers built and cycled through (each timed call finds a cold L2)")
       ->capture_default_str();
+  cmd->add_flag("--fp8", o->fp8, "Experts in fp8 e4m3 with 128 x 128 block scales (DeepSeek-V3's layout)");
   cmd->add_option("--json", o->json_path, "Also write the results to this JSON file");
   cmd->callback([o] { run(*o); });
 }

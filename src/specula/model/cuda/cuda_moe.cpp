@@ -12,6 +12,7 @@
 #include "specula/model/cuda/decoder_layer.h"
 #include "specula/model/cuda/model_ops.h"
 #include "specula/model/cuda/moe_kernels.h"
+#include "specula/model/fp8_weights.h"
 
 namespace specula {
 
@@ -68,6 +69,10 @@ CudaMoe::CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSo
   shared_ = config.n_shared_experts;
   SPECULA_CHECK(shared_ == 0 || host.shared.inter == shared_ * inter_,
                 "CudaMoe: {} shared experts of {} in one MLP of {}", shared_, inter_, host.shared.inter);
+  const bool loaded = host.experts.size() == static_cast<size_t>(E);
+  const auto* fp8 = dynamic_cast<const Fp8BlockWeights*>(source);
+  if (!loaded && fp8 != nullptr) upload_fp8(*fp8, prefix, device);
+  if (fp8_) return;
   const int64_t Ip = inter_padded_, h = hidden;
   const int64_t stacked = E + shared_;
   w_gate_up_ = Buffer(DType::bf16, {stacked, 2 * Ip, h}, device);
@@ -77,9 +82,8 @@ CudaMoe::CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSo
   auto place = [&](int64_t e, const uint16_t* g, const uint16_t* u, const uint16_t* d, int64_t d_stride) {
     std::fill(gate_up.begin(), gate_up.end(), uint16_t{0});
     for (int64_t r = 0; r < inter_; ++r) {
-      const int64_t run = r / kInterleave, within = r % kInterleave;
-      std::copy_n(g + r * h, h, gate_up.data() + (run * 2 * kInterleave + within) * h);
-      std::copy_n(u + r * h, h, gate_up.data() + (run * 2 * kInterleave + kInterleave + within) * h);
+      std::copy_n(g + r * h, h, gate_up.data() + gate_row(r) * h);
+      std::copy_n(u + r * h, h, gate_up.data() + (gate_row(r) + kInterleave) * h);
     }
     std::fill(down.begin(), down.end(), uint16_t{0});
     for (int64_t r = 0; r < h; ++r) std::copy_n(d + r * d_stride, inter_, down.data() + r * Ip);
@@ -90,7 +94,7 @@ CudaMoe::CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSo
   };
   for (int e = 0; e < E; ++e) {
     std::vector<uint16_t> g, u, d;
-    if (host.experts.size() == static_cast<size_t>(E)) {
+    if (loaded) {
       const ExpertWeights& x = host.experts[static_cast<size_t>(e)];
       g = to_bf16(x.w_gate), u = to_bf16(x.w_up), d = to_bf16(x.w_down);
     } else {
@@ -117,9 +121,74 @@ CudaMoe::CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSo
   }
 }
 
+int64_t CudaMoe::gate_row(int64_t r) { return (r / kInterleave) * 2 * kInterleave + r % kInterleave; }
+
+void CudaMoe::upload_fp8(const Fp8BlockWeights& source, const std::string& prefix, Device device) {
+  const int E = config_.n_routed_experts, bo = source.block_out(), bi = source.block_in();
+  const int64_t h = hidden_, Ip = inter_padded_, I = inter_;
+  const ExpertNames first = expert_names(prefix, config_, 0);
+  Fp8BlockWeights::Fp8Matrix probe;
+  // The kernel applies one scale per 16-value step of k: blocks must be whole steps, and the
+  // shared experts' split must fall on block edges.
+  if (bi % 16 != 0 || h % 16 != 0 || (shared_ > 1 && I % bi != 0) || !source.fp8_matrix(first.gate, {I, h}, probe)) return;
+  fp8_ = true;
+  scale_k_ = bi;
+  const int64_t stacked = E + shared_, kb_gate = (h + bi - 1) / bi, kb_down = (Ip + bi - 1) / bi;
+  w_gate_up_ = Buffer(DType::u8, {stacked, 2 * Ip, h}, device);
+  w_down_ = Buffer(DType::u8, {stacked, h, Ip}, device);
+  scale_gate_up_ = Buffer(DType::f32, {stacked, 2 * Ip, kb_gate}, device);
+  scale_down_ = Buffer(DType::f32, {stacked, h, kb_down}, device);
+  std::vector<uint8_t> gate_up(static_cast<size_t>(2 * Ip * h)), down(static_cast<size_t>(h * Ip));
+  std::vector<float> gate_up_scale(static_cast<size_t>(2 * Ip * kb_gate)), down_scale(static_cast<size_t>(h * kb_down));
+  // Expert e: intermediate rows [row0, row0 + inter) of gate / up and the same columns of down
+  // (whose rows are d_cols wide), codes and per-row scales into slot e.
+  auto place = [&](int64_t e, const Fp8BlockWeights::Fp8Matrix& g, const Fp8BlockWeights::Fp8Matrix& u,
+                   const Fp8BlockWeights::Fp8Matrix& d, int64_t row0, int64_t d_cols) {
+    std::fill(gate_up.begin(), gate_up.end(), uint8_t{0});
+    std::fill(gate_up_scale.begin(), gate_up_scale.end(), 1.0f);
+    for (int64_t r = 0; r < I; ++r) {
+      for (const auto& [m, dst] : {std::pair{&g, gate_row(r)}, std::pair{&u, gate_row(r) + kInterleave}}) {
+        std::copy_n(m->codes.data() + (row0 + r) * h, h, gate_up.data() + dst * h);
+        std::copy_n(m->scales.data() + ((row0 + r) / bo) * m->block_cols, kb_gate, gate_up_scale.data() + dst * kb_gate);
+      }
+    }
+    std::fill(down.begin(), down.end(), uint8_t{0});
+    std::fill(down_scale.begin(), down_scale.end(), 1.0f);
+    for (int64_t r = 0; r < h; ++r) {
+      std::copy_n(d.codes.data() + r * d_cols + row0, I, down.data() + r * Ip);
+      for (int64_t kb = 0; kb < (I + bi - 1) / bi; ++kb) {
+        down_scale[static_cast<size_t>(r * kb_down + kb)] = d.scales[static_cast<size_t>((r / bo) * d.block_cols + row0 / bi + kb)];
+      }
+    }
+    auto copy_to = [](Buffer& b, int64_t offset, const void* src, size_t bytes) {
+      CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(b.data()) + offset, src, bytes, cudaMemcpyHostToDevice));
+    };
+    copy_to(w_gate_up_, e * 2 * Ip * h, gate_up.data(), gate_up.size());
+    copy_to(w_down_, e * h * Ip, down.data(), down.size());
+    copy_to(scale_gate_up_, e * 2 * Ip * kb_gate * 4, gate_up_scale.data(), gate_up_scale.size() * 4);
+    copy_to(scale_down_, e * h * kb_down * 4, down_scale.data(), down_scale.size() * 4);
+  };
+  auto read = [&](const std::string& name, const Shape& shape) {
+    Fp8BlockWeights::Fp8Matrix m;
+    SPECULA_CHECK(source.fp8_matrix(name, shape, m), "'{}' is not fp8 while the layer's other experts are", name);
+    return m;
+  };
+  for (int e = 0; e < E; ++e) {
+    const ExpertNames n = expert_names(prefix, config_, e);
+    place(e, read(n.gate, {I, h}), read(n.up, {I, h}), read(n.down, {h, I}), 0, I);
+  }
+  if (shared_ > 0) {
+    const std::string sp = prefix + "mlp.shared_experts.";
+    const int64_t S = shared_;
+    const auto g = read(sp + "gate_proj.weight", {S * I, h}), u = read(sp + "up_proj.weight", {S * I, h});
+    const auto d = read(sp + "down_proj.weight", {h, S * I});
+    for (int64_t j = 0; j < S; ++j) place(E + j, g, u, d, j * I, S * I);
+  }
+}
+
 size_t CudaMoe::bytes() const {
   size_t bytes = 0;
-  for (const Buffer* b : {&router_, &bias_, &w_gate_up_, &w_down_}) {
+  for (const Buffer* b : {&router_, &bias_, &w_gate_up_, &w_down_, &scale_gate_up_, &scale_down_}) {
     if (b->data() != nullptr) bytes += b->nbytes();
   }
   return bytes;
@@ -192,6 +261,10 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   g.n = 2 * inter_padded_;
   g.k = h;
   g.gate_up = true;
+  if (fp8_) {
+    g.w_scale = scale_gate_up_.data_as<const float>();
+    g.scale_k = scale_k_;
+  }
   g.act_hi = act_hi;
   g.act_lo = act_hi + rows * inter_padded_;
   ck::moe_gemm(g, tile, s);
@@ -204,6 +277,7 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   d.n = h;
   d.k = inter_padded_;
   d.gate_up = false;
+  if (fp8_) d.w_scale = scale_down_.data_as<const float>();
   d.act_hi = d.act_lo = nullptr;
   d.out = y;
   ck::moe_gemm(d, tile, s);

@@ -10,6 +10,9 @@
 // layer: gate|up as [experts, 2 inter', hidden] with 32 gate rows and then the same 32 up rows
 // in turn (the GEMM's gate epilogue finds both in one tile), down as [experts, hidden, inter'],
 // inter' = moe_intermediate_size rounded up to 32 with zero padding; experts = routed + shared.
+// From an fp8 block-scaled checkpoint (Fp8BlockWeights) the experts stay fp8 on the device, half
+// the bytes: e4m3 codes in the same layouts and each row's f32 block scales, which the GEMM
+// applies as it turns a code into the bf16 operand (the bits a dequantization to bf16 gives).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,6 +29,8 @@ namespace specula {
 
 struct CudaStepLinear;
 
+class Fp8BlockWeights;
+
 class CudaMoe {
  public:
   // host: the layer's router, correction bias and shared experts, and its routed experts when
@@ -35,15 +40,25 @@ class CudaMoe {
           int hidden, Device device);
 
   size_t bytes() const;
+  bool fp8() const { return fp8_; }
   // out [n, hidden] = the layer's MLP output for xn [n, hidden] (normed). Scratch from
   // linear.scratch; runs on s.
   void forward(const float* xn, float* out, int64_t n, const CudaStepLinear& linear, cudaStream_t s) const;
 
  private:
+  // Row r of gate (or, kInterleave rows further, of up) in the gate|up layout.
+  static int64_t gate_row(int64_t r);
+  // The routed and shared experts' codes and scales, when the checkpoint holds them in fp8 in
+  // blocks the kernel can apply (fp8_ set); otherwise nothing.
+  void upload_fp8(const Fp8BlockWeights& source, const std::string& prefix, Device device);
+
   MoeConfig config_;
   int hidden_ = 0, inter_ = 0, inter_padded_ = 0, shared_ = 0;
+  bool fp8_ = false;
+  int scale_k_ = 0;  // fp8: values of k per scale
   Buffer router_, bias_;
-  Buffer w_gate_up_, w_down_;  // bf16, the layouts above
+  Buffer w_gate_up_, w_down_;  // bf16 (or fp8 codes), the layouts above
+  Buffer scale_gate_up_, scale_down_;  // fp8: f32 [experts, rows, ceil(k / scale_k)]
 };
 
 }  // namespace specula

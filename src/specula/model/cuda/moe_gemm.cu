@@ -13,6 +13,7 @@
 // padding rows (pair -1) read zeros. Shared rows are padded by 8 bf16 (16 bytes), which keeps
 // ldmatrix free of bank conflicts for both tile widths.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/core/cuda_check.h"
@@ -50,8 +51,19 @@ using MediumTile = Tile<64, 128, 32, 2, 4, 3, 2>;
 // tiles, and 64-deep k tiles at one block per SM, took 12-16% longer than this one.)
 using LargeTile = Tile<128, 128, 32, 2, 4, 3, 2>;
 
-template <class T>
-__global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(MoeGemmParams p) {
+// Two e4m3 codes (the lower byte first) times scale as a bf16 pair: the B fragment's register.
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t codes, float scale) {
+  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&raw));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(__fmul_rn(f.x, scale), __fmul_rn(f.y, scale));
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+// kFp8: B tiles hold e4m3 codes (rows of bk bytes + 16 of padding), turned into bf16 fragments
+// as they are read from shared memory; otherwise bf16 rows read with ldmatrix. (The conversion's
+// registers do not fit two large-tile blocks per SM without spilling: fp8 asks for one.)
+template <class T, bool kFp8>
+__global__ void __launch_bounds__(T::threads, kFp8 ? 1 : T::min_blocks) moe_gemm_kernel(MoeGemmParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int row_src[T::bm];
   const int block = blockIdx.y;
@@ -67,6 +79,8 @@ __global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(Moe
   auto* a_hi_s = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* a_lo_s = a_hi_s + T::stages * T::bm * T::lds;
   __nv_bfloat16* b_s = a_lo_s + T::stages * T::bm * T::lds;
+  auto* b_codes = reinterpret_cast<unsigned char*>(b_s);
+  constexpr int kLdb = T::bk + 16;  // bytes per row of an fp8 B tile
   for (int i = tid; i < T::bm; i += T::threads) {
     const int64_t r = static_cast<int64_t>(block) * T::bm + i;
     const int pair = p.sorted[r];
@@ -76,6 +90,9 @@ __global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(Moe
   const auto* a_hi = static_cast<const __nv_bfloat16*>(p.a_hi);
   const auto* a_lo = static_cast<const __nv_bfloat16*>(p.a_lo);
   const auto* w = static_cast<const __nv_bfloat16*>(p.w) + static_cast<int64_t>(expert) * p.n * p.k;
+  const auto* codes = static_cast<const unsigned char*>(p.w) + static_cast<int64_t>(expert) * p.n * p.k;
+  const int k_blocks = kFp8 ? (p.k + p.scale_k - 1) / p.scale_k : 0;
+  const float* scales = kFp8 ? p.w_scale + static_cast<int64_t>(expert) * p.n * k_blocks : nullptr;
   const int k_tiles = (p.k + T::bk - 1) / T::bk;
   constexpr int kChunks = T::bk / 8;  // 16-byte chunks per row of a k tile
 
@@ -93,11 +110,21 @@ __global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(Moe
   };
   auto load_b = [&](int stage, int kt) {
     const int k0 = kt * T::bk;
-    for (int c = tid; c < T::bn * kChunks; c += T::threads) {
-      const int r = c / kChunks, kk = k0 + (c % kChunks) * 8;
-      const bool valid = n0 + r < p.n && kk < p.k;
-      const int64_t off = valid ? static_cast<int64_t>(n0 + r) * p.k + kk : 0;
-      cp_async_16(b_s + (stage * T::bn + r) * T::lds + (c % kChunks) * 8, w + off, valid);
+    if constexpr (kFp8) {
+      constexpr int kCodeChunks = T::bk / 16;
+      for (int c = tid; c < T::bn * kCodeChunks; c += T::threads) {
+        const int r = c / kCodeChunks, kk = k0 + (c % kCodeChunks) * 16;
+        const bool valid = n0 + r < p.n && kk < p.k;
+        const int64_t off = valid ? static_cast<int64_t>(n0 + r) * p.k + kk : 0;
+        cp_async_16(b_codes + (stage * T::bn + r) * kLdb + (c % kCodeChunks) * 16, codes + off, valid);
+      }
+    } else {
+      for (int c = tid; c < T::bn * kChunks; c += T::threads) {
+        const int r = c / kChunks, kk = k0 + (c % kChunks) * 8;
+        const bool valid = n0 + r < p.n && kk < p.k;
+        const int64_t off = valid ? static_cast<int64_t>(n0 + r) * p.k + kk : 0;
+        cp_async_16(b_s + (stage * T::bn + r) * T::lds + (c % kChunks) * 8, w + off, valid);
+      }
     }
   };
 
@@ -133,18 +160,36 @@ __global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(Moe
         ldmatrix_x4(ah[m], a_hi_s + at);
         ldmatrix_x4(al[m], a_lo_s + at);
       }
+      if constexpr (kFp8) {
+        const int kg = kt * T::bk + kk;
 #pragma unroll
-      for (int np = 0; np < T::nt / 2; ++np) {
-        uint32_t b[4];
-        const int j = lane / 8;
-        const int row = wn * T::warp_n + np * 16 + (j / 2) * 8 + lane % 8;
-        ldmatrix_x4(b, b_s + (stage * T::bn + row) * T::lds + kk + (j % 2) * 8);
+        for (int j = 0; j < T::nt; ++j) {
+          const int col = wn * T::warp_n + j * 8 + lane / 4;
+          const unsigned char* at = b_codes + (stage * T::bn + col) * kLdb + kk + 2 * (lane % 4);
+          const float scale =
+              n0 + col < p.n && kg < p.k ? scales[static_cast<int64_t>(n0 + col) * k_blocks + kg / p.scale_k] : 0.0f;
+          const uint32_t b0 = fp8x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(at), scale);
+          const uint32_t b1 = fp8x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(at + 8), scale);
 #pragma unroll
-        for (int m = 0; m < T::mt; ++m) {
-          mma_16816<__nv_bfloat16>(acc[m][2 * np], ah[m], b[0], b[1]);
-          mma_16816<__nv_bfloat16>(acc[m][2 * np], al[m], b[0], b[1]);
-          mma_16816<__nv_bfloat16>(acc[m][2 * np + 1], ah[m], b[2], b[3]);
-          mma_16816<__nv_bfloat16>(acc[m][2 * np + 1], al[m], b[2], b[3]);
+          for (int m = 0; m < T::mt; ++m) {
+            mma_16816<__nv_bfloat16>(acc[m][j], ah[m], b0, b1);
+            mma_16816<__nv_bfloat16>(acc[m][j], al[m], b0, b1);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int np = 0; np < T::nt / 2; ++np) {
+          uint32_t b[4];
+          const int j = lane / 8;
+          const int row = wn * T::warp_n + np * 16 + (j / 2) * 8 + lane % 8;
+          ldmatrix_x4(b, b_s + (stage * T::bn + row) * T::lds + kk + (j % 2) * 8);
+#pragma unroll
+          for (int m = 0; m < T::mt; ++m) {
+            mma_16816<__nv_bfloat16>(acc[m][2 * np], ah[m], b[0], b[1]);
+            mma_16816<__nv_bfloat16>(acc[m][2 * np], al[m], b[0], b[1]);
+            mma_16816<__nv_bfloat16>(acc[m][2 * np + 1], ah[m], b[2], b[3]);
+            mma_16816<__nv_bfloat16>(acc[m][2 * np + 1], al[m], b[2], b[3]);
+          }
         }
       }
     }
@@ -200,18 +245,24 @@ __global__ void __launch_bounds__(T::threads, T::min_blocks) moe_gemm_kernel(Moe
   }
 }
 
-template <class T>
-void launch(const MoeGemmParams& p, cudaStream_t s) {
+template <class T, bool kFp8>
+void launch_as(const MoeGemmParams& p, cudaStream_t s) {
   static bool raised = false;
   if (!raised) {
-    CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel<T, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(T::smem_bytes)));
     raised = true;
   }
   SPECULA_CHECK(p.max_blocks <= 65535, "moe_gemm: {} row blocks (at most 65535)", p.max_blocks);
   const dim3 grid(static_cast<unsigned>((p.n + T::bn - 1) / T::bn), static_cast<unsigned>(p.max_blocks));
-  launch_pdl(moe_gemm_kernel<T>, grid, T::threads, T::smem_bytes, s, p);
+  launch_pdl(moe_gemm_kernel<T, kFp8>, grid, T::threads, T::smem_bytes, s, p);
   CUDA_CHECK(cudaGetLastError());
+}
+
+template <class T>
+void launch(const MoeGemmParams& p, cudaStream_t s) {
+  if (p.w_scale != nullptr) return launch_as<T, true>(p, s);
+  launch_as<T, false>(p, s);
 }
 
 }  // namespace
@@ -241,6 +292,8 @@ void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s) {
   if (p.max_blocks == 0) return;
   SPECULA_CHECK(p.k % 8 == 0 && p.n % 8 == 0 && (!p.gate_up || p.n % 64 == 0),
                 "moe_gemm: an [{}, {}] expert matrix (widths must be multiples of 8, gate|up rows of 64)", p.n, p.k);
+  SPECULA_CHECK(p.w_scale == nullptr || (p.k % 16 == 0 && p.scale_k > 0 && p.scale_k % 16 == 0),
+                "moe_gemm: fp8 weights need k ({}) and the scale run ({}) in multiples of 16", p.k, p.scale_k);
   switch (tile) {
     case MoeTile::kSmall:
       return launch<SmallTile>(p, s);

@@ -79,6 +79,11 @@ struct MoeGemmParams {
   // B: bf16 [experts, n, k] (each expert's weights [out, in] row-major).
   const void* w = nullptr;
   int n = 0, k = 0;  // k a multiple of 8
+  // fp8 weights: w holds e4m3 codes [experts, n, k] (k a multiple of 16) and w_scale f32
+  // [experts, n, ceil(k / scale_k)], each row's scale per run of scale_k values (a multiple of
+  // 16); the operand is bf16(code x scale), what a dequantization to bf16 on the host gives.
+  const float* w_scale = nullptr;
+  int scale_k = 0;
   // gate_up: w's rows interleave 32 gate rows and 32 up rows (n a multiple of 64); the output
   // is act = silu(gate) * up as bf16 hi / lo [rows, n / 2]. Otherwise f32 out [rows, n].
   bool gate_up = false;
