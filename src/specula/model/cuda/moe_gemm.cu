@@ -51,6 +51,12 @@ using MediumTile = Tile<64, 128, 32, 2, 4, 3, 2>;
 // tiles, and 64-deep k tiles at one block per SM, took 12-16% longer than this one.)
 using LargeTile = Tile<128, 128, 32, 2, 4, 3, 2>;
 
+// 4-byte global -> shared copy; with valid == false nothing is read and zeros are written.
+__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* global_src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem_dst)), "l"(global_src),
+               "r"(valid ? 4 : 0));
+}
+
 // Two e4m3 codes (the lower byte first) times scale as a bf16 pair: the B fragment's register.
 __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t codes, float scale) {
   const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3);
@@ -59,8 +65,9 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t codes, float scale)
   return *reinterpret_cast<const uint32_t*>(&b);
 }
 
-// kFp8: B tiles hold e4m3 codes (rows of bk bytes + 16 of padding), turned into bf16 fragments
-// as they are read from shared memory; otherwise bf16 rows read with ldmatrix. (The conversion's
+// kFp8: B tiles hold e4m3 codes (rows of bk bytes + 16 of padding) and, after them, each row's
+// scale for each 16 values of k, both brought in by the cp.async pipeline; codes become bf16
+// fragments as they are read from shared memory. Otherwise bf16 rows read with ldmatrix. (The conversion's
 // registers do not fit two large-tile blocks per SM without spilling: fp8 asks for one.)
 template <class T, bool kFp8>
 __global__ void __launch_bounds__(T::threads, kFp8 ? 1 : T::min_blocks) moe_gemm_kernel(MoeGemmParams p) {
@@ -81,6 +88,9 @@ __global__ void __launch_bounds__(T::threads, kFp8 ? 1 : T::min_blocks) moe_gemm
   __nv_bfloat16* b_s = a_lo_s + T::stages * T::bm * T::lds;
   auto* b_codes = reinterpret_cast<unsigned char*>(b_s);
   constexpr int kLdb = T::bk + 16;  // bytes per row of an fp8 B tile
+  constexpr int kSteps = T::bk / 16;  // k16 steps per k tile
+  auto* scale_s = reinterpret_cast<float*>(b_codes + T::stages * T::bn * kLdb);  // [stages][bn][kSteps]
+  static_assert(T::bn * (kLdb + 4 * kSteps) <= T::bn * T::lds * 2, "fp8 codes and scales fit the bf16 B tile");
   for (int i = tid; i < T::bm; i += T::threads) {
     const int64_t r = static_cast<int64_t>(block) * T::bm + i;
     const int pair = p.sorted[r];
@@ -117,6 +127,12 @@ __global__ void __launch_bounds__(T::threads, kFp8 ? 1 : T::min_blocks) moe_gemm
         const bool valid = n0 + r < p.n && kk < p.k;
         const int64_t off = valid ? static_cast<int64_t>(n0 + r) * p.k + kk : 0;
         cp_async_16(b_codes + (stage * T::bn + r) * kLdb + (c % kCodeChunks) * 16, codes + off, valid);
+      }
+      for (int c = tid; c < T::bn * kSteps; c += T::threads) {
+        const int r = c / kSteps, kk = k0 + (c % kSteps) * 16;
+        const bool valid = n0 + r < p.n && kk < p.k;
+        const int64_t off = valid ? static_cast<int64_t>(n0 + r) * k_blocks + kk / p.scale_k : 0;
+        cp_async_4(scale_s + (stage * T::bn + r) * kSteps + c % kSteps, scales + off, valid);
       }
     } else {
       for (int c = tid; c < T::bn * kChunks; c += T::threads) {
@@ -161,13 +177,11 @@ __global__ void __launch_bounds__(T::threads, kFp8 ? 1 : T::min_blocks) moe_gemm
         ldmatrix_x4(al[m], a_lo_s + at);
       }
       if constexpr (kFp8) {
-        const int kg = kt * T::bk + kk;
 #pragma unroll
         for (int j = 0; j < T::nt; ++j) {
           const int col = wn * T::warp_n + j * 8 + lane / 4;
           const unsigned char* at = b_codes + (stage * T::bn + col) * kLdb + kk + 2 * (lane % 4);
-          const float scale =
-              n0 + col < p.n && kg < p.k ? scales[static_cast<int64_t>(n0 + col) * k_blocks + kg / p.scale_k] : 0.0f;
+          const float scale = scale_s[(stage * T::bn + col) * kSteps + kk / 16];
           const uint32_t b0 = fp8x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(at), scale);
           const uint32_t b1 = fp8x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(at + 8), scale);
 #pragma unroll
