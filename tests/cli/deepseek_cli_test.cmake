@@ -22,3 +22,8 @@ execute_process(COMMAND ${SPECULA} generate --model ${DIR} --prompt "Latent" --s
 if(rc EQUAL 0 OR NOT err MATCHES "needs a Llama-family target")
   message(FATAL_ERROR "EAGLE on DeepSeek: rc=${rc} stderr='${err}'")
 endif()
+execute_process(COMMAND ${SPECULA} generate --model ${DIR} --prompt "Latent" --fp8-expert-weights f16
+                ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(rc EQUAL 0 OR NOT err MATCHES "--fp8-expert-weights f16: allowed bf16, fp8")
+  message(FATAL_ERROR "generate with --fp8-expert-weights f16: rc=${rc} stderr='${err}'")
+endif()

@@ -219,6 +219,7 @@ TEST_P(CudaDeepseekMoe, MatchesTheReferenceAndTheCpuPath) {
   GeneratorOptions o;
   o.device = Device::cuda(0);
   o.page_size = 16;
+  o.fp8_experts = c.fp8_block > 0;
   Generator gpu(dir, o);
   GeneratorOptions co = o;
   co.device = Device::cpu();

@@ -371,7 +371,9 @@ TEST_P(CudaMoeFp8, EqualsTheLayerDequantizedOnTheHostBitForBit) {
   const Fp8BlockWeights fp8_source(source, config);
   const Device dev = Device::cuda(0);
   const CudaMoe as_bf16(m, loaded, nullptr, prefix, h, dev);
-  const CudaMoe as_fp8(m, streamed, &fp8_source, prefix, h, dev);
+  const CudaMoe as_fp8(m, streamed, &fp8_source, prefix, h, dev, true);
+  // Without keep_fp8 the same source's experts become bf16, the same as the host's.
+  EXPECT_FALSE(CudaMoe(m, streamed, &fp8_source, prefix, h, dev).fp8());
   ASSERT_FALSE(as_bf16.fp8());
   ASSERT_TRUE(as_fp8.fp8());
   EXPECT_LT(as_fp8.bytes(), as_bf16.bytes() * 6 / 10);

@@ -160,7 +160,7 @@ void run(const Options& o) {
     for (int l = 0; l < o.layers; ++l) {
       const std::string prefix = "model.layers." + std::to_string(l + 1) + ".";
       const MoeWeights host = load_moe_weights(load, prefix, config, false);
-      layers.push_back(std::make_unique<CudaMoe>(m, host, &weights, prefix, h, dev));
+      layers.push_back(std::make_unique<CudaMoe>(m, host, &weights, prefix, h, dev, o.fp8));
       SPECULA_CHECK(layers.back()->fp8() == o.fp8, "bench moe: the layer's experts are not held as asked");
     }
     CudaLayerScratch scratch;

@@ -48,6 +48,10 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
   cmd.add_option("--mla-extend-form", f.mla_extend_form,
                  "MLA models on a GPU: prefill in the absorbed or expanded form, or auto (the cheaper per step)")
       ->capture_default_str();
+  cmd.add_option("--fp8-expert-weights", f.fp8_expert_weights,
+                 "An fp8 checkpoint's experts on a GPU: bf16 (dequantized; faster in this build) or fp8 (half the "
+                 "memory)")
+      ->capture_default_str();
   cmd.add_option("--speculative-algorithm", f.speculative_algorithm,
                  "EAGLE or EAGLE3 tree speculative decoding (default: off)");
   cmd.add_option("--draft-model", f.draft_model,
@@ -81,6 +85,9 @@ EngineOptions engine_options(const EngineFlags& f) {
   o.runner.cuda_graph_max_bs = f.cuda_graph_max_bs;
   o.runner.cuda_graph_batch_sizes = f.cuda_graph_bs;
   o.runner.mla_extend_form = parse_mla_extend_form(f.mla_extend_form);
+  SPECULA_CHECK(f.fp8_expert_weights == "bf16" || f.fp8_expert_weights == "fp8",
+                "--fp8-expert-weights {}: allowed bf16, fp8", f.fp8_expert_weights);
+  o.runner.fp8_experts = f.fp8_expert_weights == "fp8";
   o.scheduler.max_queued_requests = f.max_queued_requests;
   o.scheduler.chunked_prefill_size = f.chunked_prefill_size;
   o.scheduler.disable_radix_cache = f.disable_radix_cache;

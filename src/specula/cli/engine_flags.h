@@ -31,6 +31,7 @@ struct EngineFlags {
   int cuda_graph_max_bs = 64;
   std::vector<int> cuda_graph_bs;
   std::string mla_extend_form = "auto";
+  std::string fp8_expert_weights = "bf16";
   // Speculative decoding (SGLang's flag names); unset means the default.
   std::string speculative_algorithm;  // empty: off; EAGLE or EAGLE3
   std::string draft_model;

@@ -43,7 +43,7 @@ DeepseekCudaModel::DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const 
     d.w_down = upload_weight(l.w_down, device);
     if (l.is_moe) {
       d.moe = std::make_unique<CudaMoe>(c.moe, l.moe, experts, "model.layers." + std::to_string(i) + ".", c.hidden_size,
-                                        device);
+                                        device, options.fp8_experts);
     }
     layers_.push_back(std::move(d));
   }

@@ -35,7 +35,8 @@ LlamaCudaModel::LlamaCudaModel(std::unique_ptr<LlamaModel> host, const ModelOpti
                              c.intermediate_size, static_cast<float>(c.rms_norm_eps), c.hidden_act == "gelu_pytorch_tanh",
                              c.has_moe() ? &c.moe : nullptr};
   for (size_t l = 0; l < model().layers().size(); ++l) {
-    layers_.emplace_back(model().layers()[l], dims, device_, experts, "model.layers." + std::to_string(l) + ".");
+    layers_.emplace_back(model().layers()[l], dims, device_, experts, "model.layers." + std::to_string(l) + ".",
+                         options.fp8_experts);
   }
   backend_ = make_llama_backend(model(), options, stream_);
 }

@@ -70,6 +70,7 @@ struct ModelOptions {
   DType kv_dtype = DType::f32;
   bool deterministic = false;
   MlaExtendForm mla_extend_form = MlaExtendForm::automatic;
+  bool fp8_experts = false;  // RunnerOptions::fp8_experts
 };
 
 class Model {

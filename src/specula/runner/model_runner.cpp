@@ -76,6 +76,7 @@ void ModelRunner::init(const ModelConfig& config, const std::function<std::uniqu
   mo.kv_dtype = *o.kv_dtype;
   mo.deterministic = o.deterministic;
   mo.mla_extend_form = o.mla_extend_form;
+  mo.fp8_experts = o.fp8_experts;
   model_ = make(mo);
 
   const auto round_up = [&](int64_t tokens) { return (tokens + o.page_size - 1) / o.page_size * o.page_size; };

@@ -56,6 +56,9 @@ struct ModelRunnerOptions {
   int spec_scratch_tokens = 0;
   // MLA models on a GPU: how extend steps attend (MlaExtendForm: auto, absorbed or expanded).
   MlaExtendForm mla_extend_form = MlaExtendForm::automatic;
+  // An fp8 block-scaled checkpoint on a GPU: keep its experts in fp8 (half their memory; the
+  // grouped GEMMs are slower than over bf16 in this build) instead of dequantizing them to bf16.
+  bool fp8_experts = false;
 };
 
 class ModelRunner {

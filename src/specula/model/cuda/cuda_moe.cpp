@@ -51,7 +51,7 @@ int64_t max_rows(int64_t pairs, int experts) {
 }  // namespace
 
 CudaMoe::CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSource* source, const std::string& prefix,
-                 int hidden, Device device)
+                 int hidden, Device device, bool keep_fp8)
     : config_(config), hidden_(hidden), inter_(config.moe_intermediate_size) {
   const int E = config.n_routed_experts;
   SPECULA_CHECK(hidden % 8 == 0 && inter_ % 8 == 0,
@@ -71,7 +71,7 @@ CudaMoe::CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSo
                 "CudaMoe: {} shared experts of {} in one MLP of {}", shared_, inter_, host.shared.inter);
   const bool loaded = host.experts.size() == static_cast<size_t>(E);
   const auto* fp8 = dynamic_cast<const Fp8BlockWeights*>(source);
-  if (!loaded && fp8 != nullptr) upload_fp8(*fp8, prefix, device);
+  if (!loaded && keep_fp8 && fp8 != nullptr) upload_fp8(*fp8, prefix, device);
   if (fp8_) return;
   const int64_t Ip = inter_padded_, h = hidden;
   const int64_t stacked = E + shared_;

@@ -35,9 +35,9 @@ class CudaMoe {
  public:
   // host: the layer's router, correction bias and shared experts, and its routed experts when
   // loaded (host.experts); otherwise those are read from `source` under layer `prefix`'s names,
-  // one expert at a time.
+  // one expert at a time. keep_fp8: an fp8 source's experts stay fp8 (else they become bf16).
   CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSource* source, const std::string& prefix,
-          int hidden, Device device);
+          int hidden, Device device, bool keep_fp8 = false);
 
   size_t bytes() const;
   bool fp8() const { return fp8_; }

@@ -34,7 +34,7 @@ void CudaStepLinear::operator()(const float* x, const Buffer& w, const Buffer& b
 }
 
 CudaDecoderLayer::CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLayerDims& dims, Device device,
-                                   const WeightSource* experts, const std::string& prefix)
+                                   const WeightSource* experts, const std::string& prefix, bool fp8_experts)
     : dims_(dims) {
   input_norm_ = upload_f32(w.input_norm, device);
   post_norm_ = upload_f32(w.post_norm, device);
@@ -52,7 +52,7 @@ CudaDecoderLayer::CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLa
   k_norm_ = upload_f32(w.k_norm, device);
   if (w.moe.layer) {
     SPECULA_CHECK(dims.moe != nullptr, "a mixture-of-experts layer needs its routing (DecoderLayerDims::moe)");
-    moe_ = std::make_unique<CudaMoe>(*dims.moe, w.moe, experts, prefix, dims.hidden, device);
+    moe_ = std::make_unique<CudaMoe>(*dims.moe, w.moe, experts, prefix, dims.hidden, device, fp8_experts);
   }
 }
 

@@ -102,7 +102,7 @@ class CudaDecoderLayer {
   // A mixture-of-experts layer (w.moe.layer) whose routed experts the host did not load reads
   // them from `experts` under layer `prefix`'s names (CudaMoe).
   CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLayerDims& dims, Device device,
-                   const WeightSource* experts = nullptr, const std::string& prefix = {});
+                   const WeightSource* experts = nullptr, const std::string& prefix = {}, bool fp8_experts = false);
   ~CudaDecoderLayer();
   CudaDecoderLayer(CudaDecoderLayer&&) noexcept;
 
