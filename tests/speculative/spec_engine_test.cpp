@@ -17,6 +17,7 @@
 #include "specula/grammar/output_format.h"
 #include "specula/model/config.h"
 #include "specula/model/safetensors.h"
+#include "specula/model/synthetic.h"
 #include "specula/model/tokenizer.h"
 #include "specula/runtime/engine.h"
 #include "specula/runner/model_runner.h"
@@ -122,6 +123,63 @@ std::vector<Case> greedy_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SpecGreedy, ::testing::ValuesIn(greedy_cases()), case_name);
+
+// A mixture-of-experts target (the tiny shape as Qwen3-MoE: 8 experts, top 2, layer 0 dense) with
+// an EAGLE-3 head of its shape (random weights): the head reads the target's captured hidden
+// states past MoE layers, and greedy output stays the target's own, batched and alone.
+TEST(SpecEngine, MixtureOfExpertsTargetKeepsItsGreedyOutput) {
+  ModelConfig c = synthetic_config("tiny");
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.model_type = "qwen3_moe";
+  c.qk_norm = true;
+  c.moe.n_routed_experts = 8;
+  c.moe.num_experts_per_tok = 2;
+  c.moe.moe_intermediate_size = 96;
+  c.moe.norm_topk_prob = c.moe.norm_single = true;
+  c.moe.layers.assign(static_cast<size_t>(c.num_hidden_layers), 1);
+  c.moe.layers[0] = 0;
+  const SyntheticWeights weights(c, 3);
+  std::mt19937 rng(17);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int len : {5, 19, 33}) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < len; ++i) ids.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab_size)));
+    prompts.push_back(ids);
+  }
+  auto run = [&](bool speculate, int batch) {
+    EngineOptions o = options(16, batch);
+    if (speculate) {
+      EagleOptions e;
+      e.kind = EagleKind::EAGLE3;
+      e.synthetic_head = true;
+      e.params = SpecParams{3, 2, 6};
+      e.policy = SpecPolicyKind::FIXED;
+      o.speculative = e;
+      o.speculative_calibration = false;
+    }
+    Engine engine(c, weights, o);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const auto& ids : prompts) {
+      EngineRequest r;
+      r.prompt_ids = ids;
+      r.max_new_tokens = 24;
+      r.ignore_eos = true;
+      handles.push_back(engine.submit(r));
+    }
+    engine.run_until_idle();
+    std::vector<std::vector<int32_t>> out;
+    for (auto& h : handles) {
+      const RequestOutput o2 = h->wait();
+      if (speculate) EXPECT_GT(o2.spec_verify_cycles, 0);
+      out.push_back(o2.output_ids);
+    }
+    return out;
+  };
+  const auto want = run(false, 1);
+  for (const auto& ids : want) ASSERT_EQ(ids.size(), 24u);
+  EXPECT_EQ(run(true, 1), want);
+  EXPECT_EQ(run(true, 3), want);
+}
 
 TEST(SpecEngine, ChunkedPrefillAndPrefixCacheHitsKeepTheOutput) {
   EngineOptions o = options(16, 8, /*chunk=*/24);
