@@ -14,6 +14,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -149,7 +150,9 @@ TEST_P(CudaMoeRoute, PicksTheCpuExpertsAndWeightsTiesIncluded) {
 
   const Device dev = Device::cuda(0);
   const Buffer d_logits = upload_f32(logits, dev), d_bias = upload_f32(bias, dev);
-  Buffer ids(DType::i32, {n * k}, dev), weights(DType::f32, {n * k}, dev);
+  // The shared experts come after each token's picks: experts E.., weight 1.
+  const int stride = k + r.shared;
+  Buffer ids(DType::i32, {n * stride}, dev), weights(DType::f32, {n * stride}, dev);
   cuda_kernels::MoeRouteParams p;
   p.logits = d_logits.data_as<const float>();
   p.bias = bias.empty() ? nullptr : d_bias.data_as<const float>();
@@ -163,27 +166,61 @@ TEST_P(CudaMoeRoute, PicksTheCpuExpertsAndWeightsTiesIncluded) {
   p.normalise = r.norm && (k > 1 || r.norm_single);
   p.scale = r.scale_always;
   p.scaling_factor = r.scaling;
+  p.shared = r.shared;
   p.ids = ids.data_as<int32_t>();
   p.weights = weights.data_as<float>();
   cuda_kernels::moe_route(p, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<int32_t> got_ids(static_cast<size_t>(n * k));
+  std::vector<int32_t> got_ids(static_cast<size_t>(n * stride));
   std::vector<float> got_w(got_ids.size());
-  copy(TensorView(got_ids.data(), DType::i32, {n * k}), ids);
-  copy(TensorView(got_w.data(), DType::f32, {n * k}), weights);
+  copy(TensorView(got_ids.data(), DType::i32, {n * stride}), ids);
+  copy(TensorView(got_w.data(), DType::f32, {n * stride}), weights);
   int differing = 0;
-  for (size_t i = 0; i < got_ids.size(); ++i) {
-    if (got_ids[i] != want.experts[i]) {
-      ++differing;
-      continue;
+  std::vector<int> used(static_cast<size_t>(E), 0);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int j = 0; j < k; ++j) {
+      const size_t g = static_cast<size_t>(t * stride + j), w = static_cast<size_t>(t * k + j);
+      if (got_ids[g] != want.experts[w]) {
+        ++differing;
+        continue;
+      }
+      used[static_cast<size_t>(got_ids[g])] = 1;
+      EXPECT_NEAR(got_w[g], want.weights[w], 2e-7 * std::max(1.0f, std::fabs(want.weights[w]))) << "token " << t;
     }
-    EXPECT_NEAR(got_w[i], want.weights[i], 2e-7 * std::max(1.0f, std::fabs(want.weights[i]))) << "pair " << i;
+    for (int j = 0; j < r.shared; ++j) {
+      EXPECT_EQ(got_ids[static_cast<size_t>(t * stride + k + j)], E + j) << "token " << t;
+      EXPECT_EQ(got_w[static_cast<size_t>(t * stride + k + j)], 1.0f) << "token " << t;
+    }
   }
   EXPECT_EQ(differing, 0) << "token 0 picks " << got_ids[0] << " / " << want.experts[0];
   // Real routing happened: the picks are spread over the experts.
-  std::vector<int> used(static_cast<size_t>(E), 0);
-  for (int32_t e : got_ids) used[static_cast<size_t>(e)] = 1;
   EXPECT_GE(std::accumulate(used.begin(), used.end(), 0), std::min(E, 8));
+}
+
+// A NaN logit (an overflowed activation) still routes to valid experts; the weights are NaN, as
+// on the CPU, and nothing out of range reaches the sort.
+TEST(CudaMoeRouteNan, ANanLogitPicksValidExperts) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int E = 64, k = 6;
+  std::vector<float> logits(static_cast<size_t>(E), 0.5f);
+  logits[7] = NAN;
+  const Device dev = Device::cuda(0);
+  const Buffer d_logits = upload_f32(logits, dev);
+  Buffer ids(DType::i32, {k}, dev), weights(DType::f32, {k}, dev);
+  cuda_kernels::MoeRouteParams p;
+  p.logits = d_logits.data_as<const float>();
+  p.n = 1;
+  p.experts = E;
+  p.top_k = k;
+  p.ids = ids.data_as<int32_t>();
+  p.weights = weights.data_as<float>();
+  cuda_kernels::moe_route(p, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int32_t> got(static_cast<size_t>(k));
+  copy(TensorView(got.data(), DType::i32, {k}), ids);
+  std::set<int32_t> distinct(got.begin(), got.end());
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(k));
+  for (int32_t e : got) EXPECT_TRUE(e >= 0 && e < E) << e;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaMoeRoute, ::testing::ValuesIn(routings()),

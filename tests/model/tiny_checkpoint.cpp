@@ -62,18 +62,20 @@ void write_tiny_checkpoint(const std::filesystem::path& dir, const nlohmann::jso
   std::ofstream(dir / "config.json") << config.dump(2);
   nlohmann::json header;
   std::string data;
-  for (const auto& [name, values] : weights.values) {
-    const size_t begin = data.size();
-    const auto codes = weights.fp8_codes.find(name);
-    if (codes != weights.fp8_codes.end()) {
-      data.append(reinterpret_cast<const char*>(codes->second.data()), codes->second.size());
-    } else {
-      data.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  // f32 tensors first, fp8 codes after them: every f32 tensor stays 4-byte aligned and the data
+  // has no holes (safetensors forbids them).
+  for (const bool fp8 : {false, true}) {
+    for (const auto& [name, values] : weights.values) {
+      const auto codes = weights.fp8_codes.find(name);
+      if ((codes != weights.fp8_codes.end()) != fp8) continue;
+      const size_t begin = data.size();
+      if (fp8) {
+        data.append(reinterpret_cast<const char*>(codes->second.data()), codes->second.size());
+      } else {
+        data.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+      }
+      header[name] = {{"dtype", fp8 ? "F8_E4M3" : "F32"}, {"shape", weights.shapes.at(name)}, {"data_offsets", {begin, data.size()}}};
     }
-    const char* dtype = codes != weights.fp8_codes.end() ? "F8_E4M3" : "F32";
-    header[name] = {{"dtype", dtype}, {"shape", weights.shapes.at(name)}, {"data_offsets", {begin, data.size()}}};
-    // Keep every tensor 4-byte aligned after fp8 codes.
-    while (data.size() % 8 != 0) data.push_back('\0');
   }
   std::string h = header.dump();
   while (h.size() % 8 != 0) h += ' ';

@@ -65,6 +65,12 @@ size_t DeepseekCudaModel::layer_bytes() const {
   return bytes;
 }
 
+size_t DeepseekCudaModel::moe_unread_bytes() const {
+  size_t bytes = 0;
+  for (const Layer& l : layers_) bytes += l.moe != nullptr ? l.moe->unread_bytes() : 0;
+  return bytes;
+}
+
 void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) {
   SPECULA_ASSERT(capture == nullptr);
   MlaAttentionBackend& backend = *backend_;

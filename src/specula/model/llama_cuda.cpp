@@ -53,6 +53,12 @@ size_t LlamaCudaModel::layer_bytes() const {
   return bytes;
 }
 
+size_t LlamaCudaModel::moe_unread_bytes() const {
+  size_t bytes = 0;
+  for (const CudaDecoderLayer& l : layers_) bytes += l.moe_unread_bytes();
+  return bytes;
+}
+
 void LlamaCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) {
   const ModelConfig& c = model().config();
   AttentionBackend& backend = *backend_;

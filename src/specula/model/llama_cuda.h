@@ -46,6 +46,7 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
  private:
   void run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) override;
   size_t layer_bytes() const override;
+  size_t moe_unread_bytes() const override;
   void init_metadata(const ForwardBatch& batch) override { backend_->init_forward_metadata(batch); }
   void init_capture_metadata(const ForwardBatch& batch) override {
     backend_->init_forward_metadata_capture_cuda_graph(batch);

@@ -58,9 +58,13 @@ CudaMoe::CudaMoe(const MoeConfig& config, const MoeWeights& host, const WeightSo
                 "mixture-of-experts layers on the GPU need hidden_size and moe_intermediate_size multiples of 8, not {} "
                 "and {}",
                 hidden, inter_);
-  SPECULA_CHECK(E <= ck::kMaxRouteExperts && config.n_group <= ck::kMaxRouteGroups,
-                "mixture-of-experts layers on the GPU route over at most {} experts in {} groups, not {} in {}",
-                ck::kMaxRouteExperts, ck::kMaxRouteGroups, E, config.n_group);
+  SPECULA_CHECK(E + config.n_shared_experts <= ck::kMaxRouteExperts && config.n_group <= ck::kMaxRouteGroups,
+                "mixture-of-experts layers on the GPU route over at most {} experts (shared ones included) in {} "
+                "groups, not {} + {} in {}",
+                ck::kMaxRouteExperts, ck::kMaxRouteGroups, E, config.n_shared_experts, config.n_group);
+  SPECULA_CHECK(config.num_experts_per_tok + config.n_shared_experts <= ck::kMaxMoeTokenExperts,
+                "mixture-of-experts layers on the GPU take at most {} experts per token (top-k and shared), not {} + {}",
+                ck::kMaxMoeTokenExperts, config.num_experts_per_tok, config.n_shared_experts);
   SPECULA_CHECK(host.experts.size() == static_cast<size_t>(E) || source != nullptr,
                 "CudaMoe: the routed experts are neither loaded nor readable");
   inter_padded_ = (inter_ + kInterleave - 1) / kInterleave * kInterleave;
@@ -128,9 +132,13 @@ void CudaMoe::upload_fp8(const Fp8BlockWeights& source, const std::string& prefi
   const int64_t h = hidden_, Ip = inter_padded_, I = inter_;
   const ExpertNames first = expert_names(prefix, config_, 0);
   Fp8BlockWeights::Fp8Matrix probe;
+  if (!source.fp8_matrix(first.gate, {I, h}, probe)) return;  // experts stored otherwise: bf16
   // The kernel applies one scale per 16-value step of k: blocks must be whole steps, and the
   // shared experts' split must fall on block edges.
-  if (bi % 16 != 0 || h % 16 != 0 || (shared_ > 1 && I % bi != 0) || !source.fp8_matrix(first.gate, {I, h}, probe)) return;
+  SPECULA_CHECK(bi % 16 == 0 && h % 16 == 0 && (shared_ <= 1 || I % bi == 0),
+                "--fp8-expert-weights fp8 needs weight_block_size columns ({}) and hidden_size ({}) in multiples of 16 "
+                "and, with {} shared experts, moe_intermediate_size ({}) a multiple of the block; use bf16",
+                bi, h, shared_, I);
   fp8_ = true;
   scale_k_ = bi;
   const int64_t stacked = E + shared_, kb_gate = (h + bi - 1) / bi, kb_down = (Ip + bi - 1) / bi;
@@ -192,6 +200,15 @@ size_t CudaMoe::bytes() const {
     if (b->data() != nullptr) bytes += b->nbytes();
   }
   return bytes;
+}
+
+size_t CudaMoe::unread_bytes() const {
+  const size_t stacked = static_cast<size_t>(config_.n_routed_experts + shared_);
+  size_t expert_bytes = 0;
+  for (const Buffer* b : {&w_gate_up_, &w_down_, &scale_gate_up_, &scale_down_}) {
+    if (b->data() != nullptr) expert_bytes += b->nbytes() / stacked;
+  }
+  return static_cast<size_t>(config_.n_routed_experts - config_.num_experts_per_tok) * expert_bytes;
 }
 
 void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLinear& linear, cudaStream_t s) const {

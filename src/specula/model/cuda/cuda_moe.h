@@ -40,6 +40,8 @@ class CudaMoe {
           int hidden, Device device, bool keep_fp8 = false);
 
   size_t bytes() const;
+  // Of which a single token does not read: the routed experts it does not pick.
+  size_t unread_bytes() const;
   bool fp8() const { return fp8_; }
   // out [n, hidden] = the layer's MLP output for xn [n, hidden] (normed). Scratch from
   // linear.scratch; runs on s.

@@ -21,7 +21,6 @@
 #include "specula/model/cuda/decoder_layer.h"
 #include "specula/model/cuda/step_io.h"
 #include "specula/model/model.h"
-#include "specula/model/moe.h"
 
 namespace specula {
 
@@ -35,8 +34,7 @@ class CudaDecoderExecutor : public Model {
 
   const ModelConfig& config() const override { return host_.config(); }
   size_t weight_bytes() const override { return ends_->bytes() + layer_bytes(); }
-  // Experts are held in bf16: two bytes a weight.
-  size_t decode_weight_bytes() const override { return weight_bytes() - moe_unread_bytes(config(), 2); }
+  size_t decode_weight_bytes() const override { return weight_bytes() - moe_unread_bytes(); }
   void* cuda_stream() const override { return stream_; }
   bool on_gpu() const override { return true; }
   std::vector<int> graph_batch_sizes() const override { return graphs_.batch_sizes(); }
@@ -61,6 +59,8 @@ class CudaDecoderExecutor : public Model {
   // step, a graph capture and a graph replay.
   virtual void run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) = 0;
   virtual size_t layer_bytes() const = 0;
+  // Of which a single-token decode step does not read (experts it does not pick).
+  virtual size_t moe_unread_bytes() const { return 0; }
   virtual void init_metadata(const ForwardBatch& batch) = 0;
   virtual void init_capture_metadata(const ForwardBatch& batch) = 0;
   virtual void init_replay_metadata(const ForwardBatch& batch) = 0;

@@ -68,6 +68,8 @@ size_t CudaDecoderLayer::bytes() const {
   return bytes + (moe_ != nullptr ? moe_->bytes() : 0);
 }
 
+size_t CudaDecoderLayer::moe_unread_bytes() const { return moe_ != nullptr ? moe_->unread_bytes() : 0; }
+
 namespace {
 const float* optional(const Buffer& b) { return b.data() != nullptr ? b.data_as<const float>() : nullptr; }
 }  // namespace

@@ -109,6 +109,7 @@ class CudaDecoderLayer {
   const DecoderLayerDims& dims() const { return dims_; }
   const Buffer& input_norm() const { return input_norm_; }
   size_t bytes() const;  // of the weights as held on the device
+  size_t moe_unread_bytes() const;  // of which a single token does not read (CudaMoe::unread_bytes)
 
   void forward(const CudaLayerStep& step, const CudaAttend& attend, const CudaStepLinear& linear,
                cudaStream_t s) const;

@@ -93,6 +93,9 @@ struct MoeGemmParams {
 };
 void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s);
 
+// At most this many experts per token (top-k and shared) in moe_combine.
+constexpr int kMaxMoeTokenExperts = 32;
+
 struct MoeCombineParams {
   const float* y = nullptr;       // [rows, hidden] the experts' outputs by row
   const int32_t* slot = nullptr;  // [n * top_k]

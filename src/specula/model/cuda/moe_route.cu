@@ -1,6 +1,7 @@
-// moe_route, moe_align and moe_combine (moe_kernels.h). The router keeps the CPU reference's
-// arithmetic (model/moe.cpp): scores rounded to f32 from double, selection ties to the lower
-// index, so that the GPU picks the same experts.
+// moe_route, moe_align and moe_combine (moe_kernels.h). The router follows the CPU reference's
+// arithmetic (model/moe.cpp): scores computed in double and rounded to f32, selection ties to the
+// lower index. The softmax denominator is summed in another order and the device's double exp is
+// not glibc's; after the rounding to f32 that can only split an exact tie differently.
 #include <cub/block/block_scan.cuh>
 
 #include <cmath>
@@ -17,7 +18,8 @@ namespace {
 constexpr int kRouteWarps = 4;
 
 // A candidate of a warp-wide arg-max: larger value first, ties to the lower index; idx < 0 is
-// no candidate.
+// no candidate. Values are never NaN (candidate() makes NaN -inf), so the order is total and
+// every round finds an expert.
 struct Best {
   float value;
   int idx;
@@ -28,6 +30,10 @@ __device__ __forceinline__ bool better(Best a, Best b) {
   if (b.idx < 0) return true;
   return a.value > b.value || (a.value == b.value && a.idx < b.idx);
 }
+
+// A NaN score (an overflowed activation) ranks last, as -inf: the token still takes valid experts
+// and its output is NaN, as on the CPU, instead of an index of -1 reaching the sort.
+__device__ __forceinline__ Best candidate(float value, int idx) { return Best{isnan(value) ? -INFINITY : value, idx}; }
 
 __device__ __forceinline__ Best warp_best(Best b) {
   for (int offset = 16; offset > 0; offset >>= 1) {
@@ -96,7 +102,7 @@ __global__ void route_kernel(MoeRouteParams p) {
     for (int r = 0; r < p.top_groups; ++r) {
       Best b{0.0f, -1};
       for (int g = lane; g < p.groups; g += 32) {
-        const Best c{group[g], g};
+        const Best c = candidate(group[g], g);
         if (!((kept >> g) & 1u) && better(c, b)) b = c;
       }
       b = warp_best(b);
@@ -114,7 +120,7 @@ __global__ void route_kernel(MoeRouteParams p) {
   for (int r = 0; r < p.top_k; ++r) {
     Best b{0.0f, -1};
     for (int e = lane, i = 0; e < E; e += 32, ++i) {
-      const Best c{choice[e], e};
+      const Best c = candidate(choice[e], e);
       if (!((taken >> i) & 1u) && better(c, b)) b = c;
     }
     b = warp_best(b);
@@ -173,10 +179,8 @@ __global__ void __launch_bounds__(kAlignThreads) align_kernel(MoeAlignParams p) 
   }
 }
 
-constexpr int kMaxCombineTopK = 32;
-
 __global__ void combine_kernel(MoeCombineParams p) {
-  __shared__ int order[kMaxCombineTopK];
+  __shared__ int order[kMaxMoeTokenExperts];
   pdl_wait();
   pdl_trigger();
   const int64_t t = blockIdx.x;
@@ -233,7 +237,7 @@ void moe_align(const MoeAlignParams& p, cudaStream_t s) {
 
 void moe_combine(const MoeCombineParams& p, cudaStream_t s) {
   if (p.n == 0) return;
-  SPECULA_CHECK(p.top_k >= 1 && p.top_k <= kMaxCombineTopK, "moe_combine: top {} (at most {})", p.top_k, kMaxCombineTopK);
+  SPECULA_CHECK(p.top_k >= 1 && p.top_k <= kMaxMoeTokenExperts, "moe_combine: top {} (at most {})", p.top_k, kMaxMoeTokenExperts);
   launch_pdl(combine_kernel, static_cast<unsigned>(p.n), 256, 0, s, p);
   CUDA_CHECK(cudaGetLastError());
 }
