@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "specula/cli/json_file.h"
+#include "specula/core/device.h"
 #include "specula/core/error.h"
 #include "specula/model/fp8_weights.h"
 #include "specula/model/synthetic.h"
@@ -127,8 +128,13 @@ LayerGemms layer_gemms(const CudaLayerScratch& scratch, int64_t n, int per_token
 }
 
 void run(const Options& o) {
-  const Device dev = Device::cuda(0);
   SPECULA_CHECK(o.layers >= 1 && o.prefill >= 1, "--layers {} and --prefill {} must be positive", o.layers, o.prefill);
+  for (int n : o.batches) SPECULA_CHECK(n >= 1, "--batches {}: batch sizes must be positive", n);
+  for (const std::string& shape : o.shapes) {
+    SPECULA_CHECK(synthetic_config(shape).has_moe(), "--shape {} has no mixture-of-experts layers", shape);
+  }
+  SPECULA_CHECK(cuda_available(), "bench moe times the GPU layer: no CUDA device is visible");
+  const Device dev = Device::cuda(0);
   const CudaCeilings ceilings = measure_cuda_ceilings(dev);
   fmt::print("{}: copy {:.2f} TB/s, bf16 cuBLAS GEMM {:.0f} TFLOP/s\n", ceilings.device_name, ceilings.copy_tbps,
              ceilings.gemm_tflops);
@@ -259,8 +265,8 @@ void run(const Options&) { SPECULA_CHECK(false, "bench moe needs a CUDA build");
 void add_bench_moe_command(CLI::App& bench) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand("moe", "Time the GPU mixture-of-experts layer on real model shapes");
-  cmd->add_option("--shape", o->shapes, "Synthetic model shapes with experts")->capture_default_str();
-  cmd->add_option("--batches", o->batches, "Decode batch sizes (tokens)")->capture_default_str();
+  cmd->add_option("--shape", o->shapes, "Synthetic model shapes with experts")->delimiter(',')->capture_default_str();
+  cmd->add_option("--batches", o->batches, "Decode batch sizes (tokens)")->delimiter(',')->capture_default_str();
   cmd->add_option("--prefill", o->prefill, "Tokens of the prefill case")->capture_default_str();
   cmd->add_option("--layers", o->layers, "Layers built and cycled through (each timed call finds a cold L2)")
       ->capture_default_str();
