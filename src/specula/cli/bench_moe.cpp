@@ -43,6 +43,15 @@ struct Options {
   std::string json_path;
 };
 
+// Flag errors come first, whatever the build and the machine.
+void check_flags(const Options& o) {
+  SPECULA_CHECK(o.layers >= 1 && o.prefill >= 1, "--layers {} and --prefill {} must be positive", o.layers, o.prefill);
+  for (int n : o.batches) SPECULA_CHECK(n >= 1, "--batches {}: batch sizes must be positive", n);
+  for (const std::string& shape : o.shapes) {
+    SPECULA_CHECK(synthetic_config(shape).has_moe(), "--shape {} has no mixture-of-experts layers", shape);
+  }
+}
+
 #ifdef SPECULA_HAS_CUDA
 namespace ck = cuda_kernels;
 
@@ -128,11 +137,7 @@ LayerGemms layer_gemms(const CudaLayerScratch& scratch, int64_t n, int per_token
 }
 
 void run(const Options& o) {
-  SPECULA_CHECK(o.layers >= 1 && o.prefill >= 1, "--layers {} and --prefill {} must be positive", o.layers, o.prefill);
-  for (int n : o.batches) SPECULA_CHECK(n >= 1, "--batches {}: batch sizes must be positive", n);
-  for (const std::string& shape : o.shapes) {
-    SPECULA_CHECK(synthetic_config(shape).has_moe(), "--shape {} has no mixture-of-experts layers", shape);
-  }
+  check_flags(o);
   SPECULA_CHECK(cuda_available(), "bench moe times the GPU layer: no CUDA device is visible");
   const Device dev = Device::cuda(0);
   const CudaCeilings ceilings = measure_cuda_ceilings(dev);
@@ -257,7 +262,10 @@ void run(const Options& o) {
   if (!o.json_path.empty()) write_json_file(o.json_path, out);
 }
 #else
-void run(const Options&) { SPECULA_CHECK(false, "bench moe needs a CUDA build"); }
+void run(const Options& o) {
+  check_flags(o);
+  SPECULA_CHECK(false, "bench moe needs a CUDA build");
+}
 #endif
 
 }  // namespace
