@@ -3,6 +3,7 @@
 #include "tiny_checkpoint.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <fstream>
 
@@ -18,6 +19,13 @@ void TinyWeights::add(std::mt19937& rng, const std::string& name, std::vector<in
   for (float& x : v) x = dist(rng);
   values[name] = std::move(v);
   shapes[name] = std::move(dims);
+}
+
+// Round to nearest even at bf16's 8 significant bits.
+float round_bf16(float v) {
+  if (std::isnan(v)) return v;
+  const uint32_t u = std::bit_cast<uint32_t>(v);
+  return std::bit_cast<float>((u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u);
 }
 
 double decode_e4m3(uint8_t code) {
@@ -47,7 +55,7 @@ void quantize_fp8_blocks(TinyWeights& w, const std::string& name, int block_out,
           float& x = v[static_cast<size_t>(r * cols + c)];
           const uint8_t code = float_to_fp8_e4m3_bits(x / scale);
           codes[static_cast<size_t>(r * cols + c)] = code;
-          x = static_cast<float>(decode_e4m3(code) * scale);
+          x = round_bf16(static_cast<float>(decode_e4m3(code) * scale));
         }
       }
     }

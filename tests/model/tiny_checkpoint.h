@@ -26,8 +26,11 @@ struct TinyWeights {
 
 // Stores matrix `name` as fp8 e4m3 codes with f32 block scales "<name>_scale_inv" (DeepSeek-V3's
 // layout; scale = max |w| / 448 over each [block_out, block_in] block) and replaces its values by
-// the dequantized ones (decoded here, not by the library), which the references then use.
+// the dequantized ones as DeepSeek's weight_dequant gives them (code x scale in f32, rounded to
+// bf16; decoded and rounded here, not by the library), which the references then use.
 void quantize_fp8_blocks(TinyWeights& w, const std::string& name, int block_out, int block_in);
+
+float round_bf16(float v);
 
 // e4m3 code -> value (sign, 4 exponent bits with bias 7, 3 mantissa bits; 0x7f / 0xff NaN).
 double decode_e4m3(uint8_t code);

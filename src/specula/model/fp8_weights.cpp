@@ -40,12 +40,13 @@ TensorView Fp8BlockWeights::get(const std::string& name, const Shape& shape) con
   Fp8Matrix m;
   read_fp8(name, shape, t, m);
   const int64_t rows = shape[0], cols = shape[1];
-  scratch_ = Buffer(DType::f32, shape);
-  auto* out = scratch_.data_as<float>();
+  scratch_ = Buffer(DType::bf16, shape);
+  auto* out = static_cast<uint16_t*>(scratch_.data());
   for (int64_t r = 0; r < rows; ++r) {
     const float* scale_row = m.scales.data() + (r / block_out_) * m.block_cols;
     for (int64_t c = 0; c < cols; ++c) {
-      out[r * cols + c] = fp8_e4m3_bits_to_float(m.codes[static_cast<size_t>(r * cols + c)]) * scale_row[c / block_in_];
+      const float v = fp8_e4m3_bits_to_float(m.codes[static_cast<size_t>(r * cols + c)]) * scale_row[c / block_in_];
+      out[r * cols + c] = float_to_bf16_bits(v);
     }
   }
   return scratch_.view();

@@ -1,7 +1,8 @@
 // Fp8BlockWeights: a checkpoint of fp8 block-scaled weights (quantization_config fp8, DeepSeek-V3's
 // layout: an e4m3 matrix [out, in] and "<name>_scale_inv", f32 [ceil(out / block_out),
-// ceil(in / block_in)], the value being e4m3 x scale) read as f32 matrices, each dequantized
-// when it is read (DeepSeek's weight_dequant). Tensors stored otherwise pass through.
+// ceil(in / block_in)], the value being e4m3 x scale) read as bf16 matrices, each dequantized
+// when it is read as DeepSeek's weight_dequant does it (the f32 product rounded to the default
+// bf16): the GPU then holds them in bf16, not f32. Tensors stored otherwise pass through.
 #pragma once
 
 #include <cstdint>
