@@ -85,57 +85,6 @@ class SyntheticFp8Experts final : public WeightSource {
   mutable Buffer scratch_;
 };
 
-// The two grouped GEMMs of a layer that just ran n tokens, over the routing it left in the
-// scratch, on weights of the layer's shape (their values do not change the time).
-struct LayerGemms {
-  ck::MoeGemmParams gate_up, down;
-  ck::MoeTile tile;
-};
-
-LayerGemms layer_gemms(const CudaLayerScratch& scratch, int64_t n, int per_token, int stacked, int h, int inter,
-                       const Buffer& w_gate_up, const Buffer& w_down, const Buffer* scale_gate_up = nullptr,
-                       const Buffer* scale_down = nullptr) {
-  LayerGemms l;
-  const int64_t pairs = n * per_token;
-  l.tile = ck::moe_pick_tile(pairs, stacked);
-  const int inter_padded = (inter + 31) / 32 * 32;
-  const int64_t rows = scratch.ws.slots[kMoeY].numel() / h;
-  auto* x_hi = static_cast<const uint16_t*>(scratch.ws.slots[kMoeX].data());
-  auto* act = static_cast<uint16_t*>(scratch.ws.slots[kMoeAct].data());
-  ck::MoeGemmParams& g = l.gate_up;
-  g.a_hi = x_hi;
-  g.a_lo = x_hi + n * h;
-  g.gather = true;
-  g.top_k = per_token;
-  g.sorted = scratch.ws.slots[kMoeSorted].data_as<const int32_t>();
-  g.block_expert = scratch.ws.slots[kMoeBlockExpert].data_as<const int32_t>();
-  g.num_blocks = scratch.ws.slots[kMoeBlocks].data_as<const int32_t>();
-  g.max_blocks = ck::moe_max_blocks(pairs, stacked, ck::moe_tile_rows(l.tile));
-  g.w = w_gate_up.data();
-  g.n = 2 * inter_padded;
-  g.k = h;
-  g.gate_up = true;
-  g.act_hi = act;
-  g.act_lo = act + rows * inter_padded;
-  ck::MoeGemmParams& d = l.down;
-  d = g;
-  d.a_hi = act;
-  d.a_lo = act + rows * inter_padded;
-  d.gather = false;
-  d.w = w_down.data();
-  d.n = h;
-  d.k = inter_padded;
-  d.gate_up = false;
-  d.act_hi = d.act_lo = nullptr;
-  d.out = const_cast<float*>(scratch.ws.slots[kMoeY].data_as<const float>());
-  if (scale_gate_up != nullptr) {
-    g.w_scale = scale_gate_up->data_as<const float>();
-    d.w_scale = scale_down->data_as<const float>();
-    g.scale_k = d.scale_k = 128;
-  }
-  return l;
-}
-
 void run(const Options& o) {
   check_flags(o);
   SPECULA_CHECK(cuda_available(), "bench moe times the GPU layer: no CUDA device is visible");
@@ -151,15 +100,6 @@ void run(const Options& o) {
     const MoeConfig& m = config.moe;
     const int h = config.hidden_size, E = m.n_routed_experts, k = m.num_experts_per_tok;
     const int inter = m.moe_intermediate_size, S = m.n_shared_experts, per_token = k + S, stacked = E + S;
-    const int inter_padded = (inter + 31) / 32 * 32;
-    Buffer w_gate_up(DType::bf16, {stacked, 2 * inter_padded, h}, dev), w_down(DType::bf16, {stacked, h, inter_padded}, dev);
-    CUDA_CHECK(cudaMemset(w_gate_up.data(), 0x3c, w_gate_up.nbytes()));
-    CUDA_CHECK(cudaMemset(w_down.data(), 0x3c, w_down.nbytes()));
-    // fp8: the same buffers' first halves as codes, and scales of about 0.0115 (bytes 0x3c).
-    Buffer scale_gate_up(DType::f32, {stacked, 2 * inter_padded, (h + 127) / 128}, dev),
-        scale_down(DType::f32, {stacked, h, (inter_padded + 127) / 128}, dev);
-    CUDA_CHECK(cudaMemset(scale_gate_up.data(), 0x3c, scale_gate_up.nbytes()));
-    CUDA_CHECK(cudaMemset(scale_down.data(), 0x3c, scale_down.nbytes()));
     const SyntheticWeights synthetic(config, 7);
     const SyntheticFp8Experts fp8_experts(synthetic);
     ModelConfig fp8_config = config;
@@ -204,14 +144,9 @@ void run(const Options& o) {
       const double bytes = static_cast<double>(distinct) * expert_bytes + fixed_bytes;
       const double ceiling = measure_cuda_read_tbps(dev, static_cast<size_t>(bytes), "cold");
       const double tbps = bytes / seconds / 1e12;
-      const LayerGemms lg = layer_gemms(scratch, n, per_token, stacked, h, inter, w_gate_up, w_down, o.fp8 ? &scale_gate_up : nullptr,
-                                         o.fp8 ? &scale_down : nullptr);
-      const double gemm_s = cuda_median_seconds(
-          [&] {
-            ck::moe_gemm(lg.gate_up, lg.tile, nullptr);
-            ck::moe_gemm(lg.down, lg.tile, nullptr);
-          },
-          30);
+      // The last layer run left its routing in the scratch.
+      const CudaMoe& last = *layers[(next - 1) % layers.size()];
+      const double gemm_s = cuda_median_seconds([&] { last.grouped_gemms(n, scratch, nullptr); }, 30);
       const double gemm_tbps = static_cast<double>(distinct) * expert_bytes / gemm_s / 1e12;
       fmt::print("{:>7} {:>10.1f} {:>9} {:>9.1f} {:>10.2f} {:>10.2f} {:>7.2f} {:>10.1f} {:>10.2f}\n", n, seconds * 1e6,
                  distinct, bytes / 1e6, tbps, ceiling, tbps / ceiling, gemm_s * 1e6, gemm_tbps);
@@ -229,15 +164,8 @@ void run(const Options& o) {
     Buffer d_out(DType::f32, {static_cast<int64_t>(n) * h}, dev);
     const double layer_s = cuda_median_seconds(
         [&] { layers[0]->forward(d_x.data_as<const float>(), d_out.data_as<float>(), n, step, nullptr); }, 10);
-    const LayerGemms lg = layer_gemms(scratch, n, per_token, stacked, h, inter, w_gate_up, w_down, o.fp8 ? &scale_gate_up : nullptr,
-                                         o.fp8 ? &scale_down : nullptr);
-    const int bm = ck::moe_tile_rows(lg.tile);
-    const double gemm_s = cuda_median_seconds(
-        [&] {
-          ck::moe_gemm(lg.gate_up, lg.tile, nullptr);
-          ck::moe_gemm(lg.down, lg.tile, nullptr);
-        },
-        10);
+    const int bm = ck::moe_tile_rows(ck::moe_pick_tile(pairs, stacked));
+    const double gemm_s = cuda_median_seconds([&] { layers[0]->grouped_gemms(n, scratch, nullptr); }, 10);
     // cuBLAS: [pairs, h] x [h, 2 inter] and [pairs, inter] x [inter, h], bf16 in and out.
     Buffer a(DType::bf16, {pairs, std::max(h, inter)}, dev), b(DType::bf16, {2 * inter, h}, dev),
         c(DType::bf16, {pairs, std::max(2 * inter, h)}, dev);

@@ -211,27 +211,34 @@ size_t CudaMoe::unread_bytes() const {
   return static_cast<size_t>(config_.n_routed_experts - config_.num_experts_per_tok) * expert_bytes;
 }
 
+CudaMoe::StepShape CudaMoe::step_shape(int64_t n) const {
+  StepShape sh;
+  // Each token's rows: its top k and the shared experts (experts E .. E + shared - 1).
+  sh.per_token = config_.num_experts_per_tok + shared_;
+  sh.stacked = config_.n_routed_experts + shared_;
+  sh.pairs = n * sh.per_token;
+  sh.rows = max_rows(sh.pairs, sh.stacked);
+  sh.tile = ck::moe_pick_tile(sh.pairs, sh.stacked);
+  sh.blocks = ck::moe_max_blocks(sh.pairs, sh.stacked, ck::moe_tile_rows(sh.tile));
+  return sh;
+}
+
 void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLinear& linear, cudaStream_t s) const {
   const MoeConfig& m = config_;
   const int E = m.n_routed_experts, k = m.num_experts_per_tok, h = hidden_;
-  // Each token's rows: its top k and the shared experts (experts E .. E + shared - 1).
-  const int per_token = k + shared_, stacked = E + shared_;
-  const int64_t pairs = n * per_token, rows = max_rows(pairs, stacked);
-  const ck::MoeTile tile = ck::moe_pick_tile(pairs, stacked);
-  const int bm = ck::moe_tile_rows(tile);
-  const int64_t blocks = ck::moe_max_blocks(pairs, stacked, bm);
+  const StepShape sh = step_shape(n);
   CudaLayerScratch& ws = linear.scratch;
   const Device dev = linear.device;
   float* logits = ws.get(kMoeLogits, DType::f32, n * E, dev).data_as<float>();
-  auto* ids = ws.get(kMoeIds, DType::i32, pairs, dev).data_as<int32_t>();
-  auto* weights = ws.get(kMoeWeights, DType::f32, pairs, dev).data_as<float>();
-  auto* sorted = ws.get(kMoeSorted, DType::i32, rows, dev).data_as<int32_t>();
-  auto* block_expert = ws.get(kMoeBlockExpert, DType::i32, rows, dev).data_as<int32_t>();
-  auto* slot = ws.get(kMoeSlot, DType::i32, pairs, dev).data_as<int32_t>();
+  auto* ids = ws.get(kMoeIds, DType::i32, sh.pairs, dev).data_as<int32_t>();
+  auto* weights = ws.get(kMoeWeights, DType::f32, sh.pairs, dev).data_as<float>();
+  auto* sorted = ws.get(kMoeSorted, DType::i32, sh.rows, dev).data_as<int32_t>();
+  auto* block_expert = ws.get(kMoeBlockExpert, DType::i32, sh.rows, dev).data_as<int32_t>();
+  auto* slot = ws.get(kMoeSlot, DType::i32, sh.pairs, dev).data_as<int32_t>();
   auto* num_blocks = ws.get(kMoeBlocks, DType::i32, 1, dev).data_as<int32_t>();
   auto* x_hi = static_cast<uint16_t*>(ws.get(kMoeX, DType::bf16, 2 * n * h, dev).data());
-  auto* act_hi = static_cast<uint16_t*>(ws.get(kMoeAct, DType::bf16, 2 * rows * inter_padded_, dev).data());
-  float* y = ws.get(kMoeY, DType::f32, rows * h, dev).data_as<float>();
+  ws.get(kMoeAct, DType::bf16, 2 * sh.rows * inter_padded_, dev);
+  float* y = ws.get(kMoeY, DType::f32, sh.rows * h, dev).data_as<float>();
   if (n == 0) return;
 
   linear(xn, router_, Buffer{}, logits, n, h, E);
@@ -255,9 +262,9 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
 
   ck::MoeAlignParams a;
   a.ids = ids;
-  a.pairs = pairs;
-  a.experts = stacked;
-  a.block_m = bm;
+  a.pairs = sh.pairs;
+  a.experts = sh.stacked;
+  a.block_m = ck::moe_tile_rows(sh.tile);
   a.sorted = sorted;
   a.block_expert = block_expert;
   a.slot = slot;
@@ -265,39 +272,7 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   ck::moe_align(a, s);
 
   ck::split_bf16(xn, x_hi, x_hi + n * h, n * h, s);
-  ck::MoeGemmParams g;
-  g.a_hi = x_hi;
-  g.a_lo = x_hi + n * h;
-  g.gather = true;
-  g.top_k = per_token;
-  g.sorted = sorted;
-  g.block_expert = block_expert;
-  g.num_blocks = num_blocks;
-  g.max_blocks = blocks;
-  g.w = w_gate_up_.data();
-  g.n = 2 * inter_padded_;
-  g.k = h;
-  g.gate_up = true;
-  if (fp8_) {
-    g.w_scale = scale_gate_up_.data_as<const float>();
-    g.scale_k = scale_k_;
-  }
-  g.act_hi = act_hi;
-  g.act_lo = act_hi + rows * inter_padded_;
-  ck::moe_gemm(g, tile, s);
-
-  ck::MoeGemmParams d = g;
-  d.a_hi = act_hi;
-  d.a_lo = act_hi + rows * inter_padded_;
-  d.gather = false;
-  d.w = w_down_.data();
-  d.n = h;
-  d.k = inter_padded_;
-  d.gate_up = false;
-  if (fp8_) d.w_scale = scale_down_.data_as<const float>();
-  d.act_hi = d.act_lo = nullptr;
-  d.out = y;
-  ck::moe_gemm(d, tile, s);
+  grouped_gemms(n, ws, s);
 
   ck::MoeCombineParams c;
   c.y = y;
@@ -307,8 +282,49 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   c.out = out;
   c.n = n;
   c.hidden = h;
-  c.top_k = per_token;
+  c.top_k = sh.per_token;
   ck::moe_combine(c, s);
+}
+
+void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t s) const {
+  const StepShape sh = step_shape(n);
+  const int h = hidden_;
+  auto slot = [&](CudaLayerSlot i) { return ws.ws.slots[i].data(); };
+  auto* x_hi = static_cast<const uint16_t*>(slot(kMoeX));
+  auto* act_hi = static_cast<uint16_t*>(slot(kMoeAct));
+  ck::MoeGemmParams g;
+  g.a_hi = x_hi;
+  g.a_lo = x_hi + n * h;
+  g.gather = true;
+  g.top_k = sh.per_token;
+  g.sorted = static_cast<const int32_t*>(slot(kMoeSorted));
+  g.block_expert = static_cast<const int32_t*>(slot(kMoeBlockExpert));
+  g.num_blocks = static_cast<const int32_t*>(slot(kMoeBlocks));
+  g.max_blocks = sh.blocks;
+  g.w = w_gate_up_.data();
+  g.n = 2 * inter_padded_;
+  g.k = h;
+  g.gate_up = true;
+  if (fp8_) {
+    g.w_scale = scale_gate_up_.data_as<const float>();
+    g.scale_k = scale_k_;
+  }
+  g.act_hi = act_hi;
+  g.act_lo = act_hi + sh.rows * inter_padded_;
+  ck::moe_gemm(g, sh.tile, s);
+
+  ck::MoeGemmParams d = g;
+  d.a_hi = act_hi;
+  d.a_lo = act_hi + sh.rows * inter_padded_;
+  d.gather = false;
+  d.w = w_down_.data();
+  d.n = h;
+  d.k = inter_padded_;
+  d.gate_up = false;
+  if (fp8_) d.w_scale = scale_down_.data_as<const float>();
+  d.act_hi = d.act_lo = nullptr;
+  d.out = static_cast<float*>(slot(kMoeY));
+  ck::moe_gemm(d, sh.tile, s);
 }
 
 }  // namespace specula

@@ -22,12 +22,14 @@
 
 #include "specula/core/tensor.h"
 #include "specula/model/config.h"
+#include "specula/model/cuda/moe_kernels.h"
 #include "specula/model/moe.h"
 #include "specula/model/weights.h"
 
 namespace specula {
 
 struct CudaStepLinear;
+struct CudaLayerScratch;
 
 class Fp8BlockWeights;
 
@@ -46,8 +48,19 @@ class CudaMoe {
   // out [n, hidden] = the layer's MLP output for xn [n, hidden] (normed). Scratch from
   // linear.scratch; runs on s.
   void forward(const float* xn, float* out, int64_t n, const CudaStepLinear& linear, cudaStream_t s) const;
+  // The two grouped GEMMs of the forward of n tokens that last ran over `scratch`, again over the
+  // routing and activations it left there (forward's middle; bench moe times it alone).
+  void grouped_gemms(int64_t n, const CudaLayerScratch& scratch, cudaStream_t s) const;
 
  private:
+  // The sizes of a step of n tokens: rows per token, stacked experts, (token, expert) pairs, the
+  // sorted rows the workspace holds, the tile and its most blocks.
+  struct StepShape {
+    int per_token = 0, stacked = 0;
+    int64_t pairs = 0, rows = 0, blocks = 0;
+    cuda_kernels::MoeTile tile{};
+  };
+  StepShape step_shape(int64_t n) const;
   // Row r of gate (or, kInterleave rows further, of up) in the gate|up layout.
   static int64_t gate_row(int64_t r);
   // The routed and shared experts' codes and scales, when the checkpoint holds them in fp8 in
