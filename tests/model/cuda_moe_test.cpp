@@ -29,19 +29,15 @@
 #include "specula/model/fp8_weights.h"
 #include "specula/model/moe.h"
 #include "specula/model/weights.h"
+#include "tiny_checkpoint.h"
 
 namespace specula {
 namespace {
 
-float round_bf16(float v) {
-  const uint32_t u = std::bit_cast<uint32_t>(v);
-  return std::bit_cast<float>((u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u);
-}
-
 std::vector<float> normal(std::mt19937& rng, size_t n, float scale, bool bf16) {
   std::normal_distribution<float> d(0.0f, scale);
   std::vector<float> v(n);
-  for (float& x : v) x = bf16 ? round_bf16(d(rng)) : d(rng);
+  for (float& x : v) x = bf16 ? test::round_bf16(d(rng)) : d(rng);
   return v;
 }
 

@@ -29,9 +29,13 @@ std::vector<uint16_t> to_bf16(const void* data, DType dtype, size_t count) {
     std::copy_n(static_cast<const uint16_t*>(data), count, bits.data());
     return bits;
   }
+  if (dtype == DType::f32) {
+    convert_from_float(static_cast<const float*>(data), bits.data(), DType::bf16, count);
+    return bits;
+  }
   std::vector<float> f(count);
   convert_to_float(data, dtype, f.data(), count);
-  for (size_t i = 0; i < count; ++i) bits[i] = float_to_bf16_bits(f[i]);
+  convert_from_float(f.data(), bits.data(), DType::bf16, count);
   return bits;
 }
 
