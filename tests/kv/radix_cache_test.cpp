@@ -21,29 +21,33 @@
 namespace specula {
 namespace {
 
-using Tokens = std::vector<int32_t>;
+using Key = std::vector<RadixKey>;
+using Slots = std::vector<int32_t>;
 
-Tokens take(PagedTokenAllocator& allocator, int64_t num_tokens) {
+Slots take(PagedTokenAllocator& allocator, int64_t num_tokens) {
   auto slots = allocator.alloc(num_tokens);
   if (!slots) throw std::runtime_error("the test's allocator ran out of slots");
   return *slots;
 }
 
-// Distinct tokens first, first + 1, ..., so unrelated sequences share nothing.
-Tokens seq(int32_t first, int n) {
-  Tokens t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = first + i;
+// Distinct keys first, first + 1, ..., so unrelated sequences share nothing. Keys span 64 bits
+// (speculative bigrams do), so the high half is set: a key truncated to 32 bits would collide.
+Key seq(int32_t first, int n) {
+  Key t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (RadixKey{i % 3 + 1} << 40) + first + i;
   return t;
 }
 
-Tokens cat(const Tokens& a, const Tokens& b) {
-  Tokens t = a;
+template <typename T>
+std::vector<T> cat(const std::vector<T>& a, const std::vector<T>& b) {
+  std::vector<T> t = a;
   t.insert(t.end(), b.begin(), b.end());
   return t;
 }
 
-Tokens sub(const Tokens& t, int64_t begin, int64_t end) {
-  return Tokens(t.begin() + begin, t.begin() + end);
+template <typename T>
+std::vector<T> sub(const std::vector<T>& t, int64_t begin, int64_t end) {
+  return std::vector<T>(t.begin() + begin, t.begin() + end);
 }
 
 class RadixCacheTest : public ::testing::TestWithParam<int> {
@@ -54,8 +58,8 @@ class RadixCacheTest : public ::testing::TestWithParam<int> {
   RadixCache cache{allocator, GetParam()};
 
   // Inserts key with fresh slots the way the scheduler does, freeing the duplicates.
-  Tokens insert_fresh(const Tokens& key) {
-    Tokens slots = take(allocator, static_cast<int64_t>(key.size()));
+  Slots insert_fresh(const Key& key) {
+    Slots slots = take(allocator, static_cast<int64_t>(key.size()));
     const int64_t cached = cache.insert(key, slots);
     allocator.free(std::span<const int32_t>(slots).first(static_cast<size_t>(cached)));
     return slots;
@@ -63,8 +67,8 @@ class RadixCacheTest : public ::testing::TestWithParam<int> {
 };
 
 TEST_P(RadixCacheTest, InsertThenMatchReturnsTheInsertedSlots) {
-  const Tokens key = seq(100, 3 * ps);
-  const Tokens slots = take(allocator, 3 * ps);
+  const Key key = seq(100, 3 * ps);
+  const Slots slots = take(allocator, 3 * ps);
   EXPECT_EQ(cache.insert(key, slots), 0);
   EXPECT_EQ(cache.total_size(), 3 * ps);
   EXPECT_EQ(cache.evictable_size(), 3 * ps);
@@ -81,23 +85,27 @@ TEST_P(RadixCacheTest, InsertThenMatchReturnsTheInsertedSlots) {
   const auto unrelated = cache.match_prefix(seq(500, 3 * ps));
   EXPECT_TRUE(unrelated.slots.empty());
   EXPECT_EQ(unrelated.last_node, cache.root());
-  EXPECT_EQ(cache.match_prefix(Tokens{}).last_node, cache.root());
+  EXPECT_EQ(cache.match_prefix(Key{}).last_node, cache.root());
   EXPECT_EQ(allocator.available_size(), capacity - 3 * ps);
 }
 
 TEST_P(RadixCacheTest, PartialMatchIsTruncatedToWholePages) {
-  const Tokens key = seq(100, 3 * ps);
-  const Tokens slots = take(allocator, 3 * ps);
+  const Key key = seq(100, 3 * ps);
+  const Slots slots = take(allocator, 3 * ps);
   cache.insert(key, slots);
 
   // Two whole pages and half of the third: only the whole pages count.
   const auto partial = cache.match_prefix(sub(key, 0, 2 * ps + ps / 2));
   EXPECT_EQ(partial.slots, sub(slots, 0, 2 * ps));
   // A third page that differs only in its last token does not match at all.
-  Tokens last_differs = key;
+  Key last_differs = key;
   last_differs.back() = -5;
   const auto two_pages = cache.match_prefix(last_differs);
   EXPECT_EQ(two_pages.slots, sub(slots, 0, 2 * ps));
+  // So does one whose last key differs only in its high 32 bits (a bigram's first token).
+  Key high_differs = key;
+  high_differs.back() ^= RadixKey{1} << 50;
+  EXPECT_EQ(cache.match_prefix(high_differs).slots, sub(slots, 0, 2 * ps));
   EXPECT_EQ(two_pages.last_node, partial.last_node);
   // Less than one page matches nothing.
   EXPECT_TRUE(cache.match_prefix(sub(key, 0, ps - 1)).slots.empty());
@@ -111,13 +119,13 @@ TEST_P(RadixCacheTest, PartialMatchIsTruncatedToWholePages) {
 }
 
 TEST_P(RadixCacheTest, InsertReturnsTheAlreadyCachedPrefix) {
-  const Tokens a = seq(100, 4 * ps);
-  const Tokens slots_a = take(allocator, 4 * ps);
+  const Key a = seq(100, 4 * ps);
+  const Slots slots_a = take(allocator, 4 * ps);
   EXPECT_EQ(cache.insert(a, slots_a), 0);
 
   // b shares a's first two pages.
-  const Tokens b = cat(sub(a, 0, 2 * ps), seq(700, 2 * ps));
-  const Tokens slots_b = take(allocator, 4 * ps);
+  const Key b = cat(sub(a, 0, 2 * ps), seq(700, 2 * ps));
+  const Slots slots_b = take(allocator, 4 * ps);
   const int64_t cached = cache.insert(b, slots_b);
   EXPECT_EQ(cached, 2 * ps);
   allocator.free(sub(slots_b, 0, cached));
@@ -127,8 +135,8 @@ TEST_P(RadixCacheTest, InsertReturnsTheAlreadyCachedPrefix) {
   EXPECT_EQ(cache.match_prefix(b).slots, cat(sub(slots_a, 0, 2 * ps), sub(slots_b, 2 * ps, 4 * ps)));
 
   // c diverges from a in the middle of its second page: only the first page is shared.
-  Tokens c = cat(sub(a, 0, ps + ps / 2), seq(-900, 2 * ps - ps / 2));
-  const Tokens slots_c = take(allocator, 3 * ps);
+  Key c = cat(sub(a, 0, ps + ps / 2), seq(-900, 2 * ps - ps / 2));
+  const Slots slots_c = take(allocator, 3 * ps);
   const int64_t cached_c = cache.insert(c, slots_c);
   EXPECT_EQ(cached_c, ps);
   allocator.free(sub(slots_c, 0, cached_c));
@@ -136,10 +144,10 @@ TEST_P(RadixCacheTest, InsertReturnsTheAlreadyCachedPrefix) {
   EXPECT_EQ(cache.total_size(), 8 * ps);
 
   // Re-inserting a cached key, or a prefix of one, adds nothing.
-  const Tokens again = take(allocator, 4 * ps);
+  const Slots again = take(allocator, 4 * ps);
   EXPECT_EQ(cache.insert(a, again), 4 * ps);
   allocator.free(again);
-  const Tokens prefix_slots = take(allocator, ps);
+  const Slots prefix_slots = take(allocator, ps);
   EXPECT_EQ(cache.insert(sub(b, 0, ps), prefix_slots), ps);
   allocator.free(prefix_slots);
   EXPECT_EQ(cache.total_size(), 8 * ps);
@@ -147,8 +155,8 @@ TEST_P(RadixCacheTest, InsertReturnsTheAlreadyCachedPrefix) {
 }
 
 TEST_P(RadixCacheTest, SplitKeepsALockedHandleValid) {
-  const Tokens a = seq(100, 4 * ps);
-  const Tokens slots_a = take(allocator, 4 * ps);
+  const Key a = seq(100, 4 * ps);
+  const Slots slots_a = take(allocator, 4 * ps);
   cache.insert(a, slots_a);
   const auto locked = cache.match_prefix(a);
   cache.inc_lock_ref(locked.last_node);
@@ -156,8 +164,8 @@ TEST_P(RadixCacheTest, SplitKeepsALockedHandleValid) {
   EXPECT_EQ(cache.evictable_size(), 0);
 
   // Splits a's node after two pages; the new parent inherits the lock.
-  const Tokens b = cat(sub(a, 0, 2 * ps), seq(700, 2 * ps));
-  const Tokens slots_b = insert_fresh(b);
+  const Key b = cat(sub(a, 0, 2 * ps), seq(700, 2 * ps));
+  const Slots slots_b = insert_fresh(b);
   EXPECT_EQ(cache.protected_size(), 4 * ps);
   EXPECT_EQ(cache.evictable_size(), 2 * ps);
 
@@ -177,7 +185,8 @@ TEST_P(RadixCacheTest, SplitKeepsALockedHandleValid) {
 }
 
 TEST_P(RadixCacheTest, EvictTakesTheLeastRecentlyUsedUnlockedLeaf) {
-  std::vector<Tokens> keys, slots;
+  std::vector<Key> keys;
+  std::vector<Slots> slots;
   for (int i = 0; i < 4; ++i) {
     keys.push_back(seq(1000 * (i + 1), 2 * ps));
     slots.push_back(take(allocator, 2 * ps));
@@ -219,8 +228,8 @@ TEST_P(RadixCacheTest, EvictStopsOnceEnoughIsFreed) {
 TEST_P(RadixCacheTest, EvictFreesParentsAfterChildren) {
   // A chain of three one-page nodes built by extending the same key; the parents are older than
   // their children, so plain LRU over all nodes would take the root page first.
-  const Tokens key = seq(100, 3 * ps);
-  Tokens slots;
+  const Key key = seq(100, 3 * ps);
+  Slots slots;
   for (int pages = 1; pages <= 3; ++pages) {
     slots = cat(slots, take(allocator, ps));
     EXPECT_EQ(cache.insert(sub(key, 0, pages * ps), slots), (pages - 1) * ps);
@@ -232,7 +241,7 @@ TEST_P(RadixCacheTest, EvictFreesParentsAfterChildren) {
   EXPECT_EQ(cache.total_size(), 0);
 
   // One call can free a whole branching subtree, reaching parents as their children go.
-  const Tokens a = seq(100, 3 * ps);
+  const Key a = seq(100, 3 * ps);
   insert_fresh(a);
   insert_fresh(cat(sub(a, 0, ps), seq(500, 2 * ps)));
   insert_fresh(cat(sub(a, 0, 2 * ps), seq(800, ps)));
@@ -243,7 +252,7 @@ TEST_P(RadixCacheTest, EvictFreesParentsAfterChildren) {
 }
 
 TEST_P(RadixCacheTest, ResetFreesEverythingButNotWhileLocked) {
-  const Tokens a = seq(100, 4 * ps);
+  const Key a = seq(100, 4 * ps);
   insert_fresh(a);
   insert_fresh(cat(sub(a, 0, 2 * ps), seq(700, 3 * ps)));
   insert_fresh(seq(5000, ps));
@@ -259,12 +268,12 @@ TEST_P(RadixCacheTest, ResetFreesEverythingButNotWhileLocked) {
   EXPECT_EQ(allocator.available_size(), capacity);
   EXPECT_TRUE(cache.match_prefix(a).slots.empty());
 
-  const Tokens slots = insert_fresh(a);
+  const Slots slots = insert_fresh(a);
   EXPECT_EQ(cache.match_prefix(a).slots, slots);
 }
 
 TEST_P(RadixCacheTest, LockCountingAndMisuse) {
-  const Tokens a = seq(100, 2 * ps);
+  const Key a = seq(100, 2 * ps);
   insert_fresh(a);
   const auto match = cache.match_prefix(a);
   cache.inc_lock_ref(match.last_node);
@@ -283,7 +292,7 @@ TEST_P(RadixCacheTest, LockCountingAndMisuse) {
 }
 
 TEST_P(RadixCacheTest, RejectsBadArguments) {
-  const Tokens slots = take(allocator, 2 * ps);
+  const Slots slots = take(allocator, 2 * ps);
   EXPECT_THROW(cache.insert(seq(100, 2 * ps), sub(slots, 0, ps)), Error);
   if (ps > 1) {
     EXPECT_THROW(cache.insert(seq(100, ps + 1), sub(slots, 0, ps + 1)), Error);
@@ -302,13 +311,13 @@ class Model {
   explicit Model(int page_size) : ps_(page_size) {}
 
   struct Page {
-    Tokens slots;
+    Slots slots;
     bool known = true;  // certainly still cached
   };
-  std::map<Tokens, Page> pages;
+  std::map<Key, Page> pages;
 
   // Forgets prefix and every page prefix that extends it. Extensions sort right after it.
-  void prune(const Tokens& prefix) {
+  void prune(const Key& prefix) {
     auto it = pages.lower_bound(prefix);
     while (it != pages.end() && it->first.size() >= prefix.size() &&
            std::equal(prefix.begin(), prefix.end(), it->first.begin())) {
@@ -317,8 +326,8 @@ class Model {
   }
 
   // The page prefixes that no other page prefix extends: the cached keys.
-  std::vector<Tokens> maximal() const {
-    std::vector<Tokens> out;
+  std::vector<Key> maximal() const {
+    std::vector<Key> out;
     for (auto it = pages.begin(); it != pages.end(); ++it) {
       auto next = std::next(it);
       const bool extended = next != pages.end() && next->first.size() > it->first.size() &&
@@ -351,21 +360,21 @@ TEST_P(RadixCacheTest, RandomizedAgainstBruteForceModel) {
 
   struct Held {
     RadixNode* node;
-    Tokens prefix;
+    Key prefix;
   };
   std::vector<Held> held;
-  std::vector<Tokens> pool;  // earlier keys to derive shared prefixes from
+  std::vector<Key> pool;  // earlier keys to derive shared prefixes from
 
   auto random_tokens = [&](int n) {
-    Tokens t(static_cast<size_t>(n));
-    for (auto& v : t) v = uniform(1, kAlphabet);
+    Key t(static_cast<size_t>(n));
+    for (auto& v : t) v = RadixKey{uniform(1, kAlphabet)} << 33;
     return t;
   };
   // Often an earlier key cut at any token (so divergence can fall mid-page) plus a random tail.
   auto make_key = [&](bool whole_pages) {
-    Tokens key;
+    Key key;
     if (!pool.empty() && uniform(0, 9) < 7) {
-      const Tokens& base = pool[static_cast<size_t>(uniform(0, static_cast<int>(pool.size()) - 1))];
+      const Key& base = pool[static_cast<size_t>(uniform(0, static_cast<int>(pool.size()) - 1))];
       key = cat(sub(base, 0, uniform(0, static_cast<int>(base.size()))), random_tokens(uniform(0, 3 * ps)));
     } else {
       key = random_tokens(uniform(1, 6 * ps));
@@ -379,7 +388,7 @@ TEST_P(RadixCacheTest, RandomizedAgainstBruteForceModel) {
   };
 
   auto locked_prefixes = [&] {
-    std::set<Tokens> locked;
+    std::set<Key> locked;
     for (const Held& h : held) {
       for (size_t len = static_cast<size_t>(ps); len <= h.prefix.size(); len += static_cast<size_t>(ps)) {
         locked.insert(sub(h.prefix, 0, static_cast<int64_t>(len)));
@@ -390,7 +399,7 @@ TEST_P(RadixCacheTest, RandomizedAgainstBruteForceModel) {
 
   // What a match tells the model: the matched pages are cached with these slots; the next page
   // of key is not (so nothing extending it is either).
-  auto check_match = [&](const Tokens& key, const RadixCache::Match& m) {
+  auto check_match = [&](const Key& key, const RadixCache::Match& m) {
     const size_t len = m.slots.size();
     ASSERT_EQ(len % static_cast<size_t>(ps), 0u);
     ASSERT_LE(len, key.size());
@@ -403,7 +412,7 @@ TEST_P(RadixCacheTest, RandomizedAgainstBruteForceModel) {
       it->second.known = true;
     }
     if (len + static_cast<size_t>(ps) <= key.size()) {
-      const Tokens next = sub(key, 0, static_cast<int64_t>(len) + ps);
+      const Key next = sub(key, 0, static_cast<int64_t>(len) + ps);
       auto it = model.pages.find(next);
       if (it != model.pages.end()) {
         EXPECT_FALSE(it->second.known) << "a page that cannot have been evicted did not match";
@@ -432,7 +441,7 @@ TEST_P(RadixCacheTest, RandomizedAgainstBruteForceModel) {
     return small.alloc(num_tokens);
   };
 
-  auto insert = [&](const Tokens& key, const Tokens& slots, int64_t owned_from) {
+  auto insert = [&](const Key& key, const Slots& slots, int64_t owned_from) {
     const int64_t cached = rc.insert(key, slots);
     ASSERT_EQ(cached % ps, 0);
     ASSERT_LE(cached, static_cast<int64_t>(key.size()));
@@ -442,7 +451,7 @@ TEST_P(RadixCacheTest, RandomizedAgainstBruteForceModel) {
       it->second.known = true;
     }
     if (cached < static_cast<int64_t>(key.size())) {
-      const Tokens next = sub(key, 0, cached + ps);
+      const Key next = sub(key, 0, cached + ps);
       auto it = model.pages.find(next);
       if (it != model.pages.end()) {
         EXPECT_FALSE(it->second.known) << "a page that cannot have been evicted was not found";
@@ -471,7 +480,7 @@ TEST_P(RadixCacheTest, RandomizedAgainstBruteForceModel) {
 
   // Matches every cached key: afterwards the model knows exactly what is cached.
   auto full_check = [&] {
-    for (const Tokens& key : model.maximal()) check_match(key, rc.match_prefix(key));
+    for (const Key& key : model.maximal()) check_match(key, rc.match_prefix(key));
     EXPECT_EQ(rc.total_size(), model.tokens(false));
     EXPECT_EQ(model.tokens(true), model.tokens(false));
   };
@@ -479,7 +488,7 @@ TEST_P(RadixCacheTest, RandomizedAgainstBruteForceModel) {
   for (int op = 0; op < kOps && !::testing::Test::HasFailure(); ++op) {
     const int kind = uniform(0, 99);
     if (kind < 25) {  // the scheduler's way: match, lock, allocate the rest, insert
-      const Tokens key = make_key(true);
+      const Key key = make_key(true);
       const auto m = rc.match_prefix(key);
       check_match(key, m);
       rc.inc_lock_ref(m.last_node);
@@ -492,15 +501,15 @@ TEST_P(RadixCacheTest, RandomizedAgainstBruteForceModel) {
       held.pop_back();
       rc.dec_lock_ref(m.last_node);
     } else if (kind < 40) {  // all-new slots: whatever is already cached comes back as duplicates
-      const Tokens key = make_key(true);
+      const Key key = make_key(true);
       const auto fresh = alloc(static_cast<int64_t>(key.size()));
       if (fresh) insert(key, *fresh, 0);
     } else if (kind < 65) {
-      const Tokens key = make_key(false);
+      const Key key = make_key(false);
       check_match(key, rc.match_prefix(key));
     } else if (kind < 75) {
       if (held.size() < 6) {
-        const Tokens key = make_key(false);
+        const Key key = make_key(false);
         const auto m = rc.match_prefix(key);
         check_match(key, m);
         rc.inc_lock_ref(m.last_node);

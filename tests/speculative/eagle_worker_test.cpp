@@ -204,12 +204,66 @@ TEST(EagleWorkerFake, PrefixCacheAndRetractionKeepEveryOutput) {
     EXPECT_EQ(outputs[id].output_ids, FakeModel::continuation(prompt, id == 0 ? 30 : 60))
         << "request " << id << " finished: " << outputs[id].finish_reason;
   }
-  // Each later request matches the shared 37 tokens' 9 whole pages (36 tokens); under
-  // speculation the page holding the match's last draft pair is recomputed (its draft pair was
-  // made with the first request's next token): (36 - 1) / 4 * 4 = 32 tokens from the cache each.
-  EXPECT_GE(stats.cached_tokens, 6 * 32) << "the later requests should start from the shared prefix's cached pages";
+  // Each later request matches the shared 37 tokens' 9 whole pages: under speculation the cache
+  // is keyed by bigrams, and the first 36 positions' bigrams are all shared.
+  EXPECT_GE(stats.cached_tokens, 6 * 36) << "the later requests should start from the shared prefix's cached pages";
   EXPECT_GT(stats.retractions, 0) << "the KV cache should have been too small for every request at once";
   EXPECT_EQ(static_cast<int64_t>(fake_head.expected_accepts().size()), stats.spec_cycles);
+}
+
+// Requests whose prompts diverge inside a page, prefilled in the same batch: each caches its
+// prompt, and the cache must not hand one request the other's draft pair at the position before
+// the divergence (a pair holds the next token). Later requests extending either prompt start from
+// the cache and must find their own pairs there too.
+TEST(EagleWorkerFake, PromptsThatDivergeShareOnlyTheDraftPairsTheyAgreeOn) {
+  for (const int page : {1, 4}) {
+    SCOPED_TRACE("page size " + std::to_string(page));
+    SpecHarness h({2, 2, 7}, page, 128, 8);
+    Scheduler& scheduler = h.scheduler;
+    const unsigned seed = std::random_device{}();
+    SCOPED_TRACE("prompt seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> token(0, FakeModel::kVocab - 1);
+    V shared(10);
+    for (int32_t& t : shared) t = token(rng);
+    // Prompts 0 and 1 agree on 10 tokens, then differ (within the third page of 4).
+    V a = shared, b = shared;
+    for (int i = 0; i < 9; ++i) {
+      a.push_back(token(rng));
+      b.push_back((a.back() + 1 + i) % FakeModel::kVocab);
+    }
+    std::map<uint64_t, V> prompts;
+    std::map<uint64_t, RequestOutput> outputs;
+    auto submit = [&](uint64_t id, const V& prompt) {
+      EngineRequest r;
+      r.prompt_ids = prompt;
+      r.max_new_tokens = 12;
+      r.ignore_eos = true;
+      scheduler.validate(r);
+      prompts[id] = prompt;
+      scheduler.submit(id, r, [&outputs](const StreamChunk& chunk) {
+        if (chunk.finished) outputs[chunk.id] = *chunk.output;
+      });
+    };
+    submit(0, a);
+    submit(1, b);
+    while (scheduler.step()) {
+    }
+    V c = b, d = a;
+    c.push_back(token(rng));
+    d.push_back(token(rng));
+    submit(2, c);
+    submit(3, d);
+    while (scheduler.step()) {
+    }
+    for (const auto& [id, prompt] : prompts) {
+      EXPECT_EQ(outputs[id].output_ids, FakeModel::continuation(prompt, 12))
+          << "request " << id << " finished: " << outputs[id].finish_reason;
+    }
+    // The later two start from the cached prompts they extend: the bigrams of positions 0..17 are
+    // the cached ones (position 18's pairs the new token), in whole pages.
+    EXPECT_GE(scheduler.stats().cached_tokens, 2 * (18 / page * page));
+  }
 }
 
 // A head that proposes the target's continuation exactly: chains accept the whole tree every cycle

@@ -18,15 +18,15 @@ struct RadixNode {
   // instead of copying it into a vector.
   struct PageLess {
     using is_transparent = void;
-    bool operator()(std::span<const int32_t> a, std::span<const int32_t> b) const {
+    bool operator()(std::span<const RadixKey> a, std::span<const RadixKey> b) const {
       return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
     }
   };
 
-  std::vector<int32_t> key;    // a whole number of pages; empty only for the root
+  std::vector<RadixKey> key;   // a whole number of pages; empty only for the root
   std::vector<int32_t> value;  // KV slot of each token of key
   RadixNode* parent = nullptr;
-  std::map<std::vector<int32_t>, std::unique_ptr<RadixNode>, PageLess> children;  // by first page
+  std::map<std::vector<RadixKey>, std::unique_ptr<RadixNode>, PageLess> children;  // by first page
   int lock_ref = 0;
   uint64_t last_access = 0;
 };
@@ -37,7 +37,7 @@ int64_t size_of(const RadixNode* node) { return static_cast<int64_t>(node->key.s
 
 // Length of the common prefix of a and b in whole pages: a page matches only if all its tokens
 // do, since a partially shared page cannot be shared (the allocator frees whole pages).
-size_t page_match_len(std::span<const int32_t> a, std::span<const int32_t> b, size_t page_size) {
+size_t page_match_len(std::span<const RadixKey> a, std::span<const RadixKey> b, size_t page_size) {
   const size_t end = std::min(a.size(), b.size()) / page_size * page_size;
   size_t len = 0;
   while (len < end && std::equal(a.begin() + len, a.begin() + len + page_size, b.begin() + len)) {
@@ -78,7 +78,7 @@ RadixNode* RadixCache::split(RadixNode* node, size_t prefix_len) {
   SPECULA_ASSERT(prefix_len > 0 && prefix_len < node->key.size() && prefix_len % page_size_ == 0,
                  "split of a {}-token node at {}", node->key.size(), prefix_len);
   RadixNode* parent = node->parent;
-  auto slot = parent->children.find(std::span<const int32_t>(node->key).first(page_size_));
+  auto slot = parent->children.find(std::span<const RadixKey>(node->key).first(page_size_));
   SPECULA_ASSERT(slot != parent->children.end());
 
   auto prefix = std::make_unique<RadixNode>();
@@ -92,13 +92,13 @@ RadixNode* RadixCache::split(RadixNode* node, size_t prefix_len) {
   node->value.erase(node->value.begin(), node->value.begin() + cut);
   node->parent = prefix.get();
 
-  std::vector<int32_t> suffix_page(node->key.begin(), node->key.begin() + page_size_);
+  std::vector<RadixKey> suffix_page(node->key.begin(), node->key.begin() + page_size_);
   prefix->children.emplace(std::move(suffix_page), std::move(slot->second));
   slot->second = std::move(prefix);  // same first page as before, so the map key stays valid
   return slot->second.get();
 }
 
-RadixCache::Match RadixCache::match_prefix(std::span<const int32_t> key) {
+RadixCache::Match RadixCache::match_prefix(std::span<const RadixKey> key) {
   const auto ps = static_cast<size_t>(page_size_);
   key = key.first(key.size() / ps * ps);
   Match match{{}, root_.get()};
@@ -117,7 +117,7 @@ RadixCache::Match RadixCache::match_prefix(std::span<const int32_t> key) {
   return match;
 }
 
-int64_t RadixCache::insert(std::span<const int32_t> key, std::span<const int32_t> slots) {
+int64_t RadixCache::insert(std::span<const RadixKey> key, std::span<const int32_t> slots) {
   const auto ps = static_cast<size_t>(page_size_);
   SPECULA_CHECK(key.size() == slots.size(), "insert of {} tokens with {} slots", key.size(),
                 slots.size());
@@ -142,7 +142,7 @@ int64_t RadixCache::insert(std::span<const int32_t> key, std::span<const int32_t
     leaf->parent = node;
     touch(leaf.get());
     evictable_size_ += size_of(leaf.get());
-    std::vector<int32_t> first_page(leaf->key.begin(), leaf->key.begin() + page_size_);
+    std::vector<RadixKey> first_page(leaf->key.begin(), leaf->key.begin() + page_size_);
     node->children.emplace(std::move(first_page), std::move(leaf));
   }
   return static_cast<int64_t>(pos);
@@ -191,7 +191,7 @@ int64_t RadixCache::evict(int64_t num_tokens) {
     evictable_size_ -= size_of(leaf);
     RadixNode* parent = leaf->parent;
     parent->children.erase(
-        parent->children.find(std::span<const int32_t>(leaf->key).first(page_size_)));
+        parent->children.find(std::span<const RadixKey>(leaf->key).first(page_size_)));
     if (parent != root_.get() && parent->children.empty() && parent->lock_ref == 0) {
       leaves.emplace(parent->last_access, parent);
     }

@@ -1,5 +1,5 @@
 // RadixCache (SGLang's mem_cache/radix_cache.py): a prefix cache over the paged KV cache. It maps
-// token sequences to the KV slots that hold their keys and values, so a request whose prompt
+// key sequences to the KV slots that hold their keys and values, so a request whose prompt
 // starts like an earlier one reuses that KV instead of recomputing it. Keys and slots are stored
 // in whole pages (a partial page is never shared, because a page is the allocator's unit of
 // freeing). The scheduler locks the nodes its running requests read from; everything else is
@@ -16,6 +16,10 @@
 namespace specula {
 
 struct RadixNode;  // opaque to callers
+
+// One position of a key: the token id, or under speculative decoding the bigram of the token and
+// the next one (KvLedger), because the draft KV of a position also depends on the next token.
+using RadixKey = int64_t;
 
 class RadixCache {
  public:
@@ -36,13 +40,13 @@ class RadixCache {
   // Longest cached prefix of key, truncated down to whole pages. Refreshes the LRU time of every
   // node on the path. Splits a node when the match ends inside it, so last_node covers exactly
   // the matched prefix; lock it while the slots are in use.
-  Match match_prefix(std::span<const int32_t> key);
+  Match match_prefix(std::span<const RadixKey> key);
 
   // Adds key -> slots (same length, a multiple of page_size). Returns how many leading tokens of
   // key were already cached: the caller's slots for [0, returned) are duplicates it must free
   // itself (except those it got from match_prefix, which are the tree's own). The tree adopts
   // slots[returned, end).
-  int64_t insert(std::span<const int32_t> key, std::span<const int32_t> slots);
+  int64_t insert(std::span<const RadixKey> key, std::span<const int32_t> slots);
 
   // inc counts one more user of node and of every ancestor up to (not including) root; dec undoes
   // it. Locked nodes are never evicted. Locking root is a no-op.

@@ -10,11 +10,6 @@
 
 namespace specula {
 
-std::vector<int32_t> FillTokens::first(int n) const {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = (*this)[i];
-  return ids;
-}
 
 KvLedger::KvLedger(ModelRunner& runner, bool radix_cache, bool speculative)
     : runner_(runner), speculative_(speculative) {
@@ -50,18 +45,28 @@ void KvLedger::unlock_prefix(RequestKv& kv) {
   kv.last_node = nullptr;
 }
 
+std::vector<RadixKey> KvLedger::key(const FillTokens& fill, int n) const {
+  SPECULA_ASSERT(n >= 0 && n + (speculative_ ? 1 : 0) <= fill.size(), "a cache key of {} positions over {} tokens", n,
+                 fill.size());
+  std::vector<RadixKey> key(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    // Under speculation the draft pair of position i is (its target feature, token i + 1), so the
+    // KV of a position is shared only between sequences that agree on the next token as well
+    // (SGLang's EAGLE bigram keys): otherwise a request would read another one's draft pair where
+    // their tokens diverge.
+    key[static_cast<size_t>(i)] =
+        speculative_ ? static_cast<RadixKey>((static_cast<uint64_t>(static_cast<uint32_t>(fill[i])) << 32) |
+                                             static_cast<uint32_t>(fill[i + 1]))
+                     : fill[i];
+  }
+  return key;
+}
+
 void KvLedger::match_prefix(RequestKv& kv, const FillTokens& fill) {
   SPECULA_ASSERT(kv.req_pool_idx < 0, "only a waiting request is matched against the prefix cache");
   unlock_prefix(kv);
   if (!cache_) return;
-  const std::vector<int32_t> key = fill.first(fill.size() - 1);
-  RadixCache::Match m = cache_->match_prefix(key);
-  if (speculative_ && !m.slots.empty()) {
-    // The cached draft pair at the match's last position was computed with the next token of
-    // whoever cached it, which may differ from ours: reuse only the whole pages before it.
-    const int usable = (static_cast<int>(m.slots.size()) - 1) / page_size() * page_size();
-    m = cache_->match_prefix(std::span<const int32_t>(key).first(static_cast<size_t>(usable)));
-  }
+  RadixCache::Match m = cache_->match_prefix(key(fill, fill.size() - 1));
   kv.slots = std::move(m.slots);
   kv.prefix_len = kv.len();
   kv.draft_len = kv.prefix_len;
@@ -119,12 +124,13 @@ void KvLedger::free_after(std::span<const int32_t> slots, int32_t last_kept) {
   runner_.allocator().free(pages);
 }
 
-int KvLedger::cacheable_len(const RequestKv& kv) const {
-  const int len = speculative_ ? std::min(kv.len(), kv.draft_len) : kv.len();
+int KvLedger::cacheable_len(const RequestKv& kv, const FillTokens& fill) const {
+  // A speculative key position needs the token after it too.
+  const int len = speculative_ ? std::min({kv.len(), kv.draft_len, fill.size() - 1}) : kv.len();
   return len / page_size() * page_size();
 }
 
-void KvLedger::insert(RequestKv& kv, const std::vector<int32_t>& key) {
+void KvLedger::insert(RequestKv& kv, const std::vector<RadixKey>& key) {
   const int64_t overlap = cache_->insert(key, std::span<const int32_t>(kv.slots).first(key.size()));
   // The request's prefix came from the cache, so the cache has at least that much of the key.
   SPECULA_ASSERT(overlap >= kv.prefix_len, "cache overlap {} < the request's prefix {}", overlap, kv.prefix_len);
@@ -141,11 +147,11 @@ void KvLedger::release(RequestKv& kv, const FillTokens& fill, bool cache_kv) {
   // request computed when its KV is not trusted) go back to the allocator.
   int kept = 0;
   if (cache_) {
-    kept = cache_kv ? cacheable_len(kv) : kv.prefix_len;
+    kept = cache_kv ? cacheable_len(kv, fill) : kv.prefix_len;
     // Slots below prefix_len belong to the cache: freeing any of them would corrupt it.
     SPECULA_ASSERT(kept >= kv.prefix_len, "a request keeps {} KV slots but the cache owns its first {}", kept,
                    kv.prefix_len);
-    if (cache_kv && kept > 0) insert(kv, fill.first(kept));
+    if (cache_kv && kept > 0) insert(kv, key(fill, kept));
   }
   if (len > kept) runner_.allocator().free(std::span<const int32_t>(kv.slots).subspan(static_cast<size_t>(kept)));
   kv.draft = {};
@@ -157,12 +163,12 @@ void KvLedger::release(RequestKv& kv, const FillTokens& fill, bool cache_kv) {
 
 void KvLedger::cache_unfinished(RequestKv& kv, const FillTokens& fill) {
   if (!cache_) return;
-  const int aligned = cacheable_len(kv);
+  const int aligned = cacheable_len(kv, fill);
   if (aligned <= kv.prefix_len) return;
-  const std::vector<int32_t> key = fill.first(aligned);
-  insert(kv, key);
+  const std::vector<RadixKey> k = key(fill, aligned);
+  insert(kv, k);
   // From now on the request reads the cache's copy of those tokens and holds a lock on it.
-  RadixCache::Match m = cache_->match_prefix(key);
+  RadixCache::Match m = cache_->match_prefix(k);
   SPECULA_ASSERT(static_cast<int>(m.slots.size()) == aligned, "the cache holds {} of the {} tokens just inserted",
                  m.slots.size(), aligned);
   std::copy(m.slots.begin(), m.slots.end(), kv.slots.begin());

@@ -26,7 +26,6 @@ struct FillTokens {
     const auto p = static_cast<int>(prompt.size());
     return i < p ? prompt[static_cast<size_t>(i)] : output[static_cast<size_t>(i - p)];
   }
-  std::vector<int32_t> first(int n) const;
 };
 
 // The KV a request holds. Slots [0, prefix_len) are prefix-cache pages, read under a lock on
@@ -102,10 +101,12 @@ class KvLedger {
  private:
   // KV tokens a request may hand to the prefix cache (with speculation, only those whose draft
   // KV was computed too), rounded down to whole pages: a partial page is never shared.
-  int cacheable_len(const RequestKv& kv) const;
+  int cacheable_len(const RequestKv& kv, const FillTokens& fill) const;
+  // The cache key of fill's positions [0, n): token ids, or under speculation bigrams (RadixKey).
+  std::vector<RadixKey> key(const FillTokens& fill, int n) const;
   // Inserts key -> kv.slots[0, key.size()) into the cache and frees the request's own slots the
   // cache already had (computed twice).
-  void insert(RequestKv& kv, const std::vector<int32_t>& key);
+  void insert(RequestKv& kv, const std::vector<RadixKey>& key);
 
   ModelRunner& runner_;
   bool speculative_;
