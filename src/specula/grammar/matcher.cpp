@@ -150,20 +150,6 @@ MatchState Automaton::start() const {
 
 namespace {
 
-// The code points a partial sequence can still become: its bytes followed by the smallest and the
-// largest continuation bytes, clipped to what a sequence of that length may encode (no overlong
-// forms, nothing past U+10FFFF); lo > hi when it can become none.
-std::pair<uint32_t, uint32_t> completions(const uint8_t* bytes, int len, int need) {
-  uint32_t lo = bytes[0] & (need == 2 ? 0x1F : need == 3 ? 0x0F : 0x07), hi = lo;
-  for (int i = 1; i < need; ++i) {
-    const uint32_t b = i < len ? bytes[i] & 0x3F : 0;
-    lo = (lo << 6) | b;
-    hi = (hi << 6) | (i < len ? bytes[i] & 0x3F : 0x3F);
-  }
-  const uint32_t smallest = need == 2 ? 0x80 : need == 3 ? 0x800 : 0x10000;
-  return {std::max(lo, smallest), std::min<uint32_t>(hi, 0x10FFFF)};
-}
-
 // Whether the stack's top class holds a code point of [lo, hi] that is not a UTF-16 surrogate
 // (which UTF-8 never encodes).
 bool top_accepts_any(const Grammar& g, const Stack& stack, uint32_t lo, uint32_t hi) {
@@ -181,7 +167,7 @@ bool top_accepts_any(const Grammar& g, const Stack& stack, uint32_t lo, uint32_t
 bool Automaton::completes_alike(const MatchState& s) const {
   if (s.partial_len == 0 || s.partial_len + 1 != s.partial_need) return false;
   // Named copies: clang 14 (the fuzz build) does not let a lambda capture structured bindings.
-  const std::pair<uint32_t, uint32_t> range = completions(s.partial, s.partial_len, s.partial_need);
+  const std::pair<uint32_t, uint32_t> range = utf8_completions(s.partial, s.partial_len, s.partial_need);
   const uint32_t lo = range.first, hi = range.second;
   const std::vector<Rule>& rules = grammar_->rules();
   for (const Stack& st : s.stacks) {
@@ -193,6 +179,45 @@ bool Automaton::completes_alike(const MatchState& s) const {
     }
   }
   return true;
+}
+
+Automaton::Wide Automaton::takes_wide(const Stack& stack) const {
+  if (stack.empty()) return Wide::kNone;
+  const Position& top = stack.back();
+  const Element& e = grammar_->rules()[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)][static_cast<size_t>(top.index)];
+  if (e.kind != Element::Kind::kChars) return Wide::kSome;
+  // Ranges are sorted and disjoint: a span is covered when the range holding its start reaches
+  // its end, and missed when no range overlaps it.
+  const auto covers = [&](uint32_t lo, uint32_t hi) {
+    const auto it = std::lower_bound(e.ranges.begin(), e.ranges.end(), lo,
+                                     [](const std::pair<uint32_t, uint32_t>& r, uint32_t c) { return r.second < c; });
+    return it != e.ranges.end() && it->first <= lo && it->second >= hi;
+  };
+  const auto misses = [&](uint32_t lo, uint32_t hi) {
+    const auto it = std::lower_bound(e.ranges.begin(), e.ranges.end(), lo,
+                                     [](const std::pair<uint32_t, uint32_t>& r, uint32_t c) { return r.second < c; });
+    return it == e.ranges.end() || it->first > hi;
+  };
+  if (covers(0x80, 0xD7FF) && covers(0xE000, 0x10FFFF)) return Wide::kEvery;
+  if (misses(0x80, 0xD7FF) && misses(0xE000, 0x10FFFF)) return Wide::kNone;
+  return Wide::kSome;
+}
+
+bool Automaton::may_take(const MatchState& s, uint8_t byte) const {
+  if (s.partial_len > 0) return (byte & 0xC0) == 0x80;
+  const int need = utf8_length(byte);
+  if (need == 0) return false;
+  const std::vector<Rule>& rules = grammar_->rules();
+  if (need == 1) {
+    return std::any_of(s.stacks.begin(), s.stacks.end(), [&](const Stack& st) {
+      if (st.empty()) return false;
+      const Position& top = st.back();
+      return rules[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)][static_cast<size_t>(top.index)].matches(byte);
+    });
+  }
+  const std::pair<uint32_t, uint32_t> range = utf8_completions(&byte, 1, need);
+  return std::any_of(s.stacks.begin(), s.stacks.end(),
+                     [&](const Stack& st) { return top_accepts_any(*grammar_, st, range.first, range.second); });
 }
 
 MatchState Automaton::advance(const MatchState& s, uint8_t byte) const {
@@ -223,7 +248,7 @@ MatchState Automaton::advance(const MatchState& s, uint8_t byte) const {
   }
   if (out.partial_len > 0) {
     // Half a code point: the stacks wait, as long as one of them could take a completion.
-    const auto [lo, hi] = completions(out.partial, out.partial_len, out.partial_need);
+    const auto [lo, hi] = utf8_completions(out.partial, out.partial_len, out.partial_need);
     for (const Stack& st : s.stacks) {
       if (top_accepts_any(*grammar_, st, lo, hi)) out.stacks.push_back(st);
     }

@@ -46,6 +46,9 @@ class Automaton {
   MatchState start() const;
   // After one more byte; dead() when no parse accepts it.
   MatchState advance(const MatchState& s, uint8_t byte) const;
+  // False when advance(s, byte) is certainly dead, decided from the stacks' tops alone without
+  // building a state: most bytes die at once, and a mask walk meets each of them at its root.
+  bool may_take(const MatchState& s, uint8_t byte) const;
   // A finished parse, no code point half read.
   bool can_end(const MatchState& s) const;
   // Nothing but the end can follow.
@@ -54,6 +57,11 @@ class Automaton {
   // complete (inside a JSON string, any non-ASCII character): the partial bytes then decide
   // nothing about what follows, so such states may be treated as one.
   bool completes_alike(const MatchState& s) const;
+  // Which code points past ASCII a stack's top class takes: every one (a JSON string's body, `.`),
+  // none, or some. When each stack takes every one or none, every such code point leads to the
+  // same state.
+  enum class Wide : uint8_t { kNone, kEvery, kSome };
+  Wide takes_wide(const Stack& stack) const;
   // The state where `base` goes on after the frames that stood above it finished: its top frame
   // (a return position) continues. An empty base: the parse is complete.
   MatchState resume(Stack base) const;

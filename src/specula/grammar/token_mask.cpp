@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "specula/core/error.h"
+#include "specula/grammar/utf8.h"
 
 namespace specula::grammar {
 
@@ -53,6 +54,10 @@ class TokenTrie::Transitions {
   Step step(int32_t from, uint8_t byte) {
     const size_t slot = static_cast<size_t>(from) * 256 + byte;
     if (steps_[slot] != kUnknown) return {steps_[slot] / 2 - 1, (steps_[slot] & 1) != 0};
+    if (!automaton_.may_take(states_[static_cast<size_t>(from)], byte)) {
+      steps_[slot] = 0;  // dead, not finished
+      return {};
+    }
     MatchState next = automaton_.advance(states_[static_cast<size_t>(from)], byte);
     Step out;
     if (split_) {
@@ -84,7 +89,14 @@ class TokenTrie::Transitions {
   // lead where `byte` leads, that path staying alive and inside the frames throughout; none when
   // it finishes or dies sooner. Memoized per (state, byte), so a walk pays O(1) per trie node.
   std::array<uint64_t, 2> alike_run(int32_t state, uint8_t byte, int levels) {
-    Run& r = runs_[(static_cast<uint64_t>(state) << 8) | byte];
+    const size_t slot = static_cast<size_t>(state) * 256 + byte;
+    if (run_of_.size() <= slot) run_of_.resize(steps_.size(), -1);
+    if (run_of_[slot] < 0) {
+      run_of_[slot] = static_cast<int32_t>(runs_.size());
+      runs_.emplace_back();
+    }
+    // alike() and step() below leave runs_ alone, so the reference stays valid.
+    Run& r = runs_[static_cast<size_t>(run_of_[slot])];
     while (static_cast<int>(r.masks.size()) < levels && !r.ended) {
       const int32_t from = r.masks.empty() ? state : r.last;
       const std::array<uint64_t, 2> same = alike(from, byte);
@@ -99,7 +111,83 @@ class TokenTrie::Transitions {
     return static_cast<int>(r.masks.size()) >= levels ? r.masks[static_cast<size_t>(levels - 1)] : std::array<uint64_t, 2>{};
   }
 
+  // The same over code points for a subtree with non-ASCII bytes (utf8_below_): the ASCII bytes
+  // that, at each of the first `levels` code points read from `state` (or from where it finishes
+  // the code point it is half-way through), lead where every non-ASCII code point leads, that path
+  // staying alive and inside the frames throughout; none when it finishes or dies sooner, or when
+  // non-ASCII code points do not all lead to one state. Memoized per state.
+  std::array<uint64_t, 2> wide_run(int32_t state, int levels) {
+    if (home_.size() <= static_cast<size_t>(state)) home_.resize(states_.size(), kNoHome);
+    if (home_[static_cast<size_t>(state)] == kNoHome) home_[static_cast<size_t>(state)] = find_home(state);
+    const int32_t home = home_[static_cast<size_t>(state)];
+    if (home < 0) return {};
+    if (wide_runs_.size() <= static_cast<size_t>(home)) wide_runs_.resize(states_.size());
+    while (static_cast<int>(wide_runs_[static_cast<size_t>(home)].masks.size()) < levels &&
+           !wide_runs_[static_cast<size_t>(home)].ended) {
+      // wide_step() may intern states, which grows wide_runs_ no further: index again after it.
+      const Run& r = wide_runs_[static_cast<size_t>(home)];
+      const int32_t from = r.masks.empty() ? home : r.last;
+      std::array<uint64_t, 2> same{};
+      const int32_t next = wide_step(from, same);
+      Run& w = wide_runs_[static_cast<size_t>(home)];
+      if (next < 0) {
+        w.ended = true;
+        break;
+      }
+      w.masks.push_back(w.masks.empty() ? same : std::array<uint64_t, 2>{w.masks.back()[0] & same[0], w.masks.back()[1] & same[1]});
+      w.last = next;
+    }
+    const Run& r = wide_runs_[static_cast<size_t>(home)];
+    return static_cast<int>(r.masks.size()) >= levels ? r.masks[static_cast<size_t>(levels - 1)] : std::array<uint64_t, 2>{};
+  }
+
  private:
+  // A state's code-point boundary: itself, or for a state inside a code point whose stacks all
+  // take every non-ASCII code point, the state after it (the same whichever one it becomes).
+  int32_t find_home(int32_t state) {
+    if (states_[static_cast<size_t>(state)].partial_len == 0) return state;
+    for (const Stack& st : states_[static_cast<size_t>(state)].stacks) {
+      if (automaton_.takes_wide(st) != Automaton::Wide::kEvery) return -1;
+    }
+    MatchState boundary;
+    boundary.stacks = states_[static_cast<size_t>(state)].stacks;
+    const int32_t from = intern(std::move(boundary));
+    if (from < 0) return -1;
+    const Step lead = step(from, kWideLead);
+    if (lead.next < 0) return -1;
+    const Step done = step(lead.next, kWideTail);
+    return done.finished ? -1 : done.next;
+  }
+
+  // From boundary state h: the state every non-ASCII code point leads to, alive and with no parse
+  // finished, and in `same` the ASCII bytes that lead there too; -1 when there is no such state.
+  int32_t wide_step(int32_t h, std::array<uint64_t, 2>& same) {
+    for (const Stack& st : states_[static_cast<size_t>(h)].stacks) {
+      if (automaton_.takes_wide(st) == Automaton::Wide::kSome) return -1;
+    }
+    const Step lead = step(h, kWideLead);
+    if (lead.next < 0) return -1;
+    const Step done = step(lead.next, kWideTail);
+    if (done.next < 0 || done.finished) return -1;
+    // The ASCII bytes taken by the same stacks lead to the same state: one step per class.
+    if (classes_.size() <= static_cast<size_t>(h)) classes_.resize(states_.size());
+    if (classes_[static_cast<size_t>(h)].masks.empty()) fill_classes(states_[static_cast<size_t>(h)], classes_[static_cast<size_t>(h)]);
+    const size_t count = classes_[static_cast<size_t>(h)].masks.size();
+    for (size_t c = 1; c < count; ++c) {
+      const std::array<uint64_t, 2> bytes = classes_[static_cast<size_t>(h)].masks[c];
+      const auto rep = static_cast<uint8_t>(bytes[0] != 0 ? __builtin_ctzll(bytes[0]) : 64 + __builtin_ctzll(bytes[1]));
+      const Step st = step(h, rep);
+      if (st.next == done.next && !st.finished) {
+        same[0] |= bytes[0];
+        same[1] |= bytes[1];
+      }
+    }
+    return done.next;
+  }
+
+  // U+00A0 (C2 A0): a code point past ASCII standing for all of them.
+  static constexpr uint8_t kWideLead = 0xC2, kWideTail = 0xA0;
+
   static size_t hash(const MatchState& s) {
     size_t h = s.partial_len * 31u + s.partial_need;
     for (int i = 0; i < s.partial_len; ++i) h = h * 131u + s.partial[i];
@@ -150,11 +238,15 @@ class TokenTrie::Transitions {
     int32_t last = -1;                           // the state after masks.size() steps
     bool ended = false;
   };
+  static constexpr int32_t kNoHome = -2;
+  std::vector<int32_t> home_;    // by state: find_home(), or kNoHome before it is known
+  std::vector<Run> wide_runs_;  // by boundary state
 
   const Automaton& automaton_;
   bool split_;
   std::vector<Classes> classes_;  // by state, filled on demand
-  std::unordered_map<uint64_t, Run> runs_;  // by (state << 8 | byte)
+  std::vector<Run> runs_;
+  std::vector<int32_t> run_of_;  // by state * 256 + byte: its run in runs_, or -1
   std::vector<MatchState> states_;  // each state as first met (advanced from)
   std::vector<MatchState> keys_;    // and as compared (intern())
   std::unordered_multimap<size_t, int32_t> index_;
@@ -211,8 +303,46 @@ TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(stati
     edges_.push_back(static_cast<uint32_t>(edge_byte_.size()));
     tokens_.push_back(static_cast<uint32_t>(token_ids_.size()));
   }
-  // Children follow their parent in depth-first order: one backward pass sums the subtrees up.
+  // Well-formed UTF-8 along every path: each node's decoding state from its parent's, forward
+  // (parents come first in depth-first order), then summed up backwards with the rest.
   const size_t count = order.size();
+  struct Utf8 {
+    uint8_t bytes[4] = {};
+    uint8_t len = 0, need = 0;
+    bool ok = true;
+  };
+  std::vector<Utf8> utf8(count);
+  for (size_t n = 0; n < count; ++n) {
+    for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) {
+      Utf8 u = utf8[n];
+      const uint8_t b = edge_byte_[e];
+      if (!u.ok) {
+      } else if (u.len == 0) {
+        const int need = utf8_length(b);
+        u.ok = need > 0;
+        if (need > 1) {
+          u.bytes[0] = b;
+          u.len = 1;
+          u.need = static_cast<uint8_t>(need);
+          u.ok = utf8_completable(utf8_completions(u.bytes, 1, need));
+        }
+      } else if ((b & 0xC0) != 0x80) {
+        u.ok = false;
+      } else {
+        u.bytes[u.len++] = b;
+        if (u.len == u.need) {
+          uint32_t cp = 0;
+          u.ok = decode_utf8(std::string_view(reinterpret_cast<const char*>(u.bytes), u.len), cp) == u.len;
+          u.len = u.need = 0;
+        } else {
+          u.ok = utf8_completable(utf8_completions(u.bytes, u.len, u.need));
+        }
+      }
+      utf8[static_cast<size_t>(edge_child_[e])] = u;
+    }
+  }
+  utf8_below_.assign(count, 1);
+  // Children follow their parent in depth-first order: one backward pass sums the subtrees up.
   subtree_end_.assign(count, 0);
   below_.assign(count, {0, 0});
   below_wide_.assign(count, 0);
@@ -226,6 +356,7 @@ TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(stati
       below_[n][0] |= below_[kid][0];
       below_[n][1] |= below_[kid][1];
       below_wide_[n] |= below_wide_[kid];
+      utf8_below_[n] &= static_cast<uint8_t>(utf8_below_[kid] & (utf8[kid].ok ? 1 : 0));
       if (b < 128) {
         below_[n][b / 64] |= uint64_t{1} << (b % 64);
       } else {
@@ -245,6 +376,15 @@ bool TokenTrie::uniform_below(Transitions& t, int32_t node, int32_t state) const
   // repetitions: the path must stay alive and inside the frames all the way.
   const std::array<uint64_t, 2> same = t.alike_run(state, rep, height_[n]);
   return (bytes[0] & ~same[0]) == 0 && (bytes[1] & ~same[1]) == 0;
+}
+
+bool TokenTrie::wide_below(Transitions& t, int32_t node, int32_t state) const {
+  const auto n = static_cast<size_t>(node);
+  if (below_wide_[n] == 0 || utf8_below_[n] == 0 || height_[n] == 255) return false;
+  // Code points below number at most the subtree's height in bytes.
+  const std::array<uint64_t, 2> same = t.wide_run(state, height_[n]);
+  const std::array<uint64_t, 2>& bytes = below_[n];
+  return (same[0] | same[1]) != 0 && (bytes[0] & ~same[0]) == 0 && (bytes[1] & ~same[1]) == 0;
 }
 
 void TokenTrie::walk(Transitions& t, int32_t node, int32_t state, std::vector<uint32_t>& bitmask) const {
@@ -296,7 +436,8 @@ void TokenTrie::classify_walk(Transitions& t, int32_t node, int32_t depth, int32
     }
     const bool opens = step.finished && below;
     if (opens) open.push_back(depth + 1);
-    if (step.next >= 0 && uniform_below(t, static_cast<int32_t>(kid), step.next)) {
+    if (step.next >= 0 && (uniform_below(t, static_cast<int32_t>(kid), step.next) ||
+                           wide_below(t, static_cast<int32_t>(kid), step.next))) {
       for (uint32_t k = tokens_[kid + 1]; k < tokens_[subtree_end_[kid]]; ++k) {
         const int32_t id = token_ids_[k];
         accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);

@@ -53,11 +53,18 @@ class TokenTrie {
   std::vector<uint32_t> subtree_end_;
   std::vector<std::array<uint64_t, 2>> below_;
   std::vector<uint8_t> below_wide_, height_;
+  // Per node: whether every path from the root through it and on into its subtree is well-formed
+  // UTF-8 (a code point may be unfinished at the end). Where every non-ASCII code point leads to
+  // one state, level after level, and the subtree's ASCII bytes lead there too, such a subtree is
+  // taken whole, non-ASCII tokens included (a JSON string's body, bounded or not).
+  std::vector<uint8_t> utf8_below_;
 
   class Transitions;
   // Whether every token below `node` is taken from `state` without finishing its frames (see
   // below_); then they need no walk.
   bool uniform_below(Transitions& t, int32_t node, int32_t state) const;
+  // The same for a subtree with non-ASCII bytes (utf8_below_).
+  bool wide_below(Transitions& t, int32_t node, int32_t state) const;
   void walk(Transitions& t, int32_t node, int32_t state, std::vector<uint32_t>& bitmask) const;
   void classify_walk(Transitions& t, int32_t node, int32_t depth, int32_t state, std::vector<int32_t>& open, bool below,
                      std::vector<uint32_t>& accepted, std::vector<std::pair<int32_t, int32_t>>& uncertain) const;

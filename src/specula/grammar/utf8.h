@@ -2,9 +2,11 @@
 // sequence can still become (a token may end inside a code point).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 namespace specula::grammar {
 
@@ -44,6 +46,26 @@ inline int utf8_length(unsigned char b) {
   if ((b & 0xF0) == 0xE0) return 3;
   if ((b & 0xF8) == 0xF0) return b <= 0xF4 ? 4 : 0;
   return 0;
+}
+
+// The code points a partial sequence (`len` of its `need` bytes) can still become: its bytes
+// followed by the smallest and the largest continuation bytes, clipped to what a sequence of that
+// length may encode (no overlong forms, nothing past U+10FFFF); lo > hi when it can become none.
+inline std::pair<uint32_t, uint32_t> utf8_completions(const uint8_t* bytes, int len, int need) {
+  uint32_t lo = bytes[0] & (need == 2 ? 0x1F : need == 3 ? 0x0F : 0x07), hi = lo;
+  for (int i = 1; i < need; ++i) {
+    const uint32_t b = i < len ? bytes[i] & 0x3F : 0;
+    lo = (lo << 6) | b;
+    hi = (hi << 6) | (i < len ? bytes[i] & 0x3F : 0x3F);
+  }
+  const uint32_t smallest = need == 2 ? 0x80 : need == 3 ? 0x800 : 0x10000;
+  return {std::max(lo, smallest), std::min<uint32_t>(hi, 0x10FFFF)};
+}
+
+// Whether the completions [lo, hi] hold a code point that is not a UTF-16 surrogate (which UTF-8
+// never encodes).
+inline bool utf8_completable(std::pair<uint32_t, uint32_t> range) {
+  return range.first <= range.second && (range.first <= 0xD7FF || range.second >= 0xE000);
 }
 
 }  // namespace specula::grammar

@@ -1,0 +1,186 @@
+// TokenMasker's cached classification against brute force (every token fed alone, byte by byte,
+// from the matcher's state) over a vocabulary rich in non-ASCII text: whole code points of every
+// length and runs of them, code points split across tokens, and byte strings that are not UTF-8
+// (lone continuation bytes, overlong forms, surrogates, bytes no sequence starts with). The
+// grammars' character classes take every non-ASCII code point (unbounded and bounded runs, a JSON
+// string's body), some of them, or none, alone and side by side in one state, which is where the
+// classification takes whole subtrees of the vocabulary without walking them.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "specula/grammar/grammar.h"
+#include "specula/grammar/json_grammar.h"
+#include "specula/grammar/matcher.h"
+#include "specula/grammar/token_constraint.h"
+#include "specula/grammar/token_masker.h"
+
+namespace specula::grammar {
+namespace {
+
+std::string utf8(uint32_t cp) {
+  std::string s;
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+std::vector<std::string> wide_vocabulary(std::mt19937& rng) {
+  std::vector<std::string> vocab;
+  for (int b = 0; b < 256; ++b) vocab.emplace_back(1, static_cast<char>(b));
+  const std::vector<std::string> invalid = {"\xC0\xAF", "\xE0\x80\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xF5",
+                                            "\xFF", "\x80", "\xBF\xBF"};
+  const std::string ascii = "ab xyz\"\\<>(){}[]:,.!0123456789\n";
+  const auto code_point = [&] {
+    switch (rng() % 4) {
+      case 0: return static_cast<uint32_t>(0x80 + rng() % (0x800 - 0x80));
+      case 1: return static_cast<uint32_t>(0x4E00 + rng() % 64);  // CJK, inside the class grammar 3 refuses
+      case 2: {
+        const auto cp = static_cast<uint32_t>(0x800 + rng() % (0x10000 - 0x800));
+        return cp >= 0xD800 && cp <= 0xDFFF ? cp - 0x800 : cp;
+      }
+      default: return static_cast<uint32_t>(0x10000 + rng() % (0x110000 - 0x10000));
+    }
+  };
+  for (int i = 0; i < 6000; ++i) {
+    std::string t;
+    const int pieces = 1 + static_cast<int>(rng() % 5);
+    for (int p = 0; p < pieces; ++p) {
+      const unsigned kind = rng() % 10;
+      if (kind < 4) {
+        t += ascii[rng() % ascii.size()];
+      } else if (kind < 8) {
+        t += utf8(code_point());
+      } else if (kind < 9) {
+        const std::string whole = utf8(code_point());
+        t += whole.substr(0, 1 + rng() % (whole.size() - 1));  // a code point cut short
+      } else {
+        t += invalid[rng() % invalid.size()];
+      }
+    }
+    // Sometimes the tail of a code point first, as a token that continues another would start.
+    if (rng() % 12 == 0) t = utf8(code_point()).substr(1) + t;
+    vocab.push_back(t);
+  }
+  // Long runs of one code point (a tall subtree, longer than a bounded count allows).
+  for (int n = 1; n <= 24; ++n) {
+    std::string run;
+    for (int i = 0; i < n; ++i) run += utf8(0x4E16);
+    vocab.push_back(run);
+    vocab.push_back(std::string(static_cast<size_t>(n), 'a') + utf8(0xE9));
+  }
+  vocab.emplace_back();  // a special token
+  return vocab;
+}
+
+std::vector<int> brute_force(const Automaton& a, const MatchState& state, const std::vector<std::string>& vocab) {
+  std::vector<int> ok;
+  for (size_t id = 0; id < vocab.size(); ++id) {
+    MatchState st = state;
+    bool alive = !vocab[id].empty();
+    for (char c : vocab[id]) {
+      if (!alive) break;
+      st = a.advance(st, static_cast<uint8_t>(c));
+      alive = !st.dead();
+    }
+    if (alive) ok.push_back(static_cast<int>(id));
+  }
+  return ok;
+}
+
+TEST(TokenMasker, MasksOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::vector<std::string> vocab = wide_vocabulary(rng);
+  const auto vocabulary = std::make_shared<const Vocabulary>(vocab);
+  const std::vector<std::string> grammars = {
+      // Every non-ASCII code point, unbounded, then a tail the closing quote's tokens run into.
+      "root ::= \"\\\"\" [^\"\\\\]* \"\\\"\" \" \" [a-z]+ \"!\"\n",
+      // Bounded: each count is a state of its own, and long runs outgrow it.
+      "root ::= \"\\\"\" [^\"\\\\]{0,6} \"\\\"\" [0-9]\n",
+      // Some non-ASCII code points only.
+      "root ::= \"<\" [^>\\u4e00-\\u9fff]* \">\" \".\"\n",
+      // Stacks that take every non-ASCII code point beside stacks that take none, in one state.
+      "root ::= \"(\" ( .{2,5} | [a-z]* ) \")\" \":\"\n",
+      // Only non-ASCII code points.
+      "root ::= [\\u0080-\\U0010FFFF]{1,3} \".\" [\\u00e9]+\n",
+      // Nested: deep stacks (more frames than a cache key holds) inside strings.
+      "root ::= item (\",\" item)*\nitem ::= \"[\" ( [^\\]]* | item ) \"]\"\n",
+  };
+  int compared = 0, wide_accepted = 0;
+  for (const std::string& text : grammars) {
+    SCOPED_TRACE(text);
+    const auto a = std::make_shared<const Automaton>(std::make_shared<const Grammar>(Grammar::parse(text)));
+    TokenMasker masker(a, vocabulary);
+    for (int walk = 0; walk < 5; ++walk) {
+      GrammarMatcher m(a);
+      for (int step = 0; step < 25; ++step) {
+        std::vector<uint32_t> mask;
+        masker.fill(m.state(), mask);
+        const std::vector<int> ok = brute_force(*a, m.state(), vocab);
+        std::vector<int> got;
+        for (size_t id = 0; id < vocab.size(); ++id) {
+          if ((mask[id / 32] >> (id % 32)) & 1u) got.push_back(static_cast<int>(id));
+        }
+        ASSERT_EQ(got, ok) << "walk " << walk << ", step " << step;
+        ++compared;
+        for (int id : ok) wide_accepted += static_cast<unsigned char>(vocab[static_cast<size_t>(id)][0]) >= 0x80 ? 1 : 0;
+        if (ok.empty() || (m.can_end() && rng() % 6 == 0)) break;
+        ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
+      }
+    }
+  }
+  EXPECT_GT(compared, 100);
+  // Non-ASCII tokens were taken, so the subtrees that hold them were classified.
+  EXPECT_GT(wide_accepted, 10000);
+}
+
+TEST(TokenMasker, JsonStringsOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::vector<std::string> vocab = wide_vocabulary(rng);
+  const auto vocabulary = std::make_shared<const Vocabulary>(vocab);
+  const auto a = std::make_shared<const Automaton>(std::make_shared<const Grammar>(json_object_grammar()));
+  TokenMasker masker(a, vocabulary);
+  int compared = 0;
+  for (int walk = 0; walk < 6; ++walk) {
+    GrammarMatcher m(a);
+    // Into a string value first, so the walk spends its steps inside strings.
+    for (const char* piece : {"{", "\"", "k", "\"", ":", "\""}) ASSERT_TRUE(m.accept_token(piece));
+    for (int step = 0; step < 30; ++step) {
+      std::vector<uint32_t> mask;
+      masker.fill(m.state(), mask);
+      const std::vector<int> ok = brute_force(*a, m.state(), vocab);
+      std::vector<int> got;
+      for (size_t id = 0; id < vocab.size(); ++id) {
+        if ((mask[id / 32] >> (id % 32)) & 1u) got.push_back(static_cast<int>(id));
+      }
+      ASSERT_EQ(got, ok) << "walk " << walk << ", step " << step;
+      ++compared;
+      if (ok.empty()) break;
+      ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
+    }
+  }
+  EXPECT_GT(compared, 60);
+}
+
+}  // namespace
+}  // namespace specula::grammar
