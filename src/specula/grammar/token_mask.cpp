@@ -14,6 +14,16 @@ namespace specula::grammar {
 // The walks meet few distinct states (inside a JSON string every character leads back to the same
 // one), so a walk interns its states and computes each (state, byte) transition once: a trie node
 // then costs a table lookup rather than an automaton step.
+// A chain of code points from state `home` (Transitions::chain).
+struct TokenTrie::Chain {
+  int32_t home;
+  int levels;
+  const int32_t* states;                 // states[i]: after i + 1 code points
+  const std::array<uint64_t, 2>* level;  // level[i]: the ASCII bytes of code point i + 1
+  const std::array<uint64_t, 2>* masks;  // masks[i]: level[0] & ... & level[i]
+  int32_t state(int i) const { return i == 0 ? home : states[i - 1]; }
+};
+
 class TokenTrie::Transitions {
  public:
   // split: an empty stack (a finished parse) is reported by step() and kept out of the states.
@@ -111,34 +121,58 @@ class TokenTrie::Transitions {
     return static_cast<int>(r.masks.size()) >= levels ? r.masks[static_cast<size_t>(levels - 1)] : std::array<uint64_t, 2>{};
   }
 
-  // The same over code points for a subtree with non-ASCII bytes (utf8_below_): the ASCII bytes
-  // that, at each of the first `levels` code points read from `state` (or from where it finishes
-  // the code point it is half-way through), lead where every non-ASCII code point leads, that path
-  // staying alive and inside the frames throughout; none when it finishes or dies sooner, or when
-  // non-ASCII code points do not all lead to one state. Memoized per state.
-  std::array<uint64_t, 2> wide_run(int32_t state, int levels) {
+  // Chains of code points (TokenTrie::chain_walk): from a boundary state `home`, each non-ASCII
+  // code point leads to one state, alive and with no parse finished, and so do the chain's ASCII
+  // bytes at that level (chain()). chain_home: a state's boundary (itself, or where it finishes the code
+  // point it is half-way through), -1 when there is none. Memoized per state.
+  int32_t chain_home(int32_t state) {
     if (home_.size() <= static_cast<size_t>(state)) home_.resize(states_.size(), kNoHome);
     if (home_[static_cast<size_t>(state)] == kNoHome) home_[static_cast<size_t>(state)] = find_home(state);
-    const int32_t home = home_[static_cast<size_t>(state)];
-    if (home < 0) return {};
+    return home_[static_cast<size_t>(state)];
+  }
+  // Extends the chain from `home` to `levels` code points or to its end; the levels it has.
+  int chain_extend(int32_t home, int levels) {
+    levels = std::min(levels, kMaxChain);
     if (wide_runs_.size() <= static_cast<size_t>(home)) wide_runs_.resize(states_.size());
-    while (static_cast<int>(wide_runs_[static_cast<size_t>(home)].masks.size()) < levels &&
+    while (static_cast<int>(wide_runs_[static_cast<size_t>(home)].states.size()) < levels &&
            !wide_runs_[static_cast<size_t>(home)].ended) {
-      // wide_step() may intern states, which grows wide_runs_ no further: index again after it.
-      const Run& r = wide_runs_[static_cast<size_t>(home)];
-      const int32_t from = r.masks.empty() ? home : r.last;
+      const WideRun& r = wide_runs_[static_cast<size_t>(home)];
+      const int32_t from = r.states.empty() ? home : r.states.back();
       std::array<uint64_t, 2> same{};
+      // wide_step() may intern states, which grows wide_runs_ no further: index again after it.
       const int32_t next = wide_step(from, same);
-      Run& w = wide_runs_[static_cast<size_t>(home)];
+      WideRun& w = wide_runs_[static_cast<size_t>(home)];
       if (next < 0) {
         w.ended = true;
         break;
       }
       w.masks.push_back(w.masks.empty() ? same : std::array<uint64_t, 2>{w.masks.back()[0] & same[0], w.masks.back()[1] & same[1]});
-      w.last = next;
+      w.level.push_back(same);
+      w.states.push_back(next);
     }
-    const Run& r = wide_runs_[static_cast<size_t>(home)];
-    return static_cast<int>(r.masks.size()) >= levels ? r.masks[static_cast<size_t>(levels - 1)] : std::array<uint64_t, 2>{};
+    return static_cast<int>(wide_runs_[static_cast<size_t>(home)].states.size());
+  }
+  // The whole chain from `home` (up to kMaxChain levels), as arrays a walk reads directly: they
+  // stay where they are while the walk goes on, since the chain grows no further and a move of
+  // wide_runs_ moves the vectors' buffers with them.
+  Chain chain(int32_t home) {
+    const int levels = chain_extend(home, kMaxChain);
+    const WideRun& r = wide_runs_[static_cast<size_t>(home)];
+    return {home, levels, r.states.data(), r.level.data(), r.masks.data()};
+  }
+  static constexpr int kMaxChain = 255;
+  // The continuation bytes a state half-way through a code point still needs.
+  int pending(int32_t state) const {
+    const MatchState& s = states_[static_cast<size_t>(state)];
+    return s.partial_need - s.partial_len;
+  }
+
+  // The ASCII bytes that, at each of the first `levels` code points of the chain from `state`,
+  // lead along it; none when the chain is shorter.
+  std::array<uint64_t, 2> wide_run(int32_t state, int levels) {
+    const int32_t home = chain_home(state);
+    if (home < 0 || chain_extend(home, levels) < levels) return {};
+    return wide_runs_[static_cast<size_t>(home)].masks[static_cast<size_t>(levels - 1)];
   }
 
  private:
@@ -238,9 +272,15 @@ class TokenTrie::Transitions {
     int32_t last = -1;                           // the state after masks.size() steps
     bool ended = false;
   };
+  struct WideRun {
+    std::vector<int32_t> states;                 // states[i]: after i + 1 code points
+    std::vector<std::array<uint64_t, 2>> level;  // level[i]: the ASCII bytes of code point i + 1
+    std::vector<std::array<uint64_t, 2>> masks;  // masks[i]: level[0] & ... & level[i]
+    bool ended = false;
+  };
   static constexpr int32_t kNoHome = -2;
-  std::vector<int32_t> home_;    // by state: find_home(), or kNoHome before it is known
-  std::vector<Run> wide_runs_;  // by boundary state
+  std::vector<int32_t> home_;       // by state: find_home(), or kNoHome before it is known
+  std::vector<WideRun> wide_runs_;  // by boundary state
 
   const Automaton& automaton_;
   bool split_;
@@ -342,6 +382,8 @@ TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(stati
     }
   }
   utf8_below_.assign(count, 1);
+  utf8_ok_.resize(count);
+  for (size_t n = 0; n < count; ++n) utf8_ok_[n] = utf8[n].ok ? 1 : 0;
   // Children follow their parent in depth-first order: one backward pass sums the subtrees up.
   subtree_end_.assign(count, 0);
   below_.assign(count, {0, 0});
@@ -416,38 +458,83 @@ void TokenTrie::collect(int32_t node, const std::vector<int32_t>& open,
   for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) collect(edge_child_[e], open, out);
 }
 
-void TokenTrie::classify_walk(Transitions& t, int32_t node, int32_t depth, int32_t state, std::vector<int32_t>& open,
-                              bool below, std::vector<uint32_t>& accepted,
-                              std::vector<std::pair<int32_t, int32_t>>& uncertain) const {
+struct TokenTrie::Classification {
+  Transitions& t;
+  bool below;
+  std::vector<uint32_t>& accepted;
+  std::vector<std::pair<int32_t, int32_t>>& uncertain;
+  std::vector<int32_t> open;  // byte offsets where the frames finished on the current path
+
+  void accept(int32_t id) { accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32); }
+};
+
+void TokenTrie::classify_walk(Classification& c, int32_t node, int32_t depth, int32_t state) const {
+  const auto n = static_cast<size_t>(node);
+  for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) classify_edge(c, e, depth, state);
+}
+
+void TokenTrie::classify_edge(Classification& c, uint32_t e, int32_t depth, int32_t state) const {
+  // finished: every frame finished with this byte. A token that ends here is taken in any
+  // context (what lies below always goes on); one that goes on may continue below.
+  const Transitions::Step step = c.t.step(state, edge_byte_[e]);
+  const bool live = step.next >= 0 || step.finished;
+  const auto kid = static_cast<size_t>(edge_child_[e]);
+  for (uint32_t k = tokens_[kid]; k < tokens_[kid + 1]; ++k) {
+    const int32_t id = token_ids_[k];
+    if (live) {
+      c.accept(id);
+    } else {
+      for (int32_t at : c.open) c.uncertain.emplace_back(id, at);
+    }
+  }
+  const bool opens = step.finished && c.below;
+  if (opens) c.open.push_back(depth + 1);
+  const auto k32 = static_cast<int32_t>(kid);
+  if (step.next >= 0 && (uniform_below(c.t, k32, step.next) || wide_below(c.t, k32, step.next))) {
+    for (uint32_t k = tokens_[kid + 1]; k < tokens_[subtree_end_[kid]]; ++k) c.accept(token_ids_[k]);
+  } else if (step.next >= 0) {
+    // A chain needs no open offsets: its dead ends are then refused, not uncertain.
+    const int32_t home = c.open.empty() ? c.t.chain_home(step.next) : -1;
+    if (home >= 0 && c.t.chain_extend(home, 1) >= 1) {
+      chain_walk(c, c.t.chain(home), k32, depth + 1, 0, c.t.pending(step.next));
+    } else {
+      classify_walk(c, k32, depth + 1, step.next);
+    }
+  } else if (!c.open.empty()) {
+    for (uint32_t g = edges_[kid]; g < edges_[kid + 1]; ++g) collect(edge_child_[g], c.open, c.uncertain);
+  }
+  if (opens) c.open.pop_back();
+}
+
+void TokenTrie::chain_walk(Classification& c, const Chain& chain, int32_t node, int32_t depth, int level, int pending) const {
   const auto n = static_cast<size_t>(node);
   for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) {
-    // finished: every frame finished with this byte. A token that ends here is taken in any
-    // context (what lies below always goes on); one that goes on may continue below.
-    const Transitions::Step step = t.step(state, edge_byte_[e]);
-    const bool live = step.next >= 0 || step.finished;
+    const uint8_t b = edge_byte_[e];
     const auto kid = static_cast<size_t>(edge_child_[e]);
-    for (uint32_t k = tokens_[kid]; k < tokens_[kid + 1]; ++k) {
-      const int32_t id = token_ids_[k];
-      if (live) {
-        accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
-      } else {
-        for (int32_t at : open) uncertain.emplace_back(id, at);
+    // Not UTF-8 along the path: no parse takes it.
+    if (utf8_ok_[kid] == 0) continue;
+    int lvl = level, pend = pending - 1;
+    if (pending == 0) {
+      // A code point starts: the chain must reach its level, and an ASCII byte must be one of it.
+      lvl = level + 1;
+      pend = utf8_length(b) - 1;
+      if (lvl > chain.levels || (b < 0x80 && ((chain.level[lvl - 1][b / 64] >> (b % 64)) & 1u) == 0)) {
+        classify_edge(c, e, depth, chain.state(level));
+        continue;
       }
     }
-    const bool opens = step.finished && below;
-    if (opens) open.push_back(depth + 1);
-    if (step.next >= 0 && (uniform_below(t, static_cast<int32_t>(kid), step.next) ||
-                           wide_below(t, static_cast<int32_t>(kid), step.next))) {
-      for (uint32_t k = tokens_[kid + 1]; k < tokens_[subtree_end_[kid]]; ++k) {
-        const int32_t id = token_ids_[k];
-        accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
-      }
-    } else if (step.next >= 0) {
-      classify_walk(t, static_cast<int32_t>(kid), depth + 1, step.next, open, below, accepted, uncertain);
-    } else if (!open.empty()) {
-      for (uint32_t g = edges_[kid]; g < edges_[kid + 1]; ++g) collect(edge_child_[g], open, uncertain);
+    // Alive (a code point half read is one the chain's state takes), no frame finished.
+    for (uint32_t k = tokens_[kid]; k < tokens_[kid + 1]; ++k) c.accept(token_ids_[k]);
+    if (edges_[kid] == edges_[kid + 1]) continue;
+    // A subtree that stays inside the chain is taken whole: its code points number at most its
+    // height, and bytes the chain takes at every level up to there are taken at each.
+    const int end = lvl + height_[kid];
+    if (utf8_below_[kid] != 0 && height_[kid] != 255 && end <= chain.levels &&
+        (below_[kid][0] & ~chain.masks[end - 1][0]) == 0 && (below_[kid][1] & ~chain.masks[end - 1][1]) == 0) {
+      for (uint32_t k = tokens_[kid + 1]; k < tokens_[subtree_end_[kid]]; ++k) c.accept(token_ids_[k]);
+    } else {
+      chain_walk(c, chain, static_cast<int32_t>(kid), depth + 1, lvl, pend);
     }
-    if (opens) open.pop_back();
   }
 }
 
@@ -457,8 +544,8 @@ void TokenTrie::classify(const Automaton& automaton, const MatchState& single, s
   uncertain.clear();
   Transitions t(automaton, /*split=*/true);
   const int32_t start = t.intern(single);
-  std::vector<int32_t> open;
-  if (start >= 0) classify_walk(t, 0, 0, start, open, below, accepted, uncertain);
+  Classification c{t, below, accepted, uncertain, {}};
+  if (start >= 0) classify_walk(c, 0, 0, start);
 }
 
 }  // namespace specula::grammar

@@ -58,6 +58,7 @@ class TokenTrie {
   // one state, level after level, and the subtree's ASCII bytes lead there too, such a subtree is
   // taken whole, non-ASCII tokens included (a JSON string's body, bounded or not).
   std::vector<uint8_t> utf8_below_;
+  std::vector<uint8_t> utf8_ok_;  // per node: the path from the root to it is well-formed UTF-8
 
   class Transitions;
   // Whether every token below `node` is taken from `state` without finishing its frames (see
@@ -66,8 +67,18 @@ class TokenTrie {
   // The same for a subtree with non-ASCII bytes (utf8_below_).
   bool wide_below(Transitions& t, int32_t node, int32_t state) const;
   void walk(Transitions& t, int32_t node, int32_t state, std::vector<uint32_t>& bitmask) const;
-  void classify_walk(Transitions& t, int32_t node, int32_t depth, int32_t state, std::vector<int32_t>& open, bool below,
-                     std::vector<uint32_t>& accepted, std::vector<std::pair<int32_t, int32_t>>& uncertain) const;
+
+  struct Classification;  // one classify() walk (token_mask.cpp)
+  void classify_walk(Classification& c, int32_t node, int32_t depth, int32_t state) const;
+  // Edge e of a node at byte depth `depth`, from `state`.
+  void classify_edge(Classification& c, uint32_t e, int32_t depth, int32_t state) const;
+  // Below a node whose state starts a chain of code points (each non-ASCII one, and the chain's
+  // ASCII bytes at that level, lead to the chain's next state; Transitions::Chain): the walk
+  // follows the chain with bit tests instead of transitions, and leaves it where a byte or a
+  // level falls outside. `level`: the code points read since the chain's start; `pending`: the
+  // continuation bytes the current one still needs.
+  struct Chain;
+  void chain_walk(Classification& c, const Chain& chain, int32_t node, int32_t depth, int level, int pending) const;
   void collect(int32_t node, const std::vector<int32_t>& open, std::vector<std::pair<int32_t, int32_t>>& out) const;
 };
 
