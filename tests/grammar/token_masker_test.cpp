@@ -84,6 +84,7 @@ std::vector<std::string> wide_vocabulary(std::mt19937& rng) {
     for (int i = 0; i < n; ++i) run += utf8(0x4E16);
     vocab.push_back(run);
     vocab.push_back(std::string(static_cast<size_t>(n), 'a') + utf8(0xE9));
+    vocab.push_back(std::string(static_cast<size_t>(n), 'x'));
   }
   vocab.emplace_back();  // a special token
   return vocab;
@@ -119,6 +120,8 @@ TEST(TokenMasker, MasksOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
       "root ::= \"<\" [^>\\u4e00-\\u9fff]* \">\" \".\"\n",
       // Stacks that take every non-ASCII code point beside stacks that take none, in one state.
       "root ::= \"(\" ( .{2,5} | [a-z]* ) \")\" \":\"\n",
+      // A count that ends where some non-ASCII code points and the ASCII 'x' still go on.
+      "root ::= [^\"]{3} [\\u00e0-\\u00ff x]* \"!\"\n",
       // Only non-ASCII code points.
       "root ::= [\\u0080-\\U0010FFFF]{1,3} \".\" [\\u00e9]+\n",
       // Nested: deep stacks (more frames than a cache key holds) inside strings.

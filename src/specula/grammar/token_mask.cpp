@@ -21,6 +21,11 @@ struct TokenTrie::Chain {
   const int32_t* states;                 // states[i]: after i + 1 code points
   const std::array<uint64_t, 2>* level;  // level[i]: the ASCII bytes of code point i + 1
   const std::array<uint64_t, 2>* masks;  // masks[i]: level[0] & ... & level[i]
+  // Whether it ended before kMaxChain; the ASCII bytes its last state refuses in every parse, and
+  // whether that state refuses every non-ASCII code point too.
+  bool ended;
+  std::array<uint64_t, 2> end_refused;
+  bool end_wide_dead;
   int32_t state(int i) const { return i == 0 ? home : states[i - 1]; }
 };
 
@@ -141,11 +146,19 @@ class TokenTrie::Transitions {
       std::array<uint64_t, 2> same{};
       // wide_step() may intern states, which grows wide_runs_ no further: index again after it.
       const int32_t next = wide_step(from, same);
-      WideRun& w = wide_runs_[static_cast<size_t>(home)];
       if (next < 0) {
+        const std::array<uint64_t, 2> refused = refused_by(from);
+        bool wide_dead = true;
+        for (const Stack& st : states_[static_cast<size_t>(from)].stacks) {
+          wide_dead = wide_dead && automaton_.takes_wide(st) == Automaton::Wide::kNone;
+        }
+        WideRun& w = wide_runs_[static_cast<size_t>(home)];
         w.ended = true;
+        w.end_refused = refused;
+        w.end_wide_dead = wide_dead;
         break;
       }
+      WideRun& w = wide_runs_[static_cast<size_t>(home)];
       w.masks.push_back(w.masks.empty() ? same : std::array<uint64_t, 2>{w.masks.back()[0] & same[0], w.masks.back()[1] & same[1]});
       w.level.push_back(same);
       w.states.push_back(next);
@@ -158,7 +171,8 @@ class TokenTrie::Transitions {
   Chain chain(int32_t home) {
     const int levels = chain_extend(home, kMaxChain);
     const WideRun& r = wide_runs_[static_cast<size_t>(home)];
-    return {home, levels, r.states.data(), r.level.data(), r.masks.data()};
+    return {home,          levels, r.states.data(), r.level.data(), r.masks.data(), r.ended,
+            r.end_refused, r.end_wide_dead};
   }
   static constexpr int kMaxChain = 255;
   // The continuation bytes a state half-way through a code point still needs.
@@ -277,7 +291,23 @@ class TokenTrie::Transitions {
     std::vector<std::array<uint64_t, 2>> level;  // level[i]: the ASCII bytes of code point i + 1
     std::vector<std::array<uint64_t, 2>> masks;  // masks[i]: level[0] & ... & level[i]
     bool ended = false;
+    // Where it ended: the ASCII bytes its last state takes in no parse, and whether it takes no
+    // non-ASCII code point either.
+    std::array<uint64_t, 2> end_refused{};
+    bool end_wide_dead = false;
   };
+
+  // The ASCII bytes no stack of boundary state h takes.
+  std::array<uint64_t, 2> refused_by(int32_t h) {
+    if (classes_.size() <= static_cast<size_t>(h)) classes_.resize(states_.size());
+    if (classes_[static_cast<size_t>(h)].masks.empty()) fill_classes(states_[static_cast<size_t>(h)], classes_[static_cast<size_t>(h)]);
+    std::array<uint64_t, 2> taken{};
+    for (const std::array<uint64_t, 2>& m : classes_[static_cast<size_t>(h)].masks) {
+      taken[0] |= m[0];
+      taken[1] |= m[1];
+    }
+    return {~taken[0], ~taken[1]};
+  }
   static constexpr int32_t kNoHome = -2;
   std::vector<int32_t> home_;       // by state: find_home(), or kNoHome before it is known
   std::vector<WideRun> wide_runs_;  // by boundary state
@@ -384,6 +414,18 @@ TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(stati
   utf8_below_.assign(count, 1);
   utf8_ok_.resize(count);
   for (size_t n = 0; n < count; ++n) utf8_ok_[n] = utf8[n].ok ? 1 : 0;
+  // Code points begun along each path (a continuation byte begins none), and each token's.
+  cp_depth_.assign(count, 0);
+  for (size_t n = 0; n < count; ++n) {
+    for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) {
+      const bool begins = (edge_byte_[e] & 0xC0) != 0x80;
+      cp_depth_[static_cast<size_t>(edge_child_[e])] = static_cast<uint16_t>(cp_depth_[n] + (begins ? 1 : 0));
+    }
+  }
+  token_cp_.resize(token_ids_.size());
+  for (size_t n = 0; n < count; ++n) {
+    for (uint32_t k = tokens_[n]; k < tokens_[n + 1]; ++k) token_cp_[k] = cp_depth_[n];
+  }
   // Children follow their parent in depth-first order: one backward pass sums the subtrees up.
   subtree_end_.assign(count, 0);
   below_.assign(count, {0, 0});
@@ -529,9 +571,18 @@ void TokenTrie::chain_walk(Classification& c, const Chain& chain, int32_t node, 
     // A subtree that stays inside the chain is taken whole: its code points number at most its
     // height, and bytes the chain takes at every level up to there are taken at each.
     const int end = lvl + height_[kid];
-    if (utf8_below_[kid] != 0 && height_[kid] != 255 && end <= chain.levels &&
-        (below_[kid][0] & ~chain.masks[end - 1][0]) == 0 && (below_[kid][1] & ~chain.masks[end - 1][1]) == 0) {
+    const std::array<uint64_t, 2>& bytes = below_[kid];
+    const auto within = [&](const std::array<uint64_t, 2>& m) { return (bytes[0] & ~m[0]) == 0 && (bytes[1] & ~m[1]) == 0; };
+    if (utf8_below_[kid] != 0 && height_[kid] != 255 && end <= chain.levels && within(chain.masks[end - 1])) {
       for (uint32_t k = tokens_[kid + 1]; k < tokens_[subtree_end_[kid]]; ++k) c.accept(token_ids_[k]);
+    } else if (utf8_below_[kid] != 0 && chain.ended && chain.levels > lvl && within(chain.masks[chain.levels - 1]) &&
+               within(chain.end_refused) && (below_wide_[kid] == 0 || chain.end_wide_dead)) {
+      // Taller than the chain, which ends where every byte below dies: the tokens that end within
+      // it are taken, the longer ones refused. No walk needed either.
+      const int most = chain.levels - lvl + cp_depth_[kid];
+      for (uint32_t k = tokens_[kid + 1]; k < tokens_[subtree_end_[kid]]; ++k) {
+        if (token_cp_[k] <= most) c.accept(token_ids_[k]);
+      }
     } else {
       chain_walk(c, chain, static_cast<int32_t>(kid), depth + 1, lvl, pend);
     }

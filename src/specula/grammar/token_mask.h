@@ -59,6 +59,8 @@ class TokenTrie {
   // taken whole, non-ASCII tokens included (a JSON string's body, bounded or not).
   std::vector<uint8_t> utf8_below_;
   std::vector<uint8_t> utf8_ok_;  // per node: the path from the root to it is well-formed UTF-8
+  // Per node, the code points begun along its path; per entry of token_ids_, its node's.
+  std::vector<uint16_t> cp_depth_, token_cp_;
 
   class Transitions;
   // Whether every token below `node` is taken from `state` without finishing its frames (see
