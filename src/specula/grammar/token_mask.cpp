@@ -210,25 +210,47 @@ class TokenTrie::Transitions {
   // From boundary state h: the state every non-ASCII code point leads to, alive and with no parse
   // finished, and in `same` the ASCII bytes that lead there too; -1 when there is no such state.
   int32_t wide_step(int32_t h, std::array<uint64_t, 2>& same) {
+    // Every stack takes every non-ASCII code point or none, and some take them.
+    std::vector<uint8_t> every;
     for (const Stack& st : states_[static_cast<size_t>(h)].stacks) {
-      if (automaton_.takes_wide(st) == Automaton::Wide::kSome) return -1;
+      const Automaton::Wide w = automaton_.takes_wide(st);
+      if (w == Automaton::Wide::kSome) return -1;
+      every.push_back(w == Automaton::Wide::kEvery ? 1 : 0);
     }
-    const Step lead = step(h, kWideLead);
-    if (lead.next < 0) return -1;
-    const Step done = step(lead.next, kWideTail);
-    if (done.next < 0 || done.finished) return -1;
-    // The ASCII bytes taken by the same stacks lead to the same state: one step per class.
+    if (std::find(every.begin(), every.end(), 1) == every.end()) return -1;
+    // ASCII bytes taken by exactly those stacks lead where such a code point leads (the next
+    // state is what the taking stacks' closures make).
     if (classes_.size() <= static_cast<size_t>(h)) classes_.resize(states_.size());
     if (classes_[static_cast<size_t>(h)].masks.empty()) fill_classes(states_[static_cast<size_t>(h)], classes_[static_cast<size_t>(h)]);
-    const size_t count = classes_[static_cast<size_t>(h)].masks.size();
-    for (size_t c = 1; c < count; ++c) {
-      const std::array<uint64_t, 2> bytes = classes_[static_cast<size_t>(h)].masks[c];
-      const auto rep = static_cast<uint8_t>(bytes[0] != 0 ? __builtin_ctzll(bytes[0]) : 64 + __builtin_ctzll(bytes[1]));
-      const Step st = step(h, rep);
-      if (st.next == done.next && !st.finished) {
-        same[0] |= bytes[0];
-        same[1] |= bytes[1];
+    const std::vector<Rule>& rules = automaton_.grammar().rules();
+    int rep_alike = -1;
+    for (const std::array<uint64_t, 2>& bytes : classes_[static_cast<size_t>(h)].masks) {
+      if ((bytes[0] | bytes[1]) == 0) continue;
+      const int rep = bytes[0] != 0 ? __builtin_ctzll(bytes[0]) : 64 + __builtin_ctzll(bytes[1]);
+      bool alike = true;
+      const std::vector<Stack>& stacks = states_[static_cast<size_t>(h)].stacks;
+      for (size_t k = 0; k < stacks.size() && alike; ++k) {
+        const Position& top = stacks[k].back();
+        const Element& e = rules[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)][static_cast<size_t>(top.index)];
+        alike = (e.kind == Element::Kind::kChars && e.matches(static_cast<uint32_t>(rep))) == (every[k] != 0);
       }
+      if (!alike) continue;
+      same[0] |= bytes[0];
+      same[1] |= bytes[1];
+      rep_alike = rep;
+    }
+    // The state after one such code point: through an ASCII byte that leads there when there is one
+    // (one transition instead of two).
+    Step done;
+    if (rep_alike >= 0) {
+      done = step(h, static_cast<uint8_t>(rep_alike));
+    } else {
+      const Step lead = step(h, kWideLead);
+      if (lead.next >= 0) done = step(lead.next, kWideTail);
+    }
+    if (done.next < 0 || done.finished) {
+      same = {};
+      return -1;
     }
     return done.next;
   }
@@ -255,29 +277,31 @@ class TokenTrie::Transitions {
     c.cls.fill(-1);
     c.masks.assign(1, {0, 0});  // a placeholder so that an empty result is computed once
     if (s.partial_len > 0) return;
+    // Which stacks take each ASCII byte, one bit per stack, from the ranges of each top class.
+    using Signature = std::array<uint64_t, (Automaton::kMaxStacks + 63) / 64>;
+    SPECULA_ASSERT(s.stacks.size() <= Automaton::kMaxStacks, "a state of {} stacks", s.stacks.size());
+    std::array<Signature, 128> sig{};
     const std::vector<Rule>& rules = automaton_.grammar().rules();
-    std::vector<std::string> signatures;  // which stacks take the byte, one char per stack
-    for (int b = 0; b < 128; ++b) {
-      std::string sig(s.stacks.size(), '0');
-      bool any = false;
-      for (size_t k = 0; k < s.stacks.size(); ++k) {
-        const Position& top = s.stacks[k].back();
-        const Element& e = rules[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)][static_cast<size_t>(top.index)];
-        if (e.kind == Element::Kind::kChars && e.matches(static_cast<uint32_t>(b))) {
-          sig[k] = '1';
-          any = true;
-        }
+    for (size_t k = 0; k < s.stacks.size(); ++k) {
+      const Position& top = s.stacks[k].back();
+      const Element& e = rules[static_cast<size_t>(top.rule)].alternatives[static_cast<size_t>(top.alt)][static_cast<size_t>(top.index)];
+      if (e.kind != Element::Kind::kChars) continue;
+      for (const auto& [lo, hi] : e.ranges) {
+        for (uint32_t b = lo; b <= hi && b < 128; ++b) sig[b][k / 64] |= uint64_t{1} << (k % 64);
       }
-      if (!any) continue;
-      auto it = std::find(signatures.begin(), signatures.end(), sig);
-      if (it == signatures.end()) {
-        signatures.push_back(sig);
+    }
+    std::vector<Signature> seen;
+    for (size_t b = 0; b < 128; ++b) {
+      if (std::all_of(sig[b].begin(), sig[b].end(), [](uint64_t w) { return w == 0; })) continue;
+      auto it = std::find(seen.begin(), seen.end(), sig[b]);
+      if (it == seen.end()) {
+        seen.push_back(sig[b]);
         c.masks.push_back({0, 0});
-        it = signatures.end() - 1;
+        it = seen.end() - 1;
       }
-      const auto id = static_cast<int16_t>(1 + (it - signatures.begin()));
-      c.cls[static_cast<size_t>(b)] = id;
-      c.masks[static_cast<size_t>(id)][static_cast<size_t>(b / 64)] |= uint64_t{1} << (b % 64);
+      const auto id = static_cast<int16_t>(1 + (it - seen.begin()));
+      c.cls[b] = id;
+      c.masks[static_cast<size_t>(id)][b / 64] |= uint64_t{1} << (b % 64);
     }
   }
 
