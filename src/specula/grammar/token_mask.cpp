@@ -531,7 +531,26 @@ struct TokenTrie::Classification {
   std::vector<std::pair<int32_t, int32_t>>& uncertain;
   std::vector<int32_t> open;  // byte offsets where the frames finished on the current path
 
-  void accept(int32_t id) { accepted[static_cast<size_t>(id) / 32] |= 1u << (id % 32); }
+  void accept(int32_t id) {
+    const auto u = static_cast<uint32_t>(id);
+    accepted[u / 32] |= 1u << (u % 32);
+  }
+  // Every id of ids[0, n); and those whose code points number at most `most` (branch-free: the
+  // two kinds interleave in the trie's order).
+  void accept_all(const int32_t* ids, size_t n) {
+    uint32_t* bits = accepted.data();
+    for (size_t i = 0; i < n; ++i) {
+      const auto u = static_cast<uint32_t>(ids[i]);
+      bits[u / 32] |= 1u << (u % 32);
+    }
+  }
+  void accept_short(const int32_t* ids, const uint16_t* cps, size_t n, int most) {
+    uint32_t* bits = accepted.data();
+    for (size_t i = 0; i < n; ++i) {
+      const auto u = static_cast<uint32_t>(ids[i]);
+      bits[u / 32] |= static_cast<uint32_t>(cps[i] <= most) << (u % 32);
+    }
+  }
 };
 
 void TokenTrie::classify_walk(Classification& c, int32_t node, int32_t depth, int32_t state) const {
@@ -557,7 +576,7 @@ void TokenTrie::classify_edge(Classification& c, uint32_t e, int32_t depth, int3
   if (opens) c.open.push_back(depth + 1);
   const auto k32 = static_cast<int32_t>(kid);
   if (step.next >= 0 && (uniform_below(c.t, k32, step.next) || wide_below(c.t, k32, step.next))) {
-    for (uint32_t k = tokens_[kid + 1]; k < tokens_[subtree_end_[kid]]; ++k) c.accept(token_ids_[k]);
+    c.accept_all(token_ids_.data() + tokens_[kid + 1], tokens_[subtree_end_[kid]] - tokens_[kid + 1]);
   } else if (step.next >= 0) {
     // A chain needs no open offsets: its dead ends are then refused, not uncertain.
     const int32_t home = c.open.empty() ? c.t.chain_home(step.next) : -1;
@@ -598,15 +617,14 @@ void TokenTrie::chain_walk(Classification& c, const Chain& chain, int32_t node, 
     const std::array<uint64_t, 2>& bytes = below_[kid];
     const auto within = [&](const std::array<uint64_t, 2>& m) { return (bytes[0] & ~m[0]) == 0 && (bytes[1] & ~m[1]) == 0; };
     if (utf8_below_[kid] != 0 && height_[kid] != 255 && end <= chain.levels && within(chain.masks[end - 1])) {
-      for (uint32_t k = tokens_[kid + 1]; k < tokens_[subtree_end_[kid]]; ++k) c.accept(token_ids_[k]);
+      c.accept_all(token_ids_.data() + tokens_[kid + 1], tokens_[subtree_end_[kid]] - tokens_[kid + 1]);
     } else if (utf8_below_[kid] != 0 && chain.ended && chain.levels > lvl && within(chain.masks[chain.levels - 1]) &&
                within(chain.end_refused) && (below_wide_[kid] == 0 || chain.end_wide_dead)) {
       // Taller than the chain, which ends where every byte below dies: the tokens that end within
       // it are taken, the longer ones refused. No walk needed either.
       const int most = chain.levels - lvl + cp_depth_[kid];
-      for (uint32_t k = tokens_[kid + 1]; k < tokens_[subtree_end_[kid]]; ++k) {
-        if (token_cp_[k] <= most) c.accept(token_ids_[k]);
-      }
+      c.accept_short(token_ids_.data() + tokens_[kid + 1], token_cp_.data() + tokens_[kid + 1],
+                     tokens_[subtree_end_[kid]] - tokens_[kid + 1], most);
     } else {
       chain_walk(c, chain, static_cast<int32_t>(kid), depth + 1, lvl, pend);
     }

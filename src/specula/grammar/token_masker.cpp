@@ -33,19 +33,25 @@ size_t TokenMasker::KeyHash::operator()(const std::vector<Position>& k) const {
   return h;
 }
 
-TokenMasker::Entry& TokenMasker::entry(const std::vector<Position>& key) {
-  const auto it = cache_.find(key);
+TokenMasker::Entry& TokenMasker::entry(std::span<const Position> frames, bool below) {
+  // The key: the frames, and whether anything lies below them (a trailing mark).
+  key_.assign(frames.begin(), frames.end());
+  if (below) key_.push_back(Position{-1, 0, 0});
+  const auto it = cache_.find(key_);
   if (it != cache_.end()) return it->second;
   const auto start = std::chrono::steady_clock::now();
   MatchState single;
-  single.stacks = {Stack(key.begin(), key.end())};
+  single.stacks = {Stack(frames.begin(), frames.end())};
   Entry e;
   std::vector<std::pair<int32_t, int32_t>> uncertain;
-  // A key of fewer than kKeyFrames frames is a whole stack: nothing lies below it.
-  vocabulary_->trie.classify(*automaton_, single, e.accepted, uncertain, /*below=*/key.size() == kKeyFrames);
+  vocabulary_->trie.classify(*automaton_, single, e.accepted, uncertain, below);
   std::sort(uncertain.begin(), uncertain.end());
   uncertain.erase(std::unique(uncertain.begin(), uncertain.end()), uncertain.end());
-  if (!uncertain.empty()) {
+  e.uncertain = uncertain.size();
+  // A key whose frames leave many tokens to the frames below is not worth a rest trie when a
+  // deeper key can be used instead (fill() goes deeper for it).
+  const bool deeper = frames.size() == kKeyFrames && uncertain.size() > kMaxUncertain;
+  if (!uncertain.empty() && !deeper) {
     std::vector<std::string> rests;
     for (const auto& [id, at] : uncertain) {
       rests.push_back(vocabulary_->tokens[static_cast<size_t>(id)].substr(static_cast<size_t>(at)));
@@ -54,7 +60,7 @@ TokenMasker::Entry& TokenMasker::entry(const std::vector<Position>& key) {
     e.rests = std::make_unique<TokenTrie>(rests);
   }
   classify_seconds_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  return cache_.emplace(key, std::move(e)).first->second;
+  return cache_.emplace(key_, std::move(e)).first->second;
 }
 
 void TokenMasker::fill(const MatchState& state, std::vector<uint32_t>& bitmask) {
@@ -71,17 +77,20 @@ void TokenMasker::fill(const MatchState& state, std::vector<uint32_t>& bitmask) 
   bitmask.assign(words, 0u);
   for (const Stack& s : state.stacks) {
     if (s.empty()) continue;
-    const size_t k = std::min(kKeyFrames, s.size());
-    key_.assign(s.end() - static_cast<int64_t>(k), s.end());
-    Entry& e = entry(key_);
-    for (size_t w = 0; w < words; ++w) bitmask[w] |= e.accepted[w];
+    size_t k = std::min(kKeyFrames, s.size());
+    Entry* e = &entry(std::span<const Position>(s).last(k), s.size() > k);
+    if (e->uncertain > kMaxUncertain && s.size() > k) {
+      k = std::min(kDeepKeyFrames, s.size());
+      e = &entry(std::span<const Position>(s).last(k), s.size() > k);
+    }
+    for (size_t w = 0; w < words; ++w) bitmask[w] |= e->accepted[w];
     // With nothing below the frames the parse is complete where they finish: no rest fits.
-    if (e.rests == nullptr || s.size() == k) continue;
+    if (e->rests == nullptr || s.size() == k) continue;
     const MatchState below = automaton_->resume(Stack(s.begin(), s.end() - static_cast<int64_t>(k)));
-    e.rests->fill_mask(*automaton_, below, e.rest_mask);
-    for (size_t r = 0; r < e.rest_token.size(); ++r) {
-      if ((e.rest_mask[r / 32] >> (r % 32)) & 1u) {
-        const int32_t id = e.rest_token[r];
+    e->rests->fill_mask(*automaton_, below, e->rest_mask);
+    for (size_t r = 0; r < e->rest_token.size(); ++r) {
+      if ((e->rest_mask[r / 32] >> (r % 32)) & 1u) {
+        const int32_t id = e->rest_token[r];
         bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
       }
     }
