@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -448,8 +450,12 @@ TokenTrie::TokenTrie(const std::vector<std::string>& tokens) : vocab_size_(stati
   }
   token_cp_.resize(token_ids_.size());
   for (size_t n = 0; n < count; ++n) {
-    for (uint32_t k = tokens_[n]; k < tokens_[n + 1]; ++k) token_cp_[k] = cp_depth_[n];
+    for (uint32_t k = tokens_[n]; k < tokens_[n + 1]; ++k) {
+      token_cp_[k] = cp_depth_[n];
+      max_cp_ = std::max<int>(max_cp_, cp_depth_[n]);
+    }
   }
+  class_bits_ = std::make_unique<ClassBitsCache>();
   // Children follow their parent in depth-first order: one backward pass sums the subtrees up.
   subtree_end_.assign(count, 0);
   below_.assign(count, {0, 0});
@@ -530,6 +536,10 @@ struct TokenTrie::Classification {
   std::vector<uint32_t>& accepted;
   std::vector<std::pair<int32_t, int32_t>>& uncertain;
   std::vector<int32_t> open;  // byte offsets where the frames finished on the current path
+  // Set when a class bitmask (class_bits) decided every token made of `pure` ASCII bytes and
+  // well-formed non-ASCII ones from the root: the walk skips their subtrees.
+  bool covered = false;
+  std::array<uint64_t, 2> pure{};
 
   void accept(int32_t id) {
     const auto u = static_cast<uint32_t>(id);
@@ -581,7 +591,7 @@ void TokenTrie::classify_edge(Classification& c, uint32_t e, int32_t depth, int3
     // A chain needs no open offsets: its dead ends are then refused, not uncertain.
     const int32_t home = c.open.empty() ? c.t.chain_home(step.next) : -1;
     if (home >= 0 && c.t.chain_extend(home, 1) >= 1) {
-      chain_walk(c, c.t.chain(home), k32, depth + 1, 0, c.t.pending(step.next));
+      chain_walk(c, c.t.chain(home), k32, depth + 1, 0, c.t.pending(step.next), false);
     } else {
       classify_walk(c, k32, depth + 1, step.next);
     }
@@ -591,13 +601,19 @@ void TokenTrie::classify_edge(Classification& c, uint32_t e, int32_t depth, int3
   if (opens) c.open.pop_back();
 }
 
-void TokenTrie::chain_walk(Classification& c, const Chain& chain, int32_t node, int32_t depth, int level, int pending) const {
+void TokenTrie::chain_walk(Classification& c, const Chain& chain, int32_t node, int32_t depth, int level, int pending,
+                           bool pure) const {
   const auto n = static_cast<size_t>(node);
   for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) {
     const uint8_t b = edge_byte_[e];
     const auto kid = static_cast<size_t>(edge_child_[e]);
     // Not UTF-8 along the path: no parse takes it.
     if (utf8_ok_[kid] == 0) continue;
+    const bool pure_kid = pure && (b >= 0x80 || ((c.pure[b / 64] >> (b % 64)) & 1u) != 0);
+    if (c.covered && pure_kid && utf8_below_[kid] != 0 && (below_[kid][0] & ~c.pure[0]) == 0 &&
+        (below_[kid][1] & ~c.pure[1]) == 0) {
+      continue;
+    }
     int lvl = level, pend = pending - 1;
     if (pending == 0) {
       // A code point starts: the chain must reach its level, and an ASCII byte must be one of it.
@@ -626,7 +642,7 @@ void TokenTrie::chain_walk(Classification& c, const Chain& chain, int32_t node, 
       c.accept_short(token_ids_.data() + tokens_[kid + 1], token_cp_.data() + tokens_[kid + 1],
                      tokens_[subtree_end_[kid]] - tokens_[kid + 1], most);
     } else {
-      chain_walk(c, chain, static_cast<int32_t>(kid), depth + 1, lvl, pend);
+      chain_walk(c, chain, static_cast<int32_t>(kid), depth + 1, lvl, pend, pure_kid);
     }
   }
 }
@@ -638,7 +654,62 @@ void TokenTrie::classify(const Automaton& automaton, const MatchState& single, s
   Transitions t(automaton, /*split=*/true);
   const int32_t start = t.intern(single);
   Classification c{t, below, accepted, uncertain, {}};
-  if (start >= 0) classify_walk(c, 0, 0, start);
+  if (start < 0) return;
+  // A chain from the start (a string's body): the tokens made of its class are decided by their
+  // lengths alone when the chain outlasts every token, or ends where its class dies.
+  if (t.chain_home(start) == start && t.chain_extend(start, 1) >= 1) {
+    const Chain chain = t.chain(start);
+    const std::array<uint64_t, 2> pure = chain.masks[chain.levels - 1];
+    const bool ends_cleanly = chain.ended && (pure[0] & ~chain.end_refused[0]) == 0 &&
+                              (pure[1] & ~chain.end_refused[1]) == 0 && chain.end_wide_dead;
+    if ((ends_cleanly || (!chain.ended && chain.levels >= max_cp_)) && max_cp_ > 0) {
+      const std::vector<uint32_t>& bits = class_bits(pure)[static_cast<size_t>(std::min(chain.levels, max_cp_) - 1)];
+      for (size_t w = 0; w < bits.size(); ++w) accepted[w] |= bits[w];
+      c.covered = true;
+      c.pure = pure;
+      chain_walk(c, chain, 0, 0, 0, 0, true);
+      return;
+    }
+  }
+  classify_walk(c, 0, 0, start);
+}
+
+struct TokenTrie::ClassBitsCache {
+  std::mutex mutex;
+  std::map<std::array<uint64_t, 2>, std::vector<std::vector<uint32_t>>> bits;
+};
+
+TokenTrie::~TokenTrie() = default;
+TokenTrie::TokenTrie(TokenTrie&&) noexcept = default;
+TokenTrie& TokenTrie::operator=(TokenTrie&&) noexcept = default;
+
+const std::vector<std::vector<uint32_t>>& TokenTrie::class_bits(const std::array<uint64_t, 2>& ascii) const {
+  std::lock_guard<std::mutex> lock(class_bits_->mutex);
+  auto [it, fresh] = class_bits_->bits.try_emplace(ascii);
+  if (!fresh) return it->second;
+  // Nodes in depth-first order, so a parent's purity is known before its children's.
+  const size_t count = edges_.size() - 1;
+  std::vector<uint8_t> pure(count, 0);
+  pure[0] = 1;
+  std::vector<std::vector<int32_t>> by_cp(static_cast<size_t>(max_cp_) + 1);
+  for (size_t n = 0; n < count; ++n) {
+    if (pure[n] == 0) continue;
+    if (n > 0) {
+      for (uint32_t k = tokens_[n]; k < tokens_[n + 1]; ++k) by_cp[cp_depth_[n]].push_back(token_ids_[k]);
+    }
+    for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) {
+      const uint8_t b = edge_byte_[e];
+      const auto kid = static_cast<size_t>(edge_child_[e]);
+      pure[kid] = utf8_ok_[kid] != 0 && (b >= 0x80 || ((ascii[b / 64] >> (b % 64)) & 1u) != 0) ? 1 : 0;
+    }
+  }
+  std::vector<std::vector<uint32_t>>& out = it->second;
+  std::vector<uint32_t> acc((static_cast<size_t>(vocab_size_) + 31) / 32, 0u);
+  for (int len = 1; len <= max_cp_; ++len) {
+    for (int32_t id : by_cp[static_cast<size_t>(len)]) acc[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
+    out.push_back(acc);
+  }
+  return out;
 }
 
 }  // namespace specula::grammar

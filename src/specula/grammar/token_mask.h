@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ class TokenTrie {
  public:
   // tokens[id]: the token's bytes; empty strings (special tokens) are never accepted.
   explicit TokenTrie(const std::vector<std::string>& tokens);
+  ~TokenTrie();
+  TokenTrie(TokenTrie&&) noexcept;
+  TokenTrie& operator=(TokenTrie&&) noexcept;
   int vocab_size() const { return vocab_size_; }
 
   // bitmask: ceil(vocab / 32) words, bit id % 32 of word id / 32 set for each token the grammar
@@ -80,7 +84,20 @@ class TokenTrie {
   // level falls outside. `level`: the code points read since the chain's start; `pending`: the
   // continuation bytes the current one still needs.
   struct Chain;
-  void chain_walk(Classification& c, const Chain& chain, int32_t node, int32_t depth, int level, int pending) const;
+  // pure: the path so far holds only non-ASCII bytes and ASCII bytes of the chain's class
+  // (Classification::pure), whose tokens a class bitmask decided already.
+  void chain_walk(Classification& c, const Chain& chain, int32_t node, int32_t depth, int level, int pending,
+                  bool pure) const;
+
+  // The tokens made only of well-formed UTF-8 whose ASCII bytes are in `ascii`, by their number
+  // of code points: bits[L - 1] holds those of at most L (L = 1..max_cp_), in the bitmask layout.
+  // A JSON string's body takes them all up to its remaining length, so a classification ORs one
+  // in instead of setting a bit per token. Built on first use for each class and kept, shared by
+  // every grammar over the vocabulary (thread-safe).
+  const std::vector<std::vector<uint32_t>>& class_bits(const std::array<uint64_t, 2>& ascii) const;
+  int max_cp_ = 0;  // the most code points of a token
+  struct ClassBitsCache;
+  std::unique_ptr<ClassBitsCache> class_bits_;
   void collect(int32_t node, const std::vector<int32_t>& open, std::vector<std::pair<int32_t, int32_t>>& out) const;
 };
 
