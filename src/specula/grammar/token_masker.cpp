@@ -78,8 +78,12 @@ void TokenMasker::fill(const MatchState& state, std::vector<uint32_t>& bitmask) 
   for (const Stack& s : state.stacks) {
     if (s.empty()) continue;
     size_t k = std::min(kKeyFrames, s.size());
-    Entry* e = &entry(std::span<const Position>(s).last(k), s.size() > k);
-    if (e->uncertain > kMaxUncertain && s.size() > k) {
+    // A top that left too many tokens to the frames below once goes deeper at once: the other
+    // counts of the same repetition would too.
+    const bool deep = s.size() > k && deep_tops_.contains(s.back());
+    Entry* e = deep ? nullptr : &entry(std::span<const Position>(s).last(k), s.size() > k);
+    if (deep || (e->uncertain > kMaxUncertain && s.size() > k)) {
+      if (!deep) deep_tops_.insert(s.back());
       k = std::min(kDeepKeyFrames, s.size());
       e = &entry(std::span<const Position>(s).last(k), s.size() > k);
     }

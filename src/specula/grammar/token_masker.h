@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -69,6 +70,7 @@ class TokenMasker {
   std::shared_ptr<const Vocabulary> vocabulary_;
   std::unordered_map<std::vector<Position>, Entry, KeyHash> cache_;
   std::vector<Position> key_;
+  std::set<Position> deep_tops_;  // stack tops whose kKeyFrames keys were too uncertain
   std::vector<double> classify_seconds_;
 };
 
