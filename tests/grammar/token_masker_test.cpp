@@ -46,7 +46,7 @@ std::vector<std::string> wide_vocabulary(std::mt19937& rng) {
   for (int b = 0; b < 256; ++b) vocab.emplace_back(1, static_cast<char>(b));
   const std::vector<std::string> invalid = {"\xC0\xAF", "\xE0\x80\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xF5",
                                             "\xFF", "\x80", "\xBF\xBF"};
-  const std::string ascii = "ab xyz\"\\<>(){}[]:,.!0123456789\n";
+  const std::string ascii = "ab xyz\"\\<>(){}[]:,.!0123456789\n-_/T\t";
   const auto code_point = [&] {
     switch (rng() % 4) {
       case 0: return static_cast<uint32_t>(0x80 + rng() % (0x800 - 0x80));
@@ -85,6 +85,7 @@ std::vector<std::string> wide_vocabulary(std::mt19937& rng) {
     vocab.push_back(run);
     vocab.push_back(std::string(static_cast<size_t>(n), 'a') + utf8(0xE9));
     vocab.push_back(std::string(static_cast<size_t>(n), 'x'));
+    vocab.push_back(std::to_string(n % 10) + std::to_string(n) + (n % 2 == 0 ? utf8(0xE9) : utf8(0x4E16)));
   }
   vocab.emplace_back();  // a special token
   return vocab;
@@ -124,6 +125,11 @@ TEST(TokenMasker, MasksOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
       "root ::= [^\"]{3} [\\u00e0-\\u00ff x]* \"!\"\n",
       // Only non-ASCII code points.
       "root ::= [\\u0080-\\U0010FFFF]{1,3} \".\" [\\u00e9]+\n",
+      // Runs of one ASCII class, bounded and nested (a path pattern), and a date's digit counts.
+      "root ::= \"\\\"\" ( [a-z0-9_-]{1,4} \"/\"? ){0,3} \"\\\"\"\n",
+      "root ::= [0-9]{4} \"-\" [0-9]{2} \"T\" [ \\t]* \"x\"\n",
+      // A run of ASCII digits that ends where only non-ASCII code points go on.
+      "root ::= [0-9]{3} [\\u00e9\\u4e16]+ \"!\"\n",
       // Nested: deep stacks (more frames than a cache key holds) inside strings.
       "root ::= item (\",\" item)*\nitem ::= \"[\" ( [^\\]]* | item ) \"]\"\n",
   };

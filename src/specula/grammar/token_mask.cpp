@@ -16,19 +16,34 @@ namespace specula::grammar {
 // The walks meet few distinct states (inside a JSON string every character leads back to the same
 // one), so a walk interns its states and computes each (state, byte) transition once: a trie node
 // then costs a table lookup rather than an automaton step.
-// A chain of code points from state `home` (Transitions::chain).
+// The longest chain followed (Transitions::chain); a chain that comes back to its state goes on
+// for ever.
+constexpr int kMaxChain = 255;
+
+// A chain of code points from state `home` (Transitions::chain). Levels count from 1 (the first
+// code point); a chain that loops repeats its last computed level.
 struct TokenTrie::Chain {
   int32_t home;
-  int levels;
-  const int32_t* states;                 // states[i]: after i + 1 code points
-  const std::array<uint64_t, 2>* level;  // level[i]: the ASCII bytes of code point i + 1
-  const std::array<uint64_t, 2>* masks;  // masks[i]: level[0] & ... & level[i]
-  // Whether it ended before kMaxChain; the ASCII bytes its last state refuses in every parse, and
-  // whether that state refuses every non-ASCII code point too.
+  int count;    // levels computed
+  bool loops;   // the last computed level leads back to its own state
+  const int32_t* states_;                 // states_[i]: after i + 1 code points
+  const std::array<uint64_t, 2>* level_;  // level_[i]: the ASCII bytes of code point i + 1
+  const std::array<uint64_t, 2>* masks_;  // masks_[i]: level_[0] & ... & level_[i]
+  const uint8_t* wide_;                   // wide_[i]: non-ASCII code points lead along at level i + 1
+  const uint8_t* wide_all_;               // wide_all_[i]: wide_[0] && ... && wide_[i]
+  // Whether it ended (not by looping or at kMaxChain); the ASCII bytes its last state refuses in
+  // every parse, and whether that state refuses every non-ASCII code point too.
   bool ended;
   std::array<uint64_t, 2> end_refused;
   bool end_wide_dead;
-  int32_t state(int i) const { return i == 0 ? home : states[i - 1]; }
+
+  int levels() const { return loops ? kMaxChain : count; }
+  size_t at(int i) const { return static_cast<size_t>(std::min(i, count) - 1); }
+  const std::array<uint64_t, 2>& level(int i) const { return level_[at(i)]; }
+  const std::array<uint64_t, 2>& mask(int i) const { return masks_[at(i)]; }
+  bool wide(int i) const { return wide_[at(i)] != 0; }
+  bool wide_all(int i) const { return wide_all_[at(i)] != 0; }
+  int32_t state(int i) const { return i == 0 ? home : states_[at(i)]; }
 };
 
 class TokenTrie::Transitions {
@@ -142,13 +157,17 @@ class TokenTrie::Transitions {
     levels = std::min(levels, kMaxChain);
     if (wide_runs_.size() <= static_cast<size_t>(home)) wide_runs_.resize(states_.size());
     while (static_cast<int>(wide_runs_[static_cast<size_t>(home)].states.size()) < levels &&
-           !wide_runs_[static_cast<size_t>(home)].ended) {
+           !wide_runs_[static_cast<size_t>(home)].ended && !wide_runs_[static_cast<size_t>(home)].loops) {
       const WideRun& r = wide_runs_[static_cast<size_t>(home)];
       const int32_t from = r.states.empty() ? home : r.states.back();
       std::array<uint64_t, 2> same{};
+      bool wide = false;
       // wide_step() may intern states, which grows wide_runs_ no further: index again after it.
-      const int32_t next = wide_step(from, same);
-      if (next < 0) {
+      const int32_t next = wide_step(from, same, wide);
+      // A chain is a run of one class: it ends where the class changes (a literal's letters, a
+      // count's last character before what follows), which keeps it short and its ends clean.
+      const bool changes = !r.level.empty() && (same != r.level.back() || wide != (r.wide.back() != 0));
+      if (next < 0 || changes) {
         const std::array<uint64_t, 2> refused = refused_by(from);
         bool wide_dead = true;
         for (const Stack& st : states_[static_cast<size_t>(from)].stacks) {
@@ -164,19 +183,26 @@ class TokenTrie::Transitions {
       w.masks.push_back(w.masks.empty() ? same : std::array<uint64_t, 2>{w.masks.back()[0] & same[0], w.masks.back()[1] & same[1]});
       w.level.push_back(same);
       w.states.push_back(next);
+      w.wide_all.push_back(wide && (w.wide.empty() || w.wide_all.back() != 0) ? 1 : 0);
+      w.wide.push_back(wide ? 1 : 0);
+      w.loops = next == from;
     }
-    return static_cast<int>(wide_runs_[static_cast<size_t>(home)].states.size());
+    const WideRun& r = wide_runs_[static_cast<size_t>(home)];
+    return r.loops ? kMaxChain : static_cast<int>(r.states.size());
   }
   // The whole chain from `home` (up to kMaxChain levels), as arrays a walk reads directly: they
   // stay where they are while the walk goes on, since the chain grows no further and a move of
   // wide_runs_ moves the vectors' buffers with them.
   Chain chain(int32_t home) {
-    const int levels = chain_extend(home, kMaxChain);
+    chain_extend(home, kMaxChain);
     const WideRun& r = wide_runs_[static_cast<size_t>(home)];
-    return {home,          levels, r.states.data(), r.level.data(), r.masks.data(), r.ended,
-            r.end_refused, r.end_wide_dead};
+    return {home,          static_cast<int>(r.states.size()), r.loops, r.states.data(), r.level.data(), r.masks.data(),
+            r.wide.data(), r.wide_all.data(), r.ended, r.end_refused, r.end_wide_dead};
   }
-  static constexpr int kMaxChain = 255;
+  // Whether the chain from `home` has a first level through every non-ASCII code point.
+  bool wide_first(int32_t home) {
+    return chain_extend(home, 1) >= 1 && wide_runs_[static_cast<size_t>(home)].wide[0] != 0;
+  }
   // The continuation bytes a state half-way through a code point still needs.
   int pending(int32_t state) const {
     const MatchState& s = states_[static_cast<size_t>(state)];
@@ -188,7 +214,9 @@ class TokenTrie::Transitions {
   std::array<uint64_t, 2> wide_run(int32_t state, int levels) {
     const int32_t home = chain_home(state);
     if (home < 0 || chain_extend(home, levels) < levels) return {};
-    return wide_runs_[static_cast<size_t>(home)].masks[static_cast<size_t>(levels - 1)];
+    const WideRun& r = wide_runs_[static_cast<size_t>(home)];
+    const auto i = static_cast<size_t>(std::min(levels, static_cast<int>(r.states.size())) - 1);
+    return r.wide_all[i] != 0 ? r.masks[i] : std::array<uint64_t, 2>{};
   }
 
  private:
@@ -211,24 +239,36 @@ class TokenTrie::Transitions {
 
   // From boundary state h: the state every non-ASCII code point leads to, alive and with no parse
   // finished, and in `same` the ASCII bytes that lead there too; -1 when there is no such state.
-  int32_t wide_step(int32_t h, std::array<uint64_t, 2>& same) {
-    // Every stack takes every non-ASCII code point or none, and some take them.
+  // `wide` tells which: through every non-ASCII code point (and the ASCII bytes that lead where
+  // they do), or, where no stack takes one, through the largest class of ASCII bytes.
+  int32_t wide_step(int32_t h, std::array<uint64_t, 2>& same, bool& wide) {
+    // Every stack takes every non-ASCII code point or none.
     std::vector<uint8_t> every;
     for (const Stack& st : states_[static_cast<size_t>(h)].stacks) {
       const Automaton::Wide w = automaton_.takes_wide(st);
       if (w == Automaton::Wide::kSome) return -1;
       every.push_back(w == Automaton::Wide::kEvery ? 1 : 0);
     }
-    if (std::find(every.begin(), every.end(), 1) == every.end()) return -1;
-    // ASCII bytes taken by exactly those stacks lead where such a code point leads (the next
-    // state is what the taking stacks' closures make).
+    wide = std::find(every.begin(), every.end(), 1) != every.end();
     if (classes_.size() <= static_cast<size_t>(h)) classes_.resize(states_.size());
     if (classes_[static_cast<size_t>(h)].masks.empty()) fill_classes(states_[static_cast<size_t>(h)], classes_[static_cast<size_t>(h)]);
     const std::vector<Rule>& rules = automaton_.grammar().rules();
     int rep_alike = -1;
+    int largest = 0;
     for (const std::array<uint64_t, 2>& bytes : classes_[static_cast<size_t>(h)].masks) {
       if ((bytes[0] | bytes[1]) == 0) continue;
       const int rep = bytes[0] != 0 ? __builtin_ctzll(bytes[0]) : 64 + __builtin_ctzll(bytes[1]);
+      if (!wide) {
+        const int size = __builtin_popcountll(bytes[0]) + __builtin_popcountll(bytes[1]);
+        if (size > largest) {
+          largest = size;
+          same = bytes;
+          rep_alike = rep;
+        }
+        continue;
+      }
+      // ASCII bytes taken by exactly the stacks that take non-ASCII code points lead where such a
+      // code point leads (the next state is what the taking stacks' closures make).
       bool alike = true;
       const std::vector<Stack>& stacks = states_[static_cast<size_t>(h)].stacks;
       for (size_t k = 0; k < stacks.size() && alike; ++k) {
@@ -241,12 +281,12 @@ class TokenTrie::Transitions {
       same[1] |= bytes[1];
       rep_alike = rep;
     }
-    // The state after one such code point: through an ASCII byte that leads there when there is one
-    // (one transition instead of two).
+    // The next state: through an ASCII byte that leads there when there is one (one transition
+    // instead of two).
     Step done;
     if (rep_alike >= 0) {
       done = step(h, static_cast<uint8_t>(rep_alike));
-    } else {
+    } else if (wide) {
       const Step lead = step(h, kWideLead);
       if (lead.next >= 0) done = step(lead.next, kWideTail);
     }
@@ -316,6 +356,10 @@ class TokenTrie::Transitions {
     std::vector<int32_t> states;                 // states[i]: after i + 1 code points
     std::vector<std::array<uint64_t, 2>> level;  // level[i]: the ASCII bytes of code point i + 1
     std::vector<std::array<uint64_t, 2>> masks;  // masks[i]: level[0] & ... & level[i]
+    // wide[i]: every non-ASCII code point leads along at level i + 1 (else none is taken there);
+    // wide_all[i]: at every level up to it.
+    std::vector<uint8_t> wide, wide_all;
+    bool loops = false;  // the last level leads back to its own state: every later level is alike
     bool ended = false;
     // Where it ended: the ASCII bytes its last state takes in no parse, and whether it takes no
     // non-ASCII code point either.
@@ -540,6 +584,7 @@ struct TokenTrie::Classification {
   // well-formed non-ASCII ones from the root: the walk skips their subtrees.
   bool covered = false;
   std::array<uint64_t, 2> pure{};
+  bool pure_wide = false;  // non-ASCII code points are of the class too
 
   void accept(int32_t id) {
     const auto u = static_cast<uint32_t>(id);
@@ -590,7 +635,7 @@ void TokenTrie::classify_edge(Classification& c, uint32_t e, int32_t depth, int3
   } else if (step.next >= 0) {
     // A chain needs no open offsets: its dead ends are then refused, not uncertain.
     const int32_t home = c.open.empty() ? c.t.chain_home(step.next) : -1;
-    if (home >= 0 && c.t.chain_extend(home, 1) >= 1) {
+    if (home >= 0 && c.t.wide_first(home)) {
       chain_walk(c, c.t.chain(home), k32, depth + 1, 0, c.t.pending(step.next), false);
     } else {
       classify_walk(c, k32, depth + 1, step.next);
@@ -609,9 +654,9 @@ void TokenTrie::chain_walk(Classification& c, const Chain& chain, int32_t node, 
     const auto kid = static_cast<size_t>(edge_child_[e]);
     // Not UTF-8 along the path: no parse takes it.
     if (utf8_ok_[kid] == 0) continue;
-    const bool pure_kid = pure && (b >= 0x80 || ((c.pure[b / 64] >> (b % 64)) & 1u) != 0);
+    const bool pure_kid = pure && (b >= 0x80 ? c.pure_wide : ((c.pure[b / 64] >> (b % 64)) & 1u) != 0);
     if (c.covered && pure_kid && utf8_below_[kid] != 0 && (below_[kid][0] & ~c.pure[0]) == 0 &&
-        (below_[kid][1] & ~c.pure[1]) == 0) {
+        (below_[kid][1] & ~c.pure[1]) == 0 && (c.pure_wide || below_wide_[kid] == 0)) {
       continue;
     }
     int lvl = level, pend = pending - 1;
@@ -619,7 +664,8 @@ void TokenTrie::chain_walk(Classification& c, const Chain& chain, int32_t node, 
       // A code point starts: the chain must reach its level, and an ASCII byte must be one of it.
       lvl = level + 1;
       pend = utf8_length(b) - 1;
-      if (lvl > chain.levels || (b < 0x80 && ((chain.level[lvl - 1][b / 64] >> (b % 64)) & 1u) == 0)) {
+      if (lvl > chain.levels() || (b < 0x80 && ((chain.level(lvl)[b / 64] >> (b % 64)) & 1u) == 0) ||
+          (b >= 0x80 && !chain.wide(lvl))) {
         classify_edge(c, e, depth, chain.state(level));
         continue;
       }
@@ -632,13 +678,14 @@ void TokenTrie::chain_walk(Classification& c, const Chain& chain, int32_t node, 
     const int end = lvl + height_[kid];
     const std::array<uint64_t, 2>& bytes = below_[kid];
     const auto within = [&](const std::array<uint64_t, 2>& m) { return (bytes[0] & ~m[0]) == 0 && (bytes[1] & ~m[1]) == 0; };
-    if (utf8_below_[kid] != 0 && height_[kid] != 255 && end <= chain.levels && within(chain.masks[end - 1])) {
+    if (utf8_below_[kid] != 0 && height_[kid] != 255 && end <= chain.levels() && within(chain.mask(end)) &&
+        (below_wide_[kid] == 0 || chain.wide_all(end))) {
       c.accept_all(token_ids_.data() + tokens_[kid + 1], tokens_[subtree_end_[kid]] - tokens_[kid + 1]);
-    } else if (utf8_below_[kid] != 0 && chain.ended && chain.levels > lvl && within(chain.masks[chain.levels - 1]) &&
-               within(chain.end_refused) && (below_wide_[kid] == 0 || chain.end_wide_dead)) {
+    } else if (utf8_below_[kid] != 0 && chain.ended && chain.count > lvl && within(chain.mask(chain.count)) &&
+               within(chain.end_refused) && (below_wide_[kid] == 0 || (chain.end_wide_dead && chain.wide_all(chain.count)))) {
       // Taller than the chain, which ends where every byte below dies: the tokens that end within
       // it are taken, the longer ones refused. No walk needed either.
-      const int most = chain.levels - lvl + cp_depth_[kid];
+      const int most = chain.count - lvl + cp_depth_[kid];
       c.accept_short(token_ids_.data() + tokens_[kid + 1], token_cp_.data() + tokens_[kid + 1],
                      tokens_[subtree_end_[kid]] - tokens_[kid + 1], most);
     } else {
@@ -659,14 +706,19 @@ void TokenTrie::classify(const Automaton& automaton, const MatchState& single, s
   // lengths alone when the chain outlasts every token, or ends where its class dies.
   if (t.chain_home(start) == start && t.chain_extend(start, 1) >= 1) {
     const Chain chain = t.chain(start);
-    const std::array<uint64_t, 2> pure = chain.masks[chain.levels - 1];
+    const std::array<uint64_t, 2> pure = chain.mask(chain.count);
+    const bool wide = chain.wide_all(chain.count);
     const bool ends_cleanly = chain.ended && (pure[0] & ~chain.end_refused[0]) == 0 &&
-                              (pure[1] & ~chain.end_refused[1]) == 0 && chain.end_wide_dead;
-    if ((ends_cleanly || (!chain.ended && chain.levels >= max_cp_)) && max_cp_ > 0) {
-      const std::vector<uint32_t>& bits = class_bits(pure)[static_cast<size_t>(std::min(chain.levels, max_cp_) - 1)];
-      for (size_t w = 0; w < bits.size(); ++w) accepted[w] |= bits[w];
+                              (pure[1] & ~chain.end_refused[1]) == 0 && (!wide || chain.end_wide_dead);
+    if ((ends_cleanly || (!chain.ended && chain.levels() >= max_cp_)) && max_cp_ > 0) {
+      const std::vector<std::vector<uint32_t>>& table = class_bits(pure, wide);
+      if (!table.empty()) {
+        const std::vector<uint32_t>& bits = table[static_cast<size_t>(std::min<int>(chain.levels(), static_cast<int>(table.size())) - 1)];
+        for (size_t w = 0; w < bits.size(); ++w) accepted[w] |= bits[w];
+      }
       c.covered = true;
       c.pure = pure;
+      c.pure_wide = wide;
       chain_walk(c, chain, 0, 0, 0, 0, true);
       return;
     }
@@ -676,16 +728,16 @@ void TokenTrie::classify(const Automaton& automaton, const MatchState& single, s
 
 struct TokenTrie::ClassBitsCache {
   std::mutex mutex;
-  std::map<std::array<uint64_t, 2>, std::vector<std::vector<uint32_t>>> bits;
+  std::map<std::pair<std::array<uint64_t, 2>, bool>, std::vector<std::vector<uint32_t>>> bits;
 };
 
 TokenTrie::~TokenTrie() = default;
 TokenTrie::TokenTrie(TokenTrie&&) noexcept = default;
 TokenTrie& TokenTrie::operator=(TokenTrie&&) noexcept = default;
 
-const std::vector<std::vector<uint32_t>>& TokenTrie::class_bits(const std::array<uint64_t, 2>& ascii) const {
+const std::vector<std::vector<uint32_t>>& TokenTrie::class_bits(const std::array<uint64_t, 2>& ascii, bool wide) const {
   std::lock_guard<std::mutex> lock(class_bits_->mutex);
-  auto [it, fresh] = class_bits_->bits.try_emplace(ascii);
+  auto [it, fresh] = class_bits_->bits.try_emplace(std::make_pair(ascii, wide));
   if (!fresh) return it->second;
   // Nodes in depth-first order, so a parent's purity is known before its children's.
   const size_t count = edges_.size() - 1;
@@ -700,12 +752,15 @@ const std::vector<std::vector<uint32_t>>& TokenTrie::class_bits(const std::array
     for (uint32_t e = edges_[n]; e < edges_[n + 1]; ++e) {
       const uint8_t b = edge_byte_[e];
       const auto kid = static_cast<size_t>(edge_child_[e]);
-      pure[kid] = utf8_ok_[kid] != 0 && (b >= 0x80 || ((ascii[b / 64] >> (b % 64)) & 1u) != 0) ? 1 : 0;
+      pure[kid] = utf8_ok_[kid] != 0 && (b >= 0x80 ? wide : ((ascii[b / 64] >> (b % 64)) & 1u) != 0) ? 1 : 0;
     }
   }
   std::vector<std::vector<uint32_t>>& out = it->second;
   std::vector<uint32_t> acc((static_cast<size_t>(vocab_size_) + 31) / 32, 0u);
-  for (int len = 1; len <= max_cp_; ++len) {
+  // Up to the longest such token (the table is short for a narrow class).
+  size_t longest = 0;
+  for (size_t len = 1; len < by_cp.size(); ++len) longest = by_cp[len].empty() ? longest : len;
+  for (int len = 1; len <= static_cast<int>(longest); ++len) {
     for (int32_t id : by_cp[static_cast<size_t>(len)]) acc[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
     out.push_back(acc);
   }

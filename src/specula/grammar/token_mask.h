@@ -89,12 +89,14 @@ class TokenTrie {
   void chain_walk(Classification& c, const Chain& chain, int32_t node, int32_t depth, int level, int pending,
                   bool pure) const;
 
-  // The tokens made only of well-formed UTF-8 whose ASCII bytes are in `ascii`, by their number
-  // of code points: bits[L - 1] holds those of at most L (L = 1..max_cp_), in the bitmask layout.
+  // The tokens made only of well-formed UTF-8 whose ASCII bytes are in `ascii` (and with no
+  // non-ASCII code point unless `wide`), by their number of code points: bits[L - 1] holds those
+  // of at most L (L = 1 up to the longest of them; none when there are none), in the bitmask
+  // layout.
   // A JSON string's body takes them all up to its remaining length, so a classification ORs one
   // in instead of setting a bit per token. Built on first use for each class and kept, shared by
   // every grammar over the vocabulary (thread-safe).
-  const std::vector<std::vector<uint32_t>>& class_bits(const std::array<uint64_t, 2>& ascii) const;
+  const std::vector<std::vector<uint32_t>>& class_bits(const std::array<uint64_t, 2>& ascii, bool wide) const;
   int max_cp_ = 0;  // the most code points of a token
   struct ClassBitsCache;
   std::unique_ptr<ClassBitsCache> class_bits_;
