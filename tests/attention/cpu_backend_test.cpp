@@ -250,6 +250,41 @@ TEST(CpuAttention, Bf16AndF16) {
   }
 }
 
+// bf16 KV decode with f32 queries and outputs, every feature a decode call can have: on a
+// processor with AVX512-BF16 these items run the decode kernel (decode_kernel.h), whose scores are
+// f32 dot products (the query split into three bf16 terms), so the f32 tolerance holds. Head dim
+// 80 is not a multiple of 32 and takes the tile kernel; 40 query heads on one KV head split into
+// items of 16, 16 and 8.
+TEST(CpuAttention, Bf16KvDecodeEveryFeature) {
+  auto rng = rng_for_shapes();
+  struct Case {
+    int hq, hk, d, page;
+    int window;
+    float cap;
+    bool sinks, causal;
+  };
+  const Case cases[] = {{32, 8, 128, 16, -1, 0.0f, false, true}, {8, 2, 64, 1, -1, 0.0f, false, true},
+                        {40, 1, 128, 16, -1, 0.0f, false, true}, {4, 4, 256, 16, -1, 0.0f, false, true},
+                        {8, 2, 80, 16, -1, 0.0f, false, true},   {8, 2, 128, 16, 37, 0.0f, false, true},
+                        {8, 2, 128, 1, -1, 20.0f, false, true},  {8, 2, 128, 16, -1, 0.0f, true, true},
+                        {12, 4, 64, 16, -1, 0.0f, false, false}};
+  for (const Case& k : cases) {
+    HarnessConfig c;
+    c.mode = ForwardMode::DECODE;
+    c.requests = random_requests(rng, 4, 300, 1, ForwardMode::DECODE);
+    c.num_q_heads = k.hq;
+    c.num_kv_heads = k.hk;
+    c.head_dim = k.d;
+    c.page_size = k.page;
+    c.kv_dtype = DType::bf16;
+    c.window_left = k.window;
+    c.logit_cap = k.cap;
+    c.sinks = k.sinks;
+    c.causal = k.causal;
+    check_against_reference(c, "bf16 KV decode");
+  }
+}
+
 TEST(CpuAttention, RowsThatSeeNothingGiveZeroAndMinusInfLse) {
   // A tree mask whose first draft row is all zero: that query sees no key at all.
   for (bool sinks : {false, true}) {

@@ -1,6 +1,8 @@
 // Planning and ISA dispatch for the CPU attention kernel.
 #include "specula/attention/cpu/tile_kernel.h"
 
+#include "specula/attention/cpu/decode_kernel.h"
+
 #include <algorithm>
 
 #include "specula/core/error.h"
@@ -53,19 +55,37 @@ CpuIsa best_cpu_isa() {
 
 const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::avx512 ? "avx512" : "generic"; }
 
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__)
+  static const bool has = best_cpu_isa() == CpuIsa::avx512 && __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
 void run_cpu_attention(CpuIsa isa, const CpuAttentionParams& params, std::span<const CpuAttentionSeq> seqs,
                        const CpuAttentionPlan& plan, std::vector<CpuAttentionScratch>& scratch, ThreadPool& pool) {
   SPECULA_CHECK(isa == CpuIsa::generic || best_cpu_isa() == CpuIsa::avx512,
                 "the avx512 CPU kernel was requested but this processor lacks AVX-512");
   if (scratch.size() < static_cast<size_t>(pool.num_threads())) scratch.resize(static_cast<size_t>(pool.num_threads()));
-  const size_t need = cpu_attention_scratch_floats(params.head_dim, params.v_head_dim, plan.lanes);
+  // One-token items of bf16 KV go to the decode kernel where the processor has BF16 dot products.
+  const bool decode = isa == CpuIsa::avx512 && cpu_has_avx512_bf16() && cpu_avx512bf16::decode_supported(params);
+  size_t need = cpu_attention_scratch_floats(params.head_dim, params.v_head_dim, plan.lanes);
+  if (decode) need = std::max(need, decode_scratch_floats(params.head_dim, params.v_head_dim, kMaxDecodeHeads));
   for (auto& s : scratch) {
     if (s.buffer.size() < need) s.buffer.resize(need);
   }
   auto* run_item = isa == CpuIsa::avx512 ? &cpu_avx512::run_item : &cpu_generic::run_item;
   pool.parallel_for(static_cast<int64_t>(plan.items.size()), [&](int64_t i, int thread) {
     const CpuWorkItem& item = plan.items[static_cast<size_t>(i)];
-    run_item(params, seqs[static_cast<size_t>(item.seq)], item, plan.lanes, scratch[static_cast<size_t>(thread)]);
+    const CpuAttentionSeq& seq = seqs[static_cast<size_t>(item.seq)];
+    CpuAttentionScratch& mine = scratch[static_cast<size_t>(thread)];
+    if (decode && item.q_count == 1 && item.num_heads <= kMaxDecodeHeads) {
+      cpu_avx512bf16::decode_item(params, seq, item, mine);
+    } else {
+      run_item(params, seq, item, plan.lanes, mine);
+    }
   });
 }
 
