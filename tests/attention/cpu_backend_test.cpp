@@ -250,12 +250,13 @@ TEST(CpuAttention, Bf16AndF16) {
   }
 }
 
-// bf16 KV decode with f32 queries and outputs, every feature a decode call can have: on a
-// processor with AVX512-BF16 these items run the decode kernel (decode_kernel.h), whose scores are
-// f32 dot products (the query split into three bf16 terms), so the f32 tolerance holds. Head dim
-// 80 is not a multiple of 32 and takes the tile kernel; 40 query heads on one KV head split into
-// items of 16, 16 and 8.
-TEST(CpuAttention, Bf16KvDecodeEveryFeature) {
+// bf16 KV with f32 queries and outputs, one-token work items with every feature they can have:
+// on a processor with AVX512-BF16 such items run the decode kernel (decode_kernel.h), whose scores
+// are f32 dot products (the query split into three bf16 terms), so the f32 tolerance holds. Decode
+// items are one token; so are extend items when a GQA group has more than 8 query heads (the
+// planner then gives each item one token). Head dim 80 is not a multiple of 32 and takes the tile
+// kernel; 40 query heads on one KV head split into items of 16, 16 and 8.
+TEST(CpuAttention, Bf16KvOneTokenItemsEveryFeature) {
   auto rng = rng_for_shapes();
   struct Case {
     int hq, hk, d, page;
@@ -282,6 +283,22 @@ TEST(CpuAttention, Bf16KvDecodeEveryFeature) {
     c.sinks = k.sinks;
     c.causal = k.causal;
     check_against_reference(c, "bf16 KV decode");
+  }
+  // Extend with groups of 10 and 16 query heads: causal one-token items at every position.
+  for (const Case& k : {Case{20, 2, 128, 16, -1, 0.0f, false, true}, Case{16, 1, 64, 1, 29, 15.0f, true, true}}) {
+    HarnessConfig c;
+    c.mode = ForwardMode::EXTEND;
+    c.requests = random_requests(rng, 3, 120, 40, ForwardMode::EXTEND);
+    c.num_q_heads = k.hq;
+    c.num_kv_heads = k.hk;
+    c.head_dim = k.d;
+    c.page_size = k.page;
+    c.kv_dtype = DType::bf16;
+    c.window_left = k.window;
+    c.logit_cap = k.cap;
+    c.sinks = k.sinks;
+    c.causal = k.causal;
+    check_against_reference(c, "bf16 KV extend");
   }
 }
 

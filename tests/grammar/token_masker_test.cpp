@@ -85,7 +85,10 @@ std::vector<std::string> wide_vocabulary(std::mt19937& rng) {
     vocab.push_back(run);
     vocab.push_back(std::string(static_cast<size_t>(n), 'a') + utf8(0xE9));
     vocab.push_back(std::string(static_cast<size_t>(n), 'x'));
-    vocab.push_back(std::to_string(n % 10) + std::to_string(n) + (n % 2 == 0 ? utf8(0xE9) : utf8(0x4E16)));
+    // Three digits then a non-ASCII code point.
+    std::string digits = std::to_string(100 + n * 37);
+    digits += n % 2 == 0 ? utf8(0xE9) : utf8(0x4E16);
+    vocab.push_back(digits);
   }
   vocab.emplace_back();  // a special token
   return vocab;

@@ -5,6 +5,7 @@
 #include <array>
 #include <vector>
 
+#include "specula/core/error.h"
 #include "specula/grammar/token_mask.h"
 #include "specula/grammar/token_walk.h"
 #include "specula/grammar/utf8.h"
@@ -135,6 +136,9 @@ void TokenTrie::classify(const Automaton& automaton, const MatchState& single, s
                          std::vector<std::pair<int32_t, int32_t>>& uncertain, bool below) const {
   accepted.assign((static_cast<size_t>(vocab_size_) + 31) / 32, 0u);
   uncertain.clear();
+  // utf8_ok_ and the class bitmasks read UTF-8 from the trie's root: the walk must start at a
+  // code-point boundary (TokenMasker::fill sends states inside one to fill_mask).
+  SPECULA_ASSERT(single.partial_len == 0, "classify from inside a code point");
   Transitions t(automaton, /*split=*/true);
   const int32_t start = t.intern(single);
   Classification c{t, below, accepted, uncertain, {}};

@@ -203,8 +203,8 @@ TokenTrie& TokenTrie::operator=(TokenTrie&&) noexcept = default;
 
 const std::vector<std::vector<uint32_t>>& TokenTrie::class_bits(const std::array<uint64_t, 2>& ascii, bool wide) const {
   std::lock_guard<std::mutex> lock(class_bits_->mutex);
-  auto [it, fresh] = class_bits_->bits.try_emplace(std::make_pair(ascii, wide));
-  if (!fresh) return it->second;
+  const auto key = std::make_pair(ascii, wide);
+  if (const auto it = class_bits_->bits.find(key); it != class_bits_->bits.end()) return it->second;
   // Nodes in depth-first order, so a parent's purity is known before its children's.
   const size_t count = edges_.size() - 1;
   std::vector<uint8_t> pure(count, 0);
@@ -221,7 +221,8 @@ const std::vector<std::vector<uint32_t>>& TokenTrie::class_bits(const std::array
       pure[kid] = utf8_ok_[kid] != 0 && (b >= 0x80 ? wide : ((ascii[b / 64] >> (b % 64)) & 1u) != 0) ? 1 : 0;
     }
   }
-  std::vector<std::vector<uint32_t>>& out = it->second;
+  // Built aside and cached only when whole: a failure (out of memory) leaves no partial table.
+  std::vector<std::vector<uint32_t>> out;
   std::vector<uint32_t> acc((static_cast<size_t>(vocab_size_) + 31) / 32, 0u);
   // Up to the longest such token (the table is short for a narrow class).
   size_t longest = 0;
@@ -230,7 +231,7 @@ const std::vector<std::vector<uint32_t>>& TokenTrie::class_bits(const std::array
     for (int32_t id : by_cp[static_cast<size_t>(len)]) acc[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
     out.push_back(acc);
   }
-  return out;
+  return class_bits_->bits.emplace(key, std::move(out)).first->second;
 }
 
 }  // namespace specula::grammar

@@ -74,12 +74,12 @@ class TokenTrie {
   bool wide_below(Transitions& t, int32_t node, int32_t state) const;
   void walk(Transitions& t, int32_t node, int32_t state, std::vector<uint32_t>& bitmask) const;
 
-  struct Classification;  // one classify() walk (token_mask.cpp)
+  struct Classification;  // one classify() walk (token_classify.cpp)
   void classify_walk(Classification& c, int32_t node, int32_t depth, int32_t state) const;
   // Edge e of a node at byte depth `depth`, from `state`.
   void classify_edge(Classification& c, uint32_t e, int32_t depth, int32_t state) const;
   // Below a node whose state starts a chain of code points (each non-ASCII one, and the chain's
-  // ASCII bytes at that level, lead to the chain's next state; Transitions::Chain): the walk
+  // ASCII bytes at that level, lead to the chain's next state; TokenTrie::Chain): the walk
   // follows the chain with bit tests instead of transitions, and leaves it where a byte or a
   // level falls outside. `level`: the code points read since the chain's start; `pending`: the
   // continuation bytes the current one still needs.

@@ -44,17 +44,17 @@ class TokenMasker {
   // and not after every character (with 3, a string bounded by maxLength made nearly every token
   // "uncertain": bench grammar's p99 went from 32 ms to 5.6 ms with 4, and 5 or 6 gave no more).
   static constexpr size_t kKeyFrames = 4;
-  // A key of kKeyFrames frames that leaves more than kMaxUncertain tokens to the frames below
-  // (nested bounded repetitions, such as a pattern's `([a-z]{1,10}/?){0,5}` inside a string, fill
-  // the key before it reaches the string's closing quote) is replaced by one of kDeepKeyFrames
-  // for the stacks that have them: a rest trie of thousands of tokens cost 5-7 ms to build and
-  // a walk per mask, the deeper key's classification about 1 ms.
+  // A key of kKeyFrames frames that leaves more than kMaxUncertain (token, offset) pairs to the
+  // frames below (nested bounded repetitions, such as a pattern's `([a-z]{1,10}/?){0,5}` inside a
+  // string, fill the key before it reaches the string's closing quote) is replaced by one of
+  // kDeepKeyFrames for the stacks that have them: a rest trie of thousands of tokens cost 5-7 ms
+  // to build and a walk per mask, the deeper key's classification about 1 ms.
   static constexpr size_t kDeepKeyFrames = 8;
   static constexpr size_t kMaxUncertain = 1024;
 
  private:
   struct Entry {
-    size_t uncertain = 0;               // tokens the frames below decide
+    size_t uncertain = 0;               // (token, offset) pairs the frames below decide
     std::vector<uint32_t> accepted;     // bitmask over the vocabulary
     std::unique_ptr<TokenTrie> rests;   // what uncertain tokens leave for the frames below
     std::vector<int32_t> rest_token;    // rests' id -> vocabulary id

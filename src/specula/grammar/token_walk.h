@@ -163,7 +163,7 @@ class TokenTrie::Transitions {
       const int32_t from = r.states.empty() ? home : r.states.back();
       std::array<uint64_t, 2> same{};
       bool wide = false;
-      // wide_step() may intern states, which grows wide_runs_ no further: index again after it.
+      // wide_step() may intern states but never grows wide_runs_, so r stays valid across it.
       const int32_t next = wide_step(from, same, wide);
       // A chain is a run of one class: it ends where the class changes (a literal's letters, a
       // count's last character before what follows), which keeps it short and its ends clean.

@@ -108,9 +108,18 @@ void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const 
       // hi + mid + lo: each term the bf16 rounding of what the previous ones left.
       float rest = load_as_float(p.q, p.q_dtype, base + static_cast<size_t>(d)) * p.scale;
       for (int t = 0; t < 3; ++t) {
-        const uint32_t bits = std::bit_cast<uint32_t>(rest);
-        const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-        const float term = std::isfinite(rest) ? std::bit_cast<float>(rounded) : (t == 0 ? rest : 0.0f);
+        float term = 0.0f;
+        if (std::isnan(rest)) {
+          term = t == 0 ? std::bit_cast<float>(0x7fc00000u) : 0.0f;  // a NaN stays a NaN in bf16
+        } else if (std::isinf(rest)) {
+          term = t == 0 ? rest : 0.0f;
+        } else {
+          // Round to nearest even; a value so large that it would round to infinity is cut
+          // instead, so the terms stay finite.
+          const uint32_t bits = std::bit_cast<uint32_t>(rest);
+          const float rounded = std::bit_cast<float>((bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u);
+          term = std::isinf(rounded) ? std::bit_cast<float>(bits & 0xffff0000u) : rounded;
+        }
         qterms[(t * G + g) * D + d] = static_cast<uint16_t>(std::bit_cast<uint32_t>(term) >> 16);
         rest = std::isfinite(rest) ? rest - term : 0.0f;
       }

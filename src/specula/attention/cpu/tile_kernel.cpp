@@ -81,7 +81,8 @@ void run_cpu_attention(CpuIsa isa, const CpuAttentionParams& params, std::span<c
     const CpuWorkItem& item = plan.items[static_cast<size_t>(i)];
     const CpuAttentionSeq& seq = seqs[static_cast<size_t>(item.seq)];
     CpuAttentionScratch& mine = scratch[static_cast<size_t>(thread)];
-    if (decode && item.q_count == 1 && item.num_heads <= kMaxDecodeHeads) {
+    // The planner's items hold at most 16 query heads (kMaxDecodeHeads).
+    if (decode && item.q_count == 1) {
       cpu_avx512bf16::decode_item(params, seq, item, mine);
     } else {
       run_item(params, seq, item, plan.lanes, mine);
