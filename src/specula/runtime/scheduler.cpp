@@ -219,7 +219,9 @@ bool Scheduler::waits_for_in_batch_prefix(const Req& r, const std::vector<const 
     int common = 0;
     const int n = std::min(r.fill_len(), q->fill_len());
     while (common < n && r.fill_id(common) == q->fill_id(common)) ++common;
-    if (common >= r.kv.prefix_len + kInBatchPrefixThreshold) return true;
+    // Under speculation the cache shares a position only with the token after it (bigram keys).
+    const int shareable = spec_ != nullptr ? common - 1 : common;
+    if (shareable >= r.kv.prefix_len + kInBatchPrefixThreshold) return true;
   }
   return false;
 }
