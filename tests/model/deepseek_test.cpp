@@ -32,6 +32,14 @@ void PrintTo(const DsCase& c, std::ostream* os) { *os << c.name; }
 
 class Deepseek : public ::testing::TestWithParam<DsCase> {};
 
+// Logit error allowed, relative to the logits' scale, against the reference with a bf16 latent
+// cache. The model (float) and the reference (double) round the cached latent to bf16 alike, except
+// where a value lies within their difference of a rounding boundary: it then lands on the other
+// neighbour. Typical runs are within 1% of 2e-3; one such flip moved the logits by 2.1e-3 of their
+// scale (V2QLoraYarn, seed 89402825), so the tolerance keeps room for a few. Real faults (a wrong
+// rotation, scale or cache row) are orders of magnitude larger.
+constexpr double kBf16LatentTolerance = 5e-3;
+
 TEST_P(Deepseek, MatchesTheFloat64ExpandedReference) {
   const DsCase& p = GetParam();
   // Fresh weights, redrawn (a few times at most) while a token's routing is within rounding of
@@ -55,9 +63,8 @@ TEST_P(Deepseek, MatchesTheFloat64ExpandedReference) {
   o.kv_dtype = p.kv_dtype;
   Generator gen(dir, o);
   const MlaKVFormat format = p.kv_dtype == DType::fp8_e4m3 ? MlaKVFormat::fp8_ds_mla : MlaKVFormat::bf16;
-  // fp8 rounds a latent value by up to 1/16 of its tile's scale; a double-vs-float difference can
-  // round one value the other way, so its tolerance is wider.
-  const double tol = format == MlaKVFormat::bf16 ? 2e-3 : 2e-2;
+  // fp8 rounds a latent value by up to 1/16 of its tile's scale, hence its width.
+  const double tol = format == MlaKVFormat::bf16 ? kBf16LatentTolerance : 2e-2;
   const std::vector<int32_t> ids = gen.tokenizer().encode(text);
   const std::vector<float> got = gen.prompt_logits(ids);
   double routing = INFINITY;
@@ -191,7 +198,7 @@ TEST(DeepseekFp8, BlockScaledCheckpointMatchesTheReference) {
   const test::LogitError err = test::logit_error(got, want);
   ASSERT_TRUE(err.finite);
   EXPECT_GT(err.max_abs, 0.5);
-  EXPECT_LT(err.max_err, 2e-3 * std::max(1.0, err.max_abs)) << "max |logit| " << err.max_abs;
+  EXPECT_LT(err.max_err, kBf16LatentTolerance * std::max(1.0, err.max_abs)) << "max |logit| " << err.max_abs;
   const test::GreedyCheck check = test::decode_and_check(gen, m, MlaKVFormat::bf16, prompt, 8, err);
   EXPECT_TRUE(check.mismatches.empty()) << check.mismatches.front();
   std::filesystem::remove_all(dir);
