@@ -17,29 +17,10 @@
 #include "specula/grammar/matcher.h"
 #include "specula/grammar/token_constraint.h"
 #include "specula/grammar/token_masker.h"
+#include "specula/model/utf8.h"
 
 namespace specula::grammar {
 namespace {
-
-std::string utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
 
 std::vector<std::string> wide_vocabulary(std::mt19937& rng) {
   std::vector<std::string> vocab;
@@ -66,28 +47,28 @@ std::vector<std::string> wide_vocabulary(std::mt19937& rng) {
       if (kind < 4) {
         t += ascii[rng() % ascii.size()];
       } else if (kind < 8) {
-        t += utf8(code_point());
+        t += utf8_encode(code_point());
       } else if (kind < 9) {
-        const std::string whole = utf8(code_point());
+        const std::string whole = utf8_encode(code_point());
         t += whole.substr(0, 1 + rng() % (whole.size() - 1));  // a code point cut short
       } else {
         t += invalid[rng() % invalid.size()];
       }
     }
     // Sometimes the tail of a code point first, as a token that continues another would start.
-    if (rng() % 12 == 0) t = utf8(code_point()).substr(1) + t;
+    if (rng() % 12 == 0) t = utf8_encode(code_point()).substr(1) + t;
     vocab.push_back(t);
   }
   // Long runs of one code point (a tall subtree, longer than a bounded count allows).
   for (int n = 1; n <= 24; ++n) {
     std::string run;
-    for (int i = 0; i < n; ++i) run += utf8(0x4E16);
+    for (int i = 0; i < n; ++i) run += utf8_encode(0x4E16);
     vocab.push_back(run);
-    vocab.push_back(std::string(static_cast<size_t>(n), 'a') + utf8(0xE9));
+    vocab.push_back(std::string(static_cast<size_t>(n), 'a') + utf8_encode(0xE9));
     vocab.push_back(std::string(static_cast<size_t>(n), 'x'));
     // Three digits then a non-ASCII code point.
     std::string digits = std::to_string(100 + n * 37);
-    digits += n % 2 == 0 ? utf8(0xE9) : utf8(0x4E16);
+    digits += n % 2 == 0 ? utf8_encode(0xE9) : utf8_encode(0x4E16);
     vocab.push_back(digits);
   }
   vocab.emplace_back();  // a special token
