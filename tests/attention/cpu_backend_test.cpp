@@ -269,10 +269,10 @@ TEST(CpuAttention, Bf16KvOneTokenItemsEveryFeature) {
                         {8, 2, 80, 16, -1, 0.0f, false, true},   {8, 2, 128, 16, 37, 0.0f, false, true},
                         {8, 2, 128, 1, -1, 20.0f, false, true},  {8, 2, 128, 16, -1, 0.0f, true, true},
                         {12, 4, 64, 16, -1, 0.0f, false, false}};
-  for (const Case& k : cases) {
+  const auto config = [&](const Case& k, ForwardMode mode) {
     HarnessConfig c;
-    c.mode = ForwardMode::DECODE;
-    c.requests = random_requests(rng, 4, 300, 1, ForwardMode::DECODE);
+    c.mode = mode;
+    c.requests = mode == ForwardMode::DECODE ? random_requests(rng, 4, 300, 1, mode) : random_requests(rng, 3, 120, 40, mode);
     c.num_q_heads = k.hq;
     c.num_kv_heads = k.hk;
     c.head_dim = k.d;
@@ -282,23 +282,12 @@ TEST(CpuAttention, Bf16KvOneTokenItemsEveryFeature) {
     c.logit_cap = k.cap;
     c.sinks = k.sinks;
     c.causal = k.causal;
-    check_against_reference(c, "bf16 KV decode");
-  }
+    return c;
+  };
+  for (const Case& k : cases) check_against_reference(config(k, ForwardMode::DECODE), "bf16 KV decode");
   // Extend with groups of 10 and 16 query heads: causal one-token items at every position.
   for (const Case& k : {Case{20, 2, 128, 16, -1, 0.0f, false, true}, Case{16, 1, 64, 1, 29, 15.0f, true, true}}) {
-    HarnessConfig c;
-    c.mode = ForwardMode::EXTEND;
-    c.requests = random_requests(rng, 3, 120, 40, ForwardMode::EXTEND);
-    c.num_q_heads = k.hq;
-    c.num_kv_heads = k.hk;
-    c.head_dim = k.d;
-    c.page_size = k.page;
-    c.kv_dtype = DType::bf16;
-    c.window_left = k.window;
-    c.logit_cap = k.cap;
-    c.sinks = k.sinks;
-    c.causal = k.causal;
-    check_against_reference(c, "bf16 KV extend");
+    check_against_reference(config(k, ForwardMode::EXTEND), "bf16 KV extend");
   }
 }
 
