@@ -90,6 +90,15 @@ std::vector<int> brute_force(const Automaton& a, const MatchState& state, const 
   return ok;
 }
 
+// The ids whose bits a mask sets.
+std::vector<int> set_bits(const std::vector<uint32_t>& mask, size_t vocab_size) {
+  std::vector<int> ids;
+  for (size_t id = 0; id < vocab_size; ++id) {
+    if ((mask[id / 32] >> (id % 32)) & 1u) ids.push_back(static_cast<int>(id));
+  }
+  return ids;
+}
+
 TEST(TokenMasker, MasksOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
   const unsigned seed = std::random_device{}();
   std::mt19937 rng(seed);
@@ -128,11 +137,7 @@ TEST(TokenMasker, MasksOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
         std::vector<uint32_t> mask;
         masker.fill(m.state(), mask);
         const std::vector<int> ok = brute_force(*a, m.state(), vocab);
-        std::vector<int> got;
-        for (size_t id = 0; id < vocab.size(); ++id) {
-          if ((mask[id / 32] >> (id % 32)) & 1u) got.push_back(static_cast<int>(id));
-        }
-        ASSERT_EQ(got, ok) << "walk " << walk << ", step " << step;
+        ASSERT_EQ(set_bits(mask, vocab.size()), ok) << "walk " << walk << ", step " << step;
         ++compared;
         for (int id : ok) wide_accepted += static_cast<unsigned char>(vocab[static_cast<size_t>(id)][0]) >= 0x80 ? 1 : 0;
         if (ok.empty() || (m.can_end() && rng() % 6 == 0)) break;
@@ -162,11 +167,7 @@ TEST(TokenMasker, JsonStringsOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
       std::vector<uint32_t> mask;
       masker.fill(m.state(), mask);
       const std::vector<int> ok = brute_force(*a, m.state(), vocab);
-      std::vector<int> got;
-      for (size_t id = 0; id < vocab.size(); ++id) {
-        if ((mask[id / 32] >> (id % 32)) & 1u) got.push_back(static_cast<int>(id));
-      }
-      ASSERT_EQ(got, ok) << "walk " << walk << ", step " << step;
+      ASSERT_EQ(set_bits(mask, vocab.size()), ok) << "walk " << walk << ", step " << step;
       ++compared;
       if (ok.empty()) break;
       ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
