@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "specula/attention/cpu/cpu_backend.h"
+#include "specula/attention/double_sparsity/ds_backend.h"
 #ifdef SPECULA_HAS_CUDA
 #include "specula/attention/cuda/cuda_backend.h"
 #endif
@@ -72,6 +73,12 @@ std::vector<std::string> attention_backend_names() {
 
 std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name,
                                                          const AttentionBackendOptions& options) {
+  if (options.double_sparsity) {
+    AttentionBackendOptions dense = options;
+    dense.double_sparsity.reset();
+    return std::make_unique<DoubleSparsityBackend>(make_attention_backend(name, dense), options.double_sparsity,
+                                                   options);
+  }
   if (name == "cpu") return std::make_unique<CpuAttentionBackend>(options);
 #ifdef SPECULA_HAS_CUDA
   if (name == "cuda") return std::make_unique<CudaAttentionBackend>(options);

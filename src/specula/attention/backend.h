@@ -19,6 +19,7 @@ namespace specula {
 
 class MHAKVPool;
 class ThreadPool;
+struct DoubleSparsityConfig;
 
 enum class AttentionType : uint8_t {
   DECODER,       // causal
@@ -86,6 +87,9 @@ struct AttentionBackendOptions {
   // Batch-invariant results: a request's attention output does not depend on what else is in the
   // batch (e.g. the CUDA decode split count depends on max_context_len only).
   bool deterministic = false;
+  // Set: the named backend is wrapped in a DoubleSparsityBackend with these label channels and
+  // settings (sparse decode over heavy tokens for long requests; see double_sparsity/ds_backend.h).
+  std::shared_ptr<const DoubleSparsityConfig> double_sparsity;
 };
 
 class AttentionBackend {

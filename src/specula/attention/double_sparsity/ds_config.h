@@ -1,0 +1,32 @@
+// Double sparsity's settings (SGLang's --ds-* flags) and its channel config: per layer and KV
+// head, the key channels whose values stand in for the whole key when the decode picks the
+// tokens to attend to ("label channels", found offline from calibration activations by
+// tools/ds_channel_config.py).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+namespace specula {
+
+struct DoubleSparsityConfig {
+  int heavy_channel_num = 32;          // label channels per KV head
+  int heavy_token_num = 256;           // tokens each KV head of a request attends to
+  int sparse_decode_threshold = 4096;  // requests with a shorter context attend to every token
+  // channels[layer][kv_head * heavy_channel_num + c]: the c-th label channel of that head.
+  std::vector<std::vector<int32_t>> channels;
+
+  int num_layers() const { return static_cast<int>(channels.size()); }
+};
+
+// Reads the channel config JSON (SGLang's format: "model.layers.<i>.self_attn.k_proj" -> a list
+// of num_kv_heads lists of channel indices, most important first; other keys are ignored) and
+// keeps each head's first heavy_channel_num channels. Throws specula::Error naming the file, the
+// key and the value for a missing file, layer or head, a short list, an index outside
+// [0, head_dim), a repeated index, or settings out of range.
+DoubleSparsityConfig load_double_sparsity_config(const std::filesystem::path& path, int num_layers, int num_kv_heads,
+                                                 int head_dim, int heavy_channel_num, int heavy_token_num,
+                                                 int sparse_decode_threshold);
+
+}  // namespace specula
