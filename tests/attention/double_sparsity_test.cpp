@@ -67,6 +67,8 @@ INSTANTIATE_TEST_SUITE_P(
         CpuDsParam{"gqa_page1", DsCase{{700, 150, 1100}, 8, 2, 64, 1, DType::f32, DType::f32, 16, 64, 256}},
         // MHA over a bf16 cache in pages of 16, one request exactly at the threshold, soft-cap, sinks.
         CpuDsParam{"mha_page16_bf16", DsCase{{300, 520}, 4, 4, 128, 16, DType::f32, DType::bf16, 8, 32, 300, 30.0f, true}},
+        // Every label score equal: the lowest positions win.
+        CpuDsParam{"tied_scores", DsCase{{600}, 4, 2, 64, 8, DType::f32, DType::f32, 8, 48, 256, 0.0f, false, true}},
         // Over the threshold but with no more keys than heavy_token_num: every key.
         CpuDsParam{"short_rows_dense", DsCase{{100, 90}, 4, 1, 64, 4, DType::f32, DType::f32, 32, 128, 50}}),
     [](const auto& info) { return std::string(info.param.name); });
@@ -88,7 +90,7 @@ class DsConfigFile : public ::testing::Test {
   void TearDown() override { std::filesystem::remove(path_); }
   std::string load(const std::string& text, int heavy_channels = 2) {
     std::ofstream(path_) << text;
-    return error_of([&] { load_double_sparsity_config(path_, 2, 2, 8, heavy_channels, 64, 128); });
+    return error_of([&] { load_double_sparsity_config(path_, 2, 2, 8, heavy_channels, 64, 128, "k"); });
   }
   std::filesystem::path path_;
 };
@@ -97,14 +99,14 @@ TEST_F(DsConfigFile, ReadsEachHeadsFirstChannels) {
   std::ofstream(path_) << R"({"model.layers.0.self_attn.k_proj": [[3, 1, 7], [0, 5, 2]],
                               "model.layers.1.self_attn.k_proj": [[7, 6], [1, 2, 3]],
                               "model.layers.0.self_attn.q_proj": "ignored"})";
-  const DoubleSparsityConfig c = load_double_sparsity_config(path_, 2, 2, 8, 2, 64, 128);
+  const DoubleSparsityConfig c = load_double_sparsity_config(path_, 2, 2, 8, 2, 64, 128, "k");
   EXPECT_EQ(c.channels, (std::vector<std::vector<int32_t>>{{3, 1, 0, 5}, {7, 6, 1, 2}}));
   EXPECT_EQ(c.heavy_token_num, 64);
   EXPECT_EQ(c.sparse_decode_threshold, 128);
 }
 
 TEST_F(DsConfigFile, RefusesBadFilesWithTheKeyAndValue) {
-  EXPECT_NE(error_of([&] { load_double_sparsity_config(path_, 2, 2, 8, 2, 64, 128); }).find("no such file"),
+  EXPECT_NE(error_of([&] { load_double_sparsity_config(path_, 2, 2, 8, 2, 64, 128, "k"); }).find("no such file"),
             std::string::npos);
   EXPECT_NE(load(R"({"model.layers.0.self_attn.k_proj": [[0, 1], [2, 3]]})").find(
                 "no \"model.layers.1.self_attn.k_proj\"; the model has 2 layers"),
@@ -123,6 +125,9 @@ TEST_F(DsConfigFile, RefusesBadFilesWithTheKeyAndValue) {
             std::string::npos);
   EXPECT_NE(load("{}", 9).find("--ds-heavy-channel-num 9 is out of range; allowed 1 to head_dim (8)"), std::string::npos);
   EXPECT_NE(load("[1, 2]").find("expected an object"), std::string::npos);
+  EXPECT_NE(error_of([&] { load_double_sparsity_config(path_, 2, 2, 8, 2, 64, 128, "v"); })
+                .find("--ds-heavy-channel-type v is not known; allowed q, k, qk"),
+            std::string::npos);
 }
 
 TEST(DsBackend, RefusesLayersItCannotServe) {

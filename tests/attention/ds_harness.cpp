@@ -83,6 +83,15 @@ DsHarness::DsHarness(const DsCase& c, uint64_t seed) : c_(c) {
     const DType narrow = dtype_size(c.kv_dtype) < dtype_size(c.q_dtype) ? c.kv_dtype : c.q_dtype;
     k_.push_back(rounded(static_cast<size_t>(len) * H * D, narrow, -1.0f, 1.0f, rng));
     v_.push_back(rounded(static_cast<size_t>(len) * H * D, narrow, -1.0f, 1.0f, rng));
+    if (c.tied_labels) {
+      for (int t = 0; t < len; ++t) {
+        for (int h = 0; h < H; ++h) {
+          for (int i = 0; i < C; ++i) {
+            k_.back()[(static_cast<size_t>(t) * H + h) * D + static_cast<size_t>(channels[static_cast<size_t>(h * C + i)])] = 0.5f;
+          }
+        }
+      }
+    }
     prefill_q_.push_back(rounded(static_cast<size_t>(len - 1) * c.num_q_heads * D, c.q_dtype, -1.0f, 1.0f, rng));
   }
   decode_q_ = rounded(c.lens.size() * static_cast<size_t>(c.num_q_heads) * D, c.q_dtype, -1.5f, 1.5f, rng);
@@ -129,6 +138,7 @@ std::vector<int> DsHarness::chosen_keys(int request, int kv_head) const {
 }
 
 double DsHarness::selection_margin() const {
+  if (c_.tied_labels) return INFINITY;  // exact ties, broken by position on every side
   double margin = INFINITY;
   for (size_t r = 0; r < c_.lens.size(); ++r) {
     if (!row_sparse(static_cast<int>(r))) continue;

@@ -21,6 +21,9 @@ struct DsCase {
   int heavy_channel_num = 16, heavy_token_num = 64, threshold = 256;
   float logit_cap = 0.0f;
   bool sinks = false;
+  // Every key holds one value at the label channels: all label scores tie, and the choice is
+  // the lowest positions.
+  bool tied_labels = false;
 };
 
 struct DsResult {

@@ -97,6 +97,16 @@ AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionB
   fill_random(v_, rng, 1.0f);
 }
 
+std::vector<int32_t> AttentionBenchSetup::cached_slots() const {
+  std::vector<int32_t> slots;
+  const int seq_len = case_.prefix_len + case_.extend_len;
+  for (int r = 0; r < case_.batch_size; ++r) {
+    const int32_t* row = req_pool_->row(r);
+    slots.insert(slots.end(), row, row + seq_len);
+  }
+  return slots;
+}
+
 void AttentionBenchSetup::init_metadata() { backend_.init_forward_metadata(batch_); }
 
 void AttentionBenchSetup::run_layer(int layer) {

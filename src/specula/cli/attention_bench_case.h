@@ -44,6 +44,9 @@ class AttentionBenchSetup {
   void run_layer(int layer = 0);  // one layer's attention (the KV is already in the cache)
 
   const AttentionBenchCase& bench_case() const { return case_; }
+  const AttentionLayer& layer() const { return layer_; }
+  MHAKVPool& kv_pool() const { return *kv_pool_; }
+  std::vector<int32_t> cached_slots() const;  // every token slot of every request
   int64_t num_query_tokens() const { return batch_.num_tokens(); }
   double kv_bytes_read() const;      // per layer: every visible K and V row read once per KV head
   double attention_flops() const;    // per layer: 2 * (head_dim + v_head_dim) per visible (query, key, head)

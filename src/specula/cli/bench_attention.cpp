@@ -14,6 +14,7 @@
 
 #include "specula/cli/attention_bench_case.h"
 #include "specula/cli/cpu_ceilings.h"
+#include "specula/cli/bench_double_sparsity.h"
 #include "specula/cli/bench_mla.h"
 #include "specula/cli/json_file.h"
 #include "specula/core/thread_pool.h"
@@ -37,6 +38,9 @@ struct Options {
   int threads = 0;
   double min_seconds = 0.3;
   bool mla = false;
+  bool double_sparsity = false;
+  int ds_heavy_channel_num = 16;
+  int ds_token_fraction = 16;
 };
 
 std::vector<AttentionBenchCase> cpu_cases(DType kv_dtype) {
@@ -304,8 +308,21 @@ void add_bench_attention_command(CLI::App& bench) {
                   "write, as Triton's do_bench does) or warm")
       ->capture_default_str();
   cmd->add_flag("--mla", options->mla, "Benchmark MLA and sparse MLA (DeepSeek shapes) instead; CUDA only");
+  cmd->add_flag("--double-sparsity", options->double_sparsity,
+                "Benchmark double-sparsity decode against dense decode of the same cache instead; CUDA only");
+  cmd->add_option("--ds-heavy-channel-num", options->ds_heavy_channel_num,
+                  "--double-sparsity: label channels per KV head")
+      ->capture_default_str();
+  cmd->add_option("--ds-token-fraction", options->ds_token_fraction,
+                  "--double-sparsity: heavy tokens are the context divided by this")
+      ->capture_default_str();
   cmd->callback([options, l2] {
     options->l2_given = l2->count() > 0;
+    if (options->double_sparsity) {
+      run_ds_bench({options->device == "cpu" ? "cuda" : options->device, options->json_path, options->filter,
+                    options->l2, options->ds_heavy_channel_num, options->ds_token_fraction});
+      return;
+    }
     if (options->mla) {
       run_mla_bench({options->device == "cpu" ? "cuda" : options->device, options->json_path, options->filter,
                      options->l2});

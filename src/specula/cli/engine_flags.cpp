@@ -52,6 +52,21 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "An fp8 checkpoint's experts on a GPU: bf16 (dequantized; faster in this build) or fp8 (half the "
                  "memory)")
       ->capture_default_str();
+  cmd.add_flag("--enable-double-sparsity", f.enable_double_sparsity,
+               "Decode long requests over heavy tokens chosen from a few key channels (needs "
+               "--ds-channel-config-path; decode steps run without CUDA graphs)");
+  cmd.add_option("--ds-channel-config-path", f.ds_channel_config_path,
+                 "Double sparsity: the label channels per layer and KV head (tools/ds_channel_config.py writes one)");
+  cmd.add_option("--ds-heavy-channel-num", f.ds_heavy_channel_num, "Double sparsity: label channels per KV head")
+      ->capture_default_str();
+  cmd.add_option("--ds-heavy-token-num", f.ds_heavy_token_num, "Double sparsity: tokens each KV head attends to")
+      ->capture_default_str();
+  cmd.add_option("--ds-sparse-decode-threshold", f.ds_sparse_decode_threshold,
+                 "Double sparsity: requests with a shorter context attend to every token")
+      ->capture_default_str();
+  cmd.add_option("--ds-heavy-channel-type", f.ds_heavy_channel_type,
+                 "Double sparsity: the file's channel ranking to use: q, k or qk")
+      ->capture_default_str();
   cmd.add_option("--speculative-algorithm", f.speculative_algorithm,
                  "EAGLE or EAGLE3 tree speculative decoding (default: off)");
   cmd.add_option("--draft-model", f.draft_model,
@@ -88,6 +103,10 @@ EngineOptions engine_options(const EngineFlags& f) {
   SPECULA_CHECK(f.fp8_expert_weights == "bf16" || f.fp8_expert_weights == "fp8",
                 "--fp8-expert-weights {}: allowed bf16, fp8", f.fp8_expert_weights);
   o.runner.fp8_experts = f.fp8_expert_weights == "fp8";
+  const bool ds_flags = !f.ds_channel_config_path.empty();
+  SPECULA_CHECK(!ds_flags || f.enable_double_sparsity, "--ds-channel-config-path needs --enable-double-sparsity");
+  o.runner.double_sparsity = {f.enable_double_sparsity, f.ds_channel_config_path, f.ds_heavy_channel_num,
+                              f.ds_heavy_token_num, f.ds_sparse_decode_threshold, f.ds_heavy_channel_type};
   o.scheduler.max_queued_requests = f.max_queued_requests;
   o.scheduler.chunked_prefill_size = f.chunked_prefill_size;
   o.scheduler.disable_radix_cache = f.disable_radix_cache;

@@ -32,6 +32,12 @@ struct EngineFlags {
   std::vector<int> cuda_graph_bs;
   std::string mla_extend_form = "auto";
   std::string fp8_expert_weights = "bf16";
+  bool enable_double_sparsity = false;
+  std::string ds_channel_config_path;
+  int ds_heavy_channel_num = 32;
+  int ds_heavy_token_num = 256;
+  int ds_sparse_decode_threshold = 4096;
+  std::string ds_heavy_channel_type = "qk";
   // Speculative decoding (SGLang's flag names); unset means the default.
   std::string speculative_algorithm;  // empty: off; EAGLE or EAGLE3
   std::string draft_model;

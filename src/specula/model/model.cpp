@@ -68,6 +68,7 @@ std::unique_ptr<AttentionBackend> make_llama_backend(const LlamaModel& model, co
   bo.page_size = o.page_size;
   bo.max_context_len = o.max_kv_len;
   bo.cuda_stream = stream;
+  bo.double_sparsity = o.double_sparsity;
   auto backend = make_attention_backend(o.attention_backend, bo);
   // The CPU path attends with f32 queries; the GPU path with bf16 ones.
   for (const AttentionLayer& layer : model.attention_layers()) {

@@ -71,6 +71,8 @@ struct ModelOptions {
   bool deterministic = false;
   MlaExtendForm mla_extend_form = MlaExtendForm::automatic;
   bool fp8_experts = false;  // RunnerOptions::fp8_experts
+  // Set: Llama-family attention is wrapped in double sparsity with these channels.
+  std::shared_ptr<const DoubleSparsityConfig> double_sparsity;
 };
 
 class Model {

@@ -68,7 +68,24 @@ void ModelRunner::init(const ModelConfig& config, const std::function<std::uniqu
                                              config.head_dim * dtype_size(*o.kv_dtype));
   }
 
+  std::shared_ptr<const DoubleSparsityConfig> ds;
+  if (o.double_sparsity.enabled) {
+    SPECULA_CHECK(!mla, "--enable-double-sparsity: {} uses multi-head latent attention; double sparsity serves "
+                  "Llama-family attention", config.architecture);
+    const DoubleSparsityOptions& d = o.double_sparsity;
+    ds = std::make_shared<const DoubleSparsityConfig>(load_double_sparsity_config(
+        d.channel_config_path, config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
+        d.heavy_channel_num, d.heavy_token_num, d.sparse_decode_threshold, d.heavy_channel_type));
+    // The label cache sits beside the KV: f32 on the host, the cache's dtype on a GPU.
+    kv_bytes_per_token += static_cast<double>(config.num_hidden_layers) * config.num_key_value_heads *
+                          d.heavy_channel_num * static_cast<double>(gpu ? dtype_size(*o.kv_dtype) : sizeof(float));
+    // Which decode path a step takes (sparse or dense) is decided per step on the host, so decode
+    // steps run eagerly, as SGLang's double sparsity does.
+    o.cuda_graph = false;
+  }
+
   ModelOptions mo;
+  mo.double_sparsity = ds;
   mo.device = o.device;
   mo.attention_backend = o.attention_backend;
   mo.page_size = o.page_size;

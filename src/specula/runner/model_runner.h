@@ -17,6 +17,7 @@
 #include "specula/attention/backend.h"
 #include "specula/attention/mla/mla_backend.h"
 #include "specula/kv/mha_kv_pool.h"
+#include "specula/attention/double_sparsity/ds_config.h"
 #include "specula/kv/mla_kv_pool.h"
 #include "specula/kv/req_to_token_pool.h"
 #include "specula/kv/token_allocator.h"
@@ -59,6 +60,9 @@ struct ModelRunnerOptions {
   // An fp8 block-scaled checkpoint on a GPU: keep its experts in fp8 (half their memory; the
   // grouped GEMMs are slower than over bf16 in this build) instead of dequantizing them to bf16.
   bool fp8_experts = false;
+  // Double sparsity (SGLang's --enable-double-sparsity): long requests decode over heavy tokens
+  // chosen from label channels. Decode steps then run without CUDA graphs.
+  DoubleSparsityOptions double_sparsity;
 };
 
 class ModelRunner {

@@ -121,6 +121,17 @@ void DoubleSparsityBackend::write_labels(const AttentionLayer& layer, const Forw
   }
 }
 
+void DoubleSparsityBackend::label_slots(const AttentionLayer& layer, MHAKVPool& pool,
+                                        const std::vector<int32_t>& slots) {
+  ForwardBatch written;
+  written.token_to_kv_pool = &pool;
+  written.out_cache_loc = slots;
+#ifdef SPECULA_HAS_CUDA
+  if (options_.device.is_cuda()) device_->upload_step(written, nullptr, {}, options_.cuda_stream);
+#endif
+  write_labels(layer, written);
+}
+
 void DoubleSparsityBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                                            const TensorView& out, const AttentionLayer& layer,
                                            const ForwardBatch& batch, const ForwardOptions& options) {

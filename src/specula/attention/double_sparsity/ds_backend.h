@@ -42,6 +42,8 @@ class DoubleSparsityBackend final : public AttentionBackend {
 
   // Whether this step's decode is sparse (some request at or above the threshold).
   bool sparse_step() const { return sparse_; }
+  // Labels for slots whose K reached the pool some other way (a benchmark's random cache).
+  void label_slots(const AttentionLayer& layer, MHAKVPool& pool, const std::vector<int32_t>& slots);
 
  private:
   struct DeviceState;

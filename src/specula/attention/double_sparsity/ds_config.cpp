@@ -12,7 +12,9 @@ namespace specula {
 
 DoubleSparsityConfig load_double_sparsity_config(const std::filesystem::path& path, int num_layers, int num_kv_heads,
                                                  int head_dim, int heavy_channel_num, int heavy_token_num,
-                                                 int sparse_decode_threshold) {
+                                                 int sparse_decode_threshold, const std::string& heavy_channel_type) {
+  SPECULA_CHECK(heavy_channel_type == "q" || heavy_channel_type == "k" || heavy_channel_type == "qk",
+                "--ds-heavy-channel-type {} is not known; allowed q, k, qk", heavy_channel_type);
   SPECULA_CHECK(heavy_channel_num >= 1 && heavy_channel_num <= head_dim,
                 "--ds-heavy-channel-num {} is out of range; allowed 1 to head_dim ({})", heavy_channel_num, head_dim);
   SPECULA_CHECK(heavy_token_num >= 1, "--ds-heavy-token-num {} is out of range; it must be >= 1", heavy_token_num);
@@ -30,7 +32,7 @@ DoubleSparsityConfig load_double_sparsity_config(const std::filesystem::path& pa
   config.heavy_token_num = heavy_token_num;
   config.sparse_decode_threshold = sparse_decode_threshold;
   for (int layer = 0; layer < num_layers; ++layer) {
-    const std::string key = fmt::format("model.layers.{}.self_attn.k_proj", layer);
+    const std::string key = fmt::format("model.layers.{}.self_attn.{}_proj", layer, heavy_channel_type);
     SPECULA_CHECK(root.has(key), "{}: no \"{}\"; the model has {} layers", file, key, num_layers);
     const JsonReader heads = root.at(key);
     if (!heads.is_array() || heads.size() != static_cast<size_t>(num_kv_heads)) {

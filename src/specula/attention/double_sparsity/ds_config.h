@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <string>
 #include <vector>
 
 namespace specula {
@@ -20,13 +21,24 @@ struct DoubleSparsityConfig {
   int num_layers() const { return static_cast<int>(channels.size()); }
 };
 
-// Reads the channel config JSON (SGLang's format: "model.layers.<i>.self_attn.k_proj" -> a list
-// of num_kv_heads lists of channel indices, most important first; other keys are ignored) and
-// keeps each head's first heavy_channel_num channels. Throws specula::Error naming the file, the
+// The engine's switches (SGLang's --enable-double-sparsity and --ds-* flags and defaults).
+struct DoubleSparsityOptions {
+  bool enabled = false;
+  std::filesystem::path channel_config_path;
+  int heavy_channel_num = 32;
+  int heavy_token_num = 256;
+  int sparse_decode_threshold = 4096;
+  std::string heavy_channel_type = "qk";  // which ranking of the file: q, k or qk
+};
+
+// Reads the channel config JSON (SGLang's format: "model.layers.<i>.self_attn.<type>_proj" -> a
+// list of num_kv_heads lists of channel indices, most important first, for heavy_channel_type
+// q, k or qk; other keys are ignored) and keeps each head's first heavy_channel_num channels. Throws specula::Error naming the file, the
 // key and the value for a missing file, layer or head, a short list, an index outside
 // [0, head_dim), a repeated index, or settings out of range.
 DoubleSparsityConfig load_double_sparsity_config(const std::filesystem::path& path, int num_layers, int num_kv_heads,
                                                  int head_dim, int heavy_channel_num, int heavy_token_num,
-                                                 int sparse_decode_threshold);
+                                                 int sparse_decode_threshold,
+                                                 const std::string& heavy_channel_type = "qk");
 
 }  // namespace specula

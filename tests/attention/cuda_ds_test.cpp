@@ -1,0 +1,66 @@
+// Double sparsity on the GPU (label scores, radix top-k, split attention, merge) against the
+// float64 reference that redoes the choice from the raw inputs.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "ds_harness.h"
+
+namespace specula {
+namespace {
+
+using testing::DsCase;
+using testing::DsHarness;
+using testing::DsResult;
+
+double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return a.size() == b.size() ? m : INFINITY;
+}
+
+struct CudaDsParam {
+  const char* name;
+  DsCase c;
+};
+
+class CudaDoubleSparsity : public ::testing::TestWithParam<CudaDsParam> {};
+
+TEST_P(CudaDoubleSparsity, DecodeMatchesTheFloat64Choice) {
+  const DsCase& c = GetParam().c;
+  uint64_t seed = std::random_device{}();
+  std::unique_ptr<DsHarness> h;
+  for (int attempt = 0; attempt < 50 && !h; ++attempt, ++seed) {
+    auto candidate = std::make_unique<DsHarness>(c, seed);
+    // bf16 queries sum into f32 scores on the GPU: a choice within 1e-4 could go either way.
+    if (candidate->selection_margin() >= 1e-4) h = std::move(candidate);
+  }
+  ASSERT_NE(h, nullptr) << "no draw with a clear heavy-token choice";
+  SCOPED_TRACE(::testing::Message() << "seed " << seed - 1);
+  const DsResult got = h->run("cuda", Device::cuda());
+  const DsResult want = h->reference();
+  EXPECT_LE(max_diff(got.out, want.out), 1e-2);
+  EXPECT_LE(max_diff(got.lse, want.lse), 1e-3);
+  if (h->any_sparse_row()) EXPECT_GT(max_diff(h->reference(true).out, want.out), 2e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaDoubleSparsity,
+    ::testing::Values(
+        // Llama-3-8B's heads, a short request among long ones.
+        CudaDsParam{"gqa4_d128_page16", DsCase{{5000, 300, 9000}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16, 512, 1024}},
+        // Qwen2.5-7B's group of 7, head_dim 128, page 1.
+        CudaDsParam{"gqa7_d128_page1", DsCase{{3000, 2500}, 28, 4, 128, 1, DType::bf16, DType::bf16, 32, 256, 2048}},
+        // MHA at head_dim 64 with soft-cap and sinks, f16.
+        CudaDsParam{"mha_d64_f16_cap_sinks", DsCase{{4000, 1200}, 4, 4, 64, 4, DType::f16, DType::f16, 8, 128, 1024, 30.0f, true}},
+        // Longer than the keys a top-k block keeps in shared memory.
+        CudaDsParam{"uncached_50k", DsCase{{50000}, 8, 8, 64, 64, DType::bf16, DType::bf16, 16, 2048, 4096}},
+        // All scores tie: the lowest positions.
+        CudaDsParam{"tied_scores", DsCase{{3000}, 8, 2, 128, 16, DType::bf16, DType::bf16, 16, 300, 1024, 0.0f, false, true}},
+        // A shape with G = 2 at head_dim 256 and 96.
+        CudaDsParam{"gqa2_d256", DsCase{{2100}, 4, 2, 256, 16, DType::bf16, DType::bf16, 24, 200, 2000}},
+        CudaDsParam{"mha_d96", DsCase{{2100, 1900}, 2, 2, 96, 8, DType::bf16, DType::bf16, 12, 100, 1000}}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace specula
