@@ -115,6 +115,44 @@ TEST(Sampler, SeededAndFollowsTheSoftmax) {
   }
 }
 
+TEST(Sampler, FollowsTheSoftmaxAcrossALargeVocabulary) {
+  // 5,000 tokens (the draw searches blocks of 1,024 weights first): five heavy tokens spread over
+  // the blocks, one masked out, and a light random rest, whose share is checked block by block.
+  const int vocab = 5000;
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> light(-4.0f, -2.0f);
+  std::vector<float> logits(vocab);
+  for (float& x : logits) x = light(rng);
+  const std::vector<int> heavy = {3, 1023, 1024, 2500, 4999};
+  for (size_t i = 0; i < heavy.size(); ++i) logits[static_cast<size_t>(heavy[i])] = 1.0f + 0.3f * static_cast<float>(i);
+  logits[4000] = -INFINITY;
+  const float t = 0.8f;
+  std::vector<double> p(vocab);
+  double z = 0;
+  for (int i = 0; i < vocab; ++i) z += p[static_cast<size_t>(i)] = std::exp(static_cast<double>(logits[static_cast<size_t>(i)]) / t);
+  // Bins: each heavy token, then the light tokens of each block of 1,024.
+  auto bin_of = [&](int id) {
+    const auto it = std::find(heavy.begin(), heavy.end(), id);
+    return it != heavy.end() ? static_cast<int>(it - heavy.begin()) : static_cast<int>(heavy.size()) + id / 1024;
+  };
+  const int bins = static_cast<int>(heavy.size()) + (vocab + 1023) / 1024;
+  std::vector<double> expected(static_cast<size_t>(bins), 0.0);
+  for (int i = 0; i < vocab; ++i) expected[static_cast<size_t>(bin_of(i))] += p[static_cast<size_t>(i)] / z;
+  Sampler s(SamplingParams{t, 0, 1.0f, 0.0f, rng()});
+  std::vector<int> counts(static_cast<size_t>(bins), 0);
+  const int n = 60000;
+  for (int i = 0; i < n; ++i) {
+    const int32_t id = s.sample(logits);
+    ASSERT_NE(id, 4000) << "a masked token was drawn";
+    ++counts[static_cast<size_t>(bin_of(id))];
+  }
+  for (int b = 0; b < bins; ++b) {
+    const double pb = expected[static_cast<size_t>(b)];
+    EXPECT_NEAR(counts[static_cast<size_t>(b)] / static_cast<double>(n), pb, 5 * std::sqrt(pb * (1 - pb) / n) + 1e-4)
+        << "bin " << b;
+  }
+}
+
 TEST(Sampler, PenaltiesFollowSglangSemantics) {
   // Greedy with a repetition penalty: token 1 (logit 2.5, in the prompt) becomes 2.5 / 2 = 1.25,
   // below token 3 (2.4).

@@ -1,6 +1,7 @@
 // Sampler implementation: filters apply in the order top-k, top-p, min-p (as in SGLang), each on
 // the temperature-scaled distribution.
 #include "specula/runner/sampler.h"
+#include "specula/runner/softmax_weights.h"
 
 #include <algorithm>
 #include <cmath>
@@ -156,7 +157,7 @@ int32_t Sampler::sample(std::span<const float> raw_logits) {
 
 std::span<const float> Sampler::clean(std::span<const float> raw) {
   // NaN would break the ordering below; it counts as impossible (-inf). +inf dominates.
-  if (std::none_of(raw.begin(), raw.end(), [](float x) { return !std::isfinite(x); })) return raw;
+  if (all_finite(raw)) return raw;
   clean_.assign(raw.begin(), raw.end());
   bool has_pos_inf = false;
   for (float x : clean_) has_pos_inf = has_pos_inf || (std::isinf(x) && x > 0);
@@ -190,15 +191,15 @@ size_t Sampler::filter(std::span<const float> logits, std::vector<int32_t>& orde
   }
   float top = -INFINITY;
   for (int32_t id : order) top = std::max(top, logits[static_cast<size_t>(id)]);
-  // Each candidate's weight exp((logit - top) / temperature), computed once, by id.
+  // Each token's weight exp((logit - top) / temperature), the whole row at once, by id; the sum
+  // over the candidates only when top-k left some out.
   weights_.resize(logits.size());
-  double sum = 0;
-  for (int32_t id : order) {
-    const double w = std::exp((static_cast<double>(logits[static_cast<size_t>(id)]) - top) / params_.temperature);
-    weights_[static_cast<size_t>(id)] = w;
-    sum += w;
+  double sum = softmax_weights(logits, top, params_.temperature, weights_);
+  if (keep < logits.size() && params_.top_k > 0) {
+    sum = 0;
+    for (int32_t id : order) sum += weights_[static_cast<size_t>(id)];
   }
-  const auto weight = [&](int32_t id) { return weights_[static_cast<size_t>(id)]; };
+  const auto weight = [&](int32_t id) { return static_cast<double>(weights_[static_cast<size_t>(id)]); };
   size_t sorted = 0;
   const auto sort_prefix = [&](size_t upto) {
     upto = std::min(upto, keep);
@@ -238,6 +239,25 @@ size_t Sampler::filter(std::span<const float> logits, std::vector<int32_t>& orde
 int32_t Sampler::pick(std::span<const float> raw) {
   if (params_.temperature == 0.0f) return checked_greedy_token(greedy_token(raw));
   const std::span<const float> logits = clean(raw);
+  if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
+    // No filter: the same draw as below over every token in id order, without building the
+    // candidate list (a 128k-token row in tens of microseconds).
+    weights_.resize(logits.size());
+    const double sum = softmax_weights(logits, row_max(logits), params_.temperature, weights_, &block_sums_);
+    const double u = uniform() * sum;
+    // The block the draw lands in, then the token inside it.
+    double running = 0;
+    size_t block = 0;
+    while (block + 1 < block_sums_.size() && u >= running + block_sums_[block]) running += block_sums_[block++];
+    for (size_t i = block * kSoftmaxBlock; i < weights_.size(); ++i) {
+      running += weights_[i];
+      if (weights_[i] > 0.0f && u < running) return static_cast<int32_t>(i);
+    }
+    // Rounding left u at the total: the last token of positive weight (the top one has weight 1).
+    size_t i = weights_.size();
+    while (i > 0 && weights_[i - 1] <= 0.0f) --i;
+    return static_cast<int32_t>(i - 1);
+  }
   const size_t keep = filter(logits, order_, probs_);
   // The first kept token whose running sum passes a uniform draw over their total.
   double total = 0;

@@ -93,7 +93,8 @@ class Sampler {
   std::vector<float> clean_;
   std::unique_ptr<grammar::TokenConstraint> constraint_;
   std::vector<float> masked_;
-  std::vector<double> weights_;  // filter()'s candidate weights, by token id
+  std::vector<float> weights_;  // filter()'s candidate weights, by token id
+  std::vector<double> block_sums_;  // pick()'s weights summed per kSoftmaxBlock tokens
   std::vector<int32_t> order_;  // filter()'s candidates (scratch of pick() and distribution())
   std::vector<double> probs_;
 

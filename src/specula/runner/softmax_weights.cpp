@@ -1,0 +1,58 @@
+#include "specula/runner/softmax_weights.h"
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace specula {
+
+// An AVX2 copy (glibc's 8-wide vector exp) beside the baseline one, chosen at load time.
+__attribute__((target_clones("avx2", "default"))) double softmax_weights(std::span<const float> x, float top,
+                                                                        float temperature, std::span<float> w,
+                                                                        std::vector<double>* block_sums) {
+  const float inv = 1.0f / temperature;
+  const size_t n = x.size();
+  const float* in = x.data();
+  float* out = w.data();
+  // This file is built with -ffast-math (so that exp vectorises); it assumes no infinities, so
+  // -inf logits and huge negative exponents are clamped to a finite value whose exp is 0.
+  for (size_t i = 0; i < n; ++i) {
+    float y = (in[i] - top) * inv;
+    y = y < -200.0f ? -200.0f : y;
+    out[i] = std::exp(y);
+  }
+  // Blocks of float sums, added up in double: the total keeps double's range and most of its
+  // accuracy, and the inner loop still vectorises.
+  double sum = 0.0;
+  if (block_sums != nullptr) block_sums->clear();
+  for (size_t b = 0; b < n; b += kSoftmaxBlock) {
+    float part = 0.0f;
+    const size_t end = b + kSoftmaxBlock < n ? b + kSoftmaxBlock : n;
+    for (size_t i = b; i < end; ++i) part += out[i];
+    sum += part;
+    if (block_sums != nullptr) block_sums->push_back(part);
+  }
+  return sum;
+}
+
+float row_max(std::span<const float> x) {
+  // Comparisons only: an -inf entry takes part as itself.
+  float top = x.empty() ? 0.0f : x[0];
+  for (float v : x) top = v > top ? v : top;
+  return top;
+}
+
+bool all_finite(std::span<const float> x) {
+  // Bit tests (this file assumes no infinities in arithmetic): an exponent of all ones is an
+  // infinity or a NaN.
+  uint32_t bad = 0;
+  for (float v : x) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+}  // namespace specula
