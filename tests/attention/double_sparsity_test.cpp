@@ -28,7 +28,7 @@ std::unique_ptr<DsHarness> clear_choice(const DsCase& c, uint64_t& seed) {
   seed = std::random_device{}();
   for (int attempt = 0; attempt < 50; ++attempt, ++seed) {
     auto h = std::make_unique<DsHarness>(c, seed);
-    if (h->selection_margin() >= 1e-4) return h;
+    if (h->selection_margin() >= c.min_margin) return h;
   }
   ADD_FAILURE() << "no draw with a clear heavy-token choice";
   return nullptr;
@@ -67,6 +67,9 @@ INSTANTIATE_TEST_SUITE_P(
         CpuDsParam{"gqa_page1", DsCase{{700, 150, 1100}, 8, 2, 64, 1, DType::f32, DType::f32, 16, 64, 256}},
         // MHA over a bf16 cache in pages of 16, one request exactly at the threshold, soft-cap, sinks.
         CpuDsParam{"mha_page16_bf16", DsCase{{300, 520}, 4, 4, 128, 16, DType::f32, DType::bf16, 8, 32, 300, 30.0f, true}},
+        // The caller writes the cache (save_kv_cache = false), as GPU models do: labels still follow.
+        CpuDsParam{"caller_writes_kv", DsCase{{700, 400}, 8, 2, 64, 16, DType::f32, DType::bf16, 16, 64, 256, 0.0f,
+                                              false, false, true}},
         // Every label score equal: the lowest positions win.
         CpuDsParam{"tied_scores", DsCase{{600}, 4, 2, 64, 8, DType::f32, DType::f32, 8, 48, 256, 0.0f, false, true}},
         // Over the threshold but with no more keys than heavy_token_num: every key.

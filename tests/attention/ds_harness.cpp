@@ -233,14 +233,29 @@ DsResult DsHarness::run(const std::string& backend_name, Device device) const {
     k.insert(k.end(), kr.begin(), kr.end() - static_cast<std::ptrdiff_t>(row));
     v.insert(v.end(), vr.begin(), vr.end() - static_cast<std::ptrdiff_t>(row));
   }
+  // The caller's own cache write, before the backend runs (save_kv_cache = false).
+  auto write_kv = [&](const ForwardBatch& b, const Buffer& kd, const Buffer& vd) {
+    if (device.is_cpu()) {
+      pool.set_kv_buffer(0, b.out_cache_loc, kd, vd);
+      return;
+    }
+    Buffer loc_host(DType::i32, {b.num_tokens()});
+    std::copy(b.out_cache_loc.begin(), b.out_cache_loc.end(), loc_host.data_as<int32_t>());
+    Buffer loc(DType::i32, {b.num_tokens()}, device);
+    copy(loc, loc_host);
+    pool.set_kv_buffer(0, loc, kd, vd, nullptr);
+  };
+  ForwardOptions step_options;
+  step_options.save_kv_cache = !c_.caller_writes_kv;
   const int64_t tokens = prefill.num_tokens();
   {
     Buffer qd = to_tensor(q, c_.q_dtype, device, {tokens, Hq, D});
     Buffer kd = to_tensor(k, c_.q_dtype, device, {tokens, H, D});
     Buffer vd = to_tensor(v, c_.q_dtype, device, {tokens, H, D});
     Buffer od(c_.q_dtype, {tokens, Hq, D}, device);
+    if (c_.caller_writes_kv) write_kv(prefill, kd, vd);
     backend->init_forward_metadata(prefill);
-    backend->forward(qd, kd, vd, od, layer_, prefill);
+    backend->forward(qd, kd, vd, od, layer_, prefill, step_options);
   }
 
   ForwardBatch decode;
@@ -266,8 +281,9 @@ DsResult DsHarness::run(const std::string& backend_name, Device device) const {
   Buffer vd = to_tensor(v, c_.q_dtype, device, {n, H, D});
   Buffer od(c_.q_dtype, {n, Hq, D}, device);
   Buffer lse(DType::f32, {n, Hq}, device);
+  if (c_.caller_writes_kv) write_kv(decode, kd, vd);
   backend->init_forward_metadata(decode);
-  ForwardOptions fo;
+  ForwardOptions fo = step_options;
   fo.lse = lse;
   backend->forward(qd, kd, vd, od, layer_, decode, fo);
   return {to_doubles(od), to_doubles(lse)};

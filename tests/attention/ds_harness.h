@@ -24,6 +24,10 @@ struct DsCase {
   // Every key holds one value at the label channels: all label scores tie, and the choice is
   // the lowest positions.
   bool tied_labels = false;
+  // The harness writes each step's K and V into the pool itself and calls the backend with
+  // save_kv_cache = false, as the GPU models (fused QKV epilogue) do.
+  bool caller_writes_kv = false;
+  double min_margin = 1e-4;  // a draw's heavy-token choice must clear this (see selection_margin)
 };
 
 struct DsResult {

@@ -136,7 +136,9 @@ void DoubleSparsityBackend::forward_extend(const TensorView& q, const TensorView
                                            const TensorView& out, const AttentionLayer& layer,
                                            const ForwardBatch& batch, const ForwardOptions& options) {
   dense_->forward_extend(q, k, v, out, layer, batch, options);
-  if (options.save_kv_cache) write_labels(layer, batch);
+  // Labels follow whatever wrote the step's K: this call, or the caller before it (a GPU model's
+  // fused QKV epilogue writes the cache itself and passes save_kv_cache = false).
+  write_labels(layer, batch);
 }
 
 void DoubleSparsityBackend::forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -144,7 +146,7 @@ void DoubleSparsityBackend::forward_decode(const TensorView& q, const TensorView
                                            const ForwardBatch& batch, const ForwardOptions& options) {
   if (!sparse_) {
     dense_->forward_decode(q, k, v, out, layer, batch, options);
-    if (options.save_kv_cache) write_labels(layer, batch);
+    write_labels(layer, batch);
     return;
   }
   MHAKVPool& pool = *batch.token_to_kv_pool;
@@ -157,8 +159,8 @@ void DoubleSparsityBackend::forward_decode(const TensorView& q, const TensorView
     {
       pool.set_kv_buffer(layer.layer_id, batch.out_cache_loc, k, v);
     }
-    write_labels(layer, batch);
   }
+  write_labels(layer, batch);
   if (options_.device.is_cuda()) {
     sparse_decode_cuda(q, out, layer, batch, options);
   } else {
