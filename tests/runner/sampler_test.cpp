@@ -153,6 +153,27 @@ TEST(Sampler, FollowsTheSoftmaxAcrossALargeVocabulary) {
   }
 }
 
+TEST(Sampler, PrepareDrawCommitIsSample) {
+  // The batch path (penalties and mask on one thread, draws on others) picks what sample() picks.
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  SamplingParams p{0.9f, 0, 0.95f, 0.0f, rng()};
+  p.repetition_penalty = 1.3f;
+  p.frequency_penalty = 0.2f;
+  Sampler a(p), b(p);
+  const std::vector<int32_t> prompt = {1, 5, 9};
+  a.observe_prompt(prompt);
+  b.observe_prompt(prompt);
+  std::vector<float> logits(3000);
+  for (int step = 0; step < 60; ++step) {
+    for (float& x : logits) x = dist(rng);
+    const int32_t want = a.sample(logits);
+    const int32_t got = b.draw(b.prepare(logits));
+    b.commit(got);
+    ASSERT_EQ(got, want) << "step " << step;
+  }
+}
+
 TEST(Sampler, PenaltiesFollowSglangSemantics) {
   // Greedy with a repetition penalty: token 1 (logit 2.5, in the prompt) becomes 2.5 / 2 = 1.25,
   // below token 3 (2.4).

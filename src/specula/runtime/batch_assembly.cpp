@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "specula/core/error.h"
+#include "specula/core/thread_pool.h"
 #include "specula/runtime/scheduled_request.h"
 #include "specula/runtime/scheduler.h"
 
@@ -86,6 +87,7 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
     return false;
   }
   const auto vocab = static_cast<size_t>(runner_.config().vocab_size);
+  draw_rows(plan, argmax_only, vocab);
   for (size_t i = 0; i < plan.size(); ++i) {
     Req& r = *plan[i].req;
     try {
@@ -97,9 +99,16 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
       SPECULA_CHECK(mask_errors.empty() || mask_errors[i].empty(), "{}", mask_errors[i]);
       const std::span<const float> row = argmax_only ? std::span<const float>()
                                                      : std::span<const float>(logits_).subspan(i * vocab, vocab);
-      const int32_t token = !argmax_only                         ? r.sampler.sample(row)
-                            : r.sampler.picks_masked_argmax() ? r.sampler.take_masked_argmax(greedy_ids_[i])
-                                                              : r.sampler.take_argmax(greedy_ids_[i]);
+      SPECULA_CHECK(drawn_[i].error.empty(), "{}", drawn_[i].error);
+      int32_t token = 0;
+      if (drawn_[i].token >= 0) {
+        token = drawn_[i].token;
+        r.sampler.commit(token);
+      } else {
+        token = !argmax_only                         ? r.sampler.sample(row)
+                : r.sampler.picks_masked_argmax() ? r.sampler.take_masked_argmax(greedy_ids_[i])
+                                                  : r.sampler.take_argmax(greedy_ids_[i]);
+      }
       if (r.params.logprobs >= 0) {
         auto [logprob, top] = log_softmax_at(row, token, r.params.logprobs);
         r.out.logprobs.push_back({logprob, std::move(top)});
@@ -113,6 +122,40 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
   }
   if (drafting) draft_after_prefill(plan, capture);
   return true;
+}
+
+void Scheduler::draw_rows(const std::vector<Planned>& plan, bool argmax_only, size_t vocab) {
+  drawn_.assign(plan.size(), Drawn{});
+  if (argmax_only) return;
+  // Rows drawn at temperature > 0: penalties and grammar masks here, one row after another (the
+  // grammars share caches), then the draws themselves (a softmax over the vocabulary each) on the
+  // thread pool, each on its own request's sampler.
+  std::vector<size_t> rows;
+  std::vector<std::span<const float>> prepared(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Req& r = *plan[i].req;
+    if (r.pending() > 0 || r.sampler.greedy()) continue;
+    try {
+      prepared[i] = r.sampler.prepare(std::span<const float>(logits_).subspan(i * vocab, vocab));
+      rows.push_back(i);
+    } catch (const std::exception& e) {
+      drawn_[i].error = e.what();
+    }
+  }
+  if (rows.empty()) return;
+  auto draw = [&](int64_t k, int) {
+    const size_t i = rows[static_cast<size_t>(k)];
+    try {
+      drawn_[i].token = plan[i].req->sampler.draw(prepared[i]);
+    } catch (const std::exception& e) {
+      drawn_[i].error = e.what();
+    }
+  };
+  if (rows.size() == 1) {
+    draw(0, 0);
+  } else {
+    default_thread_pool().parallel_for(static_cast<int64_t>(rows.size()), draw);
+  }
 }
 
 }  // namespace specula

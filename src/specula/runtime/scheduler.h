@@ -170,6 +170,13 @@ class Scheduler {
   SchedulerStats stats_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;  // a step's greedy tokens when every request picks the argmax
+  // A step's rows drawn at temperature > 0 (draw_rows): the token, or -1 and why not.
+  struct Drawn {
+    int32_t token = -1;
+    std::string error;
+  };
+  std::vector<Drawn> drawn_;
+  void draw_rows(const std::vector<Planned>& plan, bool argmax_only, size_t vocab);
   SpecShape last_shape_{-1, -1};     // the speculative policy's previous choice (for the log)
 };
 

@@ -92,35 +92,13 @@ __global__ void label_scores_kernel(SparseDecode p) {
   }
 }
 
-// Exclusive prefix count of `flag` over the block (kTopKThreads threads); *total gets the sum.
-__device__ int block_exclusive_count(bool flag, int* warp_counts, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
-  const int before_in_warp = __popc(ballot & ((1u << lane) - 1u));
-  if (lane == 0) warp_counts[warp] = __popc(ballot);
-  __syncthreads();
-  if (warp == 0) {
-    int v = warp_counts[lane];
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int n = __shfl_up_sync(0xffffffffu, v, o);
-      if (lane >= o) v += n;
-    }
-    warp_counts[lane] = v;  // inclusive
-  }
-  __syncthreads();
-  const int result = (warp == 0 ? 0 : warp_counts[warp - 1]) + before_in_warp;
-  *total = warp_counts[31];
-  __syncthreads();
-  return result;
-}
-
 // The heavy_token_num largest scores of a sparse row, ties to the lower index, listed in index
 // order: a radix select of the k-th largest key (11 + 11 + 10 bits), then an ordered compaction.
 __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(SparseDecode p, int cache_keys) {
   extern __shared__ uint32_t cached[];
   __shared__ int hist[2048];
   __shared__ int warp_counts[32];
+  __shared__ int warp_equal[32];
   __shared__ uint32_t found_prefix;
   __shared__ int found_remaining;
   const int row = blockIdx.x;
@@ -180,21 +158,60 @@ __global__ void __launch_bounds__(kTopKThreads) top_k_kernel(SparseDecode p, int
     __syncthreads();
   }
 
-  // Every key above the threshold key, and the first `remaining` keys equal to it, by index.
+  // Every key above the threshold key, and the first `remaining` keys equal to it, in index order.
+  // Warp w owns keys [w * seg, (w + 1) * seg): it counts its keys above and equal (ballots, no
+  // block barrier), the counts are scanned once, then each warp writes at its offset.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kTopKWarps = kTopKThreads / 32;
+  const int seg = ((len + kTopKWarps - 1) / kTopKWarps + 31) / 32 * 32;
+  const int lo = warp * seg, hi = min(len, lo + seg);
+  const unsigned below_lane = (1u << lane) - 1u;
+  int above_count = 0, equal_count = 0;
+  for (int base = lo; base < hi; base += 32) {
+    const int j = base + lane;
+    const uint32_t key = j < hi ? key_at(j) : 0u;
+    above_count += __popc(__ballot_sync(0xffffffffu, j < hi && key > prefix));
+    equal_count += __popc(__ballot_sync(0xffffffffu, j < hi && key == prefix));
+  }
+  if (lane == 0) {
+    warp_counts[warp] = above_count;
+    warp_equal[warp] = equal_count;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    // Exclusive scans over the warps: equal keys before each warp, then keys written before it.
+    const int eq = warp_equal[lane];
+    int eq_incl = eq;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, eq_incl, o);
+      if (lane >= o) eq_incl += n;
+    }
+    const int eq_before = eq_incl - eq;
+    const int taken = warp_counts[lane] + min(eq, max(0, remaining - eq_before));
+    int taken_incl = taken;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, taken_incl, o);
+      if (lane >= o) taken_incl += n;
+    }
+    warp_equal[lane] = eq_before;
+    warp_counts[lane] = taken_incl - taken;
+  }
+  __syncthreads();
   int32_t* out = p.selected + static_cast<int64_t>(row) * p.heavy_token_num;
-  int written = 0, equal_seen = 0;
-  for (int base = 0; base < len; base += blockDim.x) {
-    const int j = base + threadIdx.x;
-    const uint32_t key = j < len ? key_at(j) : 0u;
-    const bool above = j < len && key > prefix;
-    const bool equal = j < len && key == prefix;
-    int equal_total = 0, taken_total = 0;
-    const int equal_rank = block_exclusive_count(equal, warp_counts, &equal_total);
-    const bool take = above || (equal && equal_seen + equal_rank < remaining);
-    const int rank = block_exclusive_count(take, warp_counts, &taken_total);
-    if (take) out[written + rank] = j;
-    written += taken_total;
-    equal_seen += equal_total;
+  int written = warp_counts[warp], equal_seen = warp_equal[warp];
+  for (int base = lo; base < hi; base += 32) {
+    const int j = base + lane;
+    const uint32_t key = j < hi ? key_at(j) : 0u;
+    const bool above = j < hi && key > prefix;
+    const unsigned equal_mask = __ballot_sync(0xffffffffu, j < hi && key == prefix);
+    const bool equal = (equal_mask >> lane) & 1u;
+    const bool take = above || (equal && equal_seen + __popc(equal_mask & below_lane) < remaining);
+    const unsigned take_mask = __ballot_sync(0xffffffffu, take);
+    if (take) out[written + __popc(take_mask & below_lane)] = j;
+    written += __popc(take_mask);
+    equal_seen += __popc(equal_mask);
   }
 }
 
@@ -231,31 +248,43 @@ __global__ void __launch_bounds__(kWarps * 32) sparse_attention_kernel(SparseDec
   const int32_t* chosen = p.selected + static_cast<int64_t>(row) * p.heavy_token_num;
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
-  for (int i = start + warp; i < end; i += kWarps) {
-    const int j = sparse ? chosen[i] : i;
-    const int64_t base = (static_cast<int64_t>(slot_of(p, b, j)) * p.kv_heads + h) * D + lane * kElems;
-    float kf[kElems], vf[kElems];
+  // kUnroll consecutive keys per warp step, their rows loaded before any is used, so several
+  // dependent index -> page -> row loads are in flight at once.
+  constexpr int kUnroll = kElems <= 4 ? 4 : 2;
+  for (int i0 = start + warp * kUnroll; i0 < end; i0 += kWarps * kUnroll) {
+    float kf[kUnroll][kElems], vf[kUnroll][kElems];
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) {
-      kf[e] = to_float(kc[base + e]);
-      vf[e] = to_float(vc[base + e]);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u;
+      if (i >= end) break;
+      const int j = sparse ? chosen[i] : i;
+      const int64_t base = (static_cast<int64_t>(slot_of(p, b, j)) * p.kv_heads + h) * D + lane * kElems;
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) {
+        kf[u][e] = to_float(kc[base + e]);
+        vf[u][e] = to_float(vc[base + e]);
+      }
     }
 #pragma unroll
-    for (int g = 0; g < kGroup; ++g) {
-      if (g >= G) break;
-      float dot = 0.0f;
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i0 + u >= end) break;
 #pragma unroll
-      for (int e = 0; e < kElems; ++e) dot += q[g][e] * kf[e];
+      for (int g = 0; g < kGroup; ++g) {
+        if (g >= G) break;
+        float dot = 0.0f;
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-      if (p.logit_cap > 0.0f) dot = p.logit_cap * tanhf(dot / p.logit_cap);
-      const float m_new = fmaxf(m[g], dot);
-      const float corr = expf(m[g] - m_new);
-      const float w = expf(dot - m_new);
-      l[g] = l[g] * corr + w;
+        for (int e = 0; e < kElems; ++e) dot += q[g][e] * kf[u][e];
 #pragma unroll
-      for (int e = 0; e < kElems; ++e) acc[g][e] = acc[g][e] * corr + w * vf[e];
-      m[g] = m_new;
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        if (p.logit_cap > 0.0f) dot = p.logit_cap * tanhf(dot / p.logit_cap);
+        const float m_new = fmaxf(m[g], dot);
+        const float corr = expf(m[g] - m_new);
+        const float w = expf(dot - m_new);
+        l[g] = l[g] * corr + w;
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) acc[g][e] = acc[g][e] * corr + w * vf[u][e];
+        m[g] = m_new;
+      }
     }
   }
 
