@@ -5,6 +5,7 @@
 #include <random>
 
 #include "ds_harness.h"
+#include "specula/core/device.h"
 
 namespace specula {
 namespace {
@@ -27,6 +28,7 @@ struct CudaDsParam {
 class CudaDoubleSparsity : public ::testing::TestWithParam<CudaDsParam> {};
 
 TEST_P(CudaDoubleSparsity, DecodeMatchesTheFloat64Choice) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const DsCase& c = GetParam().c;
   uint64_t seed = std::random_device{}();
   std::unique_ptr<DsHarness> h;

@@ -20,6 +20,7 @@ struct CudaVisionParam {
 class CudaVision : public ::testing::TestWithParam<CudaVisionParam> {};
 
 TEST_P(CudaVision, BlockMatchesFloat64Reference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const CudaVisionParam c = GetParam();
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
