@@ -34,6 +34,7 @@ std::string common_layer_problem(const AttentionLayer& layer) {
     return fmt::format("sliding_window_size {} is not valid; expected -1 (none) or >= 0", layer.sliding_window_size);
   }
   if (!(layer.logit_cap >= 0.0f)) return fmt::format("logit_cap {} must be >= 0", layer.logit_cap);
+  if (layer.dca_chunk_len < 0) return fmt::format("dca_chunk_len {} must be >= 0", layer.dca_chunk_len);
   return {};
 }
 

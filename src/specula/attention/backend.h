@@ -44,6 +44,11 @@ struct AttentionLayer {
   // Attention sinks (gpt-oss): one learned logit per query head that joins the softmax
   // denominator without contributing a value. [num_q_heads] or empty.
   std::vector<float> sinks;
+  // Dual chunk attention (attention/cpu/dual_chunk.h): > 0 makes q [num_tokens, num_q_heads,
+  // 3 * head_dim] (intra, successive and inter rotary variants) and the key chunks this long;
+  // dca_original_max_position > 0 scales a long request's logits.
+  int dca_chunk_len = 0;
+  int dca_original_max_position = 0;
 
   int effective_v_head_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   float effective_scaling() const;

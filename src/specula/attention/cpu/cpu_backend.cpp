@@ -1,6 +1,7 @@
 // CpuAttentionBackend: metadata building (sequence descriptors, page table, local-attention
 // virtual batches), argument checks, the KV write, and the kernel launch.
 #include "specula/attention/cpu/cpu_backend.h"
+#include "specula/attention/cpu/dual_chunk.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -61,6 +62,10 @@ CpuKernelChoice select_cpu_attention_kernel(const AttentionLayer& layer, DType q
   }
   if (page_size < 1 || (page_size & (page_size - 1)) != 0) {
     return fail(fmt::format("page_size {} is not supported; it must be a power of two >= 1", page_size));
+  }
+  if (layer.dca_chunk_len > 0 && (layer.attn_type != AttentionType::DECODER || layer.sliding_window_size >= 0 ||
+                                  layer.use_local_attention || !layer.sinks.empty())) {
+    return fail("dual chunk attention serves causal layers without sliding window, local chunks or sinks");
   }
   return choice;
 }
@@ -173,7 +178,8 @@ void CpuAttentionBackend::run(const TensorView& q, const TensorView& k, const Te
   check_layer(layer, q.dtype(), pool.dtype());
   const int64_t n = batch.num_tokens();
   const int Dv = layer.effective_v_head_dim();
-  check_shape(q, {n, layer.num_q_heads, layer.head_dim}, "q");
+  const bool dual_chunk = layer.dca_chunk_len > 0;
+  check_shape(q, {n, layer.num_q_heads, (dual_chunk ? 3 : 1) * layer.head_dim}, "q");
   check_shape(out, {n, layer.num_q_heads, Dv}, "attention output");
   SPECULA_CHECK(q.stride(2) == 1 && out.stride(2) == 1, "q {} and output {} need contiguous head_dim", q.str(),
                 out.str());
@@ -228,6 +234,12 @@ void CpuAttentionBackend::run(const TensorView& q, const TensorView& k, const Te
   p.sinks = layer.sinks.empty() ? nullptr : layer.sinks.data();
   p.custom_mask = custom ? batch.spec_info->custom_mask.data() : nullptr;
 
+  if (dual_chunk) {
+    SPECULA_CHECK(!custom, "layer {}: dual chunk attention with a tree mask (speculative verify) is not supported",
+                  layer.layer_id);
+    run_dual_chunk_attention(p, DualChunkShape{layer.dca_chunk_len, layer.dca_original_max_position}, seqs, *pool_);
+    return;
+  }
   const auto it = metadata_.plans.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, local});
   SPECULA_CHECK(it != metadata_.plans.end(),
                 "layer {} ({} query / {} KV heads) was not passed to check_layer before init_forward_metadata",

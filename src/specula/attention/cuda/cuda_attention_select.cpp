@@ -34,6 +34,7 @@ std::string layer_problem(const AttentionLayer& layer, DType q_dtype, DType kv_d
                        layer.effective_v_head_dim(), layer.head_dim);
   }
   if (std::string problem = common_layer_problem(layer); !problem.empty()) return problem;
+  if (layer.dca_chunk_len > 0) return "dual chunk attention runs on the cpu backend only in this build";
   if (q_dtype != DType::bf16 && q_dtype != DType::f16) {
     return fmt::format("query dtype {} is not supported; supported: bf16, f16", dtype_name(q_dtype));
   }

@@ -49,6 +49,7 @@ void DoubleSparsityBackend::check_layer(const AttentionLayer& layer, DType q_dty
                 "double sparsity serves causal full-attention layers; layer {} has a sliding window, local chunks or "
                 "is non-causal",
                 layer.layer_id);
+  SPECULA_CHECK(layer.dca_chunk_len == 0, "double sparsity with dual chunk attention is not supported");
   SPECULA_CHECK(kv_dtype != DType::fp8_e4m3,
                 "double sparsity needs a bf16, f16 or f32 KV cache (its labels are key values); got fp8_e4m3");
 #ifdef SPECULA_HAS_CUDA

@@ -1,0 +1,76 @@
+#include "specula/attention/cpu/dual_chunk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "specula/core/thread_pool.h"
+
+namespace specula {
+
+double dual_chunk_logit_scale(int kv_len, int original_max_position) {
+  if (original_max_position <= 0 || kv_len <= 0) return 1.0;
+  return std::max(1.0, 0.1 * std::log(static_cast<double>(kv_len) / original_max_position) + 1.0);
+}
+
+void run_dual_chunk_attention(const CpuAttentionParams& p, const DualChunkShape& shape,
+                              std::span<const CpuAttentionSeq> seqs, ThreadPool& pool) {
+  const int D = p.head_dim, Dv = p.v_head_dim, Hq = p.num_q_heads, Hkv = p.num_kv_heads;
+  const int group = Hq / Hkv;
+  const int64_t q_elem = static_cast<int64_t>(dtype_size(p.q_dtype));
+  const int64_t kv_elem = static_cast<int64_t>(dtype_size(p.kv_dtype));
+  const int64_t out_elem = static_cast<int64_t>(dtype_size(p.out_dtype));
+  // Work items (query row, query head), rows numbered across the sequences.
+  std::vector<int32_t> row_seq, row_index;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    for (int32_t i = 0; i < seqs[s].q_len; ++i) {
+      row_seq.push_back(static_cast<int32_t>(s));
+      row_index.push_back(i);
+    }
+  }
+  const auto rows = static_cast<int64_t>(row_seq.size());
+  pool.parallel_for(rows * Hq, [&](int64_t item, int) {
+    const auto r = static_cast<size_t>(item / Hq);
+    const int h = static_cast<int>(item % Hq), kh = h / group;
+    const CpuAttentionSeq& seq = seqs[static_cast<size_t>(row_seq[r])];
+    const int i = row_index[r];
+    const int64_t token = seq.q_start + i;
+    const int pos = seq.q_kv_offset + i;
+    const int chunk = pos / shape.chunk_len;
+    const double scale = p.scale * dual_chunk_logit_scale(seq.kv_len, shape.original_max_position);
+
+    // The query's three variants, in f32.
+    std::vector<float> q(static_cast<size_t>(3 * D)), k(static_cast<size_t>(D)), v(static_cast<size_t>(Dv));
+    const char* q_row = static_cast<const char*>(p.q) + (token * p.q_stride_token + h * p.q_stride_head) * q_elem;
+    convert_to_float(q_row, p.q_dtype, q.data(), q.size());
+    const int last = p.causal ? std::min(pos, seq.kv_len - 1) : seq.kv_len - 1;
+    double top = -INFINITY, denom = 0.0;
+    std::vector<double> acc(static_cast<size_t>(Dv), 0.0);
+    for (int j = 0; j <= last; ++j) {
+      const int64_t slot = static_cast<int64_t>(seq.pages[j / p.page_size]) * p.page_size + j % p.page_size;
+      convert_to_float(static_cast<const char*>(p.k_cache) + ((slot * Hkv + kh) * D) * kv_elem, p.kv_dtype, k.data(),
+                       k.size());
+      const int key_chunk = j / shape.chunk_len;
+      const int variant = key_chunk == chunk ? 0 : key_chunk == chunk - 1 ? 1 : 2;
+      const float* qv = q.data() + variant * D;
+      double dot = 0.0;
+      for (int d = 0; d < D; ++d) dot += static_cast<double>(qv[d]) * k[static_cast<size_t>(d)];
+      double s = dot * p.k_descale * scale;
+      if (p.logit_cap > 0.0f) s = p.logit_cap * std::tanh(s / p.logit_cap);
+      const double top_new = std::max(top, s);
+      const double corr = std::exp(top - top_new), w = std::exp(s - top_new);
+      convert_to_float(static_cast<const char*>(p.v_cache) + ((slot * Hkv + kh) * Dv) * kv_elem, p.kv_dtype, v.data(),
+                       v.size());
+      for (int d = 0; d < Dv; ++d) acc[static_cast<size_t>(d)] = acc[static_cast<size_t>(d)] * corr + w * v[static_cast<size_t>(d)] * p.v_descale;
+      denom = denom * corr + w;
+      top = top_new;
+    }
+    std::vector<float> o(static_cast<size_t>(Dv));
+    for (int d = 0; d < Dv; ++d) o[static_cast<size_t>(d)] = static_cast<float>(acc[static_cast<size_t>(d)] / denom);
+    convert_from_float(o.data(), static_cast<char*>(p.out) + (token * p.out_stride_token + h * p.out_stride_head) * out_elem,
+                       p.out_dtype, o.size());
+    if (p.lse != nullptr) p.lse[token * p.lse_stride_token + h] = static_cast<float>(top + std::log(denom));
+  });
+}
+
+}  // namespace specula

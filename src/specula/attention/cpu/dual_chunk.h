@@ -1,0 +1,37 @@
+// Dual chunk attention (Qwen2.5-1M's dual_chunk_attention_config; SGLang's dual-chunk
+// FlashAttention backend) on the CPU, the reference implementation.
+//
+// Positions are split into chunks of chunk_len = chunk_size - local_size tokens. Keys carry the
+// rotary position pos % chunk_len; each query comes in three rotary variants (built by the model:
+// q is [tokens, heads, 3 * head_dim], variants intra, successive, inter). A query at KV index i
+// (chunk i / chunk_len) sees every key j <= i through
+//   - the intra variant for keys of its own chunk,
+//   - the successive variant for keys of the chunk before,
+//   - the inter variant for keys of earlier chunks,
+// in one softmax (the same as attending to the three parts apart and merging them by their
+// log-sum-exps). With original_max_position > 0 the logits of a request of L keys are also
+// multiplied by max(1, 0.1 ln(L / original_max_position) + 1).
+#pragma once
+
+#include <span>
+
+#include "specula/attention/cpu/tile_kernel.h"
+
+namespace specula {
+
+class ThreadPool;
+
+struct DualChunkShape {
+  int chunk_len = 0;
+  int original_max_position = 0;
+};
+
+// params.q points at variant 0 of [tokens, heads, 3 * head_dim] (q_stride_head = 3 * head_dim);
+// params.causal must be set, and window, custom mask and sinks unset.
+void run_dual_chunk_attention(const CpuAttentionParams& params, const DualChunkShape& shape,
+                              std::span<const CpuAttentionSeq> seqs, ThreadPool& pool);
+
+// The logit multiplier of a request with kv_len keys (1 when original_max_position is 0).
+double dual_chunk_logit_scale(int kv_len, int original_max_position);
+
+}  // namespace specula
