@@ -31,6 +31,9 @@ struct Arch {
   int experts = 0, top_k = 2;
   bool norm_topk = true;
   std::vector<int> dense_layers = {};
+  // Dual chunk attention (Qwen2.5-1M's dual_chunk_attention_config): chunk_size, local_size and
+  // original_max_position_embeddings; 0: off.
+  int dca_chunk = 0, dca_local = 0, dca_original = 0;
 };
 
 constexpr int kMoeInter = 32;  // Qwen3-MoE's moe_intermediate_size in the tiny model
@@ -138,6 +141,11 @@ void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::
     config["final_logit_softcapping"] = kFinalCap;
     config["query_pre_attn_scalar"] = kQueryScalar;
   }
+  if (a.dca_chunk > 0) {
+    config["dual_chunk_attention_config"] = {{"chunk_size", a.dca_chunk},
+                                             {"local_size", a.dca_local},
+                                             {"original_max_position_embeddings", a.dca_original}};
+  }
   if (a.window > 0) {
     config["sliding_window"] = a.window;
     if (a.name != "MistralForCausalLM" && !a.gemma2) {
@@ -186,6 +194,19 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
   for (int l = 0; l < m.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     std::vector<std::vector<double>> q(static_cast<size_t>(n)), k(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+    // Dual chunk attention: the queries before their rotation (each key position picks its own).
+    std::vector<std::vector<double>> q_raw(static_cast<size_t>(n));
+    const int chunk_len = a.dca_chunk - a.dca_local;
+    auto rotated = [&](const double* head, double pos) {
+      std::vector<double> out(static_cast<size_t>(D));
+      for (int i = 0; i < D / 2; ++i) {
+        const double f = pos / std::pow(m.theta, 2.0 * i / D);
+        const double c = std::cos(f), s = std::sin(f), x1 = head[i], x2 = head[i + D / 2];
+        out[static_cast<size_t>(i)] = x1 * c - x2 * s;
+        out[static_cast<size_t>(i + D / 2)] = x2 * c + x1 * s;
+      }
+      return out;
+    };
     for (int t = 0; t < n; ++t) {
       const auto x = rms(h[static_cast<size_t>(t)], W(p + "input_layernorm.weight"));
       q[static_cast<size_t>(t)] = matvec(W(p + "self_attn.q_proj.weight"), x, m.heads * D);
@@ -201,8 +222,11 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
         for (int hd = 0; hd < heads; ++hd) {
           std::vector<double> head(vec->begin() + hd * D, vec->begin() + (hd + 1) * D);
           if (a.qk_norm) head = rms(head, W(p + (vec == &q[static_cast<size_t>(t)] ? "self_attn.q_norm.weight" : "self_attn.k_norm.weight")));
+          if (vec == &q[static_cast<size_t>(t)]) q_raw[static_cast<size_t>(t)].insert(q_raw[static_cast<size_t>(t)].end(), head.begin(), head.end());
+          // Dual chunk attention rotates keys by their position within a chunk.
+          const double pos = a.dca_chunk > 0 && vec == &k[static_cast<size_t>(t)] ? t % chunk_len : t;
           for (int i = 0; i < D / 2; ++i) {  // rotate_half RoPE
-            const double f = t / std::pow(m.theta, 2.0 * i / D) / (a.linear_rope > 0 ? a.linear_rope : 1.0);
+            const double f = pos / std::pow(m.theta, 2.0 * i / D) / (a.linear_rope > 0 ? a.linear_rope : 1.0);
             const double c = std::cos(f), s = std::sin(f), x1 = head[static_cast<size_t>(i)], x2 = head[static_cast<size_t>(i + D / 2)];
             (*vec)[static_cast<size_t>(hd * D + i)] = x1 * c - x2 * s;
             (*vec)[static_cast<size_t>(hd * D + i + D / 2)] = x2 * c + x1 * s;
@@ -220,7 +244,18 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
           const bool windowed = a.window > 0 && (!a.gemma2 || l % 2 == 0) && l >= a.first_window_layer;
           if (windowed && t - j >= a.window) continue;
           double dot = 0;
-          for (int d = 0; d < D; ++d) dot += q[static_cast<size_t>(t)][static_cast<size_t>(hd * D + d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
+          if (a.dca_chunk > 0) {
+            // The query's position follows the key's chunk: its own, the one before, or earlier.
+            const int qc = t / chunk_len, kc = j / chunk_len;
+            const double pos = kc == qc       ? t % chunk_len
+                               : kc == qc - 1 ? std::min(t % chunk_len + chunk_len, a.dca_chunk)
+                                              : std::min(2 * chunk_len - 1, a.dca_chunk);
+            const auto qr = rotated(q_raw[static_cast<size_t>(t)].data() + hd * D, pos);
+            for (int d = 0; d < D; ++d) dot += qr[static_cast<size_t>(d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
+            if (a.dca_original > 0) dot *= std::max(1.0, 0.1 * std::log(static_cast<double>(n) / a.dca_original) + 1.0);
+          } else {
+            for (int d = 0; d < D; ++d) dot += q[static_cast<size_t>(t)][static_cast<size_t>(hd * D + d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
+          }
           double s = dot / std::sqrt(a.gemma2 ? kQueryScalar : static_cast<double>(D));
           if (a.gemma2) s = kAttnCap * std::tanh(s / kAttnCap);
           score[static_cast<size_t>(j)] = s;
@@ -435,10 +470,12 @@ INSTANTIATE_TEST_SUITE_P(All, Architectures,
                                            Arch{"Qwen3MoeForCausalLM", false, true, -1, false, 0, false, 0, 8, 2, true, {0}},
                                            Arch{"Qwen3MoeForCausalLM", false, true, -1, false, 0, false, 0, 6, 1, false},
                                            Arch{"MixtralForCausalLM", false, false, -1, false, 0, false, 0, 4, 2},
-                                           Arch{"MixtralForCausalLM", false, false, 7, false, 0, false, 0, 4, 1}),
+                                           Arch{"MixtralForCausalLM", false, false, 7, false, 0, false, 0, 4, 1},
+                                           Arch{"Qwen2ForCausalLM", true, false, -1, false, 0, false, 0, 0, 2, true, {}, 12, 4, 16}),
                          [](const auto& info) {
                            std::string n = info.param.name.substr(0, info.param.name.find("For"));
                            if (info.param.all_biases) n += "BiasesLinearRope";
+                           if (info.param.dca_chunk > 0) n += "DualChunk" + std::to_string(info.param.dca_chunk);
                            if (info.param.experts > 0) {
                              n += "Experts" + std::to_string(info.param.experts) + "Top" + std::to_string(info.param.top_k);
                            }

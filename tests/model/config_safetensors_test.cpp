@@ -148,6 +148,10 @@ TEST(ModelConfig, HostileValuesAreBoundedBeforeAnyAllocation) {
   const std::string base = R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4)";
   EXPECT_EQ(parse_model_config(base + "}").head_dim, 16);
+  const ModelConfig dca = parse_model_config(base + R"(, "dual_chunk_attention_config": {"chunk_size": 64, "local_size": 16,
+    "original_max_position_embeddings": 32, "sparse_attention_enabled": true}})");
+  EXPECT_EQ(dca.dual_chunk.chunk_len(), 48);
+  EXPECT_EQ(dca.dual_chunk.original_max_position_embeddings, 32);
   const std::pair<std::string, std::string> cases[] = {
       {R"(, "head_dim": 1000000000})", "'head_dim' = 1000000000 is out of range [1, 1024]"},
       {R"(, "head_dim": 1e9})", "'head_dim' must be an integer"},
@@ -159,6 +163,9 @@ TEST(ModelConfig, HostileValuesAreBoundedBeforeAnyAllocation) {
       {R"(, "vocab_size": 7})", "the key 'vocab_size' appears twice"},
       {R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8, "original_max_position_embeddings": 1e12}})",
        "original_max_position_embeddings 1000000000000 is out of range"},
+      {R"(, "dual_chunk_attention_config": {"chunk_size": 4096, "local_size": 4096}})",
+       "dual_chunk_attention_config local_size 4096 must be below chunk_size 4096"},
+      {R"(, "dual_chunk_attention_config": {"chunk_size": 1}})", "'dual_chunk_attention_config.chunk_size' = 1 is out of range"},
   };
   for (const auto& [tail, message] : cases) {
     const std::string text = base + tail;

@@ -256,6 +256,17 @@ ModelConfig parse_config_object(const JsonReader& j) {
                   c.rope_scaling.type);
     SPECULA_CHECK(c.rope_scaling.factor >= 1.0, "config.json: rope scaling factor {} must be >= 1", c.rope_scaling.factor);
   }
+  if (const auto dca = j.find("dual_chunk_attention_config"); dca && dca->is_object()) {
+    // SGLang's defaults for absent keys.
+    c.dual_chunk.chunk_size = static_cast<int>(dca->int_or("chunk_size", 8192, 2, kMaxPositions));
+    c.dual_chunk.local_size = static_cast<int>(dca->int_or("local_size", 1024, 0, kMaxPositions));
+    c.dual_chunk.original_max_position_embeddings =
+        static_cast<int>(dca->int_or("original_max_position_embeddings", 0, 0, kMaxPositions));
+    SPECULA_CHECK(c.dual_chunk.local_size < c.dual_chunk.chunk_size,
+                  "config.json: dual_chunk_attention_config local_size {} must be below chunk_size {}",
+                  c.dual_chunk.local_size, c.dual_chunk.chunk_size);
+    SPECULA_CHECK(!deepseek, "config.json: dual_chunk_attention_config is not supported for {}", c.architecture);
+  }
   SPECULA_CHECK(c.rope_theta > 0, "config.json: rope_theta {} must be positive", c.rope_theta);
   SPECULA_CHECK(c.rms_norm_eps >= 0, "config.json: rms_norm_eps {} must not be negative", c.rms_norm_eps);
   if (deepseek) parse_mla(j, c);

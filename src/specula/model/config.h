@@ -10,6 +10,16 @@
 
 namespace specula {
 
+// Qwen2.5-1M's dual_chunk_attention_config (attention/cpu/dual_chunk.h). The sparse
+// vertical-and-slash prefill pattern it may also describe is not applied: prefill attends densely.
+struct DualChunkAttentionConfig {
+  int chunk_size = 0;  // 0: off
+  int local_size = 0;
+  int original_max_position_embeddings = 0;
+  bool enabled() const { return chunk_size > 0; }
+  int chunk_len() const { return chunk_size - local_size; }
+};
+
 struct RopeScaling {
   std::string type = "default";  // default, linear, dynamic, llama3, yarn
   double factor = 1.0;
@@ -91,6 +101,7 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  DualChunkAttentionConfig dual_chunk;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections have biases (Qwen2; Llama/Qwen3 attention_bias)
   bool o_proj_bias = false;     // o_proj has a bias (Llama/Qwen3 attention_bias)

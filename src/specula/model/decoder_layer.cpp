@@ -1,6 +1,7 @@
 // cpu_decoder_layer: Hugging Face's LlamaDecoderLayer in f32 (and its Qwen / Gemma-2 / MoE variants).
 #include "specula/model/decoder_layer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "specula/core/error.h"
@@ -28,7 +29,8 @@ Buffer& shaped(Buffer& buffer, int64_t n, int heads, int head_dim) {
 }  // namespace
 
 void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, int64_t n, const float* attn_input,
-                       std::vector<float>& x, const CpuRope& rope, const CpuAttend& attend, CpuLayerScratch& scratch) {
+                       std::vector<float>& x, const CpuRope& rope, const CpuAttend& attend, CpuLayerScratch& scratch,
+                       const DualChunkRopes* dual_chunk) {
   const int h = d.hidden, D = d.head_dim, Hq = d.num_q_heads, Hkv = d.num_kv_heads, inter = d.intermediate;
   Buffer& q = shaped(scratch.q, n, Hq, D);
   Buffer& k = shaped(scratch.k, n, Hkv, D);
@@ -46,9 +48,25 @@ void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, 
     cpu_rms_norm(q.data_as<float>(), w.q_norm, q.data_as<float>(), n * Hq, D, d.eps);
     cpu_rms_norm(k.data_as<float>(), w.k_norm, k.data_as<float>(), n * Hkv, D, d.eps);
   }
-  rope.apply(q.data_as<float>(), Hq);
-  rope.apply(k.data_as<float>(), Hkv);
-  attend(q, k, v, attn);
+  if (dual_chunk != nullptr) {
+    // Three copies of each query head side by side, each turned to its own positions.
+    Buffer& q3 = shaped(scratch.q3, n, Hq, 3 * D);
+    const float* src = q.data_as<float>();
+    float* dst = q3.data_as<float>();
+    for (int64_t r = 0; r < n * Hq; ++r) {
+      for (int variant = 0; variant < 3; ++variant) std::copy_n(src + r * D, D, dst + (r * 3 + variant) * D);
+    }
+    const int64_t token_stride = static_cast<int64_t>(Hq) * 3 * D;
+    dual_chunk->intra->apply(dst, Hq, token_stride, 3 * D, false);
+    dual_chunk->successive->apply(dst + D, Hq, token_stride, 3 * D, false);
+    dual_chunk->inter->apply(dst + 2 * D, Hq, token_stride, 3 * D, false);
+    dual_chunk->key->apply(k.data_as<float>(), Hkv);
+    attend(q3, k, v, attn);
+  } else {
+    rope.apply(q.data_as<float>(), Hq);
+    rope.apply(k.data_as<float>(), Hkv);
+    attend(q, k, v, attn);
+  }
   std::vector<float>& o = scratch.o;
   std::vector<float>& xn = scratch.xn;
   o.resize(static_cast<size_t>(n * h));

@@ -46,11 +46,21 @@ struct DecoderLayerDims {
 
 // The activations of one layer step, reused by every layer of a step (grown as needed).
 struct CpuLayerScratch {
-  Buffer q, k, v, attn;
+  Buffer q, k, v, attn, q3;
   std::vector<float> o, xn, gate, up;
 };
 
-// q, k, v, out: f32 [n, heads, head_dim] views; the hook writes K/V and attends.
+// Dual chunk attention's rotary embeddings (attention/cpu/dual_chunk.h): keys at their
+// position modulo the chunk length; the query in its intra, successive and inter variants.
+struct DualChunkRopes {
+  const CpuRope* key;
+  const CpuRope* intra;
+  const CpuRope* successive;
+  const CpuRope* inter;
+};
+
+// q, k, v, out: f32 [n, heads, head_dim] views (q: [n, heads, 3 * head_dim] with dual chunk
+// attention); the hook writes K/V and attends.
 using CpuAttend = std::function<void(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const TensorView& out)>;
 
@@ -58,6 +68,7 @@ using CpuAttend = std::function<void(const TensorView& q, const TensorView& k, c
 // RoPE, attention through `attend`, then x [n, hidden] (the residual stream) += the attention
 // and MLP branches.
 void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, int64_t n, const float* attn_input,
-                       std::vector<float>& x, const CpuRope& rope, const CpuAttend& attend, CpuLayerScratch& scratch);
+                       std::vector<float>& x, const CpuRope& rope, const CpuAttend& attend, CpuLayerScratch& scratch,
+                       const DualChunkRopes* dual_chunk = nullptr);
 
 }  // namespace specula

@@ -3,8 +3,10 @@
 // inverse frequencies 1 / theta^(2i/d) computed in f32; SiLU-gated MLP.
 #include "specula/model/llama.h"
 
+
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "specula/core/error.h"
 #include "specula/model/cpu_ops.h"
@@ -74,6 +76,10 @@ LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt, bool rout
     a.sliding_window_size = window > 0 ? window - 1 : -1;
     a.logit_cap = static_cast<float>(c.attn_logit_softcapping);
     if (c.query_pre_attn_scalar > 0) a.scaling = static_cast<float>(1.0 / std::sqrt(c.query_pre_attn_scalar));
+    if (c.dual_chunk.enabled()) {
+      a.dca_chunk_len = c.dual_chunk.chunk_len();
+      a.dca_original_max_position = c.dual_chunk.original_max_position_embeddings;
+    }
     attention_layers_.push_back(a);
   }
 }
@@ -93,6 +99,24 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   embed_tokens(batch, c.gemma2 ? std::sqrt(static_cast<float>(hidden)) : 1.0f, x);
   std::vector<float> xn(x.size());
   const CpuRope rope(batch.positions, inv_freq(), rope_attention_factor());
+  // Dual chunk attention: keys at pos % chunk_len; queries at the same (intra), at
+  // min(pos % chunk_len + chunk_len, chunk_size) (successive) and at min(2 chunk_len - 1,
+  // chunk_size) (inter), as Qwen2.5-1M's DualChunkRotaryEmbedding places them.
+  std::vector<int32_t> key_pos, succ_pos, inter_pos;
+  std::optional<CpuRope> key_rope, succ_rope, inter_rope;
+  std::optional<DualChunkRopes> dual_chunk;
+  if (c.dual_chunk.enabled()) {
+    const int cl = c.dual_chunk.chunk_len(), cs = c.dual_chunk.chunk_size;
+    for (int32_t p : batch.positions) {
+      key_pos.push_back(p % cl);
+      succ_pos.push_back(std::min(p % cl + cl, cs));
+      inter_pos.push_back(std::min(2 * cl - 1, cs));
+    }
+    key_rope.emplace(key_pos, inv_freq(), rope_attention_factor());
+    succ_rope.emplace(succ_pos, inv_freq(), rope_attention_factor());
+    inter_rope.emplace(inter_pos, inv_freq(), rope_attention_factor());
+    dual_chunk = DualChunkRopes{&*key_rope, &*key_rope, &*succ_rope, &*inter_rope};
+  }
   const float eps = static_cast<float>(c.rms_norm_eps);
   const DecoderLayerDims dims{hidden, hidden, Hq, Hkv, D, c.intermediate_size, eps, c.hidden_act == "gelu_pytorch_tanh",
                               c.has_moe() ? &c.moe : nullptr};
@@ -115,7 +139,7 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
                       [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {
                         backend.forward(q, k, v, out, attention_layers_[l], batch);
                       },
-                      scratch);
+                      scratch, dual_chunk ? &*dual_chunk : nullptr);
   }
   for (size_t e = 0; e < captured; ++e) {
     if (capture->layers[e] != HiddenCapture::kFinalNormed) continue;
