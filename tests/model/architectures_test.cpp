@@ -162,8 +162,11 @@ void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::
 constexpr double kRoutingMargin = 1e-5;
 // routing_margin: the smallest probability gap between the last expert picked and the first left
 // out; logit_margin: the same gap in logits (what a relative error of the input moves).
+// prompt_len (dual chunk attention): how many of ids came as the prompt; each later token's key
+// was written when the sequence was one token longer than its position.
 std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const std::vector<int32_t>& ids,
-                                     double* routing_margin = nullptr, double* logit_margin = nullptr) {
+                                     double* routing_margin = nullptr, double* logit_margin = nullptr,
+                                     int prompt_len = -1) {
   if (routing_margin != nullptr) *routing_margin = INFINITY;
   const int n = static_cast<int>(ids.size()), H = m.hidden, D = m.head_dim;
   auto W = [&](const std::string& name) -> const std::vector<float>& { return m.w.at(name); };
@@ -252,7 +255,12 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
                                               : std::min(2 * chunk_len - 1, a.dca_chunk);
             const auto qr = rotated(q_raw[static_cast<size_t>(t)].data() + hd * D, pos);
             for (int d = 0; d < D; ++d) dot += qr[static_cast<size_t>(d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
-            if (a.dca_original > 0) dot *= std::max(1.0, 0.1 * std::log(static_cast<double>(n) / a.dca_original) + 1.0);
+            if (a.dca_original > 0) {
+              // The long-context temperature, once for the query (the sequence now) and once for
+              // the key (the sequence when the key was written).
+              auto f = [&](int len) { return std::max(1.0, 0.1 * std::log(static_cast<double>(len) / a.dca_original) + 1.0); };
+              dot *= f(n) * f(std::max(prompt_len < 0 ? n : prompt_len, j + 1));
+            }
           } else {
             for (int d = 0; d < D; ++d) dot += q[static_cast<size_t>(t)][static_cast<size_t>(hd * D + d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
           }
@@ -399,7 +407,7 @@ TEST_P(Architectures, MatchTheFloat64Reference) {
   std::vector<int32_t> seq = ids;
   for (int32_t token : out) {
     double routing = INFINITY;
-    const auto logits = reference_logits(m, a, seq, &routing);
+    const auto logits = reference_logits(m, a, seq, &routing, nullptr, static_cast<int>(ids.size()));
     const double* last = logits.data() + (seq.size() - 1) * static_cast<size_t>(m.vocab);
     std::vector<double> row(last, last + m.vocab);
     const auto best = std::max_element(row.begin(), row.end()) - row.begin();

@@ -18,6 +18,12 @@ struct DualChunkAttentionConfig {
   int original_max_position_embeddings = 0;
   bool enabled() const { return chunk_size > 0; }
   int chunk_len() const { return chunk_size - local_size; }
+  // Whether it changes anything for KV lengths up to max_kv_len: within one chunk and the
+  // original context it is ordinary attention (every key intra-chunk, no temperature).
+  bool active_up_to(int64_t max_kv_len) const {
+    return enabled() && (max_kv_len > chunk_len() ||
+                         (original_max_position_embeddings > 0 && max_kv_len > original_max_position_embeddings));
+  }
 };
 
 struct RopeScaling {

@@ -61,6 +61,12 @@ void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, 
     dual_chunk->successive->apply(dst + D, Hq, token_stride, 3 * D, false);
     dual_chunk->inter->apply(dst + 2 * D, Hq, token_stride, 3 * D, false);
     dual_chunk->key->apply(k.data_as<float>(), Hkv);
+    if (dual_chunk->key_scale != nullptr) {
+      float* kd = k.data_as<float>();
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t i = 0; i < static_cast<int64_t>(Hkv) * D; ++i) kd[t * Hkv * D + i] *= dual_chunk->key_scale[t];
+      }
+    }
     attend(q3, k, v, attn);
   } else {
     rope.apply(q.data_as<float>(), Hq);

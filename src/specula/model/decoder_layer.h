@@ -57,6 +57,9 @@ struct DualChunkRopes {
   const CpuRope* intra;
   const CpuRope* successive;
   const CpuRope* inter;
+  // [n] or nullptr: each token's key is multiplied by this as it is written (the long-context
+  // temperature of its request's length at that step, as vLLM's dual chunk attention does).
+  const float* key_scale;
 };
 
 // q, k, v, out: f32 [n, heads, head_dim] views (q: [n, heads, 3 * head_dim] with dual chunk

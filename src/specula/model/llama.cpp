@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "specula/core/error.h"
+#include "specula/attention/cpu/dual_chunk.h"
 #include "specula/model/cpu_ops.h"
 #include "specula/model/weight_loader.h"
 
@@ -103,6 +104,7 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   // min(pos % chunk_len + chunk_len, chunk_size) (successive) and at min(2 chunk_len - 1,
   // chunk_size) (inter), as Qwen2.5-1M's DualChunkRotaryEmbedding places them.
   std::vector<int32_t> key_pos, succ_pos, inter_pos;
+  std::vector<float> key_scale;
   std::optional<CpuRope> key_rope, succ_rope, inter_rope;
   std::optional<DualChunkRopes> dual_chunk;
   if (c.dual_chunk.enabled()) {
@@ -115,7 +117,16 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
     key_rope.emplace(key_pos, inv_freq(), rope_attention_factor());
     succ_rope.emplace(succ_pos, inv_freq(), rope_attention_factor());
     inter_rope.emplace(inter_pos, inv_freq(), rope_attention_factor());
-    dual_chunk = DualChunkRopes{&*key_rope, &*key_rope, &*succ_rope, &*inter_rope};
+    // Keys carry the temperature of their request's length when written; the attention applies
+    // the query's at each step.
+    if (c.dual_chunk.original_max_position_embeddings > 0) {
+      for (int r = 0; r < batch.batch_size; ++r) {
+        const double f = dual_chunk_logit_scale(batch.kv_len(r), c.dual_chunk.original_max_position_embeddings);
+        key_scale.insert(key_scale.end(), static_cast<size_t>(batch.query_len(r)), static_cast<float>(f));
+      }
+    }
+    dual_chunk = DualChunkRopes{&*key_rope, &*key_rope, &*succ_rope, &*inter_rope,
+                                key_scale.empty() ? nullptr : key_scale.data()};
   }
   const float eps = static_cast<float>(c.rms_norm_eps);
   const DecoderLayerDims dims{hidden, hidden, Hq, Hkv, D, c.intermediate_size, eps, c.hidden_act == "gelu_pytorch_tanh",

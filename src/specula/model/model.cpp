@@ -2,6 +2,8 @@
 // with their attention backend. The GPU implementations are in model/cuda_models.cpp.
 #include "specula/model/model.h"
 
+#include <algorithm>
+
 #include "specula/model/fp8_weights.h"
 
 #include "specula/core/error.h"
@@ -93,6 +95,24 @@ std::unique_ptr<MlaAttentionBackend> make_deepseek_backend(const DeepseekModel& 
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, const WeightSource& weights, const ModelOptions& options) {
+  if (config.dual_chunk.enabled() && !config.dual_chunk.active_up_to(options.max_kv_len)) {
+    // Every context this engine admits fits in one chunk and the original length: the model is
+    // plain attention, on any backend.
+    ModelConfig plain = config;
+    plain.dual_chunk = {};
+    return make_model(plain, weights, options);
+  }
+  SPECULA_CHECK(!(config.dual_chunk.enabled() && options.device.is_cuda()),
+                "{}: dual_chunk_attention_config matters for contexts above {} tokens (here up to {}), and dual chunk "
+                "attention runs on the CPU only in this build; on a GPU use --max-context-len {} or less",
+                config.architecture,
+                config.dual_chunk.original_max_position_embeddings > 0
+                    ? std::min(config.dual_chunk.chunk_len(), config.dual_chunk.original_max_position_embeddings)
+                    : config.dual_chunk.chunk_len(),
+                options.max_kv_len,
+                config.dual_chunk.original_max_position_embeddings > 0
+                    ? std::min(config.dual_chunk.chunk_len(), config.dual_chunk.original_max_position_embeddings)
+                    : config.dual_chunk.chunk_len());
   if (config.fp8_weights()) {
     // fp8 block-scaled weights are dequantized as they are read (the models hold f32 or bf16).
     const Fp8BlockWeights dequantized(weights, config);

@@ -10,7 +10,9 @@
 //   - the inter variant for keys of earlier chunks,
 // in one softmax (the same as attending to the three parts apart and merging them by their
 // log-sum-exps). With original_max_position > 0 the logits of a request of L keys are also
-// multiplied by max(1, 0.1 ln(L / original_max_position) + 1).
+// multiplied by f(L) = max(1, 0.1 ln(L / original_max_position) + 1): the query's share of the
+// long-context temperature; the model multiplies each key by f of its request's length when it
+// is written (as vLLM's dual chunk attention does), so a logit carries f(now) f(then).
 #pragma once
 
 #include <span>
