@@ -14,8 +14,9 @@ holds and what the decode's dot products see), and ranks each KV head's channels
     qk_proj: mean |q_c * k_c| over tokens and the head's query heads (the channel's share of the
              attention logits; SGLang's default, --ds-heavy-channel-type qk)
 
-Each "model.layers.<i>.self_attn.<type>_proj" entry lists, per KV head, all head_dim channels,
-most important first; the engine keeps the first --ds-heavy-channel-num of them.
+Each "model.layers.<i>.self_attn.<type>_proj" entry lists, per KV head (one row per KV head, also
+for q_proj and qk_proj under GQA, where SGLang's MHA-era files have one per query head), all
+head_dim channels, most important first; the engine keeps the first --ds-heavy-channel-num.
 """
 
 import argparse
@@ -63,10 +64,16 @@ def main():
             captured[name] = output.detach()
         return fn
 
+    if getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
+        sys.exit("partial rotary embeddings are not supported (the ranking assumes RoPE over the whole head)")
     handles = []
     for i, layer in enumerate(layers):
-        handles.append(layer.self_attn.q_proj.register_forward_hook(hook((i, "q"))))
-        handles.append(layer.self_attn.k_proj.register_forward_hook(hook((i, "k"))))
+        attn = layer.self_attn
+        # Queries and keys as RoPE sees them: after q_norm / k_norm where the model has them (Qwen3).
+        q_src = attn.q_norm if hasattr(attn, "q_norm") else attn.q_proj
+        k_src = attn.k_norm if hasattr(attn, "k_norm") else attn.k_proj
+        handles.append(q_src.register_forward_hook(hook((i, "q"))))
+        handles.append(k_src.register_forward_hook(hook((i, "k"))))
 
     score = {kind: torch.zeros(len(layers), n_kv, head_dim, dtype=torch.float64) for kind in ("q", "k", "qk")}
     tokens = 0
@@ -79,8 +86,8 @@ def main():
             cos, sin = model.model.rotary_emb(captured[(0, "q")], positions)
             cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [seq, 1, head_dim]
             for i in range(len(layers)):
-                q = captured[(i, "q")][0].view(a.seq_len, n_q, head_dim).float()
-                k = captured[(i, "k")][0].view(a.seq_len, n_kv, head_dim).float()
+                q = captured[(i, "q")].reshape(a.seq_len, n_q, head_dim).float()
+                k = captured[(i, "k")].reshape(a.seq_len, n_kv, head_dim).float()
                 q = q * cos + rotate_half(q) * sin
                 k = k * cos + rotate_half(k) * sin
                 qg = q.view(a.seq_len, n_kv, group, head_dim)

@@ -28,6 +28,8 @@ int run_ds_bench(const DsBenchOptions& o) {
   SPECULA_CHECK(device.is_cuda() && cuda_available(), "bench attention --double-sparsity needs a CUDA device, not {}",
                 o.device);
   SPECULA_CHECK(o.token_fraction >= 2, "--ds-token-fraction {} must be >= 2", o.token_fraction);
+  SPECULA_CHECK(o.heavy_channel_num >= 1 && o.heavy_channel_num <= 128,
+                "--ds-heavy-channel-num {} is out of range; allowed 1 to 128 (head_dim)", o.heavy_channel_num);
   const L2Start l2 = parse_l2_start(o.l2);
   const CudaCeilings ceilings = measure_cuda_ceilings(device);
 
@@ -56,10 +58,11 @@ int run_ds_bench(const DsBenchOptions& o) {
     config->heavy_token_num = k.len / o.token_fraction;
     config->sparse_decode_threshold = 4096;
     for (int l = 0; l < k.layers; ++l) {
-      // Every other channel of each head: which ones does not change the traffic being timed.
+      // Distinct channels per head (a rotation of 0..head_dim-1): which ones does not change the
+      // traffic being timed.
       std::vector<int32_t>& ch = config->channels.emplace_back();
       for (int h = 0; h < c.num_kv_heads; ++h) {
-        for (int i = 0; i < o.heavy_channel_num; ++i) ch.push_back((2 * i + h) % c.head_dim);
+        for (int i = 0; i < o.heavy_channel_num; ++i) ch.push_back((i + 7 * h) % c.head_dim);
       }
     }
     AttentionBackendOptions bo;

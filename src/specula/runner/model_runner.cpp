@@ -72,6 +72,8 @@ void ModelRunner::init(const ModelConfig& config, const std::function<std::uniqu
   if (o.double_sparsity.enabled) {
     SPECULA_CHECK(!mla, "--enable-double-sparsity: {} uses multi-head latent attention; double sparsity serves "
                   "Llama-family attention", config.architecture);
+    SPECULA_CHECK(!o.deterministic, "--enable-double-sparsity cannot be combined with --enable-deterministic-inference: "
+                  "which keys a decode reads, and how it splits them, depend on the batch");
     const DoubleSparsityOptions& d = o.double_sparsity;
     ds = std::make_shared<const DoubleSparsityConfig>(load_double_sparsity_config(
         d.channel_config_path, config.num_hidden_layers, config.num_key_value_heads, config.head_dim,

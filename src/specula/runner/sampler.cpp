@@ -237,7 +237,7 @@ size_t Sampler::filter(std::span<const float> logits, std::vector<int32_t>& orde
 }
 
 int32_t Sampler::pick(std::span<const float> raw) {
-  if (params_.temperature == 0.0f) return checked_greedy_token(greedy_token(raw));
+  if (greedy()) return checked_greedy_token(greedy_token(raw));
   const std::span<const float> logits = clean(raw);
   if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
     // No filter: the same draw as below over every token in id order, without building the
@@ -275,7 +275,7 @@ int32_t Sampler::pick(std::span<const float> raw) {
 }
 
 void Sampler::distribution(std::span<const float> raw, std::vector<float>& out) {
-  SPECULA_CHECK(params_.temperature > 0.0f, "a sampling distribution needs temperature > 0");
+  SPECULA_CHECK(!greedy(), "a sampling distribution needs temperature >= 1e-5 (below, sampling is greedy)");
   const std::span<const float> logits = clean(raw);
   const size_t keep = filter(logits, order_, probs_);
   double sum = 0;

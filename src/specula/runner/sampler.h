@@ -67,7 +67,8 @@ class Sampler {
   // distribution sample() draws from (temperature > 0; temperature, top-k, top-p, min-p applied;
   // sums to 1) over the whole vocabulary, uniform doubles in [0, 1) from the request's
   // generator, and recording an emitted token.
-  bool greedy() const { return params_.temperature == 0.0f; }
+  // Temperatures below 1e-5 pick the argmax, as SGLang's do (1 / T would overflow a float).
+  bool greedy() const { return params_.temperature < 1e-5f; }
   bool has_penalties() const {
     return params_.repetition_penalty != 1.0f || params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
   }

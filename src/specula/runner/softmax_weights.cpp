@@ -7,10 +7,15 @@
 
 namespace specula {
 
-// An AVX2 copy (glibc's 8-wide vector exp) beside the baseline one, chosen at load time.
-__attribute__((target_clones("avx2", "default"))) double softmax_weights(std::span<const float> x, float top,
-                                                                        float temperature, std::span<float> w,
-                                                                        std::vector<double>* block_sums) {
+// On x86-64, an AVX2 copy (glibc's 8-wide vector exp) beside the baseline one, chosen at load
+// time.
+#if defined(__x86_64__)
+#define SPECULA_SOFTMAX_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SPECULA_SOFTMAX_CLONES
+#endif
+SPECULA_SOFTMAX_CLONES double softmax_weights(std::span<const float> x, float top, float temperature,
+                                              std::span<float> w, std::vector<double>* block_sums) {
   const float inv = 1.0f / temperature;
   const size_t n = x.size();
   const float* in = x.data();

@@ -71,6 +71,11 @@ void Engine::init(const ModelConfig& config, const WeightSource& weights) {
                 "speculative decoding (EAGLE) needs a Llama-family target; {} uses multi-head latent attention",
                 config.architecture);
   runner_ = std::make_unique<ModelRunner>(config, weights, options_.runner);
+  // The model's config says whether dual chunk attention is in force for the contexts admitted.
+  SPECULA_CHECK(!options_.speculative || !runner_->config().dual_chunk.enabled(),
+                "speculative decoding with dual chunk attention is not supported; --max-context-len {} or less runs "
+                "{} as plain attention",
+                runner_->config().dual_chunk.chunk_len(), config.architecture);
   if (options_.speculative) {
     spec_ = std::make_unique<EagleWorker>(*runner_, *options_.speculative);
     // On a GPU the auto policy starts from cycles timed now (about a second); on the CPU from

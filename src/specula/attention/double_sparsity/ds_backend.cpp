@@ -58,6 +58,13 @@ void DoubleSparsityBackend::check_layer(const AttentionLayer& layer, DType q_dty
                                                          config_->heavy_channel_num);
     SPECULA_CHECK(problem == nullptr || *problem == '\0', "double sparsity on the GPU: layer {}: {}", layer.layer_id,
                   problem);
+    SPECULA_CHECK(q_dtype == kv_dtype && (q_dtype == DType::bf16 || q_dtype == DType::f16),
+                  "double sparsity on the GPU needs the KV cache in the queries' dtype (bf16 or f16); got {} queries "
+                  "over a {} cache",
+                  dtype_name(q_dtype), dtype_name(kv_dtype));
+    SPECULA_CHECK(layer.effective_v_head_dim() == layer.head_dim,
+                  "double sparsity on the GPU needs v_head_dim {} equal to head_dim {}", layer.effective_v_head_dim(),
+                  layer.head_dim);
   }
 #endif
 }
@@ -204,7 +211,7 @@ void DoubleSparsityBackend::sparse_decode_cpu(const TensorView& q, const TensorV
         const float* lab = labels.data_as<float>() + (static_cast<int64_t>(slot_of(j)) * Hkv + h) * C;
         float s = 0.0f;
         for (int c = 0; c < C; ++c) s += q_label[static_cast<size_t>(c)] * lab[c];
-        score[static_cast<size_t>(j)] = s;
+        score[static_cast<size_t>(j)] = std::isnan(s) ? -INFINITY : s;  // a strict order for the selection
       }
       const auto heavy = static_cast<size_t>(config_->heavy_token_num);
       std::nth_element(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(heavy), keys.end(), [&](int32_t a, int32_t b) {

@@ -31,8 +31,8 @@ struct DoubleSparsityOptions {
   std::string heavy_channel_type = "qk";  // which ranking of the file: q, k or qk
 };
 
-// Reads the channel config JSON (SGLang's format: "model.layers.<i>.self_attn.<type>_proj" -> a
-// list of num_kv_heads lists of channel indices, most important first, for heavy_channel_type
+// Reads the channel config JSON (SGLang's keys: "model.layers.<i>.self_attn.<type>_proj" -> a
+// list of num_kv_heads lists (one per KV head) of channel indices, most important first, for heavy_channel_type
 // q, k or qk; other keys are ignored) and keeps each head's first heavy_channel_num channels. Throws specula::Error naming the file, the
 // key and the value for a missing file, layer or head, a short list, an index outside
 // [0, head_dim), a repeated index, or settings out of range.
