@@ -256,10 +256,12 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
             const auto qr = rotated(q_raw[static_cast<size_t>(t)].data() + hd * D, pos);
             for (int d = 0; d < D; ++d) dot += qr[static_cast<size_t>(d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
             if (a.dca_original > 0) {
-              // The long-context temperature, once for the query (the sequence now) and once for
-              // the key (the sequence when the key was written).
+              // The long-context temperature, once for the query and once for the key, each of the
+              // sequence's length at the step that processed that token (the prompt's, or one past
+              // a generated token's position).
               auto f = [&](int len) { return std::max(1.0, 0.1 * std::log(static_cast<double>(len) / a.dca_original) + 1.0); };
-              dot *= f(n) * f(std::max(prompt_len < 0 ? n : prompt_len, j + 1));
+              const int prompt = prompt_len < 0 ? n : prompt_len;
+              dot *= f(std::max(prompt, t + 1)) * f(std::max(prompt, j + 1));
             }
           } else {
             for (int d = 0; d < D; ++d) dot += q[static_cast<size_t>(t)][static_cast<size_t>(hd * D + d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
