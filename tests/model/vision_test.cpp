@@ -70,6 +70,34 @@ TEST(VisionLayout, WindowsComeInRasterOrderAndEachFrameIsASequence) {
   }
 }
 
+TEST(VisionAttentionWindows, AnEmptyWindowChangesNothing) {
+  // Qwen2.5-VL's windowed layers can hand cu_seqlens with empty windows: they are skipped, and the
+  // other windows attend exactly as without them.
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const int n = 10, heads = 2, d = 64;
+  std::vector<float> q(static_cast<size_t>(n * heads * d)), k(q.size()), v(q.size());
+  for (auto* t : {&q, &k, &v}) {
+    for (float& x : *t) x = unit(rng);
+  }
+  auto backend = make_attention_backend("cpu", {});
+  AttentionLayer layer;
+  layer.num_q_heads = layer.num_kv_heads = heads;
+  layer.head_dim = d;
+  VisionAttention attention(*backend, layer, DType::f32, DType::f32, Device::cpu(), 1);
+  auto run = [&](const std::vector<int32_t>& cu) {
+    std::vector<float> out(q.size(), 0.0f);
+    attention.forward(TensorView(q.data(), DType::f32, {n, heads, d}), TensorView(k.data(), DType::f32, {n, heads, d}),
+                      TensorView(v.data(), DType::f32, {n, heads, d}), TensorView(out.data(), DType::f32, {n, heads, d}),
+                      cu);
+    return out;
+  };
+  const std::vector<float> plain = run({0, 4, 10});
+  EXPECT_EQ(run({0, 4, 4, 10, 10}), plain);
+  // And the windows are separate: one window over everything gives another result.
+  EXPECT_NE(run({0, 10}), plain);
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
