@@ -62,6 +62,9 @@ INSTANTIATE_TEST_SUITE_P(
         // The caller writes the cache (save_kv_cache = false), as the GPU models do.
         CudaDsParam{"caller_writes_kv", DsCase{{5000, 700}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16, 512, 1024, 0.0f,
                                               false, false, true}},
+        // Four decode steps through the caller-written cache: labels of decoded tokens read back.
+        CudaDsParam{"four_steps_caller_writes", DsCase{{3000, 2600}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16, 256,
+                                                       1024, 0.0f, false, false, true, 1e-4, 4}},
         // All scores tie: the lowest positions.
         CudaDsParam{"tied_scores", DsCase{{3000}, 8, 2, 128, 16, DType::bf16, DType::bf16, 16, 300, 1024, 0.0f, false, true}},
         // A shape with G = 2 at head_dim 256 and 96.

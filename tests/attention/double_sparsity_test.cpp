@@ -70,6 +70,9 @@ INSTANTIATE_TEST_SUITE_P(
         // The caller writes the cache (save_kv_cache = false), as GPU models do: labels still follow.
         CpuDsParam{"caller_writes_kv", DsCase{{700, 400}, 8, 2, 64, 16, DType::f32, DType::bf16, 16, 64, 256, 0.0f,
                                               false, false, true}},
+        // Five decode steps, the earlier ones sparse too: their K and labels come from the decode path.
+        CpuDsParam{"five_decode_steps", DsCase{{900, 600}, 8, 2, 64, 16, DType::f32, DType::bf16, 16, 64, 256, 0.0f, false,
+                                               false, false, 1e-4, 5}},
         // Every label score equal: the lowest positions win.
         CpuDsParam{"tied_scores", DsCase{{600}, 4, 2, 64, 8, DType::f32, DType::f32, 8, 48, 256, 0.0f, false, true}},
         // Over the threshold but with no more keys than heavy_token_num: every key.

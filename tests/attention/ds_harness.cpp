@@ -219,19 +219,21 @@ DsResult DsHarness::run(const std::string& backend_name, Device device) const {
     const int len = c_.lens[static_cast<size_t>(r)];
     rows.write(r, 0, slots_[static_cast<size_t>(r)]);
     prefill.req_pool_indices.push_back(r);
-    prefill.seq_lens.push_back(len - 1);
+    const int prefill_len = len - c_.decode_steps;
+    prefill.seq_lens.push_back(prefill_len);
     prefill.extend_prefix_lens.push_back(0);
-    prefill.extend_seq_lens.push_back(len - 1);
-    for (int t = 0; t < len - 1; ++t) {
+    prefill.extend_seq_lens.push_back(prefill_len);
+    for (int t = 0; t < prefill_len; ++t) {
       prefill.out_cache_loc.push_back(slots_[static_cast<size_t>(r)][static_cast<size_t>(t)]);
       prefill.positions.push_back(t);
     }
     const auto& kr = k_[static_cast<size_t>(r)];
     const auto& vr = v_[static_cast<size_t>(r)];
     const size_t row = static_cast<size_t>(H) * D;
-    q.insert(q.end(), prefill_q_[static_cast<size_t>(r)].begin(), prefill_q_[static_cast<size_t>(r)].end());
-    k.insert(k.end(), kr.begin(), kr.end() - static_cast<std::ptrdiff_t>(row));
-    v.insert(v.end(), vr.begin(), vr.end() - static_cast<std::ptrdiff_t>(row));
+    const auto& qr = prefill_q_[static_cast<size_t>(r)];
+    q.insert(q.end(), qr.begin(), qr.begin() + static_cast<std::ptrdiff_t>(prefill_len) * Hq * D);
+    k.insert(k.end(), kr.begin(), kr.begin() + static_cast<std::ptrdiff_t>(prefill_len * row));
+    v.insert(v.end(), vr.begin(), vr.begin() + static_cast<std::ptrdiff_t>(prefill_len * row));
   }
   // The caller's own cache write, before the backend runs (save_kv_cache = false).
   auto write_kv = [&](const ForwardBatch& b, const Buffer& kd, const Buffer& vd) {
@@ -258,35 +260,46 @@ DsResult DsHarness::run(const std::string& backend_name, Device device) const {
     backend->forward(qd, kd, vd, od, layer_, prefill, step_options);
   }
 
-  ForwardBatch decode;
-  decode.forward_mode = ForwardMode::DECODE;
-  decode.batch_size = n;
-  decode.req_to_token_pool = &rows;
-  decode.token_to_kv_pool = &pool;
-  q.clear();
-  k.clear();
-  v.clear();
-  for (int r = 0; r < n; ++r) {
-    const int len = c_.lens[static_cast<size_t>(r)];
-    decode.req_pool_indices.push_back(r);
-    decode.seq_lens.push_back(len);
-    decode.out_cache_loc.push_back(slots_[static_cast<size_t>(r)][static_cast<size_t>(len - 1)]);
-    decode.positions.push_back(len - 1);
-    const size_t row = static_cast<size_t>(H) * D;
-    k.insert(k.end(), k_[static_cast<size_t>(r)].end() - static_cast<std::ptrdiff_t>(row), k_[static_cast<size_t>(r)].end());
-    v.insert(v.end(), v_[static_cast<size_t>(r)].end() - static_cast<std::ptrdiff_t>(row), v_[static_cast<size_t>(r)].end());
+  // Decode steps: back tokens before each request's last one (back = 0 is the checked step).
+  DsResult result;
+  for (int back = c_.decode_steps - 1; back >= 0; --back) {
+    ForwardBatch decode;
+    decode.forward_mode = ForwardMode::DECODE;
+    decode.batch_size = n;
+    decode.req_to_token_pool = &rows;
+    decode.token_to_kv_pool = &pool;
+    q.clear();
+    k.clear();
+    v.clear();
+    for (int r = 0; r < n; ++r) {
+      const int t = c_.lens[static_cast<size_t>(r)] - 1 - back;
+      decode.req_pool_indices.push_back(r);
+      decode.seq_lens.push_back(t + 1);
+      decode.out_cache_loc.push_back(slots_[static_cast<size_t>(r)][static_cast<size_t>(t)]);
+      decode.positions.push_back(t);
+      const size_t row = static_cast<size_t>(H) * D;
+      const auto at = [&](const std::vector<float>& x, size_t width) { return x.begin() + static_cast<std::ptrdiff_t>(t * width); };
+      k.insert(k.end(), at(k_[static_cast<size_t>(r)], row), at(k_[static_cast<size_t>(r)], row) + static_cast<std::ptrdiff_t>(row));
+      v.insert(v.end(), at(v_[static_cast<size_t>(r)], row), at(v_[static_cast<size_t>(r)], row) + static_cast<std::ptrdiff_t>(row));
+      // Earlier steps' queries are prefill rows (any values do); the checked step's are decode_q_.
+      if (back > 0) {
+        const size_t qrow = static_cast<size_t>(Hq) * D;
+        q.insert(q.end(), at(prefill_q_[static_cast<size_t>(r)], qrow), at(prefill_q_[static_cast<size_t>(r)], qrow) + static_cast<std::ptrdiff_t>(qrow));
+      }
+    }
+    Buffer qd = to_tensor(back > 0 ? q : decode_q_, c_.q_dtype, device, {n, Hq, D});
+    Buffer kd = to_tensor(k, c_.q_dtype, device, {n, H, D});
+    Buffer vd = to_tensor(v, c_.q_dtype, device, {n, H, D});
+    Buffer od(c_.q_dtype, {n, Hq, D}, device);
+    Buffer lse(DType::f32, {n, Hq}, device);
+    if (c_.caller_writes_kv) write_kv(decode, kd, vd);
+    backend->init_forward_metadata(decode);
+    ForwardOptions fo = step_options;
+    fo.lse = lse;
+    backend->forward(qd, kd, vd, od, layer_, decode, fo);
+    if (back == 0) result = {to_doubles(od), to_doubles(lse)};
   }
-  Buffer qd = to_tensor(decode_q_, c_.q_dtype, device, {n, Hq, D});
-  Buffer kd = to_tensor(k, c_.q_dtype, device, {n, H, D});
-  Buffer vd = to_tensor(v, c_.q_dtype, device, {n, H, D});
-  Buffer od(c_.q_dtype, {n, Hq, D}, device);
-  Buffer lse(DType::f32, {n, Hq}, device);
-  if (c_.caller_writes_kv) write_kv(decode, kd, vd);
-  backend->init_forward_metadata(decode);
-  ForwardOptions fo = step_options;
-  fo.lse = lse;
-  backend->forward(qd, kd, vd, od, layer_, decode, fo);
-  return {to_doubles(od), to_doubles(lse)};
+  return result;
 }
 
 }  // namespace specula::testing

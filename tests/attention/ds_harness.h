@@ -28,6 +28,9 @@ struct DsCase {
   // save_kv_cache = false, as the GPU models (fused QKV epilogue) do.
   bool caller_writes_kv = false;
   double min_margin = 1e-4;  // a draw's heavy-token choice must clear this (see selection_margin)
+  // Decode steps after the prefill; the last one is checked (the ones before write K and labels
+  // through the decode path, sparse or dense).
+  int decode_steps = 1;
 };
 
 struct DsResult {
