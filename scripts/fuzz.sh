@@ -6,7 +6,7 @@
 # inputs that caused them are left in $FUZZ_OUT/<target>/artifacts/ (named in the output).
 #
 #   FUZZ_SECONDS=60          seconds per target (libFuzzer -max_total_time)
-#   FUZZ_TARGETS="..."       which targets (default: all six)
+#   FUZZ_TARGETS="..."       which targets (default: all of them)
 #   FUZZ_OUT=build/fuzz/run  scratch corpora, logs and artifacts (wiped per target at start)
 #   FUZZ_CORPUS=fuzz/corpus  the seed corpus root to copy from
 #   FUZZ_BUILD_JOBS=N        parallel compile jobs (default: the generator's)
@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-60}
-FUZZ_TARGETS=${FUZZ_TARGETS:-fuzz_config fuzz_safetensors fuzz_tokenizer_load fuzz_tokenizer_text fuzz_openai_request fuzz_chat_template fuzz_grammar}
+FUZZ_TARGETS=${FUZZ_TARGETS:-fuzz_config fuzz_safetensors fuzz_tokenizer_load fuzz_tokenizer_text fuzz_openai_request fuzz_chat_template fuzz_grammar fuzz_ds_config}
 FUZZ_OUT=${FUZZ_OUT:-build/fuzz/run}
 FUZZ_CORPUS=${FUZZ_CORPUS:-fuzz/corpus}
 
@@ -35,7 +35,7 @@ max_len_of() {
 # The JSON parsers get a dictionary of JSON syntax, the keys they read and edge-case numbers.
 dict_of() {
   case "$1" in
-    fuzz_config | fuzz_safetensors | fuzz_tokenizer_load | fuzz_openai_request) echo "-dict=fuzz/json.dict" ;;
+    fuzz_config | fuzz_safetensors | fuzz_tokenizer_load | fuzz_openai_request | fuzz_ds_config) echo "-dict=fuzz/json.dict" ;;
   esac
 }
 

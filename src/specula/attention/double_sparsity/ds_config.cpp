@@ -13,6 +13,16 @@ namespace specula {
 DoubleSparsityConfig load_double_sparsity_config(const std::filesystem::path& path, int num_layers, int num_kv_heads,
                                                  int head_dim, int heavy_channel_num, int heavy_token_num,
                                                  int sparse_decode_threshold, const std::string& heavy_channel_type) {
+  SPECULA_CHECK(!path.empty(), "double sparsity needs --ds-channel-config-path (make one with tools/ds_channel_config.py)");
+  SPECULA_CHECK(std::filesystem::is_regular_file(path), "--ds-channel-config-path {}: no such file", path.string());
+  return parse_double_sparsity_config(read_text_file(path), path.string(), num_layers, num_kv_heads, head_dim,
+                                      heavy_channel_num, heavy_token_num, sparse_decode_threshold, heavy_channel_type);
+}
+
+DoubleSparsityConfig parse_double_sparsity_config(std::string_view text, const std::string& file, int num_layers,
+                                                  int num_kv_heads, int head_dim, int heavy_channel_num,
+                                                  int heavy_token_num, int sparse_decode_threshold,
+                                                  const std::string& heavy_channel_type) {
   SPECULA_CHECK(heavy_channel_type == "q" || heavy_channel_type == "k" || heavy_channel_type == "qk",
                 "--ds-heavy-channel-type {} is not known; allowed q, k, qk", heavy_channel_type);
   SPECULA_CHECK(heavy_channel_num >= 1 && heavy_channel_num <= head_dim,
@@ -20,12 +30,9 @@ DoubleSparsityConfig load_double_sparsity_config(const std::filesystem::path& pa
   SPECULA_CHECK(heavy_token_num >= 1, "--ds-heavy-token-num {} is out of range; it must be >= 1", heavy_token_num);
   SPECULA_CHECK(sparse_decode_threshold >= 1, "--ds-sparse-decode-threshold {} is out of range; it must be >= 1",
                 sparse_decode_threshold);
-  SPECULA_CHECK(!path.empty(), "double sparsity needs --ds-channel-config-path (make one with tools/ds_channel_config.py)");
-  SPECULA_CHECK(std::filesystem::is_regular_file(path), "--ds-channel-config-path {}: no such file", path.string());
-  const std::string file = path.string();
-  const JsonReader::json document = JsonReader::parse_file(path);
+  const JsonReader::json document = JsonReader::parse(text, file);
   const JsonReader root(document, file);
-  SPECULA_CHECK(root.is_object(), "{}: expected an object of \"model.layers.<i>.self_attn.k_proj\" entries", file);
+  SPECULA_CHECK(root.is_object(), "{}: expected an object of \"model.layers.<i>.self_attn.<type>_proj\" entries", file);
 
   DoubleSparsityConfig config;
   config.heavy_channel_num = heavy_channel_num;

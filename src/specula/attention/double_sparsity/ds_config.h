@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace specula {
@@ -36,6 +37,11 @@ struct DoubleSparsityOptions {
 // q, k or qk; other keys are ignored) and keeps each head's first heavy_channel_num channels. Throws specula::Error naming the file, the
 // key and the value for a missing file, layer or head, a short list, an index outside
 // [0, head_dim), a repeated index, or settings out of range.
+// The same from the file's text; `file` names it in errors.
+DoubleSparsityConfig parse_double_sparsity_config(std::string_view text, const std::string& file, int num_layers,
+                                                  int num_kv_heads, int head_dim, int heavy_channel_num,
+                                                  int heavy_token_num, int sparse_decode_threshold,
+                                                  const std::string& heavy_channel_type = "qk");
 DoubleSparsityConfig load_double_sparsity_config(const std::filesystem::path& path, int num_layers, int num_kv_heads,
                                                  int head_dim, int heavy_channel_num, int heavy_token_num,
                                                  int sparse_decode_threshold,
