@@ -29,7 +29,26 @@ void run_dual_chunk_attention(const CpuAttentionParams& p, const DualChunkShape&
     }
   }
   const auto rows = static_cast<int64_t>(row_seq.size());
-  pool.parallel_for(rows * Hq, [&](int64_t item, int) {
+  // Per-thread rows: the query's variants, a K row, a V row (converted to f32), the accumulator.
+  struct Scratch {
+    std::vector<float> q, k, v, o;
+    std::vector<double> acc;
+  };
+  std::vector<Scratch> scratch(static_cast<size_t>(pool.num_threads()));
+  for (Scratch& s : scratch) {
+    s.q.resize(static_cast<size_t>(3 * D));
+    s.k.resize(static_cast<size_t>(D));
+    s.v.resize(static_cast<size_t>(Dv));
+    s.o.resize(static_cast<size_t>(Dv));
+    s.acc.resize(static_cast<size_t>(Dv));
+  }
+  pool.parallel_for(rows * Hq, [&](int64_t item, int thread) {
+    Scratch& sc = scratch[static_cast<size_t>(thread)];
+    std::vector<float>& q = sc.q;
+    std::vector<float>& k = sc.k;
+    std::vector<float>& v = sc.v;
+    std::vector<float>& o = sc.o;
+    std::vector<double>& acc = sc.acc;
     const auto r = static_cast<size_t>(item / Hq);
     const int h = static_cast<int>(item % Hq), kh = h / group;
     const CpuAttentionSeq& seq = seqs[static_cast<size_t>(row_seq[r])];
@@ -40,12 +59,11 @@ void run_dual_chunk_attention(const CpuAttentionParams& p, const DualChunkShape&
     const double scale = p.scale * dual_chunk_logit_scale(seq.kv_len, shape.original_max_position);
 
     // The query's three variants, in f32.
-    std::vector<float> q(static_cast<size_t>(3 * D)), k(static_cast<size_t>(D)), v(static_cast<size_t>(Dv));
     const char* q_row = static_cast<const char*>(p.q) + (token * p.q_stride_token + h * p.q_stride_head) * q_elem;
     convert_to_float(q_row, p.q_dtype, q.data(), q.size());
     const int last = p.causal ? std::min(pos, seq.kv_len - 1) : seq.kv_len - 1;
     double top = -INFINITY, denom = 0.0;
-    std::vector<double> acc(static_cast<size_t>(Dv), 0.0);
+    std::fill(acc.begin(), acc.end(), 0.0);
     for (int j = 0; j <= last; ++j) {
       const int64_t slot = static_cast<int64_t>(seq.pages[j / p.page_size]) * p.page_size + j % p.page_size;
       convert_to_float(static_cast<const char*>(p.k_cache) + ((slot * Hkv + kh) * D) * kv_elem, p.kv_dtype, k.data(),
@@ -65,7 +83,6 @@ void run_dual_chunk_attention(const CpuAttentionParams& p, const DualChunkShape&
       denom = denom * corr + w;
       top = top_new;
     }
-    std::vector<float> o(static_cast<size_t>(Dv));
     for (int d = 0; d < Dv; ++d) o[static_cast<size_t>(d)] = static_cast<float>(acc[static_cast<size_t>(d)] / denom);
     convert_from_float(o.data(), static_cast<char*>(p.out) + (token * p.out_stride_token + h * p.out_stride_head) * out_elem,
                        p.out_dtype, o.size());
