@@ -16,23 +16,7 @@ namespace {
 using testing::DsCase;
 using testing::DsHarness;
 using testing::DsResult;
-
-double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return a.size() == b.size() ? m : INFINITY;
-}
-
-// A harness whose sparse rows' choice is clear of rounding (redrawn otherwise), and its seed.
-std::unique_ptr<DsHarness> clear_choice(const DsCase& c, uint64_t& seed) {
-  seed = std::random_device{}();
-  for (int attempt = 0; attempt < 50; ++attempt, ++seed) {
-    auto h = std::make_unique<DsHarness>(c, seed);
-    if (h->selection_margin() >= c.min_margin) return h;
-  }
-  ADD_FAILURE() << "no draw with a clear heavy-token choice";
-  return nullptr;
-}
+using testing::max_diff;
 
 struct CpuDsParam {
   const char* name;
@@ -44,8 +28,8 @@ class CpuDoubleSparsity : public ::testing::TestWithParam<CpuDsParam> {};
 TEST_P(CpuDoubleSparsity, DecodeMatchesTheFloat64Choice) {
   const DsCase& c = GetParam().c;
   uint64_t seed = 0;
-  auto h = clear_choice(c, seed);
-  ASSERT_NE(h, nullptr);
+  const std::unique_ptr<DsHarness> h = testing::harness_with_clear_choice(c, seed);
+  ASSERT_NE(h, nullptr) << "no draw with a clear heavy-token choice";
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const DsResult got = h->run("cpu", Device::cpu());
   const DsResult want = h->reference();

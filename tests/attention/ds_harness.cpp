@@ -302,4 +302,19 @@ DsResult DsHarness::run(const std::string& backend_name, Device device) const {
   return result;
 }
 
+std::unique_ptr<DsHarness> harness_with_clear_choice(const DsCase& c, uint64_t& seed) {
+  seed = std::random_device{}();
+  for (int attempt = 0; attempt < 50; ++attempt, ++seed) {
+    auto h = std::make_unique<DsHarness>(c, seed);
+    if (h->selection_margin() >= c.min_margin) return h;
+  }
+  return nullptr;
+}
+
+double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0.0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return a.size() == b.size() ? m : INFINITY;
+}
+
 }  // namespace specula::testing

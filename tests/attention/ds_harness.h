@@ -68,4 +68,11 @@ class DsHarness {
   int64_t num_slots_ = 0;
 };
 
+// A harness whose sparse rows' choice clears c.min_margin (drawn again otherwise, up to 50
+// times), or nullptr; seed gets the seed it was drawn with.
+std::unique_ptr<DsHarness> harness_with_clear_choice(const DsCase& c, uint64_t& seed);
+
+// max |a - b| (infinity when the sizes differ).
+double max_diff(const std::vector<double>& a, const std::vector<double>& b);
+
 }  // namespace specula::testing
