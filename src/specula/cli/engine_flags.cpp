@@ -40,6 +40,9 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
       ->capture_default_str();
   cmd.add_flag("--enable-deterministic-inference", f.deterministic,
                "Batch-invariant results: a request's output does not depend on its batch (slower GPU prefill)");
+  cmd.add_option("--tp-size", f.tp_size,
+                 "Tensor parallelism: split the model over this many GPUs (cuda:0 .. cuda:N-1) of this machine")
+      ->capture_default_str();
   cmd.add_flag("--disable-cuda-graph", f.disable_cuda_graph, "Run decode steps eagerly instead of as CUDA graphs");
   cmd.add_option("--cuda-graph-max-bs", f.cuda_graph_max_bs, "Largest decode batch captured as a CUDA graph")
       ->capture_default_str();
@@ -97,6 +100,7 @@ EngineOptions engine_options(const EngineFlags& f) {
   o.runner.max_running_requests = f.max_running_requests;
   o.runner.cuda_graph = !f.disable_cuda_graph;
   o.runner.deterministic = f.deterministic;
+  o.runner.tp_size = f.tp_size;
   o.runner.cuda_graph_max_bs = f.cuda_graph_max_bs;
   o.runner.cuda_graph_batch_sizes = f.cuda_graph_bs;
   o.runner.mla_extend_form = parse_mla_extend_form(f.mla_extend_form);

@@ -28,6 +28,7 @@ struct EngineFlags {
   double schedule_conservativeness = 1.0;
   bool disable_cuda_graph = false;
   bool deterministic = false;
+  int tp_size = 1;
   int cuda_graph_max_bs = 64;
   std::vector<int> cuda_graph_bs;
   std::string mla_extend_form = "auto";

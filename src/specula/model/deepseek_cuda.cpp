@@ -186,7 +186,7 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
 void DeepseekCudaModel::forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) {
   SPECULA_CHECK(r.capture == nullptr, "{}: capturing hidden states for a draft head is not supported",
                 model().config().architecture);
-  if (r.use_cuda_graph && !r.all_tokens && replay_decode(batch, logits, r.greedy_ids, r.token_bitmask)) return;
+  if (r.use_cuda_graph && !r.all_tokens && replay_decode(batch, logits, r)) return;
   eager_forward(batch, logits, r);
 }
 

@@ -23,7 +23,9 @@ namespace ck = cuda_kernels;
 
 
 LlamaCudaModel::LlamaCudaModel(std::unique_ptr<LlamaModel> host, const ModelOptions& options, const WeightSource* experts)
-    : CudaDecoderExecutor(std::move(host), options.device, options.deterministic) {
+    : CudaDecoderExecutor(std::move(host), options.device, options.deterministic, options.vocab_begin,
+                          options.vocab_end),
+      tp_comm_(options.tp_comm) {
   const ModelConfig& c = model().config();
   // Deterministic mode runs every product through the GEMV kernel, which reads rows in 8-element
   // chunks.
@@ -76,6 +78,7 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_
   st.positions = scratch(ws, kPositions, DType::i32, n).data_as<const int32_t>();
   st.inv_freq = ends_->inv_freq().data_as<const float>();
   st.rope_factor = model().rope_attention_factor();
+  st.comm = tp_comm_;
   // The q/k/v epilogue writes K and V straight into the cache (kCacheLoc holds out_cache_loc)
   // when the pool holds rows it can write; otherwise the backend writes them.
   MHAKVPool* kv_pool = batch.token_to_kv_pool;
@@ -144,7 +147,7 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_
 }
 
 void LlamaCudaModel::forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) {
-  if (r.use_cuda_graph && !r.all_tokens && r.capture == nullptr && replay_decode(batch, logits, r.greedy_ids, r.token_bitmask)) return;
+  if (r.use_cuda_graph && !r.all_tokens && r.capture == nullptr && replay_decode(batch, logits, r)) return;
   if (r.use_cuda_graph && r.all_tokens && forward_verify_graph(batch, logits, r)) return;
   eager_forward(batch, logits, r, results_hook(batch, eager_, r));
 }

@@ -12,7 +12,9 @@
 #include "specula/model/moe.h"
 #ifdef SPECULA_HAS_CUDA
 #include "specula/model/cuda_models.h"
+#include "specula/model/tp_model.h"
 #endif
+#include "specula/model/tp_shard.h"
 
 namespace specula {
 
@@ -123,8 +125,11 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, const WeightSource&
   // Before any weight is read: a flag error should not wait for the checkpoint to load.
   SPECULA_CHECK(!(options.deterministic && config.is_mla()),
                 "deterministic inference is not available for {} (multi-head latent attention) yet", config.architecture);
+  check_tensor_parallel(config, options.tp_size);
+  SPECULA_CHECK(options.tp_size == 1 || options.device.is_cuda(), "--tp-size {} needs --device cuda", options.tp_size);
   if (options.device.is_cuda()) {
 #ifdef SPECULA_HAS_CUDA
+    if (options.tp_size > 1) return make_tensor_parallel_model(config, weights, options);
     return make_cuda_model(config, weights, options);
 #else
     SPECULA_CHECK(false, "--device {}: this build has no CUDA support", options.device.str());

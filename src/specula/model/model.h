@@ -25,6 +25,8 @@ namespace specula {
 
 class LlamaModel;
 class MHAKVPool;
+class TpComm;
+struct KVPoolConfig;
 class MLAKVPool;
 class ReqToTokenPool;
 
@@ -44,6 +46,9 @@ struct ForwardRequest {
   // above -inf) instead of the logits: GPU models find them on the device, download only the ids
   // and leave logits as it was; CPU models fill logits too.
   std::vector<int32_t>* greedy_ids = nullptr;
+  // With greedy_ids on a GPU model (optional): each row's greedy logit too (-inf for -1), which
+  // tensor parallelism compares across the ranks' vocabulary shards.
+  std::vector<float>* greedy_values = nullptr;
   // With greedy_ids (optional): fills the tokens each returned row may pick (TokenBitmaskFill);
   // its row's greedy token is then the argmax over those alone, -1 where none is above -inf.
   TokenBitmaskFill token_bitmask;
@@ -73,6 +78,13 @@ struct ModelOptions {
   bool fp8_experts = false;  // RunnerOptions::fp8_experts
   // Set: Llama-family attention is wrapped in double sparsity with these channels.
   std::shared_ptr<const DoubleSparsityConfig> double_sparsity;
+  // Tensor parallelism over this many GPUs (cuda:0 .. cuda:tp_size-1; model/tp_model.h).
+  int tp_size = 1;
+  // Set by the tensor-parallel model for each rank's own model (whose config and weights are
+  // already the rank's shard): its communicator and the lm_head rows [vocab_begin, vocab_end) it
+  // holds (0, 0: all).
+  TpComm* tp_comm = nullptr;
+  int64_t vocab_begin = 0, vocab_end = 0;
 };
 
 class Model {
@@ -111,6 +123,13 @@ class Model {
   }
   // Batch sizes with a captured decode graph.
   virtual std::vector<int> graph_batch_sizes() const { return {}; }
+
+  // Tensor parallelism: the model keeps its KV cache itself, a shard on each GPU (the runner
+  // allocates none and batches run with token_to_kv_pool unset); create_kv_cache sizes it, with
+  // `full` as the runner would have made it (all KV heads) and kv_heads_per_gpu what each GPU holds.
+  virtual bool owns_kv_cache() const { return false; }
+  virtual int kv_heads_per_gpu() const { return config().num_key_value_heads; }
+  virtual void create_kv_cache(const KVPoolConfig& full) { (void)full; }
 };
 
 // The KV row format of an MLA model's cache dtype: bf16, or fp8_e4m3 for the 656-byte fp8_ds_mla rows.

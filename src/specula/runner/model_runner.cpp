@@ -6,6 +6,7 @@
 #include <span>
 
 #include "specula/core/error.h"
+#include "specula/model/tp_shard.h"
 #include "specula/runner/sampler.h"
 
 namespace specula {
@@ -64,9 +65,13 @@ void ModelRunner::init(const ModelConfig& config, const std::function<std::uniqu
     kv_bytes_per_token = static_cast<double>(config.num_hidden_layers) *
                          static_cast<double>(mla_row_bytes(mla_kv_format(*o.kv_dtype), config.mla.kv_lora_rank, config.mla.qk_rope_head_dim));
   } else {
-    kv_bytes_per_token = static_cast<double>(2 * config.num_hidden_layers * config.num_key_value_heads *
-                                             config.head_dim * dtype_size(*o.kv_dtype));
+    // Under tensor parallelism, what one GPU holds: its KV heads.
+    check_tensor_parallel(config, o.tp_size);
+    const auto kv_heads = o.tp_size > 1 ? tp_layout(config, {0, o.tp_size}).kv_heads.size() : config.num_key_value_heads;
+    kv_bytes_per_token = static_cast<double>(2 * config.num_hidden_layers * kv_heads * config.head_dim *
+                                             dtype_size(*o.kv_dtype));
   }
+  SPECULA_CHECK(o.tp_size == 1 || gpu, "--tp-size {} needs --device cuda (one rank per GPU)", o.tp_size);
 
   std::shared_ptr<const DoubleSparsityConfig> ds;
   if (o.double_sparsity.enabled) {
@@ -96,6 +101,7 @@ void ModelRunner::init(const ModelConfig& config, const std::function<std::uniqu
   mo.deterministic = o.deterministic;
   mo.mla_extend_form = o.mla_extend_form;
   mo.fp8_experts = o.fp8_experts;
+  mo.tp_size = o.tp_size;
   model_ = make(mo);
 
   const auto round_up = [&](int64_t tokens) { return (tokens + o.page_size - 1) / o.page_size * o.page_size; };
@@ -124,9 +130,13 @@ void ModelRunner::init(const ModelConfig& config, const std::function<std::uniqu
                                                                config.mla.kv_lora_rank, config.mla.qk_rope_head_dim,
                                                                mla_kv_format(*o.kv_dtype), 0, o.device});
   } else {
-    kv_pool_ = std::make_unique<MHAKVPool>(KVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
-                                                        config.num_key_value_heads, config.head_dim, config.head_dim,
-                                                        *o.kv_dtype, o.device});
+    const KVPoolConfig kv{allocator_->total_slots(), config.num_hidden_layers, config.num_key_value_heads,
+                          config.head_dim, config.head_dim, *o.kv_dtype, o.device};
+    if (model_->owns_kv_cache()) {
+      model_->create_kv_cache(kv);
+    } else {
+      kv_pool_ = std::make_unique<MHAKVPool>(kv);
+    }
   }
   if (graphs && model_->on_gpu()) {
     std::vector<int> sizes = o.cuda_graph_batch_sizes;
@@ -161,6 +171,7 @@ const LlamaModel& ModelRunner::llama_model() const {
 }
 
 MHAKVPool& ModelRunner::kv_pool() {
+  SPECULA_CHECK(!model_->owns_kv_cache(), "under tensor parallelism each GPU holds its own shard of the KV cache");
   SPECULA_CHECK(kv_pool_ != nullptr, "{} keeps a latent (MLA) KV cache, not a per-head one", config().architecture);
   return *kv_pool_;
 }
@@ -221,13 +232,19 @@ void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool 
   batch.token_to_kv_pool = kv_pool_.get();
   batch.mla_kv_pool = mla_kv_pool_.get();
   SPECULA_CHECK(batch.spec_info == nullptr || batch.spec_info->device_tree_tokens == nullptr ||
-                    (model_->on_gpu() && kv_pool_ != nullptr),
+                    (model_->on_gpu() && (kv_pool_ != nullptr || model_->owns_kv_cache())),
                 "{}: a verify batch whose tree tokens are on the GPU needs a Llama-family model on the GPU",
                 config().architecture);
   SPECULA_CHECK(capture == nullptr || capture->download || model_->on_gpu(),
                 "{}: hidden states kept on the device need a model on the GPU", config().architecture);
   SPECULA_ASSERT(!token_bitmask || greedy_ids != nullptr);
-  model_->forward(batch, logits, {all_tokens, capture, greedy_ids, token_bitmask, use_cuda_graph_});
+  ForwardRequest request;
+  request.all_tokens = all_tokens;
+  request.capture = capture;
+  request.greedy_ids = greedy_ids;
+  request.token_bitmask = token_bitmask;
+  request.use_cuda_graph = use_cuda_graph_;
+  model_->forward(batch, logits, request);
   if (greedy_ids != nullptr && !model_->on_gpu()) greedy_rows(logits, config().vocab_size, *greedy_ids, token_bitmask);
 }
 

@@ -63,6 +63,9 @@ struct ModelRunnerOptions {
   // Double sparsity (SGLang's --enable-double-sparsity): long requests decode over heavy tokens
   // chosen from label channels. Decode steps then run without CUDA graphs.
   DoubleSparsityOptions double_sparsity;
+  // Tensor parallelism over GPUs cuda:0 .. cuda:tp_size-1 (SGLang's --tp-size; model/tp_model.h).
+  // Each GPU holds its shard of the KV cache, sized by kv_cache_memory_gib per GPU.
+  int tp_size = 1;
 };
 
 class ModelRunner {
@@ -88,7 +91,8 @@ class ModelRunner {
 
   ReqToTokenPool& req_pool() { return *req_pool_; }
   PagedTokenAllocator& allocator() { return *allocator_; }
-  // The pool and backend of Llama-family models; throw specula::Error for MLA models.
+  // The pool and backend of Llama-family models on one device; throw specula::Error for MLA
+  // models and under tensor parallelism (each GPU holds its own shard of the cache).
   MHAKVPool& kv_pool();
   AttentionBackend& backend();
   // MLA models only (nullptr otherwise).

@@ -25,7 +25,8 @@ __device__ __forceinline__ void keep_better(float& value, int& index, float othe
 
 // allowed (optional): the row's allowed tokens, a bit each (token j: bit j % 32 of word j / 32).
 __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restrict__ x, int width,
-                                                          const uint32_t* __restrict__ allowed, int words, int32_t* out) {
+                                                          const uint32_t* __restrict__ allowed, int words, int32_t* out,
+                                                          float* values) {
   pdl_wait();
   pdl_trigger();
   const float* row = x + static_cast<int64_t>(blockIdx.x) * width;
@@ -68,14 +69,16 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(const float* __restric
   if (threadIdx.x != 0) return;
   for (int w = 1; w < kThreads / 32; ++w) keep_better(best, index, warp_best[w], warp_index[w]);
   out[blockIdx.x] = best > -__builtin_huge_valf() ? index : -1;
+  if (values != nullptr) values[blockIdx.x] = best;
 }
 
 }  // namespace
 
-void argmax_rows(const float* x, int64_t rows, int width, int32_t* out, cudaStream_t s, const uint32_t* allowed) {
+void argmax_rows(const float* x, int64_t rows, int width, int32_t* out, cudaStream_t s, const uint32_t* allowed,
+                 float* values) {
   if (rows == 0) return;
   SPECULA_REQUIRE(width >= 1, "argmax_rows: width " + std::to_string(width) + "; it must be at least 1");
-  launch_pdl(argmax_kernel, static_cast<unsigned>(rows), kThreads, 0, s, x, width, allowed, (width + 31) / 32, out);
+  launch_pdl(argmax_kernel, static_cast<unsigned>(rows), kThreads, 0, s, x, width, allowed, (width + 31) / 32, out, values);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -13,7 +13,8 @@ namespace specula::cuda_kernels {
 // Rows are read with 16-byte loads when x is 16-byte aligned and width a multiple of 4.
 // allowed (optional, device): only the tokens it allows count, ceil(width / 32) words per row,
 // token j of a row at bit j % 32 of its word j / 32 (structured output's masks).
+// values (optional, device): each row's largest value (-inf for -1).
 void argmax_rows(const float* x, int64_t rows, int width, int32_t* out, cudaStream_t s,
-                 const uint32_t* allowed = nullptr);
+                 const uint32_t* allowed = nullptr, float* values = nullptr);
 
 }  // namespace specula::cuda_kernels

@@ -2,16 +2,28 @@
 #include "specula/model/cuda/decoder_ends.h"
 
 #include "specula/model/cuda/cuda_linear.h"
+#include "specula/core/error.h"
 #include "specula/model/cuda/model_ops.h"
 
 namespace specula {
 
 namespace ck = cuda_kernels;
 
-CudaDecoderEnds::CudaDecoderEnds(const CpuDecoder& host, Device device) : config_(host.config()) {
+CudaDecoderEnds::CudaDecoderEnds(const CpuDecoder& host, Device device, int64_t vocab_begin, int64_t vocab_end)
+    : config_(host.config()) {
+  const int64_t V = config_.vocab_size, h = config_.hidden_size;
+  if (vocab_end == 0) vocab_end = V;
+  SPECULA_CHECK(vocab_begin >= 0 && vocab_begin < vocab_end && vocab_end <= V, "lm_head rows [{}, {}) are not within [0, {})",
+                vocab_begin, vocab_end, V);
+  vocab_ = static_cast<int>(vocab_end - vocab_begin);
   embed_ = upload_weight(host.embedding(), device);
   final_norm_ = upload_f32(host.final_norm(), device);
-  if (&host.lm_head() != &host.embedding()) lm_head_ = upload_weight(host.lm_head(), device);
+  if (vocab_ < V) {
+    const std::vector<float>& all = host.lm_head();
+    lm_head_ = upload_weight(std::vector<float>(all.begin() + vocab_begin * h, all.begin() + vocab_end * h), device);
+  } else if (&host.lm_head() != &host.embedding()) {
+    lm_head_ = upload_weight(host.lm_head(), device);
+  }
   inv_freq_ = upload_f32(host.inv_freq(), device);
 }
 
@@ -39,8 +51,8 @@ void CudaDecoderEnds::logits(const float* x, const int32_t* row_ids, int64_t cou
   } else {
     ck::rms_norm_rows(x, final_norm_.data_as<const float>(), selected, count, h, eps, s);
   }
-  linear(selected, lm_head_.data() != nullptr ? lm_head_ : embed_, out, count, h, c.vocab_size);
-  if (c.final_logit_softcapping > 0) ck::softcap(out, count * c.vocab_size, static_cast<float>(c.final_logit_softcapping), s);
+  linear(selected, lm_head_.data() != nullptr ? lm_head_ : embed_, out, count, h, vocab_);
+  if (c.final_logit_softcapping > 0) ck::softcap(out, count * vocab_, static_cast<float>(c.final_logit_softcapping), s);
 }
 
 }  // namespace specula

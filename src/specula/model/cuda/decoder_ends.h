@@ -15,11 +15,14 @@ namespace specula {
 
 class CudaDecoderEnds {
  public:
-  CudaDecoderEnds(const CpuDecoder& host, Device device);
+  // vocab_begin, vocab_end: the lm_head rows to hold (0, 0: all; a tensor-parallel rank holds
+  // its part, and its logits are [count, vocab_end - vocab_begin]).
+  CudaDecoderEnds(const CpuDecoder& host, Device device, int64_t vocab_begin = 0, int64_t vocab_end = 0);
 
   const Buffer& final_norm() const { return final_norm_; }
   const Buffer& inv_freq() const { return inv_freq_; }
   size_t bytes() const;  // of the weights (embedding, final norm, lm_head) as held on the device
+  int vocab_size() const { return vocab_; }  // the lm_head's rows
 
   // x[t, :] = embedding row ids[t] * scale, t < n.
   void embed_rows(const int32_t* ids, float* x, int64_t n, float scale, cudaStream_t s) const;
@@ -34,7 +37,8 @@ class CudaDecoderEnds {
 
  private:
   const ModelConfig& config_;
-  Buffer embed_, final_norm_, lm_head_, inv_freq_;  // lm_head_ empty when tied
+  Buffer embed_, final_norm_, lm_head_, inv_freq_;  // lm_head_ empty when tied and whole
+  int vocab_ = 0;
 };
 
 }  // namespace specula

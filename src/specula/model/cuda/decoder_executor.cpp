@@ -10,7 +10,8 @@
 
 namespace specula {
 
-CudaDecoderExecutor::CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host, Device device, bool deterministic)
+CudaDecoderExecutor::CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host, Device device, bool deterministic,
+                                         int64_t vocab_begin, int64_t vocab_end)
     : host_owned_(std::move(host)), host_(*host_owned_), device_(device), deterministic_(deterministic) {
   SPECULA_CHECK(device.is_cuda(), "a GPU decoder needs a CUDA device, not {}", device.str());
   stream_ = create_model_stream(device);
@@ -18,7 +19,7 @@ CudaDecoderExecutor::CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host,
   CUDA_CHECK(cudaEventCreateWithFlags(&results, cudaEventDisableTiming));
   results_event_ = results;
   linear_ = std::make_unique<CudaLinear>(device, stream_, deterministic);
-  ends_ = std::make_unique<CudaDecoderEnds>(host_, device);
+  ends_ = std::make_unique<CudaDecoderEnds>(host_, device, vocab_begin, vocab_end);
 }
 
 CudaDecoderExecutor::~CudaDecoderExecutor() {
@@ -50,7 +51,7 @@ void CudaDecoderExecutor::upload_step(Workspace& ws, const ForwardBatch& batch, 
 float* CudaDecoderExecutor::run_head(Workspace& ws, const int32_t* row_ids, int64_t count) {
   const ModelConfig& c = host_.config();
   float* selected = scratch(ws, kSelected, DType::f32, count * c.hidden_size).data_as<float>();
-  float* out = scratch(ws, kLogits, DType::f32, count * c.vocab_size).data_as<float>();
+  float* out = scratch(ws, kLogits, DType::f32, count * head_vocab()).data_as<float>();
   const CudaStepLinear linear = step_linear(ws);
   ends_->logits(ws[kX].data_as<const float>(), row_ids, count, selected, out,
                 [&](const float* x, const Buffer& w, float* y, int64_t n, int in, int o) { linear(x, w, Buffer{}, y, n, in, o); },
@@ -82,8 +83,8 @@ void CudaDecoderExecutor::eager_forward(const ForwardBatch& batch, std::vector<f
 
 void CudaDecoderExecutor::download(const Workspace& ws, int64_t rows, std::vector<float>& logits,
                                    const ForwardRequest& request, const std::function<void()>& results_hook) {
-  download_step(pinned_, ws[kLogits].data_as<const float>(), rows, host_.config().vocab_size, logits,
-                request.greedy_ids, request.token_bitmask, greedy_, request.capture, ws[kCaptured].data_as<const float>(), device_,
+  download_step(pinned_, ws[kLogits].data_as<const float>(), rows, head_vocab(), logits,
+                request.greedy_ids, request.greedy_values, request.token_bitmask, greedy_, request.capture, ws[kCaptured].data_as<const float>(), device_,
                 static_cast<cudaStream_t>(stream_), results_hook, static_cast<cudaEvent_t>(results_event_));
 }
 
@@ -105,8 +106,9 @@ void CudaDecoderExecutor::capture_decode_graphs(const GraphSetup& g, int max_tok
       [&] { graph_ws_.freeze(); });
 }
 
-bool CudaDecoderExecutor::replay_decode(const ForwardBatch& batch, std::vector<float>& logits,
-                                        std::vector<int32_t>* greedy_ids, const TokenBitmaskFill& token_bitmask) {
+int CudaDecoderExecutor::head_vocab() const { return ends_->vocab_size(); }
+
+bool CudaDecoderExecutor::replay_decode(const ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) {
   ForwardBatch padded;
   const CudaGraph* graph = graphs_.find(batch, &padded);
   if (graph == nullptr) return false;
@@ -114,8 +116,8 @@ bool CudaDecoderExecutor::replay_decode(const ForwardBatch& batch, std::vector<f
   init_replay_metadata(padded);
   upload_step(graph_ws_, padded, 0);
   graph->launch(stream_);
-  download_step(pinned_, graph_ws_[kLogits].data_as<const float>(), batch.batch_size, host_.config().vocab_size, logits,
-                greedy_ids, token_bitmask, greedy_, nullptr, nullptr, device_, static_cast<cudaStream_t>(stream_));
+  download_step(pinned_, graph_ws_[kLogits].data_as<const float>(), batch.batch_size, head_vocab(), logits,
+                r.greedy_ids, r.greedy_values, r.token_bitmask, greedy_, nullptr, nullptr, device_, static_cast<cudaStream_t>(stream_));
   return true;
 }
 

@@ -51,7 +51,9 @@ class CudaDecoderExecutor : public Model {
   // host: the model on the host, which the executor keeps for as long as it lives (its ends and
   // config are read from it). deterministic: every product row computed the same way whatever
   // the number of rows.
-  CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host, Device device, bool deterministic);
+  // vocab_begin, vocab_end: the lm_head rows this executor holds (0, 0: all; tensor parallelism).
+  CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host, Device device, bool deterministic,
+                      int64_t vocab_begin = 0, int64_t vocab_end = 0);
 
   // The model's hooks: its layers over n tokens whose ids / positions / KV slots are in kIds /
   // kPositions / kCacheLoc, leaving the final hidden states in kX (and captured states in
@@ -85,8 +87,9 @@ class CudaDecoderExecutor : public Model {
   void download(const Workspace& ws, int64_t rows, std::vector<float>& logits, const ForwardRequest& request,
                 const std::function<void()>& results_hook = {});
   // A DECODE batch through the smallest graph that holds it; false (nothing run) when none does.
-  bool replay_decode(const ForwardBatch& batch, std::vector<float>& logits, std::vector<int32_t>* greedy_ids,
-                     const TokenBitmaskFill& token_bitmask);
+  bool replay_decode(const ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request);
+  // The lm_head's rows: the vocabulary, or a tensor-parallel rank's part of it.
+  int head_vocab() const;
 
   std::unique_ptr<const CpuDecoder> host_owned_;
   const CpuDecoder& host_;

@@ -6,6 +6,7 @@
 #include "specula/model/cuda/cuda_moe.h"
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/model_ops.h"
+#include "specula/parallel/tp_comm.h"
 
 namespace specula {
 
@@ -118,6 +119,7 @@ void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend
   attend(TensorView(qb.data(), DType::bf16, {n, Hq, D}, dev), TensorView(kb.data(), DType::bf16, {n, Hkv, D}, dev),
          TensorView(vb.data(), DType::bf16, {n, Hkv, D}, dev), TensorView(ab.data(), DType::bf16, {n, Hq, D}, dev));
   linear.linear.product_bf16_x(ab.data(), wo_, bo_, o, n, Hq * D, h, attn);
+  if (st.comm != nullptr) st.comm->all_reduce(o, n * h, s);
   if (post_attn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_attn_norm_.data_as<const float>(), o, n, h, d.eps, s);
   ck::add_rms_norm_rows(st.x, o, post_norm_.data_as<const float>(), st.xn, n, h, d.eps, s);
   if (moe_ != nullptr) {
@@ -128,6 +130,7 @@ void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend
     const CudaStepLinear::Split sp = linear.split(w_gate_up_, n, h, 2 * inter);
     linear.linear.gated(st.xn, w_gate_up_, b_gate_up_, act, n, h, inter, d.gelu, gate_up, sp.hi, sp.lo, sp.halves);
     linear(act, w_down_, b_down_, o, n, inter, h);
+    if (st.comm != nullptr) st.comm->all_reduce(o, n * h, s);
   }
   if (post_ffn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_ffn_norm_.data_as<const float>(), o, n, h, d.eps, s);
   if (st.end_norm != nullptr) {

@@ -23,6 +23,7 @@ namespace specula {
 
 class CudaLinear;
 class CudaMoe;
+class TpComm;
 
 enum CudaLayerSlot : size_t { kLayerQkv, kLayerQ, kLayerK, kLayerV, kLayerAttnBf16, kLayerAttnF32, kLayerO,
                               kLayerGateUp, kLayerAct, kLayerSplit, kLayerHalves,
@@ -88,6 +89,10 @@ struct CudaLayerStep {
   const float* inv_freq = nullptr;     // [rotated dims / 2] device
   float rope_factor = 1.0f;
   CudaKvWrite kv;
+  // Tensor parallelism: the layer holds a shard (its heads and intermediate columns), and the
+  // partial sums of o_proj and down_proj are all-reduced over the ranks before anything else
+  // reads them (Gemma-2's output norms need the whole sum).
+  TpComm* comm = nullptr;
   // After the MLP's residual add, end_out = RMSNorm(x) * end_norm (the next layer's input norm,
   // or a final norm) in the same launch, and the new x also goes to end_copy (a captured hidden
   // state, rows end_copy_stride apart); without end_norm, only the add.

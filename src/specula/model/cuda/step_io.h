@@ -35,6 +35,7 @@ std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens);
 // as steps need.
 struct GreedyBuffers {
   Buffer ids;
+  Buffer values;  // each row's greedy logit, when asked for
   PinnedBuffer mask_host;
   Buffer mask_device;
 };
@@ -48,8 +49,10 @@ struct GreedyBuffers {
 // step, then uploaded before the argmax.
 // before_wait (optional): called once the downloads are queued, with `done` recorded after them;
 // the work it queues on s runs while the host waits only for `done`.
+// greedy_values (optional, with greedy_ids): each row's greedy logit too.
 void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
-                   std::vector<int32_t>* greedy_ids, const TokenBitmaskFill& token_bitmask, GreedyBuffers& greedy,
+                   std::vector<int32_t>* greedy_ids, std::vector<float>* greedy_values,
+                   const TokenBitmaskFill& token_bitmask, GreedyBuffers& greedy,
                    HiddenCapture* capture, const float* captured_states,
                    Device device, cudaStream_t s, const std::function<void()>& before_wait = {},
                    cudaEvent_t done = nullptr);

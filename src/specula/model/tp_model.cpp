@@ -1,0 +1,268 @@
+// TensorParallelModel: the rank threads, the shards, and the combination of the ranks' logits.
+#include "specula/model/tp_model.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "specula/core/error.h"
+#include "specula/kv/mha_kv_pool.h"
+#include "specula/model/cuda_models.h"
+#include "specula/model/tp_shard.h"
+#include "specula/parallel/tp_comm.h"
+
+namespace specula {
+
+namespace {
+
+// One thread per GPU (its current device set once): run(fn) calls fn(rank) on every thread at
+// once and returns when all are done, rethrowing the lowest rank's error as "rank r: ...".
+class RankWorkers {
+ public:
+  explicit RankWorkers(int size) : errors_(static_cast<size_t>(size)) {
+    for (int r = 0; r < size; ++r) threads_.emplace_back([this, r] { loop(r); });
+  }
+  ~RankWorkers() {
+    {
+      std::lock_guard<std::mutex> hold(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  int size() const { return static_cast<int>(threads_.size()); }
+
+  void start(std::function<void(int)> fn) {
+    std::lock_guard<std::mutex> hold(mutex_);
+    task_ = std::move(fn);
+    pending_ = size();
+    for (std::string& e : errors_) e.clear();
+    ++generation_;
+    wake_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> hold(mutex_);
+    done_.wait(hold, [&] { return pending_ == 0; });
+    for (size_t r = 0; r < errors_.size(); ++r) {
+      SPECULA_CHECK(errors_[r].empty(), "tensor-parallel rank {}: {}", r, errors_[r]);
+    }
+  }
+  void run(std::function<void(int)> fn) {
+    start(std::move(fn));
+    wait();
+  }
+
+ private:
+  void loop(int rank) {
+    uint64_t seen = 0;
+    const bool device_ok = cudaSetDevice(rank) == cudaSuccess;
+    for (;;) {
+      std::function<void(int)> task;
+      {
+        std::unique_lock<std::mutex> hold(mutex_);
+        wake_.wait(hold, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        task = task_;
+      }
+      std::string error;
+      try {
+        SPECULA_CHECK(device_ok, "cannot use GPU {}", rank);
+        task(rank);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      std::lock_guard<std::mutex> hold(mutex_);
+      errors_[static_cast<size_t>(rank)] = std::move(error);
+      if (--pending_ == 0) done_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  std::function<void(int)> task_;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::vector<std::string> errors_;
+  std::vector<std::thread> threads_;
+};
+
+class TensorParallelModel final : public Model {
+ public:
+  TensorParallelModel(const ModelConfig& config, const WeightSource& weights, const ModelOptions& options)
+      : config_(config), size_(options.tp_size), group_(std::make_unique<TpGroup>(options.tp_size)),
+        workers_(options.tp_size) {
+    SPECULA_CHECK(options.double_sparsity == nullptr, "--tp-size {} cannot be combined with --enable-double-sparsity",
+                  size_);
+    for (int r = 0; r < size_; ++r) layouts_.push_back(tp_layout(config, {r, size_}));
+    ranks_.resize(static_cast<size_t>(size_));
+    kv_.resize(static_cast<size_t>(size_));
+    // Every rank reads the source under one lock (a synthetic source's views are shared scratch);
+    // each converts and uploads its own slices in parallel.
+    auto lock = std::make_shared<std::mutex>();
+    try {
+      workers_.run([&](int r) {
+        const TpShard shard{r, size_};
+        const TpShardWeights shard_weights(weights, config, shard, lock);
+        ModelOptions o = options;
+        o.device = Device::cuda(r);
+        o.tp_size = 1;
+        o.tp_comm = &group_->rank(r);
+        o.vocab_begin = layouts_[static_cast<size_t>(r)].vocab.begin;
+        o.vocab_end = layouts_[static_cast<size_t>(r)].vocab.end;
+        ranks_[static_cast<size_t>(r)] = make_cuda_model(tp_shard_config(config, shard), shard_weights, o);
+      });
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~TensorParallelModel() override { release(); }
+
+  const ModelConfig& config() const override { return config_; }
+  size_t weight_bytes() const override {
+    size_t bytes = 0;
+    for (const auto& m : ranks_) bytes += m->weight_bytes();
+    return bytes;
+  }
+  void* cuda_stream() const override { return ranks_[0]->cuda_stream(); }
+  bool on_gpu() const override { return true; }
+  std::vector<int> graph_batch_sizes() const override { return ranks_[0]->graph_batch_sizes(); }
+  bool owns_kv_cache() const override { return true; }
+  int kv_heads_per_gpu() const override { return static_cast<int>(layouts_[0].kv_heads.size()); }
+
+  void create_kv_cache(const KVPoolConfig& full) override {
+    workers_.run([&](int r) {
+      KVPoolConfig c = full;
+      c.num_kv_heads = static_cast<int>(layouts_[static_cast<size_t>(r)].kv_heads.size());
+      c.device = Device::cuda(r);
+      kv_[static_cast<size_t>(r)] = std::make_unique<MHAKVPool>(c);
+    });
+  }
+
+  void capture_decode_graphs(const GraphSetup& setup, int max_tokens) override {
+    workers_.run([&](int r) {
+      GraphSetup g = setup;
+      g.kv_pool = kv_[static_cast<size_t>(r)].get();
+      ranks_[static_cast<size_t>(r)]->capture_decode_graphs(g, max_tokens);
+    });
+  }
+
+  void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override;
+
+ private:
+  // Models and pools go on their own threads (their streams and buffers belong to those GPUs)
+  // before the communicators.
+  void release() {
+    workers_.run([&](int r) {
+      ranks_[static_cast<size_t>(r)].reset();
+      kv_[static_cast<size_t>(r)].reset();
+    });
+  }
+
+  ModelConfig config_;
+  int size_;
+  std::unique_ptr<TpGroup> group_;
+  std::vector<TpLayout> layouts_;
+  std::vector<std::unique_ptr<Model>> ranks_;
+  std::vector<std::unique_ptr<MHAKVPool>> kv_;
+  RankWorkers workers_;
+};
+
+void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) {
+  SPECULA_CHECK(r.capture == nullptr, "--tp-size {}: capturing hidden states for a draft head is not available under "
+                "tensor parallelism in this build", size_);
+  SPECULA_CHECK(kv_[0] != nullptr, "the tensor-parallel model's KV cache was not created (create_kv_cache)");
+  const auto n = static_cast<size_t>(size_);
+  std::vector<std::vector<float>> part_logits(n), part_values(n);
+  std::vector<std::vector<int32_t>> part_ids(n);
+  const bool greedy = r.greedy_ids != nullptr;
+  // Structured output's masks: filled once, on this thread, while the ranks run; each rank's
+  // argmax takes the words of its vocabulary part (whose bounds are multiples of 32).
+  std::promise<void> mask_ready;
+  std::shared_future<void> mask_done = mask_ready.get_future().share();
+  std::vector<uint32_t> mask;
+  const size_t words = (static_cast<size_t>(config_.vocab_size) + 31) / 32;
+  workers_.start([&](int rank) {
+    const auto k = static_cast<size_t>(rank);
+    ForwardBatch b = batch;
+    b.token_to_kv_pool = kv_[k].get();
+    ForwardRequest rr = r;
+    if (greedy) {
+      rr.greedy_ids = &part_ids[k];
+      rr.greedy_values = &part_values[k];
+    }
+    if (r.token_bitmask) {
+      const TpRange v = layouts_[k].vocab;
+      rr.token_bitmask = [&, v](std::span<uint32_t> out) {
+        mask_done.wait();
+        const size_t local = (static_cast<size_t>(v.size()) + 31) / 32;
+        const size_t rows = out.size() / local;
+        const size_t first = static_cast<size_t>(v.begin) / 32;
+        for (size_t row = 0; row < rows; ++row) {
+          std::memcpy(out.data() + row * local, mask.data() + row * words + first, local * sizeof(uint32_t));
+        }
+      };
+    }
+    ranks_[k]->forward(b, part_logits[k], rr);
+  });
+  if (r.token_bitmask) {
+    try {
+      const size_t rows = r.all_tokens ? static_cast<size_t>(batch.num_tokens()) : static_cast<size_t>(batch.batch_size);
+      mask.assign(rows * words, 0);
+      r.token_bitmask(mask);
+    } catch (...) {
+      mask_ready.set_value();
+      workers_.wait();
+      throw;
+    }
+    mask_ready.set_value();
+  }
+  workers_.wait();
+  if (greedy) {
+    // The larger logit wins; on a tie the lower rank, whose ids are lower: greedy_token's order.
+    std::vector<int32_t>& ids = *r.greedy_ids;
+    ids.assign(part_ids[0].size(), -1);
+    std::vector<float> best(ids.size(), -INFINITY);
+    for (size_t k = 0; k < n; ++k) {
+      for (size_t row = 0; row < ids.size(); ++row) {
+        if (part_ids[k][row] >= 0 && part_values[k][row] > best[row]) {
+          best[row] = part_values[k][row];
+          ids[row] = part_ids[k][row] + static_cast<int32_t>(layouts_[k].vocab.begin);
+        }
+      }
+    }
+    if (r.greedy_values != nullptr) *r.greedy_values = std::move(best);
+    return;
+  }
+  const auto V = static_cast<size_t>(config_.vocab_size);
+  const size_t rows = part_logits[0].size() / static_cast<size_t>(layouts_[0].vocab.size());
+  logits.resize(rows * V);
+  for (size_t k = 0; k < n; ++k) {
+    const auto width = static_cast<size_t>(layouts_[k].vocab.size());
+    const auto begin = static_cast<size_t>(layouts_[k].vocab.begin);
+    for (size_t row = 0; row < rows; ++row) {
+      std::copy_n(part_logits[k].data() + row * width, width, logits.data() + row * V + begin);
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_tensor_parallel_model(const ModelConfig& config, const WeightSource& weights,
+                                                  const ModelOptions& options) {
+  check_tensor_parallel(config, options.tp_size);
+  return std::make_unique<TensorParallelModel>(config, weights, options);
+}
+
+}  // namespace specula

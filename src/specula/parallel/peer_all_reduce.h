@@ -1,0 +1,34 @@
+// A one-shot all-reduce over peer memory for decode-sized f32 messages (the small-message path
+// SGLang, vLLM and TensorRT-LLM add beside NCCL): each rank copies its values into its own staging
+// buffer, raises a flag in every peer's memory, waits for every peer's flag, then reads every
+// rank's staging buffer over NVLink and sums them in rank order (so every rank gets the same bits).
+// One launch, no host sync, graph-capturable: flags carry a per-block epoch kept in device memory,
+// and the staging buffer alternates halves by epoch so a fast rank never overwrites values a slow
+// one is still reading. A rank that waits longer than kPeerWaitSeconds for a peer traps (a CUDA
+// error on the host) instead of hanging.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace specula::cuda_kernels {
+
+inline constexpr int kPeerMaxRanks = 8;
+inline constexpr int kPeerMaxBlocks = 36;
+inline constexpr double kPeerWaitSeconds = 20.0;
+
+struct PeerAllReduceArgs {
+  float* staging[kPeerMaxRanks] = {};  // each rank's, 2 * capacity floats, readable from every rank
+  uint32_t* flags[kPeerMaxRanks] = {};  // each rank's [kPeerMaxRanks][kPeerMaxBlocks], zeroed at start
+  uint32_t* counters = nullptr;        // this rank's [kPeerMaxBlocks], zeroed at start
+  int rank = 0;
+  int size = 1;
+  int64_t capacity = 0;  // floats per staging half: the largest message
+};
+
+// data [count] f32 on this rank's device (16-byte aligned, count a multiple of 4 and at most
+// capacity) becomes the sum over ranks; every rank calls it with the same count, in the same order.
+void peer_all_reduce(const PeerAllReduceArgs& args, float* data, int64_t count, cudaStream_t s);
+
+}  // namespace specula::cuda_kernels

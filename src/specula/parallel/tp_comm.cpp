@@ -1,0 +1,184 @@
+// TpGroup: NCCL communicators, peer access and the peer all-reduce's buffers.
+#include "specula/parallel/tp_comm.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "specula/core/error.h"
+
+#if defined(SPECULA_HAS_CUDA) && defined(SPECULA_HAS_NCCL)
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "specula/core/cuda_check.h"
+#include "specula/parallel/peer_all_reduce.h"
+#endif
+
+namespace specula {
+
+#if defined(SPECULA_HAS_CUDA) && defined(SPECULA_HAS_NCCL)
+
+#define NCCL_CHECK(call)                                                                                  \
+  do {                                                                                                    \
+    const ncclResult_t specula_nccl_status_ = (call);                                                     \
+    SPECULA_CHECK(specula_nccl_status_ == ncclSuccess, "NCCL error '{}' from {}",                        \
+                  ncclGetErrorString(specula_nccl_status_), #call);                                      \
+  } while (0)
+
+struct TpGroup::State {
+  std::vector<ncclComm_t> comms;
+  std::vector<void*> allocations;  // (device, pointer) freed at the end
+  std::vector<int> allocation_devices;
+  cuda_kernels::PeerAllReduceArgs peer;
+  int64_t peer_max_floats = 0;
+};
+
+namespace {
+
+class Rank final : public TpComm {
+ public:
+  Rank(int rank, int size, ncclComm_t comm, const cuda_kernels::PeerAllReduceArgs* peer, int64_t peer_max_floats,
+       bool force_nccl)
+      : rank_(rank), size_(size), comm_(comm), peer_max_floats_(peer != nullptr ? peer_max_floats : 0),
+        force_nccl_(force_nccl) {
+    if (peer != nullptr) {
+      peer_ = *peer;
+      peer_.rank = rank;
+    }
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  bool peer_serves(int64_t count) const override {
+    return !force_nccl_ && count <= peer_max_floats_ && count % 4 == 0;
+  }
+  void set_counters(uint32_t* counters) { peer_.counters = counters; }
+
+  void all_reduce(float* data, int64_t count, void* stream, AllReducePath path) override {
+    const auto s = static_cast<cudaStream_t>(stream);
+    const bool aligned = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
+    const bool peer = path == AllReducePath::peer ||
+                      (path == AllReducePath::automatic && peer_serves(count) && aligned);
+    if (peer) {
+      SPECULA_CHECK(peer_max_floats_ > 0, "the peer all-reduce is not available: the GPUs have no peer access");
+      cuda_kernels::peer_all_reduce(peer_, data, count, s);
+      return;
+    }
+    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_, s));
+  }
+
+ private:
+  int rank_, size_;
+  ncclComm_t comm_;
+  cuda_kernels::PeerAllReduceArgs peer_;
+  int64_t peer_max_floats_;
+  bool force_nccl_;
+};
+
+}  // namespace
+
+TpGroup::TpGroup(int size, int64_t peer_max_bytes) : state_(std::make_unique<State>()) {
+  SPECULA_CHECK(size >= 1 && size <= cuda_kernels::kPeerMaxRanks, "--tp-size {} is not valid; it must be in [1, {}]",
+                size, cuda_kernels::kPeerMaxRanks);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  SPECULA_CHECK(devices >= size, "--tp-size {} needs {} GPUs; this machine has {}", size, size, devices);
+  // NVLink multicast (NVLS) stays off unless the user turned it on: on shared hosts it can take
+  // the GPUs out of service, and a one-node all-reduce of two to eight GPUs does not need it.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  State& st = *state_;
+  st.comms.resize(static_cast<size_t>(size));
+  std::vector<int> devs(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) devs[static_cast<size_t>(r)] = r;
+  NCCL_CHECK(ncclCommInitAll(st.comms.data(), size, devs.data()));
+
+  peer_access_ = size > 1;
+  for (int i = 0; i < size && peer_access_; ++i) {
+    for (int j = 0; j < size; ++j) {
+      int ok = 0;
+      if (i != j && (cudaDeviceCanAccessPeer(&ok, i, j) != cudaSuccess || ok == 0)) peer_access_ = false;
+    }
+  }
+  const char* forced = std::getenv("SPECULA_TP_ALLREDUCE");
+  const bool force_nccl = forced != nullptr && std::strcmp(forced, "nccl") == 0;
+  auto alloc = [&](int device, size_t bytes) {
+    CUDA_CHECK(cudaSetDevice(device));
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    CUDA_CHECK(cudaMemset(p, 0, bytes));
+    st.allocations.push_back(p);
+    st.allocation_devices.push_back(device);
+    return p;
+  };
+  std::vector<uint32_t*> counters(static_cast<size_t>(size), nullptr);
+  if (peer_access_) {
+    for (int i = 0; i < size; ++i) {
+      CUDA_CHECK(cudaSetDevice(i));
+      for (int j = 0; j < size; ++j) {
+        if (i == j) continue;
+        const cudaError_t e = cudaDeviceEnablePeerAccess(j, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) {
+          (void)cudaGetLastError();
+        } else {
+          CUDA_CHECK(e);
+        }
+      }
+    }
+    st.peer_max_floats = peer_max_bytes / static_cast<int64_t>(sizeof(float)) / 4 * 4;
+    st.peer.size = size;
+    st.peer.capacity = st.peer_max_floats;
+    for (int r = 0; r < size; ++r) {
+      st.peer.staging[r] = static_cast<float*>(alloc(r, 2 * static_cast<size_t>(st.peer_max_floats) * sizeof(float)));
+      st.peer.flags[r] = static_cast<uint32_t*>(
+          alloc(r, sizeof(uint32_t) * cuda_kernels::kPeerMaxRanks * cuda_kernels::kPeerMaxBlocks));
+      counters[static_cast<size_t>(r)] =
+          static_cast<uint32_t*>(alloc(r, sizeof(uint32_t) * cuda_kernels::kPeerMaxBlocks));
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  for (int r = 0; r < size; ++r) {
+    auto rank = std::make_unique<Rank>(r, size, st.comms[static_cast<size_t>(r)], peer_access_ ? &st.peer : nullptr,
+                                       st.peer_max_floats, force_nccl);
+    rank->set_counters(counters[static_cast<size_t>(r)]);
+    ranks_.push_back(std::move(rank));
+  }
+}
+
+TpGroup::~TpGroup() {
+  ranks_.clear();
+  for (ncclComm_t c : state_->comms) {
+    if (c != nullptr) ncclCommDestroy(c);
+  }
+  for (size_t i = 0; i < state_->allocations.size(); ++i) {
+    cudaSetDevice(state_->allocation_devices[i]);
+    cudaFree(state_->allocations[i]);
+  }
+}
+
+std::string TpGroup::describe() const {
+  int version = 0;
+  ncclGetVersion(&version);
+  const int major = version / 10000, minor = version / 100 % 100, patch = version % 100;
+  return fmt::format("tensor parallel {}: NCCL {}.{}.{}, {}", size(), major, minor, patch,
+                     peer_access_ ? fmt::format("peer all-reduce up to {} KiB", state_->peer_max_floats * 4 / 1024)
+                                  : std::string("no peer access (NCCL only)"));
+}
+
+#else
+
+struct TpGroup::State {};
+
+TpGroup::TpGroup(int size, int64_t) {
+  SPECULA_CHECK(size == 1, "--tp-size {}: this build has no {}; tensor parallelism needs CUDA and NCCL", size,
+#if defined(SPECULA_HAS_CUDA)
+                "NCCL"
+#else
+                "CUDA"
+#endif
+  );
+}
+TpGroup::~TpGroup() = default;
+std::string TpGroup::describe() const { return "tensor parallel 1"; }
+
+#endif
+
+}  // namespace specula

@@ -1,0 +1,52 @@
+// TpGroup: the communicators of tensor parallelism over the GPUs of one process (one worker thread
+// per GPU, see model/tp_model.h): NCCL communicators made at once for every rank
+// (ncclCommInitAll), peer access between every pair of GPUs, and the one-shot peer all-reduce's
+// buffers. TpComm is one rank's handle: an in-place f32 sum over ranks on the rank's stream,
+// through the peer all-reduce for messages up to peer_max_bytes when every pair of GPUs has peer
+// access, else through NCCL (large messages, GPUs without peer access, or SPECULA_TP_ALLREDUCE=nccl).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace specula {
+
+enum class AllReducePath { automatic, peer, nccl };
+
+class TpComm {
+ public:
+  virtual ~TpComm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // data[count] (f32, on this rank's GPU) becomes the sum over ranks; every rank calls it with the
+  // same count, in the same order, on its model's stream (a cudaStream_t). Capturable in a graph.
+  virtual void all_reduce(float* data, int64_t count, void* stream, AllReducePath path = AllReducePath::automatic) = 0;
+  // Whether the peer path serves a message of this many floats (the largest one it takes).
+  virtual bool peer_serves(int64_t count) const = 0;
+};
+
+class TpGroup {
+ public:
+  // Ranks on CUDA devices 0..size-1. Throws specula::Error when fewer GPUs are present than
+  // asked for, or when this build has no NCCL.
+  explicit TpGroup(int size, int64_t peer_max_bytes = int64_t{1} << 20);
+  ~TpGroup();
+  TpGroup(const TpGroup&) = delete;
+  TpGroup& operator=(const TpGroup&) = delete;
+
+  int size() const { return static_cast<int>(ranks_.size()); }
+  TpComm& rank(int r) { return *ranks_.at(static_cast<size_t>(r)); }
+  bool peer_access() const { return peer_access_; }
+  // One line for logs: "tensor parallel 2: NCCL 2.28.3, peer all-reduce up to 1 MiB".
+  std::string describe() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  std::vector<std::unique_ptr<TpComm>> ranks_;
+  bool peer_access_ = false;
+};
+
+}  // namespace specula
