@@ -31,6 +31,7 @@ struct Options {
   std::string device = "cpu";
   int prompt_len = 256;
   int decode_len = 64;
+  int tp_size = 1;
   std::string json_path;
 };
 
@@ -43,6 +44,7 @@ void run(const Options& o) {
   GeneratorOptions go;
   go.device = device;
   go.max_context_len = o.prompt_len + o.decode_len;
+  go.tp_size = o.tp_size;
   std::unique_ptr<Generator> gen;
   std::string what;
   if (!o.synthetic.empty()) {
@@ -68,7 +70,11 @@ void run(const Options& o) {
     copy_gbps = measure_cpu_ceilings(default_thread_pool()).copy_gbps;
   } else {
 #ifdef SPECULA_HAS_CUDA
-    copy_gbps = measure_cuda_ceilings(device).copy_tbps * 1e3;
+    // Each GPU streams its own shard: the slowest GPU's copy rate bounds the step.
+    for (int r = 0; r < o.tp_size; ++r) {
+      const double gbps = measure_cuda_ceilings(Device::cuda(device.index + r)).copy_tbps * 1e3;
+      copy_gbps = r == 0 ? gbps : std::min(copy_gbps, gbps);
+    }
 #endif
   }
 
@@ -90,13 +96,16 @@ void run(const Options& o) {
 
   const double weight_gb = static_cast<double>(gen->runner().weight_bytes()) / 1e9;
   // A mixture of experts reads its top-k and shared experts only.
-  const double read_gb = static_cast<double>(gen->runner().decode_weight_bytes()) / 1e9;
+  // Under tensor parallelism, what the most loaded GPU reads.
+  const double read_gb = static_cast<double>(gen->runner().model().decode_weight_bytes_per_gpu()) / 1e9;
   const double bound = copy_gbps / read_gb;  // tokens/s if every step only streamed the weights it reads
   const double prefill_tps = o.prompt_len / result.time_to_first_token_s;
-  fmt::print("specula bench generate  {}  device={} threads={}\n", what, device.str(), default_thread_pool().num_threads());
-  fmt::print("weights as held: {:.3f} GB ({}), {:.3f} GB read per decode step; copy ceiling measured now: {:.1f} GB/s -> "
+  fmt::print("specula bench generate  {}  device={} tp_size={} threads={}\n", what, device.str(), o.tp_size,
+             default_thread_pool().num_threads());
+  fmt::print("weights as held: {:.3f} GB ({}), {:.3f} GB read per decode step{}; copy ceiling measured now: {:.1f} GB/s -> "
              "decode bound {:.1f} tok/s\n\n",
-             weight_gb, device.is_cpu() ? "f32" : "bf16 matrices where the checkpoint is bf16", read_gb, copy_gbps, bound);
+             weight_gb, device.is_cpu() ? "f32" : "bf16 matrices where the checkpoint is bf16", read_gb,
+             o.tp_size > 1 ? " by each GPU" : "", copy_gbps, bound);
   fmt::print("{:<28} {:>12}\n", "prompt tokens", o.prompt_len);
   fmt::print("{:<28} {:>12.1f}\n", "prefill tok/s", prefill_tps);
   fmt::print("{:<28} {:>12.2f}\n", "time to first token ms", result.time_to_first_token_s * 1e3);
@@ -118,6 +127,7 @@ void run(const Options& o) {
                         {"decode_weight_bytes", gen->runner().decode_weight_bytes()},
                         {"copy_gbytes_per_second", copy_gbps},
                         {"decode_bound_tokens_per_s", bound},
+                        {"tp_size", o.tp_size},
                         {"cuda_graph", eager.has_value()}};
     if (eager) j["decode_tokens_per_s_no_cuda_graph"] = eager->decode_tokens_per_s;
     write_json_file(o.json_path, j);
@@ -135,6 +145,7 @@ void add_bench_generate_command(CLI::App& bench) {
   cmd->add_option("--device", o->device, "cpu")->capture_default_str();
   cmd->add_option("--prompt-len", o->prompt_len, "Prompt tokens")->capture_default_str();
   cmd->add_option("--decode-len", o->decode_len, "Generated tokens")->capture_default_str();
+  cmd->add_option("--tp-size", o->tp_size, "Tensor parallelism over this many GPUs")->capture_default_str();
   cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
   cmd->callback([o] { run(*o); });
 }

@@ -97,6 +97,8 @@ class Model {
   // Of which one single-token decode step reads: all of them, except that a mixture-of-experts
   // layer reads its top-k and shared experts only.
   virtual size_t decode_weight_bytes() const { return weight_bytes(); }
+  // Of which the most loaded GPU holds (tensor parallelism: each GPU streams its shard).
+  virtual size_t decode_weight_bytes_per_gpu() const { return decode_weight_bytes(); }
   // The cudaStream_t the model runs on (nullptr on the CPU); KV pool operations go there too.
   virtual void* cuda_stream() const { return nullptr; }
   // The backend of a Llama-family model / of an MLA model (the other one is nullptr).

@@ -135,6 +135,11 @@ class TensorParallelModel final : public Model {
     for (const auto& m : ranks_) bytes += m->weight_bytes();
     return bytes;
   }
+  size_t decode_weight_bytes_per_gpu() const override {
+    size_t most = 0;
+    for (const auto& m : ranks_) most = std::max(most, m->decode_weight_bytes());
+    return most;
+  }
   void* cuda_stream() const override { return ranks_[0]->cuda_stream(); }
   bool on_gpu() const override { return true; }
   std::vector<int> graph_batch_sizes() const override { return ranks_[0]->graph_batch_sizes(); }

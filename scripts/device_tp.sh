@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Tensor parallelism on a machine with two (or more) GPUs: builds (Release, sm_90a) against the
+# CUDA toolkit's NCCL or, where it has none, the pip nvidia-nccl package's; runs cuda_tp_test
+# (all-reduce paths, TP=2 against TP=1 per architecture, start-up errors); then `bench allreduce`
+# and `bench generate` of the synthetic shapes in SHAPES at TP=1 and TP=2 (llama3-70b at TP=2
+# only). NVLink multicast stays off. SKIP_TESTS=1, SKIP_BENCH=1 leave parts out. Logs to $OUT.
+set -uo pipefail
+out=${OUT:-/tmp/specula-out}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi topo -m >"$out/topo.log" 2>&1; head -4 "$out/topo.log"
+if ! ls /usr/local/cuda/lib*/libnccl.so* /usr/local/cuda/targets/*/lib/libnccl.so* >/dev/null 2>&1; then
+  NCCL_ROOT=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
+  export NCCL_ROOT
+  export LD_LIBRARY_PATH="$NCCL_ROOT/lib:${LD_LIBRARY_PATH:-}"
+fi
+echo "NCCL_ROOT=${NCCL_ROOT:-the CUDA toolkit}"
+build=build/device
+if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_BENCH=OFF \
+     -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/configure.log" 2>&1; then
+  tail -40 "$out/configure.log"; exit 1
+fi
+grep "NCCL" "$out/configure.log"
+if ! cmake --build "$build" -j "$(nproc)" --target specula_main cuda_tp_test -- -k 0 >"$out/build.log" 2>&1; then
+  grep -E "error" -A4 "$out/build.log" | grep -v "^--$" | head -80; exit 1
+fi
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  timeout 400 "$build/tests/cuda_tp_test" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$out/cuda_tp_test.log" 2>&1
+  echo "cuda_tp_test rc=$?"
+  grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which|tensor parallel|seed|error" "$out/cuda_tp_test.log" | head -60
+fi
+[ "${SKIP_BENCH:-0}" = 1 ] && exit 0
+timeout 200 "$build/bin/specula" bench allreduce --tp-size 2 >"$out/allreduce.log" 2>&1
+echo "bench allreduce rc=$?"; cat "$out/allreduce.log"
+for shape in ${SHAPES:-llama3-8b}; do
+  for tp in ${TPS:-1 2}; do
+    timeout 400 "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --tp-size "$tp" \
+      --prompt-len 128 --decode-len 256 --json "$out/generate_${shape}_tp$tp.json" >"$out/generate_${shape}_tp$tp.log" 2>&1
+    echo "bench generate $shape tp=$tp rc=$?"; grep -E "weights as held|decode tok/s|bound|prefill|error" "$out/generate_${shape}_tp$tp.log"
+  done
+done
