@@ -3,7 +3,9 @@
 # CUDA toolkit's NCCL or, where it has none, the pip nvidia-nccl package's; runs cuda_tp_test
 # (all-reduce paths, TP=2 against TP=1 per architecture, start-up errors); then `bench allreduce`
 # and `bench generate` of the synthetic shapes in SHAPES at TP=1 and TP=2 (llama3-70b at TP=2
-# only). NVLink multicast stays off. SKIP_TESTS=1, SKIP_BENCH=1 leave parts out. Logs to $OUT.
+# only). NVLink multicast stays off. SKIP_TESTS=1, SKIP_BENCH=1 leave parts out; EXTRA_TESTS names more
+# test binaries to build and run. On one GPU, TP=2 runs with both ranks on it (SPECULA_TP_ONE_DEVICE=1).
+# Logs to $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
 mkdir -p "$out"
@@ -21,17 +23,23 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_
   tail -40 "$out/configure.log"; exit 1
 fi
 grep "NCCL" "$out/configure.log"
-if ! cmake --build "$build" -j "$(nproc)" --target specula_main cuda_tp_test -- -k 0 >"$out/build.log" 2>&1; then
+if ! cmake --build "$build" -j "$(nproc)" --target specula_main cuda_tp_test ${EXTRA_TESTS:-} -- -k 0 >"$out/build.log" 2>&1; then
   grep -E "error" -A4 "$out/build.log" | grep -v "^--$" | head -80; exit 1
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout 400 "$build/tests/cuda_tp_test" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$out/cuda_tp_test.log" 2>&1
   echo "cuda_tp_test rc=$?"
-  grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which|tensor parallel|seed|error" "$out/cuda_tp_test.log" | head -60
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|Which|tensor parallel|seed|error" "$out/cuda_tp_test.log" | head -60
+  for t in ${EXTRA_TESTS:-}; do
+    timeout 400 "$build/tests/$t" >"$out/$t.log" 2>&1
+    echo "$t rc=$?"; grep -E "^\[  (FAILED|PASSED) |Failure" "$out/$t.log" | head -20
+  done
 fi
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
-timeout 200 "$build/bin/specula" bench allreduce --tp-size 2 >"$out/allreduce.log" 2>&1
-echo "bench allreduce rc=$?"; cat "$out/allreduce.log"
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  timeout 200 "$build/bin/specula" bench allreduce --tp-size 2 >"$out/allreduce.log" 2>&1
+  echo "bench allreduce rc=$?"; cat "$out/allreduce.log"
+fi
 for shape in ${SHAPES:-llama3-8b}; do
   for tp in ${TPS:-1 2}; do
     timeout 400 "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --tp-size "$tp" \

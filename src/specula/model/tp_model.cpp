@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -28,8 +29,11 @@ namespace {
 // once and returns when all are done, rethrowing the lowest rank's error as "rank r: ...".
 class RankWorkers {
  public:
-  explicit RankWorkers(int size) : errors_(static_cast<size_t>(size)) {
-    for (int r = 0; r < size; ++r) threads_.emplace_back([this, r] { loop(r); });
+  // devices[r]: rank r's GPU.
+  explicit RankWorkers(const std::vector<int>& devices) : errors_(devices.size()) {
+    for (size_t r = 0; r < devices.size(); ++r) {
+      threads_.emplace_back([this, r, d = devices[r]] { loop(static_cast<int>(r), d); });
+    }
   }
   ~RankWorkers() {
     {
@@ -62,9 +66,9 @@ class RankWorkers {
   }
 
  private:
-  void loop(int rank) {
+  void loop(int rank, int device) {
     uint64_t seen = 0;
-    const bool device_ok = cudaSetDevice(rank) == cudaSuccess;
+    const bool device_ok = cudaSetDevice(device) == cudaSuccess;
     for (;;) {
       std::function<void(int)> task;
       {
@@ -76,7 +80,7 @@ class RankWorkers {
       }
       std::string error;
       try {
-        SPECULA_CHECK(device_ok, "cannot use GPU {}", rank);
+        SPECULA_CHECK(device_ok, "cannot use GPU {}", device);
         task(rank);
       } catch (const std::exception& e) {
         error = e.what();
@@ -100,8 +104,7 @@ class RankWorkers {
 class TensorParallelModel final : public Model {
  public:
   TensorParallelModel(const ModelConfig& config, const WeightSource& weights, const ModelOptions& options)
-      : config_(config), size_(options.tp_size), group_(std::make_unique<TpGroup>(options.tp_size)),
-        workers_(options.tp_size) {
+      : config_(config), size_(options.tp_size), group_(make_group(options.tp_size)), workers_(devices(*group_)) {
     SPECULA_CHECK(options.double_sparsity == nullptr, "--tp-size {} cannot be combined with --enable-double-sparsity",
                   size_);
     for (int r = 0; r < size_; ++r) layouts_.push_back(tp_layout(config, {r, size_}));
@@ -115,7 +118,7 @@ class TensorParallelModel final : public Model {
         const TpShard shard{r, size_};
         const TpShardWeights shard_weights(weights, config, shard, lock);
         ModelOptions o = options;
-        o.device = Device::cuda(r);
+        o.device = Device::cuda(group_->device(r));
         o.tp_size = 1;
         o.tp_comm = &group_->rank(r);
         o.vocab_begin = layouts_[static_cast<size_t>(r)].vocab.begin;
@@ -150,7 +153,7 @@ class TensorParallelModel final : public Model {
     workers_.run([&](int r) {
       KVPoolConfig c = full;
       c.num_kv_heads = static_cast<int>(layouts_[static_cast<size_t>(r)].kv_heads.size());
-      c.device = Device::cuda(r);
+      c.device = Device::cuda(group_->device(r));
       kv_[static_cast<size_t>(r)] = std::make_unique<MHAKVPool>(c);
     });
   }
@@ -166,6 +169,18 @@ class TensorParallelModel final : public Model {
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override;
 
  private:
+  // SPECULA_TP_ONE_DEVICE=1: every rank on GPU 0 (tests of the tensor-parallel model on a machine
+  // with one GPU; parallel/tp_comm.h).
+  static std::unique_ptr<TpGroup> make_group(int size) {
+    const char* one = std::getenv("SPECULA_TP_ONE_DEVICE");
+    return std::make_unique<TpGroup>(size, int64_t{1} << 20, one != nullptr && std::string(one) == "1");
+  }
+  static std::vector<int> devices(const TpGroup& g) {
+    std::vector<int> d;
+    for (int r = 0; r < g.size(); ++r) d.push_back(g.device(r));
+    return d;
+  }
+
   // Models and pools go on their own threads (their streams and buffers belong to those GPUs)
   // before the communicators.
   void release() {

@@ -1,6 +1,7 @@
 // TpGroup: NCCL communicators, peer access and the peer all-reduce's buffers.
 #include "specula/parallel/tp_comm.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -63,6 +64,8 @@ class Rank final : public TpComm {
       cuda_kernels::peer_all_reduce(peer_, data, count, s);
       return;
     }
+    SPECULA_CHECK(comm_ != nullptr, "an all-reduce of {} floats: the ranks share one GPU (SPECULA_TP_ONE_DEVICE) and "
+                  "have no NCCL; the peer path takes up to {}", count, peer_max_floats_);
     NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_, s));
   }
 
@@ -76,12 +79,14 @@ class Rank final : public TpComm {
 
 }  // namespace
 
-TpGroup::TpGroup(int size, int64_t peer_max_bytes) : state_(std::make_unique<State>()) {
+TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
+    : state_(std::make_unique<State>()), one_device_(one_device) {
   SPECULA_CHECK(size >= 1 && size <= cuda_kernels::kPeerMaxRanks, "--tp-size {} is not valid; it must be in [1, {}]",
                 size, cuda_kernels::kPeerMaxRanks);
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-  SPECULA_CHECK(devices >= size, "--tp-size {} needs {} GPUs; this machine has {}", size, size, devices);
+  SPECULA_CHECK(devices >= (one_device ? 1 : size), "--tp-size {} needs {} GPUs; this machine has {}", size, size,
+                devices);
   // NVLink multicast (NVLS) stays off unless the user turned it on: on shared hosts it can take
   // the GPUs out of service, and a one-node all-reduce of two to eight GPUs does not need it.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
@@ -89,10 +94,15 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes) : state_(std::make_unique<Sta
   st.comms.resize(static_cast<size_t>(size));
   std::vector<int> devs(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) devs[static_cast<size_t>(r)] = r;
-  NCCL_CHECK(ncclCommInitAll(st.comms.data(), size, devs.data()));
+  if (one_device) {
+    st.comms.assign(static_cast<size_t>(size), nullptr);
+    peer_max_bytes = std::max<int64_t>(peer_max_bytes, int64_t{64} << 20);
+  } else {
+    NCCL_CHECK(ncclCommInitAll(st.comms.data(), size, devs.data()));
+  }
 
   peer_access_ = size > 1;
-  for (int i = 0; i < size && peer_access_; ++i) {
+  for (int i = 0; i < size && peer_access_ && !one_device; ++i) {
     for (int j = 0; j < size; ++j) {
       int ok = 0;
       if (i != j && (cudaDeviceCanAccessPeer(&ok, i, j) != cudaSuccess || ok == 0)) peer_access_ = false;
@@ -110,7 +120,7 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes) : state_(std::make_unique<Sta
     return p;
   };
   std::vector<uint32_t*> counters(static_cast<size_t>(size), nullptr);
-  if (peer_access_) {
+  if (peer_access_ && !one_device) {
     for (int i = 0; i < size; ++i) {
       CUDA_CHECK(cudaSetDevice(i));
       for (int j = 0; j < size; ++j) {
@@ -127,11 +137,12 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes) : state_(std::make_unique<Sta
     st.peer.size = size;
     st.peer.capacity = st.peer_max_floats;
     for (int r = 0; r < size; ++r) {
-      st.peer.staging[r] = static_cast<float*>(alloc(r, 2 * static_cast<size_t>(st.peer_max_floats) * sizeof(float)));
+      const int d = device(r);
+      st.peer.staging[r] = static_cast<float*>(alloc(d, 2 * static_cast<size_t>(st.peer_max_floats) * sizeof(float)));
       st.peer.flags[r] = static_cast<uint32_t*>(
-          alloc(r, sizeof(uint32_t) * cuda_kernels::kPeerMaxRanks * cuda_kernels::kPeerMaxBlocks));
+          alloc(d, sizeof(uint32_t) * cuda_kernels::kPeerMaxRanks * cuda_kernels::kPeerMaxBlocks));
       counters[static_cast<size_t>(r)] =
-          static_cast<uint32_t*>(alloc(r, sizeof(uint32_t) * cuda_kernels::kPeerMaxBlocks));
+          static_cast<uint32_t*>(alloc(d, sizeof(uint32_t) * cuda_kernels::kPeerMaxBlocks));
     }
     CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -158,6 +169,9 @@ std::string TpGroup::describe() const {
   int version = 0;
   ncclGetVersion(&version);
   const int major = version / 10000, minor = version / 100 % 100, patch = version % 100;
+  if (one_device_) {
+    return fmt::format("tensor parallel {}: every rank on GPU 0 (SPECULA_TP_ONE_DEVICE), peer all-reduce only", size());
+  }
   return fmt::format("tensor parallel {}: NCCL {}.{}.{}, {}", size(), major, minor, patch,
                      peer_access_ ? fmt::format("peer all-reduce up to {} KiB", state_->peer_max_floats * 4 / 1024)
                                   : std::string("no peer access (NCCL only)"));
@@ -167,7 +181,7 @@ std::string TpGroup::describe() const {
 
 struct TpGroup::State {};
 
-TpGroup::TpGroup(int size, int64_t) {
+TpGroup::TpGroup(int size, int64_t, bool) {
   SPECULA_CHECK(size == 1, "--tp-size {}: this build has no {}; tensor parallelism needs CUDA and NCCL", size,
 #if defined(SPECULA_HAS_CUDA)
                 "NCCL"

@@ -31,7 +31,10 @@ class TpGroup {
  public:
   // Ranks on CUDA devices 0..size-1. Throws specula::Error when fewer GPUs are present than
   // asked for, or when this build has no NCCL.
-  explicit TpGroup(int size, int64_t peer_max_bytes = int64_t{1} << 20);
+  // one_device (tests on a machine with one GPU; SPECULA_TP_ONE_DEVICE=1 for the model): every
+  // rank on GPU 0, each with its own stream and thread; no NCCL (it refuses two ranks on one GPU),
+  // every message through the peer path, whose buffers then hold up to 64 MiB.
+  explicit TpGroup(int size, int64_t peer_max_bytes = int64_t{1} << 20, bool one_device = false);
   ~TpGroup();
   TpGroup(const TpGroup&) = delete;
   TpGroup& operator=(const TpGroup&) = delete;
@@ -39,6 +42,8 @@ class TpGroup {
   int size() const { return static_cast<int>(ranks_.size()); }
   TpComm& rank(int r) { return *ranks_.at(static_cast<size_t>(r)); }
   bool peer_access() const { return peer_access_; }
+  // The CUDA device of rank r.
+  int device(int r) const { return one_device_ ? 0 : r; }
   // One line for logs: "tensor parallel 2: NCCL 2.28.3, peer all-reduce up to 1 MiB".
   std::string describe() const;
 
@@ -47,6 +52,7 @@ class TpGroup {
   std::unique_ptr<State> state_;
   std::vector<std::unique_ptr<TpComm>> ranks_;
   bool peer_access_ = false;
+  bool one_device_ = false;
 };
 
 }  // namespace specula
