@@ -40,6 +40,7 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   timeout 200 "$build/bin/specula" bench allreduce --tp-size 2 >"$out/allreduce.log" 2>&1
   echo "bench allreduce rc=$?"; cat "$out/allreduce.log"
 fi
+[ "$(nvidia-smi -L | wc -l)" -lt 2 ] && export SPECULA_TP_ONE_DEVICE=1
 for shape in ${SHAPES:-llama3-8b}; do
   for tp in ${TPS:-1 2}; do
     timeout 400 "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --tp-size "$tp" \
