@@ -71,7 +71,7 @@ void check_all_reduce(TpGroup& group, const std::vector<int64_t>& counts, AllRed
       v.resize(static_cast<size_t>(count));
       for (float& x : v) x = d(rng);
     }
-    on_ranks(size, [&](int r) {
+    ASSERT_NO_FATAL_FAILURE(on_ranks(size, [&](int r) {
       testing::DeviceArray<float> buf(static_cast<size_t>(count));
       CUDA_CHECK(cudaMemcpy(buf.get(), in[static_cast<size_t>(r)].data(), count * sizeof(float), cudaMemcpyHostToDevice));
       cudaStream_t s = nullptr;
@@ -81,7 +81,7 @@ void check_all_reduce(TpGroup& group, const std::vector<int64_t>& counts, AllRed
       CUDA_CHECK(cudaStreamDestroy(s));
       out[static_cast<size_t>(r)].resize(static_cast<size_t>(count));
       CUDA_CHECK(cudaMemcpy(out[static_cast<size_t>(r)].data(), buf.get(), count * sizeof(float), cudaMemcpyDeviceToHost));
-    });
+    }));
     for (int64_t i = 0; i < count; ++i) {
       double sum = 0;
       for (int r = 0; r < size; ++r) sum += in[static_cast<size_t>(r)][static_cast<size_t>(i)];
@@ -100,8 +100,8 @@ TEST(CudaTp, AllReduceMatchesTheHostSumOnEveryPath) {
   // Sizes around block and slice edges, and the largest the peer path takes (1 MiB); twice, so
   // that both staging halves and many epochs are used.
   const std::vector<int64_t> peer_counts = {4, 8, 1024, 1028, 4096, 16384, 65536 + 4, 262144, 4, 4096, 262144, 12};
-  check_all_reduce(group, peer_counts, AllReducePath::peer, rng);
-  check_all_reduce(group, peer_counts, AllReducePath::peer, rng);
+  ASSERT_NO_FATAL_FAILURE(check_all_reduce(group, peer_counts, AllReducePath::peer, rng));
+  ASSERT_NO_FATAL_FAILURE(check_all_reduce(group, peer_counts, AllReducePath::peer, rng));
   if (one_device()) GTEST_SKIP() << "NCCL needs two GPUs; the peer path passed with both ranks on one";
   check_all_reduce(group, {1, 7, 4096, 1000003, 1 << 22}, AllReducePath::nccl, rng);
   check_all_reduce(group, {3, 4096, 262144, 262148, 1 << 21}, AllReducePath::automatic, rng);
@@ -121,7 +121,7 @@ TEST(CudaTp, AllReduceReplaysFromCudaGraphs) {
     std::vector<testing::DeviceArray<float>*> bufs(2, nullptr);
     std::vector<std::unique_ptr<CudaGraph>> graphs(2);
     std::vector<cudaStream_t> streams(2, nullptr);
-    on_ranks(2, [&](int r) {
+    ASSERT_NO_FATAL_FAILURE(on_ranks(2, [&](int r) {
       bufs[static_cast<size_t>(r)] = new testing::DeviceArray<float>(static_cast<size_t>(total));
       CUDA_CHECK(cudaStreamCreateWithFlags(&streams[static_cast<size_t>(r)], cudaStreamNonBlocking));
       graphs[static_cast<size_t>(r)] = std::make_unique<CudaGraph>(streams[static_cast<size_t>(r)], [&] {
@@ -131,7 +131,7 @@ TEST(CudaTp, AllReduceReplaysFromCudaGraphs) {
           offset += c;
         }
       });
-    });
+    }));
     for (int replay = 0; replay < 8; ++replay) {
       std::vector<std::vector<float>> in(2, std::vector<float>(static_cast<size_t>(total)));
       std::vector<std::vector<float>> out(2, std::vector<float>(static_cast<size_t>(total)));
@@ -139,13 +139,13 @@ TEST(CudaTp, AllReduceReplaysFromCudaGraphs) {
       for (auto& v : in) {
         for (float& x : v) x = d(rng);
       }
-      on_ranks(2, [&](int r) {
+      ASSERT_NO_FATAL_FAILURE(on_ranks(2, [&](int r) {
         const auto k = static_cast<size_t>(r);
         CUDA_CHECK(cudaMemcpy(bufs[k]->get(), in[k].data(), total * sizeof(float), cudaMemcpyHostToDevice));
         graphs[k]->launch(streams[k]);
         CUDA_CHECK(cudaStreamSynchronize(streams[k]));
         CUDA_CHECK(cudaMemcpy(out[k].data(), bufs[k]->get(), total * sizeof(float), cudaMemcpyDeviceToHost));
-      });
+      }));
       for (size_t i = 0; i < static_cast<size_t>(total); ++i) {
         const double sum = static_cast<double>(in[0][i]) + in[1][i];
         ASSERT_NEAR(out[0][i], sum, 1e-5 * (1 + std::fabs(sum))) << "replay " << replay << " i " << i;

@@ -120,8 +120,8 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
     return p;
   };
   std::vector<uint32_t*> counters(static_cast<size_t>(size), nullptr);
-  if (peer_access_ && !one_device) {
-    for (int i = 0; i < size; ++i) {
+  if (peer_access_) {
+    for (int i = 0; i < size && !one_device; ++i) {
       CUDA_CHECK(cudaSetDevice(i));
       for (int j = 0; j < size; ++j) {
         if (i == j) continue;
