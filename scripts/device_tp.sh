@@ -4,8 +4,7 @@
 # (all-reduce paths, TP=2 against TP=1 per architecture, start-up errors); then `bench allreduce`
 # and `bench generate` of the synthetic shapes in SHAPES at TP=1 and TP=2 (llama3-70b at TP=2
 # only). NVLink multicast stays off. SKIP_TESTS=1, SKIP_BENCH=1 leave parts out; EXTRA_TESTS names more
-# test binaries to build and run. On one GPU, TP=2 runs with both ranks on it (SPECULA_TP_ONE_DEVICE=1).
-# Logs to $OUT.
+# test binaries to build and run. Logs to $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
 mkdir -p "$out"
@@ -40,7 +39,6 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   timeout 200 "$build/bin/specula" bench allreduce --tp-size 2 >"$out/allreduce.log" 2>&1
   echo "bench allreduce rc=$?"; cat "$out/allreduce.log"
 fi
-[ "$(nvidia-smi -L | wc -l)" -lt 2 ] && export SPECULA_TP_ONE_DEVICE=1
 for shape in ${SHAPES:-llama3-8b}; do
   for tp in ${TPS:-1 2}; do
     timeout 400 "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --tp-size "$tp" \

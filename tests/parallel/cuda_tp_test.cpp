@@ -1,9 +1,10 @@
 // Tensor parallelism on two or more GPUs: the peer all-reduce and NCCL against the host's float64
 // sum (eagerly, many calls in a row, and replayed from CUDA graphs), every rank getting the same
 // bits; TP=2 against TP=1 on tiny random checkpoints of each Llama-family variant (prompt logits
-// close, greedy output equal); and the start-up errors. On a machine with one GPU the ranks share
-// it (SPECULA_TP_ONE_DEVICE: own threads and streams, the peer path over buffers on that GPU, no
-// NCCL), so everything but NCCL and NVLink is still checked; the rest needs two GPUs.
+// close, greedy output equal); and the start-up errors. On a machine with one GPU the all-reduce
+// tests run with both ranks on it (TpGroup's one_device: own threads and non-blocking streams,
+// the peer protocol over buffers on that GPU, no NCCL); the model tests need two GPUs (a model's
+// blocking stream would wait behind the other rank's spinning all-reduce on a shared GPU).
 #include <gtest/gtest.h>
 #include <cuda_runtime_api.h>
 
@@ -38,10 +39,6 @@ int gpu_count() {
 // One GPU: the ranks share it.
 bool one_device() { return gpu_count() == 1; }
 
-void share_one_device_if_needed() {
-  if (one_device()) setenv("SPECULA_TP_ONE_DEVICE", "1", 1);
-}
-
 // fn(rank) on one thread per rank (the rank's GPU current), all at once.
 void on_ranks(int size, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
@@ -72,15 +69,19 @@ void check_all_reduce(TpGroup& group, const std::vector<int64_t>& counts, AllRed
       for (float& x : v) x = d(rng);
     }
     ASSERT_NO_FATAL_FAILURE(on_ranks(size, [&](int r) {
+      // Non-blocking streams and async copies only: on a shared GPU a legacy-stream copy would wait
+      // for the other rank's all-reduce, which waits for this rank's.
       testing::DeviceArray<float> buf(static_cast<size_t>(count));
-      CUDA_CHECK(cudaMemcpy(buf.get(), in[static_cast<size_t>(r)].data(), count * sizeof(float), cudaMemcpyHostToDevice));
       cudaStream_t s = nullptr;
-      CUDA_CHECK(cudaStreamCreate(&s));
+      CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaMemcpyAsync(buf.get(), in[static_cast<size_t>(r)].data(), count * sizeof(float),
+                                 cudaMemcpyHostToDevice, s));
       group.rank(r).all_reduce(buf.get(), count, s, path);
+      out[static_cast<size_t>(r)].resize(static_cast<size_t>(count));
+      CUDA_CHECK(cudaMemcpyAsync(out[static_cast<size_t>(r)].data(), buf.get(), count * sizeof(float),
+                                 cudaMemcpyDeviceToHost, s));
       CUDA_CHECK(cudaStreamSynchronize(s));
       CUDA_CHECK(cudaStreamDestroy(s));
-      out[static_cast<size_t>(r)].resize(static_cast<size_t>(count));
-      CUDA_CHECK(cudaMemcpy(out[static_cast<size_t>(r)].data(), buf.get(), count * sizeof(float), cudaMemcpyDeviceToHost));
     }));
     for (int64_t i = 0; i < count; ++i) {
       double sum = 0;
@@ -141,10 +142,10 @@ TEST(CudaTp, AllReduceReplaysFromCudaGraphs) {
       }
       ASSERT_NO_FATAL_FAILURE(on_ranks(2, [&](int r) {
         const auto k = static_cast<size_t>(r);
-        CUDA_CHECK(cudaMemcpy(bufs[k]->get(), in[k].data(), total * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpyAsync(bufs[k]->get(), in[k].data(), total * sizeof(float), cudaMemcpyHostToDevice, streams[k]));
         graphs[k]->launch(streams[k]);
+        CUDA_CHECK(cudaMemcpyAsync(out[k].data(), bufs[k]->get(), total * sizeof(float), cudaMemcpyDeviceToHost, streams[k]));
         CUDA_CHECK(cudaStreamSynchronize(streams[k]));
-        CUDA_CHECK(cudaMemcpy(out[k].data(), bufs[k]->get(), total * sizeof(float), cudaMemcpyDeviceToHost));
       }));
       for (size_t i = 0; i < static_cast<size_t>(total); ++i) {
         const double sum = static_cast<double>(in[0][i]) + in[1][i];
@@ -250,8 +251,7 @@ class CudaTpModel : public ::testing::TestWithParam<Variant> {};
 // GPU does, so the logits are not bit-identical; the greedy tokens are wherever the top-2 margin
 // exceeds that rounding, which these seeds' prompts give.
 TEST_P(CudaTpModel, TwoGpusMatchOne) {
-  if (gpu_count() < 1) GTEST_SKIP() << "no CUDA device";
-  share_one_device_if_needed();
+  if (gpu_count() < 2) GTEST_SKIP() << "needs two GPUs";
   const Variant& v = GetParam();
   const uint64_t seed = testing::test_seed("cuda_tp_test");
   const std::filesystem::path dir = write_variant(v, static_cast<uint32_t>(seed));

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -169,12 +168,7 @@ class TensorParallelModel final : public Model {
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override;
 
  private:
-  // SPECULA_TP_ONE_DEVICE=1: every rank on GPU 0 (tests of the tensor-parallel model on a machine
-  // with one GPU; parallel/tp_comm.h).
-  static std::unique_ptr<TpGroup> make_group(int size) {
-    const char* one = std::getenv("SPECULA_TP_ONE_DEVICE");
-    return std::make_unique<TpGroup>(size, int64_t{1} << 20, one != nullptr && std::string(one) == "1");
-  }
+  static std::unique_ptr<TpGroup> make_group(int size) { return std::make_unique<TpGroup>(size); }
   static std::vector<int> devices(const TpGroup& g) {
     std::vector<int> d;
     for (int r = 0; r < g.size(); ++r) d.push_back(g.device(r));

@@ -64,7 +64,7 @@ class Rank final : public TpComm {
       cuda_kernels::peer_all_reduce(peer_, data, count, s);
       return;
     }
-    SPECULA_CHECK(comm_ != nullptr, "an all-reduce of {} floats: the ranks share one GPU (SPECULA_TP_ONE_DEVICE) and "
+    SPECULA_CHECK(comm_ != nullptr, "an all-reduce of {} floats: the ranks share one GPU and "
                   "have no NCCL; the peer path takes up to {}", count, peer_max_floats_);
     NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_, s));
   }
@@ -170,7 +170,7 @@ std::string TpGroup::describe() const {
   ncclGetVersion(&version);
   const int major = version / 10000, minor = version / 100 % 100, patch = version % 100;
   if (one_device_) {
-    return fmt::format("tensor parallel {}: every rank on GPU 0 (SPECULA_TP_ONE_DEVICE), peer all-reduce only", size());
+    return fmt::format("tensor parallel {}: every rank on GPU 0, peer all-reduce only", size());
   }
   return fmt::format("tensor parallel {}: NCCL {}.{}.{}, {}", size(), major, minor, patch,
                      peer_access_ ? fmt::format("peer all-reduce up to {} KiB", state_->peer_max_floats * 4 / 1024)
