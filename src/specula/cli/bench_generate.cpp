@@ -50,10 +50,11 @@ void run(const Options& o) {
   if (!o.synthetic.empty()) {
     const ModelConfig config = synthetic_config(o.synthetic);
     const SyntheticWeights weights(config, 7);
-    // The host model holds f32 copies (twice the bf16 size), of all but the routed experts on a GPU.
-    // Refuse what would not fit.
-    const double need =
-        2.0 * static_cast<double>(weights.total_bytes() - (device.is_cuda() ? weights.routed_expert_bytes() : 0));
+    // The host model holds f32 copies (twice the bf16 size): of everything on the CPU; of the
+    // embedding and lm_head on a GPU (the layers' matrices go there as they are), once per GPU under
+    // tensor parallelism. Refuse what would not fit.
+    const double ends = static_cast<double>(config.vocab_size) * config.hidden_size * 2.0 * (config.tie_word_embeddings ? 1 : 2);
+    const double need = device.is_cuda() ? 2.0 * ends * o.tp_size : 2.0 * static_cast<double>(weights.total_bytes());
     const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
     SPECULA_CHECK(need < 0.7 * ram, "synthetic {} needs {:.1f} GB of f32 weights on the CPU; this machine has {:.1f} GB",
                   o.synthetic, need / 1e9, ram / 1e9);

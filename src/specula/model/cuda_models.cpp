@@ -14,7 +14,8 @@ std::unique_ptr<Model> make_cuda_model(const ModelConfig& config, const WeightSo
   if (config.is_mla()) {
     return std::make_unique<DeepseekCudaModel>(std::make_unique<DeepseekModel>(config, weights, false), options, &weights);
   }
-  return std::make_unique<LlamaCudaModel>(std::make_unique<LlamaModel>(config, weights, false), options, &weights);
+  // Nor the layers' matrices: bf16 ones go to the device as they are.
+  return std::make_unique<LlamaCudaModel>(std::make_unique<LlamaModel>(config, weights, false, false), options, &weights);
 }
 
 }  // namespace specula

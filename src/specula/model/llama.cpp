@@ -15,7 +15,8 @@
 
 namespace specula {
 
-LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt, bool routed_experts) : CpuDecoder(c) {
+LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt, bool routed_experts, bool layer_matrices)
+    : CpuDecoder(c) {
   const int64_t h = c.hidden_size, q_out = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
   const int64_t kv_out = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
   F32WeightLoader load(ckpt);
@@ -39,10 +40,12 @@ LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt, bool rout
     } else {
       layer.post_norm = norm(p + "post_attention_layernorm.weight");
     }
-    layer.wq = load(p + "self_attn.q_proj.weight", {q_out, h});
-    layer.wk = load(p + "self_attn.k_proj.weight", {kv_out, h});
-    layer.wv = load(p + "self_attn.v_proj.weight", {kv_out, h});
-    layer.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
+    if (layer_matrices) {
+      layer.wq = load(p + "self_attn.q_proj.weight", {q_out, h});
+      layer.wk = load(p + "self_attn.k_proj.weight", {kv_out, h});
+      layer.wv = load(p + "self_attn.v_proj.weight", {kv_out, h});
+      layer.wo = load(p + "self_attn.o_proj.weight", {h, q_out});
+    }
     if (c.attention_bias) {
       layer.bq = load(p + "self_attn.q_proj.bias", {q_out});
       layer.bk = load(p + "self_attn.k_proj.bias", {kv_out});
@@ -60,7 +63,7 @@ LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt, bool rout
     }
     if (c.moe.is_moe_layer(l)) {
       layer.moe = load_moe_weights(load, p, c, routed_experts);
-    } else {
+    } else if (layer_matrices) {
       layer.w_gate = load(p + "mlp.gate_proj.weight", {c.intermediate_size, h});
       layer.w_up = load(p + "mlp.up_proj.weight", {c.intermediate_size, h});
       layer.w_down = load(p + "mlp.down_proj.weight", {h, c.intermediate_size});

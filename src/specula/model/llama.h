@@ -19,8 +19,11 @@ namespace specula {
 class LlamaModel : public CpuDecoder {
  public:
   // routed_experts false: mixture-of-experts layers hold all but their routed experts (a GPU
-  // model loads those itself); such a model cannot run forward on the CPU.
-  LlamaModel(const ModelConfig& config, const WeightSource& weights, bool routed_experts = true);
+  // model loads those itself); such a model cannot run forward on the CPU. layer_matrices false:
+  // the layers hold their norms and biases but not q/k/v/o and the MLP's matrices, which a GPU
+  // model reads straight from the checkpoint (no f32 copy on the host); nor can it run on the CPU.
+  LlamaModel(const ModelConfig& config, const WeightSource& weights, bool routed_experts = true,
+             bool layer_matrices = true);
 
   // One AttentionLayer per decoder layer (for backend checks and KV pool sizing).
   const std::vector<AttentionLayer>& attention_layers() const { return attention_layers_; }

@@ -26,7 +26,7 @@ double uniform(uint64_t x) { return static_cast<double>(mix(x) >> 11) * 0x1.0p-5
 }  // namespace
 
 std::vector<std::string> synthetic_names() {
-  return {"llama3-8b", "llama3.2-1b", "deepseek-v2-lite", "deepseek-v2-lite-dense", "qwen3-30b-a3b", "tiny"};
+  return {"llama3-8b", "llama3-70b", "llama3.2-1b", "deepseek-v2-lite", "deepseek-v2-lite-dense", "qwen3-30b-a3b", "tiny"};
 }
 
 ModelConfig synthetic_config(const std::string& name) {
@@ -37,6 +37,10 @@ ModelConfig synthetic_config(const std::string& name) {
   if (name == "llama3-8b") {
     c.vocab_size = 128256, c.hidden_size = 4096, c.intermediate_size = 14336, c.num_hidden_layers = 32;
     c.num_attention_heads = 32, c.num_key_value_heads = 8, c.head_dim = 128, c.max_position_embeddings = 8192;
+    c.rope_theta = 500000.0;
+  } else if (name == "llama3-70b") {
+    c.vocab_size = 128256, c.hidden_size = 8192, c.intermediate_size = 28672, c.num_hidden_layers = 80;
+    c.num_attention_heads = 64, c.num_key_value_heads = 8, c.head_dim = 128, c.max_position_embeddings = 8192;
     c.rope_theta = 500000.0;
   } else if (name == "llama3.2-1b") {
     c.vocab_size = 128256, c.hidden_size = 2048, c.intermediate_size = 8192, c.num_hidden_layers = 16;

@@ -13,7 +13,8 @@
 
 namespace specula {
 
-// "llama3-8b" (Llama-3-8B), "llama3.2-1b" (Llama-3.2-1B), "deepseek-v2-lite" (DeepSeek-V2-Lite, 64
+// "llama3-8b" (Llama-3-8B), "llama3-70b" (Llama-3-70B: 141 GB of bf16, two GPUs with --tp-size 2),
+// "llama3.2-1b" (Llama-3.2-1B), "deepseek-v2-lite" (DeepSeek-V2-Lite, 64
 // routed + 2 shared experts), "deepseek-v2-lite-dense" (its attention with dense MLPs),
 // "qwen3-30b-a3b" (Qwen3-30B-A3B, 128 experts, top 8), "tiny" (the shipped model's shape).
 ModelConfig synthetic_config(const std::string& name);

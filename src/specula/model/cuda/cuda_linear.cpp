@@ -50,6 +50,44 @@ std::vector<float> stack_rows(std::initializer_list<const std::vector<float>*> p
   return all;
 }
 
+Buffer upload_weight_rows(const WeightSource& source, const std::vector<std::pair<std::string, Shape>>& parts,
+                          Device device) {
+  int64_t total = 0;
+  for (const auto& [name, shape] : parts) total += shape.numel();
+  Buffer out(DType::bf16, {total}, device);
+  auto* dst = static_cast<uint16_t*>(out.data());
+  std::vector<float> f32;
+  std::vector<uint16_t> bits;
+  for (const auto& [name, shape] : parts) {
+    const TensorView t = source.get(name, shape);
+    if (t.dtype() == DType::bf16) {
+      copy(TensorView(dst, DType::bf16, {t.numel()}, device), t.reshape({t.numel()}));
+    } else {
+      f32.resize(static_cast<size_t>(t.numel()));
+      convert_to_float(t.data(), t.dtype(), f32.data(), f32.size());
+      bits.resize(f32.size());
+      for (size_t i = 0; i < f32.size(); ++i) {
+        const auto u = std::bit_cast<uint32_t>(f32[i]);
+        if ((u & 0xFFFFu) != 0) {
+          // Not a bf16 checkpoint: all parts in f32, as upload_weight keeps them.
+          std::vector<float> all;
+          for (const auto& [n2, s2] : parts) {
+            const TensorView v = source.get(n2, s2);
+            const size_t at = all.size();
+            all.resize(at + static_cast<size_t>(v.numel()));
+            convert_to_float(v.data(), v.dtype(), all.data() + at, static_cast<size_t>(v.numel()));
+          }
+          return upload_f32(all, device);
+        }
+        bits[i] = static_cast<uint16_t>(u >> 16);
+      }
+      copy(TensorView(dst, DType::bf16, {t.numel()}, device), TensorView(bits.data(), DType::bf16, {t.numel()}));
+    }
+    dst += t.numel();
+  }
+  return out;
+}
+
 CudaLinear::CudaLinear(Device device, void* stream, bool deterministic) : stream_(stream), deterministic_(deterministic) {
   CUDA_CHECK(cudaSetDevice(device.index));
   cublasHandle_t handle = nullptr;

@@ -11,6 +11,10 @@
 #include <vector>
 
 #include "specula/core/tensor.h"
+#include "specula/model/weights.h"
+
+#include <string>
+#include <utility>
 
 namespace specula {
 
@@ -23,6 +27,11 @@ Buffer upload_weight(const std::vector<float>& v, Device device);
 Buffer upload_bf16(const std::vector<float>& v, Device device);
 // Row-major matrices with the same width stacked into one (one product instead of several).
 std::vector<float> stack_rows(std::initializer_list<const std::vector<float>*> parts);
+// The same straight from a checkpoint, held as upload_weight holds them: bf16 tensors are copied to
+// the device as they are, one at a time (no f32 copy of the model on the host); f32 or f16 ones
+// are converted, and kept in f32 unless every value is exactly a bf16.
+Buffer upload_weight_rows(const WeightSource& source, const std::vector<std::pair<std::string, Shape>>& parts,
+                          Device device);
 
 class CudaLinear {
  public:

@@ -41,13 +41,31 @@ CudaDecoderLayer::CudaDecoderLayer(const DecoderLayerWeights& w, const DecoderLa
   post_norm_ = upload_f32(w.post_norm, device);
   post_attn_norm_ = upload_f32(w.post_attn_norm, device);
   post_ffn_norm_ = upload_f32(w.post_ffn_norm, device);
-  w_qkv_ = upload_weight(stack_rows({&w.wq, &w.wk, &w.wv}), device);
+  // A host model without the matrices (LlamaModel's layer_matrices false): read from the checkpoint.
+  const bool from_source = w.wq.empty() && experts != nullptr;
+  const int64_t q_out = static_cast<int64_t>(dims.num_q_heads) * dims.head_dim;
+  const int64_t kv_out = static_cast<int64_t>(dims.num_kv_heads) * dims.head_dim;
+  const int64_t h = dims.hidden, in = dims.attn_in, inter = dims.intermediate;
+  if (from_source) {
+    w_qkv_ = upload_weight_rows(*experts, {{prefix + "self_attn.q_proj.weight", {q_out, in}},
+                                           {prefix + "self_attn.k_proj.weight", {kv_out, in}},
+                                           {prefix + "self_attn.v_proj.weight", {kv_out, in}}}, device);
+    wo_ = upload_weight_rows(*experts, {{prefix + "self_attn.o_proj.weight", {h, q_out}}}, device);
+  } else {
+    w_qkv_ = upload_weight(stack_rows({&w.wq, &w.wk, &w.wv}), device);
+    wo_ = upload_weight(w.wo, device);
+  }
   b_qkv_ = upload_f32(stack_rows({&w.bq, &w.bk, &w.bv}), device);
-  wo_ = upload_weight(w.wo, device);
   bo_ = upload_f32(w.bo, device);
-  w_gate_up_ = upload_weight(stack_rows({&w.w_gate, &w.w_up}), device);
+  if (from_source && !w.moe.layer) {
+    w_gate_up_ = upload_weight_rows(*experts, {{prefix + "mlp.gate_proj.weight", {inter, h}},
+                                               {prefix + "mlp.up_proj.weight", {inter, h}}}, device);
+    w_down_ = upload_weight_rows(*experts, {{prefix + "mlp.down_proj.weight", {h, inter}}}, device);
+  } else {
+    w_gate_up_ = upload_weight(stack_rows({&w.w_gate, &w.w_up}), device);
+    w_down_ = upload_weight(w.w_down, device);
+  }
   b_gate_up_ = upload_f32(stack_rows({&w.b_gate, &w.b_up}), device);
-  w_down_ = upload_weight(w.w_down, device);
   b_down_ = upload_f32(w.b_down, device);
   q_norm_ = upload_f32(w.q_norm, device);
   k_norm_ = upload_f32(w.k_norm, device);
