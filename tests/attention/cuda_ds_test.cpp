@@ -42,8 +42,11 @@ TEST_P(CudaDoubleSparsity, DecodeMatchesTheFloat64Choice) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaDoubleSparsity,
     ::testing::Values(
-        // Llama-3-8B's heads, a short request among long ones.
-        CudaDsParam{"gqa4_d128_page16", DsCase{{5000, 300, 9000}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16, 512, 1024}},
+        // Llama-3-8B's heads, a short request among long ones. 16 choices of 512 among 5,000 and
+        // 9,000 rarely all clear 1e-4 (50 draws were seen to fail); the f32 sums of 16 channels
+        // round near 1e-6 of the largest score, so 1e-5 still leaves them a tenfold margin.
+        CudaDsParam{"gqa4_d128_page16", DsCase{{5000, 300, 9000}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16, 512, 1024,
+                                               0.0f, false, false, false, 1e-5}},
         // Qwen2.5-7B's group of 7, head_dim 128, page 1.
         CudaDsParam{"gqa7_d128_page1", DsCase{{3000, 2500}, 28, 4, 128, 1, DType::bf16, DType::bf16, 32, 256, 2048}},
         // MHA at head_dim 64 with soft-cap and sinks, f16.
@@ -54,7 +57,7 @@ INSTANTIATE_TEST_SUITE_P(
                                           false, false, 1e-5}},
         // The caller writes the cache (save_kv_cache = false), as the GPU models do.
         CudaDsParam{"caller_writes_kv", DsCase{{5000, 700}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16, 512, 1024, 0.0f,
-                                              false, false, true}},
+                                              false, false, true, 1e-5}},
         // Four decode steps through the caller-written cache: labels of decoded tokens read back.
         CudaDsParam{"four_steps_caller_writes", DsCase{{3000, 2600}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16, 256,
                                                        1024, 0.0f, false, false, true, 1e-4, 4}},

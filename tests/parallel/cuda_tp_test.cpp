@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -57,37 +58,54 @@ void on_ranks(int size, const std::function<void(int)>& fn) {
   for (int r = 0; r < size; ++r) ASSERT_TRUE(errors[static_cast<size_t>(r)].empty()) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
 }
 
+// Pinned host memory (async copies from pageable memory may wait for other work on the GPU).
+struct Pinned {
+  float* p = nullptr;
+  explicit Pinned(size_t n) { CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p), std::max<size_t>(n, 1) * sizeof(float))); }
+  ~Pinned() { cudaFreeHost(p); }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+};
+
 // Random inputs per rank; after the all-reduce every rank holds the same bits, within f32
-// rounding of the float64 sum.
+// rounding of the float64 sum. Everything is allocated before any all-reduce runs, and the ranks
+// only queue async copies and kernels on non-blocking streams while one may be spinning: on a
+// shared GPU an implicitly synchronising call would wait for the other rank's all-reduce.
 void check_all_reduce(TpGroup& group, const std::vector<int64_t>& counts, AllReducePath path, std::mt19937_64& rng) {
   const int size = group.size();
   for (int64_t count : counts) {
-    std::vector<std::vector<float>> in(static_cast<size_t>(size)), out(static_cast<size_t>(size));
+    const auto n = static_cast<size_t>(count);
+    std::vector<std::unique_ptr<Pinned>> in, out;
+    std::vector<std::unique_ptr<testing::DeviceArray<float>>> bufs(static_cast<size_t>(size));
+    std::vector<cudaStream_t> streams(static_cast<size_t>(size), nullptr);
     std::normal_distribution<float> d(0.f, 1.f);
-    for (auto& v : in) {
-      v.resize(static_cast<size_t>(count));
-      for (float& x : v) x = d(rng);
+    for (int r = 0; r < size; ++r) {
+      in.push_back(std::make_unique<Pinned>(n));
+      out.push_back(std::make_unique<Pinned>(n));
+      for (size_t i = 0; i < n; ++i) in.back()->p[i] = d(rng);
     }
     ASSERT_NO_FATAL_FAILURE(on_ranks(size, [&](int r) {
-      // Non-blocking streams and async copies only: on a shared GPU a legacy-stream copy would wait
-      // for the other rank's all-reduce, which waits for this rank's.
-      testing::DeviceArray<float> buf(static_cast<size_t>(count));
-      cudaStream_t s = nullptr;
-      CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      CUDA_CHECK(cudaMemcpyAsync(buf.get(), in[static_cast<size_t>(r)].data(), count * sizeof(float),
-                                 cudaMemcpyHostToDevice, s));
-      group.rank(r).all_reduce(buf.get(), count, s, path);
-      out[static_cast<size_t>(r)].resize(static_cast<size_t>(count));
-      CUDA_CHECK(cudaMemcpyAsync(out[static_cast<size_t>(r)].data(), buf.get(), count * sizeof(float),
-                                 cudaMemcpyDeviceToHost, s));
-      CUDA_CHECK(cudaStreamSynchronize(s));
-      CUDA_CHECK(cudaStreamDestroy(s));
+      const auto k = static_cast<size_t>(r);
+      bufs[k] = std::make_unique<testing::DeviceArray<float>>(n);
+      CUDA_CHECK(cudaStreamCreateWithFlags(&streams[k], cudaStreamNonBlocking));
     }));
-    for (int64_t i = 0; i < count; ++i) {
+    ASSERT_NO_FATAL_FAILURE(on_ranks(size, [&](int r) {
+      const auto k = static_cast<size_t>(r);
+      CUDA_CHECK(cudaMemcpyAsync(bufs[k]->get(), in[k]->p, n * sizeof(float), cudaMemcpyHostToDevice, streams[k]));
+      group.rank(r).all_reduce(bufs[k]->get(), count, streams[k], path);
+      CUDA_CHECK(cudaMemcpyAsync(out[k]->p, bufs[k]->get(), n * sizeof(float), cudaMemcpyDeviceToHost, streams[k]));
+      CUDA_CHECK(cudaStreamSynchronize(streams[k]));
+    }));
+    ASSERT_NO_FATAL_FAILURE(on_ranks(size, [&](int r) {
+      const auto k = static_cast<size_t>(r);
+      bufs[k].reset();
+      CUDA_CHECK(cudaStreamDestroy(streams[k]));
+    }));
+    for (size_t i = 0; i < n; ++i) {
       double sum = 0;
-      for (int r = 0; r < size; ++r) sum += in[static_cast<size_t>(r)][static_cast<size_t>(i)];
-      ASSERT_NEAR(out[0][static_cast<size_t>(i)], sum, 1e-5 * (1 + std::fabs(sum))) << "count " << count << " i " << i;
-      for (int r = 1; r < size; ++r) ASSERT_EQ(out[static_cast<size_t>(r)][static_cast<size_t>(i)], out[0][static_cast<size_t>(i)]);
+      for (int r = 0; r < size; ++r) sum += in[static_cast<size_t>(r)]->p[i];
+      ASSERT_NEAR(out[0]->p[i], sum, 1e-5 * (1 + std::fabs(sum))) << "count " << count << " i " << i;
+      for (int r = 1; r < size; ++r) ASSERT_EQ(out[static_cast<size_t>(r)]->p[i], out[0]->p[i]);
     }
   }
 }
@@ -133,24 +151,27 @@ TEST(CudaTp, AllReduceReplaysFromCudaGraphs) {
         }
       });
     }));
+    std::vector<std::unique_ptr<Pinned>> in, out;
+    for (int r = 0; r < 2; ++r) {
+      in.push_back(std::make_unique<Pinned>(static_cast<size_t>(total)));
+      out.push_back(std::make_unique<Pinned>(static_cast<size_t>(total)));
+    }
     for (int replay = 0; replay < 8; ++replay) {
-      std::vector<std::vector<float>> in(2, std::vector<float>(static_cast<size_t>(total)));
-      std::vector<std::vector<float>> out(2, std::vector<float>(static_cast<size_t>(total)));
       std::normal_distribution<float> d(0.f, 1.f);
       for (auto& v : in) {
-        for (float& x : v) x = d(rng);
+        for (int64_t i = 0; i < total; ++i) v->p[i] = d(rng);
       }
       ASSERT_NO_FATAL_FAILURE(on_ranks(2, [&](int r) {
         const auto k = static_cast<size_t>(r);
-        CUDA_CHECK(cudaMemcpyAsync(bufs[k]->get(), in[k].data(), total * sizeof(float), cudaMemcpyHostToDevice, streams[k]));
+        CUDA_CHECK(cudaMemcpyAsync(bufs[k]->get(), in[k]->p, total * sizeof(float), cudaMemcpyHostToDevice, streams[k]));
         graphs[k]->launch(streams[k]);
-        CUDA_CHECK(cudaMemcpyAsync(out[k].data(), bufs[k]->get(), total * sizeof(float), cudaMemcpyDeviceToHost, streams[k]));
+        CUDA_CHECK(cudaMemcpyAsync(out[k]->p, bufs[k]->get(), total * sizeof(float), cudaMemcpyDeviceToHost, streams[k]));
         CUDA_CHECK(cudaStreamSynchronize(streams[k]));
       }));
       for (size_t i = 0; i < static_cast<size_t>(total); ++i) {
-        const double sum = static_cast<double>(in[0][i]) + in[1][i];
-        ASSERT_NEAR(out[0][i], sum, 1e-5 * (1 + std::fabs(sum))) << "replay " << replay << " i " << i;
-        ASSERT_EQ(out[1][i], out[0][i]);
+        const double sum = static_cast<double>(in[0]->p[i]) + in[1]->p[i];
+        ASSERT_NEAR(out[0]->p[i], sum, 1e-5 * (1 + std::fabs(sum))) << "replay " << replay << " i " << i;
+        ASSERT_EQ(out[1]->p[i], out[0]->p[i]);
       }
     }
     on_ranks(2, [&](int r) {
