@@ -4,7 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <optional>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -48,13 +51,31 @@ class RankWorkers {
     std::lock_guard<std::mutex> hold(mutex_);
     task_ = std::move(fn);
     pending_ = size();
+    first_error_.reset();
     for (std::string& e : errors_) e.clear();
     ++generation_;
     wake_.notify_all();
   }
-  void wait() {
+  // Returns when every rank is done. When a rank failed and another is still running
+  // kStuckSeconds later (waiting in a collective for the failed one), on_stuck runs once, to
+  // abort the communicators and let it return. Throws the lowest rank's error; `disagreed` tells
+  // whether some ranks failed and others did not (the ranks may then be out of step).
+  void wait(const std::function<void()>& on_stuck = {}, bool* disagreed = nullptr) {
+    constexpr auto kStuck = std::chrono::seconds(30);
     std::unique_lock<std::mutex> hold(mutex_);
-    done_.wait(hold, [&] { return pending_ == 0; });
+    bool aborted = false;
+    while (pending_ > 0) {
+      done_.wait_for(hold, std::chrono::seconds(1));
+      if (!aborted && on_stuck && first_error_ && std::chrono::steady_clock::now() - *first_error_ > kStuck) {
+        aborted = true;
+        hold.unlock();
+        on_stuck();
+        hold.lock();
+      }
+    }
+    size_t failed = 0;
+    for (const std::string& e : errors_) failed += e.empty() ? 0 : 1;
+    if (disagreed != nullptr) *disagreed = failed > 0 && failed < errors_.size();
     for (size_t r = 0; r < errors_.size(); ++r) {
       SPECULA_CHECK(errors_[r].empty(), "tensor-parallel rank {}: {}", r, errors_[r]);
     }
@@ -85,6 +106,7 @@ class RankWorkers {
         error = e.what();
       }
       std::lock_guard<std::mutex> hold(mutex_);
+      if (!error.empty() && !first_error_) first_error_ = std::chrono::steady_clock::now();
       errors_[static_cast<size_t>(rank)] = std::move(error);
       if (--pending_ == 0) done_.notify_all();
     }
@@ -97,6 +119,7 @@ class RankWorkers {
   int pending_ = 0;
   bool stop_ = false;
   std::vector<std::string> errors_;
+  std::optional<std::chrono::steady_clock::time_point> first_error_;
   std::vector<std::thread> threads_;
 };
 
@@ -149,7 +172,7 @@ class TensorParallelModel final : public Model {
   int kv_heads_per_gpu() const override { return static_cast<int>(layouts_[0].kv_heads.size()); }
 
   void create_kv_cache(const KVPoolConfig& full) override {
-    workers_.run([&](int r) {
+    run([&](int r) {
       KVPoolConfig c = full;
       c.num_kv_heads = static_cast<int>(layouts_[static_cast<size_t>(r)].kv_heads.size());
       c.device = Device::cuda(group_->device(r));
@@ -158,7 +181,7 @@ class TensorParallelModel final : public Model {
   }
 
   void capture_decode_graphs(const GraphSetup& setup, int max_tokens) override {
-    workers_.run([&](int r) {
+    run([&](int r) {
       GraphSetup g = setup;
       g.kv_pool = kv_[static_cast<size_t>(r)].get();
       ranks_[static_cast<size_t>(r)]->capture_decode_graphs(g, max_tokens);
@@ -173,6 +196,33 @@ class TensorParallelModel final : public Model {
     std::vector<int> d;
     for (int r = 0; r < g.size(); ++r) d.push_back(g.device(r));
     return d;
+  }
+
+  // Waits for the ranks' current task. A failure that leaves them out of step (some ranks failed
+  // and others not, or the communicators had to be aborted to free ranks waiting for a failed
+  // one) makes the model unusable: later steps are refused instead of hanging.
+  void finish() {
+    bool disagreed = false;
+    try {
+      workers_.wait(
+          [this] {
+            broken_ = true;
+            group_->abort();
+          },
+          &disagreed);
+    } catch (...) {
+      if (disagreed) broken_ = true;
+      throw;
+    }
+  }
+  void check_usable() const {
+    SPECULA_CHECK(!broken_, "a tensor-parallel rank failed in an earlier step and the ranks are out of step; restart "
+                  "the engine");
+  }
+  void run(std::function<void(int)> fn) {
+    check_usable();
+    workers_.start(std::move(fn));
+    finish();
   }
 
   // Models and pools go on their own threads (their streams and buffers belong to those GPUs)
@@ -190,6 +240,7 @@ class TensorParallelModel final : public Model {
   std::vector<TpLayout> layouts_;
   std::vector<std::unique_ptr<Model>> ranks_;
   std::vector<std::unique_ptr<MHAKVPool>> kv_;
+  std::atomic<bool> broken_{false};
   RankWorkers workers_;
 };
 
@@ -197,6 +248,7 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
   SPECULA_CHECK(r.capture == nullptr, "--tp-size {}: capturing hidden states for a draft head is not available under "
                 "tensor parallelism in this build", size_);
   SPECULA_CHECK(kv_[0] != nullptr, "the tensor-parallel model's KV cache was not created (create_kv_cache)");
+  check_usable();
   const auto n = static_cast<size_t>(size_);
   std::vector<std::vector<float>> part_logits(n), part_values(n);
   std::vector<std::vector<int32_t>> part_ids(n);
@@ -237,12 +289,12 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
       r.token_bitmask(mask);
     } catch (...) {
       mask_ready.set_value();
-      workers_.wait();
+      finish();
       throw;
     }
     mask_ready.set_value();
   }
-  workers_.wait();
+  finish();
   if (greedy) {
     // The larger logit wins; on a tie the lower rank, whose ids are lower: greedy_token's order.
     std::vector<int32_t>& ids = *r.greedy_ids;

@@ -165,6 +165,13 @@ TpGroup::~TpGroup() {
   }
 }
 
+void TpGroup::abort() {
+  for (ncclComm_t& c : state_->comms) {
+    if (c != nullptr) ncclCommAbort(c);
+    c = nullptr;
+  }
+}
+
 std::string TpGroup::describe() const {
   int version = 0;
   ncclGetVersion(&version);
@@ -192,6 +199,7 @@ TpGroup::TpGroup(int size, int64_t, bool) {
 }
 TpGroup::~TpGroup() = default;
 std::string TpGroup::describe() const { return "tensor parallel 1"; }
+void TpGroup::abort() {}
 
 #endif
 

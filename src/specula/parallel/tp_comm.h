@@ -47,6 +47,10 @@ class TpGroup {
   int device(int r) const { return one_device_ ? 0 : r; }
   // One line for logs: "tensor parallel 2: NCCL 2.28.3, peer all-reduce up to 1 MiB".
   std::string describe() const;
+  // Aborts every NCCL communicator (ncclCommAbort; callable from any thread while ranks wait in
+  // collectives), so that ranks stuck waiting for a failed one return with errors; the group
+  // cannot be used afterwards. The peer path needs no abort: its waits time out by themselves.
+  void abort();
 
  private:
   struct State;
