@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "specula/core/error.h"
+#include "specula/model/synthetic.h"
 #include "specula/model/tp_shard.h"
 
 namespace specula {
@@ -224,6 +225,31 @@ TEST(TpShardWeights, SlicesRebuildTheWholeLayersProducts) {
       EXPECT_NEAR(down_sum[static_cast<size_t>(i)], down_whole[static_cast<size_t>(i)], 1e-9) << "tp " << tp;
     }
   }
+}
+
+// A synthetic source makes only a rank's part, with the values the whole tensor has there.
+TEST(TpShardWeights, SyntheticSlicesEqualTheWholeTensorsParts) {
+  const SyntheticWeights w(synthetic_config("tiny"), 3);
+  const Shape shape{96, 40};
+  const TensorView whole = w.get("model.layers.0.mlp.down_proj.weight", shape);
+  const std::vector<uint16_t> all(whole.data_as<const uint16_t>(), whole.data_as<const uint16_t>() + whole.numel());
+  for (int dim : {0, 1}) {
+    for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 20}, {13, 40}, {7, 8}}) {
+      if (e > shape[dim]) continue;
+      Buffer part;
+      w.read_slice("model.layers.0.mlp.down_proj.weight", shape, dim, b, e, part);
+      ASSERT_EQ(part.shape()[dim], e - b);
+      const auto* got = part.data_as<const uint16_t>();
+      for (int64_t r = 0; r < part.shape()[0]; ++r) {
+        for (int64_t c = 0; c < part.shape()[1]; ++c) {
+          const int64_t wr = dim == 0 ? r + b : r, wc = dim == 1 ? c + b : c;
+          ASSERT_EQ(got[r * part.shape()[1] + c], all[static_cast<size_t>(wr * shape[1] + wc)]) << dim << " " << b;
+        }
+      }
+    }
+  }
+  Buffer bad;
+  EXPECT_THROW(w.read_slice("x", shape, 1, 30, 50, bad), Error);
 }
 
 }  // namespace

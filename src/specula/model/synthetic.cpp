@@ -102,30 +102,57 @@ SyntheticWeights::SyntheticWeights(const ModelConfig& config, uint64_t seed) : c
 
 bool SyntheticWeights::contains(const std::string&) const { return true; }
 
-TensorView SyntheticWeights::get(const std::string& name, const Shape& shape) const {
-  scratch_ = Buffer(DType::bf16, shape);
+namespace {
+
+// out[i] = the value of tensor `name` at flat index index(i), i < n, on every core for large n.
+template <typename Index>
+void fill_values(uint64_t seed, const std::string& name, const Shape& shape, uint16_t* out, int64_t n,
+                 const Index& index) {
   const bool norm = name.find("norm") != std::string::npos;
   const float scale = norm ? 0.05f : 1.0f / std::sqrt(static_cast<float>(shape[shape.rank() - 1]));
-  const uint64_t base = mix(seed_ ^ std::hash<std::string>{}(name));
-  auto* out = scratch_.data_as<uint16_t>();
+  const uint64_t base = mix(seed ^ std::hash<std::string>{}(name));
   auto fill = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       // Uniform in [-sqrt(3), sqrt(3)): unit variance.
-      const double u = uniform(base + static_cast<uint64_t>(i));
+      const double u = uniform(base + static_cast<uint64_t>(index(i)));
       const float v = static_cast<float>((u * 2.0 - 1.0) * 1.7320508) * scale + (norm ? 1.0f : 0.0f);
       out[i] = float_to_bf16_bits(v);
     }
   };
   // Each value depends on its index alone: large tensors (an 8B model's 16 GB) are made on every
   // core, the same values whatever their number.
-  const int64_t n = shape.numel();
   const int64_t workers = n < (int64_t{1} << 20) ? 1 : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  {
-    std::vector<std::jthread> threads;
-    for (int64_t w = 1; w < workers; ++w) threads.emplace_back(fill, n * w / workers, n * (w + 1) / workers);
-    fill(0, n / workers);
-  }
+  std::vector<std::jthread> threads;
+  for (int64_t w = 1; w < workers; ++w) threads.emplace_back(fill, n * w / workers, n * (w + 1) / workers);
+  fill(0, n / workers);
+}
+
+}  // namespace
+
+TensorView SyntheticWeights::get(const std::string& name, const Shape& shape) const {
+  scratch_ = Buffer(DType::bf16, shape);
+  fill_values(seed_, name, shape, scratch_.data_as<uint16_t>(), shape.numel(), [](int64_t i) { return i; });
   return scratch_.view();
+}
+
+void SyntheticWeights::read_slice(const std::string& name, const Shape& shape, int dim, int64_t begin, int64_t end,
+                                  Buffer& out) const {
+  const int last = shape.rank() - 1;
+  SPECULA_CHECK((dim == 0 || dim == last) && begin >= 0 && begin <= end && end <= shape[dim],
+                "slice [{}, {}) of dimension {} of {} {} is not valid", begin, end, dim, name, shape.str());
+  Shape part = shape;
+  part[dim] = end - begin;
+  out = Buffer(DType::bf16, part);
+  auto* values = out.data_as<uint16_t>();
+  if (dim == 0) {
+    const int64_t offset = shape[0] > 0 ? begin * (shape.numel() / shape[0]) : 0;
+    fill_values(seed_, name, shape, values, part.numel(), [offset](int64_t i) { return offset + i; });
+  } else {
+    const int64_t width = shape[last], part_width = end - begin;
+    fill_values(seed_, name, shape, values, part.numel(), [=](int64_t i) {
+      return (i / part_width) * width + begin + i % part_width;
+    });
+  }
 }
 
 size_t SyntheticWeights::total_bytes() const {

@@ -24,6 +24,9 @@ class SyntheticWeights final : public WeightSource {
  public:
   SyntheticWeights(const ModelConfig& config, uint64_t seed);
   TensorView get(const std::string& name, const Shape& shape) const override;
+  // Makes only the part (the values are those of the whole tensor at the same indices).
+  void read_slice(const std::string& name, const Shape& shape, int dim, int64_t begin, int64_t end,
+                  Buffer& out) const override;
   bool contains(const std::string& name) const override;
   size_t total_bytes() const override;
   // Of which the routed experts (a GPU model reads those into device memory only).

@@ -114,30 +114,13 @@ TensorView TpShardWeights::get(const std::string& name, const Shape& shape) cons
     }
     return scratch_.view();
   }
-  SPECULA_CHECK(shape.rank() >= 1 && shape[cut == Cut::rows ? 0 : shape.rank() - 1] == range.size(),
+  const int dim = cut == Cut::rows ? 0 : shape.rank() - 1;
+  SPECULA_CHECK(shape.rank() >= 1 && shape[dim] == range.size(),
                 "{}: rank {} of {} asked for shape {}, which is not its slice of {} along the split dimension", name,
                 shard_.rank, shard_.size, shape.str(), full);
   Shape full_shape = shape;
-  if (cut == Cut::rows) {
-    full_shape[0] = full;
-  } else {
-    full_shape[shape.rank() - 1] = full;
-  }
-  const TensorView t = source_.get(name, full_shape);
-  scratch_ = Buffer(t.dtype(), shape);
-  const size_t item = dtype_size(t.dtype());
-  const auto* src = static_cast<const unsigned char*>(t.data());
-  auto* dst = static_cast<unsigned char*>(scratch_.data());
-  if (cut == Cut::rows) {
-    const size_t row = t.nbytes() / static_cast<size_t>(full);
-    std::memcpy(dst, src + static_cast<size_t>(range.begin) * row, static_cast<size_t>(range.size()) * row);
-  } else {
-    const int64_t rows = t.numel() / full;
-    const size_t width = static_cast<size_t>(range.size()) * item;
-    for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(dst + static_cast<size_t>(r) * width, src + (static_cast<size_t>(r * full + range.begin)) * item, width);
-    }
-  }
+  full_shape[dim] = full;
+  source_.read_slice(name, full_shape, dim, range.begin, range.end, scratch_);
   return scratch_.view();
 }
 

@@ -16,6 +16,17 @@ class WeightSource {
   virtual TensorView get(const std::string& name, const Shape& shape) const = 0;
   virtual bool contains(const std::string& name) const = 0;
   virtual size_t total_bytes() const = 0;
+  // The part [begin, end) along dimension `dim` (0 or the last) of tensor `name`, whose whole
+  // shape is `shape`, into out (made here: host memory, the tensor's dtype, the part's shape).
+  // Tensor parallelism reads each rank's slice so. The default reads the whole tensor through get
+  // and copies the part (from a memory-mapped checkpoint only the part's pages are touched);
+  // SyntheticWeights makes only the part. Not safe to call concurrently with get on sources whose
+  // views are shared scratch.
+  virtual void read_slice(const std::string& name, const Shape& shape, int dim, int64_t begin, int64_t end,
+                          Buffer& out) const;
 };
+
+// Copies part [begin, end) along dim (0 or the last) of the contiguous tensor t into out.
+void copy_slice(const TensorView& t, int dim, int64_t begin, int64_t end, Buffer& out);
 
 }  // namespace specula
