@@ -39,10 +39,22 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   timeout 200 "$build/bin/specula" bench allreduce --tp-size 2 >"$out/allreduce.log" 2>&1
   echo "bench allreduce rc=$?"; cat "$out/allreduce.log"
 fi
+# TPS entries: 1, 2, or 2nccl (TP=2 with every all-reduce through NCCL: the peer path's worth).
 for shape in ${SHAPES:-llama3-8b}; do
-  for tp in ${TPS:-1 2}; do
-    timeout 400 "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --tp-size "$tp" \
+  for tp in ${TPS:-1 2 2nccl}; do
+    n=${tp%nccl}
+    env $([ "$tp" != "$n" ] && echo SPECULA_TP_ALLREDUCE=nccl) \
+      timeout 400 "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --tp-size "$n" \
       --prompt-len 128 --decode-len 256 --json "$out/generate_${shape}_tp$tp.json" >"$out/generate_${shape}_tp$tp.log" 2>&1
     echo "bench generate $shape tp=$tp rc=$?"; grep -E "weights as held|decode tok/s|bound|prefill|error" "$out/generate_${shape}_tp$tp.log"
   done
+done
+# SERVE="shape:tp:bs ...": bench serve runs (bs requests at once, 3 x bs requests of 128 in / 128 out).
+for spec in ${SERVE:-}; do
+  IFS=: read -r shape tp bs <<<"$spec"
+  timeout 500 "$build/bin/specula" bench serve --device cuda --synthetic "$shape" --tp-size "$tp" \
+    --num-requests $((bs * 3)) --max-running-requests "$bs" --input-len 128 --output-len 128 --max-context-len 512 \
+    >"$out/serve_${shape}_tp${tp}_bs$bs.log" 2>&1
+  printf "serve %s tp=%s bs=%s rc=%s %s\n" "$shape" "$tp" "$bs" "$?" \
+    "$(grep -E 'output tokens/s|ITL ms|error' "$out/serve_${shape}_tp${tp}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
 done
