@@ -1,6 +1,10 @@
 // device_memory.h over the CUDA runtime.
 #include <cuda_runtime_api.h>
 
+#include <mutex>
+#include <utility>
+#include <vector>
+
 #include "specula/core/cuda_check.h"
 #include "specula/core/device_memory.h"
 #include "specula/core/error.h"
@@ -26,10 +30,65 @@ void* device_malloc(size_t bytes, Device device) {
   return p;
 }
 
+namespace {
+// The deferred frees (device_memory.h): pointers with their device, or -1 for pinned host memory.
+struct Deferred {
+  std::mutex mutex;
+  int depth = 0;
+  std::vector<std::pair<void*, int>> queued;
+};
+Deferred& deferred() {
+  static Deferred d;
+  return d;
+}
+// Queues ptr when frees are deferred; false when the caller should free it now.
+bool queue_free(void* ptr, int device) {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> hold(d.mutex);
+  if (d.depth == 0) return false;
+  d.queued.emplace_back(ptr, device);
+  return true;
+}
+void free_now(void* ptr, int device) {
+  if (device < 0) {
+    cudaFreeHost(ptr);
+    return;
+  }
+  int current = 0;
+  cudaGetDevice(&current);
+  cudaSetDevice(device);
+  cudaFree(ptr);
+  cudaSetDevice(current);
+}
+}  // namespace
+
 void device_free(void* ptr, Device device) {
   // Called from destructors: never throws; a failure here means the context is already gone.
+  if (ptr == nullptr || queue_free(ptr, device.index)) return;
   cudaSetDevice(device.index);
   cudaFree(ptr);
+}
+
+void free_pinned_host(void* ptr) {
+  if (ptr == nullptr || queue_free(ptr, -1)) return;
+  cudaFreeHost(ptr);
+}
+
+void begin_deferred_frees() {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> hold(d.mutex);
+  ++d.depth;
+}
+
+void end_deferred_frees() {
+  std::vector<std::pair<void*, int>> now;
+  {
+    Deferred& d = deferred();
+    std::lock_guard<std::mutex> hold(d.mutex);
+    if (--d.depth > 0) return;
+    now.swap(d.queued);
+  }
+  for (const auto& [ptr, device] : now) free_now(ptr, device);
 }
 
 void device_memset_zero(void* ptr, size_t bytes, Device device) {

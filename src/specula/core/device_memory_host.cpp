@@ -19,6 +19,9 @@ void device_memcpy(void*, Device dst_device, const void*, Device src_device, siz
   no_cuda(dst_device.is_cuda() ? dst_device : src_device);
 }
 int cuda_device_count() { return 0; }
+void free_pinned_host(void*) {}
+void begin_deferred_frees() {}
+void end_deferred_frees() {}
 bool cuda_available() { return false; }
 
 }  // namespace specula

@@ -6,16 +6,15 @@
 #include <algorithm>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/device_memory.h"
 
 namespace specula {
 
-PinnedBuffer::~PinnedBuffer() {
-  if (data_ != nullptr) cudaFreeHost(data_);
-}
+PinnedBuffer::~PinnedBuffer() { free_pinned_host(data_); }
 
 void* PinnedBuffer::reserve(size_t bytes) {
   if (bytes <= capacity_ && data_ != nullptr) return data_;
-  if (data_ != nullptr) CUDA_CHECK(cudaFreeHost(data_));
+  free_pinned_host(data_);
   data_ = nullptr;
   capacity_ = std::max<size_t>(bytes, 4096);
   CUDA_CHECK(cudaMallocHost(&data_, capacity_));

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "specula/core/device_memory.h"
 #include "specula/core/error.h"
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/model/cuda_models.h"
@@ -129,6 +130,10 @@ class TensorParallelModel final : public Model {
       : config_(config), size_(options.tp_size), group_(make_group(options.tp_size)), workers_(devices(*group_)) {
     SPECULA_CHECK(options.double_sparsity == nullptr, "--tp-size {} cannot be combined with --enable-double-sparsity",
                   size_);
+    // Two ranks add their halves the same way whatever the order; more ranks summed by NCCL in an
+    // order that may depend on the message size would make results depend on the batch.
+    SPECULA_CHECK(!options.deterministic || size_ <= 2,
+                  "--enable-deterministic-inference is available up to --tp-size 2 in this build, not {}", size_);
     for (int r = 0; r < size_; ++r) layouts_.push_back(tp_layout(config, {r, size_}));
     ranks_.resize(static_cast<size_t>(size_));
     kv_.resize(static_cast<size_t>(size_));
@@ -198,22 +203,23 @@ class TensorParallelModel final : public Model {
     return d;
   }
 
-  // Waits for the ranks' current task. A failure that leaves them out of step (some ranks failed
-  // and others not, or the communicators had to be aborted to free ranks waiting for a failed
-  // one) makes the model unusable: later steps are refused instead of hanging.
+  // Waits for the ranks' current task (a step, or graph capture), then frees what the ranks
+  // released meanwhile (frees wait for peer GPUs; device_memory.h). Any rank's failure makes the
+  // model unusable: a rank may have queued collectives its peers never match (and a trapped peer
+  // all-reduce leaves a GPU in error), so later steps are refused instead of hanging or mixing
+  // two steps' messages. Ranks still waiting 30 s after one failed get the communicators aborted.
   void finish() {
-    bool disagreed = false;
     try {
-      workers_.wait(
-          [this] {
-            broken_ = true;
-            group_->abort();
-          },
-          &disagreed);
+      workers_.wait([this] {
+        broken_ = true;
+        group_->abort();
+      });
     } catch (...) {
-      if (disagreed) broken_ = true;
+      broken_ = true;
+      end_deferred_frees();
       throw;
     }
+    end_deferred_frees();
   }
   void check_usable() const {
     SPECULA_CHECK(!broken_, "a tensor-parallel rank failed in an earlier step and the ranks are out of step; restart "
@@ -221,6 +227,7 @@ class TensorParallelModel final : public Model {
   }
   void run(std::function<void(int)> fn) {
     check_usable();
+    begin_deferred_frees();
     workers_.start(std::move(fn));
     finish();
   }
@@ -253,6 +260,7 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
   std::vector<std::vector<float>> part_logits(n), part_values(n);
   std::vector<std::vector<int32_t>> part_ids(n);
   const bool greedy = r.greedy_ids != nullptr;
+  begin_deferred_frees();  // ended by finish()
   // Structured output's masks: filled once, on this thread, while the ranks run; each rank's
   // argmax takes the words of its vocabulary part (whose bounds are multiples of 32).
   std::promise<void> mask_ready;
@@ -328,6 +336,9 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
 std::unique_ptr<Model> make_tensor_parallel_model(const ModelConfig& config, const WeightSource& weights,
                                                   const ModelOptions& options) {
   check_tensor_parallel(config, options.tp_size);
+  SPECULA_CHECK(options.device.is_cuda() && options.device.index == 0,
+                "--tp-size {} runs on GPUs cuda:0 .. cuda:{}; give --device cuda, not {}", options.tp_size,
+                options.tp_size - 1, options.device.str());
   return std::make_unique<TensorParallelModel>(config, weights, options);
 }
 

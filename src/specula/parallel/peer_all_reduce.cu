@@ -34,7 +34,9 @@ __global__ void __launch_bounds__(kThreads) peer_all_reduce_kernel(PeerAllReduce
   __syncthreads();
   const uint32_t epoch = epoch_shared;
   const int64_t half = (epoch & 1u) != 0 ? a.capacity / 4 : 0;
-  const int64_t per = (count4 + gridDim.x - 1) / gridDim.x;
+  // Slices of whole 512-float4 chunks: a small message occupies the first blocks only.
+  const int64_t chunks = (count4 + kThreads - 1) / kThreads;
+  const int64_t per = (chunks + gridDim.x - 1) / gridDim.x * kThreads;
   const int64_t begin = per * b;
   const int64_t end = begin + per < count4 ? begin + per : count4;
   float4* mine = reinterpret_cast<float4*>(a.staging[a.rank]) + half;
@@ -45,7 +47,8 @@ __global__ void __launch_bounds__(kThreads) peer_all_reduce_kernel(PeerAllReduce
     store_release_sys(a.flags[tid] + a.rank * kPeerMaxBlocks + b, epoch);
     const uint32_t* flag = a.flags[a.rank] + tid * kPeerMaxBlocks + b;
     const uint64_t start = global_ns();
-    while (load_acquire_sys(flag) < epoch) {
+    // Epochs wrap after 2^32 calls: compare by difference.
+    while (static_cast<int32_t>(load_acquire_sys(flag) - epoch) < 0) {
       if (global_ns() - start > static_cast<uint64_t>(kPeerWaitSeconds * 1e9)) __trap();
     }
   }
@@ -72,11 +75,11 @@ void peer_all_reduce(const PeerAllReduceArgs& args, float* data, int64_t count, 
                   "peer_all_reduce: " + std::to_string(count) +
                       " floats; it needs a 16-byte aligned multiple of 4 of at most " + std::to_string(args.capacity));
   const int64_t count4 = count / 4;
-  // About two float4 per thread, at most kPeerMaxBlocks blocks: a decode message (a few KB to
-  // 1 MB) is spread over enough SMs to read the peers' halves at NVLink rate.
-  const int64_t wanted = (count4 + 2 * kThreads - 1) / (2 * kThreads);
-  const int blocks = static_cast<int>(wanted < kPeerMaxBlocks ? wanted : kPeerMaxBlocks);
-  peer_all_reduce_kernel<<<blocks, kThreads, 0, s>>>(args, reinterpret_cast<float4*>(data), count4);
+  // Always every block, whatever the message: each block's epoch and staging half then move in
+  // step with every other's, so a rank's next write to a half always follows the peers' whole
+  // previous call (a block idle in one call and busy in the next could otherwise overwrite a half
+  // a peer is still reading). Blocks past the message only take part in the handshake.
+  peer_all_reduce_kernel<<<kPeerMaxBlocks, kThreads, 0, s>>>(args, reinterpret_cast<float4*>(data), count4);
   CUDA_CHECK(cudaGetLastError());
 }
 

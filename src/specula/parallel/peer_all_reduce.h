@@ -2,9 +2,10 @@
 // SGLang, vLLM and TensorRT-LLM add beside NCCL): each rank copies its values into its own staging
 // buffer, raises a flag in every peer's memory, waits for every peer's flag, then reads every
 // rank's staging buffer over NVLink and sums them in rank order (so every rank gets the same bits).
-// One launch, no host sync, graph-capturable: flags carry a per-block epoch kept in device memory,
-// and the staging buffer alternates halves by epoch so a fast rank never overwrites values a slow
-// one is still reading. A rank that waits longer than kPeerWaitSeconds for a peer traps (a CUDA
+// One launch, no host sync, graph-capturable: flags carry a per-block epoch kept in device memory
+// (every call runs every block, so the epochs move together), and the staging buffer alternates
+// halves by epoch: a rank writes a half again only after its peers' whole previous call, whose
+// handshake needed this rank's flags from the call that read that half. A rank that waits longer than kPeerWaitSeconds for a peer traps (a CUDA
 // error on the host) instead of hanging.
 #pragma once
 

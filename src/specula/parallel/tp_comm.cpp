@@ -2,6 +2,7 @@
 #include "specula/parallel/tp_comm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -9,9 +10,9 @@
 
 #if defined(SPECULA_HAS_CUDA) && defined(SPECULA_HAS_NCCL)
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include "specula/core/cuda_check.h"
+#include "specula/parallel/nccl_api.h"
 #include "specula/parallel/peer_all_reduce.h"
 #endif
 
@@ -23,15 +24,27 @@ namespace specula {
   do {                                                                                                    \
     const ncclResult_t specula_nccl_status_ = (call);                                                     \
     SPECULA_CHECK(specula_nccl_status_ == ncclSuccess, "NCCL error '{}' from {}",                        \
-                  ncclGetErrorString(specula_nccl_status_), #call);                                      \
+                  nccl_api().error_string(specula_nccl_status_), #call);                                      \
   } while (0)
 
 struct TpGroup::State {
   std::vector<ncclComm_t> comms;
-  std::vector<void*> allocations;  // (device, pointer) freed at the end
+  std::vector<void*> allocations;  // freed at the end, each on its device
   std::vector<int> allocation_devices;
   cuda_kernels::PeerAllReduceArgs peer;
   int64_t peer_max_floats = 0;
+  std::atomic<bool> aborted{false};
+
+  // Also when the constructor throws half-way.
+  ~State() {
+    for (ncclComm_t c : comms) {
+      if (c != nullptr) nccl_api().comm_destroy(c);
+    }
+    for (size_t i = 0; i < allocations.size(); ++i) {
+      cudaSetDevice(allocation_devices[i]);
+      cudaFree(allocations[i]);
+    }
+  }
 };
 
 namespace {
@@ -39,9 +52,9 @@ namespace {
 class Rank final : public TpComm {
  public:
   Rank(int rank, int size, ncclComm_t comm, const cuda_kernels::PeerAllReduceArgs* peer, int64_t peer_max_floats,
-       bool force_nccl)
+       bool force_nccl, const std::atomic<bool>& aborted)
       : rank_(rank), size_(size), comm_(comm), peer_max_floats_(peer != nullptr ? peer_max_floats : 0),
-        force_nccl_(force_nccl) {
+        force_nccl_(force_nccl), aborted_(aborted) {
     if (peer != nullptr) {
       peer_ = *peer;
       peer_.rank = rank;
@@ -56,9 +69,10 @@ class Rank final : public TpComm {
 
   void all_reduce(float* data, int64_t count, void* stream, AllReducePath path) override {
     const auto s = static_cast<cudaStream_t>(stream);
-    const bool aligned = (reinterpret_cast<uintptr_t>(data) & 15) == 0;
-    const bool peer = path == AllReducePath::peer ||
-                      (path == AllReducePath::automatic && peer_serves(count) && aligned);
+    SPECULA_CHECK(!aborted_, "the tensor-parallel communicators were aborted after a rank failed");
+    // Decided from what every rank shares (the count), never from this rank's pointers: ranks
+    // that chose differently would wait for each other forever.
+    const bool peer = path == AllReducePath::peer || (path == AllReducePath::automatic && peer_serves(count));
     if (peer) {
       SPECULA_CHECK(peer_max_floats_ > 0, "the peer all-reduce is not available: the GPUs have no peer access");
       cuda_kernels::peer_all_reduce(peer_, data, count, s);
@@ -66,12 +80,13 @@ class Rank final : public TpComm {
     }
     SPECULA_CHECK(comm_ != nullptr, "an all-reduce of {} floats: the ranks share one GPU and "
                   "have no NCCL; the peer path takes up to {}", count, peer_max_floats_);
-    NCCL_CHECK(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_, s));
+    NCCL_CHECK(nccl_api().all_reduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_, s));
   }
 
  private:
   int rank_, size_;
   ncclComm_t comm_;
+  const std::atomic<bool>& aborted_;
   cuda_kernels::PeerAllReduceArgs peer_;
   int64_t peer_max_floats_;
   bool force_nccl_;
@@ -81,6 +96,8 @@ class Rank final : public TpComm {
 
 TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
     : state_(std::make_unique<State>()), one_device_(one_device) {
+  int caller_device = 0;
+  cudaGetDevice(&caller_device);
   SPECULA_CHECK(size >= 1 && size <= cuda_kernels::kPeerMaxRanks, "--tp-size {} is not valid; it must be in [1, {}]",
                 size, cuda_kernels::kPeerMaxRanks);
   int devices = 0;
@@ -98,7 +115,7 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
     st.comms.assign(static_cast<size_t>(size), nullptr);
     peer_max_bytes = std::max<int64_t>(peer_max_bytes, int64_t{64} << 20);
   } else {
-    NCCL_CHECK(ncclCommInitAll(st.comms.data(), size, devs.data()));
+    NCCL_CHECK(nccl_api().comm_init_all(st.comms.data(), size, devs.data()));
   }
 
   peer_access_ = size > 1;
@@ -148,33 +165,26 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
   }
   for (int r = 0; r < size; ++r) {
     auto rank = std::make_unique<Rank>(r, size, st.comms[static_cast<size_t>(r)], peer_access_ ? &st.peer : nullptr,
-                                       st.peer_max_floats, force_nccl);
+                                       st.peer_max_floats, force_nccl, st.aborted);
     rank->set_counters(counters[static_cast<size_t>(r)]);
     ranks_.push_back(std::move(rank));
   }
+  CUDA_CHECK(cudaSetDevice(caller_device));
 }
 
-TpGroup::~TpGroup() {
-  ranks_.clear();
-  for (ncclComm_t c : state_->comms) {
-    if (c != nullptr) ncclCommDestroy(c);
-  }
-  for (size_t i = 0; i < state_->allocations.size(); ++i) {
-    cudaSetDevice(state_->allocation_devices[i]);
-    cudaFree(state_->allocations[i]);
-  }
-}
+TpGroup::~TpGroup() { ranks_.clear(); }
 
 void TpGroup::abort() {
+  state_->aborted = true;
   for (ncclComm_t& c : state_->comms) {
-    if (c != nullptr) ncclCommAbort(c);
+    if (c != nullptr) nccl_api().comm_abort(c);
     c = nullptr;
   }
 }
 
 std::string TpGroup::describe() const {
   int version = 0;
-  ncclGetVersion(&version);
+  if (!one_device_) nccl_api().get_version(&version);
   const int major = version / 10000, minor = version / 100 % 100, patch = version % 100;
   if (one_device_) {
     return fmt::format("tensor parallel {}: every rank on GPU 0, peer all-reduce only", size());
