@@ -66,7 +66,6 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
   // returns no greedy ids or captured states.
   std::function<void()> results_hook(const ForwardBatch& batch, const Workspace& ws, const ForwardRequest& request);
 
-  TpComm* tp_comm_ = nullptr;  // a tensor-parallel rank's (ModelOptions::tp_comm)
   std::vector<CudaDecoderLayer> layers_;
   Workspace verify_ws_;
   std::map<int, CudaGraphSet> verify_graphs_;  // by tree tokens per request

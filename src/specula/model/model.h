@@ -132,6 +132,9 @@ class Model {
   virtual bool owns_kv_cache() const { return false; }
   virtual int kv_heads_per_gpu() const { return config().num_key_value_heads; }
   virtual void create_kv_cache(const KVPoolConfig& full) { (void)full; }
+  // Copies every layer's K and V from slot src[i] to dst[i] in each shard of the cache the model
+  // owns (speculative decoding moves accepted paths into place), ordered after the model's work.
+  virtual void copy_kv_slots(std::span<const int32_t> src, std::span<const int32_t> dst) { (void)src, (void)dst; }
 };
 
 // The KV row format of an MLA model's cache dtype: bf16, or fp8_e4m3 for the 656-byte fp8_ds_mla rows.

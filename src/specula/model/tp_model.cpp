@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "specula/core/cuda_check.h"
 #include "specula/core/device_memory.h"
 #include "specula/core/error.h"
 #include "specula/kv/mha_kv_pool.h"
@@ -157,7 +158,10 @@ class TensorParallelModel final : public Model {
       throw;
     }
   }
-  ~TensorParallelModel() override { release(); }
+  ~TensorParallelModel() override {
+    release();
+    if (rank0_event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(rank0_event_));
+  }
 
   const ModelConfig& config() const override { return config_; }
   size_t weight_bytes() const override {
@@ -171,6 +175,8 @@ class TensorParallelModel final : public Model {
     return most;
   }
   void* cuda_stream() const override { return ranks_[0]->cuda_stream(); }
+  // Rank 0's host model: its embedding and lm_head are whole (what a draft head shares).
+  const LlamaModel* llama() const override { return ranks_[0]->llama(); }
   bool on_gpu() const override { return true; }
   std::vector<int> graph_batch_sizes() const override { return ranks_[0]->graph_batch_sizes(); }
   bool owns_kv_cache() const override { return true; }
@@ -193,10 +199,40 @@ class TensorParallelModel final : public Model {
     });
   }
 
+  // A draft head runs on rank 0's GPU and reads the hidden states rank 0 captures (the residual
+  // stream is whole on every rank after its all-reduce); the other ranks capture nothing.
+  void capture_verify_graphs(const GraphSetup& setup, const std::vector<int>& num_draft_tokens,
+                             const std::vector<int>& capture_layers) override {
+    run([&](int r) {
+      GraphSetup g = setup;
+      g.kv_pool = kv_[static_cast<size_t>(r)].get();
+      ranks_[static_cast<size_t>(r)]->capture_verify_graphs(g, num_draft_tokens, r == 0 ? capture_layers : std::vector<int>{});
+    });
+  }
+
+  void copy_kv_slots(std::span<const int32_t> src, std::span<const int32_t> dst) override {
+    if (src.empty()) return;
+    run([&](int r) { kv_[static_cast<size_t>(r)]->copy_slots(src, dst, ranks_[static_cast<size_t>(r)]->cuda_stream()); });
+  }
+
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override;
 
  private:
   static std::unique_ptr<TpGroup> make_group(int size) { return std::make_unique<TpGroup>(size); }
+
+  // An event on rank 0's stream after the work queued there so far (from the calling thread).
+  void record_rank0_event() {
+    int current = 0;
+    CUDA_CHECK(cudaGetDevice(&current));
+    CUDA_CHECK(cudaSetDevice(group_->device(0)));
+    if (rank0_event_ == nullptr) {
+      cudaEvent_t e = nullptr;
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      rank0_event_ = e;
+    }
+    CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(rank0_event_), static_cast<cudaStream_t>(ranks_[0]->cuda_stream())));
+    CUDA_CHECK(cudaSetDevice(current));
+  }
   static std::vector<int> devices(const TpGroup& g) {
     std::vector<int> d;
     for (int r = 0; r < g.size(); ++r) d.push_back(g.device(r));
@@ -248,12 +284,11 @@ class TensorParallelModel final : public Model {
   std::vector<std::unique_ptr<Model>> ranks_;
   std::vector<std::unique_ptr<MHAKVPool>> kv_;
   std::atomic<bool> broken_{false};
+  void* rank0_event_ = nullptr;  // cudaEvent_t on rank 0's GPU
   RankWorkers workers_;
 };
 
 void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) {
-  SPECULA_CHECK(r.capture == nullptr, "--tp-size {}: capturing hidden states for a draft head is not available under "
-                "tensor parallelism in this build", size_);
   SPECULA_CHECK(kv_[0] != nullptr, "the tensor-parallel model's KV cache was not created (create_kv_cache)");
   check_usable();
   const auto n = static_cast<size_t>(size_);
@@ -267,14 +302,32 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
   std::shared_future<void> mask_done = mask_ready.get_future().share();
   std::vector<uint32_t> mask;
   const size_t words = (static_cast<size_t>(config_.vocab_size) + 31) / 32;
+  // A verify whose tree tokens the draft head wrote on rank 0's GPU: the other ranks copy them
+  // from there (peer memory) once rank 0's stream has written them.
+  const bool tree_on_device = batch.spec_info != nullptr && batch.spec_info->device_tree_tokens != nullptr;
+  if (tree_on_device) record_rank0_event();
   workers_.start([&](int rank) {
     const auto k = static_cast<size_t>(rank);
     ForwardBatch b = batch;
     b.token_to_kv_pool = kv_[k].get();
     ForwardRequest rr = r;
+    if (rank != 0) {
+      // Hidden states and the verify's device hook are rank 0's alone (the draft head's GPU).
+      rr.capture = nullptr;
+      if (b.spec_info != nullptr && b.spec_info->on_device_results) {
+        auto info = std::make_shared<SpecInfo>(*b.spec_info);
+        info->on_device_results = nullptr;
+        b.spec_info = info;
+      }
+      if (tree_on_device) {
+        CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(ranks_[k]->cuda_stream()),
+                                       static_cast<cudaEvent_t>(rank0_event_), 0));
+      }
+    }
     if (greedy) {
+      // Every rank's greedy tokens are already the whole vocabulary's (combined on the devices).
       rr.greedy_ids = &part_ids[k];
-      rr.greedy_values = &part_values[k];
+      rr.greedy_values = r.greedy_values != nullptr ? &part_values[k] : nullptr;
     }
     if (r.token_bitmask) {
       const TpRange v = layouts_[k].vocab;
@@ -304,19 +357,8 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
   }
   finish();
   if (greedy) {
-    // The larger logit wins; on a tie the lower rank, whose ids are lower: greedy_token's order.
-    std::vector<int32_t>& ids = *r.greedy_ids;
-    ids.assign(part_ids[0].size(), -1);
-    std::vector<float> best(ids.size(), -INFINITY);
-    for (size_t k = 0; k < n; ++k) {
-      for (size_t row = 0; row < ids.size(); ++row) {
-        if (part_ids[k][row] >= 0 && part_values[k][row] > best[row]) {
-          best[row] = part_values[k][row];
-          ids[row] = part_ids[k][row] + static_cast<int32_t>(layouts_[k].vocab.begin);
-        }
-      }
-    }
-    if (r.greedy_values != nullptr) *r.greedy_values = std::move(best);
+    *r.greedy_ids = std::move(part_ids[0]);
+    if (r.greedy_values != nullptr) *r.greedy_values = std::move(part_values[0]);
     return;
   }
   const auto V = static_cast<size_t>(config_.vocab_size);

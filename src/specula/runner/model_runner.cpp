@@ -170,6 +170,14 @@ const LlamaModel& ModelRunner::llama_model() const {
   return *llama;
 }
 
+void ModelRunner::copy_kv_slots(std::span<const int32_t> src, std::span<const int32_t> dst) {
+  if (model_->owns_kv_cache()) {
+    model_->copy_kv_slots(src, dst);
+  } else {
+    kv_pool().copy_slots(src, dst, cuda_stream());
+  }
+}
+
 MHAKVPool& ModelRunner::kv_pool() {
   SPECULA_CHECK(!model_->owns_kv_cache(), "under tensor parallelism each GPU holds its own shard of the KV cache");
   SPECULA_CHECK(kv_pool_ != nullptr, "{} keeps a latent (MLA) KV cache, not a per-head one", config().architecture);

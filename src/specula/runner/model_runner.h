@@ -91,6 +91,9 @@ class ModelRunner {
 
   ReqToTokenPool& req_pool() { return *req_pool_; }
   PagedTokenAllocator& allocator() { return *allocator_; }
+  // Copies every layer's K and V from slot src[i] to slot dst[i], in order (speculative decoding
+  // moves accepted paths into place): in the pool, or in every GPU's shard of it.
+  void copy_kv_slots(std::span<const int32_t> src, std::span<const int32_t> dst);
   // The pool and backend of Llama-family models on one device; throw specula::Error for MLA
   // models and under tensor parallelism (each GPU holds its own shard of the cache).
   MHAKVPool& kv_pool();

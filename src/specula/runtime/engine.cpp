@@ -70,9 +70,6 @@ void Engine::init(const ModelConfig& config, const WeightSource& weights) {
   SPECULA_CHECK(!options_.speculative || !config.is_mla(),
                 "speculative decoding (EAGLE) needs a Llama-family target; {} uses multi-head latent attention",
                 config.architecture);
-  SPECULA_CHECK(!options_.speculative || options_.runner.tp_size == 1,
-                "speculative decoding (EAGLE) under --tp-size {} is not available in this build; use --tp-size 1 or no "
-                "--speculative-algorithm", options_.runner.tp_size);
   runner_ = std::make_unique<ModelRunner>(config, weights, options_.runner);
   // The model's config says whether dual chunk attention is in force for the contexts admitted.
   SPECULA_CHECK(!options_.speculative || !runner_->config().dual_chunk.enabled(),

@@ -127,7 +127,7 @@ std::string Scheduler::catch_up_drafts(const std::vector<Planned>& plan) {
       runner_.req_pool().write(kv.req_pool_idx, l.first,
                                std::span<const int32_t>(l.pages).first(static_cast<size_t>(len - l.first)));
     }
-    runner_.kv_pool().copy_slots(src, dst, runner_.cuda_stream());
+    runner_.copy_kv_slots(src, dst);
     // EXTENDs of at most the chunked-prefill size: a long lag runs as several chunks, each seeing
     // the ones before it in the borrowed pages.
     const int budget = options_.chunked_prefill_size > 0 ? options_.chunked_prefill_size : 4096;

@@ -50,7 +50,7 @@ DraftHeadParts load_draft_head(ModelRunner& target, const EagleOptions& options,
   }
   const AttentionLayer& layer = parts.head->attention_layer();
   const Device device = target.options().device;
-  parts.draft_kv = std::make_unique<MHAKVPool>(KVPoolConfig{target.kv_pool().num_slots(), 1, layer.num_kv_heads,
+  parts.draft_kv = std::make_unique<MHAKVPool>(KVPoolConfig{target.allocator().total_slots(), 1, layer.num_kv_heads,
                                                             layer.head_dim, layer.head_dim, kv_dtype, device});
   AttentionBackendOptions& bo = parts.backend_options;
   bo.device = device;

@@ -213,7 +213,7 @@ void EagleWorker::verify(std::span<CycleItem> items, int N, bool tokens_on_devic
   }
   // Accepted nodes sit at increasing tree indices no smaller than their depth, so moving them in
   // order never overwrites a source that is still to be read.
-  target_.kv_pool().copy_slots(src, dst, target_.cuda_stream());
+  target_.copy_kv_slots(src, dst);
   // Recorded only once every request verified: a cycle that failed part-way leaves none.
   if (extended) {
     for (const CycleItem& it : items) {

@@ -7,12 +7,14 @@
 #include "specula/core/error.h"
 #include "specula/model/cuda/cuda_linear.h"
 #include "specula/model/cuda/step_io.h"
+#include "specula/parallel/tp_greedy.h"
 
 namespace specula {
 
 CudaDecoderExecutor::CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host, Device device, bool deterministic,
-                                         int64_t vocab_begin, int64_t vocab_end)
-    : host_owned_(std::move(host)), host_(*host_owned_), device_(device), deterministic_(deterministic) {
+                                         int64_t vocab_begin, int64_t vocab_end, TpComm* tp_comm)
+    : host_owned_(std::move(host)), host_(*host_owned_), device_(device), deterministic_(deterministic),
+      tp_comm_(tp_comm), vocab_begin_(vocab_begin) {
   SPECULA_CHECK(device.is_cuda(), "a GPU decoder needs a CUDA device, not {}", device.str());
   stream_ = create_model_stream(device);
   cudaEvent_t results = nullptr;
@@ -85,7 +87,8 @@ void CudaDecoderExecutor::download(const Workspace& ws, int64_t rows, std::vecto
                                    const ForwardRequest& request, const std::function<void()>& results_hook) {
   download_step(pinned_, ws[kLogits].data_as<const float>(), rows, head_vocab(), logits,
                 request.greedy_ids, request.greedy_values, request.token_bitmask, greedy_, request.capture, ws[kCaptured].data_as<const float>(), device_,
-                static_cast<cudaStream_t>(stream_), results_hook, static_cast<cudaEvent_t>(results_event_));
+                static_cast<cudaStream_t>(stream_), results_hook, static_cast<cudaEvent_t>(results_event_),
+                tp_greedy_combine());
 }
 
 void CudaDecoderExecutor::capture_decode_graphs(const GraphSetup& g, int max_tokens) {
@@ -108,6 +111,14 @@ void CudaDecoderExecutor::capture_decode_graphs(const GraphSetup& g, int max_tok
 
 int CudaDecoderExecutor::head_vocab() const { return ends_->vocab_size(); }
 
+GreedyCombine CudaDecoderExecutor::tp_greedy_combine() {
+  if (tp_comm_ == nullptr) return {};
+  return [this](int32_t* ids, float* values, int64_t rows) {
+    specula::tp_greedy_combine(*tp_comm_, ids, values, rows, vocab_begin_, tp_greedy_scratch_, device_,
+                               static_cast<cudaStream_t>(stream_));
+  };
+}
+
 bool CudaDecoderExecutor::replay_decode(const ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) {
   ForwardBatch padded;
   const CudaGraph* graph = graphs_.find(batch, &padded);
@@ -117,7 +128,8 @@ bool CudaDecoderExecutor::replay_decode(const ForwardBatch& batch, std::vector<f
   upload_step(graph_ws_, padded, 0);
   graph->launch(stream_);
   download_step(pinned_, graph_ws_[kLogits].data_as<const float>(), batch.batch_size, head_vocab(), logits,
-                r.greedy_ids, r.greedy_values, r.token_bitmask, greedy_, nullptr, nullptr, device_, static_cast<cudaStream_t>(stream_));
+                r.greedy_ids, r.greedy_values, r.token_bitmask, greedy_, nullptr, nullptr, device_, static_cast<cudaStream_t>(stream_),
+                {}, nullptr, tp_greedy_combine());
   return true;
 }
 

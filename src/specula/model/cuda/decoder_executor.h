@@ -25,6 +25,7 @@
 namespace specula {
 
 class CudaLinear;
+class TpComm;
 
 class CudaDecoderExecutor : public Model {
  public:
@@ -52,8 +53,9 @@ class CudaDecoderExecutor : public Model {
   // config are read from it). deterministic: every product row computed the same way whatever
   // the number of rows.
   // vocab_begin, vocab_end: the lm_head rows this executor holds (0, 0: all; tensor parallelism).
+  // tp_comm: a tensor-parallel rank's communicator (nullptr otherwise).
   CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host, Device device, bool deterministic,
-                      int64_t vocab_begin = 0, int64_t vocab_end = 0);
+                      int64_t vocab_begin = 0, int64_t vocab_end = 0, TpComm* tp_comm = nullptr);
 
   // The model's hooks: its layers over n tokens whose ids / positions / KV slots are in kIds /
   // kPositions / kCacheLoc, leaving the final hidden states in kX (and captured states in
@@ -91,6 +93,9 @@ class CudaDecoderExecutor : public Model {
   // The lm_head's rows: the vocabulary, or a tensor-parallel rank's part of it.
   int head_vocab() const;
 
+  // Tensor parallelism (a rank's executor): combines the ranks' greedy tokens on the device.
+  GreedyCombine tp_greedy_combine();
+
   std::unique_ptr<const CpuDecoder> host_owned_;
   const CpuDecoder& host_;
   Device device_;
@@ -100,6 +105,9 @@ class CudaDecoderExecutor : public Model {
   std::unique_ptr<CudaLinear> linear_;
   PinnedBuffer pinned_;  // logits and captured states on their way to the host
   GreedyBuffers greedy_;  // the device's greedy tokens of a step, and their masks
+  TpComm* tp_comm_ = nullptr;  // a tensor-parallel rank's communicator (ModelOptions::tp_comm)
+  int64_t vocab_begin_ = 0;    // its first lm_head row
+  Buffer tp_greedy_scratch_;
   std::unique_ptr<CudaDecoderEnds> ends_;
   Workspace eager_;
   Workspace graph_ws_;

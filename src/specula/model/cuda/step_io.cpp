@@ -69,7 +69,8 @@ void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int voc
                    std::vector<int32_t>* greedy_ids, std::vector<float>* greedy_values,
                    const TokenBitmaskFill& token_bitmask, GreedyBuffers& greedy,
                    HiddenCapture* capture, const float* captured_states,
-                   Device device, cudaStream_t s, const std::function<void()>& before_wait, cudaEvent_t done) {
+                   Device device, cudaStream_t s, const std::function<void()>& before_wait, cudaEvent_t done,
+                   const GreedyCombine& combine) {
   const size_t captured = capture != nullptr ? capture->data.size() : 0;
   const auto count = static_cast<size_t>(rows) * static_cast<size_t>(greedy_ids != nullptr ? 1 : vocab);
   const size_t item = greedy_ids != nullptr ? sizeof(int32_t) : sizeof(float);
@@ -85,9 +86,13 @@ void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int voc
     if (ids.data() == nullptr || ids.numel() < rows) ids = Buffer(DType::i32, {std::max<int64_t>(rows, 1)}, device);
     const uint32_t* allowed = upload_token_bitmask(token_bitmask, greedy, rows, vocab, device, s);
     Buffer& vals = greedy.values;
-    if (values && (vals.data() == nullptr || vals.numel() < rows)) vals = Buffer(DType::f32, {std::max<int64_t>(rows, 1)}, device);
+    const bool need_values = values || combine;
+    if (need_values && (vals.data() == nullptr || vals.numel() < rows)) {
+      vals = Buffer(DType::f32, {std::max<int64_t>(rows, 1)}, device);
+    }
     cuda_kernels::argmax_rows(src, rows, vocab, ids.data_as<int32_t>(), s, allowed,
-                              values ? vals.data_as<float>() : nullptr);
+                              need_values ? vals.data_as<float>() : nullptr);
+    if (combine) combine(ids.data_as<int32_t>(), vals.data_as<float>(), rows);
     results = ids.data();
   }
   CUDA_CHECK(cudaMemcpyAsync(host + captured * sizeof(float), results, count * item, cudaMemcpyDeviceToHost, s));

@@ -49,12 +49,15 @@ struct GreedyBuffers {
 // step, then uploaded before the argmax.
 // before_wait (optional): called once the downloads are queued, with `done` recorded after them;
 // the work it queues on s runs while the host waits only for `done`.
+// combine (optional, with greedy_ids): queued on s after the device argmax, over the device ids and
+// values of the rows, before anything reads them (tensor parallelism: the ranks' parts combined).
+using GreedyCombine = std::function<void(int32_t* ids, float* values, int64_t rows)>;
 // greedy_values (optional, with greedy_ids): each row's greedy logit too.
 void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
                    std::vector<int32_t>* greedy_ids, std::vector<float>* greedy_values,
                    const TokenBitmaskFill& token_bitmask, GreedyBuffers& greedy,
                    HiddenCapture* capture, const float* captured_states,
                    Device device, cudaStream_t s, const std::function<void()>& before_wait = {},
-                   cudaEvent_t done = nullptr);
+                   cudaEvent_t done = nullptr, const GreedyCombine& combine = {});
 
 }  // namespace specula
