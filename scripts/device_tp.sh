@@ -39,11 +39,12 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   timeout 200 "$build/bin/specula" bench allreduce --tp-size 2 >"$out/allreduce.log" 2>&1
   echo "bench allreduce rc=$?"; cat "$out/allreduce.log"
 fi
-# TPS entries: 1, 2, or 2nccl (TP=2 with every all-reduce through NCCL: the peer path's worth).
+# TPS entries: 1, 2, 2nccl (TP=2 with every all-reduce through NCCL: the peer path's worth) or
+# 2skip (TP=2 without any all-reduce: wrong output, the step's time without communication).
 for shape in ${SHAPES:-llama3-8b}; do
-  for tp in ${TPS:-1 2 2nccl}; do
-    n=${tp%nccl}
-    env $([ "$tp" != "$n" ] && echo SPECULA_TP_ALLREDUCE=nccl) \
+  for tp in ${TPS:-1 2 2nccl 2skip}; do
+    n=${tp%nccl}; n=${n%skip}
+    env $([ "$tp" != "$n" ] && echo SPECULA_TP_ALLREDUCE=${tp#"$n"}) \
       timeout 400 "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --tp-size "$n" \
       --prompt-len 128 --decode-len 256 --json "$out/generate_${shape}_tp$tp.json" >"$out/generate_${shape}_tp$tp.log" 2>&1
     echo "bench generate $shape tp=$tp rc=$?"; grep -E "weights as held|decode tok/s|bound|prefill|error" "$out/generate_${shape}_tp$tp.log"

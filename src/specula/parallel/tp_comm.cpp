@@ -52,9 +52,9 @@ namespace {
 class Rank final : public TpComm {
  public:
   Rank(int rank, int size, ncclComm_t comm, const cuda_kernels::PeerAllReduceArgs* peer, int64_t peer_max_floats,
-       bool force_nccl, const std::atomic<bool>& aborted)
+       bool force_nccl, const std::atomic<bool>& aborted, bool skip)
       : rank_(rank), size_(size), comm_(comm), peer_max_floats_(peer != nullptr ? peer_max_floats : 0),
-        force_nccl_(force_nccl), aborted_(aborted) {
+        force_nccl_(force_nccl), aborted_(aborted), skip_(skip) {
     if (peer != nullptr) {
       peer_ = *peer;
       peer_.rank = rank;
@@ -70,6 +70,7 @@ class Rank final : public TpComm {
   void all_reduce(float* data, int64_t count, void* stream, AllReducePath path) override {
     const auto s = static_cast<cudaStream_t>(stream);
     SPECULA_CHECK(!aborted_, "the tensor-parallel communicators were aborted after a rank failed");
+    if (skip_) return;
     // Decided from what every rank shares (the count), never from this rank's pointers: ranks
     // that chose differently would wait for each other forever.
     const bool peer = path == AllReducePath::peer || (path == AllReducePath::automatic && peer_serves(count));
@@ -87,6 +88,7 @@ class Rank final : public TpComm {
   int rank_, size_;
   ncclComm_t comm_;
   const std::atomic<bool>& aborted_;
+  bool skip_;  // SPECULA_TP_ALLREDUCE=skip: no communication (a benchmark's step without it)
   cuda_kernels::PeerAllReduceArgs peer_;
   int64_t peer_max_floats_;
   bool force_nccl_;
@@ -127,6 +129,9 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
   }
   const char* forced = std::getenv("SPECULA_TP_ALLREDUCE");
   const bool force_nccl = forced != nullptr && std::strcmp(forced, "nccl") == 0;
+  const bool skip = forced != nullptr && std::strcmp(forced, "skip") == 0;
+  SPECULA_CHECK(forced == nullptr || force_nccl || skip || std::strcmp(forced, "auto") == 0,
+                "SPECULA_TP_ALLREDUCE={}: allowed auto, nccl, skip", forced);
   auto alloc = [&](int device, size_t bytes) {
     CUDA_CHECK(cudaSetDevice(device));
     void* p = nullptr;
@@ -165,7 +170,7 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
   }
   for (int r = 0; r < size; ++r) {
     auto rank = std::make_unique<Rank>(r, size, st.comms[static_cast<size_t>(r)], peer_access_ ? &st.peer : nullptr,
-                                       st.peer_max_floats, force_nccl, st.aborted);
+                                       st.peer_max_floats, force_nccl, st.aborted, skip);
     rank->set_counters(counters[static_cast<size_t>(r)]);
     ranks_.push_back(std::move(rank));
   }

@@ -4,6 +4,8 @@
 // buffers. TpComm is one rank's handle: an in-place f32 sum over ranks on the rank's stream,
 // through the peer all-reduce for messages up to peer_max_bytes when every pair of GPUs has peer
 // access, else through NCCL (large messages, GPUs without peer access, or SPECULA_TP_ALLREDUCE=nccl).
+// SPECULA_TP_ALLREDUCE=skip leaves every all-reduce out, for benchmarks only (the results are
+// wrong): a decode step's time without communication, beside the real one.
 #pragma once
 
 #include <cstdint>
