@@ -9,10 +9,10 @@
 
 namespace specula {
 
-void* create_model_stream(Device device, bool nonblocking) {
+void* create_model_stream(Device device) {
   CUDA_CHECK(cudaSetDevice(device.index));
   cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, nonblocking ? cudaStreamNonBlocking : cudaStreamDefault));
+  CUDA_CHECK(cudaStreamCreate(&stream));
   return stream;
 }
 
