@@ -295,7 +295,6 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
   std::vector<std::vector<float>> part_logits(n), part_values(n);
   std::vector<std::vector<int32_t>> part_ids(n);
   const bool greedy = r.greedy_ids != nullptr;
-  begin_deferred_frees();  // ended by finish()
   // Structured output's masks: filled once, on this thread, while the ranks run; each rank's
   // argmax takes the words of its vocabulary part (whose bounds are multiples of 32).
   std::promise<void> mask_ready;
@@ -306,6 +305,7 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
   // from there (peer memory) once rank 0's stream has written them.
   const bool tree_on_device = batch.spec_info != nullptr && batch.spec_info->device_tree_tokens != nullptr;
   if (tree_on_device) record_rank0_event();
+  begin_deferred_frees();  // ended by finish()
   workers_.start([&](int rank) {
     const auto k = static_cast<size_t>(rank);
     ForwardBatch b = batch;
