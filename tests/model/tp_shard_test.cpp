@@ -4,6 +4,7 @@
 // float64 (column-parallel rows concatenate; row-parallel partial sums add up).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -110,7 +111,9 @@ TEST(TpLayout, RefusalsNameTheValueAndWhatWouldDivide) {
   EXPECT_NE(message(mla, 2).find("multi-head latent attention"), std::string::npos);
   ModelConfig moe = llama_shape(8, 8, 64, 1000);
   moe.moe.n_routed_experts = 4;
-  EXPECT_NE(message(moe, 2).find("mixture-of-experts"), std::string::npos);
+  moe.moe.moe_intermediate_size = 30;
+  EXPECT_NE(message(moe, 4).find("moe_intermediate_size 30"), std::string::npos);
+  EXPECT_EQ(message(moe, 2), "no error");
   EXPECT_EQ(message(mla, 1), "no error");
 }
 
@@ -224,6 +227,44 @@ TEST(TpShardWeights, SlicesRebuildTheWholeLayersProducts) {
       EXPECT_NEAR(o_sum[static_cast<size_t>(i)], o_whole[static_cast<size_t>(i)], 1e-9) << "tp " << tp;
       EXPECT_NEAR(down_sum[static_cast<size_t>(i)], down_whole[static_cast<size_t>(i)], 1e-9) << "tp " << tp;
     }
+  }
+}
+
+// Routed experts split like the dense MLP, by their own intermediate size, under both naming
+// schemes (Qwen3-MoE's mlp.experts.E.{gate,up,down}_proj, Mixtral's block_sparse_moe.experts.E.
+// {w1,w3,w2}); the router stays whole.
+TEST(TpShardWeights, ExpertsSplitByTheirIntermediateColumns) {
+  std::mt19937 rng(7u);
+  ModelConfig c = llama_shape(8, 2, 96, 300);
+  c.moe.n_routed_experts = 2;
+  c.moe.moe_intermediate_size = 40;
+  const int64_t h = c.hidden_size, I = 40;
+  MapWeights w;
+  const std::vector<std::string> rows = {"model.layers.0.mlp.experts.1.gate_proj.weight",
+                                         "model.layers.0.mlp.experts.1.up_proj.weight",
+                                         "model.layers.0.block_sparse_moe.experts.0.w1.weight",
+                                         "model.layers.0.block_sparse_moe.experts.0.w3.weight"};
+  const std::vector<std::string> cols = {"model.layers.0.mlp.experts.1.down_proj.weight",
+                                         "model.layers.0.block_sparse_moe.experts.0.w2.weight"};
+  for (const std::string& n : rows) w.add(rng, n, {I, h});
+  for (const std::string& n : cols) w.add(rng, n, {h, I});
+  w.add(rng, "model.layers.0.mlp.gate.weight", {2, h});
+  for (int r = 0; r < 2; ++r) {
+    const TpShardWeights sw(w, c, {r, 2});
+    EXPECT_EQ(tp_shard_config(c, {r, 2}).moe.moe_intermediate_size, 20);
+    for (const std::string& n : rows) {
+      const std::vector<float> part = values(sw.get(n, {20, h}));
+      const std::vector<float>& all = w.tensors.at(n).second;
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + r * 20 * h)) << n << " rank " << r;
+    }
+    for (const std::string& n : cols) {
+      const std::vector<float> part = values(sw.get(n, {h, 20}));
+      const std::vector<float>& all = w.tensors.at(n).second;
+      for (int64_t i = 0; i < h; ++i) {
+        for (int64_t j = 0; j < 20; ++j) ASSERT_EQ(part[static_cast<size_t>(i * 20 + j)], all[static_cast<size_t>(i * I + r * 20 + j)]) << n;
+      }
+    }
+    EXPECT_EQ(values(sw.get("model.layers.0.mlp.gate.weight", {2, h})), w.tensors.at("model.layers.0.mlp.gate.weight").second);
   }
 }
 

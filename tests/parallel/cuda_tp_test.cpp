@@ -190,6 +190,7 @@ struct Variant {
   int kv_heads = 2;
   bool biases = false, qk_norm = false, gemma2 = false, tied = false;
   int window = 0;
+  int experts = 0;  // > 0: every layer a mixture of this many experts, top 2 (Qwen3-MoE or Mixtral)
 };
 
 // A tiny random checkpoint of `v` (4 q heads of 64, hidden 128, intermediate 256, vocab 259).
@@ -228,6 +229,19 @@ std::filesystem::path write_variant(const Variant& v, uint32_t seed) {
       w.add(rng, p + "self_attn.q_norm.weight", {D}, 0.1f, 1.0f);
       w.add(rng, p + "self_attn.k_norm.weight", {D}, 0.1f, 1.0f);
     }
+    if (v.experts > 0) {
+      const bool mixtral = v.architecture == "MixtralForCausalLM";
+      const std::string b = p + (mixtral ? "block_sparse_moe." : "mlp.");
+      const int e_inter = mixtral ? inter : 64;
+      w.add(rng, b + "gate.weight", {v.experts, hidden}, 0.5f);
+      for (int e = 0; e < v.experts; ++e) {
+        const std::string x = b + "experts." + std::to_string(e) + ".";
+        w.add(rng, x + (mixtral ? "w1.weight" : "gate_proj.weight"), {e_inter, hidden}, 0.15f);
+        w.add(rng, x + (mixtral ? "w3.weight" : "up_proj.weight"), {e_inter, hidden}, 0.15f);
+        w.add(rng, x + (mixtral ? "w2.weight" : "down_proj.weight"), {hidden, e_inter}, 0.1f);
+      }
+      continue;
+    }
     w.add(rng, p + "mlp.gate_proj.weight", {inter, hidden}, 0.15f);
     w.add(rng, p + "mlp.up_proj.weight", {inter, hidden}, 0.15f);
     w.add(rng, p + "mlp.down_proj.weight", {hidden, inter}, 0.1f);
@@ -248,6 +262,17 @@ std::filesystem::path write_variant(const Variant& v, uint32_t seed) {
     config["query_pre_attn_scalar"] = 48.0;
   }
   if (v.window > 0) config["sliding_window"] = v.window;
+  if (v.experts > 0 && v.architecture == "MixtralForCausalLM") {
+    config["num_local_experts"] = v.experts;
+    config["num_experts_per_tok"] = 2;
+  } else if (v.experts > 0) {
+    config["num_experts"] = v.experts;
+    config["num_experts_per_tok"] = 2;
+    config["moe_intermediate_size"] = 64;
+    config["norm_topk_prob"] = true;
+    config["decoder_sparse_step"] = 1;
+    config["mlp_only_layers"] = nlohmann::json::array();
+  }
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("specula_tp_" + v.name + "_" + std::to_string(seed));
   test::write_tiny_checkpoint(dir, config, w);
   return dir;
@@ -262,6 +287,8 @@ const std::vector<Variant>& variants() {
       {"qwen3", "Qwen3ForCausalLM", 2, false, true},
       {"mistral_window", "MistralForCausalLM", 2, false, false, false, false, 24},
       {"gemma2", "Gemma2ForCausalLM", 2, false, false, true, true, 24},
+      {"qwen3_moe", "Qwen3MoeForCausalLM", 2, false, true, false, false, 0, 8},
+      {"mixtral", "MixtralForCausalLM", 2, false, false, false, false, 0, 4},
   };
   return v;
 }

@@ -133,6 +133,8 @@ class TensorParallelModel final : public Model {
                   size_);
     // Two ranks add their halves the same way whatever the order; more ranks summed by NCCL in an
     // order that may depend on the message size would make results depend on the batch.
+    SPECULA_CHECK(!options.fp8_experts, "--tp-size {} keeps experts in bf16; --fp8-expert-weights fp8 runs on one GPU "
+                  "only in this build", size_);
     SPECULA_CHECK(!options.deterministic || size_ <= 2,
                   "--enable-deterministic-inference is available up to --tp-size 2 in this build, not {}", size_);
     for (int r = 0; r < size_; ++r) layouts_.push_back(tp_layout(config, {r, size_}));

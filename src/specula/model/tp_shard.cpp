@@ -23,8 +23,9 @@ void check_tensor_parallel(const ModelConfig& c, int tp_size) {
   if (tp_size == 1) return;
   SPECULA_CHECK(!c.is_mla(), "--tp-size {}: {} uses multi-head latent attention, which this build runs on one GPU only",
                 tp_size, c.architecture);
-  SPECULA_CHECK(!c.has_moe(), "--tp-size {}: {} has mixture-of-experts layers, which this build runs on one GPU only",
-                tp_size, c.architecture);
+  SPECULA_CHECK(!c.has_moe() || c.moe.moe_intermediate_size % tp_size == 0,
+                "--tp-size {}: the experts' moe_intermediate_size {} does not split evenly; use a tp size that divides it",
+                tp_size, c.moe.moe_intermediate_size);
   SPECULA_CHECK(!c.dual_chunk.enabled(), "--tp-size {}: dual chunk attention runs on the CPU only", tp_size);
   SPECULA_CHECK(c.num_attention_heads % tp_size == 0,
                 "--tp-size {}: the model's {} attention heads do not split evenly; use a tp size that divides {}",
@@ -47,6 +48,7 @@ TpLayout tp_layout(const ModelConfig& c, TpShard s) {
   TpLayout l;
   l.q_heads = even(c.num_attention_heads, s);
   l.intermediate = even(c.intermediate_size, s);
+  if (c.has_moe()) l.moe_intermediate = even(c.moe.moe_intermediate_size, s);
   const int kv = c.num_key_value_heads;
   if (kv >= s.size) {
     l.kv_heads = even(kv, s);
@@ -70,6 +72,7 @@ ModelConfig tp_shard_config(const ModelConfig& c, TpShard s) {
   out.num_attention_heads = static_cast<int>(l.q_heads.size());
   out.num_key_value_heads = static_cast<int>(l.kv_heads.size());
   out.intermediate_size = static_cast<int>(l.intermediate.size());
+  if (c.has_moe()) out.moe.moe_intermediate_size = static_cast<int>(l.moe_intermediate.size());
   return out;
 }
 
@@ -89,7 +92,15 @@ TensorView TpShardWeights::get(const std::string& name, const Shape& shape) cons
   auto is = [&](const char* part) {
     return ends_with(name, std::string(part) + ".weight") || ends_with(name, std::string(part) + ".bias");
   };
-  if (shard_.size > 1) {
+  const bool expert = name.find(".experts.") != std::string::npos;
+  if (shard_.size > 1 && expert) {
+    // Routed experts (transformers' gate/up/down_proj, Mixtral's w1/w3/w2).
+    if (is("gate_proj") || is("up_proj") || is("w1") || is("w3")) {
+      cut = Cut::rows, range = layout_.moe_intermediate, full = c.moe.moe_intermediate_size;
+    } else if (is("down_proj") || is("w2")) {
+      cut = Cut::cols, range = layout_.moe_intermediate, full = c.moe.moe_intermediate_size;
+    }
+  } else if (shard_.size > 1) {
     if (is("self_attn.q_proj")) {
       cut = Cut::rows, range = {layout_.q_heads.begin * D, layout_.q_heads.end * D}, full = c.num_attention_heads * D;
     } else if (is("self_attn.k_proj") || is("self_attn.v_proj")) {

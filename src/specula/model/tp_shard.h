@@ -33,12 +33,14 @@ struct TpLayout {
   TpRange kv_heads;      // of num_key_value_heads (one head when replicated)
   bool kv_replicated = false;
   TpRange intermediate;  // of intermediate_size
+  TpRange moe_intermediate;  // of each routed expert's moe_intermediate_size (mixture-of-experts models)
   TpRange vocab;         // lm_head rows: multiples of 32 apart, so token masks split on word bounds
 };
 
 // Throws specula::Error, naming the value and what would divide, when the model cannot be split
-// tp_size ways (heads, KV heads, intermediate size), or for what tensor parallelism does not
-// cover in this build (MLA and mixture-of-experts models).
+// tp_size ways (heads, KV heads, intermediate sizes), or for what tensor parallelism does not
+// cover in this build (MLA models). A mixture of experts splits every expert's intermediate
+// columns (SGLang's TP MoE): each rank runs every expert over its part, the router is whole.
 void check_tensor_parallel(const ModelConfig& config, int tp_size);
 TpLayout tp_layout(const ModelConfig& config, TpShard shard);
 // The config of one rank's part: its q heads, KV heads and intermediate size; everything else
@@ -47,7 +49,8 @@ ModelConfig tp_shard_config(const ModelConfig& config, TpShard shard);
 
 // A rank's view of the model's weights: asked for a tensor in its shard's shape (as a model built
 // from tp_shard_config asks), it reads the full tensor from `source` and returns the rank's
-// slice: rows of q/k/v and gate/up, columns of o_proj and down_proj. Row-parallel biases (o_proj,
+// slice: rows of q/k/v and gate/up (an expert's too), columns of o_proj and down_proj (an
+// expert's too). Row-parallel biases (o_proj,
 // down_proj) come whole on rank 0 and as zeros elsewhere, so the all-reduce adds them once.
 // Everything else (norms, embedding, lm_head) comes whole. `lock` serialises reads of a shared
 // source whose views live until its next call (SyntheticWeights); ranks loading in parallel pass

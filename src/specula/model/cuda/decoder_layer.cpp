@@ -142,6 +142,7 @@ void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend
   ck::add_rms_norm_rows(st.x, o, post_norm_.data_as<const float>(), st.xn, n, h, d.eps, s);
   if (moe_ != nullptr) {
     moe_->forward(st.xn, o, n, linear, s);
+    if (st.comm != nullptr) st.comm->all_reduce(o, n * h, s);
   } else {
     float* gate_up = ws.get(kLayerGateUp, DType::f32, n * 2 * inter, dev).data_as<float>();
     float* act = ws.get(kLayerAct, DType::f32, n * inter, dev).data_as<float>();
