@@ -3,7 +3,7 @@
 # CUDA toolkit's NCCL or, where it has none, the pip nvidia-nccl package's; runs cuda_tp_test
 # (all-reduce paths, TP=2 against TP=1 per architecture, start-up errors); then `bench allreduce`
 # and `bench generate` of the synthetic shapes in SHAPES at TP=1 and TP=2 (llama3-70b at TP=2
-# only). NVLink multicast stays off. SKIP_TESTS=1, SKIP_BENCH=1 leave parts out; EXTRA_TESTS names more
+# only). NVLink multicast stays off. SKIP_TESTS=1, SKIP_BENCH=1, SKIP_ALLREDUCE=1 leave parts out; EXTRA_TESTS names more
 # test binaries to build and run. Logs to $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
@@ -35,7 +35,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   done
 fi
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
-if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && [ "${SKIP_ALLREDUCE:-0}" != 1 ]; then
   timeout 200 "$build/bin/specula" bench allreduce --tp-size 2 >"$out/allreduce.log" 2>&1
   echo "bench allreduce rc=$?"; cat "$out/allreduce.log"
 fi
@@ -46,7 +46,7 @@ for shape in ${SHAPES:-llama3-8b}; do
     n=${tp%nccl}; n=${n%skip}
     env $([ "$tp" != "$n" ] && echo SPECULA_TP_ALLREDUCE=${tp#"$n"}) \
       timeout 400 "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --tp-size "$n" \
-      --prompt-len 128 --decode-len 256 --json "$out/generate_${shape}_tp$tp.json" >"$out/generate_${shape}_tp$tp.log" 2>&1
+      --prompt-len 128 --decode-len "${DECODE_LEN:-256}" --json "$out/generate_${shape}_tp$tp.json" >"$out/generate_${shape}_tp$tp.log" 2>&1
     echo "bench generate $shape tp=$tp rc=$?"; grep -E "weights as held|decode tok/s|bound|prefill|error" "$out/generate_${shape}_tp$tp.log"
   done
 done
