@@ -70,6 +70,10 @@ expect_error "draft tokens 0" "--speculative-num-draft-tokens 0 is not valid" \
   generate --prompt hi --speculative-algorithm EAGLE3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 0
 expect_error "page size 2^20" "page_size 1048576 is not valid; it must be at most 1024" \
   generate --prompt hi --page-size 1048576
+expect_error "tp-size 0" "--tp-size 0 is not valid; it must be >= 1" generate --prompt hi --tp-size 0
+expect_error "tp-size 2 on the CPU" "--tp-size 2 needs --device cuda" generate --prompt hi --tp-size 2
+expect_error "tp-size 3" "--tp-size 3: the model's 4 attention heads do not split evenly" \
+  generate --prompt hi --tp-size 3
 expect_error "page size 2^20" "page_size 1048576 is not valid; it must be at most 256 \(max_context_len 64" \
   generate --prompt hi --page-size 1048576 --max-context-len 64
 expect_error "kv-cache-tokens 1" "kv_cache_tokens 1 cannot hold one request of max_context_len 64; give at least 64" \

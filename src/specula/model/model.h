@@ -128,9 +128,8 @@ class Model {
 
   // Tensor parallelism: the model keeps its KV cache itself, a shard on each GPU (the runner
   // allocates none and batches run with token_to_kv_pool unset); create_kv_cache sizes it, with
-  // `full` as the runner would have made it (all KV heads) and kv_heads_per_gpu what each GPU holds.
+  // `full` as the runner would have made it (all KV heads).
   virtual bool owns_kv_cache() const { return false; }
-  virtual int kv_heads_per_gpu() const { return config().num_key_value_heads; }
   virtual void create_kv_cache(const KVPoolConfig& full) { (void)full; }
   // Copies every layer's K and V from slot src[i] to dst[i] in each shard of the cache the model
   // owns (speculative decoding moves accepted paths into place), ordered after the model's work.

@@ -182,7 +182,6 @@ class TensorParallelModel final : public Model {
   bool on_gpu() const override { return true; }
   std::vector<int> graph_batch_sizes() const override { return ranks_[0]->graph_batch_sizes(); }
   bool owns_kv_cache() const override { return true; }
-  int kv_heads_per_gpu() const override { return static_cast<int>(layouts_[0].kv_heads.size()); }
 
   void create_kv_cache(const KVPoolConfig& full) override {
     run([&](int r) {
