@@ -57,7 +57,12 @@ void on_ranks(int size, const std::function<void(int)>& fn) {
     });
   }
   for (std::thread& t : threads) t.join();
-  for (int r = 0; r < size; ++r) ASSERT_TRUE(errors[static_cast<size_t>(r)].empty()) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+  bool failed = false;
+  for (int r = 0; r < size; ++r) {
+    EXPECT_TRUE(errors[static_cast<size_t>(r)].empty()) << "rank " << r << ": " << errors[static_cast<size_t>(r)];
+    failed = failed || !errors[static_cast<size_t>(r)].empty();
+  }
+  ASSERT_FALSE(failed);
 }
 
 // Pinned host memory (async copies from pageable memory may wait for other work on the GPU).
