@@ -133,6 +133,83 @@ TEST(CudaTp, AllReduceMatchesTheHostSumOnEveryPath) {
   check_all_reduce(group, {3, 4096, 262144, 262148, 1 << 21}, AllReducePath::automatic, rng);
 }
 
+// The all-reduce fused with the residual add and RMSNorm against float64, each shape twice with a
+// plain all-reduce in between (the two kernels share epochs and staging halves); every rank ends
+// with the same bits in x, y and the copy.
+TEST(CudaTp, FusedAllReduceAddNormMatchesTheHost) {
+  if (gpu_count() < 1) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(testing::test_seed("cuda_tp_test") + 2);
+  TpGroup group(2, int64_t{1} << 20, one_device());
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (auto [rows, width] : {std::pair<int64_t, int>{1, 4096}, {3, 128}, {37, 256}, {64, 4096}, {1, 4096}}) {
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      const auto n = static_cast<size_t>(rows * width);
+      std::vector<std::unique_ptr<Pinned>> o, x_out, y_out, c_out;
+      Pinned x_in(n), w(static_cast<size_t>(width)), plain(n);
+      for (size_t i = 0; i < n; ++i) x_in.p[i] = d(rng);
+      for (int i = 0; i < width; ++i) w.p[i] = 1.0f + 0.1f * d(rng);
+      for (int r = 0; r < 2; ++r) {
+        o.push_back(std::make_unique<Pinned>(n));
+        for (size_t i = 0; i < n; ++i) o.back()->p[i] = d(rng);
+        x_out.push_back(std::make_unique<Pinned>(n));
+        y_out.push_back(std::make_unique<Pinned>(n));
+        c_out.push_back(std::make_unique<Pinned>(2 * n));
+      }
+      std::vector<float*> dev(2 * 6, nullptr);
+      std::vector<cudaStream_t> streams(2, nullptr);
+      std::vector<int> served(2, 0);
+      ASSERT_NO_FATAL_FAILURE(on_ranks(2, [&](int r) {
+        for (int k = 0; k < 6; ++k) {
+          CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev[static_cast<size_t>(6 * r + k)]), 2 * n * sizeof(float)));
+        }
+        CUDA_CHECK(cudaStreamCreateWithFlags(&streams[static_cast<size_t>(r)], cudaStreamNonBlocking));
+      }));
+      ASSERT_NO_FATAL_FAILURE(on_ranks(2, [&](int r) {
+        float* const* m = dev.data() + 6 * r;  // o, x, w, y, copy, plain
+        const cudaStream_t s = streams[static_cast<size_t>(r)];
+        const auto k = static_cast<size_t>(r);
+        CUDA_CHECK(cudaMemcpyAsync(m[0], o[k]->p, n * sizeof(float), cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaMemcpyAsync(m[1], x_in.p, n * sizeof(float), cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaMemcpyAsync(m[2], w.p, static_cast<size_t>(width) * sizeof(float), cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaMemcpyAsync(m[5], o[k]->p, n * sizeof(float), cudaMemcpyHostToDevice, s));
+        group.rank(r).all_reduce(m[5], static_cast<int64_t>(n), s, AllReducePath::peer);
+        served[k] = group.rank(r).all_reduce_add_rms_norm(m[0], rows, width, m[1], m[2], m[3], 1e-5f, m[4], 2 * width, s);
+        group.rank(r).all_reduce(m[5], static_cast<int64_t>(n), s, AllReducePath::peer);
+        CUDA_CHECK(cudaMemcpyAsync(x_out[k]->p, m[1], n * sizeof(float), cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaMemcpyAsync(y_out[k]->p, m[3], n * sizeof(float), cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaMemcpyAsync(c_out[k]->p, m[4], 2 * n * sizeof(float), cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaMemcpyAsync(plain.p, m[5], r == 0 ? n * sizeof(float) : 0, cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+      }));
+      ASSERT_NO_FATAL_FAILURE(on_ranks(2, [&](int r) {
+        for (int k = 0; k < 6; ++k) CUDA_CHECK(cudaFree(dev[static_cast<size_t>(6 * r + k)]));
+        CUDA_CHECK(cudaStreamDestroy(streams[static_cast<size_t>(r)]));
+      }));
+      ASSERT_TRUE(served[0] && served[1]) << rows << " x " << width;
+      for (int64_t row = 0; row < rows; ++row) {
+        double ss = 0;
+        std::vector<double> xs(static_cast<size_t>(width));
+        for (int i = 0; i < width; ++i) {
+          const size_t at = static_cast<size_t>(row * width + i);
+          xs[static_cast<size_t>(i)] = static_cast<double>(x_in.p[at]) + o[0]->p[at] + o[1]->p[at];
+          ss += xs[static_cast<size_t>(i)] * xs[static_cast<size_t>(i)];
+          // The plain all-reduce around it ran twice: 2 (o0 + o1) summed twice over two ranks.
+          ASSERT_NEAR(plain.p[at], 2.0 * (static_cast<double>(o[0]->p[at]) + o[1]->p[at]), 1e-4);
+        }
+        const double inv = 1.0 / std::sqrt(ss / width + 1e-5);
+        for (int i = 0; i < width; ++i) {
+          const size_t at = static_cast<size_t>(row * width + i);
+          ASSERT_NEAR(x_out[0]->p[at], xs[static_cast<size_t>(i)], 1e-5 * (1 + std::fabs(xs[static_cast<size_t>(i)])));
+          ASSERT_NEAR(y_out[0]->p[at], w.p[i] * xs[static_cast<size_t>(i)] * inv, 1e-4);
+          ASSERT_EQ(c_out[0]->p[static_cast<size_t>(row * 2 * width + i)], x_out[0]->p[at]);
+          ASSERT_EQ(x_out[1]->p[at], x_out[0]->p[at]);
+          ASSERT_EQ(y_out[1]->p[at], y_out[0]->p[at]);
+        }
+      }
+    }
+  }
+}
+
 // Three all-reduces of different sizes captured in one graph per rank, replayed with new inputs:
 // the epochs and flags live on the device, so replays stay in step.
 TEST(CudaTp, AllReduceReplaysFromCudaGraphs) {

@@ -67,7 +67,95 @@ __global__ void __launch_bounds__(kThreads) peer_all_reduce_kernel(PeerAllReduce
   if (tid == 0) a.counters[b] = epoch;
 }
 
+// Every thread gets the block's total (kThreads threads).
+__device__ __forceinline__ float block_total(float v, float* partial) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kThreads / 32; ++i) total += partial[i];
+  __syncthreads();  // partial is reused by the next row
+  return total;
+}
+
+// Rows b, b + gridDim.x, ... are block b's, in the staging copy and in the reduction alike, so a
+// block's handshake covers exactly the rows it then reads.
+__global__ void __launch_bounds__(kThreads) peer_add_norm_kernel(PeerAllReduceArgs a, const float4* o, int64_t rows,
+                                                                  int width4, PeerAddNorm norm) {
+  __shared__ uint32_t epoch_shared;
+  __shared__ float partial[kThreads / 32];
+  const int b = static_cast<int>(blockIdx.x);
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) epoch_shared = a.counters[b] + 1;
+  __syncthreads();
+  const uint32_t epoch = epoch_shared;
+  const int64_t half = (epoch & 1u) != 0 ? a.capacity / 4 : 0;
+  float4* mine = reinterpret_cast<float4*>(a.staging[a.rank]) + half;
+  for (int64_t r = b; r < rows; r += gridDim.x) {
+    for (int i = tid; i < width4; i += kThreads) mine[r * width4 + i] = o[r * width4 + i];
+  }
+  __syncthreads();
+  if (tid < a.size && tid != a.rank) {
+    store_release_sys(a.flags[tid] + a.rank * kPeerMaxBlocks + b, epoch);
+    const uint32_t* flag = a.flags[a.rank] + tid * kPeerMaxBlocks + b;
+    const uint64_t start = global_ns();
+    while (static_cast<int32_t>(load_acquire_sys(flag) - epoch) < 0) {
+      if (global_ns() - start > static_cast<uint64_t>(kPeerWaitSeconds * 1e9)) __trap();
+    }
+  }
+  __syncthreads();
+  float4* x = reinterpret_cast<float4*>(norm.x);
+  const float4* w = reinterpret_cast<const float4*>(norm.w);
+  float4* y = reinterpret_cast<float4*>(norm.y);
+  const float width = static_cast<float>(width4 * 4);
+  for (int64_t r = b; r < rows; r += gridDim.x) {
+    float sum = 0.0f;
+    for (int i = tid; i < width4; i += kThreads) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int p = 0; p < a.size; ++p) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(a.staging[p]) + half + r * width4 + i);
+        acc.x += v.x;
+        acc.y += v.y;
+        acc.z += v.z;
+        acc.w += v.w;
+      }
+      float4 v = x[r * width4 + i];
+      v.x += acc.x;
+      v.y += acc.y;
+      v.z += acc.z;
+      v.w += acc.w;
+      x[r * width4 + i] = v;
+      if (norm.copy != nullptr) reinterpret_cast<float4*>(norm.copy + r * norm.copy_stride)[i] = v;
+      sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    const float inv = rsqrtf(block_total(sum, partial) / width + norm.eps);
+    // Each thread reads back only what it wrote itself.
+    for (int i = tid; i < width4; i += kThreads) {
+      const float4 v = x[r * width4 + i], g = w[i];
+      y[r * width4 + i] = make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv));
+    }
+  }
+  if (tid == 0) a.counters[b] = epoch;
+}
+
 }  // namespace
+
+void peer_all_reduce_add_rms_norm(const PeerAllReduceArgs& args, const float* o, int64_t rows, int width,
+                                  const PeerAddNorm& norm, cudaStream_t s) {
+  if (rows == 0) return;
+  auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  SPECULA_REQUIRE(width % 4 == 0 && rows * width <= args.capacity && aligned(o) && aligned(norm.x) && aligned(norm.w) &&
+                      aligned(norm.y) && (norm.copy == nullptr || (aligned(norm.copy) && norm.copy_stride % 4 == 0)),
+                  "peer_all_reduce_add_rms_norm: rows of " + std::to_string(width) +
+                      " floats need 16-byte alignment and a width that is a multiple of 4, at most " +
+                      std::to_string(args.capacity) + " floats in all");
+  peer_add_norm_kernel<<<kPeerMaxBlocks, kThreads, 0, s>>>(args, reinterpret_cast<const float4*>(o), rows, width / 4,
+                                                           norm);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void peer_all_reduce(const PeerAllReduceArgs& args, float* data, int64_t count, cudaStream_t s) {
   if (count == 0) return;

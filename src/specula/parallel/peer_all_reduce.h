@@ -32,4 +32,20 @@ struct PeerAllReduceArgs {
 // capacity) becomes the sum over ranks; every rank calls it with the same count, in the same order.
 void peer_all_reduce(const PeerAllReduceArgs& args, float* data, int64_t count, cudaStream_t s);
 
+// The same, fused with the residual add and RMSNorm that follow a row-parallel product (SGLang's
+// and TensorRT-LLM's fused all-reduce): o [rows, width] is each rank's partial sum; then
+// x += sum over ranks of o, y = w * (x / rms(x)) (rms over the row, eps inside the root), and
+// copy (optional) gets the new x at rows copy_stride apart. One launch instead of two; o is left
+// as it was. width a multiple of 4, rows x width at most capacity.
+struct PeerAddNorm {
+  float* x = nullptr;
+  const float* w = nullptr;
+  float* y = nullptr;
+  float eps = 1e-6f;
+  float* copy = nullptr;
+  int64_t copy_stride = 0;
+};
+void peer_all_reduce_add_rms_norm(const PeerAllReduceArgs& args, const float* o, int64_t rows, int width,
+                                  const PeerAddNorm& norm, cudaStream_t s);
+
 }  // namespace specula::cuda_kernels

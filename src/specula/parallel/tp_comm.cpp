@@ -66,6 +66,16 @@ class Rank final : public TpComm {
     return !force_nccl_ && count <= peer_max_floats_ && count % 4 == 0;
   }
   void set_counters(uint32_t* counters) { peer_.counters = counters; }
+  void set_fused(bool fused) { fused_ = fused; }
+
+  bool all_reduce_add_rms_norm(const float* o, int64_t rows, int width, float* x, const float* w, float* y, float eps,
+                               float* copy, int64_t copy_stride, void* stream) override {
+    if (!fused_ || skip_ || width % 4 != 0 || !peer_serves(rows * width)) return false;
+    SPECULA_CHECK(!aborted_, "the tensor-parallel communicators were aborted after a rank failed");
+    cuda_kernels::peer_all_reduce_add_rms_norm(peer_, o, rows, width, {x, w, y, eps, copy, copy_stride},
+                                               static_cast<cudaStream_t>(stream));
+    return true;
+  }
 
   void all_reduce(float* data, int64_t count, void* stream, AllReducePath path) override {
     const auto s = static_cast<cudaStream_t>(stream);
@@ -89,6 +99,7 @@ class Rank final : public TpComm {
   ncclComm_t comm_;
   const std::atomic<bool>& aborted_;
   bool skip_;  // SPECULA_TP_ALLREDUCE=skip: no communication (a benchmark's step without it)
+  bool fused_ = true;  // SPECULA_TP_FUSED=0 turns the fused add + norm off (to measure it)
   cuda_kernels::PeerAllReduceArgs peer_;
   int64_t peer_max_floats_;
   bool force_nccl_;
@@ -172,6 +183,8 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
     auto rank = std::make_unique<Rank>(r, size, st.comms[static_cast<size_t>(r)], peer_access_ ? &st.peer : nullptr,
                                        st.peer_max_floats, force_nccl, st.aborted, skip);
     rank->set_counters(counters[static_cast<size_t>(r)]);
+    const char* fused = std::getenv("SPECULA_TP_FUSED");
+    rank->set_fused(fused == nullptr || std::strcmp(fused, "0") != 0);
     ranks_.push_back(std::move(rank));
   }
   CUDA_CHECK(cudaSetDevice(caller_device));

@@ -27,6 +27,13 @@ class TpComm {
   virtual void all_reduce(float* data, int64_t count, void* stream, AllReducePath path = AllReducePath::automatic) = 0;
   // Whether the peer path serves a message of this many floats (the largest one it takes).
   virtual bool peer_serves(int64_t count) const = 0;
+  // The all-reduce of a row-parallel product's partial sums o [rows, width] fused with the
+  // residual add and RMSNorm after it: x += the sum, y = w * (x / rms(x)), copy (optional) gets
+  // the new x at rows copy_stride apart. One peer kernel when the peer path serves the message
+  // (and SPECULA_TP_FUSED is not 0); false otherwise, with nothing done: the caller all-reduces
+  // and normalises apart. Decided from rows and width alone, so every rank decides the same.
+  virtual bool all_reduce_add_rms_norm(const float* o, int64_t rows, int width, float* x, const float* w, float* y,
+                                       float eps, float* copy, int64_t copy_stride, void* stream) = 0;
 };
 
 class TpGroup {

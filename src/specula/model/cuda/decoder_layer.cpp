@@ -137,20 +137,31 @@ void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend
   attend(TensorView(qb.data(), DType::bf16, {n, Hq, D}, dev), TensorView(kb.data(), DType::bf16, {n, Hkv, D}, dev),
          TensorView(vb.data(), DType::bf16, {n, Hkv, D}, dev), TensorView(ab.data(), DType::bf16, {n, Hq, D}, dev));
   linear.linear.product_bf16_x(ab.data(), wo_, bo_, o, n, Hq * D, h, attn);
-  if (st.comm != nullptr) st.comm->all_reduce(o, n * h, s);
-  if (post_attn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_attn_norm_.data_as<const float>(), o, n, h, d.eps, s);
-  ck::add_rms_norm_rows(st.x, o, post_norm_.data_as<const float>(), st.xn, n, h, d.eps, s);
+  // Tensor parallelism: o holds this rank's partial sum. Without Gemma-2's output norm, the
+  // all-reduce, the residual add and the next norm are one peer kernel where it serves.
+  const bool fused = st.comm != nullptr && post_attn_norm_.data() == nullptr &&
+                     st.comm->all_reduce_add_rms_norm(o, n, h, st.x, post_norm_.data_as<const float>(), st.xn, d.eps,
+                                                      nullptr, 0, s);
+  if (!fused) {
+    if (st.comm != nullptr) st.comm->all_reduce(o, n * h, s);
+    if (post_attn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_attn_norm_.data_as<const float>(), o, n, h, d.eps, s);
+    ck::add_rms_norm_rows(st.x, o, post_norm_.data_as<const float>(), st.xn, n, h, d.eps, s);
+  }
   if (moe_ != nullptr) {
     moe_->forward(st.xn, o, n, linear, s);
-    if (st.comm != nullptr) st.comm->all_reduce(o, n * h, s);
   } else {
     float* gate_up = ws.get(kLayerGateUp, DType::f32, n * 2 * inter, dev).data_as<float>();
     float* act = ws.get(kLayerAct, DType::f32, n * inter, dev).data_as<float>();
     const CudaStepLinear::Split sp = linear.split(w_gate_up_, n, h, 2 * inter);
     linear.linear.gated(st.xn, w_gate_up_, b_gate_up_, act, n, h, inter, d.gelu, gate_up, sp.hi, sp.lo, sp.halves);
     linear(act, w_down_, b_down_, o, n, inter, h);
-    if (st.comm != nullptr) st.comm->all_reduce(o, n * h, s);
   }
+  if (st.comm != nullptr && post_ffn_norm_.data() == nullptr && st.end_norm != nullptr &&
+      st.comm->all_reduce_add_rms_norm(o, n, h, st.x, st.end_norm, st.end_out, d.eps, st.end_copy, st.end_copy_stride,
+                                       s)) {
+    return;
+  }
+  if (st.comm != nullptr) st.comm->all_reduce(o, n * h, s);
   if (post_ffn_norm_.data() != nullptr) ck::rms_norm_rows(o, post_ffn_norm_.data_as<const float>(), o, n, h, d.eps, s);
   if (st.end_norm != nullptr) {
     ck::add_rms_norm_rows(st.x, o, st.end_norm, st.end_out, n, h, d.eps, s, st.end_copy, st.end_copy_stride);
