@@ -157,6 +157,12 @@ void peer_all_reduce_add_rms_norm(const PeerAllReduceArgs& args, const float* o,
   CUDA_CHECK(cudaGetLastError());
 }
 
+void preload_peer_kernels() {
+  cudaFuncAttributes attributes{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attributes, peer_all_reduce_kernel));
+  CUDA_CHECK(cudaFuncGetAttributes(&attributes, peer_add_norm_kernel));
+}
+
 void peer_all_reduce(const PeerAllReduceArgs& args, float* data, int64_t count, cudaStream_t s) {
   if (count == 0) return;
   SPECULA_REQUIRE(count % 4 == 0 && count <= args.capacity && (reinterpret_cast<uintptr_t>(data) & 15) == 0,

@@ -32,6 +32,13 @@ struct PeerAllReduceArgs {
 // capacity) becomes the sum over ranks; every rank calls it with the same count, in the same order.
 void peer_all_reduce(const PeerAllReduceArgs& args, float* data, int64_t count, cudaStream_t s);
 
+// Loads the peer kernels on the current device now. Under CUDA's lazy module loading (the
+// default), a kernel's first launch loads it, which may wait for the GPU's running kernels; a
+// rank whose first launch of a kernel waits behind the other rank's copy of it, spinning for this
+// one, would never return (both ranks on one GPU hung so in a test). CUDA's documented remedy is
+// to load such kernels before any of them runs.
+void preload_peer_kernels();
+
 // The same, fused with the residual add and RMSNorm that follow a row-parallel product (SGLang's
 // and TensorRT-LLM's fused all-reduce): o [rows, width] is each rank's partial sum; then
 // x += sum over ranks of o, y = w * (x / rms(x)) (rms over the row, eps inside the root), and

@@ -171,6 +171,8 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
     st.peer.capacity = st.peer_max_floats;
     for (int r = 0; r < size; ++r) {
       const int d = device(r);
+      CUDA_CHECK(cudaSetDevice(d));
+      cuda_kernels::preload_peer_kernels();
       st.peer.staging[r] = static_cast<float*>(alloc(d, 2 * static_cast<size_t>(st.peer_max_floats) * sizeof(float)));
       st.peer.flags[r] = static_cast<uint32_t*>(
           alloc(d, sizeof(uint32_t) * cuda_kernels::kPeerMaxRanks * cuda_kernels::kPeerMaxBlocks));
