@@ -24,7 +24,7 @@ namespace ck = cuda_kernels;
 
 LlamaCudaModel::LlamaCudaModel(std::unique_ptr<LlamaModel> host, const ModelOptions& options, const WeightSource* experts)
     : CudaDecoderExecutor(std::move(host), options.device, options.deterministic, options.vocab_begin,
-                          options.vocab_end, options.tp_comm) {
+                          options.vocab_end, options.tp_comm, options.nonblocking_stream) {
   const ModelConfig& c = model().config();
   // Deterministic mode runs every product through the GEMV kernel, which reads rows in 8-element
   // chunks.

@@ -85,6 +85,9 @@ struct ModelOptions {
   // holds (0, 0: all).
   TpComm* tp_comm = nullptr;
   int64_t vocab_begin = 0, vocab_end = 0;
+  // The model's stream does not synchronise with the legacy stream (ranks sharing one GPU in
+  // tests: SPECULA_TP_ONE_DEVICE, model/tp_model.h).
+  bool nonblocking_stream = false;
 };
 
 class Model {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <optional>
 #include <cstring>
 #include <exception>
@@ -151,6 +152,7 @@ class TensorParallelModel final : public Model {
         o.device = Device::cuda(group_->device(r));
         o.tp_size = 1;
         o.tp_comm = &group_->rank(r);
+        o.nonblocking_stream = group_->device(0) == group_->device(size_ - 1);
         o.vocab_begin = layouts_[static_cast<size_t>(r)].vocab.begin;
         o.vocab_end = layouts_[static_cast<size_t>(r)].vocab.end;
         ranks_[static_cast<size_t>(r)] = make_cuda_model(tp_shard_config(config, shard), shard_weights, o);
@@ -219,7 +221,16 @@ class TensorParallelModel final : public Model {
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override;
 
  private:
-  static std::unique_ptr<TpGroup> make_group(int size) { return std::make_unique<TpGroup>(size); }
+  // SPECULA_TP_ONE_DEVICE=1: every rank on GPU 0 (tests of the tensor-parallel model on a machine
+  // with one GPU): peer all-reduce only, and non-blocking model streams, so that no legacy-stream
+  // copy of one rank waits behind another rank's spinning all-reduce.
+  static bool one_device() {
+    const char* v = std::getenv("SPECULA_TP_ONE_DEVICE");
+    return v != nullptr && std::string(v) == "1";
+  }
+  static std::unique_ptr<TpGroup> make_group(int size) {
+    return std::make_unique<TpGroup>(size, int64_t{1} << 20, one_device());
+  }
 
   // An event on rank 0's stream after the work queued there so far (from the calling thread).
   void record_rank0_event() {

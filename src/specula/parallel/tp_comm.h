@@ -40,10 +40,10 @@ class TpGroup {
  public:
   // Ranks on CUDA devices 0..size-1. Throws specula::Error when fewer GPUs are present than
   // asked for, or when this build has no NCCL.
-  // one_device (the all-reduce's tests on a machine with one GPU): every rank on GPU 0, each with
-  // its own thread and non-blocking stream; no NCCL (it refuses two ranks on one GPU), every
-  // message through the peer path, whose buffers then hold up to 64 MiB. Not for models: their
-  // blocking streams would wait behind the other rank's spinning all-reduce on the shared GPU.
+  // one_device (tests on a machine with one GPU): every rank on GPU 0, each with its own thread
+  // and non-blocking stream (a blocking one would wait behind the other rank's spinning
+  // all-reduce); no NCCL (it refuses two ranks on one GPU), every message through the peer path,
+  // whose buffers then hold up to 64 MiB.
   explicit TpGroup(int size, int64_t peer_max_bytes = int64_t{1} << 20, bool one_device = false);
   ~TpGroup();
   TpGroup(const TpGroup&) = delete;

@@ -12,11 +12,12 @@
 namespace specula {
 
 CudaDecoderExecutor::CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host, Device device, bool deterministic,
-                                         int64_t vocab_begin, int64_t vocab_end, TpComm* tp_comm)
+                                         int64_t vocab_begin, int64_t vocab_end, TpComm* tp_comm,
+                                         bool nonblocking_stream)
     : host_owned_(std::move(host)), host_(*host_owned_), device_(device), deterministic_(deterministic),
       tp_comm_(tp_comm), vocab_begin_(vocab_begin) {
   SPECULA_CHECK(device.is_cuda(), "a GPU decoder needs a CUDA device, not {}", device.str());
-  stream_ = create_model_stream(device);
+  stream_ = create_model_stream(device, nonblocking_stream);
   cudaEvent_t results = nullptr;
   CUDA_CHECK(cudaEventCreateWithFlags(&results, cudaEventDisableTiming));
   results_event_ = results;

@@ -55,7 +55,8 @@ class CudaDecoderExecutor : public Model {
   // vocab_begin, vocab_end: the lm_head rows this executor holds (0, 0: all; tensor parallelism).
   // tp_comm: a tensor-parallel rank's communicator (nullptr otherwise).
   CudaDecoderExecutor(std::unique_ptr<const CpuDecoder> host, Device device, bool deterministic,
-                      int64_t vocab_begin = 0, int64_t vocab_end = 0, TpComm* tp_comm = nullptr);
+                      int64_t vocab_begin = 0, int64_t vocab_end = 0, TpComm* tp_comm = nullptr,
+                      bool nonblocking_stream = false);
 
   // The model's hooks: its layers over n tokens whose ids / positions / KV slots are in kIds /
   // kPositions / kCacheLoc, leaving the final hidden states in kX (and captured states in

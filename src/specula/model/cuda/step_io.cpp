@@ -9,10 +9,10 @@
 
 namespace specula {
 
-void* create_model_stream(Device device) {
+void* create_model_stream(Device device, bool nonblocking) {
   CUDA_CHECK(cudaSetDevice(device.index));
   cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreate(&stream));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, nonblocking ? cudaStreamNonBlocking : cudaStreamDefault));
   return stream;
 }
 

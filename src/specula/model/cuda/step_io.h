@@ -18,7 +18,10 @@
 namespace specula {
 
 // A blocking stream on device: it stays ordered with core/'s synchronous copies (legacy stream).
-void* create_model_stream(Device device);
+// nonblocking: a stream the legacy stream does not wait for (tensor-parallel ranks sharing one GPU
+// in tests, where a legacy-stream copy would otherwise wait behind another rank's spinning
+// all-reduce); results are still read through the stream and its sync.
+void* create_model_stream(Device device, bool nonblocking = false);
 // dst[0, src.size()) = src on stream s. From pageable memory the call returns once the data is
 // staged, so src may go away after.
 void upload_i32_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t s);
