@@ -46,6 +46,16 @@ void share_one_device_if_needed() {
   if (one_device()) setenv("SPECULA_TP_ONE_DEVICE", "1", 1);
 }
 
+// Ranks sharing one GPU: every kernel loaded when the context starts. Under lazy loading a rank's
+// first launch of any kernel may wait for the GPU's running kernels, among them the other rank's
+// all-reduce spinning for this rank (CUDA's documented lazy-loading deadlock); on two GPUs each
+// rank loads into its own GPU's context, which its peer's spinning kernel does not hold up. Set
+// before CUDA starts in this process (a static initializer), unless the caller chose.
+[[maybe_unused]] const bool kEagerLoading = [] {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  return true;
+}();
+
 // fn(rank) on one thread per rank (the rank's GPU current), all at once.
 void on_ranks(int size, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;

@@ -97,12 +97,12 @@ class Rank final : public TpComm {
  private:
   int rank_, size_;
   ncclComm_t comm_;
-  const std::atomic<bool>& aborted_;
-  bool skip_;  // SPECULA_TP_ALLREDUCE=skip: no communication (a benchmark's step without it)
-  bool fused_ = true;  // SPECULA_TP_FUSED=0 turns the fused add + norm off (to measure it)
   cuda_kernels::PeerAllReduceArgs peer_;
   int64_t peer_max_floats_;
   bool force_nccl_;
+  const std::atomic<bool>& aborted_;
+  bool skip_;  // SPECULA_TP_ALLREDUCE=skip: no communication (a benchmark's step without it)
+  bool fused_ = true;  // SPECULA_TP_FUSED=0 turns the fused add + norm off (to measure it)
 };
 
 }  // namespace
