@@ -224,9 +224,16 @@ class TensorParallelModel final : public Model {
   // SPECULA_TP_ONE_DEVICE=1: every rank on GPU 0 (tests of the tensor-parallel model on a machine
   // with one GPU): peer all-reduce only, and non-blocking model streams, so that no legacy-stream
   // copy of one rank waits behind another rank's spinning all-reduce.
+  // Ranks sharing a GPU also need every kernel loaded up front: a rank's first launch of a
+  // kernel under lazy loading may wait for the GPU's running kernels, among them the other rank's
+  // all-reduce that spins for this rank (two GPUs do not share a context, so they need not).
   static bool one_device() {
     const char* v = std::getenv("SPECULA_TP_ONE_DEVICE");
-    return v != nullptr && std::string(v) == "1";
+    if (v == nullptr || std::string(v) != "1") return false;
+    const char* loading = std::getenv("CUDA_MODULE_LOADING");
+    SPECULA_CHECK(loading != nullptr && std::string(loading) == "EAGER",
+                  "SPECULA_TP_ONE_DEVICE=1 needs CUDA_MODULE_LOADING=EAGER, set before the process starts");
+    return true;
   }
   static std::unique_ptr<TpGroup> make_group(int size) {
     return std::make_unique<TpGroup>(size, int64_t{1} << 20, one_device());
