@@ -46,9 +46,6 @@ struct ForwardRequest {
   // above -inf) instead of the logits: GPU models find them on the device, download only the ids
   // and leave logits as it was; CPU models fill logits too.
   std::vector<int32_t>* greedy_ids = nullptr;
-  // With greedy_ids on a GPU model (optional): each row's greedy logit too (-inf for -1), which
-  // tensor parallelism compares across the ranks' vocabulary shards.
-  std::vector<float>* greedy_values = nullptr;
   // With greedy_ids (optional): fills the tokens each returned row may pick (TokenBitmaskFill);
   // its row's greedy token is then the argmax over those alone, -1 where none is above -inf.
   TokenBitmaskFill token_bitmask;

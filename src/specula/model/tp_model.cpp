@@ -311,7 +311,7 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
   SPECULA_CHECK(kv_[0] != nullptr, "the tensor-parallel model's KV cache was not created (create_kv_cache)");
   check_usable();
   const auto n = static_cast<size_t>(size_);
-  std::vector<std::vector<float>> part_logits(n), part_values(n);
+  std::vector<std::vector<float>> part_logits(n);
   std::vector<std::vector<int32_t>> part_ids(n);
   const bool greedy = r.greedy_ids != nullptr;
   // Structured output's masks: filled once, on this thread, while the ranks run; each rank's
@@ -343,11 +343,8 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
                                        static_cast<cudaEvent_t>(rank0_event_), 0));
       }
     }
-    if (greedy) {
-      // Every rank's greedy tokens are already the whole vocabulary's (combined on the devices).
-      rr.greedy_ids = &part_ids[k];
-      rr.greedy_values = r.greedy_values != nullptr ? &part_values[k] : nullptr;
-    }
+    // Every rank's greedy tokens are already the whole vocabulary's (combined on the devices).
+    if (greedy) rr.greedy_ids = &part_ids[k];
     if (r.token_bitmask) {
       const TpRange v = layouts_[k].vocab;
       rr.token_bitmask = [&, v](std::span<uint32_t> out) {
@@ -377,7 +374,6 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
   finish();
   if (greedy) {
     *r.greedy_ids = std::move(part_ids[0]);
-    if (r.greedy_values != nullptr) *r.greedy_values = std::move(part_values[0]);
     return;
   }
   const auto V = static_cast<size_t>(config_.vocab_size);

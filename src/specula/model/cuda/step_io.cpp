@@ -66,7 +66,7 @@ const uint32_t* upload_token_bitmask(const TokenBitmaskFill& fill, GreedyBuffers
 }  // namespace
 
 void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
-                   std::vector<int32_t>* greedy_ids, std::vector<float>* greedy_values,
+                   std::vector<int32_t>* greedy_ids,
                    const TokenBitmaskFill& token_bitmask, GreedyBuffers& greedy,
                    HiddenCapture* capture, const float* captured_states,
                    Device device, cudaStream_t s, const std::function<void()>& before_wait, cudaEvent_t done,
@@ -74,9 +74,7 @@ void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int voc
   const size_t captured = capture != nullptr ? capture->data.size() : 0;
   const auto count = static_cast<size_t>(rows) * static_cast<size_t>(greedy_ids != nullptr ? 1 : vocab);
   const size_t item = greedy_ids != nullptr ? sizeof(int32_t) : sizeof(float);
-  const bool values = greedy_ids != nullptr && greedy_values != nullptr;
-  const size_t value_bytes = values ? count * sizeof(float) : 0;
-  auto* host = static_cast<unsigned char*>(pinned.reserve(captured * sizeof(float) + count * item + value_bytes));
+  auto* host = static_cast<unsigned char*>(pinned.reserve(captured * sizeof(float) + count * item));
   if (captured > 0) {
     CUDA_CHECK(cudaMemcpyAsync(host, captured_states, captured * sizeof(float), cudaMemcpyDeviceToHost, s));
   }
@@ -85,21 +83,17 @@ void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int voc
     Buffer& ids = greedy.ids;
     if (ids.data() == nullptr || ids.numel() < rows) ids = Buffer(DType::i32, {std::max<int64_t>(rows, 1)}, device);
     const uint32_t* allowed = upload_token_bitmask(token_bitmask, greedy, rows, vocab, device, s);
+    // The combine compares the rows' best logits too.
     Buffer& vals = greedy.values;
-    const bool need_values = values || combine;
-    if (need_values && (vals.data() == nullptr || vals.numel() < rows)) {
+    if (combine && (vals.data() == nullptr || vals.numel() < rows)) {
       vals = Buffer(DType::f32, {std::max<int64_t>(rows, 1)}, device);
     }
     cuda_kernels::argmax_rows(src, rows, vocab, ids.data_as<int32_t>(), s, allowed,
-                              need_values ? vals.data_as<float>() : nullptr);
+                              combine ? vals.data_as<float>() : nullptr);
     if (combine) combine(ids.data_as<int32_t>(), vals.data_as<float>(), rows);
     results = ids.data();
   }
   CUDA_CHECK(cudaMemcpyAsync(host + captured * sizeof(float), results, count * item, cudaMemcpyDeviceToHost, s));
-  if (values) {
-    CUDA_CHECK(cudaMemcpyAsync(host + captured * sizeof(float) + count * item, greedy.values.data(), value_bytes,
-                               cudaMemcpyDeviceToHost, s));
-  }
   if (before_wait) {
     SPECULA_CHECK(done != nullptr, "download_step: work queued before the wait needs an event to wait on");
     CUDA_CHECK(cudaEventRecord(done, s));
@@ -112,10 +106,6 @@ void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int voc
   if (greedy_ids != nullptr) {
     const auto* first = reinterpret_cast<const int32_t*>(host + captured * sizeof(float));
     greedy_ids->assign(first, first + count);
-    if (values) {
-      const auto* v = reinterpret_cast<const float*>(host + captured * sizeof(float) + count * item);
-      greedy_values->assign(v, v + count);
-    }
   } else {
     const auto* first = reinterpret_cast<const float*>(host + captured * sizeof(float));
     logits.assign(first, first + count);

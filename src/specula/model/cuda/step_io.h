@@ -38,7 +38,7 @@ std::vector<int32_t> logit_rows(const ForwardBatch& batch, bool all_tokens);
 // as steps need.
 struct GreedyBuffers {
   Buffer ids;
-  Buffer values;  // each row's greedy logit, when asked for
+  Buffer values;  // each row's greedy logit, for tensor parallelism's combine
   PinnedBuffer mask_host;
   Buffer mask_device;
 };
@@ -55,9 +55,8 @@ struct GreedyBuffers {
 // combine (optional, with greedy_ids): queued on s after the device argmax, over the device ids and
 // values of the rows, before anything reads them (tensor parallelism: the ranks' parts combined).
 using GreedyCombine = std::function<void(int32_t* ids, float* values, int64_t rows)>;
-// greedy_values (optional, with greedy_ids): each row's greedy logit too.
 void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
-                   std::vector<int32_t>* greedy_ids, std::vector<float>* greedy_values,
+                   std::vector<int32_t>* greedy_ids,
                    const TokenBitmaskFill& token_bitmask, GreedyBuffers& greedy,
                    HiddenCapture* capture, const float* captured_states,
                    Device device, cudaStream_t s, const std::function<void()>& before_wait = {},
