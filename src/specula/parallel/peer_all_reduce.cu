@@ -26,13 +26,49 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 
+// This call's epoch for block b (its previous one + 1), shared by the block.
+__device__ __forceinline__ uint32_t block_epoch(const PeerAllReduceArgs& a, int b, uint32_t* shared) {
+  if (threadIdx.x == 0) *shared = a.counters[b] + 1;
+  __syncthreads();
+  return *shared;
+}
+
+// After the block's writes to its staging half: thread p < size raises this rank's flag in rank
+// p's memory, then waits for rank p's flag in ours (epochs wrap after 2^32 calls: compared by
+// difference); the block goes on once every peer's block b has staged its part.
+__device__ __forceinline__ void handshake(const PeerAllReduceArgs& a, int b, uint32_t epoch) {
+  __syncthreads();
+  const int p = static_cast<int>(threadIdx.x);
+  if (p < a.size && p != a.rank) {
+    store_release_sys(a.flags[p] + a.rank * kPeerMaxBlocks + b, epoch);
+    const uint32_t* flag = a.flags[a.rank] + p * kPeerMaxBlocks + b;
+    const uint64_t start = global_ns();
+    while (static_cast<int32_t>(load_acquire_sys(flag) - epoch) < 0) {
+      if (global_ns() - start > static_cast<uint64_t>(kPeerWaitSeconds * 1e9)) __trap();
+    }
+  }
+  __syncthreads();
+}
+
+// The sum over ranks, in rank order (every rank gets the same bits), of float4 i of the staging
+// halves at `half`.
+__device__ __forceinline__ float4 peer_sum(const PeerAllReduceArgs& a, int64_t half, int64_t i) {
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int p = 0; p < a.size; ++p) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(a.staging[p]) + half + i);
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  return acc;
+}
+
 __global__ void __launch_bounds__(kThreads) peer_all_reduce_kernel(PeerAllReduceArgs a, float4* data, int64_t count4) {
   __shared__ uint32_t epoch_shared;
   const int b = static_cast<int>(blockIdx.x);
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid == 0) epoch_shared = a.counters[b] + 1;
-  __syncthreads();
-  const uint32_t epoch = epoch_shared;
+  const uint32_t epoch = block_epoch(a, b, &epoch_shared);
   const int64_t half = (epoch & 1u) != 0 ? a.capacity / 4 : 0;
   // Slices of whole 512-float4 chunks: a small message occupies the first blocks only.
   const int64_t chunks = (count4 + kThreads - 1) / kThreads;
@@ -41,29 +77,8 @@ __global__ void __launch_bounds__(kThreads) peer_all_reduce_kernel(PeerAllReduce
   const int64_t end = begin + per < count4 ? begin + per : count4;
   float4* mine = reinterpret_cast<float4*>(a.staging[a.rank]) + half;
   for (int64_t i = begin + tid; i < end; i += kThreads) mine[i] = data[i];
-  __syncthreads();
-  // Thread p < size talks to rank p: raise our flag in its memory, then wait for its flag in ours.
-  if (tid < a.size && tid != a.rank) {
-    store_release_sys(a.flags[tid] + a.rank * kPeerMaxBlocks + b, epoch);
-    const uint32_t* flag = a.flags[a.rank] + tid * kPeerMaxBlocks + b;
-    const uint64_t start = global_ns();
-    // Epochs wrap after 2^32 calls: compare by difference.
-    while (static_cast<int32_t>(load_acquire_sys(flag) - epoch) < 0) {
-      if (global_ns() - start > static_cast<uint64_t>(kPeerWaitSeconds * 1e9)) __trap();
-    }
-  }
-  __syncthreads();
-  for (int64_t i = begin + tid; i < end; i += kThreads) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int p = 0; p < a.size; ++p) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(a.staging[p]) + half + i);
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
-    }
-    data[i] = acc;
-  }
+  handshake(a, b, epoch);
+  for (int64_t i = begin + tid; i < end; i += kThreads) data[i] = peer_sum(a, half, i);
   if (tid == 0) a.counters[b] = epoch;
 }
 
@@ -89,24 +104,13 @@ __global__ void __launch_bounds__(kThreads) peer_add_norm_kernel(PeerAllReduceAr
   __shared__ float partial[kThreads / 32];
   const int b = static_cast<int>(blockIdx.x);
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid == 0) epoch_shared = a.counters[b] + 1;
-  __syncthreads();
-  const uint32_t epoch = epoch_shared;
+  const uint32_t epoch = block_epoch(a, b, &epoch_shared);
   const int64_t half = (epoch & 1u) != 0 ? a.capacity / 4 : 0;
   float4* mine = reinterpret_cast<float4*>(a.staging[a.rank]) + half;
   for (int64_t r = b; r < rows; r += gridDim.x) {
     for (int i = tid; i < width4; i += kThreads) mine[r * width4 + i] = o[r * width4 + i];
   }
-  __syncthreads();
-  if (tid < a.size && tid != a.rank) {
-    store_release_sys(a.flags[tid] + a.rank * kPeerMaxBlocks + b, epoch);
-    const uint32_t* flag = a.flags[a.rank] + tid * kPeerMaxBlocks + b;
-    const uint64_t start = global_ns();
-    while (static_cast<int32_t>(load_acquire_sys(flag) - epoch) < 0) {
-      if (global_ns() - start > static_cast<uint64_t>(kPeerWaitSeconds * 1e9)) __trap();
-    }
-  }
-  __syncthreads();
+  handshake(a, b, epoch);
   float4* x = reinterpret_cast<float4*>(norm.x);
   const float4* w = reinterpret_cast<const float4*>(norm.w);
   float4* y = reinterpret_cast<float4*>(norm.y);
@@ -114,14 +118,7 @@ __global__ void __launch_bounds__(kThreads) peer_add_norm_kernel(PeerAllReduceAr
   for (int64_t r = b; r < rows; r += gridDim.x) {
     float sum = 0.0f;
     for (int i = tid; i < width4; i += kThreads) {
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int p = 0; p < a.size; ++p) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(a.staging[p]) + half + r * width4 + i);
-        acc.x += v.x;
-        acc.y += v.y;
-        acc.z += v.z;
-        acc.w += v.w;
-      }
+      const float4 acc = peer_sum(a, half, r * width4 + i);
       float4 v = x[r * width4 + i];
       v.x += acc.x;
       v.y += acc.y;
