@@ -246,13 +246,7 @@ void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool 
   SPECULA_CHECK(capture == nullptr || capture->download || model_->on_gpu(),
                 "{}: hidden states kept on the device need a model on the GPU", config().architecture);
   SPECULA_ASSERT(!token_bitmask || greedy_ids != nullptr);
-  ForwardRequest request;
-  request.all_tokens = all_tokens;
-  request.capture = capture;
-  request.greedy_ids = greedy_ids;
-  request.token_bitmask = token_bitmask;
-  request.use_cuda_graph = use_cuda_graph_;
-  model_->forward(batch, logits, request);
+  model_->forward(batch, logits, {all_tokens, capture, greedy_ids, token_bitmask, use_cuda_graph_});
   if (greedy_ids != nullptr && !model_->on_gpu()) greedy_rows(logits, config().vocab_size, *greedy_ids, token_bitmask);
 }
 
