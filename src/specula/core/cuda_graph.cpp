@@ -14,7 +14,15 @@ CudaGraph::CudaGraph(void* stream, const std::function<void()>& launches) {
   const auto s = static_cast<cudaStream_t>(stream);
   cudaGraph_t graph = nullptr;
   CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  launches();
+  try {
+    launches();
+  } catch (...) {
+    // A capture left open poisons the device: every later synchronising call, on any stream,
+    // fails with "operation not permitted when stream is capturing". End it before rethrowing.
+    if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    throw;
+  }
   CUDA_CHECK(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t exec = nullptr;
   const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);

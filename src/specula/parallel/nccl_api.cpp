@@ -41,6 +41,8 @@ const NcclApi& nccl_api() {
       bind(library, "ncclCommAbort", api.comm_abort);
       bind(library, "ncclGetErrorString", api.error_string);
       bind(library, "ncclGetVersion", api.get_version);
+      bind(library, "ncclGroupStart", api.group_start);
+      bind(library, "ncclGroupEnd", api.group_end);
     } catch (const Error& e) {
       error = e.what();
       api = {};

@@ -14,6 +14,8 @@ struct NcclApi {
   decltype(&ncclCommAbort) comm_abort = nullptr;
   decltype(&ncclGetErrorString) error_string = nullptr;
   decltype(&ncclGetVersion) get_version = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
 };
 
 // The loaded library's entry points; throws specula::Error naming the library and dlerror()

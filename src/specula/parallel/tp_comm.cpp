@@ -120,6 +120,9 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
   // NVLink multicast (NVLS) stays off unless the user turned it on: on shared hosts it can take
   // the GPUs out of service, and a one-node all-reduce of two to eight GPUs does not need it.
   setenv("NCCL_NVLS_ENABLE", "0", 0);
+  // NCCL otherwise connects ranks at a communicator's first collective of each kind; when that
+  // first collective is inside a CUDA-graph capture it fails ("internal error", seen on two H200s).
+  setenv("NCCL_RUNTIME_CONNECT", "0", 0);
   State& st = *state_;
   st.comms.resize(static_cast<size_t>(size));
   std::vector<int> devs(static_cast<size_t>(size));
@@ -152,6 +155,27 @@ TpGroup::TpGroup(int size, int64_t peer_max_bytes, bool one_device)
     st.allocation_devices.push_back(device);
     return p;
   };
+  if (!one_device && size > 1) {
+    // One small and one large all-reduce per rank, eagerly: whatever NCCL still sets up on first
+    // use (protocol buffers, proxy state) then happens outside any later graph capture.
+    const int64_t floats = int64_t{1} << 20;
+    std::vector<float*> scratch(static_cast<size_t>(size), nullptr);
+    for (int r = 0; r < size; ++r) scratch[static_cast<size_t>(r)] = static_cast<float*>(alloc(r, floats * sizeof(float)));
+    for (int64_t count : {int64_t{1024}, floats}) {
+      NCCL_CHECK(nccl_api().group_start());
+      for (int r = 0; r < size; ++r) {
+        CUDA_CHECK(cudaSetDevice(r));
+        const auto k = static_cast<size_t>(r);
+        NCCL_CHECK(nccl_api().all_reduce(scratch[k], scratch[k], static_cast<size_t>(count), ncclFloat32, ncclSum,
+                                         st.comms[k], nullptr));
+      }
+      NCCL_CHECK(nccl_api().group_end());
+    }
+    for (int r = 0; r < size; ++r) {
+      CUDA_CHECK(cudaSetDevice(r));
+      CUDA_CHECK(cudaDeviceSynchronize());
+    }
+  }
   std::vector<uint32_t*> counters(static_cast<size_t>(size), nullptr);
   if (peer_access_) {
     for (int i = 0; i < size && !one_device; ++i) {

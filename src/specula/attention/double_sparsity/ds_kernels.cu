@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_smem.h"
 
 namespace specula::ds_cuda {
 namespace {
@@ -371,12 +372,7 @@ void run(const SparseDecode& p, cudaStream_t s) {
   CUDA_CHECK(cudaGetLastError());
   const int cache_keys = p.max_kv_len <= kCachedKeys ? p.max_kv_len : 0;
   const size_t smem = static_cast<size_t>(cache_keys) * sizeof(uint32_t);
-  static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(top_k_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kCachedKeys * sizeof(uint32_t))));
-    return true;
-  }();
-  (void)configured;
+  raise_dynamic_smem(top_k_kernel, kCachedKeys * sizeof(uint32_t));
   top_k_kernel<<<static_cast<unsigned>(rows), kTopKThreads, smem, s>>>(p, cache_keys);
   CUDA_CHECK(cudaGetLastError());
   const int group = p.q_heads / p.kv_heads;

@@ -18,6 +18,7 @@
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
+#include "specula/core/cuda_smem.h"
 #include "specula/core/error.h"
 #include "specula/model/cuda/activation.cuh"
 #include "specula/model/cuda/moe_kernels.h"
@@ -266,12 +267,7 @@ __global__ void __launch_bounds__(T::threads, kFp8 ? 1 : T::min_blocks) moe_gemm
 
 template <class T, bool kFp8>
 void launch_as(const MoeGemmParams& p, cudaStream_t s) {
-  static bool raised = false;
-  if (!raised) {
-    CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel<T, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(T::smem_bytes)));
-    raised = true;
-  }
+  raise_dynamic_smem(moe_gemm_kernel<T, kFp8>, T::smem_bytes);
   SPECULA_CHECK(p.max_blocks <= 65535, "moe_gemm: {} row blocks (at most 65535)", p.max_blocks);
   const dim3 grid(static_cast<unsigned>((p.n + T::bn - 1) / T::bn), static_cast<unsigned>(p.max_blocks));
   launch_pdl(moe_gemm_kernel<T, kFp8>, grid, T::threads, T::smem_bytes, s, p);

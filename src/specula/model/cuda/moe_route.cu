@@ -8,6 +8,7 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
+#include "specula/core/cuda_smem.h"
 #include "specula/core/error.h"
 #include "specula/model/cuda/moe_kernels.h"
 
@@ -218,12 +219,7 @@ void moe_route(const MoeRouteParams& p, cudaStream_t s) {
                 p.experts, p.groups, p.top_groups, p.top_k, kMaxRouteExperts, kMaxRouteGroups);
   const auto blocks = static_cast<unsigned>((p.n + kRouteWarps - 1) / kRouteWarps);
   const size_t smem = sizeof(float) * kRouteWarps * (2 * p.experts + kMaxRouteGroups);
-  static bool raised = false;
-  if (!raised) {
-    CUDA_CHECK(cudaFuncSetAttribute(route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(sizeof(float) * kRouteWarps * (2 * kMaxRouteExperts + kMaxRouteGroups))));
-    raised = true;
-  }
+  raise_dynamic_smem(route_kernel, sizeof(float) * kRouteWarps * (2 * kMaxRouteExperts + kMaxRouteGroups));
   launch_pdl(route_kernel, blocks, kRouteWarps * 32, smem, s, p);
   CUDA_CHECK(cudaGetLastError());
 }

@@ -19,6 +19,7 @@
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
+#include "specula/core/cuda_smem.h"
 
 namespace specula::cuda_kernels {
 
@@ -364,12 +365,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
 template <typename Q, typename T, typename KV, int D, int kWarps>
 void launch_warps(const AttentionParams& p, const DecodeSplit& split, cudaStream_t stream) {
   constexpr size_t smem = Shape<T, KV, D, kWarps>::kSmemBytes;
-  static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<Q, T, KV, D, kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
-    return true;
-  }();
-  (void)configured;
+  raise_dynamic_smem(decode_kernel<Q, T, KV, D, kWarps>, smem);
   const int group = p.num_q_heads / p.num_kv_heads;
   const int head_blocks = (group + kDecodeHeadsPerBlock - 1) / kDecodeHeadsPerBlock;
   const dim3 grid(p.num_kv_heads * head_blocks, split.num_splits, p.num_seqs);

@@ -20,6 +20,7 @@
 #include "specula/attention/cuda/kernels/prefill_epilogue.cuh"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
+#include "specula/core/cuda_smem.h"
 
 namespace specula::cuda_kernels {
 
@@ -245,12 +246,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const AttentionParams
 template <typename T, typename KV, int D>
 void launch_typed(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
   constexpr size_t smem = Traits<T, KV, D>::kSmemBytes;
-  static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<T, KV, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
-    return true;
-  }();
-  (void)configured;
+  raise_dynamic_smem(prefill_kernel<T, KV, D>, smem);
   const dim3 grid(static_cast<unsigned>(work.num_items), static_cast<unsigned>(p.num_q_heads));
   launch_pdl(prefill_kernel<T, KV, D>, grid, kThreads, smem, stream, p, work);
 }

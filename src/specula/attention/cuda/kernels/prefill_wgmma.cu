@@ -35,6 +35,7 @@
 #include "specula/attention/cuda/kernels/wgmma.cuh"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
+#include "specula/core/cuda_smem.h"
 
 namespace specula::cuda_kernels {
 
@@ -421,12 +422,7 @@ CUtensorMap ragged_map(const void* base, int width, int heads, int64_t rows, con
 template <typename T, int DK, int DV>
 void launch_typed(const AttentionParams& p, const PrefillWork& work, cudaStream_t stream) {
   constexpr size_t smem = Layout<DK, DV>::kSmemBytes;
-  static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(prefill_wgmma_kernel<T, DK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
-    return true;
-  }();
-  (void)configured;
+  raise_dynamic_smem(prefill_wgmma_kernel<T, DK, DV>, smem);
   CUtensorMap k_map{};
   CUtensorMap v_map{};
   if (p.kv_row_start != nullptr) {

@@ -22,6 +22,7 @@
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/mla/cuda/kernels/block_topk.cuh"
 #include "specula/core/cuda_check.h"
+#include "specula/core/cuda_smem.h"
 
 namespace specula::cuda_kernels {
 
@@ -304,15 +305,8 @@ void launch_indexer_select(const IndexerParams& p, cudaStream_t stream) {
   const IndexerConfig c = select_indexer(p);
   require_launchable(p, c, /*scores=*/false, /*select=*/true);
   if (p.num_tokens == 0) return;
-  // Once per process, the most any supported topk needs (cudaFuncSetAttribute is host-side state,
-  // so later launches, captured ones included, need no call).
-  static const bool configured = [] {
-    const size_t most = block_topk::smem_bytes(kIndexerMaxTopk);
-    CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(most)));
-    return true;
-  }();
-  (void)configured;
+  // The most any supported topk needs, so later launches, captured ones included, need no call.
+  raise_dynamic_smem(indexer_select_kernel, block_topk::smem_bytes(kIndexerMaxTopk));
   indexer_select_kernel<<<static_cast<unsigned>(p.num_tokens), block_topk::kThreads, c.select_smem_bytes, stream>>>(
       p, indexer_score_stride(p.max_kv_len));
   CUDA_CHECK(cudaGetLastError());

@@ -42,6 +42,7 @@
 #include "specula/attention/mla/cuda/kernels/mla_stages.cuh"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
+#include "specula/core/cuda_smem.h"
 
 namespace specula::cuda_kernels {
 
@@ -438,9 +439,7 @@ void launch_mla_attention(const MlaAttentionParams& params, cudaStream_t stream)
   const auto kernel = paired            ? mla_attention_kernel<true, true>
                       : params.fp8 != 0 ? mla_attention_kernel<true, false>
                                         : mla_attention_kernel<false, false>;
-  // The attribute belongs to the current device's context: set on every launch (it is cheap), so a
-  // second GPU in the process gets it too.
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layout::bytes));
+  raise_dynamic_smem(kernel, Layout::bytes);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(params.max_items));
   config.blockDim = dim3(kThreads);
