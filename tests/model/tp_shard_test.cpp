@@ -108,7 +108,8 @@ TEST(TpLayout, RefusalsNameTheValueAndWhatWouldDivide) {
   EXPECT_NE(message(llama_shape(8, 8, 64, 1000), 0).find("--tp-size 0"), std::string::npos);
   ModelConfig mla = llama_shape(8, 8, 64, 1000);
   mla.mla.kv_lora_rank = 64;
-  EXPECT_NE(message(mla, 2).find("multi-head latent attention"), std::string::npos);
+  EXPECT_EQ(message(mla, 2), "no error");
+  EXPECT_NE(message(mla, 3).find("8 attention heads"), std::string::npos);
   ModelConfig moe = llama_shape(8, 8, 64, 1000);
   moe.moe.n_routed_experts = 4;
   moe.moe.moe_intermediate_size = 30;
@@ -265,6 +266,92 @@ TEST(TpShardWeights, ExpertsSplitByTheirIntermediateColumns) {
       }
     }
     EXPECT_EQ(values(sw.get("model.layers.0.mlp.gate.weight", {2, h})), w.tensors.at("model.layers.0.mlp.gate.weight").second);
+  }
+}
+
+// DeepSeek's multi-head latent attention: the per-head up-projections (q_b_proj, or q_proj
+// without a q LoRA, and kv_b_proj) split by head, o_proj by the heads' value columns; the latent
+// down-projections and norms whole on every rank; the shared experts split like a dense MLP of
+// n_shared_experts x moe_intermediate_size. Checked as in the dense test: concatenated
+// column-parallel outputs equal the whole product's, row-parallel partial sums add up.
+TEST(TpShardWeights, LatentAttentionSplitsByHeadAndSharedExpertsByColumns) {
+  std::mt19937 rng(52u);
+  ModelConfig c = llama_shape(8, 8, 96, 300);
+  c.architecture = "DeepseekV2ForCausalLM";
+  c.mla.q_lora_rank = 24;
+  c.mla.kv_lora_rank = 32;
+  c.mla.qk_nope_head_dim = 16;
+  c.mla.qk_rope_head_dim = 8;
+  c.mla.v_head_dim = 12;
+  c.moe.n_routed_experts = 4;
+  c.moe.n_shared_experts = 2;
+  c.moe.moe_intermediate_size = 20;
+  const int64_t h = c.hidden_size, H = c.num_attention_heads, qk = 24, kvb = 28, vd = 12, S = 40;
+  const int64_t R = c.mla.kv_lora_rank, rope = c.mla.qk_rope_head_dim;
+  MapWeights w;
+  const std::string p = "model.layers.0.";
+  w.add(rng, p + "self_attn.q_a_proj.weight", {24, h});
+  w.add(rng, p + "self_attn.q_a_layernorm.weight", {24});
+  w.add(rng, p + "self_attn.q_b_proj.weight", {H * qk, 24});
+  w.add(rng, p + "self_attn.q_proj.weight", {H * qk, h});
+  w.add(rng, p + "self_attn.kv_a_proj_with_mqa.weight", {R + rope, h});
+  w.add(rng, p + "self_attn.kv_a_layernorm.weight", {R});
+  w.add(rng, p + "self_attn.kv_b_proj.weight", {H * kvb, R});
+  w.add(rng, p + "self_attn.o_proj.weight", {h, H * vd});
+  w.add(rng, p + "mlp.shared_experts.gate_proj.weight", {S, h});
+  w.add(rng, p + "mlp.shared_experts.up_proj.weight", {S, h});
+  w.add(rng, p + "mlp.shared_experts.down_proj.weight", {h, S});
+  w.add(rng, p + "mlp.gate.weight", {4, h});
+  auto whole = [&](const std::string& name) { return values(w.get(name, w.tensors.at(name).first)); };
+  std::normal_distribution<double> d(0.0, 1.0);
+  auto random = [&](int64_t n) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (double& x : v) x = d(rng);
+    return v;
+  };
+  const std::vector<double> x = random(h), qa = random(24), kv_c = random(R), a = random(H * vd), m = random(S);
+  const std::vector<double> qb_whole = matvec(whole(p + "self_attn.q_b_proj.weight"), qa, H * qk);
+  const std::vector<double> q_whole = matvec(whole(p + "self_attn.q_proj.weight"), x, H * qk);
+  const std::vector<double> kvb_whole = matvec(whole(p + "self_attn.kv_b_proj.weight"), kv_c, H * kvb);
+  const std::vector<double> gate_whole = matvec(whole(p + "mlp.shared_experts.gate_proj.weight"), x, S);
+  const std::vector<double> o_whole = matvec(whole(p + "self_attn.o_proj.weight"), a, h);
+  const std::vector<double> down_whole = matvec(whole(p + "mlp.shared_experts.down_proj.weight"), m, h);
+  for (int tp : {2, 4}) {
+    std::vector<double> qb_cat, q_cat, kvb_cat, gate_cat, o_sum(static_cast<size_t>(h), 0.0), down_sum(static_cast<size_t>(h), 0.0);
+    for (int r = 0; r < tp; ++r) {
+      const ModelConfig sc = tp_shard_config(c, {r, tp});
+      const TpLayout l = tp_layout(c, {r, tp});
+      const TpShardWeights sw(w, c, {r, tp});
+      const int64_t Hl = sc.num_attention_heads, Sl = static_cast<int64_t>(sc.moe.n_shared_experts) * sc.moe.moe_intermediate_size;
+      ASSERT_EQ(Hl, H / tp);
+      ASSERT_EQ(Sl, S / tp);
+      EXPECT_EQ(sc.mla.kv_lora_rank, R);
+      const auto append = [](std::vector<double>& to, const std::vector<double>& part) { to.insert(to.end(), part.begin(), part.end()); };
+      append(qb_cat, matvec(values(sw.get(p + "self_attn.q_b_proj.weight", {Hl * qk, 24})), qa, Hl * qk));
+      append(q_cat, matvec(values(sw.get(p + "self_attn.q_proj.weight", {Hl * qk, h})), x, Hl * qk));
+      append(kvb_cat, matvec(values(sw.get(p + "self_attn.kv_b_proj.weight", {Hl * kvb, R})), kv_c, Hl * kvb));
+      append(gate_cat, matvec(values(sw.get(p + "mlp.shared_experts.gate_proj.weight", {Sl, h})), x, Sl));
+      const std::vector<double> a_part(a.begin() + l.q_heads.begin * vd, a.begin() + l.q_heads.end * vd);
+      const std::vector<double> m_part(m.begin() + r * Sl, m.begin() + (r + 1) * Sl);
+      const std::vector<double> o_part = matvec(values(sw.get(p + "self_attn.o_proj.weight", {h, Hl * vd})), a_part, h);
+      const std::vector<double> d_part = matvec(values(sw.get(p + "mlp.shared_experts.down_proj.weight", {h, Sl})), m_part, h);
+      for (int64_t i = 0; i < h; ++i) {
+        o_sum[static_cast<size_t>(i)] += o_part[static_cast<size_t>(i)];
+        down_sum[static_cast<size_t>(i)] += d_part[static_cast<size_t>(i)];
+      }
+      for (const char* n : {"self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_layernorm.weight",
+                            "self_attn.q_a_layernorm.weight", "mlp.gate.weight"}) {
+        EXPECT_EQ(values(sw.get(p + n, w.tensors.at(p + n).first)), whole(p + n)) << n;
+      }
+    }
+    for (size_t i = 0; i < qb_whole.size(); ++i) EXPECT_NEAR(qb_cat[i], qb_whole[i], 1e-9) << "tp " << tp;
+    for (size_t i = 0; i < q_whole.size(); ++i) EXPECT_NEAR(q_cat[i], q_whole[i], 1e-9) << "tp " << tp;
+    for (size_t i = 0; i < kvb_whole.size(); ++i) EXPECT_NEAR(kvb_cat[i], kvb_whole[i], 1e-9) << "tp " << tp;
+    for (size_t i = 0; i < gate_whole.size(); ++i) EXPECT_NEAR(gate_cat[i], gate_whole[i], 1e-9) << "tp " << tp;
+    for (int64_t i = 0; i < h; ++i) {
+      EXPECT_NEAR(o_sum[static_cast<size_t>(i)], o_whole[static_cast<size_t>(i)], 1e-9) << "tp " << tp;
+      EXPECT_NEAR(down_sum[static_cast<size_t>(i)], down_whole[static_cast<size_t>(i)], 1e-9) << "tp " << tp;
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 // Tensor parallelism on two or more GPUs: the peer all-reduce and NCCL against the host's float64
 // sum (eagerly, many calls in a row, and replayed from CUDA graphs), every rank getting the same
 // bits; TP=2 against TP=1 on tiny random checkpoints of each Llama-family variant (prompt logits
-// close, greedy output equal); speculative decoding under TP=2; and the start-up errors. On a
+// close, greedy output equal) and of DeepSeek's latent attention (also against float64); speculative decoding under TP=2; and the start-up errors. On a
 // machine with one GPU both ranks share it (TpGroup's one_device, SPECULA_TP_ONE_DEVICE for the
 // model: own threads and non-blocking streams, the peer protocol over buffers on that GPU, no
 // NCCL), so everything but NCCL, NVLink and the start-up errors is still checked.
@@ -21,6 +21,7 @@
 
 #include "cuda_test_support.h"
 #include "model/tiny_checkpoint.h"
+#include "model/tiny_deepseek.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_graph.h"
 #include "specula/core/device.h"
@@ -457,6 +458,78 @@ TEST_P(CudaTpModel, TwoGpusMatchOne) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, CudaTpModel, ::testing::ValuesIn(variants()),
                          [](const ::testing::TestParamInfo<Variant>& i) { return i.param.name; });
+
+// DeepSeek's multi-head latent attention under TP=2: heads split, the latent KV cache whole on
+// each GPU; dense with a q LoRA, and mixtures of experts with shared experts (V2's softmax
+// greedy routing, V3's sigmoid noaux_tc). TP=2's prompt logits within the experts' bf16 rounding
+// of TP=1's, both against the float64 reference as the one-GPU DeepSeek tests hold them, and
+// TP=2's greedy steps equal the reference's wherever its top two are clear.
+TEST(CudaTp, LatentAttentionModelsMatchOneGpuAndFloat64) {
+  if (gpu_count() < 1) GTEST_SKIP() << "no CUDA device";
+  share_one_device_if_needed();
+  for (const std::string method : {"dense", "greedy", "noaux_tc"}) {
+    test::DeepseekShape shape;
+    shape.arch = method == "noaux_tc" ? "DeepseekV3ForCausalLM" : "DeepseekV2ForCausalLM";
+    shape.hidden = 128;
+    shape.heads = 16;
+    shape.kv_lora = 512;
+    shape.rope = 64;
+    shape.nope = 32;
+    shape.v = 32;
+    shape.q_lora = 64;
+    shape.layers = 3;
+    if (method != "dense") {
+      shape.first_dense = 1;
+      shape.experts = 8;
+      shape.top_k = 2;
+      shape.shared = 2;
+      shape.moe_inter = 64;
+      shape.topk_method = method;
+      shape.norm_topk = method == "noaux_tc";
+      shape.scaling = method == "noaux_tc" ? 2.5 : 1.0;
+    }
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 12; ++i) ids.push_back(static_cast<int32_t>(32 + (i * 41) % 200));
+    // A model whose routing of the prompt is clear of ties (rounding must not move a token to
+    // another expert), as the one-GPU MoE tests draw them.
+    const double clear = method == "noaux_tc" ? 3e-2 : 0.15;
+    uint32_t seed = static_cast<uint32_t>(testing::test_seed("cuda_tp_test")) + 11;
+    test::TinyDeepseek m;
+    double routing = 0;
+    for (int attempt = 0; attempt < 200 && routing < clear; ++attempt, ++seed) {
+      m = test::make_tiny_deepseek(shape, seed);
+      routing = INFINITY;
+      test::deepseek_reference_logits(m, MlaKVFormat::bf16, ids, &routing);
+    }
+    ASSERT_GE(routing, clear) << method << ": no model in 200 draws routes the prompt clear of ties";
+    const auto dir = std::filesystem::temp_directory_path() / ("specula_tp_mla_" + method + std::to_string(seed));
+    test::write_tiny_checkpoint(dir, test::deepseek_config(shape), m.weights);
+    GeneratorOptions o;
+    o.device = Device::cuda(0);
+    o.page_size = 16;
+    o.max_context_len = 128;
+    o.kv_cache_memory_gib = 0.25;
+    Generator one(dir, o);
+    o.tp_size = 2;
+    Generator two(dir, o);
+    const std::vector<float> a = one.prompt_logits(ids), b = two.prompt_logits(ids);
+    const std::vector<double> want = test::deepseek_reference_logits(m, MlaKVFormat::bf16, ids);
+    ASSERT_EQ(b.size(), want.size());
+    const test::LogitError err_one = test::logit_error(a, want), err_two = test::logit_error(b, want);
+    ASSERT_TRUE(err_two.finite) << method;
+    EXPECT_GT(err_two.max_abs, 0.5) << method;
+    EXPECT_LT(err_two.max_err, 4.5e-2 * std::max(1.0, err_two.max_abs)) << method;
+    const double between = test::logit_error(b, std::vector<double>(a.begin(), a.end())).max_err;
+    EXPECT_LT(between, 5e-3 * std::max(1.0, err_two.max_abs)) << method;
+    std::printf("MLA %s TP=2: max |logit| %.3f, error vs float64 %.2e (TP=1 %.2e), vs TP=1 %.2e\n", method.c_str(),
+                err_two.max_abs, err_two.max_err, err_one.max_err, between);
+    const test::GreedyCheck check = test::decode_and_check(two, m, MlaKVFormat::bf16, ids, 12, err_two, clear);
+    EXPECT_TRUE(check.mismatches.empty()) << method << ": " << check.mismatches.front();
+    EXPECT_GT(check.checked, 0) << method;
+    std::printf("MLA %s TP=2: %d greedy steps checked against float64\n", method.c_str(), check.checked);
+    std::filesystem::remove_all(dir);
+  }
+}
 
 // EAGLE and EAGLE-3 under TP=2 (the draft head on GPU 0, reading the hidden states rank 0
 // captures; the verify's greedy tokens combined across the ranks on the devices; accepted KV moved

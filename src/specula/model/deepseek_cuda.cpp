@@ -16,6 +16,7 @@
 #include "specula/model/cuda/mla_ops.h"
 #include "specula/model/cuda/model_ops.h"
 #include "specula/model/cuda/step_io.h"
+#include "specula/parallel/tp_comm.h"
 
 namespace specula {
 
@@ -23,7 +24,8 @@ namespace ck = cuda_kernels;
 
 DeepseekCudaModel::DeepseekCudaModel(std::unique_ptr<DeepseekModel> host, const ModelOptions& options,
                                      const WeightSource* experts)
-    : CudaDecoderExecutor(std::move(host), options.device, false) {
+    : CudaDecoderExecutor(std::move(host), options.device, false, options.vocab_begin, options.vocab_end,
+                          options.tp_comm, options.nonblocking_stream) {
   const Device device = device_;
   const ModelConfig& c = model().config();
   for (size_t i = 0; i < model().layers().size(); ++i) {
@@ -107,6 +109,14 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
   const TensorView out_view(out.data(), DType::bf16, {n, H, R}, device_);
   // Chosen by the backend for the whole step (init_forward_metadata).
   const bool expanded = backend.expanded_step();
+  // Tensor parallelism: o holds this rank's partial sum of a row-parallel product (o_proj, the
+  // MLP's or experts' down_proj). The all-reduce, the residual add and the norm after it are one
+  // peer kernel where it serves.
+  const auto add_norm = [&](float* part, const float* norm) {
+    if (tp_comm_ != nullptr && tp_comm_->all_reduce_add_rms_norm(part, n, h, x, norm, xn, eps, nullptr, 0, s)) return;
+    if (tp_comm_ != nullptr) tp_comm_->all_reduce(part, n * h, s);
+    ck::add_rms_norm_rows(x, part, norm, xn, n, h, eps, s);
+  };
 
   ends_->embed_rows(ids, x, n, 1.0f, s);
   ck::rms_norm_rows(x, layers_[0].input_norm.data_as<const float>(), xn, n, h, eps, s);
@@ -165,7 +175,7 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
                        true, values, static_cast<int64_t>(H) * vd, vd, n, R, vd, H);
     }
     linear(values, w.wo, Buffer{}, o, n, H * vd, h);
-    ck::add_rms_norm_rows(x, o, w.post_norm.data_as<const float>(), xn, n, h, eps, s);
+    add_norm(o, w.post_norm.data_as<const float>());
     if (w.moe != nullptr) {
       w.moe->forward(xn, o, n, linear, s);
     } else {
@@ -175,8 +185,9 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
     }
     // The residual add, fused with the next layer's input norm.
     if (l + 1 < layers_.size()) {
-      ck::add_rms_norm_rows(x, o, layers_[l + 1].input_norm.data_as<const float>(), xn, n, h, eps, s);
+      add_norm(o, layers_[l + 1].input_norm.data_as<const float>());
     } else {
+      if (tp_comm_ != nullptr) tp_comm_->all_reduce(o, n * h, s);
       ck::add_inplace(x, o, n * h, s);
     }
   }

@@ -131,6 +131,8 @@ class Model {
   // `full` as the runner would have made it (all KV heads).
   virtual bool owns_kv_cache() const { return false; }
   virtual void create_kv_cache(const KVPoolConfig& full) { (void)full; }
+  // The same for a latent (MLA) cache, which every GPU holds whole.
+  virtual void create_mla_kv_cache(const MLAKVPoolConfig& full) { (void)full; }
   // Copies every layer's K and V from slot src[i] to dst[i] in each shard of the cache the model
   // owns (speculative decoding moves accepted paths into place), ordered after the model's work.
   virtual void copy_kv_slots(std::span<const int32_t> src, std::span<const int32_t> dst) { (void)src, (void)dst; }

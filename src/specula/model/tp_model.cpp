@@ -22,6 +22,7 @@
 #include "specula/core/device_memory.h"
 #include "specula/core/error.h"
 #include "specula/kv/mha_kv_pool.h"
+#include "specula/kv/mla_kv_pool.h"
 #include "specula/model/cuda_models.h"
 #include "specula/model/tp_shard.h"
 #include "specula/parallel/tp_comm.h"
@@ -141,6 +142,7 @@ class TensorParallelModel final : public Model {
     for (int r = 0; r < size_; ++r) layouts_.push_back(tp_layout(config, {r, size_}));
     ranks_.resize(static_cast<size_t>(size_));
     kv_.resize(static_cast<size_t>(size_));
+    mla_kv_.resize(static_cast<size_t>(size_));
     // Every rank reads the source under one lock (a synthetic source's views are shared scratch);
     // each converts and uploads its own slices in parallel.
     auto lock = std::make_shared<std::mutex>();
@@ -193,11 +195,19 @@ class TensorParallelModel final : public Model {
       kv_[static_cast<size_t>(r)] = std::make_unique<MHAKVPool>(c);
     });
   }
+  void create_mla_kv_cache(const MLAKVPoolConfig& full) override {
+    run([&](int r) {
+      MLAKVPoolConfig c = full;
+      c.device = Device::cuda(group_->device(r));
+      mla_kv_[static_cast<size_t>(r)] = std::make_unique<MLAKVPool>(c);
+    });
+  }
 
   void capture_decode_graphs(const GraphSetup& setup, int max_tokens) override {
     run([&](int r) {
       GraphSetup g = setup;
       g.kv_pool = kv_[static_cast<size_t>(r)].get();
+      g.mla_kv_pool = mla_kv_[static_cast<size_t>(r)].get();
       ranks_[static_cast<size_t>(r)]->capture_decode_graphs(g, max_tokens);
     });
   }
@@ -209,13 +219,18 @@ class TensorParallelModel final : public Model {
     run([&](int r) {
       GraphSetup g = setup;
       g.kv_pool = kv_[static_cast<size_t>(r)].get();
+      g.mla_kv_pool = mla_kv_[static_cast<size_t>(r)].get();
       ranks_[static_cast<size_t>(r)]->capture_verify_graphs(g, num_draft_tokens, r == 0 ? capture_layers : std::vector<int>{});
     });
   }
 
   void copy_kv_slots(std::span<const int32_t> src, std::span<const int32_t> dst) override {
     if (src.empty()) return;
-    run([&](int r) { kv_[static_cast<size_t>(r)]->copy_slots(src, dst, ranks_[static_cast<size_t>(r)]->cuda_stream()); });
+    run([&](int r) {
+      const auto k = static_cast<size_t>(r);
+      if (kv_[k] != nullptr) kv_[k]->copy_slots(src, dst, ranks_[k]->cuda_stream());
+      if (mla_kv_[k] != nullptr) mla_kv_[k]->copy_slots(src, dst, ranks_[k]->cuda_stream());
+    });
   }
 
   void forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& request) override;
@@ -293,6 +308,7 @@ class TensorParallelModel final : public Model {
     workers_.run([&](int r) {
       ranks_[static_cast<size_t>(r)].reset();
       kv_[static_cast<size_t>(r)].reset();
+      mla_kv_[static_cast<size_t>(r)].reset();
     });
   }
 
@@ -302,13 +318,15 @@ class TensorParallelModel final : public Model {
   std::vector<TpLayout> layouts_;
   std::vector<std::unique_ptr<Model>> ranks_;
   std::vector<std::unique_ptr<MHAKVPool>> kv_;
+  std::vector<std::unique_ptr<MLAKVPool>> mla_kv_;
   std::atomic<bool> broken_{false};
   void* rank0_event_ = nullptr;  // cudaEvent_t on rank 0's GPU
   RankWorkers workers_;
 };
 
 void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logits, const ForwardRequest& r) {
-  SPECULA_CHECK(kv_[0] != nullptr, "the tensor-parallel model's KV cache was not created (create_kv_cache)");
+  SPECULA_CHECK(kv_[0] != nullptr || mla_kv_[0] != nullptr,
+                "the tensor-parallel model's KV cache was not created (create_kv_cache)");
   check_usable();
   const auto n = static_cast<size_t>(size_);
   std::vector<std::vector<float>> part_logits(n);
@@ -329,6 +347,7 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
     const auto k = static_cast<size_t>(rank);
     ForwardBatch b = batch;
     b.token_to_kv_pool = kv_[k].get();
+    b.mla_kv_pool = mla_kv_[k].get();
     ForwardRequest rr = r;
     if (rank != 0) {
       // Hidden states and the verify's device hook are rank 0's alone (the draft head's GPU).

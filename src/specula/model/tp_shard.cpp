@@ -21,8 +21,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 void check_tensor_parallel(const ModelConfig& c, int tp_size) {
   SPECULA_CHECK(tp_size >= 1, "--tp-size {} is not valid; it must be >= 1", tp_size);
   if (tp_size == 1) return;
-  SPECULA_CHECK(!c.is_mla(), "--tp-size {}: {} uses multi-head latent attention, which this build runs on one GPU only",
-                tp_size, c.architecture);
   SPECULA_CHECK(!c.has_moe() || c.moe.moe_intermediate_size % tp_size == 0,
                 "--tp-size {}: the experts' moe_intermediate_size {} does not split evenly; use a tp size that divides it",
                 tp_size, c.moe.moe_intermediate_size);
@@ -93,6 +91,9 @@ TensorView TpShardWeights::get(const std::string& name, const Shape& shape) cons
     return ends_with(name, std::string(part) + ".weight") || ends_with(name, std::string(part) + ".bias");
   };
   const bool expert = name.find(".experts.") != std::string::npos;
+  const bool shared_expert = name.find(".shared_experts.") != std::string::npos;
+  // Rows [begin, end) of heads in q_heads, `per` rows (or columns) each.
+  auto heads = [&](int64_t per) { return TpRange{layout_.q_heads.begin * per, layout_.q_heads.end * per}; };
   if (shard_.size > 1 && expert) {
     // Routed experts (transformers' gate/up/down_proj, Mixtral's w1/w3/w2).
     if (is("gate_proj") || is("up_proj") || is("w1") || is("w3")) {
@@ -100,16 +101,42 @@ TensorView TpShardWeights::get(const std::string& name, const Shape& shape) cons
     } else if (is("down_proj") || is("w2")) {
       cut = Cut::cols, range = layout_.moe_intermediate, full = c.moe.moe_intermediate_size;
     }
+  } else if (shard_.size > 1 && shared_expert) {
+    // DeepSeek's always-on experts: one MLP n_shared_experts x moe_intermediate_size wide, split
+    // like a dense one (any split of the intermediate units sums to the same output).
+    full = static_cast<int64_t>(c.moe.n_shared_experts) * c.moe.moe_intermediate_size;
+    range = even(full, shard_);
+    if (is("gate_proj") || is("up_proj")) {
+      cut = Cut::rows;
+    } else if (is("down_proj")) {
+      cut = Cut::cols;
+    }
+  } else if (shard_.size > 1 && c.is_mla()) {
+    // Multi-head latent attention: the latent down-projections (q_a_proj, kv_a_proj_with_mqa)
+    // and their norms are whole on every rank, as is the latent KV cache; the per-head
+    // up-projections are split by head, o_proj by the heads' value columns.
+    const MlaConfig& m = c.mla;
+    const int64_t H = c.num_attention_heads, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    const int64_t kv_b = m.qk_nope_head_dim + m.v_head_dim;
+    if (is("self_attn.q_proj") || is("self_attn.q_b_proj")) {
+      cut = Cut::rows, range = heads(qk), full = H * qk;
+    } else if (is("self_attn.kv_b_proj")) {
+      cut = Cut::rows, range = heads(kv_b), full = H * kv_b;
+    } else if (is("self_attn.o_proj")) {
+      cut = weight ? Cut::cols : Cut::first_rank_only, range = heads(m.v_head_dim), full = H * m.v_head_dim;
+    }
   } else if (shard_.size > 1) {
     if (is("self_attn.q_proj")) {
-      cut = Cut::rows, range = {layout_.q_heads.begin * D, layout_.q_heads.end * D}, full = c.num_attention_heads * D;
+      cut = Cut::rows, range = heads(D), full = c.num_attention_heads * D;
     } else if (is("self_attn.k_proj") || is("self_attn.v_proj")) {
       cut = Cut::rows, range = {layout_.kv_heads.begin * D, layout_.kv_heads.end * D}, full = c.num_key_value_heads * D;
-    } else if (is("mlp.gate_proj") || is("mlp.up_proj")) {
-      cut = Cut::rows, range = layout_.intermediate, full = c.intermediate_size;
     } else if (is("self_attn.o_proj")) {
-      cut = weight ? Cut::cols : Cut::first_rank_only;
-      range = {layout_.q_heads.begin * D, layout_.q_heads.end * D}, full = c.num_attention_heads * D;
+      cut = weight ? Cut::cols : Cut::first_rank_only, range = heads(D), full = c.num_attention_heads * D;
+    }
+  }
+  if (shard_.size > 1 && !expert && !shared_expert) {
+    if (is("mlp.gate_proj") || is("mlp.up_proj")) {
+      cut = Cut::rows, range = layout_.intermediate, full = c.intermediate_size;
     } else if (is("mlp.down_proj")) {
       cut = weight ? Cut::cols : Cut::first_rank_only, range = layout_.intermediate, full = c.intermediate_size;
     }

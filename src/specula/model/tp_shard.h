@@ -38,9 +38,10 @@ struct TpLayout {
 };
 
 // Throws specula::Error, naming the value and what would divide, when the model cannot be split
-// tp_size ways (heads, KV heads, intermediate sizes), or for what tensor parallelism does not
-// cover in this build (MLA models). A mixture of experts splits every expert's intermediate
-// columns (SGLang's TP MoE): each rank runs every expert over its part, the router is whole.
+// tp_size ways (heads, KV heads, intermediate sizes). A mixture of experts splits every expert's
+// intermediate columns (SGLang's TP MoE): each rank runs every expert over its part, the router
+// is whole. Multi-head latent attention (DeepSeek) splits its heads; the latent KV is whole on
+// every rank (SGLang's layout: the latent row is shared by all heads).
 void check_tensor_parallel(const ModelConfig& config, int tp_size);
 TpLayout tp_layout(const ModelConfig& config, TpShard shard);
 // The config of one rank's part: its q heads, KV heads and intermediate size; everything else
@@ -50,7 +51,8 @@ ModelConfig tp_shard_config(const ModelConfig& config, TpShard shard);
 // A rank's view of the model's weights: asked for a tensor in its shard's shape (as a model built
 // from tp_shard_config asks), it reads the full tensor from `source` and returns the rank's
 // slice: rows of q/k/v and gate/up (an expert's too), columns of o_proj and down_proj (an
-// expert's too). Row-parallel biases (o_proj,
+// expert's too); under MLA, rows of q_proj / q_b_proj / kv_b_proj and columns of o_proj by head.
+// Row-parallel biases (o_proj,
 // down_proj) come whole on rank 0 and as zeros elsewhere, so the all-reduce adds them once.
 // Everything else (norms, embedding, lm_head) comes whole. `lock` serialises reads of a shared
 // source whose views live until its next call (SyntheticWeights); ranks loading in parallel pass

@@ -126,9 +126,13 @@ void ModelRunner::init(const ModelConfig& config, const std::function<std::uniqu
   // With graphs, one more row for padding: it is never handed to a request.
   req_pool_ = std::make_unique<ReqToTokenPool>(o.max_running_requests + (graphs ? 1 : 0), kv_capacity());
   if (mla) {
-    mla_kv_pool_ = std::make_unique<MLAKVPool>(MLAKVPoolConfig{allocator_->total_slots(), config.num_hidden_layers,
-                                                               config.mla.kv_lora_rank, config.mla.qk_rope_head_dim,
-                                                               mla_kv_format(*o.kv_dtype), 0, o.device});
+    const MLAKVPoolConfig kv{allocator_->total_slots(), config.num_hidden_layers, config.mla.kv_lora_rank,
+                             config.mla.qk_rope_head_dim, mla_kv_format(*o.kv_dtype), 0, o.device};
+    if (model_->owns_kv_cache()) {
+      model_->create_mla_kv_cache(kv);
+    } else {
+      mla_kv_pool_ = std::make_unique<MLAKVPool>(kv);
+    }
   } else {
     const KVPoolConfig kv{allocator_->total_slots(), config.num_hidden_layers, config.num_key_value_heads,
                           config.head_dim, config.head_dim, *o.kv_dtype, o.device};
