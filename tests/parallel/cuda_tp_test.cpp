@@ -525,8 +525,29 @@ TEST(CudaTp, LatentAttentionModelsMatchOneGpuAndFloat64) {
                 err_two.max_abs, err_two.max_err, err_one.max_err, between);
     const test::GreedyCheck check = test::decode_and_check(two, m, MlaKVFormat::bf16, ids, 12, err_two, clear);
     EXPECT_TRUE(check.mismatches.empty()) << method << ": " << check.mismatches.front();
-    EXPECT_GT(check.checked, 0) << method;
-    std::printf("MLA %s TP=2: %d greedy steps checked against float64\n", method.c_str(), check.checked);
+    // The float64 check covers only steps whose top two are further apart than the bf16 path's
+    // error (often none in 12); TP=2's greedy output also equals TP=1's up to a near-tie of TP=1's
+    // own logits (the Llama variants' rule above).
+    GenerateRequest r;
+    r.prompt_ids = ids;
+    r.max_new_tokens = 24;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    const std::vector<int32_t> out1 = one.generate(r).output_ids, out2 = two.generate(r).output_ids;
+    ASSERT_EQ(out1.size(), out2.size());
+    size_t j = 0;
+    while (j < out1.size() && out1[j] == out2[j]) ++j;
+    if (j < out1.size()) {
+      std::vector<int32_t> seq = ids;
+      seq.insert(seq.end(), out1.begin(), out1.begin() + static_cast<int64_t>(j));
+      const std::vector<float> l = one.prompt_logits(seq);
+      const float* last = l.data() + (seq.size() - 1) * (l.size() / seq.size());
+      const double gap = static_cast<double>(last[out1[j]]) - last[out2[j]];
+      EXPECT_LE(gap, (method == "dense" ? 5e-3 : 2e-2) * std::max(1.0, err_two.max_abs))
+          << method << ": at output " << j << " TP=1 chose " << out1[j] << ", TP=2 " << out2[j];
+    }
+    std::printf("MLA %s TP=2: %d greedy steps checked against float64; equal to TP=1 for %zu of 24 tokens\n",
+                method.c_str(), check.checked, j);
     std::filesystem::remove_all(dir);
   }
 }
