@@ -291,6 +291,53 @@ TEST(CpuAttention, Bf16KvOneTokenItemsEveryFeature) {
   }
 }
 
+// Decode rows that see more than 4096 keys run in chunks of 2048 keys merged by their
+// log-sum-exp (decode_split.h) where the decode kernel serves them: against the float64 reference
+// with windows that leave a long row more or fewer than 4096 visible keys, soft-cap, sinks and
+// non-causal rows; rows just at and past the threshold; and a long row batched with others gives
+// the bits it gives alone.
+TEST(CpuAttention, LongDecodeRowsSplitOverKeys) {
+  struct Case {
+    int hq, hk, d, page;
+    int window;
+    float cap;
+    bool sinks, causal;
+  };
+  const Case cases[] = {{32, 8, 128, 16, -1, 0.0f, false, true}, {8, 8, 64, 1, -1, 0.0f, true, true},
+                        {8, 2, 128, 16, 5000, 0.0f, false, true}, {8, 2, 128, 16, 3000, 0.0f, true, true},
+                        {8, 2, 128, 64, -1, 25.0f, true, true},   {8, 2, 128, 16, -1, 0.0f, false, false}};
+  for (const Case& k : cases) {
+    HarnessConfig c;
+    c.mode = ForwardMode::DECODE;
+    c.requests = {{9000, 1}, {4096, 1}, {4095, 1}, {2500, 1}, {6143, 1}};
+    c.num_q_heads = k.hq;
+    c.num_kv_heads = k.hk;
+    c.head_dim = k.d;
+    c.page_size = k.page;
+    c.kv_dtype = DType::bf16;
+    c.window_left = k.window;
+    c.logit_cap = k.cap;
+    c.sinks = k.sinks;
+    c.causal = k.causal;
+    check_against_reference(c, "long bf16 KV decode");
+  }
+  HarnessConfig c;
+  c.mode = ForwardMode::DECODE;
+  c.requests = {{300, 1}, {8300, 1}, {5000, 1}};
+  c.kv_dtype = DType::bf16;
+  AttentionHarness h(c, fresh_seed());
+  CpuAttentionBackend backend(h.backend_options());
+  const AttentionResult batched = h.run(backend);
+  const size_t row = static_cast<size_t>(c.num_q_heads) * c.head_dim;
+  for (int r = 0; r < 3; ++r) {
+    const AttentionResult alone = h.run(backend, {r});
+    for (size_t i = 0; i < row; ++i) ASSERT_EQ(alone.out[i], batched.out[static_cast<size_t>(r) * row + i]) << "request " << r;
+    for (int hq = 0; hq < c.num_q_heads; ++hq) {
+      ASSERT_EQ(alone.lse[static_cast<size_t>(hq)], batched.lse[static_cast<size_t>(r * c.num_q_heads + hq)]) << "request " << r;
+    }
+  }
+}
+
 TEST(CpuAttention, RowsThatSeeNothingGiveZeroAndMinusInfLse) {
   // A tree mask whose first draft row is all zero: that query sees no key at all.
   for (bool sinks : {false, true}) {

@@ -25,8 +25,10 @@ namespace cpu_avx512bf16 {
 // dims multiples of 32 (K) and 16 (V).
 bool decode_supported(const CpuAttentionParams& p);
 // One item: q_count == 1 and num_heads <= kMaxDecodeHeads; scratch holds decode_scratch_floats.
+// An item with a partial slot (decode_split.h) attends to its keys only and writes each head's
+// output normalised by its own sum, then each head's log-sum-exp, to partials + item.partial.
 void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const CpuWorkItem& item,
-                 CpuAttentionScratch& scratch);
+                 CpuAttentionScratch& scratch, float* partials);
 }  // namespace cpu_avx512bf16
 
 }  // namespace specula

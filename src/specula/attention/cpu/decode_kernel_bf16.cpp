@@ -84,7 +84,7 @@ bool decode_supported(const CpuAttentionParams& p) {
 }
 
 void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const CpuWorkItem& item,
-                 CpuAttentionScratch& scratch) {
+                 CpuAttentionScratch& scratch, float* partials) {
   const int D = p.head_dim;
   const int Dv = p.v_head_dim;
   const int G = item.num_heads;
@@ -130,8 +130,8 @@ void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const 
   std::fill(m, m + G, kNegInf);
   std::fill(l, l + G, 0.0f);
 
-  const int kv_end = p.causal ? std::min(seq.kv_len, pos + 1) : seq.kv_len;
-  const int kv_begin = p.window_left >= 0 ? std::max(0, pos - p.window_left) : 0;
+  const int kv_end = std::min(p.causal ? std::min(seq.kv_len, pos + 1) : seq.kv_len, item.key_end);
+  const int kv_begin = std::max(p.window_left >= 0 ? std::max(0, pos - p.window_left) : 0, item.key_begin);
   const int64_t kv_row = p.num_kv_heads;
   const auto* k_base = static_cast<const uint16_t*>(p.k_cache);
   const auto* v_base = static_cast<const uint16_t*>(p.v_cache);
@@ -213,6 +213,17 @@ void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const 
     }
   }
 
+  if (item.partial >= 0) {
+    // A chunk of the keys: its own softmax and log-sum-exp; decode_split merges the chunks (and
+    // adds a sink there).
+    float* slot = partials + item.partial;
+    for (int g = 0; g < G; ++g) {
+      const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+      for (int d = 0; d < Dv; ++d) slot[g * Dv + d] = out[g * Dv + d] * inv;
+      slot[G * Dv + g] = l[g] > 0.0f ? m[g] + std::log(l[g]) : kNegInf;
+    }
+    return;
+  }
   // Normalise; a sink joins the denominator only (as tile_kernel_impl.h).
   for (int g = 0; g < G; ++g) {
     const int head = head0 + g;
@@ -239,7 +250,7 @@ void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const 
 // Built without AVX512-BF16 (not x86-64): the kernel is never chosen.
 namespace specula::cpu_avx512bf16 {
 bool decode_supported(const CpuAttentionParams&) { return false; }
-void decode_item(const CpuAttentionParams&, const CpuAttentionSeq&, const CpuWorkItem&, CpuAttentionScratch&) {
+void decode_item(const CpuAttentionParams&, const CpuAttentionSeq&, const CpuWorkItem&, CpuAttentionScratch&, float*) {
   SPECULA_ASSERT(false, "the bf16 decode kernel was called in a build without AVX512-BF16");
 }
 }  // namespace specula::cpu_avx512bf16

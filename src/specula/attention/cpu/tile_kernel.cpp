@@ -2,6 +2,7 @@
 #include "specula/attention/cpu/tile_kernel.h"
 
 #include "specula/attention/cpu/decode_kernel.h"
+#include "specula/attention/cpu/decode_split.h"
 
 #include <algorithm>
 
@@ -77,17 +78,22 @@ void run_cpu_attention(CpuIsa isa, const CpuAttentionParams& params, std::span<c
     if (s.buffer.size() < need) s.buffer.resize(need);
   }
   auto* run_item = isa == CpuIsa::avx512 ? &cpu_avx512::run_item : &cpu_generic::run_item;
-  pool.parallel_for(static_cast<int64_t>(plan.items.size()), [&](int64_t i, int thread) {
-    const CpuWorkItem& item = plan.items[static_cast<size_t>(i)];
+  // The decode kernel's long rows go in chunks of keys (decode_split.h).
+  const DecodeSplit split = decode ? split_decode_items(params, seqs, plan.items) : DecodeSplit{};
+  const std::vector<CpuWorkItem>& items = decode ? split.items : plan.items;
+  std::vector<float> partials(static_cast<size_t>(split.partial_floats));
+  pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i, int thread) {
+    const CpuWorkItem& item = items[static_cast<size_t>(i)];
     const CpuAttentionSeq& seq = seqs[static_cast<size_t>(item.seq)];
     CpuAttentionScratch& mine = scratch[static_cast<size_t>(thread)];
     // The planner's items hold at most 16 query heads (kMaxDecodeHeads).
     if (decode && item.q_count == 1) {
-      cpu_avx512bf16::decode_item(params, seq, item, mine);
+      cpu_avx512bf16::decode_item(params, seq, item, mine, partials.data());
     } else {
       run_item(params, seq, item, plan.lanes, mine);
     }
   });
+  if (!split.merges.empty()) merge_decode_chunks(params, seqs, split, partials.data(), pool);
 }
 
 }  // namespace specula

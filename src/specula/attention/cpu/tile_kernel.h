@@ -8,6 +8,7 @@
 // (GQA heads are packed together). K/V are walked in tiles with an online softmax.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -63,6 +64,12 @@ struct CpuWorkItem {
   int32_t num_heads;
   int32_t q_begin;     // first query row of the item, relative to the sequence
   int32_t q_count;
+  // The decode kernel only (decode_split.h): keys [key_begin, key_end) of the visible ones, its
+  // result unnormalised across chunks, written at `partial` floats into the call's partial buffer
+  // (-1: the whole key range, result straight to out).
+  int32_t key_begin = 0;
+  int32_t key_end = INT32_MAX;
+  int64_t partial = -1;
 };
 
 struct CpuAttentionPlan {
