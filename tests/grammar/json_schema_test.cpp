@@ -4,10 +4,12 @@
 // integer bounds against plain arithmetic; refusals name the keyword and where it is.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -225,6 +227,67 @@ TEST(TokenMasker, MasksEqualTheTrieWalk) {
     EXPECT_GT(masker.cached_tops(), 3u);
   }
   EXPECT_GT(compared, 500);
+}
+
+// Rows of one grammar share its masker and the scheduler fills a step's rows on several threads:
+// eight threads filling the states of random generations through one cold masker, each in its own
+// order, get the trie walk's mask for every state.
+TEST(TokenMasker, ThreadsSharingAMaskerGetTheTrieWalksMasks) {
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::vector<std::string> vocab;
+  for (int b = 0; b < 256; ++b) vocab.emplace_back(1, static_cast<char>(b));
+  const std::string alphabet = "{}[]\":, 0123456789.-etrufalsnxyz\\\xC3\xA9";
+  for (int i = 0; i < 3000; ++i) {
+    std::string t;
+    const int n = 1 + static_cast<int>(rng() % 6);
+    for (int j = 0; j < n; ++j) t += alphabet[rng() % alphabet.size()];
+    vocab.push_back(t);
+  }
+  const auto vocabulary = std::make_shared<const Vocabulary>(vocab);
+  const auto corpus = schema_corpus();
+  for (int which : {5, 21, 38}) {
+    const auto a = schema_automaton(corpus[static_cast<size_t>(which)]["schema"].dump());
+    std::vector<MatchState> states;
+    std::vector<std::vector<uint32_t>> want;
+    for (int walk = 0; walk < 8; ++walk) {
+      GrammarMatcher m(a);
+      for (int step = 0; step < 60; ++step) {
+        std::vector<uint32_t> walked;
+        vocabulary->trie.fill_mask(*a, m.state(), walked);
+        states.push_back(m.state());
+        want.push_back(walked);
+        std::vector<int> ok;
+        for (size_t id = 0; id < vocab.size(); ++id) {
+          if ((walked[id / 32] >> (id % 32)) & 1u) ok.push_back(static_cast<int>(id));
+        }
+        if (ok.empty() || (m.can_end() && rng() % 8 == 0)) break;
+        ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
+      }
+    }
+    TokenMasker masker(a, vocabulary);
+    std::vector<std::string> failures(8);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        std::vector<size_t> order(states.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::shuffle(order.begin(), order.end(), std::mt19937(seed + static_cast<unsigned>(t)));
+        std::vector<uint32_t> got;
+        for (size_t i : order) {
+          masker.fill(states[i], got);
+          if (got != want[i] && failures[static_cast<size_t>(t)].empty()) {
+            failures[static_cast<size_t>(t)] = "state " + std::to_string(i);
+          }
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int t = 0; t < 8; ++t) EXPECT_EQ(failures[static_cast<size_t>(t)], "") << "schema " << which << " thread " << t;
+    EXPECT_GT(states.size(), 40u);
+    EXPECT_GT(masker.cached_tops(), 3u);
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 
 #include "specula/core/error.h"
 
@@ -33,12 +34,25 @@ size_t TokenMasker::KeyHash::operator()(const std::vector<Position>& k) const {
   return h;
 }
 
-TokenMasker::Entry& TokenMasker::entry(std::span<const Position> frames, bool below) {
+size_t TokenMasker::cached_tops() const {
+  std::shared_lock<std::shared_mutex> hold(mutex_);
+  return cache_.size();
+}
+
+std::vector<double> TokenMasker::classify_seconds() const {
+  std::shared_lock<std::shared_mutex> hold(mutex_);
+  return classify_seconds_;
+}
+
+const TokenMasker::Entry& TokenMasker::entry(std::span<const Position> frames, bool below) {
   // The key: the frames, and whether anything lies below them (a trailing mark).
-  key_.assign(frames.begin(), frames.end());
-  if (below) key_.push_back(Position{-1, 0, 0});
-  const auto it = cache_.find(key_);
-  if (it != cache_.end()) return it->second;
+  std::vector<Position> key(frames.begin(), frames.end());
+  if (below) key.push_back(Position{-1, 0, 0});
+  {
+    std::shared_lock<std::shared_mutex> hold(mutex_);
+    const auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+  }
   const auto start = std::chrono::steady_clock::now();
   MatchState single;
   single.stacks = {Stack(frames.begin(), frames.end())};
@@ -59,8 +73,11 @@ TokenMasker::Entry& TokenMasker::entry(std::span<const Position> frames, bool be
     }
     e.rests = std::make_unique<TokenTrie>(rests);
   }
-  classify_seconds_.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  return cache_.emplace(key_, std::move(e)).first->second;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::unique_lock<std::shared_mutex> hold(mutex_);
+  const auto [it, inserted] = cache_.emplace(std::move(key), std::move(e));
+  if (inserted) classify_seconds_.push_back(seconds);
+  return it->second;
 }
 
 void TokenMasker::fill(const MatchState& state, std::vector<uint32_t>& bitmask) {
@@ -75,15 +92,23 @@ void TokenMasker::fill(const MatchState& state, std::vector<uint32_t>& bitmask) 
     return;
   }
   bitmask.assign(words, 0u);
+  std::vector<uint32_t> rest_mask;
   for (const Stack& s : state.stacks) {
     if (s.empty()) continue;
     size_t k = std::min(kKeyFrames, s.size());
     // A top that left too many tokens to the frames below once goes deeper at once: the other
     // counts of the same repetition would too.
-    const bool deep = s.size() > k && deep_tops_.contains(s.back());
-    Entry* e = deep ? nullptr : &entry(std::span<const Position>(s).last(k), s.size() > k);
+    bool deep = false;
+    if (s.size() > k) {
+      std::shared_lock<std::shared_mutex> hold(mutex_);
+      deep = deep_tops_.contains(s.back());
+    }
+    const Entry* e = deep ? nullptr : &entry(std::span<const Position>(s).last(k), s.size() > k);
     if (deep || (e->uncertain > kMaxUncertain && s.size() > k)) {
-      if (!deep) deep_tops_.insert(s.back());
+      if (!deep) {
+        std::unique_lock<std::shared_mutex> hold(mutex_);
+        deep_tops_.insert(s.back());
+      }
       k = std::min(kDeepKeyFrames, s.size());
       e = &entry(std::span<const Position>(s).last(k), s.size() > k);
     }
@@ -91,9 +116,9 @@ void TokenMasker::fill(const MatchState& state, std::vector<uint32_t>& bitmask) 
     // With nothing below the frames the parse is complete where they finish: no rest fits.
     if (e->rests == nullptr || s.size() == k) continue;
     const MatchState below = automaton_->resume(Stack(s.begin(), s.end() - static_cast<int64_t>(k)));
-    e->rests->fill_mask(*automaton_, below, e->rest_mask);
+    e->rests->fill_mask(*automaton_, below, rest_mask);
     for (size_t r = 0; r < e->rest_token.size(); ++r) {
-      if ((e->rest_mask[r / 32] >> (r % 32)) & 1u) {
+      if ((rest_mask[r / 32] >> (r % 32)) & 1u) {
         const int32_t id = e->rest_token[r];
         bitmask[static_cast<size_t>(id) / 32] |= 1u << (id % 32);
       }

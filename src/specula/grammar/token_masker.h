@@ -8,12 +8,16 @@
 // use and kept with the masker, so requests that share a grammar share them (and the frames of,
 // say, every plain JSON string of a schema share one entry).
 //
-// Not thread-safe: one masker is used by one thread at a time (the scheduler's).
+// Thread-safe: the scheduler fills the rows of one step on several threads, and rows of one
+// grammar share its masker. Lookups take a shared lock; a missing entry is classified outside any
+// lock and inserted under an exclusive one (a thread that lost the race drops its copy). Entries
+// are never removed, and std::unordered_map keeps references to them valid.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <shared_mutex>
 #include <span>
 #include <string_view>
 #include <unordered_map>
@@ -36,8 +40,8 @@ class TokenMasker {
   // Whether `bytes` are accepted after `state`.
   bool accepts(const MatchState& state, std::string_view bytes) const;
   // Frame sequences classified so far, and the time each classification took (seconds).
-  size_t cached_tops() const { return cache_.size(); }
-  const std::vector<double>& classify_seconds() const { return classify_seconds_; }
+  size_t cached_tops() const;
+  std::vector<double> classify_seconds() const;
 
   // How many top frames key an entry: enough to hold a JSON string's own frame (its closing
   // quote), its repetition's and the character's, so that the frames finish at the closing quote
@@ -58,18 +62,17 @@ class TokenMasker {
     std::vector<uint32_t> accepted;     // bitmask over the vocabulary
     std::unique_ptr<TokenTrie> rests;   // what uncertain tokens leave for the frames below
     std::vector<int32_t> rest_token;    // rests' id -> vocabulary id
-    std::vector<uint32_t> rest_mask;    // scratch
   };
   struct KeyHash {
     size_t operator()(const std::vector<Position>& k) const;
   };
   // The entry of the top `frames` of a stack; below: whether the stack has more frames.
-  Entry& entry(std::span<const Position> frames, bool below);
+  const Entry& entry(std::span<const Position> frames, bool below);
 
   std::shared_ptr<const Automaton> automaton_;
   std::shared_ptr<const Vocabulary> vocabulary_;
+  mutable std::shared_mutex mutex_;  // guards the three members below
   std::unordered_map<std::vector<Position>, Entry, KeyHash> cache_;
-  std::vector<Position> key_;
   std::set<Position> deep_tops_;  // stack tops whose kKeyFrames keys were too uncertain
   std::vector<double> classify_seconds_;
 };

@@ -59,20 +59,25 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
   std::vector<std::string> mask_errors;
   if (masked) {
     mask_errors.resize(plan.size());
+    // Rows on the process's worker threads, which a GPU step leaves idle (and a CPU step has
+    // finished with by the time its masks are asked for): a step that meets several grammar
+    // states never classified waits for the slowest row instead of their sum. Rows of one grammar
+    // share its masker, which is thread-safe.
     fill_masks = [&plan, &mask_errors](std::span<uint32_t> words) {
       const size_t per_row = words.size() / plan.size();
-      for (size_t i = 0; i < plan.size(); ++i) {
+      default_thread_pool().parallel_for(static_cast<int64_t>(plan.size()), [&](int64_t k, int) {
+        const auto i = static_cast<size_t>(k);
         const std::span<uint32_t> row = words.subspan(i * per_row, per_row);
         Req& r = *plan[i].req;
         std::fill(row.begin(), row.end(), ~0u);
-        if (!r.sampler.picks_masked_argmax() || r.pending() > 0) continue;
+        if (!r.sampler.picks_masked_argmax() || r.pending() > 0) return;
         try {
           r.sampler.fill_token_bitmask(row);
         } catch (const std::exception& e) {
           mask_errors[i] = e.what();
           std::fill(row.begin(), row.end(), ~0u);
         }
-      }
+      });
     };
   }
   try {
