@@ -285,6 +285,15 @@ TEST(CpuAttention, Bf16KvOneTokenItemsEveryFeature) {
     return c;
   };
   for (const Case& k : cases) check_against_reference(config(k, ForwardMode::DECODE), "bf16 KV decode");
+  // The same with an e4m3 cache and its per-layer scales (K's folded into the query, V's into the
+  // output, each e4m3 code turned into bf16 exactly).
+  for (const Case& k : cases) {
+    HarnessConfig c = config(k, ForwardMode::DECODE);
+    c.kv_dtype = DType::fp8_e4m3;
+    c.k_scale = 0.0213f;
+    c.v_scale = 0.37f;
+    check_against_reference(c, "fp8 KV decode");
+  }
   // Extend with groups of 10 and 16 query heads: causal one-token items at every position.
   for (const Case& k : {Case{20, 2, 128, 16, -1, 0.0f, false, true}, Case{16, 1, 64, 1, 29, 15.0f, true, true}}) {
     check_against_reference(config(k, ForwardMode::EXTEND), "bf16 KV extend");
@@ -320,6 +329,10 @@ TEST(CpuAttention, LongDecodeRowsSplitOverKeys) {
     c.sinks = k.sinks;
     c.causal = k.causal;
     check_against_reference(c, "long bf16 KV decode");
+    c.kv_dtype = DType::fp8_e4m3;
+    c.k_scale = 0.0213f;
+    c.v_scale = 0.37f;
+    check_against_reference(c, "long fp8 KV decode");
   }
   HarnessConfig c;
   c.mode = ForwardMode::DECODE;

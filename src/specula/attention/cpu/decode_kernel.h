@@ -1,7 +1,7 @@
-// The CPU decode kernel for bf16 KV with AVX512-BF16 dot products (decode_kernel_bf16.cpp): a
-// work item of one query token and up to kMaxDecodeHeads query heads of one KV head. The tile
-// kernel (tile_kernel.h) serves every other item, and every item where the processor lacks
-// AVX512-BF16.
+// The CPU decode kernel for bf16 and e4m3 KV with AVX512-BF16 dot products
+// (decode_kernel_bf16.cpp): a work item of one query token and up to kMaxDecodeHeads query heads
+// of one KV head. The tile kernel (tile_kernel.h) serves every other item, and every item where
+// the processor lacks AVX512-BF16.
 #pragma once
 
 #include <cstddef>
@@ -15,9 +15,11 @@ inline constexpr int kMaxDecodeHeads = 16;
 // Whether this processor has AVX-512 with BF16 dot products.
 bool cpu_has_avx512_bf16();
 
-// Scratch floats the decode kernel needs for head dims D / Dv and G query heads.
+// Scratch floats the decode kernel needs for head dims D / Dv and G query heads (the last part:
+// an e4m3 cache's tile of 16 K and V rows as bf16).
 inline size_t decode_scratch_floats(int head_dim, int v_head_dim, int heads) {
-  return static_cast<size_t>(((3 * heads + 1) * head_dim + 1) / 2 + heads * v_head_dim + heads * 16);
+  return static_cast<size_t>(((3 * heads + 1) * head_dim + 1) / 2 + heads * v_head_dim + heads * 16 +
+                             8 * (head_dim + v_head_dim));
 }
 
 namespace cpu_avx512bf16 {

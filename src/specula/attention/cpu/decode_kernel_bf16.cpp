@@ -1,6 +1,8 @@
-// The CPU decode kernel for bf16 KV on processors with AVX512-BF16 (compiled with -mavx512bf16;
-// chosen at run time, see tile_kernel.cpp): one query token per work item, every query head of a
-// KV head's group against each K/V row in its row-major bf16 form.
+// The CPU decode kernel for bf16 and e4m3 KV on processors with AVX512-BF16 (compiled with
+// -mavx512bf16; chosen at run time, see tile_kernel.cpp): one query token per work item, every
+// query head of a KV head's group against each K/V row in its row-major bf16 form. An e4m3 cache's
+// rows are turned into bf16 once per tile (exactly: every e4m3 value is a bf16 value); its
+// per-layer K scale is folded into the query and its V scale into the output.
 //
 // Q.K: `vdpbf16ps` multiplies 32 bf16 pairs into 16 f32 lanes per instruction. The query (f32,
 // scaled) is split into three bf16 terms hi + mid + lo that hold all 24 bits of its mantissa, and
@@ -22,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace specula::cpu_avx512bf16 {
 namespace {
@@ -76,15 +79,53 @@ __m512 widen16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+// e4m3 ("fn": no infinities, 0x7f and 0xff are NaN) codes in 16-bit lanes -> their bf16 bits,
+// exactly: every e4m3 value is a bf16 value. Normal codes move their exponent (bias 7 -> 127) and
+// mantissa (3 bits -> the top of 7); the subnormals m x 2^-9 come from a table.
+__m512i e4m3_lanes_to_bf16(__m512i x) {
+  const __m512i e = _mm512_and_si512(_mm512_srli_epi16(x, 3), _mm512_set1_epi16(0xF));
+  const __m512i m = _mm512_and_si512(x, _mm512_set1_epi16(7));
+  const __m512i normal = _mm512_or_si512(_mm512_slli_epi16(_mm512_add_epi16(e, _mm512_set1_epi16(120)), 7),
+                                         _mm512_slli_epi16(m, 4));
+  const __m512i subnormals = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                              0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0);
+  __m512i bits = _mm512_mask_mov_epi16(normal, _mm512_cmpeq_epi16_mask(e, _mm512_setzero_si512()),
+                                       _mm512_permutexvar_epi16(m, subnormals));
+  const __m512i magnitude = _mm512_and_si512(x, _mm512_set1_epi16(0x7F));
+  bits = _mm512_mask_mov_epi16(bits, _mm512_cmpeq_epi16_mask(magnitude, _mm512_set1_epi16(0x7F)),
+                               _mm512_set1_epi16(0x7FC0));
+  return _mm512_or_si512(bits, _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8));
+}
+
+// n e4m3 codes (n a multiple of 16) -> bf16, once per row of a tile, so that every query head
+// of the group reads the row in the bf16 kernel's form.
+void e4m3_row_to_bf16(const uint8_t* src, int n, uint16_t* dst) {
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm512_storeu_si512(dst + i, e4m3_lanes_to_bf16(_mm512_cvtepu8_epi16(b)));
+  }
+  if (i < n) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m512i bf = e4m3_lanes_to_bf16(_mm512_cvtepu8_epi16(_mm256_zextsi128_si256(b)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_castsi512_si256(bf));
+  }
+}
+
 }  // namespace
 
 bool decode_supported(const CpuAttentionParams& p) {
-  return p.kv_dtype == DType::bf16 && p.custom_mask == nullptr && p.head_dim % 32 == 0 && p.v_head_dim % 16 == 0 &&
-         p.k_descale == 1.0f && p.v_descale == 1.0f;
+  return (p.kv_dtype == DType::bf16 || p.kv_dtype == DType::fp8_e4m3) && p.custom_mask == nullptr &&
+         p.head_dim % 32 == 0 && p.v_head_dim % 16 == 0;
 }
 
-void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const CpuWorkItem& item,
-                 CpuAttentionScratch& scratch, float* partials) {
+namespace {
+
+// E: the cache's element, uint16_t (bf16) or uint8_t (e4m3, with the layer's descales: K's
+// folded into the query, V's into the output).
+template <typename E>
+void decode_item_as(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const CpuWorkItem& item,
+                    CpuAttentionScratch& scratch, float* partials) {
   const int D = p.head_dim;
   const int Dv = p.v_head_dim;
   const int G = item.num_heads;
@@ -106,7 +147,7 @@ void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const 
     const size_t base = static_cast<size_t>(token * p.q_stride_token + (head0 + g) * p.q_stride_head);
     for (int d = 0; d < D; ++d) {
       // hi + mid + lo: each term the bf16 rounding of what the previous ones left.
-      float rest = load_as_float(p.q, p.q_dtype, base + static_cast<size_t>(d)) * p.scale;
+      float rest = load_as_float(p.q, p.q_dtype, base + static_cast<size_t>(d)) * (p.scale * p.k_descale);
       for (int t = 0; t < 3; ++t) {
         float term = 0.0f;
         if (std::isnan(rest)) {
@@ -133,10 +174,15 @@ void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const 
   const int kv_end = std::min(p.causal ? std::min(seq.kv_len, pos + 1) : seq.kv_len, item.key_end);
   const int kv_begin = std::max(p.window_left >= 0 ? std::max(0, pos - p.window_left) : 0, item.key_begin);
   const int64_t kv_row = p.num_kv_heads;
-  const auto* k_base = static_cast<const uint16_t*>(p.k_cache);
-  const auto* v_base = static_cast<const uint16_t*>(p.v_cache);
+  const auto* k_base = static_cast<const E*>(p.k_cache);
+  const auto* v_base = static_cast<const E*>(p.v_cache);
+  // The tile's K and V rows as bf16: in the cache, or (e4m3) converted into ktile / vtile.
   const uint16_t* krow[kKeys];
   const uint16_t* vrow[kKeys];
+  uint16_t* ktile = reinterpret_cast<uint16_t*>(s + G * kKeys);
+  uint16_t* vtile = ktile + kKeys * D;
+  // Elements per 64-byte line.
+  constexpr int kLine = 64 / static_cast<int>(sizeof(E));
 
   for (int j0 = kv_begin; j0 < kv_end; j0 += kKeys) {
     const int n = std::min(kKeys, kv_end - j0);
@@ -144,8 +190,15 @@ void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const 
       const int j = j0 + t;
       const int64_t slot = static_cast<int64_t>(seq.pages[j / p.page_size]) * p.page_size + j % p.page_size;
       const int64_t row = slot * kv_row + item.kv_head;
-      krow[t] = k_base + row * D;
-      vrow[t] = v_base + row * Dv;
+      if constexpr (std::is_same_v<E, uint16_t>) {
+        krow[t] = k_base + row * D;
+        vrow[t] = v_base + row * Dv;
+      } else {
+        e4m3_row_to_bf16(k_base + row * D, D, ktile + t * D);
+        e4m3_row_to_bf16(v_base + row * Dv, Dv, vtile + t * Dv);
+        krow[t] = ktile + t * D;
+        vrow[t] = vtile + t * Dv;
+      }
       // Rows of one KV head lie num_kv_heads rows apart on scattered pages: the hardware
       // prefetcher cannot follow, so ask for the same key of the next tile, into L2 only
       // (prefetching into L1 evicted rows still in use: 16 sequences of 2048 keys read 16.0-16.5
@@ -154,8 +207,8 @@ void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const 
       if (ahead < kv_end) {
         const int64_t slot_a = static_cast<int64_t>(seq.pages[ahead / p.page_size]) * p.page_size + ahead % p.page_size;
         const int64_t row_a = slot_a * kv_row + item.kv_head;
-        for (int off = 0; off < D; off += 32) __builtin_prefetch(k_base + row_a * D + off, 0, 2);
-        for (int off = 0; off < Dv; off += 32) __builtin_prefetch(v_base + row_a * Dv + off, 0, 2);
+        for (int off = 0; off < D; off += kLine) __builtin_prefetch(k_base + row_a * D + off, 0, 2);
+        for (int off = 0; off < Dv; off += kLine) __builtin_prefetch(v_base + row_a * Dv + off, 0, 2);
       }
     }
 
@@ -218,7 +271,7 @@ void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const 
     // adds a sink there).
     float* slot = partials + item.partial;
     for (int g = 0; g < G; ++g) {
-      const float inv = l[g] > 0.0f ? 1.0f / l[g] : 0.0f;
+      const float inv = l[g] > 0.0f ? p.v_descale / l[g] : 0.0f;
       for (int d = 0; d < Dv; ++d) slot[g * Dv + d] = out[g * Dv + d] * inv;
       slot[G * Dv + g] = l[g] > 0.0f ? m[g] + std::log(l[g]) : kNegInf;
     }
@@ -234,12 +287,24 @@ void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const 
       m_final = std::max(m[g], sink);
       l_final = (m[g] == kNegInf ? 0.0f : l[g] * std::exp(m[g] - m_final)) + std::exp(sink - m_final);
     }
-    const float factor = l_final > 0.0f ? (m[g] == kNegInf ? 0.0f : std::exp(m[g] - m_final) / l_final) : 0.0f;
+    const float factor =
+        l_final > 0.0f ? (m[g] == kNegInf ? 0.0f : p.v_descale * std::exp(m[g] - m_final) / l_final) : 0.0f;
     const size_t base = static_cast<size_t>(token * p.out_stride_token + head * p.out_stride_head);
     for (int d = 0; d < Dv; ++d) store_from_float(p.out, p.out_dtype, base + static_cast<size_t>(d), out[g * Dv + d] * factor);
     if (p.lse != nullptr) {
       p.lse[token * p.lse_stride_token + head] = l_final > 0.0f ? m_final + std::log(l_final) : kNegInf;
     }
+  }
+}
+
+}  // namespace
+
+void decode_item(const CpuAttentionParams& p, const CpuAttentionSeq& seq, const CpuWorkItem& item,
+                 CpuAttentionScratch& scratch, float* partials) {
+  if (p.kv_dtype == DType::fp8_e4m3) {
+    decode_item_as<uint8_t>(p, seq, item, scratch, partials);
+  } else {
+    decode_item_as<uint16_t>(p, seq, item, scratch, partials);
   }
 }
 
