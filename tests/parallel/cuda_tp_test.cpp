@@ -281,6 +281,35 @@ TEST(CudaTp, AllReduceReplaysFromCudaGraphs) {
   }
 }
 
+// Greedy outputs of TP=1 (`one`) and TP=2 (`two`), `tokens` new tokens after `prompt`: equal up
+// to the first difference, and there the two tokens are a near-tie of TP=1's own logits (TP=1
+// scores TP=2's choice at most max_gap lower). Returns how many leading tokens are equal.
+size_t expect_greedy_equal_up_to_near_tie(Generator& one, Generator& two, const std::vector<int32_t>& prompt,
+                                          int tokens, double max_gap, const std::string& what) {
+  GenerateRequest r;
+  r.prompt_ids = prompt;
+  r.max_new_tokens = tokens;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  const std::vector<int32_t> out1 = one.generate(r).output_ids, out2 = two.generate(r).output_ids;
+  EXPECT_EQ(out1.size(), out2.size()) << what;
+  const size_t n = std::min(out1.size(), out2.size());
+  size_t j = 0;
+  while (j < n && out1[j] == out2[j]) ++j;
+  if (j < n) {
+    std::vector<int32_t> seq = prompt;
+    seq.insert(seq.end(), out1.begin(), out1.begin() + static_cast<int64_t>(j));
+    const std::vector<float> l = one.prompt_logits(seq);
+    const float* last = l.data() + (seq.size() - 1) * (l.size() / seq.size());
+    const double gap = static_cast<double>(last[out1[j]]) - last[out2[j]];
+    EXPECT_LE(gap, max_gap) << what << ": at output " << j << " TP=1 chose " << out1[j] << ", TP=2 " << out2[j]
+                            << ", which TP=1 scores " << gap << " lower";
+    std::printf("%s: near-tie at output %zu of %d (TP=1 %d, TP=2 %d, logit gap %.2e)\n", what.c_str(), j, tokens,
+                out1[j], out2[j], gap);
+  }
+  return j;
+}
+
 struct Variant {
   std::string name;
   std::string architecture;
@@ -426,31 +455,13 @@ TEST_P(CudaTpModel, TwoGpusMatchOne) {
     // The experts' grouped GEMMs take bf16 activations: their rounding shows at 5e-3.
     const double tolerance = (v.experts > 0 ? 5e-3 : 2e-3) * scale;
     EXPECT_LE(diff, tolerance) << v.name << " deterministic " << deterministic;
-    GenerateRequest r;
-    r.prompt_ids = prompt;
-    r.max_new_tokens = 48;
-    r.ignore_eos = true;
-    r.sampling.temperature = 0;
-    const std::vector<int32_t> out1 = one.generate(r).output_ids, out2 = two.generate(r).output_ids;
-    ASSERT_EQ(out1.size(), out2.size());
-    // Equal up to the first difference, and there the two tokens are a near-tie of TP=1's own
-    // logits: within the logits' tolerance above for dense models (a random tiny Llama met one at
-    // output 13 of 48); within 2% of the logits' scale for mixtures of experts, where a router
-    // near-tie that the rounding tips moves a token to another expert (Mixtral, H200: a gap of 1%
-    // at output 14 of 48, its prompt logits within 5e-3).
-    size_t j = 0;
-    while (j < out1.size() && out1[j] == out2[j]) ++j;
-    if (j < out1.size()) {
-      std::vector<int32_t> seq = prompt;
-      seq.insert(seq.end(), out1.begin(), out1.begin() + static_cast<int64_t>(j));
-      const std::vector<float> l = one.prompt_logits(seq);
-      const float* last = l.data() + (seq.size() - 1) * (l.size() / seq.size());
-      const double gap = static_cast<double>(last[out1[j]]) - last[out2[j]];
-      EXPECT_LE(gap, v.experts > 0 ? 2e-2 * scale : tolerance) << v.name << " deterministic " << deterministic << ": at output " << j << " TP=1 chose "
-                                << out1[j] << ", TP=2 " << out2[j] << ", which TP=1 scores " << gap << " lower";
-      std::printf("%s: near-tie at output %zu of 48 (TP=1 %d, TP=2 %d, logit gap %.2e)\n", v.name.c_str(), j, out1[j],
-                  out2[j], gap);
-    }
+    // Equal up to the first difference, and there a near-tie of TP=1's own logits: within the
+    // logits' tolerance above for dense models (a random tiny Llama met one at output 13 of 48);
+    // within 2% of the logits' scale for mixtures of experts, where a router near-tie that the
+    // rounding tips moves a token to another expert (Mixtral, H200: a gap of 1% at output 14 of
+    // 48, its prompt logits within 5e-3).
+    expect_greedy_equal_up_to_near_tie(one, two, prompt, 48, v.experts > 0 ? 2e-2 * scale : tolerance,
+                                       v.name + " deterministic " + std::to_string(deterministic));
     EXPECT_EQ(one.prompt_greedy_ids(prompt), two.prompt_greedy_ids(prompt)) << v.name;
   }
   std::filesystem::remove_all(dir);
@@ -528,24 +539,8 @@ TEST(CudaTp, LatentAttentionModelsMatchOneGpuAndFloat64) {
     // The float64 check covers only steps whose top two are further apart than the bf16 path's
     // error (often none in 12); TP=2's greedy output also equals TP=1's up to a near-tie of TP=1's
     // own logits (the Llama variants' rule above).
-    GenerateRequest r;
-    r.prompt_ids = ids;
-    r.max_new_tokens = 24;
-    r.ignore_eos = true;
-    r.sampling.temperature = 0;
-    const std::vector<int32_t> out1 = one.generate(r).output_ids, out2 = two.generate(r).output_ids;
-    ASSERT_EQ(out1.size(), out2.size());
-    size_t j = 0;
-    while (j < out1.size() && out1[j] == out2[j]) ++j;
-    if (j < out1.size()) {
-      std::vector<int32_t> seq = ids;
-      seq.insert(seq.end(), out1.begin(), out1.begin() + static_cast<int64_t>(j));
-      const std::vector<float> l = one.prompt_logits(seq);
-      const float* last = l.data() + (seq.size() - 1) * (l.size() / seq.size());
-      const double gap = static_cast<double>(last[out1[j]]) - last[out2[j]];
-      EXPECT_LE(gap, (method == "dense" ? 5e-3 : 2e-2) * std::max(1.0, err_two.max_abs))
-          << method << ": at output " << j << " TP=1 chose " << out1[j] << ", TP=2 " << out2[j];
-    }
+    const size_t j = expect_greedy_equal_up_to_near_tie(
+        one, two, ids, 24, (method == "dense" ? 5e-3 : 2e-2) * std::max(1.0, err_two.max_abs), "MLA " + method);
     std::printf("MLA %s TP=2: %d greedy steps checked against float64; equal to TP=1 for %zu of 24 tokens\n",
                 method.c_str(), check.checked, j);
     std::filesystem::remove_all(dir);
