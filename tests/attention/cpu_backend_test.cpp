@@ -28,6 +28,14 @@ void check_against_reference(const HarnessConfig& config, const char* what) {
   }
 }
 
+// An e4m3 cache with per-layer scales: values ~N(0,1) become ~47, the middle of e4m3's range (not
+// powers of two: x / scale and x * (1 / scale) differ).
+void use_fp8_cache(HarnessConfig& c) {
+  c.kv_dtype = DType::fp8_e4m3;
+  c.k_scale = 0.0213f;
+  c.v_scale = 0.37f;
+}
+
 std::mt19937 rng_for_shapes() { return std::mt19937(static_cast<uint32_t>(fresh_seed())); }
 
 TEST(CpuAttention, ExtendWithPrefixMha) {
@@ -226,10 +234,8 @@ TEST(CpuAttention, Fp8Kv) {
     HarnessConfig c;
     c.mode = mode;
     c.requests = random_requests(rng, 3, 100, 30, mode);
-    c.kv_dtype = DType::fp8_e4m3;
+    use_fp8_cache(c);
     c.q_dtype = DType::bf16;
-    c.k_scale = 0.0213f;  // values ~N(0,1) become ~47: the middle of e4m3's range
-    c.v_scale = 0.37f;    // (not powers of two: x / scale and x * (1 / scale) differ)
     c.page_size = 16;
     check_against_reference(c, "fp8 KV");
   }
@@ -289,9 +295,7 @@ TEST(CpuAttention, Bf16KvOneTokenItemsEveryFeature) {
   // output, each e4m3 code turned into bf16 exactly).
   for (const Case& k : cases) {
     HarnessConfig c = config(k, ForwardMode::DECODE);
-    c.kv_dtype = DType::fp8_e4m3;
-    c.k_scale = 0.0213f;
-    c.v_scale = 0.37f;
+    use_fp8_cache(c);
     check_against_reference(c, "fp8 KV decode");
   }
   // Extend with groups of 10 and 16 query heads: causal one-token items at every position.
@@ -329,9 +333,7 @@ TEST(CpuAttention, LongDecodeRowsSplitOverKeys) {
     c.sinks = k.sinks;
     c.causal = k.causal;
     check_against_reference(c, "long bf16 KV decode");
-    c.kv_dtype = DType::fp8_e4m3;
-    c.k_scale = 0.0213f;
-    c.v_scale = 0.37f;
+    use_fp8_cache(c);
     check_against_reference(c, "long fp8 KV decode");
   }
   HarnessConfig c;

@@ -182,13 +182,9 @@ TEST(JsonSchema, NamesOfDefsAndKeysNeverClash) {
   EXPECT_FALSE(accepts(*b, R"({"c":1,"c":2})"));
 }
 
-// The masker's cached split (accepted in any context / checked against the stack) gives exactly
-// the trie walk's mask, which grammar_test checks token by token, on states of real generations.
-TEST(TokenMasker, MasksEqualTheTrieWalk) {
-  const unsigned seed = std::random_device{}();
-  std::mt19937 rng(seed);
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  // Every byte, then JSON-ish pieces of 1-6 letters with multi-byte code points split anywhere.
+// Every byte, then JSON-ish pieces of 1-6 letters with multi-byte code points split anywhere, then
+// a special token (empty).
+std::shared_ptr<const Vocabulary> random_vocabulary(std::mt19937& rng) {
   std::vector<std::string> vocab;
   for (int b = 0; b < 256; ++b) vocab.emplace_back(1, static_cast<char>(b));
   const std::string alphabet = "{}[]\":, \n\t0123456789.-eEtrufalsnxyz\\\xC3\xA9\xE4\xB8\x96";
@@ -198,8 +194,39 @@ TEST(TokenMasker, MasksEqualTheTrieWalk) {
     for (int j = 0; j < n; ++j) t += alphabet[rng() % alphabet.size()];
     vocab.push_back(t);
   }
-  vocab.emplace_back();  // a special token
-  const auto vocabulary = std::make_shared<const Vocabulary>(vocab);
+  vocab.emplace_back();
+  return std::make_shared<const Vocabulary>(vocab);
+}
+
+// `walks` random generations of `a` of at most `steps` tokens: visit gets each state and the trie
+// walk's mask of it, then a token that mask allows is taken (a walk may stop where the grammar
+// can end).
+void random_walks(const std::shared_ptr<const Automaton>& a, const Vocabulary& vocabulary, std::mt19937& rng,
+                  int walks, int steps,
+                  const std::function<void(const MatchState&, const std::vector<uint32_t>&)>& visit) {
+  for (int walk = 0; walk < walks; ++walk) {
+    GrammarMatcher m(a);
+    for (int step = 0; step < steps; ++step) {
+      std::vector<uint32_t> walked;
+      vocabulary.trie.fill_mask(*a, m.state(), walked);
+      visit(m.state(), walked);
+      std::vector<int> ok;
+      for (size_t id = 0; id < vocabulary.tokens.size(); ++id) {
+        if ((walked[id / 32] >> (id % 32)) & 1u) ok.push_back(static_cast<int>(id));
+      }
+      if (ok.empty() || (m.can_end() && rng() % 8 == 0)) break;
+      ASSERT_TRUE(m.accept_token(vocabulary.tokens[static_cast<size_t>(ok[rng() % ok.size()])]));
+    }
+  }
+}
+
+// The masker's cached split (accepted in any context / checked against the stack) gives exactly
+// the trie walk's mask, which grammar_test checks token by token, on states of real generations.
+TEST(TokenMasker, MasksEqualTheTrieWalk) {
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto vocabulary = random_vocabulary(rng);
   const auto corpus = schema_corpus();
   std::vector<std::shared_ptr<const Automaton>> automata = {
       std::make_shared<const Automaton>(std::make_shared<const Grammar>(json_object_grammar())),
@@ -208,22 +235,12 @@ TEST(TokenMasker, MasksEqualTheTrieWalk) {
   int compared = 0;
   for (const auto& a : automata) {
     TokenMasker masker(a, vocabulary);
-    for (int walk = 0; walk < 6; ++walk) {
-      GrammarMatcher m(a);
-      for (int step = 0; step < 80; ++step) {
-        std::vector<uint32_t> cached, walked;
-        masker.fill(m.state(), cached);
-        vocabulary->trie.fill_mask(*a, m.state(), walked);
-        ASSERT_EQ(cached, walked) << "step " << step;
-        ++compared;
-        std::vector<int> ok;
-        for (size_t id = 0; id < vocab.size(); ++id) {
-          if ((walked[id / 32] >> (id % 32)) & 1u) ok.push_back(static_cast<int>(id));
-        }
-        if (ok.empty() || (m.can_end() && rng() % 8 == 0)) break;
-        ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
-      }
-    }
+    random_walks(a, *vocabulary, rng, 6, 80, [&](const MatchState& state, const std::vector<uint32_t>& walked) {
+      std::vector<uint32_t> cached;
+      masker.fill(state, cached);
+      ASSERT_EQ(cached, walked) << "state " << compared;
+      ++compared;
+    });
     EXPECT_GT(masker.cached_tops(), 3u);
   }
   EXPECT_GT(compared, 500);
@@ -236,36 +253,16 @@ TEST(TokenMasker, ThreadsSharingAMaskerGetTheTrieWalksMasks) {
   const unsigned seed = std::random_device{}();
   std::mt19937 rng(seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
-  std::vector<std::string> vocab;
-  for (int b = 0; b < 256; ++b) vocab.emplace_back(1, static_cast<char>(b));
-  const std::string alphabet = "{}[]\":, 0123456789.-etrufalsnxyz\\\xC3\xA9";
-  for (int i = 0; i < 3000; ++i) {
-    std::string t;
-    const int n = 1 + static_cast<int>(rng() % 6);
-    for (int j = 0; j < n; ++j) t += alphabet[rng() % alphabet.size()];
-    vocab.push_back(t);
-  }
-  const auto vocabulary = std::make_shared<const Vocabulary>(vocab);
+  const auto vocabulary = random_vocabulary(rng);
   const auto corpus = schema_corpus();
   for (int which : {5, 21, 38}) {
     const auto a = schema_automaton(corpus[static_cast<size_t>(which)]["schema"].dump());
     std::vector<MatchState> states;
     std::vector<std::vector<uint32_t>> want;
-    for (int walk = 0; walk < 8; ++walk) {
-      GrammarMatcher m(a);
-      for (int step = 0; step < 60; ++step) {
-        std::vector<uint32_t> walked;
-        vocabulary->trie.fill_mask(*a, m.state(), walked);
-        states.push_back(m.state());
-        want.push_back(walked);
-        std::vector<int> ok;
-        for (size_t id = 0; id < vocab.size(); ++id) {
-          if ((walked[id / 32] >> (id % 32)) & 1u) ok.push_back(static_cast<int>(id));
-        }
-        if (ok.empty() || (m.can_end() && rng() % 8 == 0)) break;
-        ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
-      }
-    }
+    random_walks(a, *vocabulary, rng, 8, 60, [&](const MatchState& state, const std::vector<uint32_t>& walked) {
+      states.push_back(state);
+      want.push_back(walked);
+    });
     TokenMasker masker(a, vocabulary);
     std::vector<std::string> failures(8);
     std::vector<std::thread> threads;
