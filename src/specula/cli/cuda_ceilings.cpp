@@ -17,7 +17,6 @@
 
 namespace specula {
 
-namespace {
 void fill_random_bf16(const Buffer& b, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -31,7 +30,6 @@ void fill_random_bf16(const Buffer& b, uint64_t seed) {
     copy(TensorView(b.data_as<uint16_t>() + done, DType::bf16, {count}, b.device()), host.view().slice(0, count));
   }
 }
-}  // namespace
 
 CudaCeilings measure_cuda_ceilings(Device device) {
   CUDA_CHECK(cudaSetDevice(device.index));

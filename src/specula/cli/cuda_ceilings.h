@@ -7,6 +7,7 @@
 #include <string>
 
 #include "specula/core/device.h"
+#include "specula/core/tensor.h"
 
 namespace specula {
 
@@ -17,6 +18,9 @@ struct CudaCeilings {
 };
 
 CudaCeilings measure_cuda_ceilings(Device device);
+
+// Standard normal bf16 values in b (a 4M-value block drawn once and repeated: data for timing).
+void fill_random_bf16(const Buffer& b, uint64_t seed);
 
 // TB/s at which a streaming kernel (4 blocks of 512 threads per multiprocessor) reads `bytes` once,
 // timed as a benchmark case is, from the given L2 state ("cold", "dirty", "warm"): the ceiling of a

@@ -19,6 +19,7 @@
 #include "specula/cli/bench_grammar.h"
 #include "specula/cli/bench_moe.h"
 #include "specula/cli/bench_allreduce.h"
+#include "specula/cli/bench_linear.h"
 #include "specula/cli/bench_perplexity.h"
 #include "specula/cli/bench_spec_cost.h"
 #include "specula/cli/bench_serve.h"
@@ -121,6 +122,7 @@ int main(int argc, char** argv) {
   specula::add_bench_grammar_command(*bench);
   specula::add_bench_moe_command(*bench);
   specula::add_bench_allreduce_command(*bench);
+  specula::add_bench_linear_command(*bench);
   specula::add_bench_perplexity_command(*bench);
   take_text_verbatim(app);
 

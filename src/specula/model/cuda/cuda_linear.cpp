@@ -12,6 +12,7 @@
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/gemv.h"
 #include "specula/model/cuda/model_ops.h"
+#include "specula/model/cuda/skinny_gemm.h"
 
 namespace specula {
 
@@ -105,9 +106,29 @@ CudaLinear::~CudaLinear() {
   if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
 }
 
-bool CudaLinear::needs_split(const Buffer& w, int64_t n, int in) const {
-  return w.dtype() == DType::bf16 && !((n <= kGemvFastRows || deterministic_) && in % 8 == 0);
+CudaLinear::Path CudaLinear::path(const Buffer& w, int64_t n, int in) const {
+  if (w.dtype() != DType::bf16) return Path::gemm;
+  if (forced_ == Path::gemv && in % 8 == 0) return Path::gemv;
+  if (forced_ == Path::skinny && ck::skinny_fits(in)) return Path::skinny;
+  if (forced_ == Path::gemm) return Path::gemm;
+  if ((n <= kGemvFastRows || deterministic_) && in % 8 == 0) return Path::gemv;
+  if (n <= kSkinnyRows && ck::skinny_fits(in)) return Path::skinny;
+  return Path::gemm;
 }
+
+bool CudaLinear::needs_split(const Buffer& w, int64_t n, int in) const {
+  return w.dtype() == DType::bf16 && path(w, n, in) == Path::gemm;
+}
+
+namespace {
+
+// Runs kernel(rows, offset) over n rows in chunks of at most `most`.
+template <typename Fn>
+void in_chunks(int64_t n, int most, const Fn& kernel) {
+  for (int64_t r = 0; r < n; r += most) kernel(static_cast<int>(std::min<int64_t>(most, n - r)), r);
+}
+
+}  // namespace
 
 void CudaLinear::operator()(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out,
                             void* hi, void* lo, float* halves) const {
@@ -119,11 +140,11 @@ void CudaLinear::operator()(const float* x, const Buffer& w, const Buffer& bias,
   if (w.dtype() == DType::f32) {
     status = cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data_as<const float>(), in,
                          x, in, &zero, y, out);
-  } else if (!needs_split(w, n, in)) {
-    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
-      ck::gemv_bf16(w.data(), x + r * in, y + r * out, rows, in, out, s);
-    }
+  } else if (const Path chosen = path(w, n, in); chosen == Path::gemv) {
+    in_chunks(n, ck::kGemvMaxRows, [&](int rows, int64_t r) { ck::gemv_bf16(w.data(), x + r * in, y + r * out, rows, in, out, s); });
+  } else if (chosen == Path::skinny) {
+    in_chunks(n, ck::kSkinnyMaxRows,
+              [&](int rows, int64_t r) { ck::skinny_gemm(w.data(), x + r * in, y + r * out, rows, in, out, s); });
   } else if (halves != nullptr) {
     // Tensor cores with x split into two bf16 terms stacked as 2n rows: one GEMM reads the weights
     // once; y = (w hi) + (w lo) (+ bias) in one more pass.
@@ -158,11 +179,13 @@ void CudaLinear::product_bf16_x(const void* x, const Buffer& w, const Buffer& bi
     (*this)(x_f32, w, bias, y, n, in, out, nullptr, nullptr);
     return;
   }
-  if (!needs_split(w, n, in)) {
-    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
-      ck::gemv_bf16_xbf16(w.data(), static_cast<const uint16_t*>(x) + r * in, y + r * out, rows, in, out, s);
-    }
+  const auto* xb = static_cast<const uint16_t*>(x);
+  if (const Path chosen = path(w, n, in); chosen == Path::gemv) {
+    in_chunks(n, ck::kGemvMaxRows,
+              [&](int rows, int64_t r) { ck::gemv_bf16_xbf16(w.data(), xb + r * in, y + r * out, rows, in, out, s); });
+  } else if (chosen == Path::skinny) {
+    in_chunks(n, ck::kSkinnyMaxRows,
+              [&](int rows, int64_t r) { ck::skinny_gemm_xbf16(w.data(), xb + r * in, y + r * out, rows, in, out, s); });
   } else {
     // x is exactly bf16: one tensor-core GEMM, no hi/lo split.
     const float one = 1.0f, zero = 0.0f;
@@ -179,12 +202,20 @@ void CudaLinear::product_bf16_x(const void* x, const Buffer& w, const Buffer& bi
 void CudaLinear::gated(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int inter,
                        bool gelu, float* gate_up, void* hi, void* lo, float* halves) const {
   const auto s = static_cast<cudaStream_t>(stream_);
-  if (w.dtype() == DType::bf16 && bias.data() == nullptr && !needs_split(w, n, in)) {
-    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
-      ck::gemv_bf16_gated(w.data(), x + r * in, y + r * inter, rows, in, inter, gelu, s);
+  if (w.dtype() == DType::bf16 && bias.data() == nullptr) {
+    const Path chosen = path(w, n, in);
+    if (chosen == Path::gemv) {
+      in_chunks(n, ck::kGemvMaxRows, [&](int rows, int64_t r) {
+        ck::gemv_bf16_gated(w.data(), x + r * in, y + r * inter, rows, in, inter, gelu, s);
+      });
+      return;
     }
-    return;
+    if (chosen == Path::skinny) {
+      in_chunks(n, ck::kSkinnyMaxRows, [&](int rows, int64_t r) {
+        ck::skinny_gemm_gated(w.data(), x + r * in, y + r * inter, rows, in, inter, gelu, s);
+      });
+      return;
+    }
   }
   (*this)(x, w, bias, gate_up, n, in, 2 * inter, hi, lo, halves);
   ck::gated_activation_fused(gate_up, y, n, inter, gelu, s);

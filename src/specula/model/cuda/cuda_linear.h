@@ -1,8 +1,8 @@
 // Weights on the device and the products of the GPU decoders (LlamaCudaModel, the EAGLE head):
 // y[n, out] = x[n, in] w[out, in]^T (+ bias) with f32 activations. bf16 weights: the GEMV kernel
-// for up to kGemvFastRows rows (any rows in deterministic mode), else bf16 tensor-core GEMMs over
-// a hi/lo split of x: one GEMM over the stacked [hi; lo] rows where the caller gives scratch for
-// its 2n output rows (the weights are read once: what memory-bound steps of a few rows need),
+// for up to kGemvFastRows rows (any rows in deterministic mode), the skinny tensor-core kernel
+// (skinny_gemm.h) up to kSkinnyRows, else cuBLAS bf16 tensor-core GEMMs over a hi/lo split of x:
+// one GEMM over the stacked [hi; lo] rows where the caller gives scratch for its 2n output rows,
 // else two; f32 weights: cuBLAS sgemm.
 #pragma once
 
@@ -43,9 +43,18 @@ class CudaLinear {
   CudaLinear& operator=(const CudaLinear&) = delete;
 
   // Rows the GEMV serves outside deterministic mode: it reads the weights once for all its rows,
-  // but past two rows it falls behind a tensor-core GEMM over the stacked split (H200, Llama-3-8B
-  // shapes: 8 rows took 1.8x a 1-row step, the stacked GEMM about what one row takes).
+  // but past two rows it falls behind tensor-core products (H200, Llama-3-8B shapes: 8 rows took
+  // 1.8x a 1-row step, the stacked GEMM about what one row takes).
   static constexpr int kGemvFastRows = 2;
+  // Rows the skinny kernel serves (when the inputs are a multiple of 32), past which cuBLAS's
+  // GEMM over the stacked split takes over (`specula bench linear` measures the crossover).
+  static constexpr int kSkinnyRows = 16;
+  // Which kernel a bf16 product takes; automatic is the rule above. Benchmarks and tests force the
+  // others (gemv and skinny take any row count, in chunks of their largest).
+  enum class Path { automatic, gemv, skinny, gemm };
+  void force_path(Path path) { forced_ = path; }
+  // The kernel a product of n rows of `in` inputs takes (gemm for f32 weights).
+  Path path(const Buffer& w, int64_t n, int in) const;
   // The stacked split's output scratch is kept under this (larger products take two GEMMs).
   static constexpr int64_t kMaxStackedBytes = 64ll << 20;
   // Whether a product needs the bf16 hi/lo scratch (n * in values each), and whether it may take
@@ -88,6 +97,7 @@ class CudaLinear {
   void* stream_;
   void* handle_ = nullptr;  // cublasHandle_t
   bool deterministic_;
+  Path forced_ = Path::automatic;
   Buffer workspace_;
 };
 
