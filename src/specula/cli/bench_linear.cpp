@@ -94,7 +94,6 @@ void run(const Options& o) {
       float* x = s.x.data_as<float>();
       float* y = s.y.data_as<float>();
       void* hi = s.split.data();
-      void* lo = static_cast<uint16_t*>(hi) + int64_t{n} * kInter;
       auto product = [&](const Buffer& w, const float* in_x, float* out_y, int in, int out) {
         const bool split = linear.needs_split(w, n, in);
         void* lo_here = static_cast<uint16_t*>(hi) + int64_t{n} * in;
@@ -105,7 +104,7 @@ void run(const Options& o) {
         product(qkv, x, y, kHidden, kQkv);
         linear.product_bf16_x(s.xb.data(), wo, Buffer{}, y, n, kHidden, kHidden, x);
         linear.gated(x, gate_up, Buffer{}, s.act.data_as<float>(), n, kHidden, kInter, false, s.gate_up.data_as<float>(),
-                     hi, lo, s.halves.data_as<float>());
+                     hi, static_cast<uint16_t*>(hi) + int64_t{n} * kHidden, s.halves.data_as<float>());
         product(down, s.act.data_as<float>(), y, kInter, kHidden);
       };
       layer_ms[p] = cuda_median_seconds(layer, o.reps) * 1e3;

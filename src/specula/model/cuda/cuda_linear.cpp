@@ -100,6 +100,10 @@ CudaLinear::CudaLinear(Device device, void* stream, bool deterministic) : stream
   handle_ = handle;
   workspace_ = Buffer(DType::u8, {32 << 20}, device);
   cublasSetWorkspace(handle, workspace_.data(), static_cast<size_t>(workspace_.numel()));
+  CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device.index));
+  skinny_partial_ = Buffer(DType::f32, {ck::skinny_partial_floats(multiprocessors_)}, device);
+  skinny_counters_ = Buffer(DType::u8, {int64_t{4} * ck::skinny_counters(multiprocessors_)}, device);
+  CUDA_CHECK(cudaMemset(skinny_counters_.data(), 0, static_cast<size_t>(skinny_counters_.nbytes())));
 }
 
 CudaLinear::~CudaLinear() {
@@ -122,6 +126,10 @@ bool CudaLinear::needs_split(const Buffer& w, int64_t n, int in) const {
 
 namespace {
 
+ck::SkinnyScratch skinny_scratch(const Buffer& partial, const Buffer& counters, int multiprocessors) {
+  return {partial.data_as<float>(), static_cast<unsigned*>(counters.data()), multiprocessors};
+}
+
 // Runs kernel(rows, offset) over n rows in chunks of at most `most`.
 template <typename Fn>
 void in_chunks(int64_t n, int most, const Fn& kernel) {
@@ -143,8 +151,9 @@ void CudaLinear::operator()(const float* x, const Buffer& w, const Buffer& bias,
   } else if (const Path chosen = path(w, n, in); chosen == Path::gemv) {
     in_chunks(n, ck::kGemvMaxRows, [&](int rows, int64_t r) { ck::gemv_bf16(w.data(), x + r * in, y + r * out, rows, in, out, s); });
   } else if (chosen == Path::skinny) {
+    const auto skinny = skinny_scratch(skinny_partial_, skinny_counters_, multiprocessors_);
     in_chunks(n, ck::kSkinnyMaxRows,
-              [&](int rows, int64_t r) { ck::skinny_gemm(w.data(), x + r * in, y + r * out, rows, in, out, s); });
+              [&](int rows, int64_t r) { ck::skinny_gemm(w.data(), x + r * in, y + r * out, rows, in, out, skinny, s); });
   } else if (halves != nullptr) {
     // Tensor cores with x split into two bf16 terms stacked as 2n rows: one GEMM reads the weights
     // once; y = (w hi) + (w lo) (+ bias) in one more pass.
@@ -184,8 +193,9 @@ void CudaLinear::product_bf16_x(const void* x, const Buffer& w, const Buffer& bi
     in_chunks(n, ck::kGemvMaxRows,
               [&](int rows, int64_t r) { ck::gemv_bf16_xbf16(w.data(), xb + r * in, y + r * out, rows, in, out, s); });
   } else if (chosen == Path::skinny) {
+    const auto skinny = skinny_scratch(skinny_partial_, skinny_counters_, multiprocessors_);
     in_chunks(n, ck::kSkinnyMaxRows,
-              [&](int rows, int64_t r) { ck::skinny_gemm_xbf16(w.data(), xb + r * in, y + r * out, rows, in, out, s); });
+              [&](int rows, int64_t r) { ck::skinny_gemm_xbf16(w.data(), xb + r * in, y + r * out, rows, in, out, skinny, s); });
   } else {
     // x is exactly bf16: one tensor-core GEMM, no hi/lo split.
     const float one = 1.0f, zero = 0.0f;
@@ -211,8 +221,9 @@ void CudaLinear::gated(const float* x, const Buffer& w, const Buffer& bias, floa
       return;
     }
     if (chosen == Path::skinny) {
+      const auto skinny = skinny_scratch(skinny_partial_, skinny_counters_, multiprocessors_);
       in_chunks(n, ck::kSkinnyMaxRows, [&](int rows, int64_t r) {
-        ck::skinny_gemm_gated(w.data(), x + r * in, y + r * inter, rows, in, inter, gelu, s);
+        ck::skinny_gemm_gated(w.data(), x + r * in, y + r * inter, rows, in, inter, gelu, skinny, s);
       });
       return;
     }

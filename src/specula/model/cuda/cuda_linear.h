@@ -99,6 +99,9 @@ class CudaLinear {
   bool deterministic_;
   Path forced_ = Path::automatic;
   Buffer workspace_;
+  // The skinny kernel's split partial sums and counters (skinny_gemm.h), and the GPU's SMs.
+  Buffer skinny_partial_, skinny_counters_;
+  int multiprocessors_ = 0;
 };
 
 }  // namespace specula

@@ -9,6 +9,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 namespace specula::cuda_kernels {
 
 inline constexpr int kSkinnyMaxRows = 32;
@@ -16,14 +18,29 @@ inline constexpr int kSkinnyMaxRows = 32;
 // Whether the kernel takes a product of `in` inputs (a multiple of 32).
 inline bool skinny_fits(int in) { return in > 0 && in % 32 == 0; }
 
+// Products with too few weight rows to fill the GPU split their inputs over several blocks; the
+// last block of a group to finish adds the groups' partial sums in a fixed order (so results do
+// not depend on timing). Per stream: `partial` f32 values and `counters` zeroed once (the last
+// block leaves its counter at zero again).
+struct SkinnyScratch {
+  float* partial = nullptr;
+  unsigned* counters = nullptr;
+  int multiprocessors = 0;  // of the GPU the scratch is on
+};
+// What a SkinnyScratch needs on a GPU with `multiprocessors` SMs.
+int64_t skinny_partial_floats(int multiprocessors);
+int skinny_counters(int multiprocessors);
+
 // w: bf16 [out, in] row-major, 16-byte aligned; x: f32 [rows, in]; y: f32 [rows, out].
 // Requires 1 <= rows <= kSkinnyMaxRows and skinny_fits(in).
-void skinny_gemm(const void* w, const float* x, float* y, int rows, int in, int out, cudaStream_t s);
+void skinny_gemm(const void* w, const float* x, float* y, int rows, int in, int out, SkinnyScratch scratch,
+                 cudaStream_t s);
 // The same with bf16 activations (one term, no split).
-void skinny_gemm_xbf16(const void* w, const void* x, float* y, int rows, int in, int out, cudaStream_t s);
+void skinny_gemm_xbf16(const void* w, const void* x, float* y, int rows, int in, int out, SkinnyScratch scratch,
+                       cudaStream_t s);
 // The gated MLP's first product: w stacks gate rows over up rows ([2 inter, in]);
 // y [rows, inter] = act(x gate^T) * (x up^T), act silu or gelu_tanh.
 void skinny_gemm_gated(const void* w, const float* x, float* y, int rows, int in, int inter, bool gelu,
-                       cudaStream_t s);
+                       SkinnyScratch scratch, cudaStream_t s);
 
 }  // namespace specula::cuda_kernels
