@@ -10,7 +10,6 @@
 #include "specula/core/cuda_pdl.cuh"
 #include "specula/model/cuda/activation.cuh"
 #include "specula/model/cuda/gemv.h"
-#include "specula/model/cuda/stream_load.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -18,6 +17,15 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kUnroll = 4;
+
+// A streaming 16-byte load: read once, so it need not displace the activations in L1.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 
 // Two bf16 in one 32-bit word -> two f32 (exact: bf16 is the top half of an f32).
 __device__ __forceinline__ float lo_bf16(uint32_t u) { return __uint_as_float(u << 16); }

@@ -1,19 +1,12 @@
-// The skinny tensor-core product. Each warp of a block owns a 16-row tile of the weights (a block
-// 128 rows; a gated block the gate rows and the up rows of 64 outputs), so the block's 8 warps
-// read the same activations, which the L1 serves after the first: per weight byte a block reads
-// rows / 64 bytes of f32 activations from L2 (16-row tiles per block would read 16 times more, and
-// at 8+ rows that traffic, not the weights, set the speed). Products with too few tiles to fill
-// the GPU split their inputs over blocks (blockIdx.y) and the last block of a tile group adds the
-// partial sums in split order.
-//
-// Inside a 32-input slice each lane streams one 16-byte piece of weight row g and one of row g + 8
-// (g = lane / 4, piece lane % 4): coalesced 64-byte runs per row, and a warp walks its slices in
-// order. mma.m16n8k16 wants a lane's A registers at inputs 2t, 2t + 1 and 2t + 8, 2t + 9
-// (t = lane % 4) of a 16-input step; a dot product does not care in which order the inputs are
-// paired, so the slice's 32 inputs are renumbered: step s, logical input 2t + j (+ 8) is physical
-// input 8t + 4s + j (+ 2). The B (activation) registers follow the same renumbering, which makes
-// them four consecutive values of one activation row per lane and step: one float4 (f32) or half
-// a uint4 (bf16) load.
+// The skinny tensor-core product. A block owns 128 weight rows (a gated block the gate rows and
+// the up rows of 64 outputs) and walks its inputs in 64-wide tiles: the weights go from global to
+// shared memory through a ring of kStages cp.async stages (full 128-byte lines, many in flight, no
+// registers held), each warp takes its 16-row tile from there with ldmatrix into mma.m16n8k16's A
+// registers, and the activations (the 8-column B operand) come from global memory through the L1,
+// which all 8 warps share: per weight byte a block reads rows / 64 bytes of f32 activations.
+// Products with too few row groups to fill the GPU split their inputs over blocks (blockIdx.y) and
+// the last block of a group adds the partial sums in split order, so results depend only on the
+// product's shape.
 #include "specula/model/cuda/skinny_gemm.h"
 
 #include <cuda_bf16.h>
@@ -24,9 +17,9 @@
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
+#include "specula/core/cuda_smem.h"
 #include "specula/core/error.h"
 #include "specula/model/cuda/activation.cuh"
-#include "specula/model/cuda/stream_load.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -40,10 +33,6 @@ __device__ __forceinline__ uint32_t pack_bf16(__nv_bfloat16 a, __nv_bfloat16 b) 
   return static_cast<uint32_t>(__bfloat16_as_ushort(a)) | (static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16);
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
 // c += a b for one m16n8k16 tile, bf16 in, f32 accumulate.
 __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                     uint32_t b1) {
@@ -53,110 +42,137 @@ __device__ __forceinline__ void mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One activation row's B registers for a slice: b[s][0..1] the hi term of step s, b[s][2..3] the
-// lo term (f32 rows only: x - hi rounded to bf16).
-__device__ __forceinline__ void activation_terms(const float* x, uint32_t (&b)[2][4]) {
-  const float4 p = *reinterpret_cast<const float4*>(x);
-  const float4 q = *reinterpret_cast<const float4*>(x + 4);
-  const float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-#pragma unroll
-  for (int s = 0; s < 2; ++s) {
-    __nv_bfloat16 h[4], l[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      h[j] = __float2bfloat16_rn(v[4 * s + j]);
-      l[j] = __float2bfloat16_rn(v[4 * s + j] - __bfloat162float(h[j]));
-    }
-    b[s][0] = pack_bf16(h[0], h[1]);
-    b[s][1] = pack_bf16(h[2], h[3]);
-    b[s][2] = pack_bf16(l[0], l[1]);
-    b[s][3] = pack_bf16(l[2], l[3]);
-  }
+// A row's B registers for one 16-input step at k: inputs k + 2t, k + 2t + 1 (b0) and k + 2t + 8,
+// k + 2t + 9 (b1); f32 rows give a hi pair (b[0], b[1]) and a lo pair (b[2], b[3]: x - hi rounded).
+__device__ __forceinline__ void activation_terms(const float* x, uint32_t (&b)[4]) {
+  const float2 p = *reinterpret_cast<const float2*>(x);
+  const float2 q = *reinterpret_cast<const float2*>(x + 8);
+  const __nv_bfloat162 hp = __floats2bfloat162_rn(p.x, p.y), hq = __floats2bfloat162_rn(q.x, q.y);
+  const __nv_bfloat162 lp = __floats2bfloat162_rn(p.x - __low2float(hp), p.y - __high2float(hp));
+  const __nv_bfloat162 lq = __floats2bfloat162_rn(q.x - __low2float(hq), q.y - __high2float(hq));
+  b[0] = *reinterpret_cast<const uint32_t*>(&hp);
+  b[1] = *reinterpret_cast<const uint32_t*>(&hq);
+  b[2] = *reinterpret_cast<const uint32_t*>(&lp);
+  b[3] = *reinterpret_cast<const uint32_t*>(&lq);
 }
-__device__ __forceinline__ void activation_terms(const __nv_bfloat16* x, uint32_t (&b)[2][4]) {
-  const uint4 v = *reinterpret_cast<const uint4*>(x);
-  b[0][0] = v.x, b[0][1] = v.y, b[1][0] = v.z, b[1][1] = v.w;
+__device__ __forceinline__ void activation_terms(const __nv_bfloat16* x, uint32_t (&b)[4]) {
+  b[0] = *reinterpret_cast<const uint32_t*>(x);
+  b[1] = *reinterpret_cast<const uint32_t*>(x + 8);
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& a0, uint32_t& a1, uint32_t& a2, uint32_t& a3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+               : "r"(addr));
 }
 
 constexpr int kCols = 16 * kWarps;  // weight rows per block
-constexpr int kMinSlicesPerSplit = 8;
+constexpr int kTileK = 64;           // inputs per stage: one 128-byte line of each weight row
+constexpr int kStages = 4;
+constexpr int kStageBytes = kCols * kTileK * 2;
+constexpr int kMinTilesPerSplit = 4;
 constexpr int kMaxSplits = 16;
-constexpr int kTilePad = 4;  // tile rows 132 floats apart: the fragment stores hit 32 banks
+constexpr int kTilePad = 4;  // result rows 132 floats apart: the fragment stores hit 32 banks
 
-// kT activation tiles of 8 rows, kU slices in flight per warp. Block (bx, by): weight rows
-// bx * 128 .. + 127 (gated: outputs bx * 64 .. + 63), slices by * per_split .. + per_split - 1.
-template <int kT, int kU, typename TX, int kEpi>
-__global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const uint4* __restrict__ w, const TX* __restrict__ x,
-                                                              float* __restrict__ y, int in, int out, int rows,
-                                                              int per_split, float* __restrict__ partial,
+// kT activation tiles of 8 rows. Block (bx, by): weight rows bx * 128 .. + 127 (gated: outputs
+// bx * 64 .. + 63, gate rows then up rows), input tiles by * per_split .. + per_split - 1.
+// Shared memory holds a stage as 128 rows of 8 16-byte chunks, chunk c of row r at c ^ (r % 8):
+// the 8 rows one ldmatrix matrix reads then sit in 8 different bank groups.
+template <int kT, typename TX, int kEpi>
+__global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const __nv_bfloat16* __restrict__ w,
+                                                              const TX* __restrict__ x, float* __restrict__ y, int in,
+                                                              int out, int rows, int per_split,
+                                                              float* __restrict__ partial,
                                                               unsigned* __restrict__ counters) {
   constexpr bool kSplitX = sizeof(TX) == 4;
   constexpr int kR = 8 * kT;
+  extern __shared__ __align__(128) unsigned char ring[];
   __shared__ float tile[kR][kCols + kTilePad];
   __shared__ bool last;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int group = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
   const int splits = static_cast<int>(gridDim.y);
-  const int row_pieces = in / 8;
-  // Weight rows past `out` read the last row (valid memory); their sums are not stored.
-  const uint4* wr[2];
+  const int first_tile = split * per_split;
+  const int tiles = min(in / kTileK, first_tile + per_split) - first_tile;
+  const uint32_t ring_base = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+
+  // This thread's four 16-byte copies per stage: rows tid / 8 + 32 c, chunk tid % 8. Rows past
+  // `out` copy the last row (valid memory); their sums are not stored.
+  const __nv_bfloat16* src[4];
+  uint32_t dst[4];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int c = 0; c < 4; ++c) {
+    const int r = tid / 8 + 32 * c, chunk = tid % 8;
+    int row;
     if constexpr (kEpi == kPlain) {
-      wr[h] = w + static_cast<int64_t>(min(group * kCols + warp * 16 + g + 8 * h, out - 1)) * row_pieces + t4;
+      row = min(group * kCols + r, out - 1);
     } else {
-      const int output = min(group * (kCols / 2) + (warp % 4) * 16 + g + 8 * h, out - 1);
-      wr[h] = w + static_cast<int64_t>(output + (warp / 4) * out) * row_pieces + t4;
+      row = min(group * (kCols / 2) + r % (kCols / 2), out - 1) + (r < kCols / 2 ? 0 : out);
     }
+    src[c] = w + static_cast<int64_t>(row) * in + static_cast<int64_t>(first_tile) * kTileK + chunk * 8;
+    dst[c] = static_cast<uint32_t>(r * (kTileK * 2) + ((chunk ^ (r % 8)) * 16));
+  }
+  auto issue = [&](int t) {
+    if (t < tiles) {
+      const uint32_t stage = ring_base + static_cast<uint32_t>((t % kStages) * kStageBytes);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) cp_async16(stage + dst[c], src[c] + static_cast<int64_t>(t) * kTileK);
+    }
+    cp_async_commit();
+  };
+  // The weights do not depend on earlier kernels: the first stages are requested before the wait
+  // for the activations (cuda_pdl.cuh).
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) issue(t);
+  pdl_wait();
+  pdl_trigger();
+
+  // ldmatrix.x4: lanes 8 m .. 8 m + 7 address matrix m's rows: m = 0 rows 0-7 of the warp's tile,
+  // first 8 inputs of the step; 1 rows 8-15; 2 rows 0-7, next 8 inputs; 3 rows 8-15, next 8.
+  const int a_row = warp * 16 + (lane / 8 % 2) * 8 + lane % 8;
+  const int a_half = lane / 16;
+  const uint32_t a_offset = static_cast<uint32_t>(a_row * (kTileK * 2));
+  const int a_swizzle = a_row % 8;
+  const TX* x_rows[kT];
+#pragma unroll
+  for (int t = 0; t < kT; ++t) {
+    // Activation rows past `rows` repeat the last one (valid memory, sums not stored).
+    x_rows[t] = x + static_cast<int64_t>(min(8 * t + g, rows - 1)) * in + static_cast<int64_t>(first_tile) * kTileK + 2 * t4;
   }
   float acc[kT][4];
 #pragma unroll
   for (int t = 0; t < kT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-  auto compute = [&](const uint4 (&wv)[2], int slice) {
+  for (int t = 0; t < tiles; ++t) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage t is in for every thread, and stage t - 1 is read by every warp
+    issue(t + kStages - 1);
+    const uint32_t stage = ring_base + static_cast<uint32_t>((t % kStages) * kStageBytes) + a_offset;
 #pragma unroll
-    for (int t = 0; t < kT; ++t) {
-      // Activation rows past `rows` repeat the last one (valid memory, sums not stored).
-      const int r = min(8 * t + g, rows - 1);
-      uint32_t b[2][4];
-      activation_terms(x + static_cast<int64_t>(r) * in + slice * 32 + 8 * t4, b);
+    for (int step = 0; step < kTileK / 16; ++step) {
+      uint32_t a0, a1, a2, a3;
+      ldmatrix_x4(stage + static_cast<uint32_t>(((2 * step + a_half) ^ a_swizzle) * 16), a0, a1, a2, a3);
 #pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        const uint32_t a0 = word(wv[0], 2 * s), a1 = word(wv[1], 2 * s);
-        const uint32_t a2 = word(wv[0], 2 * s + 1), a3 = word(wv[1], 2 * s + 1);
-        mma(acc[t], a0, a1, a2, a3, b[s][0], b[s][1]);
-        if constexpr (kSplitX) mma(acc[t], a0, a1, a2, a3, b[s][2], b[s][3]);
+      for (int r = 0; r < kT; ++r) {
+        uint32_t b[4];
+        activation_terms(x_rows[r] + t * kTileK + step * 16, b);
+        mma(acc[r], a0, a1, a2, a3, b[0], b[1]);
+        if constexpr (kSplitX) mma(acc[r], a0, a1, a2, a3, b[2], b[3]);
       }
     }
-  };
-  const int end = min(in / 32, (split + 1) * per_split);
-  int slice = split * per_split;
-  uint4 wv[kU][2];
-  auto load_group = [&](int first) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) wv[u][h] = load_stream(wr[h] + (first + u) * 4);
-    }
-  };
-  // The weights do not depend on earlier kernels: the first group's loads go out before the
-  // wait for the activations (cuda_pdl.cuh).
-  bool full = slice + kU <= end;
-  if (full) load_group(slice);
-  pdl_wait();
-  pdl_trigger();
-  while (full) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) compute(wv[u], slice + u);
-    slice += kU;
-    full = slice + kU <= end;
-    if (full) load_group(slice);
   }
-  for (; slice < end; ++slice) {
-    const uint4 one[2] = {load_stream(wr[0] + slice * 4), load_stream(wr[1] + slice * 4)};
-    compute(one, slice);
-  }
+  cp_async_wait<0>();
+
   // Accumulator c0, c1: weight row g, activation rows 2 t4, 2 t4 + 1; c2, c3: weight row g + 8.
   const int col = warp * 16 + g;
 #pragma unroll
@@ -171,23 +187,23 @@ __global__ void __launch_bounds__(kWarps * 32) skinny_kernel(const uint4* __rest
   if (splits > 1) {
     float* group_partial = partial + static_cast<int64_t>(group) * splits * kR * kCols;
     float* mine = group_partial + static_cast<int64_t>(split) * kR * kCols;
-    for (int i = static_cast<int>(threadIdx.x); i < kR * kCols; i += kWarps * 32) __stcg(mine + i, tile[i / kCols][i % kCols]);
+    for (int i = tid; i < kR * kCols; i += kWarps * 32) __stcg(mine + i, tile[i / kCols][i % kCols]);
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counters + group, 1u) == static_cast<unsigned>(splits - 1);
+    if (tid == 0) last = atomicAdd(counters + group, 1u) == static_cast<unsigned>(splits - 1);
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int i = static_cast<int>(threadIdx.x); i < kR * kCols; i += kWarps * 32) {
+    for (int i = tid; i < kR * kCols; i += kWarps * 32) {
       float v = 0.0f;
       for (int p = 0; p < splits; ++p) v += __ldcg(group_partial + static_cast<int64_t>(p) * kR * kCols + i);
       tile[i / kCols][i % kCols] = v;
     }
-    if (threadIdx.x == 0) counters[group] = 0;
+    if (tid == 0) counters[group] = 0;
     __syncthreads();
   }
   constexpr int kOut = kEpi == kPlain ? kCols : kCols / 2;
-  for (int i = static_cast<int>(threadIdx.x); i < kR * kOut; i += kWarps * 32) {
+  for (int i = tid; i < kR * kOut; i += kWarps * 32) {
     const int r = i / kOut, c = i % kOut;
     const int feature = group * kOut + c;
     if (r >= rows || feature >= out) continue;
@@ -201,14 +217,14 @@ struct Plan {
   int groups, splits, per_split;
 };
 
-// Two blocks per multiprocessor at least: products with fewer weight-row groups split their
-// inputs, each split keeping kMinSlicesPerSplit slices or more.
+// Two blocks per multiprocessor at least: products with fewer row groups split their inputs, each
+// split keeping kMinTilesPerSplit input tiles or more.
 Plan plan(int in, int groups, int sms) {
-  const int slices = in / 32;
+  const int tiles = in / kTileK;
   int splits = groups >= 2 * sms ? 1 : (2 * sms + groups - 1) / groups;
-  splits = std::min({splits, kMaxSplits, std::max(1, slices / kMinSlicesPerSplit)});
-  const int per = (slices + splits - 1) / splits;
-  return {groups, (slices + per - 1) / per, per};
+  splits = std::min({splits, kMaxSplits, std::max(1, tiles / kMinTilesPerSplit)});
+  const int per = (tiles + splits - 1) / splits;
+  return {groups, (tiles + per - 1) / per, per};
 }
 
 template <int kT, typename TX, int kEpi>
@@ -221,16 +237,18 @@ void launch_tiles(const void* w, const TX* x, float* y, int rows, int in, int ou
                                        skinny_partial_floats(scratch.multiprocessors) &&
                                    p.groups <= skinny_counters(scratch.multiprocessors)),
                  "skinny_gemm: the split needs the scratch");
-  launch_pdl(skinny_kernel<kT, 4, TX, kEpi>, dim3(static_cast<unsigned>(p.groups), static_cast<unsigned>(p.splits)),
-             dim3(kWarps * 32), 0, s, static_cast<const uint4*>(w), x, y, in, out, rows, p.per_split, scratch.partial,
-             scratch.counters);
+  constexpr size_t kRing = size_t{kStages} * kStageBytes;
+  raise_dynamic_smem(skinny_kernel<kT, TX, kEpi>, kRing);
+  launch_pdl(skinny_kernel<kT, TX, kEpi>, dim3(static_cast<unsigned>(p.groups), static_cast<unsigned>(p.splits)),
+             dim3(kWarps * 32), kRing, s, static_cast<const __nv_bfloat16*>(w), x, y, in, out, rows, p.per_split,
+             scratch.partial, scratch.counters);
 }
 
 template <typename TX, int kEpi>
 void launch(const void* w, const TX* x, float* y, int rows, int in, int out, SkinnyScratch scratch, cudaStream_t s) {
   SPECULA_REQUIRE(rows >= 1 && rows <= kSkinnyMaxRows && skinny_fits(in) && out >= 1 && scratch.multiprocessors > 0,
                   "skinny_gemm: rows " + std::to_string(rows) + ", in " + std::to_string(in) + ", out " +
-                      std::to_string(out) + ": rows must be 1..32, in a positive multiple of 32 and out >= 1");
+                      std::to_string(out) + ": rows must be 1..32, in a positive multiple of 64 and out >= 1");
   switch ((rows + 7) / 8) {
     case 1: launch_tiles<1, TX, kEpi>(w, x, y, rows, in, out, scratch, s); break;
     case 2: launch_tiles<2, TX, kEpi>(w, x, y, rows, in, out, scratch, s); break;

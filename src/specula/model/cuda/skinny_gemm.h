@@ -1,10 +1,10 @@
 // Tensor-core products for a few activation rows (speculative verify, small decode batches):
 // y[r, o] = sum_i x[r, i] * w[o, i] with bf16 weights, f32 accumulation. Memory-bound like the
-// GEMV (each weight read once, in 16-byte streaming loads), but the multiply-adds run on the
-// tensor cores with the weights as the 16-row operand and the activations as the 8-column one,
-// so rows cost almost nothing until the weights stop being the bottleneck. f32 activations are
-// split into bf16 hi + lo terms in registers (no scratch, no extra pass), which keeps about 16
-// bits of each activation as the GEMM over a hi/lo split does.
+// GEMV (each weight read once), but the multiply-adds run on the tensor cores with the weights as
+// the 16-row operand and the activations as the 8-column one, so rows cost almost nothing until
+// the weights stop being the bottleneck. f32 activations are split into bf16 hi + lo terms in
+// registers (no scratch, no extra pass), which keeps about 16 bits of each activation as cuBLAS's
+// GEMM over a hi/lo split does, without that path's split and add kernels.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,8 +15,8 @@ namespace specula::cuda_kernels {
 
 inline constexpr int kSkinnyMaxRows = 32;
 
-// Whether the kernel takes a product of `in` inputs (a multiple of 32).
-inline bool skinny_fits(int in) { return in > 0 && in % 32 == 0; }
+// Whether the kernel takes a product of `in` inputs (a multiple of 64).
+inline bool skinny_fits(int in) { return in > 0 && in % 64 == 0; }
 
 // Products with too few weight rows to fill the GPU split their inputs over several blocks; the
 // last block of a group to finish adds the groups' partial sums in a fixed order (so results do
