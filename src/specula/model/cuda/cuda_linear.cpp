@@ -12,7 +12,6 @@
 #include "specula/model/cuda/fused_ops.h"
 #include "specula/model/cuda/gemv.h"
 #include "specula/model/cuda/model_ops.h"
-#include "specula/model/cuda/skinny_gemm.h"
 
 namespace specula {
 
@@ -100,10 +99,6 @@ CudaLinear::CudaLinear(Device device, void* stream, bool deterministic) : stream
   handle_ = handle;
   workspace_ = Buffer(DType::u8, {32 << 20}, device);
   cublasSetWorkspace(handle, workspace_.data(), static_cast<size_t>(workspace_.numel()));
-  CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device.index));
-  skinny_partial_ = Buffer(DType::f32, {ck::skinny_partial_floats(multiprocessors_)}, device);
-  skinny_counters_ = Buffer(DType::u8, {int64_t{4} * ck::skinny_counters(multiprocessors_)}, device);
-  CUDA_CHECK(cudaMemset(skinny_counters_.data(), 0, static_cast<size_t>(skinny_counters_.nbytes())));
 }
 
 CudaLinear::~CudaLinear() {
@@ -112,31 +107,13 @@ CudaLinear::~CudaLinear() {
 
 CudaLinear::Path CudaLinear::path(const Buffer& w, int64_t n, int in) const {
   if (w.dtype() != DType::bf16) return Path::gemm;
-  if (forced_ == Path::gemv && in % 8 == 0) return Path::gemv;
-  if (forced_ == Path::skinny && ck::skinny_fits(in)) return Path::skinny;
-  if (forced_ == Path::gemm) return Path::gemm;
-  if ((n <= kGemvFastRows || deterministic_) && in % 8 == 0) return Path::gemv;
-  if (n <= kSkinnyRows && ck::skinny_fits(in)) return Path::skinny;
-  return Path::gemm;
+  if (forced_ != Path::automatic) return forced_ == Path::gemv && in % 8 != 0 ? Path::gemm : forced_;
+  return (n <= kGemvFastRows || deterministic_) && in % 8 == 0 ? Path::gemv : Path::gemm;
 }
 
 bool CudaLinear::needs_split(const Buffer& w, int64_t n, int in) const {
   return w.dtype() == DType::bf16 && path(w, n, in) == Path::gemm;
 }
-
-namespace {
-
-ck::SkinnyScratch skinny_scratch(const Buffer& partial, const Buffer& counters, int multiprocessors) {
-  return {partial.data_as<float>(), static_cast<unsigned*>(counters.data()), multiprocessors};
-}
-
-// Runs kernel(rows, offset) over n rows in chunks of at most `most`.
-template <typename Fn>
-void in_chunks(int64_t n, int most, const Fn& kernel) {
-  for (int64_t r = 0; r < n; r += most) kernel(static_cast<int>(std::min<int64_t>(most, n - r)), r);
-}
-
-}  // namespace
 
 void CudaLinear::operator()(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int out,
                             void* hi, void* lo, float* halves) const {
@@ -148,12 +125,11 @@ void CudaLinear::operator()(const float* x, const Buffer& w, const Buffer& bias,
   if (w.dtype() == DType::f32) {
     status = cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, static_cast<int>(n), in, &one, w.data_as<const float>(), in,
                          x, in, &zero, y, out);
-  } else if (const Path chosen = path(w, n, in); chosen == Path::gemv) {
-    in_chunks(n, ck::kGemvMaxRows, [&](int rows, int64_t r) { ck::gemv_bf16(w.data(), x + r * in, y + r * out, rows, in, out, s); });
-  } else if (chosen == Path::skinny) {
-    const auto skinny = skinny_scratch(skinny_partial_, skinny_counters_, multiprocessors_);
-    in_chunks(n, ck::kSkinnyMaxRows,
-              [&](int rows, int64_t r) { ck::skinny_gemm(w.data(), x + r * in, y + r * out, rows, in, out, skinny, s); });
+  } else if (!needs_split(w, n, in)) {
+    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
+      ck::gemv_bf16(w.data(), x + r * in, y + r * out, rows, in, out, s);
+    }
   } else if (halves != nullptr) {
     // Tensor cores with x split into two bf16 terms stacked as 2n rows: one GEMM reads the weights
     // once; y = (w hi) + (w lo) (+ bias) in one more pass.
@@ -188,14 +164,11 @@ void CudaLinear::product_bf16_x(const void* x, const Buffer& w, const Buffer& bi
     (*this)(x_f32, w, bias, y, n, in, out, nullptr, nullptr);
     return;
   }
-  const auto* xb = static_cast<const uint16_t*>(x);
-  if (const Path chosen = path(w, n, in); chosen == Path::gemv) {
-    in_chunks(n, ck::kGemvMaxRows,
-              [&](int rows, int64_t r) { ck::gemv_bf16_xbf16(w.data(), xb + r * in, y + r * out, rows, in, out, s); });
-  } else if (chosen == Path::skinny) {
-    const auto skinny = skinny_scratch(skinny_partial_, skinny_counters_, multiprocessors_);
-    in_chunks(n, ck::kSkinnyMaxRows,
-              [&](int rows, int64_t r) { ck::skinny_gemm_xbf16(w.data(), xb + r * in, y + r * out, rows, in, out, skinny, s); });
+  if (!needs_split(w, n, in)) {
+    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
+      ck::gemv_bf16_xbf16(w.data(), static_cast<const uint16_t*>(x) + r * in, y + r * out, rows, in, out, s);
+    }
   } else {
     // x is exactly bf16: one tensor-core GEMM, no hi/lo split.
     const float one = 1.0f, zero = 0.0f;
@@ -212,21 +185,12 @@ void CudaLinear::product_bf16_x(const void* x, const Buffer& w, const Buffer& bi
 void CudaLinear::gated(const float* x, const Buffer& w, const Buffer& bias, float* y, int64_t n, int in, int inter,
                        bool gelu, float* gate_up, void* hi, void* lo, float* halves) const {
   const auto s = static_cast<cudaStream_t>(stream_);
-  if (w.dtype() == DType::bf16 && bias.data() == nullptr) {
-    const Path chosen = path(w, n, in);
-    if (chosen == Path::gemv) {
-      in_chunks(n, ck::kGemvMaxRows, [&](int rows, int64_t r) {
-        ck::gemv_bf16_gated(w.data(), x + r * in, y + r * inter, rows, in, inter, gelu, s);
-      });
-      return;
+  if (w.dtype() == DType::bf16 && bias.data() == nullptr && !needs_split(w, n, in)) {
+    for (int64_t r = 0; r < n; r += ck::kGemvMaxRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(ck::kGemvMaxRows, n - r));
+      ck::gemv_bf16_gated(w.data(), x + r * in, y + r * inter, rows, in, inter, gelu, s);
     }
-    if (chosen == Path::skinny) {
-      const auto skinny = skinny_scratch(skinny_partial_, skinny_counters_, multiprocessors_);
-      in_chunks(n, ck::kSkinnyMaxRows, [&](int rows, int64_t r) {
-        ck::skinny_gemm_gated(w.data(), x + r * in, y + r * inter, rows, in, inter, gelu, skinny, s);
-      });
-      return;
-    }
+    return;
   }
   (*this)(x, w, bias, gate_up, n, in, 2 * inter, hi, lo, halves);
   ck::gated_activation_fused(gate_up, y, n, inter, gelu, s);

@@ -1,8 +1,8 @@
 // Weights on the device and the products of the GPU decoders (LlamaCudaModel, the EAGLE head):
 // y[n, out] = x[n, in] w[out, in]^T (+ bias) with f32 activations. bf16 weights: the GEMV kernel
-// for up to kGemvFastRows rows (any rows in deterministic mode), the skinny tensor-core kernel
-// (skinny_gemm.h) up to kSkinnyRows, else cuBLAS bf16 tensor-core GEMMs over a hi/lo split of x:
-// one GEMM over the stacked [hi; lo] rows where the caller gives scratch for its 2n output rows,
+// for up to kGemvFastRows rows (any rows in deterministic mode), else bf16 tensor-core GEMMs over
+// a hi/lo split of x: one GEMM over the stacked [hi; lo] rows where the caller gives scratch for
+// its 2n output rows (the weights are read once: what memory-bound steps of a few rows need),
 // else two; f32 weights: cuBLAS sgemm.
 #pragma once
 
@@ -43,15 +43,12 @@ class CudaLinear {
   CudaLinear& operator=(const CudaLinear&) = delete;
 
   // Rows the GEMV serves outside deterministic mode: it reads the weights once for all its rows,
-  // but past two rows it falls behind tensor-core products (H200, Llama-3-8B shapes: 8 rows took
-  // 1.8x a 1-row step, the stacked GEMM about what one row takes).
+  // but past two rows it falls behind a tensor-core GEMM over the stacked split (H200, Llama-3-8B
+  // shapes: 8 rows took 1.8x a 1-row step, the stacked GEMM about what one row takes).
   static constexpr int kGemvFastRows = 2;
-  // Rows the skinny kernel serves (when the inputs are a multiple of 32), past which cuBLAS's
-  // GEMM over the stacked split takes over (`specula bench linear` measures the crossover).
-  static constexpr int kSkinnyRows = 16;
-  // Which kernel a bf16 product takes; automatic is the rule above. Benchmarks and tests force the
-  // others (gemv and skinny take any row count, in chunks of their largest).
-  enum class Path { automatic, gemv, skinny, gemm };
+  // Which kernel a bf16 product takes; automatic is the rule above. Benchmarks force the others
+  // (the GEMV takes any row count, in chunks of its largest).
+  enum class Path { automatic, gemv, gemm };
   void force_path(Path path) { forced_ = path; }
   // The kernel a product of n rows of `in` inputs takes (gemm for f32 weights).
   Path path(const Buffer& w, int64_t n, int in) const;
@@ -99,9 +96,6 @@ class CudaLinear {
   bool deterministic_;
   Path forced_ = Path::automatic;
   Buffer workspace_;
-  // The skinny kernel's split partial sums and counters (skinny_gemm.h), and the GPU's SMs.
-  Buffer skinny_partial_, skinny_counters_;
-  int multiprocessors_ = 0;
 };
 
 }  // namespace specula
