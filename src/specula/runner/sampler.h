@@ -51,9 +51,10 @@ class Sampler {
   // Picks a token and records it as output (for the penalties).
   int32_t sample(std::span<const float> logits);
   // sample() of a temperature > 0 request in three parts, so that a batch can draw its rows on
-  // several threads: prepare() applies the penalties and the grammar's mask (grammars share
-  // caches: call it from one thread), draw() picks from what it returned (this sampler's
-  // generator and scratch only: any thread, one call per sampler at a time), commit() records.
+  // several threads: prepare() applies the penalties and the grammar's mask (what rows of one
+  // grammar share is its masker, which is thread-safe), draw() picks from what it returned (this
+  // sampler's generator and scratch); both on any thread, one call per sampler at a time; commit()
+  // records.
   std::span<const float> prepare(std::span<const float> logits) { return adjusted(logits, {}); }
   int32_t draw(std::span<const float> prepared) { return pick(prepared); }
   void commit(int32_t token) { record(token); }

@@ -132,26 +132,21 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
 void Scheduler::draw_rows(const std::vector<Planned>& plan, bool argmax_only, size_t vocab) {
   drawn_.assign(plan.size(), Drawn{});
   if (argmax_only) return;
-  // Rows drawn at temperature > 0: penalties and grammar masks here, one row after another (the
-  // grammars share caches), then the draws themselves (a softmax over the vocabulary each) on the
-  // thread pool, each on its own request's sampler.
+  // Rows drawn at temperature > 0, each on its own request's sampler and on the thread pool: its
+  // penalties, its grammar's mask (rows of one grammar share the grammar's masker, which is
+  // thread-safe, so a step that meets several grammar states never classified waits for the
+  // slowest row, not their sum) and its draw (a softmax over the vocabulary).
   std::vector<size_t> rows;
-  std::vector<std::span<const float>> prepared(plan.size());
   for (size_t i = 0; i < plan.size(); ++i) {
-    Req& r = *plan[i].req;
-    if (r.pending() > 0 || r.sampler.greedy()) continue;
-    try {
-      prepared[i] = r.sampler.prepare(std::span<const float>(logits_).subspan(i * vocab, vocab));
-      rows.push_back(i);
-    } catch (const std::exception& e) {
-      drawn_[i].error = e.what();
-    }
+    const Req& r = *plan[i].req;
+    if (r.pending() == 0 && !r.sampler.greedy()) rows.push_back(i);
   }
   if (rows.empty()) return;
   auto draw = [&](int64_t k, int) {
     const size_t i = rows[static_cast<size_t>(k)];
+    Sampler& sampler = plan[i].req->sampler;
     try {
-      drawn_[i].token = plan[i].req->sampler.draw(prepared[i]);
+      drawn_[i].token = sampler.draw(sampler.prepare(std::span<const float>(logits_).subspan(i * vocab, vocab)));
     } catch (const std::exception& e) {
       drawn_[i].error = e.what();
     }
