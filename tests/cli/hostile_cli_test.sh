@@ -84,6 +84,14 @@ expect_error "synthetic and model" "give at most one of --model and --synthetic"
   bench serve --synthetic tiny --model "$source_dir/models/specula-byte-6m"
 expect_error "request rate 1e-9" "--request-rate 1e-09 would spread 16 requests" \
   bench serve --synthetic tiny --num-requests 16 --request-rate 1e-9
+printf '{"output_lens": [3, 0]}' >"$work/lens.json"
+expect_error "output lens of length 0" "--output-lens-from $work/lens.json: length 0 is not an integer in 1..--output-len 4" \
+  bench serve --synthetic tiny --num-requests 2 --input-len 4 --output-len 4 --output-lens-from "$work/lens.json"
+expect_error "output lens for fewer requests" "--output-lens-from $work/lens.json: 2 lengths for --num-requests 3" \
+  bench serve --synthetic tiny --num-requests 3 --input-len 4 --output-len 4 --output-lens-from "$work/lens.json"
+printf '[1, 2]' >"$work/lens_array.json"
+expect_error "output lens not a result" "not a \`bench serve --json\` result" \
+  bench serve --synthetic tiny --num-requests 2 --input-len 4 --output-len 4 --output-lens-from "$work/lens_array.json"
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect_error "bench attention --mla without a GPU" "bench attention --mla needs a CUDA GPU" \
     bench attention --mla --filter "no such case"

@@ -4,9 +4,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -52,7 +54,31 @@ struct Options {
   FormatFlags format;     // structured output asked of every request
   std::string tokenizer;  // --synthetic: the tokenizer a format's grammar is built over
   float temperature = 0;
+  std::string output_lens_from;  // an earlier run's --json: each request's output length
 };
+
+// --output-lens-from: the "output_lens" of an earlier `bench serve --json`, one per request, each
+// 1..--output-len; the requests then decode exactly that many tokens (a run without a format
+// decoding what a run with one did: the same requests, the same lengths).
+std::vector<int> read_output_lens(const Options& o) {
+  if (o.output_lens_from.empty()) return {};
+  std::ifstream file(o.output_lens_from);
+  SPECULA_CHECK(file.is_open(), "--output-lens-from {}: cannot open the file: {}", o.output_lens_from, std::strerror(errno));
+  const nlohmann::json j = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  SPECULA_CHECK(j.is_object() && j.contains("output_lens") && j["output_lens"].is_array(),
+                "--output-lens-from {}: not a `bench serve --json` result with \"output_lens\"", o.output_lens_from);
+  const nlohmann::json& lens = j["output_lens"];
+  SPECULA_CHECK(static_cast<int>(lens.size()) == o.num_requests,
+                "--output-lens-from {}: {} lengths for --num-requests {}", o.output_lens_from, lens.size(), o.num_requests);
+  std::vector<int> out;
+  for (const nlohmann::json& v : lens) {
+    SPECULA_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= o.output_len,
+                  "--output-lens-from {}: length {} is not an integer in 1..--output-len {}", o.output_lens_from, v.dump(),
+                  o.output_len);
+    out.push_back(v.get<int>());
+  }
+  return out;
+}
 
 using Summary = SampleStats;
 
@@ -244,6 +270,7 @@ void run_offline(const Options& o) {
   report.where = "device=" + o.engine.device;
   const std::vector<std::vector<int32_t>> prompts = make_prompts(o, engine->config().vocab_size, engine->tokenizer());
   const std::vector<double> send_at = arrival_times(o);
+  const std::vector<int> output_lens = read_output_lens(o);
 
   using Clock = std::chrono::steady_clock;
   // --max-concurrency: a request that arrives while that many are in flight waits for one to
@@ -260,7 +287,7 @@ void run_offline(const Options& o) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(send_at[k])));
     EngineRequest r;
     r.prompt_ids = prompts[k];
-    r.max_new_tokens = o.output_len;
+    r.max_new_tokens = output_lens.empty() ? o.output_len : output_lens[k];
     r.ignore_eos = true;
     r.format = format;
     r.sampling.temperature = o.temperature;
@@ -286,6 +313,9 @@ void run_offline(const Options& o) {
   report.duration = std::chrono::duration<double>(Clock::now() - start).count();
 
   int64_t cached = 0;
+  std::vector<int64_t> lens;
+  for (const RequestOutput& out : outs) lens.push_back(static_cast<int64_t>(out.output_ids.size()));
+  report.extra_json["output_lens"] = lens;
   for (const RequestOutput& out : outs) {
     // A format's grammar may end a request before --output-len ("stop").
     SPECULA_CHECK(out.finish_reason == "length" || (constrained && out.finish_reason == "stop"),
@@ -466,6 +496,9 @@ void run(const Options& o) {
   SPECULA_CHECK(o.request_rate == 0 || o.request_rate >= min_rate,
                 "--request-rate {} would spread {} requests over about {:.3g} s; give 0 (all at once) or at least {:.3g} "
                 "(a day at most)", o.request_rate, o.num_requests, o.num_requests / o.request_rate, min_rate);
+  SPECULA_CHECK(o.output_lens_from.empty() || o.url.empty(),
+                "--output-lens-from {} sets each request's length in a local engine; it does not apply with --url",
+                o.output_lens_from);
   if (o.url.empty()) return run_offline(o);
 #ifdef SPECULA_HAS_SERVER
   run_remote(o);
@@ -515,6 +548,9 @@ void add_bench_serve_command(CLI::App& bench) {
                   "With --synthetic: a folder with tokenizer.json, for the grammar of a structured-output format");
   cmd->add_option("--temperature", o->temperature, "Sampling temperature of every request (0: greedy)")
       ->capture_default_str();
+  cmd->add_option("--output-lens-from", o->output_lens_from,
+                  "An earlier run's --json: request k decodes exactly that run's k-th output length (e.g. a run "
+                  "without a format doing what a run with one did)");
   cmd->callback([o] { run(*o); });
 }
 
