@@ -5,8 +5,9 @@
 # and with each format of FORMATS (json_object; schema: a JSON schema of the corpus), greedy and
 # sampled, each format run followed by the same requests without the format decoding exactly the
 # lengths the format run produced (`--output-lens-from`: like for like); one table at the end.
-# BATCHES, TEMPERATURES, FORMATS choose the runs; SKIP_PLAIN=1 leaves out the runs without a format
-# of full length, SKIP_TESTS=1 the tests. The grammar's vocabulary is the Llama-3 tokenizer
+# BATCHES, TEMPERATURES, FORMATS choose the runs, WARMUPS the untimed requests run first (0: cold
+# masks; e.g. "0 32": both); SKIP_PLAIN=1 leaves out the runs without a format of full length,
+# SKIP_TESTS=1 the tests. The grammar's vocabulary is the Llama-3 tokenizer
 # (TOKENIZER; setup installs it under tests/grammar/js, carry it; its pre-tokenizer regex needs
 # PCRE2: carry .deps/pcre2 from tools/device/bundle_pcre2.sh where the machine lacks the package).
 # Logs and JSON go to $OUT/grammar_logs.tgz (default /tmp/specula-out).
@@ -44,17 +45,22 @@ bench() {  # name bs flags...
     --max-context-len 512 "$@" --json "$out/grammar_${name}_bs$bs.json" >"$out/grammar_${name}_bs$bs.log" 2>&1
   printf "%-18s bs=%-3s %s\n" "$name" "$bs" "$(grep -E 'output tokens/s|decode tokens/s|ITL ms|mean output tokens|failed|error' "$out/grammar_${name}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
 }
-for bs in ${BATCHES:-1 32}; do
-  for temp in ${TEMPERATURES:-0 0.7}; do
-    [ "${SKIP_PLAIN:-0}" = 1 ] || bench "plain_t$temp" "$bs" --temperature "$temp"
-    for f in ${FORMATS:-json_object schema}; do
-      case $f in
-        json_object) flags=(--json-object) ;;
-        schema) flags=(--json-schema "@$out/schema.json") ;;
-      esac
-      bench "${f}_t$temp" "$bs" --temperature "$temp" "${flags[@]}"
-      # The same requests without the format, each decoding as many tokens as it did with it.
-      bench "same_as_${f}_t$temp" "$bs" --temperature "$temp" --output-lens-from "$out/grammar_${f}_t${temp}_bs$bs.json"
+for warm in ${WARMUPS:-0}; do
+  w=(); tag=""
+  [ "$warm" = 0 ] || { w=(--warmup-requests "$warm"); tag="_warm$warm"; }
+  for bs in ${BATCHES:-1 32}; do
+    for temp in ${TEMPERATURES:-0 0.7}; do
+      [ "${SKIP_PLAIN:-0}" = 1 ] || bench "plain_t$temp$tag" "$bs" --temperature "$temp" "${w[@]}"
+      for f in ${FORMATS:-json_object schema}; do
+        case $f in
+          json_object) flags=(--json-object) ;;
+          schema) flags=(--json-schema "@$out/schema.json") ;;
+        esac
+        bench "${f}_t$temp$tag" "$bs" --temperature "$temp" "${flags[@]}" "${w[@]}"
+        # The same requests without the format, each decoding as many tokens as it did with it.
+        bench "same_as_${f}_t$temp$tag" "$bs" --temperature "$temp" "${w[@]}" \
+          --output-lens-from "$out/grammar_${f}_t${temp}${tag}_bs$bs.json"
+      done
     done
   done
 done | tee -a "$out/grammar_table.txt"

@@ -89,6 +89,8 @@ expect_error "output lens of length 0" "--output-lens-from $work/lens.json: leng
   bench serve --synthetic tiny --num-requests 2 --input-len 4 --output-len 4 --output-lens-from "$work/lens.json"
 expect_error "output lens for fewer requests" "--output-lens-from $work/lens.json: 2 lengths for --num-requests 3" \
   bench serve --synthetic tiny --num-requests 3 --input-len 4 --output-len 4 --output-lens-from "$work/lens.json"
+expect_error "warm-up with speculation" "--warmup-requests 2: not with speculation" \
+  bench serve --num-requests 2 --input-len 4 --output-len 4 --warmup-requests 2 --speculative-algorithm EAGLE3
 printf '[1, 2]' >"$work/lens_array.json"
 expect_error "output lens not a result" "not a \`bench serve --json\` result" \
   bench serve --synthetic tiny --num-requests 2 --input-len 4 --output-len 4 --output-lens-from "$work/lens_array.json"

@@ -238,6 +238,7 @@ TEST(Sampler, GreedyTokenMatchesTheGreedyPick) {
       EXPECT_EQ(token, -1);
       EXPECT_THROW(Sampler(SamplingParams{}).sample(logits), Error);
       EXPECT_THROW(Sampler(SamplingParams{1.0f, 1, 1.0f, 0.0f, 3}).sample(logits), Error);
+      EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, 1.0f, 0.0f, 3}).sample(logits), Error) << "no filter";
       continue;
     }
     float best = -INFINITY;

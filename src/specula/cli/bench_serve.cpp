@@ -55,6 +55,7 @@ struct Options {
   std::string tokenizer;  // --synthetic: the tokenizer a format's grammar is built over
   float temperature = 0;
   std::string output_lens_from;  // an earlier run's --json: each request's output length
+  int warmup_requests = 0;       // run first, untimed, with other prompts (warm caches)
 };
 
 // --output-lens-from: the "output_lens" of an earlier `bench serve --json`, one per request, each
@@ -244,6 +245,10 @@ void run_offline(const Options& o) {
   SPECULA_CHECK(!constrained || o.synthetic.empty() || !o.tokenizer.empty(),
                 "a structured-output format needs a tokenizer: give --tokenizer DIR with --synthetic");
   EngineOptions eo = engine_options(o.engine);
+  SPECULA_CHECK(o.warmup_requests >= 0, "--warmup-requests {} must be >= 0", o.warmup_requests);
+  SPECULA_CHECK(o.warmup_requests == 0 || !eo.speculative,
+                "--warmup-requests {}: not with speculation (its acceptance and policy figures would mix both runs)",
+                o.warmup_requests);
   eo.background_thread = true;
   // An offline benchmark may queue all of its requests at once.
   eo.scheduler.max_queued_requests = std::max(eo.scheduler.max_queued_requests, o.num_requests);
@@ -271,6 +276,26 @@ void run_offline(const Options& o) {
   const std::vector<std::vector<int32_t>> prompts = make_prompts(o, engine->config().vocab_size, engine->tokenizer());
   const std::vector<double> send_at = arrival_times(o);
   const std::vector<int> output_lens = read_output_lens(o);
+  if (o.warmup_requests > 0) {
+    // Other prompts (another seed), the same format and sampling: the grammar's masker, the
+    // prefix cache's pages and the host's allocations warm, nothing of the timed run cached.
+    Options w = o;
+    w.num_requests = o.warmup_requests;
+    w.seed = o.seed + 0x9e3779b9u;
+    std::vector<std::shared_ptr<RequestHandle>> warm;
+    for (std::vector<int32_t>& ids : make_prompts(w, engine->config().vocab_size, engine->tokenizer())) {
+      EngineRequest r;
+      r.prompt_ids = std::move(ids);
+      r.max_new_tokens = o.output_len;
+      r.ignore_eos = true;
+      r.format = format;
+      r.sampling.temperature = o.temperature;
+      r.sampling.seed = w.seed + warm.size();
+      warm.push_back(engine->submit(std::move(r)));
+    }
+    for (const auto& h : warm) h->wait();
+  }
+  const SchedulerStats before = engine->stats();
 
   using Clock = std::chrono::steady_clock;
   // --max-concurrency: a request that arrives while that many are in flight waits for one to
@@ -326,8 +351,8 @@ void run_offline(const Options& o) {
   }
   const SchedulerStats stats = engine->stats();
   report.hit_rate = static_cast<double>(cached) / static_cast<double>(report.in_tokens);
-  report.prefill_tokens = stats.prefill_tokens;
-  report.retractions = stats.retractions;
+  report.prefill_tokens = stats.prefill_tokens - before.prefill_tokens;
+  report.retractions = stats.retractions - before.retractions;
   report.extra_json["device"] = o.engine.device;
   if (constrained) {
     report.extra_lines.emplace_back("format", std::string(grammar::kind_name(format.kind)));
@@ -547,6 +572,10 @@ void add_bench_serve_command(CLI::App& bench) {
   cmd->add_option("--tokenizer", o->tokenizer,
                   "With --synthetic: a folder with tokenizer.json, for the grammar of a structured-output format");
   cmd->add_option("--temperature", o->temperature, "Sampling temperature of every request (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--warmup-requests", o->warmup_requests,
+                  "Requests run first and not timed, with other prompts and the same format (a grammar's masks "
+                  "cached, as a server that keeps serving one schema has them); not with speculation")
       ->capture_default_str();
   cmd->add_option("--output-lens-from", o->output_lens_from,
                   "An earlier run's --json: request k decodes exactly that run's k-th output length (e.g. a run "

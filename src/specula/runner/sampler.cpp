@@ -157,7 +157,11 @@ int32_t Sampler::sample(std::span<const float> raw_logits) {
 
 std::span<const float> Sampler::clean(std::span<const float> raw) {
   // NaN would break the ordering below; it counts as impossible (-inf). +inf dominates.
-  if (all_finite(raw)) return raw;
+  const RowValues values = row_values(raw);
+  if (values.sane) {
+    SPECULA_CHECK(values.any_finite, "sampling from logits that are all NaN or -inf");
+    return raw;
+  }
   clean_.assign(raw.begin(), raw.end());
   bool has_pos_inf = false;
   for (float x : clean_) has_pos_inf = has_pos_inf || (std::isinf(x) && x > 0);

@@ -48,16 +48,18 @@ float row_max(std::span<const float> x) {
   return top;
 }
 
-bool all_finite(std::span<const float> x) {
+RowValues row_values(std::span<const float> x) {
   // Bit tests (this file assumes no infinities in arithmetic): an exponent of all ones is an
-  // infinity or a NaN.
-  uint32_t bad = 0;
+  // infinity or a NaN, and -inf is the one such pattern a row may hold as it is.
+  uint32_t odd = 0, finite = 0;
   for (float v : x) {
     uint32_t bits;
     std::memcpy(&bits, &v, sizeof bits);
-    bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    const uint32_t special = static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    odd |= special & static_cast<uint32_t>(bits != 0xff800000u);
+    finite |= special ^ 1u;
   }
-  return bad == 0;
+  return {odd == 0, finite != 0};
 }
 
 }  // namespace specula

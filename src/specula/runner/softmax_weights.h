@@ -17,7 +17,12 @@ double softmax_weights(std::span<const float> x, float top, float temperature, s
                        std::vector<double>* block_sums = nullptr);
 // The largest value of x (x holds no NaN).
 float row_max(std::span<const float> x);
-// No NaN and no infinity in x.
-bool all_finite(std::span<const float> x);
+// What a logit row holds: whether every value is finite or -inf (no NaN, no +inf), and whether
+// any is finite. A grammar's masked row (-inf outside what it allows) is sane as it is.
+struct RowValues {
+  bool sane;
+  bool any_finite;
+};
+RowValues row_values(std::span<const float> x);
 
 }  // namespace specula
