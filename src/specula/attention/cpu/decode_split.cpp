@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 
 #include "specula/core/dtype.h"
 #include "specula/core/thread_pool.h"
@@ -26,20 +27,20 @@ DecodeSplit split_decode_items(const CpuAttentionParams& p, std::span<const CpuA
                                std::span<const CpuWorkItem> items) {
   DecodeSplit out;
   std::vector<CpuWorkItem> long_rest, short_rest;
-  // Items to split, grouped by their token in first-appearance order.
+  // Items to split, grouped by their token in first-appearance order (the index of each
+  // (sequence, token) in `tokens`, so that a batch of many long rows groups in linear time).
   std::vector<std::vector<size_t>> tokens;
+  std::unordered_map<int64_t, size_t> token_index;
   for (size_t i = 0; i < items.size(); ++i) {
     const CpuWorkItem& it = items[i];
     const auto [begin, end] = visible_keys(p, seqs[static_cast<size_t>(it.seq)], it);
     if (it.q_count == 1 && end - begin > kDecodeSplitMinKeys) {
-      auto same = [&](const std::vector<size_t>& t) {
-        return items[t[0]].seq == it.seq && items[t[0]].q_begin == it.q_begin;
-      };
-      auto found = std::find_if(tokens.begin(), tokens.end(), same);
-      if (found == tokens.end()) {
+      const int64_t key = (static_cast<int64_t>(it.seq) << 32) | static_cast<uint32_t>(it.q_begin);
+      const auto [found, added] = token_index.try_emplace(key, tokens.size());
+      if (added) {
         tokens.push_back({i});
       } else {
-        found->push_back(i);
+        tokens[found->second].push_back(i);
       }
     } else if (end - begin > kDecodeSplitKeys) {
       long_rest.push_back(it);

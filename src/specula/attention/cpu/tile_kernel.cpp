@@ -81,19 +81,25 @@ void run_cpu_attention(CpuIsa isa, const CpuAttentionParams& params, std::span<c
   // The decode kernel's long rows go in chunks of keys (decode_split.h).
   const DecodeSplit split = decode ? split_decode_items(params, seqs, plan.items) : DecodeSplit{};
   const std::vector<CpuWorkItem>& items = decode ? split.items : plan.items;
-  std::vector<float> partials(static_cast<size_t>(split.partial_floats));
+  // The chunks' partial results: kept per calling thread from call to call (every layer of a
+  // step asks for the same size; each chunk writes its whole slot before the merge reads it).
+  // The pool's threads reach it through this pointer (a thread_local named in the lambda would be
+  // each worker's own).
+  thread_local std::vector<float> held;
+  if (held.size() < static_cast<size_t>(split.partial_floats)) held.resize(static_cast<size_t>(split.partial_floats));
+  float* const partials = held.data();
   pool.parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i, int thread) {
     const CpuWorkItem& item = items[static_cast<size_t>(i)];
     const CpuAttentionSeq& seq = seqs[static_cast<size_t>(item.seq)];
     CpuAttentionScratch& mine = scratch[static_cast<size_t>(thread)];
     // The planner's items hold at most 16 query heads (kMaxDecodeHeads).
     if (decode && item.q_count == 1) {
-      cpu_avx512bf16::decode_item(params, seq, item, mine, partials.data());
+      cpu_avx512bf16::decode_item(params, seq, item, mine, partials);
     } else {
       run_item(params, seq, item, plan.lanes, mine);
     }
   });
-  if (!split.merges.empty()) merge_decode_chunks(params, seqs, split, partials.data(), pool);
+  if (!split.merges.empty()) merge_decode_chunks(params, seqs, split, partials, pool);
 }
 
 }  // namespace specula
