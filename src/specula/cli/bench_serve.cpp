@@ -4,11 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <cstring>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -64,7 +62,7 @@ struct Options {
 std::vector<int> read_output_lens(const Options& o) {
   if (o.output_lens_from.empty()) return {};
   std::ifstream file(o.output_lens_from);
-  SPECULA_CHECK(file.is_open(), "--output-lens-from {}: cannot open the file: {}", o.output_lens_from, std::strerror(errno));
+  SPECULA_CHECK(file.is_open(), "--output-lens-from {}: cannot read the file", o.output_lens_from);
   const nlohmann::json j = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
   SPECULA_CHECK(j.is_object() && j.contains("output_lens") && j["output_lens"].is_array(),
                 "--output-lens-from {}: not a `bench serve --json` result with \"output_lens\"", o.output_lens_from);
@@ -244,14 +242,14 @@ void run_offline(const Options& o) {
   const bool constrained = format.kind != grammar::OutputFormat::Kind::kText;
   SPECULA_CHECK(!constrained || o.synthetic.empty() || !o.tokenizer.empty(),
                 "a structured-output format needs a tokenizer: give --tokenizer DIR with --synthetic");
+  const std::vector<int> output_lens = read_output_lens(o);
   EngineOptions eo = engine_options(o.engine);
-  SPECULA_CHECK(o.warmup_requests >= 0, "--warmup-requests {} must be >= 0", o.warmup_requests);
   SPECULA_CHECK(o.warmup_requests == 0 || !eo.speculative,
                 "--warmup-requests {}: not with speculation (its acceptance and policy figures would mix both runs)",
                 o.warmup_requests);
   eo.background_thread = true;
   // An offline benchmark may queue all of its requests at once.
-  eo.scheduler.max_queued_requests = std::max(eo.scheduler.max_queued_requests, o.num_requests);
+  eo.scheduler.max_queued_requests = std::max({eo.scheduler.max_queued_requests, o.num_requests, o.warmup_requests});
   if (eo.runner.max_context_len == 0) eo.runner.max_context_len = o.input_len + o.output_len;
   std::unique_ptr<Engine> engine;
   Report report;
@@ -275,10 +273,10 @@ void run_offline(const Options& o) {
   report.where = "device=" + o.engine.device;
   const std::vector<std::vector<int32_t>> prompts = make_prompts(o, engine->config().vocab_size, engine->tokenizer());
   const std::vector<double> send_at = arrival_times(o);
-  const std::vector<int> output_lens = read_output_lens(o);
   if (o.warmup_requests > 0) {
-    // Other prompts (another seed), the same format and sampling: the grammar's masker, the
-    // prefix cache's pages and the host's allocations warm, nothing of the timed run cached.
+    // Other prompts (another seed; run() refuses --dataset text, whose windows ignore it), the
+    // same format and sampling: the grammar's masker and the host's allocations warm, nothing of
+    // the timed prompts cached.
     Options w = o;
     w.num_requests = o.warmup_requests;
     w.seed = o.seed + 0x9e3779b9u;
@@ -293,7 +291,11 @@ void run_offline(const Options& o) {
       r.sampling.seed = w.seed + warm.size();
       warm.push_back(engine->submit(std::move(r)));
     }
-    for (const auto& h : warm) h->wait();
+    for (const auto& h : warm) {
+      const RequestOutput out = h->wait();
+      SPECULA_CHECK(out.finish_reason == "length" || (constrained && out.finish_reason == "stop"),
+                    "warm-up request {} ended with '{}'", out.id, out.finish_reason);
+    }
   }
   const SchedulerStats before = engine->stats();
 
@@ -452,8 +454,10 @@ void run_remote(const Options& o) {
   report.where = "url=" + o.url;
   report.duration = result.duration_s;
   int64_t text_chunks = 0;
+  std::vector<int64_t> lens;  // as the offline report's (0 for a failed request)
   for (size_t k = 0; k < result.requests.size(); ++k) {
     const RemoteRequestResult& q = result.requests[k];
+    lens.push_back(q.error.empty() ? q.completion_tokens : 0);
     if (!q.error.empty()) {
       ++report.failed;
       report.errors.push_back(fmt::format("request {}: {}", k, q.error));
@@ -463,6 +467,7 @@ void run_remote(const Options& o) {
     text_chunks += static_cast<int64_t>(q.text_chunk_times_s.size());
   }
   report.extra_lines.emplace_back("SSE chunks with text", fmt::format("{}", text_chunks));
+  report.extra_json["output_lens"] = lens;
   report.extra_json["url"] = o.url;
   report.extra_json["text_chunks"] = text_chunks;
   // Engine-side figures from the server's /metrics over the run (other clients' requests
@@ -521,6 +526,15 @@ void run(const Options& o) {
   SPECULA_CHECK(o.request_rate == 0 || o.request_rate >= min_rate,
                 "--request-rate {} would spread {} requests over about {:.3g} s; give 0 (all at once) or at least {:.3g} "
                 "(a day at most)", o.request_rate, o.num_requests, o.num_requests / o.request_rate, min_rate);
+  SPECULA_CHECK(o.warmup_requests >= 0, "--warmup-requests {} must be >= 0", o.warmup_requests);
+  SPECULA_CHECK(o.warmup_requests == 0 || o.url.empty(),
+                "--warmup-requests {} runs in a local engine; it does not apply with --url", o.warmup_requests);
+  // Text prompts are windows at fixed places in the file, whatever the seed: warm-up windows
+  // would coincide with timed ones and leave their prefixes cached.
+  SPECULA_CHECK(o.warmup_requests == 0 || o.dataset != "text",
+                "--warmup-requests {}: not with --dataset text (its windows do not depend on the seed, so warm-up "
+                "prompts would be timed prompts too); use random or shared-prefix",
+                o.warmup_requests);
   SPECULA_CHECK(o.output_lens_from.empty() || o.url.empty(),
                 "--output-lens-from {} sets each request's length in a local engine; it does not apply with --url",
                 o.output_lens_from);

@@ -82,7 +82,8 @@ void run_cpu_attention(CpuIsa isa, const CpuAttentionParams& params, std::span<c
   const DecodeSplit split = decode ? split_decode_items(params, seqs, plan.items) : DecodeSplit{};
   const std::vector<CpuWorkItem>& items = decode ? split.items : plan.items;
   // The chunks' partial results: kept per calling thread from call to call (every layer of a
-  // step asks for the same size; each chunk writes its whole slot before the merge reads it).
+  // step asks for the same size; each chunk writes its whole slot before the merge reads it). The
+  // buffer only grows, and lives as long as the thread.
   // The pool's threads reach it through this pointer (a thread_local named in the lambda would be
   // each worker's own).
   thread_local std::vector<float> held;

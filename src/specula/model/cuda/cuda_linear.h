@@ -47,7 +47,8 @@ class CudaLinear {
   // shapes: 8 rows took 1.8x a 1-row step, the stacked GEMM about what one row takes).
   static constexpr int kGemvFastRows = 2;
   // Which kernel a bf16 product takes; automatic is the rule above. Benchmarks force the others
-  // (the GEMV takes any row count, in chunks of its largest).
+  // (the GEMV takes any row count, in chunks of its largest); a forced path overrides
+  // deterministic mode's GEMV-only rule, so deterministic runs leave it automatic.
   enum class Path { automatic, gemv, gemm };
   void force_path(Path path) { forced_ = path; }
   // The kernel a product of n rows of `in` inputs takes (gemm for f32 weights).
