@@ -7,6 +7,7 @@
 // classification takes whole subtrees of the vocabulary without walking them.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <random>
 #include <string>
@@ -174,6 +175,50 @@ TEST(TokenMasker, JsonStringsOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
     }
   }
   EXPECT_GT(compared, 60);
+}
+
+
+// TokenConstraint::mask (what a sampled row's logits go through) sets -inf exactly where its
+// bitmask is clear and leaves every other logit as it was, over a vocabulary whose last mask word
+// is partial and a logit row longer than the vocabulary (ids past it are never allowed), and its
+// bits are allows(): along random walks of the JSON grammar, end tokens included.
+TEST(TokenConstraint, MaskClearsExactlyTheTokensTheGrammarRefuses) {
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::vector<std::string> vocab = wide_vocabulary(rng);
+  vocab.emplace_back();  // the end token (no bytes)
+  const auto end_id = static_cast<int32_t>(vocab.size() - 1);
+  ASSERT_NE(vocab.size() % 32, 0u);
+  const auto vocabulary = std::make_shared<const Vocabulary>(vocab);
+  const auto a = std::make_shared<const Automaton>(std::make_shared<const Grammar>(json_object_grammar()));
+  std::normal_distribution<float> logit(0.0f, 3.0f);
+  int cleared = 0, kept = 0;
+  for (int walk = 0; walk < 4; ++walk) {
+    TokenConstraint c(a, vocabulary, {end_id});
+    for (int step = 0; step < 40 && !c.terminated(); ++step) {
+      std::vector<float> raw(vocab.size() + 40);
+      for (float& x : raw) x = logit(rng);
+      std::vector<float> got = raw;
+      c.mask(got);
+      std::vector<int32_t> allowed;
+      for (size_t id = 0; id < raw.size(); ++id) {
+        const bool ok = id < vocab.size() && c.allows(static_cast<int32_t>(id));
+        if (ok) {
+          ASSERT_EQ(got[id], raw[id]) << "walk " << walk << ", step " << step << ", id " << id;
+          allowed.push_back(static_cast<int32_t>(id));
+          ++kept;
+        } else {
+          ASSERT_EQ(got[id], -INFINITY) << "walk " << walk << ", step " << step << ", id " << id;
+          ++cleared;
+        }
+      }
+      ASSERT_FALSE(allowed.empty());
+      c.accept(allowed[rng() % allowed.size()]);
+    }
+  }
+  EXPECT_GT(cleared, 1000);
+  EXPECT_GT(kept, 100);
 }
 
 }  // namespace
