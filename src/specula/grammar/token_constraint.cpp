@@ -60,19 +60,8 @@ void TokenConstraint::fill_bitmask(std::span<uint32_t> words) {
 void TokenConstraint::mask(std::span<float> logits) {
   allowed_.resize((logits.size() + 31) / 32);
   fill_bitmask(allowed_);
-  // A word at a time: most words of a grammar's mask allow all or none of their 32 tokens, and a
-  // 128k-token row then costs a few thousand word tests instead of a branch per token.
-  for (size_t w = 0; w < allowed_.size(); ++w) {
-    const uint32_t bits = allowed_[w];
-    const size_t first = w * 32, count = std::min<size_t>(32, logits.size() - first);
-    if (bits == ~0u) continue;
-    if (bits == 0) {
-      std::fill_n(logits.begin() + static_cast<std::ptrdiff_t>(first), count, -INFINITY);
-      continue;
-    }
-    for (size_t i = 0; i < count; ++i) {
-      if ((bits >> i & 1u) == 0) logits[first + i] = -INFINITY;
-    }
+  for (size_t id = 0; id < logits.size(); ++id) {
+    if ((allowed_[id / 32] >> (id % 32) & 1u) == 0) logits[id] = -INFINITY;
   }
 }
 
