@@ -83,9 +83,8 @@ void run_cpu_attention(CpuIsa isa, const CpuAttentionParams& params, std::span<c
   const std::vector<CpuWorkItem>& items = decode ? split.items : plan.items;
   // The chunks' partial results: kept per calling thread from call to call (every layer of a
   // step asks for the same size; each chunk writes its whole slot before the merge reads it). The
-  // buffer only grows, and lives as long as the thread.
-  // The pool's threads reach it through this pointer (a thread_local named in the lambda would be
-  // each worker's own).
+  // buffer only grows and lives as long as the thread; the pool's threads reach it through this
+  // pointer (a thread_local named in the lambda would be each worker's own).
   thread_local std::vector<float> held;
   if (held.size() < static_cast<size_t>(split.partial_floats)) held.resize(static_cast<size_t>(split.partial_floats));
   float* const partials = held.data();
