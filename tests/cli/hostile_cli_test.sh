@@ -102,6 +102,9 @@ expect_error "output lens with --url" "--output-lens-from $work/lens.json sets e
 printf 'not json {' >"$work/lens_garbage.json"
 expect_error "output lens not JSON" "--output-lens-from $work/lens_garbage.json: not a" \
   bench serve --synthetic tiny --num-requests 2 --input-len 4 --output-len 4 --output-lens-from "$work/lens_garbage.json"
+printf '{"output_lens": [3, 2], "input_len": 8, "seed": 1}' >"$work/lens_other.json"
+expect_error "output lens of other prompts" "--output-lens-from $work/lens_other.json: that run had input_len 8, this one 4" \
+  bench serve --synthetic tiny --num-requests 2 --input-len 4 --output-len 4 --output-lens-from "$work/lens_other.json"
 printf '[1, 2]' >"$work/lens_array.json"
 expect_error "output lens not a result" "not a \`bench serve --json\` result" \
   bench serve --synthetic tiny --num-requests 2 --input-len 4 --output-len 4 --output-lens-from "$work/lens_array.json"

@@ -66,6 +66,14 @@ std::vector<int> read_output_lens(const Options& o) {
   const nlohmann::json j = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
   SPECULA_CHECK(j.is_object() && j.contains("output_lens") && j["output_lens"].is_array(),
                 "--output-lens-from {}: not a `bench serve --json` result with \"output_lens\"", o.output_lens_from);
+  // The lengths belong to that run's prompts: the same dataset, prompt length and seed.
+  auto same = [&](const char* key, const nlohmann::json& here) {
+    SPECULA_CHECK(!j.contains(key) || j[key] == here, "--output-lens-from {}: that run had {} {}, this one {}",
+                  o.output_lens_from, key, j[key].dump(), here.dump());
+  };
+  same("dataset", o.dataset);
+  same("input_len", o.input_len);
+  same("seed", o.seed);
   const nlohmann::json& lens = j["output_lens"];
   SPECULA_CHECK(static_cast<int>(lens.size()) == o.num_requests,
                 "--output-lens-from {}: {} lengths for --num-requests {}", o.output_lens_from, lens.size(), o.num_requests);
@@ -212,6 +220,7 @@ void print_report(const Options& o, const Report& r) {
                       {"failed", r.failed},
                       {"input_len", o.input_len},
                       {"output_len", o.output_len},
+                      {"seed", o.seed},
                       {"decode_tokens_per_s_per_request", decode_rate},
                       {"request_rate", o.request_rate},
                       {"max_concurrency", o.max_concurrency},
