@@ -282,6 +282,22 @@ void run_offline(const Options& o) {
   report.where = "device=" + o.engine.device;
   const std::vector<std::vector<int32_t>> prompts = make_prompts(o, engine->config().vocab_size, engine->tokenizer());
   const std::vector<double> send_at = arrival_times(o);
+  // Every request, warm-up or timed: ignore_eos, the format and the sampling of the run.
+  auto request = [&](std::vector<int32_t> ids, int max_new_tokens, uint64_t seed) {
+    EngineRequest r;
+    r.prompt_ids = std::move(ids);
+    r.max_new_tokens = max_new_tokens;
+    r.ignore_eos = true;
+    r.format = format;
+    r.sampling.temperature = o.temperature;
+    r.sampling.seed = seed;
+    return r;
+  };
+  // A format's grammar may end a request before its length ("stop").
+  auto check_ended = [&](const RequestOutput& out, const char* what) {
+    SPECULA_CHECK(out.finish_reason == "length" || (constrained && out.finish_reason == "stop"),
+                  "{} {} ended with '{}'", what, out.id, out.finish_reason);
+  };
   if (o.warmup_requests > 0) {
     // Other prompts (another seed; run() refuses --dataset text, whose windows ignore it), the
     // same format and sampling: the grammar's masker and the host's allocations warm, nothing of
@@ -291,20 +307,9 @@ void run_offline(const Options& o) {
     w.seed = o.seed + 0x9e3779b9u;
     std::vector<std::shared_ptr<RequestHandle>> warm;
     for (std::vector<int32_t>& ids : make_prompts(w, engine->config().vocab_size, engine->tokenizer())) {
-      EngineRequest r;
-      r.prompt_ids = std::move(ids);
-      r.max_new_tokens = o.output_len;
-      r.ignore_eos = true;
-      r.format = format;
-      r.sampling.temperature = o.temperature;
-      r.sampling.seed = w.seed + warm.size();
-      warm.push_back(engine->submit(std::move(r)));
+      warm.push_back(engine->submit(request(std::move(ids), o.output_len, w.seed + warm.size())));
     }
-    for (const auto& h : warm) {
-      const RequestOutput out = h->wait();
-      SPECULA_CHECK(out.finish_reason == "length" || (constrained && out.finish_reason == "stop"),
-                    "warm-up request {} ended with '{}'", out.id, out.finish_reason);
-    }
+    for (const auto& h : warm) check_ended(h->wait(), "warm-up request");
   }
   const SchedulerStats before = engine->stats();
 
@@ -321,13 +326,7 @@ void run_offline(const Options& o) {
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (size_t k = 0; k < prompts.size(); ++k) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(send_at[k])));
-    EngineRequest r;
-    r.prompt_ids = prompts[k];
-    r.max_new_tokens = output_lens.empty() ? o.output_len : output_lens[k];
-    r.ignore_eos = true;
-    r.format = format;
-    r.sampling.temperature = o.temperature;
-    r.sampling.seed = o.seed + k;
+    EngineRequest r = request(prompts[k], output_lens.empty() ? o.output_len : output_lens[k], o.seed + k);
     StreamCallback on_chunk;
     if (o.max_concurrency > 0) {
       std::unique_lock lk(slots->mu);
@@ -353,9 +352,7 @@ void run_offline(const Options& o) {
   for (const RequestOutput& out : outs) lens.push_back(static_cast<int64_t>(out.output_ids.size()));
   report.extra_json["output_lens"] = lens;
   for (const RequestOutput& out : outs) {
-    // A format's grammar may end a request before --output-len ("stop").
-    SPECULA_CHECK(out.finish_reason == "length" || (constrained && out.finish_reason == "stop"),
-                  "request {} ended with '{}'", out.id, out.finish_reason);
+    check_ended(out, "request");
     report.add(out.time_to_first_token_s, out.token_times_s, out.latency_s, static_cast<int64_t>(out.prompt_ids.size()),
                static_cast<int64_t>(out.output_ids.size()));
     cached += out.cached_tokens;
