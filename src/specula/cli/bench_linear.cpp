@@ -87,13 +87,15 @@ void run(const Options& o) {
   fmt::print("{:>5} {:>7} | {:>9} {:>9} | {:>9} {:>6} | {:>9} {:>9} | {:>9}\n", "rows", "auto", "gemv ms",
              "cublas ms", "best GB/s", "%read", "head gemv", "cublas", "head GB/s");
   cudaStream_t stream = nullptr;  // the legacy stream, which cuda_median_seconds times
-  CudaLinear rule(device, stream, false);
-  constexpr CudaLinear::Path kPaths[] = {CudaLinear::Path::gemv, CudaLinear::Path::gemm};
+  // The rule as the engine applies it, and each path forced (one cuBLAS handle each, for the run).
+  CudaLinear rule(device, stream, false), gemv_only(device, stream, false), gemm_only(device, stream, false);
+  gemv_only.force_path(CudaLinear::Path::gemv);
+  gemm_only.force_path(CudaLinear::Path::gemm);
+  CudaLinear* const forced[] = {&gemv_only, &gemm_only};
   for (int n : o.rows) {
     double layer_ms[2] = {0, 0}, head_ms[2] = {0, 0};
     for (int p = 0; p < 2; ++p) {
-      CudaLinear linear(device, stream, false);
-      linear.force_path(kPaths[p]);
+      const CudaLinear& linear = *forced[p];
       float* x = s.x.data_as<float>();
       float* y = s.y.data_as<float>();
       void* hi = s.split.data();
