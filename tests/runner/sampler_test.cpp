@@ -6,10 +6,14 @@
 #include <array>
 #include <numeric>
 #include <cmath>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "specula/core/error.h"
+#include "specula/grammar/json_grammar.h"
+#include "specula/grammar/token_constraint.h"
 #include "specula/runner/sampler.h"
 
 namespace specula {
@@ -172,6 +176,56 @@ TEST(Sampler, PrepareDrawCommitIsSample) {
     b.commit(got);
     ASSERT_EQ(got, want) << "step " << step;
   }
+}
+
+// A grammar's mask filled ahead of the draw (premask, as while a GPU runs the step) gives what
+// prepare() computes itself, and a token recorded after it makes prepare() compute a fresh one:
+// against a sampler that never premasks, with the same seed, penalties and random logits.
+TEST(Sampler, PremaskedRowsDrawWhatUnmaskedRowsDraw) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::vector<std::string> tokens;
+  for (int b = 32; b < 127; ++b) tokens.emplace_back(1, static_cast<char>(b));
+  for (const char* t : {"{\"", "\":", "\": \"", "\", \"", "\"}", "true", "null", "12", "3.5", "}", " {", "[{", "}]",
+                        "abc", "\":[", "\\n", "false,"}) {
+    tokens.emplace_back(t);
+  }
+  tokens.emplace_back();  // the end token (no bytes)
+  const auto end_id = static_cast<int32_t>(tokens.size() - 1);
+  const auto vocabulary = std::make_shared<const grammar::Vocabulary>(tokens);
+  const auto automaton =
+      std::make_shared<const grammar::Automaton>(std::make_shared<const grammar::Grammar>(grammar::json_object_grammar()));
+  const int vocab = static_cast<int>(tokens.size()) + 7;  // padding ids the vocabulary lacks
+  SamplingParams p{0.8f, 0, 1.0f, 0.0f, rng()};
+  p.repetition_penalty = 1.2f;
+  Sampler a(p), b(p);
+  a.constrain(std::make_unique<grammar::TokenConstraint>(automaton, vocabulary, std::vector<int32_t>{end_id}));
+  b.constrain(std::make_unique<grammar::TokenConstraint>(automaton, vocabulary, std::vector<int32_t>{end_id}));
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  int stale_checks = 0;
+  for (int step = 0; step < 60 && !b.grammar_terminated(); ++step) {
+    for (float& x : logits) x = dist(rng);
+    a.premask(vocab);
+    if (step % 5 == 4) {
+      // The premask goes stale: both record the greedy allowed token first.
+      const int32_t forced = b.greedy_at(logits, {});
+      a.commit(forced);
+      b.commit(forced);
+      ++stale_checks;
+      if (b.grammar_terminated()) break;
+    }
+    const std::span<const float> got = a.prepare(logits);
+    const std::span<const float> want = b.prepare(logits);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "step " << step << ", id " << i;
+    const int32_t token = b.draw(want);
+    ASSERT_EQ(a.draw(got), token) << "step " << step;
+    a.commit(token);
+    b.commit(token);
+  }
+  EXPECT_GT(stale_checks, 0);
 }
 
 TEST(Sampler, PenaltiesFollowSglangSemantics) {

@@ -49,6 +49,10 @@ struct ForwardRequest {
   // With greedy_ids (optional): fills the tokens each returned row may pick (TokenBitmaskFill);
   // its row's greedy token is then the argmax over those alone, -1 where none is above -inf.
   TokenBitmaskFill token_bitmask;
+  // Host work that needs none of the step's results (optional; e.g. sampled rows' grammar masks):
+  // GPU models call it once the step is queued and before they wait for it, so the two overlap;
+  // CPU models after the forward. Called at most once, on the calling thread.
+  std::function<void()> host_work;
   // Replay captured CUDA graphs where one holds the batch (benchmarks compare both).
   bool use_cuda_graph = true;
 };

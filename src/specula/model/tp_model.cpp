@@ -349,6 +349,7 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
     b.token_to_kv_pool = kv_[k].get();
     b.mla_kv_pool = mla_kv_[k].get();
     ForwardRequest rr = r;
+    rr.host_work = nullptr;  // run once, on this thread, below
     if (rank != 0) {
       // Hidden states and the verify's device hook are rank 0's alone (the draft head's GPU).
       rr.capture = nullptr;
@@ -389,6 +390,14 @@ void TensorParallelModel::forward(ForwardBatch& batch, std::vector<float>& logit
       throw;
     }
     mask_ready.set_value();
+  }
+  if (r.host_work) {
+    try {
+      r.host_work();
+    } catch (...) {
+      finish();
+      throw;
+    }
   }
   finish();
   if (greedy) {

@@ -239,7 +239,8 @@ void greedy_rows(const std::vector<float>& logits, int vocab, std::vector<int32_
 }  // namespace
 
 void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens, HiddenCapture* capture,
-                          std::vector<int32_t>* greedy_ids, const TokenBitmaskFill& token_bitmask) {
+                          std::vector<int32_t>* greedy_ids, const TokenBitmaskFill& token_bitmask,
+                          const std::function<void()>& host_work) {
   batch.req_to_token_pool = req_pool_.get();
   batch.token_to_kv_pool = kv_pool_.get();
   batch.mla_kv_pool = mla_kv_pool_.get();
@@ -250,8 +251,17 @@ void ModelRunner::forward(ForwardBatch& batch, std::vector<float>& logits, bool 
   SPECULA_CHECK(capture == nullptr || capture->download || model_->on_gpu(),
                 "{}: hidden states kept on the device need a model on the GPU", config().architecture);
   SPECULA_ASSERT(!token_bitmask || greedy_ids != nullptr);
-  model_->forward(batch, logits, {all_tokens, capture, greedy_ids, token_bitmask, use_cuda_graph_});
-  if (greedy_ids != nullptr && !model_->on_gpu()) greedy_rows(logits, config().vocab_size, *greedy_ids, token_bitmask);
+  ForwardRequest request;
+  request.all_tokens = all_tokens;
+  request.capture = capture;
+  request.greedy_ids = greedy_ids;
+  request.token_bitmask = token_bitmask;
+  request.use_cuda_graph = use_cuda_graph_;
+  if (model_->on_gpu()) request.host_work = host_work;
+  model_->forward(batch, logits, request);
+  if (model_->on_gpu()) return;
+  if (host_work) host_work();
+  if (greedy_ids != nullptr) greedy_rows(logits, config().vocab_size, *greedy_ids, token_bitmask);
 }
 
 }  // namespace specula

@@ -124,10 +124,11 @@ class ModelRunner {
   // each returned row's greedy token (greedy_token in runner/sampler.h, -1 when a row holds
   // nothing above -inf) instead of the logits; GPU models find them on the device, download only
   // the ids and leave logits as it was, CPU models fill logits too. token_bitmask (optional, with
-  // greedy_ids): the tokens each row may pick (model.h's TokenBitmaskFill).
+  // greedy_ids): the tokens each row may pick (model.h's TokenBitmaskFill). host_work (optional):
+  // host work that overlaps a GPU model's step (ForwardRequest::host_work; after a CPU model's).
   void forward(ForwardBatch& batch, std::vector<float>& logits, bool all_tokens = false,
                HiddenCapture* capture = nullptr, std::vector<int32_t>* greedy_ids = nullptr,
-               const TokenBitmaskFill& token_bitmask = {});
+               const TokenBitmaskFill& token_bitmask = {}, const std::function<void()>& host_work = {});
 
  private:
   // Checks and completes the options against the model, sizes the pools, captures decode graphs.

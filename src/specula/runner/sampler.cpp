@@ -113,8 +113,15 @@ std::span<const float> Sampler::adjusted(std::span<const float> raw, std::span<c
   const std::span<const float> logits = penalized(raw, path);
   if (constraint_ == nullptr || !constraint_->push(path)) return logits;
   const PathGuard guard{constraint_.get(), path.size()};
-  masked_.assign(logits.begin(), logits.end());
-  constraint_->mask(masked_);
+  if (path.empty() && premasked_ && premask_.size() == (logits.size() + 31) / 32) {
+    masked_.resize(logits.size());
+    for (size_t id = 0; id < logits.size(); ++id) {
+      masked_[id] = (premask_[id / 32] >> (id % 32) & 1u) != 0 ? logits[id] : -INFINITY;
+    }
+  } else {
+    masked_.assign(logits.begin(), logits.end());
+    constraint_->mask(masked_);
+  }
   // Below the root, a node where the grammar admits nothing (it finished and no end token is
   // allowed) is never sampled from: the request stops at the node's token.
   if (!path.empty() && std::none_of(masked_.begin(), masked_.end(), [](float x) { return x > -INFINITY; })) {
@@ -303,7 +310,20 @@ int32_t Sampler::take_masked_argmax(int32_t token) {
 
 double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
 
+void Sampler::premask(int vocab_size) {
+  premasked_ = false;
+  if (constraint_ == nullptr) return;
+  premask_.resize((static_cast<size_t>(vocab_size) + 31) / 32);
+  try {
+    constraint_->fill_bitmask(premask_);
+  } catch (const std::exception&) {
+    return;
+  }
+  premasked_ = true;
+}
+
 void Sampler::record(int32_t token) {
+  premasked_ = false;
   if (constraint_ != nullptr) constraint_->accept(token);
   seen_.insert(token);
   ++output_counts_[token];

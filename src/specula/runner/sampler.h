@@ -56,6 +56,11 @@ class Sampler {
   // sampler's generator and scratch); both on any thread, one call per sampler at a time; commit()
   // records.
   std::span<const float> prepare(std::span<const float> logits) { return adjusted(logits, {}); }
+  // With a grammar: fills the mask of its current state for a vocabulary of vocab_size ids ahead
+  // of prepare() (which then only applies it), e.g. while a GPU runs the step; valid until the
+  // next recorded token. A grammar whose mask fails here leaves prepare() to compute it (and
+  // raise the error).
+  void premask(int vocab_size);
   int32_t draw(std::span<const float> prepared) { return pick(prepared); }
   void commit(int32_t token) { record(token); }
 
@@ -102,6 +107,8 @@ class Sampler {
   std::vector<float> clean_;
   std::unique_ptr<grammar::TokenConstraint> constraint_;
   std::vector<float> masked_;
+  std::vector<uint32_t> premask_;  // premask()'s words
+  bool premasked_ = false;
   std::vector<float> weights_;  // filter()'s candidate weights, by token id
   std::vector<double> block_sums_;  // pick()'s weights summed per kSoftmaxBlock tokens
   std::vector<int32_t> order_;  // filter()'s candidates (scratch of pick() and distribution())

@@ -4,6 +4,7 @@
 // hand their new KV to the prefix cache.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -80,10 +81,25 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
       });
     };
   }
+  // Rows drawn at temperature > 0 under a grammar: their masks filled while a GPU runs the step,
+  // so that after it only the mask's pass over the row and the draw remain (draw_rows).
+  std::vector<size_t> premasked;
+  for (size_t i = 0; i < plan.size() && !argmax_only; ++i) {
+    const Req& r = *plan[i].req;
+    if (r.pending() == 0 && !r.sampler.greedy() && r.sampler.constrained()) premasked.push_back(i);
+  }
+  std::function<void()> premask;
+  if (!premasked.empty()) {
+    premask = [&plan, &premasked, vocab = runner_.config().vocab_size] {
+      default_thread_pool().parallel_for(static_cast<int64_t>(premasked.size()), [&](int64_t k, int) {
+        plan[premasked[static_cast<size_t>(k)]].req->sampler.premask(vocab);
+      });
+    };
+  }
   try {
     const auto start = std::chrono::steady_clock::now();
     runner_.forward(b, logits_, /*all_tokens=*/false, drafting ? &capture : nullptr, argmax_only ? &greedy_ids_ : nullptr,
-                    fill_masks);
+                    fill_masks, premask);
     if (forward_s != nullptr) *forward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (const std::exception& e) {
     // A failed step ends its requests with the reason rather than losing them silently; the KV

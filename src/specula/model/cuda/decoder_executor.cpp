@@ -87,7 +87,7 @@ void CudaDecoderExecutor::eager_forward(const ForwardBatch& batch, std::vector<f
 void CudaDecoderExecutor::download(const Workspace& ws, int64_t rows, std::vector<float>& logits,
                                    const ForwardRequest& request, const std::function<void()>& results_hook) {
   download_step(pinned_, ws[kLogits].data_as<const float>(), rows, head_vocab(), logits,
-                request.greedy_ids, request.token_bitmask, greedy_, request.capture, ws[kCaptured].data_as<const float>(), device_,
+                request.greedy_ids, request.token_bitmask, request.host_work, greedy_, request.capture, ws[kCaptured].data_as<const float>(), device_,
                 static_cast<cudaStream_t>(stream_), results_hook, static_cast<cudaEvent_t>(results_event_),
                 tp_greedy_combine());
 }
@@ -129,8 +129,8 @@ bool CudaDecoderExecutor::replay_decode(const ForwardBatch& batch, std::vector<f
   upload_step(graph_ws_, padded, 0);
   graph->launch(stream_);
   download_step(pinned_, graph_ws_[kLogits].data_as<const float>(), batch.batch_size, head_vocab(), logits,
-                r.greedy_ids, r.token_bitmask, greedy_, nullptr, nullptr, device_, static_cast<cudaStream_t>(stream_),
-                {}, nullptr, tp_greedy_combine());
+                r.greedy_ids, r.token_bitmask, r.host_work, greedy_, nullptr, nullptr, device_,
+                static_cast<cudaStream_t>(stream_), {}, static_cast<cudaEvent_t>(results_event_), tp_greedy_combine());
   return true;
 }
 

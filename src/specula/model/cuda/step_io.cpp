@@ -67,7 +67,7 @@ const uint32_t* upload_token_bitmask(const TokenBitmaskFill& fill, GreedyBuffers
 
 void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
                    std::vector<int32_t>* greedy_ids,
-                   const TokenBitmaskFill& token_bitmask, GreedyBuffers& greedy,
+                   const TokenBitmaskFill& token_bitmask, const std::function<void()>& host_work, GreedyBuffers& greedy,
                    HiddenCapture* capture, const float* captured_states,
                    Device device, cudaStream_t s, const std::function<void()>& before_wait, cudaEvent_t done,
                    const GreedyCombine& combine) {
@@ -94,10 +94,11 @@ void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int voc
     results = ids.data();
   }
   CUDA_CHECK(cudaMemcpyAsync(host + captured * sizeof(float), results, count * item, cudaMemcpyDeviceToHost, s));
-  if (before_wait) {
-    SPECULA_CHECK(done != nullptr, "download_step: work queued before the wait needs an event to wait on");
+  if (before_wait || host_work) {
+    SPECULA_CHECK(done != nullptr, "download_step: work done before the wait needs an event to wait on");
     CUDA_CHECK(cudaEventRecord(done, s));
-    before_wait();
+    if (before_wait) before_wait();
+    if (host_work) host_work();
     CUDA_CHECK(cudaEventSynchronize(done));
   } else {
     CUDA_CHECK(cudaStreamSynchronize(s));

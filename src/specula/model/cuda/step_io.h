@@ -49,7 +49,8 @@ struct GreedyBuffers {
 // device (cuda_kernels::argmax_rows into greedy.ids): 4 bytes per row cross instead of the
 // vocabulary's logits and the host does not scan them. token_bitmask (optional, with
 // greedy_ids): the rows' allowed tokens, filled here while the device still runs the queued
-// step, then uploaded before the argmax.
+// step, then uploaded before the argmax. host_work (optional): ForwardRequest::host_work, run while
+// the device runs the step (`done` must then be given).
 // before_wait (optional): called once the downloads are queued, with `done` recorded after them;
 // the work it queues on s runs while the host waits only for `done`.
 // combine (optional, with greedy_ids): queued on s after the device argmax, over the device ids and
@@ -57,7 +58,7 @@ struct GreedyBuffers {
 using GreedyCombine = std::function<void(int32_t* ids, float* values, int64_t rows)>;
 void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int vocab, std::vector<float>& logits,
                    std::vector<int32_t>* greedy_ids,
-                   const TokenBitmaskFill& token_bitmask, GreedyBuffers& greedy,
+                   const TokenBitmaskFill& token_bitmask, const std::function<void()>& host_work, GreedyBuffers& greedy,
                    HiddenCapture* capture, const float* captured_states,
                    Device device, cudaStream_t s, const std::function<void()>& before_wait = {},
                    cudaEvent_t done = nullptr, const GreedyCombine& combine = {});
