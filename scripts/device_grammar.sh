@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Structured output on a GPU machine: builds (Release, sm_90a), runs the CUDA speculative tests
-# (constrained greedy output with EAGLE / EAGLE-3 equals the output without speculation) and the
-# masked argmax, then `bench serve` on the synthetic Llama-3-8B at batch 1 and 32 without a format
+# (constrained greedy output with EAGLE / EAGLE-3 equals the output without speculation), the
+# masked argmax and the GPU engine's tests (sampled rows under a grammar among them), then `bench serve` on the synthetic Llama-3-8B at batch 1 and 32 without a format
 # and with each format of FORMATS (json_object; schema: a JSON schema of the corpus), greedy and
 # sampled, each format run followed by the same requests without the format decoding exactly the
 # lengths the format run produced (`--output-lens-from`: like for like); one table at the end.
@@ -24,13 +24,16 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECULA_BUILD_
   tail -40 "$out/configure.log"; exit 1
 fi
 grep -q "PCRE2 *TRUE\|PCRE2_FOUND:INTERNAL=1" "$build/CMakeCache.txt" || echo "warning: no PCRE2; the Llama-3 tokenizer will be refused"
-if ! cmake --build "$build" -j "$(nproc)" --target specula_main cuda_speculative_test cuda_model_test -- -k 0 >"$out/build.log" 2>&1; then
+if ! cmake --build "$build" -j "$(nproc)" --target specula_main cuda_speculative_test cuda_model_test cuda_engine_test -- -k 0 >"$out/build.log" 2>&1; then
   grep -E "error" -A4 "$out/build.log" | grep -v "^--$" | head -80; exit 1
 fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   "$build/tests/cuda_model_test" --gtest_filter='CudaArgmax.*' >"$out/cuda_argmax_test.log" 2>&1
   echo "cuda_model_test (CudaArgmax) rc=$?"
   grep -E "^\[  (FAILED|PASSED) |^\[       OK|Failure|Expected|Which" "$out/cuda_argmax_test.log" | head -20
+  "$build/tests/cuda_engine_test" >"$out/cuda_engine_test.log" 2>&1
+  echo "cuda_engine_test rc=$?"
+  grep -E "^\[  (FAILED|PASSED) |^\[       OK|Failure|Expected|Which|documents finished" "$out/cuda_engine_test.log" | head -20
   "$build/tests/cuda_speculative_test" ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} >"$out/cuda_speculative_test.log" 2>&1
   echo "cuda_speculative_test rc=$?"
   grep -E "^\[  (FAILED|PASSED) |^\[       OK|Failure|Expected|Which" "$out/cuda_speculative_test.log" | head -40

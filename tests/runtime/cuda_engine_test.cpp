@@ -1,12 +1,16 @@
 // The serving runtime on a GPU: in deterministic mode a batch's greedy outputs equal each
 // request's output alone, with and without CUDA graphs (batches padded up to a captured size),
 // and under KV pressure; the fast mode completes the same workload. Built in
-// CUDA builds; skipped where no GPU is visible.
+// CUDA builds; skipped where no GPU is visible. Sampled rows under a grammar (whose masks the host
+// fills while the GPU runs the step) fit their grammar and draw in a batch what they draw alone.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <memory>
+#include <string>
 
 #include "runtime/engine_fixtures.h"
+#include "specula/grammar/output_format.h"
 #include "specula/runtime/engine.h"
 
 namespace specula {
@@ -101,6 +105,63 @@ TEST(CudaEngine, FastModeCompletesTheBatch) {
   const auto outs = run(engine, 32);
   for (const auto& out : outs) EXPECT_EQ(out.size(), 32u);
   EXPECT_EQ(engine.stats().finished, static_cast<int64_t>(kTexts.size()));
+}
+
+TEST(CudaEngine, SampledRowsUnderAGrammarFitItAndDrawWhatTheyDrawAlone) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const auto format = [](grammar::OutputFormat::Kind kind, std::string source) {
+    grammar::OutputFormat f;
+    f.kind = kind;
+    f.source = std::move(source);
+    grammar::compile(f);
+    return f;
+  };
+  const std::vector<grammar::OutputFormat> formats = {format(grammar::OutputFormat::Kind::kJsonObject, ""),
+                                                      format(grammar::OutputFormat::Kind::kRegex, "[a-z ]{20,40}\\.")};
+  const auto request = [&](size_t k) {
+    EngineRequest r;
+    r.prompt = kTexts[k];
+    r.max_new_tokens = 48;
+    r.sampling.temperature = 0.8f;
+    r.sampling.top_p = 0.95f;
+    r.sampling.seed = 100 + k;
+    r.format = formats[k % formats.size()];
+    return r;
+  };
+  std::vector<RequestOutput> alone;
+  {
+    EngineOptions o = gpu_options(16, true);
+    o.runner.max_running_requests = 1;
+    Engine engine(kModel, o);
+    for (size_t k = 0; k < kTexts.size(); ++k) {
+      auto h = engine.submit(request(k));
+      engine.run_until_idle();
+      alone.push_back(h->wait());
+    }
+  }
+  for (bool graphs : {true, false}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    Engine engine(kModel, gpu_options(16, graphs));
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (size_t k = 0; k < kTexts.size(); ++k) handles.push_back(engine.submit(request(k)));
+    engine.run_until_idle();
+    int stopped = 0;
+    for (size_t k = 0; k < kTexts.size(); ++k) {
+      const RequestOutput out = handles[k]->wait();
+      ASSERT_TRUE(out.finish_reason == "stop" || out.finish_reason == "length") << k << ": " << out.finish_reason;
+      EXPECT_EQ(out.output_ids, alone[k].output_ids) << kTexts[k];
+      const grammar::Automaton& a = *formats[k % formats.size()].automaton;
+      grammar::MatchState st = a.start();
+      for (char c : out.text) st = a.advance(st, static_cast<uint8_t>(c));
+      EXPECT_FALSE(st.dead()) << k << ": " << out.text;
+      if (out.finish_reason == "stop") {
+        EXPECT_TRUE(a.can_end(st)) << k << ": " << out.text;
+        ++stopped;
+      }
+    }
+    std::printf("%s: %d of %zu sampled documents finished within 48 tokens\n", graphs ? "graphs" : "eager", stopped,
+                kTexts.size());
+  }
 }
 
 }  // namespace
