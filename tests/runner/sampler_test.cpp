@@ -15,6 +15,7 @@
 #include "specula/grammar/json_grammar.h"
 #include "specula/grammar/token_constraint.h"
 #include "specula/runner/sampler.h"
+#include "specula/runner/softmax_weights.h"
 
 namespace specula {
 namespace {
@@ -226,6 +227,45 @@ TEST(Sampler, PremaskedRowsDrawWhatUnmaskedRowsDraw) {
     b.commit(token);
   }
   EXPECT_GT(stale_checks, 0);
+}
+
+// The vectorised weights equal expf of every lane, those whose weight is a denormal (which the
+// vector exp's fast path cannot give) included, and 0 for -inf; rows like a grammar's masked ones
+// (mostly -inf) and rows spread wide enough to reach the denormals.
+TEST(SoftmaxWeights, EqualExpfOfEveryLaneAndSumInDouble) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  int denormals = 0, zeros = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const size_t n = 1000 + rng() % 40000;
+    const float temperature = std::array<float, 4>{0.3f, 0.7f, 1.0f, 1.6f}[static_cast<size_t>(trial % 4)];
+    std::uniform_real_distribution<float> spread(-45.0f, 5.0f);
+    std::vector<float> x(n);
+    for (float& v : x) v = spread(rng);
+    const bool masked = trial % 2 == 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (masked ? rng() % 50 != 0 : rng() % 9 == 0) x[i] = -INFINITY;
+    }
+    x[rng() % n] = 6.0f;
+    const float top = row_max(x);
+    std::vector<float> w(n);
+    std::vector<double> blocks;
+    const double sum = softmax_weights(x, top, temperature, w, &blocks);
+    double want_sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const float want = x[i] == -INFINITY ? 0.0f : std::exp((x[i] - top) * (1.0f / temperature));
+      ASSERT_NEAR(w[i], want, 1e-6 * want + 3e-45) << "trial " << trial << ", lane " << i << ", x " << x[i];
+      denormals += want > 0.0f && want < 1.1754944e-38f;
+      zeros += want == 0.0f;
+      want_sum += want;
+    }
+    EXPECT_NEAR(sum, want_sum, 1e-6 * want_sum);
+    ASSERT_EQ(blocks.size(), (n + kSoftmaxBlock - 1) / kSoftmaxBlock);
+    EXPECT_NEAR(std::accumulate(blocks.begin(), blocks.end(), 0.0), sum, 1e-9 * sum);
+  }
+  EXPECT_GT(denormals, 10);
+  EXPECT_GT(zeros, 1000);
 }
 
 TEST(Sampler, PenaltiesFollowSglangSemantics) {

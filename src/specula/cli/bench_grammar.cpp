@@ -38,6 +38,7 @@ struct Options {
   std::string json_path;
   bool verbose = false;
   int rows = 0;
+  bool sampled = false;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -81,6 +82,43 @@ void batch_steps(const grammar::OutputFormat& format, const std::shared_ptr<cons
   }
 }
 
+// --sampled: a row drawn at temperature 0.7 from random logits over the whole vocabulary, with the
+// grammar (a warm masker) and without it, following a document of the grammar token by token:
+// what each part of the scheduler's work on that row costs (us per token).
+struct SampledTimes {
+  std::vector<double> premask, prepare, draw, plain;
+};
+
+void sampled_row(const std::shared_ptr<grammar::TokenMasker>& masker, const std::vector<int32_t>& ids,
+                 std::mt19937& rng, SampledTimes& times) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.seed = rng();
+  Sampler with(p), without(p);
+  with.constrain(std::make_unique<grammar::TokenConstraint>(masker, std::vector<int32_t>{}));
+  const int vocab = masker->vocabulary().size();
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (int32_t id : ids) {
+    for (float& x : logits) x = dist(rng);
+    auto t = Clock::now();
+    with.premask(vocab);
+    times.premask.push_back(us_since(t));
+    t = Clock::now();
+    const std::span<const float> masked = with.prepare(logits);
+    times.prepare.push_back(us_since(t));
+    t = Clock::now();
+    const int32_t token = with.draw(masked);
+    times.draw.push_back(us_since(t));
+    SPECULA_CHECK(with.constrained() && token >= 0, "bench grammar: a sampled row drew nothing (a bug)");
+    t = Clock::now();
+    without.draw(without.prepare(logits));
+    times.plain.push_back(us_since(t));
+    with.commit(id);
+    without.commit(id);
+  }
+}
+
 void run(const Options& o) {
   check_json_path(o.json_path);
   SPECULA_CHECK(o.documents >= 2, "--documents {} is not valid; it must be >= 2 (the first fills the cache)", o.documents);
@@ -118,6 +156,7 @@ void run(const Options& o) {
 
   std::mt19937 rng(static_cast<uint32_t>(o.seed));
   std::vector<double> compile_ms, cold_us, warm_us, check_us, classify_us;
+  SampledTimes sampled;
   size_t tokens = 0;
   for (Workload& w : workloads) {
     t = Clock::now();
@@ -146,6 +185,10 @@ void run(const Options& o) {
         SPECULA_CHECK(matcher.accept_token(vocabulary->tokens[static_cast<size_t>(id)]), "bench grammar: matcher refused");
         ++tokens;
       }
+    }
+    if (o.sampled) {
+      sampled_row(masker, tokenizer.encode(grammar::random_sentence(*w.format.automaton, rng, o.max_letters), false),
+                  rng, sampled);
     }
     for (double x : masker->classify_seconds()) classify_us.push_back(x * 1e6);
     if (o.verbose) {
@@ -186,6 +229,13 @@ void run(const Options& o) {
   row("mask, later documents (warm)", warm, "us");
   row("one-token check (greedy)", check, "us");
   row("cache miss: classify frames", classify, "us");
+  if (o.sampled) {
+    fmt::print("a sampled row (temperature 0.7, {} tokens), per token:\n", sampled.plain.size());
+    row("  with grammar: premask (fill)", summarize(sampled.premask), "us");
+    row("  with grammar: prepare (apply)", summarize(sampled.prepare), "us");
+    row("  with grammar: draw", summarize(sampled.draw), "us");
+    row("  without grammar: prepare + draw", summarize(sampled.plain), "us");
+  }
   if (o.rows > 0) {
     double serial_total = 0, threaded_total = 0;
     for (double x : serial_ms) serial_total += x;
@@ -226,6 +276,8 @@ void add_bench_grammar_command(CLI::App& bench) {
                   "Also decode this many documents of each grammar side by side, filling each step's masks one "
                   "row after another and on the worker threads (0: not)")
       ->check(CLI::Range(0, 4096));
+  cmd->add_flag("--sampled", o->sampled,
+                "Also time a row drawn at temperature 0.7 with each grammar (mask fill, mask pass, draw) and without");
   cmd->callback([o] { run(*o); });
 }
 

@@ -21,11 +21,26 @@ SPECULA_SOFTMAX_CLONES double softmax_weights(std::span<const float> x, float to
   const float* in = x.data();
   float* out = w.data();
   // This file is built with -ffast-math (so that exp vectorises); it assumes no infinities, so
-  // -inf logits and huge negative exponents are clamped to a finite value whose exp is 0.
+  // -inf logits never reach exp. glibc's vector expf has a fast path for |x| <= 87.3 only: one lane
+  // outside sends the whole vector down its scalar path, which made a grammar's masked row (mostly
+  // -inf) ten times slower to draw from. So exp sees at least kFast, lanes below it get 0, and the
+  // rare lanes whose exp is a denormal (between kZero and kFast) are redone one by one: the same
+  // weights as exp over every lane gives, at the fast path's speed.
+  constexpr float kFast = -87.0f;
+  constexpr float kZero = -104.0f;  // expf is 0 below: its smallest denormal is e^-103.3
+  int denormal = 0;
   for (size_t i = 0; i < n; ++i) {
-    float y = (in[i] - top) * inv;
-    y = y < -200.0f ? -200.0f : y;
-    out[i] = std::exp(y);
+    const float y = (in[i] - top) * inv;
+    const bool fast = y >= kFast;
+    const float e = std::exp(fast ? y : kFast);
+    out[i] = fast ? e : 0.0f;
+    denormal |= static_cast<int>(!fast && y > kZero);
+  }
+  if (denormal != 0) {
+    for (size_t i = 0; i < n; ++i) {
+      const float y = (in[i] - top) * inv;
+      if (y < kFast && y > kZero) out[i] = std::exp(y);
+    }
   }
   // Blocks of float sums, added up in double: the total keeps double's range and most of its
   // accuracy, and the inner loop still vectorises.
