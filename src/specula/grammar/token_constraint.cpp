@@ -57,12 +57,28 @@ void TokenConstraint::fill_bitmask(std::span<uint32_t> words) {
   }
 }
 
+// On x86-64 an AVX2 copy beside the baseline one, chosen at load time: a word's 32 lanes become
+// one variable shift and blend per 8.
+#if defined(__x86_64__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void masked_copy(std::span<const float> logits, std::span<const uint32_t> words, std::span<float> out) {
+  SPECULA_ASSERT(out.size() == logits.size() && words.size() * 32 >= logits.size());
+  const size_t n = logits.size();
+  const size_t whole = n / 32;
+  const float* in = logits.data();
+  float* o = out.data();
+  for (size_t w = 0; w < whole; ++w) {
+    const uint32_t bits = words[w];
+    for (uint32_t j = 0; j < 32; ++j) o[w * 32 + j] = (bits >> j & 1u) != 0 ? in[w * 32 + j] : -INFINITY;
+  }
+  for (size_t id = whole * 32; id < n; ++id) o[id] = (words[whole] >> (id % 32) & 1u) != 0 ? in[id] : -INFINITY;
+}
+
 void TokenConstraint::mask(std::span<float> logits) {
   allowed_.resize((logits.size() + 31) / 32);
   fill_bitmask(allowed_);
-  for (size_t id = 0; id < logits.size(); ++id) {
-    if ((allowed_[id / 32] >> (id % 32) & 1u) == 0) logits[id] = -INFINITY;
-  }
+  masked_copy(logits, allowed_, logits);
 }
 
 void TokenConstraint::accept(int32_t token) {

@@ -114,20 +114,8 @@ std::span<const float> Sampler::adjusted(std::span<const float> raw, std::span<c
   if (constraint_ == nullptr || !constraint_->push(path)) return logits;
   const PathGuard guard{constraint_.get(), path.size()};
   if (path.empty() && premasked_ && premask_.size() == (logits.size() + 31) / 32) {
-    // A word at a time: a grammar's mask is mostly words of all or nothing.
     masked_.resize(logits.size());
-    for (size_t w = 0, begin = 0; begin < logits.size(); ++w, begin += 32) {
-      const size_t end = std::min(begin + 32, logits.size());
-      const uint32_t bits = premask_[w];
-      if (bits == 0) {
-        std::fill(masked_.begin() + static_cast<ptrdiff_t>(begin), masked_.begin() + static_cast<ptrdiff_t>(end), -INFINITY);
-      } else if (bits == ~0u) {
-        std::copy(logits.begin() + static_cast<ptrdiff_t>(begin), logits.begin() + static_cast<ptrdiff_t>(end),
-                  masked_.begin() + static_cast<ptrdiff_t>(begin));
-      } else {
-        for (size_t id = begin; id < end; ++id) masked_[id] = (bits >> (id - begin) & 1u) != 0 ? logits[id] : -INFINITY;
-      }
-    }
+    grammar::masked_copy(logits, premask_, masked_);
   } else {
     masked_.assign(logits.begin(), logits.end());
     constraint_->mask(masked_);
