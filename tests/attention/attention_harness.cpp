@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <type_traits>
 
@@ -42,6 +43,8 @@ AttentionHarness::AttentionHarness(const HarnessConfig& config, uint64_t seed) :
   layer_.sliding_window_size = c.window_left;
   layer_.use_local_attention = c.chunk_size > 0;
   layer_.attn_type = c.causal ? AttentionType::DECODER : AttentionType::ENCODER_ONLY;
+  layer_.dca_chunk_len = c.dca_chunk_len;
+  layer_.dca_original_max_position = c.dca_original_max;
   if (c.sinks) {
     std::normal_distribution<float> dist(0.5f, 1.5f);
     for (int h = 0; h < c.num_q_heads; ++h) layer_.sinks.push_back(dist(rng));
@@ -88,7 +91,7 @@ AttentionHarness::AttentionHarness(const HarnessConfig& config, uint64_t seed) :
                               TensorView(const_cast<float*>(kp.data()), DType::f32, {spec.prefix_len, c.num_kv_heads, c.head_dim}),
                               TensorView(const_cast<float*>(vp.data()), DType::f32, {spec.prefix_len, c.num_kv_heads, c.v_head_dim}));
     }
-    new_q_.push_back(random_rounded(static_cast<size_t>(spec.extend_len) * c.num_q_heads * c.head_dim, c.q_dtype, rng));
+    new_q_.push_back(random_rounded(static_cast<size_t>(spec.extend_len) * c.num_q_heads * q_width(), c.q_dtype, rng));
     new_k_.push_back(random_rounded(static_cast<size_t>(spec.extend_len) * c.num_kv_heads * c.head_dim, c.q_dtype, rng));
     new_v_.push_back(random_rounded(static_cast<size_t>(spec.extend_len) * c.num_kv_heads * c.v_head_dim, c.q_dtype, rng));
 
@@ -182,7 +185,7 @@ AttentionResult AttentionHarness::run_with(AttentionBackend& backend, MHAKVPool&
   batch.token_to_kv_pool = &pool;
   const auto& c = config_;
   const int64_t n = batch.num_tokens();
-  Buffer q(c.q_dtype, {n, c.num_q_heads, c.head_dim});
+  Buffer q(c.q_dtype, {n, c.num_q_heads, q_width()});
   Buffer k(c.q_dtype, {n, c.num_kv_heads, c.head_dim});
   Buffer v(c.q_dtype, {n, c.num_kv_heads, c.v_head_dim});
   Buffer out(c.q_dtype, {n, c.num_q_heads, c.v_head_dim});
@@ -193,7 +196,7 @@ AttentionResult AttentionHarness::run_with(AttentionBackend& backend, MHAKVPool&
       convert_from_float(src.data(), static_cast<char*>(dst.data()) + row * row_elems * static_cast<int64_t>(dtype_size(dst.dtype())),
                          dst.dtype(), src.size());
     };
-    put(new_q_[static_cast<size_t>(r)], q, c.num_q_heads * c.head_dim);
+    put(new_q_[static_cast<size_t>(r)], q, c.num_q_heads * q_width());
     put(new_k_[static_cast<size_t>(r)], k, c.num_kv_heads * c.head_dim);
     put(new_v_[static_cast<size_t>(r)], v, c.num_kv_heads * c.v_head_dim);
     row += c.requests[static_cast<size_t>(r)].extend_len;
@@ -298,7 +301,11 @@ AttentionResult AttentionHarness::reference(const std::vector<int>& only, bool r
     const std::vector<uint8_t> custom = c.tree_mask ? tree_masks_[static_cast<size_t>(r)] : std::vector<uint8_t>{};
     const auto mask = reference_mask(rules, spec.extend_len, len, spec.prefix_len, custom);
     std::vector<double> out, lse;
-    reference_attention<T>(rl, q, k, v, mask, spec.extend_len, len, out, lse, round_probs);
+    if (c.dca_chunk_len > 0) {
+      dual_chunk_reference<T>(rl, q, k, v, mask, spec, round_probs, out, lse);
+    } else {
+      reference_attention<T>(rl, q, k, v, mask, spec.extend_len, len, out, lse, round_probs);
+    }
     for (double x : out) {
       uint8_t buf[4];
       store_from_float(buf, c.q_dtype, 0, static_cast<float>(x));
@@ -307,6 +314,54 @@ AttentionResult AttentionHarness::reference(const std::vector<int>& only, bool r
     result.lse.insert(result.lse.end(), lse.begin(), lse.end());
   }
   return result;
+}
+
+// Dual chunk attention as its definition: each part (keys of the query's own chunk, of the chunk
+// before, of earlier chunks) attended apart with its own rotary variant of q, at the request's
+// long-context temperature, and the three merged by their log-sum-exps.
+template <typename T>
+void AttentionHarness::dual_chunk_reference(ReferenceLayer rl, const std::vector<double>& q, const std::vector<double>& k,
+                                            const std::vector<double>& v, const std::vector<uint8_t>& mask,
+                                            const RequestSpec& spec, bool round_probs, std::vector<double>& out,
+                                            std::vector<double>& lse) const {
+  const auto& c = config_;
+  const int len = spec.prefix_len + spec.extend_len, q_len = spec.extend_len, D = c.head_dim, H = c.num_q_heads;
+  if (c.dca_original_max > 0) {
+    rl.scale *= std::max(1.0, 0.1 * std::log(static_cast<double>(len) / c.dca_original_max) + 1.0);
+  }
+  const size_t rows = static_cast<size_t>(q_len) * H;
+  std::vector<std::vector<double>> outs(3), lses(3);
+  for (int variant = 0; variant < 3; ++variant) {
+    std::vector<double> qv(rows * D);
+    for (size_t row = 0; row < rows; ++row) {
+      std::copy_n(q.begin() + static_cast<int64_t>((row * 3 + variant) * D), D, qv.begin() + static_cast<int64_t>(row * D));
+    }
+    std::vector<uint8_t> part = mask;
+    for (int i = 0; i < q_len; ++i) {
+      const int cq = (spec.prefix_len + i) / c.dca_chunk_len;
+      for (int j = 0; j < len; ++j) {
+        const int cj = j / c.dca_chunk_len;
+        const int which = cj == cq ? 0 : cj + 1 == cq ? 1 : 2;
+        if (which != variant) part[static_cast<size_t>(i) * len + j] = 0;
+      }
+    }
+    reference_attention<T>(rl, qv, k, v, part, q_len, len, outs[variant], lses[variant], round_probs);
+  }
+  out.assign(rows * c.v_head_dim, 0.0);
+  lse.assign(rows, -std::numeric_limits<double>::infinity());
+  for (size_t row = 0; row < rows; ++row) {
+    double top = -std::numeric_limits<double>::infinity();
+    for (int p = 0; p < 3; ++p) top = std::max(top, lses[p][row]);
+    if (top == -std::numeric_limits<double>::infinity()) continue;
+    double z = 0;
+    for (int p = 0; p < 3; ++p) z += std::exp(lses[p][row] - top);
+    lse[row] = top + std::log(z);
+    for (int p = 0; p < 3; ++p) {
+      if (lses[p][row] == -std::numeric_limits<double>::infinity()) continue;
+      const double w = std::exp(lses[p][row] - lse[row]);
+      for (int d = 0; d < c.v_head_dim; ++d) out[row * c.v_head_dim + d] += w * outs[p][row * c.v_head_dim + d];
+    }
+  }
 }
 
 template AttentionResult AttentionHarness::reference<double>(const std::vector<int>&, bool) const;

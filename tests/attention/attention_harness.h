@@ -11,6 +11,7 @@
 #include "specula/attention/backend.h"
 #include "specula/kv/mha_kv_pool.h"
 #include "specula/kv/req_to_token_pool.h"
+#include "attention/reference_attention.h"
 
 namespace specula::testing {
 
@@ -40,6 +41,10 @@ struct HarnessConfig {
   bool prefix_visible = false;        // tree masks: set SpecInfo::prefix_visible (they do show the prefix)
   float k_scale = 1.0f;  // fp8 pools
   float v_scale = 1.0f;
+  // > 0: a dual chunk attention layer (attention/cpu/dual_chunk.h): q holds three rotary variants
+  // per head, and the reference attends to the three parts apart and merges them by their LSEs.
+  int dca_chunk_len = 0;
+  int dca_original_max = 0;
 };
 
 struct AttentionResult {
@@ -69,6 +74,12 @@ class AttentionHarness {
 
  private:
   ForwardBatch make_batch(const std::vector<int>& requests) const;
+  // Elements of one head's q: three rotary variants under dual chunk attention.
+  int q_width() const { return (config_.dca_chunk_len > 0 ? 3 : 1) * config_.head_dim; }
+  template <typename T>
+  void dual_chunk_reference(ReferenceLayer rl, const std::vector<double>& q, const std::vector<double>& k,
+                            const std::vector<double>& v, const std::vector<uint8_t>& mask, const RequestSpec& spec,
+                            bool round_probs, std::vector<double>& out, std::vector<double>& lse) const;
   AttentionResult run_with(AttentionBackend& backend, MHAKVPool& pool, Device device, const std::vector<int>& only);
 
   HarnessConfig config_;

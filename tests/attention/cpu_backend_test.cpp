@@ -161,6 +161,24 @@ TEST(CpuAttention, LocalAttention) {
   }
 }
 
+// Dual chunk attention through the shared harness (whose reference attends to the three parts
+// apart): the CPU backend, which dual_chunk_test checks on its own reference too, agrees with it,
+// so the CUDA tests may rely on the harness's reference.
+TEST(CpuAttention, DualChunkPrefillAndDecode) {
+  HarnessConfig c;
+  c.num_q_heads = 8;
+  c.num_kv_heads = 2;
+  c.page_size = 4;
+  c.dca_chunk_len = 32;
+  c.dca_original_max = 40;
+  c.mode = ForwardMode::EXTEND;
+  c.requests = {{0, 100}, {70, 9}, {5, 3}};
+  check_against_reference(c, "dual chunk extend");
+  c.mode = ForwardMode::DECODE;
+  c.requests = {{150, 1}, {40, 1}, {10, 1}, {64, 1}};
+  check_against_reference(c, "dual chunk decode");
+}
+
 TEST(CpuAttention, SoftCap) {
   auto rng = rng_for_shapes();
   for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {

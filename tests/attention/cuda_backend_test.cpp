@@ -123,6 +123,29 @@ TEST_F(CudaAttention, DecodeLongUnsplitRanges) {
   }
 }
 
+// Dual chunk decode: each key's chunk picks the query's rotary variant inside the split-KV
+// kernel. Lengths inside the first chunk (intra only), the second (intra and successive) and
+// later ones (all three parts), a chunk boundary just before the query; unsplit and split plans
+// (splits whose key ranges cross chunk boundaries), narrow and wide blocks, GQA groups of 4 and
+// 7 heads, pages of 1 and 16, the long-context temperature, bf16 and fp8 caches.
+TEST_F(CudaAttention, DualChunkDecode) {
+  for (const DType kv : {DType::bf16, DType::fp8_e4m3}) {
+    for (const int page : {1, 16}) {
+      HarnessConfig c = decode_config(8, 2, page, kv);
+      c.head_dim = 128;
+      c.dca_chunk_len = 64;
+      c.dca_original_max = page == 16 ? 100 : 0;
+      c.requests = {{300, 1}, {100, 1}, {40, 1}, {127, 1}, {128, 1}, {191, 1}};
+      check_cuda(c, kv == DType::fp8_e4m3 ? "dual chunk decode, fp8" : "dual chunk decode");
+      c.num_q_heads = 28;
+      c.num_kv_heads = 4;
+      c.dca_chunk_len = 1024;
+      c.requests = {{5000, 1}};  // one sequence: many splits, wide blocks
+      check_cuda(c, "dual chunk decode, one long sequence");
+    }
+  }
+}
+
 TEST_F(CudaAttention, Mqa) {
   auto rng = rng_for_shapes();
   for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {

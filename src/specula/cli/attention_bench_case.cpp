@@ -47,6 +47,8 @@ AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionB
   layer_.num_kv_heads = c.num_kv_heads;
   layer_.head_dim = c.head_dim;
   layer_.attn_type = c.causal ? AttentionType::DECODER : AttentionType::ENCODER_ONLY;
+  layer_.dca_chunk_len = c.dca_chunk_len;
+  layer_.dca_original_max_position = c.dca_original_max;
   backend_.check_layer(layer_, c.q_dtype, c.kv_dtype);
 
   PagedTokenAllocator allocator(static_cast<int64_t>(bs) * pages_per_req * c.page_size, c.page_size);
@@ -88,7 +90,7 @@ AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionB
   }
 
   const int64_t n = batch_.num_tokens();
-  q_ = Buffer(c.q_dtype, {n, c.num_q_heads, c.head_dim}, device);
+  q_ = Buffer(c.q_dtype, {n, c.num_q_heads, (c.dca_chunk_len > 0 ? 3 : 1) * c.head_dim}, device);
   k_ = Buffer(c.q_dtype, {n, c.num_kv_heads, c.head_dim}, device);
   v_ = Buffer(c.q_dtype, {n, c.num_kv_heads, c.head_dim}, device);
   out_ = Buffer(c.q_dtype, {n, c.num_q_heads, c.head_dim}, device);

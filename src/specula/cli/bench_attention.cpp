@@ -122,6 +122,22 @@ std::vector<AttentionBenchCase> cuda_cases(DType kv_dtype) {
       cases.push_back(c);
     }
   }
+  // Dual chunk decode on Qwen2.5-7B-Instruct-1M's shape (28 query / 4 KV heads, chunk_size 262144
+  // and local_size 8192: chunks of 253,952 keys), beside plain decode over the same keys.
+  for (int len : {262144, 1048576}) {
+    for (bool dca : {true, false}) {
+      AttentionBenchCase c;
+      c.name = fmt::format("{} B=1 L={} p16 qwen2.5-7b-1m", dca ? "dca decode" : "decode", len);
+      c.mode = ForwardMode::DECODE;
+      c.prefix_len = len - 1;
+      c.num_q_heads = 28;
+      c.num_kv_heads = 4;
+      c.kv_dtype = kv_dtype;
+      c.dca_chunk_len = dca ? 262144 - 8192 : 0;
+      c.dca_original_max = dca ? 262144 : 0;
+      cases.push_back(c);
+    }
+  }
   AttentionBenchCase e;
   e.name = "extend prefix=8192 +1024 B=2 p16";
   e.mode = ForwardMode::EXTEND;

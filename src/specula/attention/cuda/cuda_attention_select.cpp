@@ -34,7 +34,16 @@ std::string layer_problem(const AttentionLayer& layer, DType q_dtype, DType kv_d
                        layer.effective_v_head_dim(), layer.head_dim);
   }
   if (std::string problem = common_layer_problem(layer); !problem.empty()) return problem;
-  if (layer.dca_chunk_len > 0) return "dual chunk attention runs on the cpu backend only in this build";
+  if (layer.dca_chunk_len > 0) {
+    if (layer.attn_type != AttentionType::DECODER || layer.sliding_window_size >= 0 || layer.use_local_attention ||
+        !layer.sinks.empty()) {
+      return "dual chunk attention serves causal layers without sliding window, local chunks or sinks";
+    }
+    if (layer.dca_chunk_len % 16 != 0) {
+      return fmt::format("dual chunk attention's chunk length {} must be a multiple of 16 on the cuda backend",
+                         layer.dca_chunk_len);
+    }
+  }
   if (q_dtype != DType::bf16 && q_dtype != DType::f16) {
     return fmt::format("query dtype {} is not supported; supported: bf16, f16", dtype_name(q_dtype));
   }
@@ -114,6 +123,11 @@ CudaAttentionPlan select_cuda_extend(const AttentionLayer& layer, DType q_dtype,
   if (layer.use_local_attention && shape.custom_mask) {
     return unsupported("local attention with a tree mask is not supported");
   }
+  if (layer.dca_chunk_len > 0) {
+    return unsupported(
+        "dual chunk attention's prefill, extend and verify steps run on the cpu backend only in this build (its "
+        "decode runs here)");
+  }
   CudaAttentionPlan plan;
   // Warpgroup MMA where it is built (ck::prefill_wgmma_supports, which its launch asserts): a cache
   // of the query's own type, so tiles go to the tensor cores unconverted, at head_dim 64 and 128.
@@ -129,6 +143,7 @@ CudaAttentionPlan select_cuda_draft_tree(const AttentionLayer& layer, DType q_dt
   if (std::string problem = layer_problem(layer, q_dtype, kv_dtype, shape); !problem.empty()) {
     return unsupported(std::move(problem));
   }
+  if (layer.dca_chunk_len > 0) return unsupported("the tree kernel does not serve dual chunk attention");
   // What kernels/tree_attention.cu is built for: plain softmax attention over bf16 or e4m3 rows.
   if (q_dtype != DType::bf16 || (kv_dtype != DType::bf16 && kv_dtype != DType::fp8_e4m3)) {
     return unsupported(fmt::format("the tree kernel needs bf16 queries and a bf16 or fp8_e4m3 KV cache; got {} and {}",

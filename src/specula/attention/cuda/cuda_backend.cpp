@@ -121,13 +121,15 @@ CudaAttentionShape CudaAttentionBackend::decode_shape(int batch_size, int64_t nu
 
 void CudaAttentionBackend::check_layer(const AttentionLayer& layer, DType q_dtype, DType kv_dtype) const {
   // Every layer must serve both extend-like and decode steps; verify and draft steps fall back
-  // to the prefill kernels, or are refused when they run.
+  // to the prefill kernels, or are refused when they run. Dual chunk attention layers are served
+  // for decode alone (their extend is refused when it runs; models refuse them on a GPU earlier).
   const CudaAttentionShape shape = base_shape();
-  for (const CudaAttentionPlan& plan : {select_cuda_extend(layer, q_dtype, kv_dtype, shape),
-                                        select_cuda_decode(layer, q_dtype, kv_dtype, shape)}) {
+  const auto require = [&](const CudaAttentionPlan& plan) {
     SPECULA_CHECK(plan.supported(), "cuda attention backend cannot serve layer {}: {}", layer.layer_id,
                   plan.unsupported_reason);
-  }
+  };
+  if (layer.dca_chunk_len == 0) require(select_cuda_extend(layer, q_dtype, kv_dtype, shape));
+  require(select_cuda_decode(layer, q_dtype, kv_dtype, shape));
   const HeadLayout layout{layer.num_q_heads, layer.num_kv_heads, layer.head_dim, layer.use_local_attention};
   // Looked up first: forward checks every layer again, and copying it (sinks) each time would cost.
   if (layouts_.find(layout) == layouts_.end()) layouts_.emplace(layout, CheckedLayer{layer, q_dtype, kv_dtype});
@@ -403,7 +405,7 @@ void CudaAttentionBackend::check_forward_args(const TensorView& q, const TensorV
                                               const MHAKVPool& pool, const ForwardOptions& options) const {
   check_layer(layer, q.dtype(), pool.dtype());
   const int64_t n = state_->num_tokens;
-  check_shape(q, {n, layer.num_q_heads, layer.head_dim}, "q");
+  check_shape(q, {n, layer.num_q_heads, (layer.dca_chunk_len > 0 ? 3 : 1) * layer.head_dim}, "q");
   check_shape(out, {n, layer.num_q_heads, layer.head_dim}, "attention output");
   check_dtype(out, q.dtype(), "attention output");
   for (const TensorView* t : {&q, &out}) {
@@ -513,6 +515,8 @@ void CudaAttentionBackend::run_decode(const TensorView& q, const TensorView& out
                 layer.layer_id, layer.num_q_heads, layer.num_kv_heads, layer.head_dim);
   ck::AttentionParams p = layer_params(q, out, layer, pool, options, options_.page_size);
   p.chunk_size = local ? options_.attention_chunk_size : 0;
+  p.dca_chunk_len = layer.dca_chunk_len;
+  p.dca_original_max_position = layer.dca_original_max_position;
   p.sinks = device_sinks(layer);
   p.num_seqs = st.num_seqs;
   p.cu_seqlens_q = st.active->cu_q.data();

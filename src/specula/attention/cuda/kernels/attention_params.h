@@ -37,6 +37,12 @@ struct AttentionParams {
   int32_t window_left;       // -1: none; else keys j >= pos - window_left
   int32_t causal;            // 1: key j visible to the query at KV index pos iff j <= pos
   int32_t chunk_size;        // decode only: > 0 restricts keys to the query's local chunk
+  // Decode only: dual chunk attention (attention/cpu/dual_chunk.h) when > 0, a multiple of 16. q
+  // then holds each head's intra, successive and inter rotary variants at q + variant * head_dim
+  // (q_stride_head >= 3 * head_dim); dca_original_max_position > 0 multiplies a sequence's logits
+  // by dual_chunk_logit_scale of its length.
+  int32_t dca_chunk_len;
+  int32_t dca_original_max_position;
   const float* sinks;        // [num_q_heads] or nullptr
   const uint8_t* custom_mask;  // nullptr, or per sequence [q_len, kv_len] at mask_offsets[seq]
 

@@ -190,15 +190,21 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
   // multiply spends half its rows on heads that do not exist (with Q as the A operand rows 8-15
   // were zero: twice the multiplies, and O held twice the registers). Q is the B operand, straight
   // from global memory while the first tiles are in flight (column g < num_heads; others zero).
+  //
+  // Dual chunk attention: each head's three rotary variants lie head_dim apart, and a key's chunk
+  // picks the one its logit uses (its own chunk: intra; the one before: successive; earlier:
+  // inter). Tiles start at multiples of 16 keys and chunks are multiples of 16 long, so a tile
+  // lies in one chunk; a warp's tiles go up in key order, so it loads Q at most three times.
   uint32_t q_b[D / 16][2];
-  {
-    const bool valid = g < b.num_heads;
-    // An fp8 tile's K fragments come in the head-dimension order of its staged bytes (below), so
-    // lane t takes dims 16 ks + 4 t .. + 3 of Q for mma k = 2t, 2t + 1, 2t + 8, 2t + 9.
-    const Q* q = static_cast<const Q*>(p.q) + b.token * p.q_stride_token +
-                 static_cast<int64_t>(b.head0 + (valid ? g : 0)) * p.q_stride_head + (S::kConvert ? 4 : 2) * t;
+  const bool valid_head = g < b.num_heads;
+  // An fp8 tile's K fragments come in the head-dimension order of its staged bytes (below), so
+  // lane t takes dims 16 ks + 4 t .. + 3 of Q for mma k = 2t, 2t + 1, 2t + 8, 2t + 9.
+  const Q* q_lane = static_cast<const Q*>(p.q) + b.token * p.q_stride_token +
+                    static_cast<int64_t>(b.head0 + (valid_head ? g : 0)) * p.q_stride_head + (S::kConvert ? 4 : 2) * t;
+  auto load_q = [&](int variant) {
+    const Q* q = q_lane + variant * D;
     auto pair = [&](const Q* src) -> uint32_t {
-      if (!valid) return 0u;
+      if (!valid_head) return 0u;
       const uint32_t raw = __ldg(reinterpret_cast<const unsigned int*>(src));
       if constexpr (std::is_same_v<Q, T>) {
         return raw;
@@ -212,7 +218,15 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
       q_b[ks][0] = pair(q + ks * 16);
       q_b[ks][1] = pair(q + ks * 16 + (S::kConvert ? 2 : 8));
     }
-  }
+  };
+  const int dca_len = p.dca_chunk_len;
+  const int q_chunk = dca_len > 0 ? (b.kv_len - 1) / dca_len : 0;
+  auto variant_of = [&](int key) {
+    const int c = key / dca_len;
+    return c == q_chunk ? 0 : c + 1 == q_chunk ? 1 : 2;
+  };
+  int q_variant = dca_len > 0 && my_tiles > 0 ? variant_of(b.begin + warp * kKeys) : 0;
+  load_q(q_variant);
 
   // O^T: row r of m-tile j is head dimension 16 j + r (kVRegs: (r % 8) * D / 8 + 2 j + r / 8,
   // below), columns are query heads; m and l are those of heads 2t and 2t + 1.
@@ -221,7 +235,10 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
   for (int j = 0; j < D / 16; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m[2] = {kNegInf, kNegInf};
   float l[2] = {0.0f, 0.0f};
-  const float score_mul = p.scale * p.k_descale;
+  float score_mul = p.scale * p.k_descale;
+  if (dca_len > 0 && p.dca_original_max_position > 0) {
+    score_mul *= fmaxf(1.0f, 0.1f * logf(static_cast<float>(b.kv_len) / p.dca_original_max_position) + 1.0f);
+  }
   const bool capped = p.logit_cap > 0.0f;
 
   const bool ticketing = split.num_splits > 1 && threadIdx.x == 0;
@@ -235,6 +252,14 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
     next_pages[kPageAhead - 1] = tile_page(i + S::kStages - 1 + kPageAhead);
     cp_async_wait<S::kStages - 1>();
     __syncwarp();
+    const int tile_start = b.begin + (warp + i * kWarps) * kKeys;
+    if (dca_len > 0) {
+      const int variant = variant_of(tile_start);
+      if (variant != q_variant) {
+        q_variant = variant;
+        load_q(variant);
+      }
+    }
     const KV* k_raw = pipe + (i % S::kStages) * 2 * S::kRawTile;
     const KV* v_raw = k_raw + S::kRawTile;
     float s[4] = {};  // S^T: keys g, g + 8 (rows) of heads 2t, 2t + 1
@@ -276,7 +301,6 @@ __global__ void __launch_bounds__(kWarps * 32, kDecodeMinBlocks<KV, D, kWarps>)
       v_tile = v_raw;
     }
 
-    const int tile_start = b.begin + (warp + i * kWarps) * kKeys;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const bool visible = tile_start + g + 8 * r < b.end;
