@@ -15,6 +15,7 @@
 
 #include "specula/grammar/grammar.h"
 #include "specula/grammar/json_grammar.h"
+#include "specula/grammar/mask_warmer.h"
 #include "specula/grammar/matcher.h"
 #include "specula/grammar/token_constraint.h"
 #include "specula/grammar/token_masker.h"
@@ -177,6 +178,55 @@ TEST(TokenMasker, JsonStringsOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
   EXPECT_GT(compared, 60);
 }
 
+// A masker warmed in the background (MaskWarmer: random sentences' masks classified ahead) has
+// keys cached before its first request and gives the masks feeding every token alone gives; a
+// stopped warm-up classifies nothing.
+TEST(TokenMasker, WarmedMasksEqualFeedingEveryTokenAlone) {
+  const unsigned seed = std::random_device{}();
+  std::mt19937 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::vector<std::string> vocab = wide_vocabulary(rng);
+  const auto vocabulary = std::make_shared<const Vocabulary>(vocab);
+  std::vector<std::shared_ptr<const Automaton>> automata = {
+      std::make_shared<const Automaton>(std::make_shared<const Grammar>(json_object_grammar())),
+      std::make_shared<const Automaton>(std::make_shared<const Grammar>(
+          Grammar::parse("root ::= item (\",\" item)*\nitem ::= \"[\" ( [^\\]]* | item ) \"]\"\n"))),
+      std::make_shared<const Automaton>(std::make_shared<const Grammar>(
+          Grammar::parse("root ::= \"\\\"\" ( [a-z0-9_-]{1,4} \"/\"? ){0,3} \"\\\"\" [0-9]{2}\n")))};
+  std::vector<std::shared_ptr<TokenMasker>> maskers;
+  {
+    MaskWarmer warmer(0.5);
+    for (const auto& a : automata) {
+      maskers.push_back(std::make_shared<TokenMasker>(a, vocabulary));
+      warmer.add(maskers.back());
+    }
+    warmer.wait_idle();
+    EXPECT_GT(warmer.masks_filled(), 100);
+  }
+  int compared = 0;
+  for (size_t g = 0; g < automata.size(); ++g) {
+    const auto& a = automata[g];
+    TokenMasker& masker = *maskers[g];
+    EXPECT_GT(masker.cached_tops(), 0u) << "grammar " << g;
+    for (int walk = 0; walk < 4; ++walk) {
+      GrammarMatcher m(a);
+      for (int step = 0; step < 25; ++step) {
+        std::vector<uint32_t> mask;
+        masker.fill(m.state(), mask);
+        const std::vector<int> ok = brute_force(*a, m.state(), vocab);
+        ASSERT_EQ(set_bits(mask, vocab.size()), ok) << "grammar " << g << ", walk " << walk << ", step " << step;
+        ++compared;
+        if (ok.empty() || (m.can_end() && rng() % 6 == 0)) break;
+        ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
+      }
+    }
+  }
+  EXPECT_GT(compared, 40);
+  TokenMasker fresh(automata[0], vocabulary);
+  const std::atomic<bool> stop{true};
+  EXPECT_EQ(fresh.warm_up(10.0, 1, &stop), 0);
+  EXPECT_EQ(fresh.cached_tops(), 0u);
+}
 
 // TokenConstraint::mask (what a sampled row's logits go through) sets -inf exactly where its
 // bitmask is clear and leaves every other logit as it was, over a vocabulary whose last mask word

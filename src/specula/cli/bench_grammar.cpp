@@ -39,6 +39,7 @@ struct Options {
   bool verbose = false;
   int rows = 0;
   bool sampled = false;
+  double warm_up_ms = 0;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -154,7 +155,7 @@ void run(const Options& o) {
   const double vocab_ms = us_since(t) / 1e3;
 
   std::mt19937 rng(static_cast<uint32_t>(o.seed));
-  std::vector<double> compile_ms, cold_us, warm_us, check_us, classify_us;
+  std::vector<double> compile_ms, cold_us, warm_us, check_us, classify_us, warm_up_ms;
   SampledTimes sampled;
   size_t tokens = 0;
   for (Workload& w : workloads) {
@@ -162,6 +163,11 @@ void run(const Options& o) {
     grammar::compile(w.format);
     compile_ms.push_back(us_since(t) / 1e3);
     auto masker = std::make_shared<grammar::TokenMasker>(w.format.automaton, vocabulary);
+    if (o.warm_up_ms > 0) {
+      t = Clock::now();
+      masker->warm_up(o.warm_up_ms / 1e3, o.seed);
+      warm_up_ms.push_back(us_since(t) / 1e3);
+    }
     const size_t cold_before = cold_us.size(), warm_before = warm_us.size();
     std::vector<uint32_t> bitmask;
     for (int d = 0; d < o.documents; ++d) {
@@ -222,6 +228,7 @@ void run(const Options& o) {
                s.max, unit, s.mean, unit);
   };
   row("compile (schema -> automaton)", compile, "ms");
+  if (o.warm_up_ms > 0) row("warm-up (until converged or the limit)", summarize(warm_up_ms), "ms");
   row("mask, every token", every, "us");
   row("mask, first document (cold)", cold, "us");
   row("mask, later documents (warm)", warm, "us");
@@ -274,6 +281,10 @@ void add_bench_grammar_command(CLI::App& bench) {
                   "Also decode this many documents of each grammar side by side, filling each step's masks one "
                   "row after another and on the worker threads (0: not)")
       ->check(CLI::Range(0, 4096));
+  cmd->add_option("--warm-up-ms", o->warm_up_ms,
+                  "Let each grammar's masker classify ahead (TokenMasker::warm_up) this long before its first "
+                  "document")
+      ->check(CLI::Range(0.0, 60000.0));
   cmd->add_flag("--sampled", o->sampled,
                 "Also time a row drawn at temperature 0.7 with each grammar (mask fill, mask pass, draw) and without");
   cmd->callback([o] { run(*o); });

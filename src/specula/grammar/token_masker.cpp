@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
+#include <string>
 #include <mutex>
 
 #include "specula/core/error.h"
+#include "specula/grammar/sentence.h"
 
 namespace specula::grammar {
 
@@ -124,6 +127,37 @@ void TokenMasker::fill(const MatchState& state, std::vector<uint32_t>& bitmask) 
       }
     }
   }
+}
+
+int64_t TokenMasker::warm_up(double seconds, uint64_t seed, const std::atomic<bool>* stop) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  const auto done = [&] {
+    return (stop != nullptr && stop->load(std::memory_order_relaxed)) || std::chrono::steady_clock::now() >= end;
+  };
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<uint32_t> bitmask;
+  int64_t masks = 0;
+  // Converged: this many sentences in a row met no key that was not classified already.
+  constexpr int kQuietSentences = 16;
+  try {
+    for (int quiet = 0; quiet < kQuietSentences && !done();) {
+      const size_t tops_before = cached_tops();
+      const std::string text = random_sentence(*automaton_, rng, 300);
+      MatchState state = automaton_->start();
+      for (size_t i = 0; i <= text.size() && !done(); ++i) {
+        fill(state, bitmask);
+        ++masks;
+        if (i == text.size()) break;
+        state = automaton_->advance(state, static_cast<uint8_t>(text[i]));
+        if (state.dead()) break;
+      }
+      quiet = cached_tops() == tops_before ? quiet + 1 : 0;
+    }
+  } catch (const Error&) {
+    // A walk or mask past the grammar's limits (an ambiguous grammar): the requests that meet it
+    // will say so; what was classified until then stays.
+  }
+  return masks;
 }
 
 }  // namespace specula::grammar

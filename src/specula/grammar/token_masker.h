@@ -14,6 +14,7 @@
 // are never removed, and std::unordered_map keeps references to them valid.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -39,6 +40,12 @@ class TokenMasker {
   void fill(const MatchState& state, std::vector<uint32_t>& bitmask);
   // Whether `bytes` are accepted after `state`.
   bool accepts(const MatchState& state, std::string_view bytes) const;
+  // xgrammar classifies a grammar's keys when it compiles it; here they are classified on first
+  // use, so a new grammar's first steps wait for them. warm_up classifies ahead: it walks random
+  // sentences of the grammar (sentence.h) and fills the mask after every byte, until 16 sentences
+  // in a row meet no new key, `seconds` have passed or *stop is set; returns the masks filled.
+  // Any thread (the masker is thread-safe).
+  int64_t warm_up(double seconds, uint64_t seed, const std::atomic<bool>* stop = nullptr);
   // Frame sequences classified so far, and the time each classification took (seconds).
   size_t cached_tops() const;
   std::vector<double> classify_seconds() const;

@@ -42,6 +42,8 @@ Scheduler::Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const Sche
                 options_.chunked_prefill_size);
   SPECULA_CHECK(options_.schedule_conservativeness > 0, "schedule_conservativeness {} is not valid; it must be > 0",
                 options_.schedule_conservativeness);
+  SPECULA_CHECK(options_.grammar_warm_up_s >= 0 && options_.grammar_warm_up_s <= 60,
+                "grammar_warm_up_s {} is not valid; it must be in [0, 60] seconds", options_.grammar_warm_up_s);
   new_token_ratio_ = initial_new_token_ratio();
   // A decode inside a MIXED step runs through the extend kernels, whose sums round differently
   // from the decode kernels': whether that happens depends on the other requests, so the
@@ -120,6 +122,10 @@ std::shared_ptr<grammar::TokenMasker> Scheduler::masker_for(const grammar::Outpu
   }
   maskers_.emplace_front(std::move(key), std::make_shared<grammar::TokenMasker>(format.automaton, vocabulary_));
   if (maskers_.size() > kMaxMaskers) maskers_.pop_back();
+  if (options_.grammar_warm_up_s > 0) {
+    if (warmer_ == nullptr) warmer_ = std::make_unique<grammar::MaskWarmer>(options_.grammar_warm_up_s);
+    warmer_->add(maskers_.front().second);
+  }
   return maskers_.front().second;
 }
 

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "specula/grammar/mask_warmer.h"
 #include "specula/grammar/token_masker.h"
 #include "specula/kv/radix_cache.h"
 #include "specula/model/tokenizer.h"
@@ -48,6 +49,10 @@ struct SchedulerOptions {
   bool log_retractions = true;  // one line on stderr per retraction
   // One line on stderr each time the speculative policy changes the draft shape, with why.
   bool log_spec_choices = false;
+  // Structured output: each new grammar's mask keys are classified in the background for up to
+  // this long (one thread; grammar/mask_warmer.h), so its first requests' steps find most masks
+  // cached; 0: only on first use.
+  double grammar_warm_up_s = 0.1;
 };
 
 struct SchedulerStats {
@@ -161,6 +166,7 @@ class Scheduler {
   // a few MB per schema), so only the grammars of recent requests keep theirs.
   static constexpr size_t kMaxMaskers = 16;
   std::shared_ptr<grammar::TokenMasker> masker_for(const grammar::OutputFormat& format);
+  std::unique_ptr<grammar::MaskWarmer> warmer_;  // made with the first grammar (warm-up on)
   EagleWorker* spec_;
   SchedulerOptions options_;
   KvLedger kv_;
