@@ -38,7 +38,7 @@ ForwardBatch Scheduler::assemble_batch(const std::vector<Planned>& plan, Forward
   return b;
 }
 
-bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, double* forward_s) {
+bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
   ForwardBatch b = assemble_batch(plan, mode);
   // Prefill chunks under speculation capture what the draft head reads; decode steps (speculation
   // off) capture nothing and run as plain decoding does.
@@ -97,10 +97,8 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode, do
     };
   }
   try {
-    const auto start = std::chrono::steady_clock::now();
     runner_.forward(b, logits_, /*all_tokens=*/false, drafting ? &capture : nullptr, argmax_only ? &greedy_ids_ : nullptr,
                     fill_masks, premask);
-    if (forward_s != nullptr) *forward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (const std::exception& e) {
     // A failed step ends its requests with the reason rather than losing them silently; the KV
     // it was writing is not cached.

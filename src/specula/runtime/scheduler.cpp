@@ -304,6 +304,8 @@ std::vector<Scheduler::Planned> Scheduler::schedule_prefills(int budget, int dec
 
 bool Scheduler::step() {
   if (!has_work()) return false;
+  const auto start = Clock::now();
+  emit_s_ = 0;
   const int budget = options_.chunked_prefill_size > 0 ? options_.chunked_prefill_size : std::numeric_limits<int>::max();
   std::vector<Planned> plan;
   ForwardMode mode = ForwardMode::EXTEND;
@@ -322,7 +324,7 @@ bool Scheduler::step() {
     }
   }
   if (!plan.empty() && mode == ForwardMode::DECODE && spec_ != nullptr) {
-    run_spec_cycle(plan);
+    run_spec_cycle(plan, start);
   } else if (!plan.empty()) {
     const bool ran = run_batch(plan, mode);
     if (ran && (mode == ForwardMode::DECODE || mode == ForwardMode::MIXED)) {
@@ -345,8 +347,14 @@ bool Scheduler::step() {
 }
 
 void Scheduler::process_token(Req& r, int32_t token) {
+  const auto now = Clock::now();
+  struct Timed {  // adds this call's seconds to emit_s_ however it returns
+    double& total;
+    Clock::time_point start;
+    ~Timed() { total += std::chrono::duration<double>(Clock::now() - start).count(); }
+  } timed{emit_s_, now};
   r.out.output_ids.push_back(token);
-  const double t = std::chrono::duration<double>(Clock::now() - r.submitted).count();
+  const double t = std::chrono::duration<double>(now - r.submitted).count();
   r.out.token_times_s.push_back(t);
   if (r.out.output_ids.size() == 1) r.out.time_to_first_token_s = t;
   ++stats_.decode_tokens;

@@ -135,20 +135,21 @@ class Scheduler {
   // Batch assembly (batch_assembly.cpp): the ForwardBatch of a plan whose KV slots are
   // allocated, and one forward over it with sampling; false when the forward failed (its
   // requests then ended with the error).
-  // forward_s (optional): the forward's seconds. Under speculation a DECODE step is one the policy
-  // ran with speculation off: a plain step, no features captured (catch_up_drafts recomputes
+  // Under speculation a DECODE step is one the policy ran with speculation off: a plain step, no features captured (catch_up_drafts recomputes
   // them when the request speculates again).
   ForwardBatch assemble_batch(const std::vector<Planned>& plan, ForwardMode mode);
-  bool run_batch(const std::vector<Planned>& plan, ForwardMode mode, double* forward_s = nullptr);
+  bool run_batch(const std::vector<Planned>& plan, ForwardMode mode);
 
   // Speculative glue (spec_cycle.cpp): one cycle over the decoding requests, and the draft head's
   // extend over each prefill chunk, after which the chunk may be cached.
-  void run_spec_cycle(const std::vector<Planned>& plan);
+  // step_start: when step() began; the policy learns the step's whole time from it, less the
+  // per-token work (emit_s_) and the draft's catch-up.
+  void run_spec_cycle(const std::vector<Planned>& plan, std::chrono::steady_clock::time_point step_start);
   void draft_after_prefill(const std::vector<Planned>& plan, const HiddenCapture& capture);
   void record_accept_length(Req& r, size_t accept_len);
   // A step with speculation off: each request's first scratch slot becomes its decode slot, the
-  // rest goes back, and the step runs as plain decoding. Returns the forward's seconds.
-  double run_spec_off_step(const std::vector<Planned>& plan);
+  // rest goes back, and the step runs as plain decoding.
+  void run_spec_off_step(const std::vector<Planned>& plan);
   // Requests that decoded with speculation off hold KV the draft never saw. One EXTEND of the
   // target over those tokens recomputes their features, its K/V written to borrowed pages (the
   // requests' own KV untouched: the output stays that of plain decoding), and the draft extends
@@ -183,6 +184,7 @@ class Scheduler {
   };
   std::vector<Drawn> drawn_;
   void draw_rows(const std::vector<Planned>& plan, bool argmax_only, size_t vocab);
+  double emit_s_ = 0;  // this step's seconds in process_token (per-token work: emission, stops, streaming)
   SpecShape last_shape_{-1, -1};     // the speculative policy's previous choice (for the log)
 };
 

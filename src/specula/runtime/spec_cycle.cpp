@@ -62,7 +62,7 @@ void Scheduler::record_accept_length(Req& r, size_t accept_len) {
   ++r.out.spec_accept_histogram[accept_len];
 }
 
-double Scheduler::run_spec_off_step(const std::vector<Planned>& plan) {
+void Scheduler::run_spec_off_step(const std::vector<Planned>& plan) {
   for (const Planned& p : plan) {
     RequestKv& kv = p.req->kv;
     // The first scratch slot sits at the request's next position already (alloc_scratch).
@@ -70,9 +70,7 @@ double Scheduler::run_spec_off_step(const std::vector<Planned>& plan) {
     kv_.free_after(std::span<const int32_t>(kv.scratch).subspan(1), kv.scratch.front());
     kv.scratch.clear();
   }
-  double forward_s = 0;
-  run_batch(plan, ForwardMode::DECODE, &forward_s);
-  return forward_s;
+  run_batch(plan, ForwardMode::DECODE);
 }
 
 std::string Scheduler::catch_up_drafts(const std::vector<Planned>& plan) {
@@ -204,19 +202,27 @@ std::string Scheduler::catch_up_drafts(const std::vector<Planned>& plan) {
   return {};
 }
 
-void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
+void Scheduler::run_spec_cycle(const std::vector<Planned>& plan, std::chrono::steady_clock::time_point step_start) {
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   SpecPolicy& policy = spec_->policy();
   std::vector<const DepthAcceptance*> acceptance;
   for (const Planned& p : plan) acceptance.push_back(&p.req->acceptance);
   SpecChoice choice = policy.choose(acceptance);
-  // The draft must know every pair before it drafts from a request's root. (Not timed: this is
-  // the deferred cost of the steps that ran with speculation off.) When it cannot, the step runs
-  // without drafting; the requests' own KV is untouched either way.
+  // The draft must know every pair before it drafts from a request's root. (Left out of the
+  // step's cost: this is the deferred cost of the steps that ran with speculation off.) When it
+  // cannot, the step runs without drafting; the requests' own KV is untouched either way.
+  double catch_up_s = 0;
   if (!choice.shape.off()) {
+    const auto t = Clock::now();
     if (std::string failed = catch_up_drafts(plan); !failed.empty()) choice = {SpecShape{}, 0, false, std::move(failed)};
+    catch_up_s = since(t);
   }
+  // What the policy learns: the step's whole time (planning, the scratch pages, building and
+  // running the cycle, the draft extend), less the per-token work, which costs the same per token
+  // with and without speculation, and the catch-up. The model work alone made short chains look
+  // cheaper than they are where a cycle's fixed host work weighs (docs/PERFORMANCE.md, issue 50).
+  const auto step_cost = [&] { return since(step_start) - emit_s_ - catch_up_s; };
   const SpecShape shape = choice.shape;
   const int bs = static_cast<int>(plan.size());
   ++stats_.spec_choices[policy.costs().bucket(bs)][shape.str()];
@@ -229,8 +235,8 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
   last_shape_ = shape;
   if (shape.off()) {
     for (const Planned& p : plan) p.req->acceptance.drift_to(policy.acceptance());
-    const double forward_s = run_spec_off_step(plan);
-    if (steady) policy.observe(bs, shape, forward_s);
+    run_spec_off_step(plan);
+    if (steady) policy.observe(bs, shape, step_cost());
     return;
   }
   std::vector<CycleItem> items;
@@ -248,10 +254,6 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
     reqs.push_back(&r);
   }
   if (items.empty()) return;
-  // The model work of the cycle, for the cost model: the per-token work below (emission, stop
-  // checks, streaming) costs the same with and without speculation and is left out.
-  double model_s = 0;
-  auto t = Clock::now();
   try {
     spec_->run_cycle(items, shape);
   } catch (const std::exception& e) {
@@ -262,7 +264,6 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
     }
     return;
   }
-  model_s += since(t);
   std::vector<DraftExtendItem> extend;
   std::vector<Req*> extended;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -316,15 +317,13 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan) {
     extend.push_back(std::move(it));
     extended.push_back(&r);
   }
-  t = Clock::now();
   try {
     spec_->draft_extend(extend);
   } catch (const std::exception& e) {
     for (Req* r : extended) finish(*r, std::string("error: ") + e.what(), /*cache_kv=*/false);
     return;
   }
-  model_s += since(t);
-  if (steady) policy.observe(bs, shape, model_s);
+  if (steady) policy.observe(bs, shape, step_cost());
   for (Req* r : extended) r->kv.draft_len = r->kv_len();
 }
 

@@ -5,10 +5,12 @@
 // expected committed tokens per second, or "off" (a plain decode step; the draft catches up on
 // what it missed when the request drafts again) when nothing beats it.
 //
-// Why a step's time excludes the per-token work (emission, stop checks, streaming): that work
-// costs the same per token with or without speculation. (A cycle's fixed host work, which is per
-// cycle, is left out too; on a model whose whole cycle is a fraction of a millisecond it makes
-// short chains look cheaper than they are: docs/PERFORMANCE.md, issue 50's section.)
+// A step's time is the whole step (planning, scratch pages, building and running it, the draft
+// extend) less the per-token work (emission, stop checks, streaming), which costs the same per
+// token with or without speculation. The cycle's fixed host work counts: left out, on a model
+// whose whole cycle is a fraction of a millisecond it made short chains look cheaper than they
+// are (docs/PERFORMANCE.md, issue 50's section). Start-up priors (spec_calibration) time the
+// model work of stand-in cycles; each shape's measurements replace them.
 #pragma once
 
 #include <cstdint>
