@@ -125,9 +125,10 @@ TEST_F(CudaAttention, DecodeLongUnsplitRanges) {
 
 // Dual chunk decode: each key's chunk picks the query's rotary variant inside the split-KV
 // kernel. Lengths inside the first chunk (intra only), the second (intra and successive) and
-// later ones (all three parts), a chunk boundary just before the query; unsplit and split plans
-// (splits whose key ranges cross chunk boundaries), narrow and wide blocks, GQA groups of 4 and
-// 7 heads, pages of 1 and 16, the long-context temperature, bf16 and fp8 caches.
+// later ones (all three parts), a chunk boundary just before the query; split plans of wide
+// blocks (splits whose key ranges cross chunk boundaries), an unsplit plan and split 4-warp
+// blocks (a batch that half fills the GPU), GQA groups of 4 and 7 heads, pages of 1 and 16, the
+// long-context temperature, bf16 and fp8 caches.
 TEST_F(CudaAttention, DualChunkDecode) {
   for (const DType kv : {DType::bf16, DType::fp8_e4m3}) {
     for (const int page : {1, 16}) {
@@ -143,6 +144,23 @@ TEST_F(CudaAttention, DualChunkDecode) {
       c.requests = {{5000, 1}};  // one sequence: many splits, wide blocks
       check_cuda(c, "dual chunk decode, one long sequence");
     }
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    HarnessConfig c = decode_config(8, 2, 16, kv);
+    c.head_dim = 128;
+    c.dca_chunk_len = 48;
+    c.requests = {{255, 1}, {100, 1}, {40, 1}, {95, 1}, {96, 1}, {143, 1}, {200, 1}};
+    ASSERT_EQ(choose_decode_plan(7, 2, 256, sms).splits, 1);
+    check_cuda(c, "dual chunk decode, unsplit 4-warp blocks");
+    // Blocks for between half and all of the multiprocessors: split 4-warp blocks.
+    const int seqs = (sms / 2 + 2) / 2 + 1;
+    std::mt19937 rng = rng_for_shapes();
+    c.requests.clear();
+    for (int i = 0; i < seqs; ++i) c.requests.push_back({300 + static_cast<int>(rng() % 400), 1});
+    const DecodePlan plan = choose_decode_plan(seqs, 2, 701, sms);
+    ASSERT_GT(plan.splits, 1);
+    ASSERT_EQ(plan.warps, 4);
+    check_cuda(c, "dual chunk decode, split 4-warp blocks");
   }
 }
 

@@ -145,8 +145,11 @@ int64_t TokenMasker::warm_up(double seconds, uint64_t seed, const std::atomic<bo
       const std::string text = random_sentence(*automaton_, rng, 300);
       MatchState state = automaton_->start();
       for (size_t i = 0; i <= text.size() && !done(); ++i) {
-        fill(state, bitmask);
-        ++masks;
+        // Inside a code point the mask walks the whole trie uncached: nothing to warm there.
+        if (state.partial_len == 0) {
+          fill(state, bitmask);
+          ++masks;
+        }
         if (i == text.size()) break;
         state = automaton_->advance(state, static_cast<uint8_t>(text[i]));
         if (state.dead()) break;

@@ -44,7 +44,10 @@ class Sampler {
   void observe_prompt(std::span<const int32_t> prompt_ids);
   // Structured output: only tokens the grammar allows are picked (the mask applies after the
   // penalties, before temperature and the filters), and each recorded token advances it.
-  void constrain(std::unique_ptr<grammar::TokenConstraint> constraint) { constraint_ = std::move(constraint); }
+  void constrain(std::unique_ptr<grammar::TokenConstraint> constraint) {
+    constraint_ = std::move(constraint);
+    premasked_ = false;
+  }
   bool constrained() const { return constraint_ != nullptr; }
   // The grammar admits nothing but the end: the output is complete.
   bool grammar_terminated() const { return constraint_ != nullptr && constraint_->terminated(); }

@@ -135,8 +135,8 @@ class Scheduler {
   // Batch assembly (batch_assembly.cpp): the ForwardBatch of a plan whose KV slots are
   // allocated, and one forward over it with sampling; false when the forward failed (its
   // requests then ended with the error).
-  // Under speculation a DECODE step is one the policy ran with speculation off: a plain step, no features captured (catch_up_drafts recomputes
-  // them when the request speculates again).
+  // Under speculation a DECODE step is one the policy ran with speculation off: a plain step, no
+  // features captured (catch_up_drafts recomputes them when the request speculates again).
   ForwardBatch assemble_batch(const std::vector<Planned>& plan, ForwardMode mode);
   bool run_batch(const std::vector<Planned>& plan, ForwardMode mode);
 
@@ -148,8 +148,8 @@ class Scheduler {
   void draft_after_prefill(const std::vector<Planned>& plan, const HiddenCapture& capture);
   void record_accept_length(Req& r, size_t accept_len);
   // A step with speculation off: each request's first scratch slot becomes its decode slot, the
-  // rest goes back, and the step runs as plain decoding.
-  void run_spec_off_step(const std::vector<Planned>& plan);
+  // rest goes back, and the step runs as plain decoding. False when its forward failed.
+  bool run_spec_off_step(const std::vector<Planned>& plan);
   // Requests that decoded with speculation off hold KV the draft never saw. One EXTEND of the
   // target over those tokens recomputes their features, its K/V written to borrowed pages (the
   // requests' own KV untouched: the output stays that of plain decoding), and the draft extends
@@ -163,8 +163,9 @@ class Scheduler {
   // the maskers of the grammars seen lately (requests of one grammar share its cached masks).
   std::shared_ptr<const grammar::Vocabulary> vocabulary_;
   std::list<std::pair<std::string, std::shared_ptr<grammar::TokenMasker>>> maskers_;
-  // A masker holds a vocabulary bitmask per cached frame sequence (16 KiB each for 128k tokens,
-  // a few MB per schema), so only the grammars of recent requests keep theirs.
+  // A masker holds a vocabulary bitmask per cached frame sequence (16 KiB each for 128k tokens:
+  // about 3 MB per schema on first use, about 11 MB once warmed up), so only the grammars of
+  // recent requests keep theirs.
   static constexpr size_t kMaxMaskers = 16;
   std::shared_ptr<grammar::TokenMasker> masker_for(const grammar::OutputFormat& format);
   std::unique_ptr<grammar::MaskWarmer> warmer_;  // made with the first grammar (warm-up on)
@@ -184,7 +185,8 @@ class Scheduler {
   };
   std::vector<Drawn> drawn_;
   void draw_rows(const std::vector<Planned>& plan, bool argmax_only, size_t vocab);
-  double emit_s_ = 0;  // this step's seconds in process_token (per-token work: emission, stops, streaming)
+  // This step's seconds in process_token (the per-token work: emission, stop checks, streaming).
+  double emit_s_ = 0;
   SpecShape last_shape_{-1, -1};     // the speculative policy's previous choice (for the log)
 };
 

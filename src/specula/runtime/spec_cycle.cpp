@@ -62,7 +62,7 @@ void Scheduler::record_accept_length(Req& r, size_t accept_len) {
   ++r.out.spec_accept_histogram[accept_len];
 }
 
-void Scheduler::run_spec_off_step(const std::vector<Planned>& plan) {
+bool Scheduler::run_spec_off_step(const std::vector<Planned>& plan) {
   for (const Planned& p : plan) {
     RequestKv& kv = p.req->kv;
     // The first scratch slot sits at the request's next position already (alloc_scratch).
@@ -70,7 +70,7 @@ void Scheduler::run_spec_off_step(const std::vector<Planned>& plan) {
     kv_.free_after(std::span<const int32_t>(kv.scratch).subspan(1), kv.scratch.front());
     kv.scratch.clear();
   }
-  run_batch(plan, ForwardMode::DECODE);
+  return run_batch(plan, ForwardMode::DECODE);
 }
 
 std::string Scheduler::catch_up_drafts(const std::vector<Planned>& plan) {
@@ -235,8 +235,8 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan, std::chrono::st
   last_shape_ = shape;
   if (shape.off()) {
     for (const Planned& p : plan) p.req->acceptance.drift_to(policy.acceptance());
-    run_spec_off_step(plan);
-    if (steady) policy.observe(bs, shape, step_cost());
+    // A failed step (its requests ended with the error) says nothing of the shape's cost.
+    if (run_spec_off_step(plan) && steady) policy.observe(bs, shape, step_cost());
     return;
   }
   std::vector<CycleItem> items;

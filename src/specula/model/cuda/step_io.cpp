@@ -97,8 +97,15 @@ void download_step(PinnedBuffer& pinned, const float* src, int64_t rows, int voc
   if (before_wait || host_work) {
     SPECULA_CHECK(done != nullptr, "download_step: work done before the wait needs an event to wait on");
     CUDA_CHECK(cudaEventRecord(done, s));
-    if (before_wait) before_wait();
-    if (host_work) host_work();
+    try {
+      if (before_wait) before_wait();
+      if (host_work) host_work();
+    } catch (...) {
+      // The downloads into pinned memory are still in flight: the next step must not reuse it
+      // before they land.
+      cudaEventSynchronize(done);
+      throw;
+    }
     CUDA_CHECK(cudaEventSynchronize(done));
   } else {
     CUDA_CHECK(cudaStreamSynchronize(s));
