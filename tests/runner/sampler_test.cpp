@@ -198,35 +198,41 @@ TEST(Sampler, PremaskedRowsDrawWhatUnmaskedRowsDraw) {
   const auto automaton =
       std::make_shared<const grammar::Automaton>(std::make_shared<const grammar::Grammar>(grammar::json_object_grammar()));
   const int vocab = static_cast<int>(tokens.size()) + 7;  // padding ids the vocabulary lacks
-  SamplingParams p{0.8f, 0, 1.0f, 0.0f, rng()};
-  p.repetition_penalty = 1.2f;
-  Sampler a(p), b(p);
-  a.constrain(std::make_unique<grammar::TokenConstraint>(automaton, vocabulary, std::vector<int32_t>{end_id}));
-  b.constrain(std::make_unique<grammar::TokenConstraint>(automaton, vocabulary, std::vector<int32_t>{end_id}));
   std::normal_distribution<float> dist(0.0f, 2.0f);
   std::vector<float> logits(static_cast<size_t>(vocab));
-  int stale_checks = 0;
-  for (int step = 0; step < 60 && !b.grammar_terminated(); ++step) {
-    for (float& x : logits) x = dist(rng);
-    a.premask(vocab);
-    if (step % 5 == 4) {
-      // The premask goes stale: both record the greedy allowed token first.
-      const int32_t forced = b.greedy_at(logits, {});
-      a.commit(forced);
-      b.commit(forced);
-      ++stale_checks;
-      if (b.grammar_terminated()) break;
+  // Documents may end within a few tokens ("{}"): new ones until enough steps ran.
+  int steps = 0, stale_checks = 0;
+  for (int doc = 0; doc < 200 && (steps < 60 || stale_checks < 5); ++doc) {
+    SamplingParams p{0.8f, 0, 1.0f, 0.0f, rng()};
+    p.repetition_penalty = 1.2f;
+    Sampler a(p), b(p);
+    a.constrain(std::make_unique<grammar::TokenConstraint>(automaton, vocabulary, std::vector<int32_t>{end_id}));
+    b.constrain(std::make_unique<grammar::TokenConstraint>(automaton, vocabulary, std::vector<int32_t>{end_id}));
+    for (int step = 0; step < 40 && !b.grammar_terminated(); ++step, ++steps) {
+      for (float& x : logits) x = dist(rng);
+      a.premask(vocab);
+      if (step % 3 == 1) {
+        // The premask goes stale: both record the greedy allowed token first.
+        const int32_t forced = b.greedy_at(logits, {});
+        a.commit(forced);
+        b.commit(forced);
+        ++stale_checks;
+        if (b.grammar_terminated()) break;
+      }
+      const std::span<const float> got = a.prepare(logits);
+      const std::span<const float> want = b.prepare(logits);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i], want[i]) << "document " << doc << ", step " << step << ", id " << i;
+      }
+      const int32_t token = b.draw(want);
+      ASSERT_EQ(a.draw(got), token) << "document " << doc << ", step " << step;
+      a.commit(token);
+      b.commit(token);
     }
-    const std::span<const float> got = a.prepare(logits);
-    const std::span<const float> want = b.prepare(logits);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "step " << step << ", id " << i;
-    const int32_t token = b.draw(want);
-    ASSERT_EQ(a.draw(got), token) << "step " << step;
-    a.commit(token);
-    b.commit(token);
   }
-  EXPECT_GT(stale_checks, 0);
+  EXPECT_GE(steps, 60);
+  EXPECT_GE(stale_checks, 5);
 }
 
 // The vectorised weights equal expf of every lane, those whose weight is a denormal (which the
