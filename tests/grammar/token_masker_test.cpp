@@ -101,6 +101,31 @@ std::vector<int> set_bits(const std::vector<uint32_t>& mask, size_t vocab_size) 
   return ids;
 }
 
+// `walks` random walks of up to 25 tokens from the start of `a`: at each step the masker's mask
+// must be the tokens a brute-force check of every token accepts. Adds the steps compared, and the
+// accepted tokens that start with a non-ASCII byte (when wide_accepted is given).
+void expect_walks_match_brute_force(TokenMasker& masker, const std::shared_ptr<const Automaton>& a,
+                                    const std::vector<std::string>& vocab, std::mt19937& rng, int walks,
+                                    int& compared, int* wide_accepted = nullptr) {
+  for (int walk = 0; walk < walks; ++walk) {
+    GrammarMatcher m(a);
+    for (int step = 0; step < 25; ++step) {
+      std::vector<uint32_t> mask;
+      masker.fill(m.state(), mask);
+      const std::vector<int> ok = brute_force(*a, m.state(), vocab);
+      ASSERT_EQ(set_bits(mask, vocab.size()), ok) << "walk " << walk << ", step " << step;
+      ++compared;
+      for (int id : ok) {
+        if (wide_accepted != nullptr && static_cast<unsigned char>(vocab[static_cast<size_t>(id)][0]) >= 0x80) {
+          ++*wide_accepted;
+        }
+      }
+      if (ok.empty() || (m.can_end() && rng() % 6 == 0)) break;
+      ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
+    }
+  }
+}
+
 TEST(TokenMasker, MasksOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
   const unsigned seed = std::random_device{}();
   std::mt19937 rng(seed);
@@ -133,19 +158,8 @@ TEST(TokenMasker, MasksOverNonAsciiTokensEqualFeedingEveryTokenAlone) {
     SCOPED_TRACE(text);
     const auto a = std::make_shared<const Automaton>(std::make_shared<const Grammar>(Grammar::parse(text)));
     TokenMasker masker(a, vocabulary);
-    for (int walk = 0; walk < 5; ++walk) {
-      GrammarMatcher m(a);
-      for (int step = 0; step < 25; ++step) {
-        std::vector<uint32_t> mask;
-        masker.fill(m.state(), mask);
-        const std::vector<int> ok = brute_force(*a, m.state(), vocab);
-        ASSERT_EQ(set_bits(mask, vocab.size()), ok) << "walk " << walk << ", step " << step;
-        ++compared;
-        for (int id : ok) wide_accepted += static_cast<unsigned char>(vocab[static_cast<size_t>(id)][0]) >= 0x80 ? 1 : 0;
-        if (ok.empty() || (m.can_end() && rng() % 6 == 0)) break;
-        ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
-      }
-    }
+    expect_walks_match_brute_force(masker, a, vocab, rng, 5, compared, &wide_accepted);
+    if (HasFatalFailure()) return;
   }
   EXPECT_GT(compared, 100);
   // Non-ASCII tokens were taken, so the subtrees that hold them were classified.
@@ -208,18 +222,9 @@ TEST(TokenMasker, WarmedMasksEqualFeedingEveryTokenAlone) {
     const auto& a = automata[g];
     TokenMasker& masker = *maskers[g];
     EXPECT_GT(masker.cached_tops(), 0u) << "grammar " << g;
-    for (int walk = 0; walk < 4; ++walk) {
-      GrammarMatcher m(a);
-      for (int step = 0; step < 25; ++step) {
-        std::vector<uint32_t> mask;
-        masker.fill(m.state(), mask);
-        const std::vector<int> ok = brute_force(*a, m.state(), vocab);
-        ASSERT_EQ(set_bits(mask, vocab.size()), ok) << "grammar " << g << ", walk " << walk << ", step " << step;
-        ++compared;
-        if (ok.empty() || (m.can_end() && rng() % 6 == 0)) break;
-        ASSERT_TRUE(m.accept_token(vocab[static_cast<size_t>(ok[rng() % ok.size()])]));
-      }
-    }
+    SCOPED_TRACE("grammar " + std::to_string(g));
+    expect_walks_match_brute_force(masker, a, vocab, rng, 4, compared);
+    if (HasFatalFailure()) return;
   }
   EXPECT_GT(compared, 40);
   TokenMasker fresh(automata[0], vocabulary);

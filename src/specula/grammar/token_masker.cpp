@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <random>
 #include <string>
-#include <mutex>
 
 #include "specula/core/error.h"
 #include "specula/grammar/sentence.h"
