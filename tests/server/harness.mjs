@@ -1,6 +1,7 @@
 // Starts `specula serve` on 127.0.0.1 with an ephemeral port and runs `specula generate` for
 // offline references. SPECULA is the binary (ctest passes it).
-import { spawn, execFileSync } from "node:child_process";
+import { spawn, execFile } from "node:child_process";
+import { promisify } from "node:util";
 
 export const SPECULA = process.env.SPECULA;
 if (!SPECULA) throw new Error("set SPECULA to the specula binary");
@@ -44,13 +45,16 @@ export function startServer(flags = [], { timeoutMs = 60000 } = {}) {
 }
 
 // `specula generate --json` for each prompt (text or ids), greedy; one result per prompt.
-export function offline(prompts, maxNewTokens, extra = []) {
+// Asynchronous on purpose: a synchronous child blocks the event loop, so a keep-alive socket the
+// server closed meanwhile (after its 5 s idle timeout) stays in fetch's pool unnoticed and the
+// next request on it fails with "fetch failed".
+export async function offline(prompts, maxNewTokens, extra = []) {
   const args = ["generate", "--json", "--max-new-tokens", String(maxNewTokens), ...extra];
   for (const p of prompts) {
     if (Array.isArray(p)) args.push("--prompt-ids", p.join(","));
     else args.push("--prompt", p);
   }
-  const out = execFileSync(SPECULA, args, { encoding: "utf8", maxBuffer: 64 << 20 });
+  const { stdout: out } = await promisify(execFile)(SPECULA, args, { encoding: "utf8", maxBuffer: 64 << 20 });
   return out.trim().split("\n").map((l) => JSON.parse(l)).filter((j) => j.output_ids);
 }
 

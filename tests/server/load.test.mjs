@@ -62,7 +62,7 @@ async function waitIdle(url) {
 }
 
 test("256 streaming requests at 64 concurrent connections, some disconnecting early", async () => {
-  const reference = offline(PROMPTS, 32, FLAGS);
+  const reference = await offline(PROMPTS, 32, FLAGS);
   const server = await startServer(FLAGS);
   try {
     const results = new Array(256);

@@ -19,7 +19,7 @@ after(async () => {
 });
 
 test("greedy completions equal specula generate, whole and streamed", async () => {
-  const reference = offline(PROMPTS, 24);
+  const reference = await offline(PROMPTS, 24);
   for (let i = 0; i < PROMPTS.length; i++) {
     const r = await client.completions.create({ model: "specula-byte-6m", prompt: PROMPTS[i], max_tokens: 24, temperature: 0 });
     assert.equal(r.object, "text_completion");
@@ -47,7 +47,7 @@ test("greedy completions equal specula generate, whole and streamed", async () =
 });
 
 test("a batch of prompts (strings and token ids) in one request, with echo", async () => {
-  const reference = offline(PROMPTS, 12);
+  const reference = await offline(PROMPTS, 12);
   const r = await client.completions.create({ model: "specula-byte-6m", prompt: PROMPTS, max_tokens: 12, temperature: 0, echo: true });
   assert.equal(r.choices.length, PROMPTS.length);
   r.choices.forEach((c, i) => {
@@ -66,7 +66,7 @@ test("chat completions render the template and equal generate on the rendered pr
   ];
   const tok = await post(server.url, "/tokenize", { messages });
   assert.equal(tok.status, 200);
-  const [reference] = offline([tok.json.tokens], 20);
+  const [reference] = await offline([tok.json.tokens], 20);
   const r = await client.chat.completions.create({ model: "specula-byte-6m", messages, max_tokens: 20, temperature: 0 });
   assert.equal(r.object, "chat.completion");
   assert.equal(r.choices[0].message.role, "assistant");
@@ -103,7 +103,7 @@ test("n > 1 with a seed: reproducible, distinct choices", async () => {
 });
 
 test("stop strings end the text before the stop string", async () => {
-  const [reference] = offline(["The quick brown fox"], 40);
+  const [reference] = await offline(["The quick brown fox"], 40);
   const text = reference.text;
   const stop = text.slice(5, 7);
   const r = await client.completions.create({ model: "specula-byte-6m", prompt: "The quick brown fox", max_tokens: 40, temperature: 0, stop: [stop] });
@@ -159,7 +159,7 @@ test("models, health, tokenize, detokenize and metrics", async () => {
 test("with EAGLE-3 speculative decoding the greedy outputs are still generate's", async () => {
   const spec = await startServer(["--speculative-algorithm", "EAGLE3"]);
   try {
-    const reference = offline(PROMPTS, 40);
+    const reference = await offline(PROMPTS, 40);
     const specClient = new OpenAI({ baseURL: spec.url + "/v1", apiKey: "unused" });
     for (let i = 0; i < PROMPTS.length; i++) {
       const r = await specClient.completions.create({ model: "specula-byte-6m", prompt: PROMPTS[i], max_tokens: 40, temperature: 0 });

@@ -67,7 +67,7 @@ test("greedy outputs equal specula generate with the same constraint; regex, ebn
     [{ response_format: { type: "json_object" } }, ["--json-object"]],
   ];
   for (const [fields, flags] of cases) {
-    const [reference] = offline([prompt], 200, ["--temperature", "0", ...flags]);
+    const [reference] = await offline([prompt], 200, ["--temperature", "0", ...flags]);
     const r = await post(server.url, "/v1/completions", { model: MODEL, prompt, max_tokens: 200, temperature: 0, ...fields });
     assert.equal(r.status, 200, r.text);
     assert.equal(r.json.choices[0].text, reference.text, JSON.stringify(fields));
