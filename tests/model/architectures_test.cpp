@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 
 #include "specula/core/error.h"
@@ -34,7 +35,14 @@ struct Arch {
   // Dual chunk attention (Qwen2.5-1M's dual_chunk_attention_config): chunk_size, local_size and
   // original_max_position_embeddings; 0: off.
   int dca_chunk = 0, dca_local = 0, dca_original = 0;
+  // Its sparse prefill (sparse_attention_config, the same lines kept in every layer): prompts
+  // longer than dca_threshold keep per query head dca_vertical columns and dca_slash distances
+  // besides the 30 first keys and 100 nearest distances always kept; 0: no pattern.
+  int dca_threshold = 0;
+  std::vector<int> dca_vertical = {}, dca_slash = {};
 };
+
+constexpr int kDcaLastQ = 8;  // sparse_attention_last_q of the tiny model
 
 constexpr int kMoeInter = 32;  // Qwen3-MoE's moe_intermediate_size in the tiny model
 
@@ -145,6 +153,17 @@ void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::
     config["dual_chunk_attention_config"] = {{"chunk_size", a.dca_chunk},
                                              {"local_size", a.dca_local},
                                              {"original_max_position_embeddings", a.dca_original}};
+    if (a.dca_threshold > 0) {
+      nlohmann::json layer = nlohmann::json::object();
+      for (size_t h = 0; h < a.dca_vertical.size(); ++h) {
+        layer[std::to_string(h)] = {"vertical_and_slash", a.dca_vertical[h], a.dca_slash[h], nullptr};
+      }
+      auto& dca = config["dual_chunk_attention_config"];
+      dca["sparse_attention_config"] = nlohmann::json::array();
+      for (int l = 0; l < m.layers; ++l) dca["sparse_attention_config"].push_back(layer);
+      dca["sparse_attention_threshold"] = a.dca_threshold;
+      dca["sparse_attention_last_q"] = kDcaLastQ;
+    }
   }
   if (a.window > 0) {
     config["sliding_window"] = a.window;
@@ -160,6 +179,9 @@ void write_checkpoint(const TinyModel& m, const Arch& a, const std::filesystem::
 // routing_margin (optional): the smallest gap, over tokens and MoE layers, between the last expert
 // picked and the first left out (where the last one's probability is not negligible).
 constexpr double kRoutingMargin = 1e-5;
+// Dual chunk sparse prefill: routing_margin also takes the smallest gap, over runs that can leave
+// keys out, between the last line kept and the first left out (probability sums, which f32 moves
+// by ~1e-6).
 // routing_margin: the smallest probability gap between the last expert picked and the first left
 // out; logit_margin: the same gap in logits (what a relative error of the input moves).
 // prompt_len (dual chunk attention): how many of ids came as the prompt; each later token's key
@@ -237,15 +259,75 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
         }
       }
     }
+    // Dual chunk sparse prefill: for each run of prompt tokens in one chunk and each head, the
+    // columns and distances kept, from the run's last queries at their estimating positions.
+    const int prompt = prompt_len < 0 ? n : prompt_len;
+    auto temperature = [&](int len) {
+      return a.dca_original > 0 ? std::max(1.0, 0.1 * std::log(static_cast<double>(len) / a.dca_original) + 1.0) : 1.0;
+    };
+    std::vector<std::vector<std::pair<std::vector<bool>, std::vector<bool>>>> kept_lines;
+    if (a.dca_threshold > 0 && prompt > a.dca_threshold) {
+      for (int cq = 0; cq * chunk_len < prompt; ++cq) {
+        const int end = std::min(prompt, (cq + 1) * chunk_len), nq = std::min(end - cq * chunk_len, kDcaLastQ);
+        auto& per_head = kept_lines.emplace_back();
+        for (int hd = 0; hd < m.heads; ++hd) {
+          const int kh = hd / (m.heads / m.kv_heads);
+          std::vector<double> column(static_cast<size_t>(end), 0.0), distance(static_cast<size_t>(end), 0.0);
+          for (int t = end - nq; t < end; ++t) {
+            const double* raw = q_raw[static_cast<size_t>(t)].data() + hd * D;
+            const std::vector<double> variants[3] = {rotated(raw, t % chunk_len), rotated(raw, t % chunk_len + chunk_len),
+                                                     rotated(raw, t % chunk_len + a.dca_chunk)};
+            std::vector<double> s(static_cast<size_t>(t + 1));
+            for (int j = 0; j <= t; ++j) {
+              const int kc = j / chunk_len;
+              const auto& qr = variants[kc == cq ? 0 : kc == cq - 1 ? 1 : 2];
+              double dot = 0;
+              for (int d = 0; d < D; ++d) dot += qr[static_cast<size_t>(d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
+              s[static_cast<size_t>(j)] = dot * temperature(prompt) * temperature(prompt) / std::sqrt(static_cast<double>(D));
+            }
+            const double mx = *std::max_element(s.begin(), s.end());
+            double z = 0;
+            for (double x : s) z += std::exp(x - mx);
+            for (int j = 0; j <= t; ++j) {
+              const double pj = std::exp(s[static_cast<size_t>(j)] - mx) / z;
+              column[static_cast<size_t>(j)] += pj;
+              distance[static_cast<size_t>(t - j)] += pj;
+            }
+          }
+          std::fill_n(column.begin(), std::min(30, end), INFINITY);
+          std::fill_n(distance.begin(), std::min(100, end), INFINITY);
+          auto keep = [&](const std::vector<double>& score, int count) {
+            std::vector<int> order(score.size());
+            std::iota(order.begin(), order.end(), 0);
+            std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return score[static_cast<size_t>(x)] > score[static_cast<size_t>(y)]; });
+            const size_t kept = std::min(score.size(), static_cast<size_t>(count));
+            // Only a run whose last query sees keys past the always-kept ones can leave one out.
+            if (routing_margin != nullptr && end - 1 >= 130 && kept > 0 && kept < score.size() &&
+                std::isfinite(score[static_cast<size_t>(order[kept - 1])])) {
+              *routing_margin = std::min(*routing_margin, (score[static_cast<size_t>(order[kept - 1])] -
+                                                           score[static_cast<size_t>(order[kept])]));
+            }
+            std::vector<bool> mask(score.size(), false);
+            for (size_t i = 0; i < kept; ++i) mask[static_cast<size_t>(order[i])] = true;
+            return mask;
+          };
+          const int vertical = a.dca_vertical[static_cast<size_t>(hd)];
+          per_head.emplace_back(keep(column, vertical == 30 ? 130 : vertical), keep(distance, a.dca_slash[static_cast<size_t>(hd)]));
+        }
+      }
+    }
     std::vector<std::vector<double>> attn(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(m.heads * D), 0.0));
     for (int t = 0; t < n; ++t) {
       for (int hd = 0; hd < m.heads; ++hd) {
         const int kh = hd / (m.heads / m.kv_heads);
+        // Prompt rows of a sparse prefill attend to the kept keys only; decode rows to all.
+        const auto* lines = t < prompt && !kept_lines.empty() ? &kept_lines[static_cast<size_t>(t / chunk_len)][static_cast<size_t>(hd)] : nullptr;
         std::vector<double> score(static_cast<size_t>(t + 1), -INFINITY);
         double mx = -INFINITY;
         for (int j = 0; j <= t; ++j) {
           const bool windowed = a.window > 0 && (!a.gemma2 || l % 2 == 0) && l >= a.first_window_layer;
           if (windowed && t - j >= a.window) continue;
+          if (lines != nullptr && !lines->first[static_cast<size_t>(j)] && !lines->second[static_cast<size_t>(t - j)]) continue;
           double dot = 0;
           if (a.dca_chunk > 0) {
             // The query's position follows the key's chunk: its own, the one before, or earlier.
@@ -259,9 +341,7 @@ std::vector<double> reference_logits(const TinyModel& m, const Arch& a, const st
               // The long-context temperature, once for the query and once for the key, each of the
               // sequence's length at the step that processed that token (the prompt's, or one past
               // a generated token's position).
-              auto f = [&](int len) { return std::max(1.0, 0.1 * std::log(static_cast<double>(len) / a.dca_original) + 1.0); };
-              const int prompt = prompt_len < 0 ? n : prompt_len;
-              dot *= f(std::max(prompt, t + 1)) * f(std::max(prompt, j + 1));
+              dot *= temperature(std::max(prompt, t + 1)) * temperature(std::max(prompt, j + 1));
             }
           } else {
             for (int d = 0; d < D; ++d) dot += q[static_cast<size_t>(t)][static_cast<size_t>(hd * D + d)] * k[static_cast<size_t>(j)][static_cast<size_t>(kh * D + d)];
@@ -367,12 +447,14 @@ class Architectures : public ::testing::TestWithParam<Arch> {};
 
 TEST_P(Architectures, MatchTheFloat64Reference) {
   const Arch a = GetParam();
-  const std::string text = "Tiny models, real code paths: 123!";
+  // A sparse prefill leaves keys out only past the 30 first and 100 nearest: a prompt of 175.
+  std::string text = "Tiny models, real code paths: 123!";
+  if (a.dca_threshold > 0) text = text + " " + text + " " + text + " " + text + " " + text;
   // Fresh weights, redrawn (a few times at most) while a token's routing is within rounding of
   // another expert's: the model and the reference could then route it differently.
   uint32_t seed = std::random_device{}();
   TinyModel m = make_weights(a, seed);
-  if (a.experts > 0) {
+  if (a.experts > 0 || a.dca_threshold > 0) {
     const std::vector<int32_t> prompt =
         Tokenizer::from_folder(std::filesystem::path(SPECULA_SOURCE_DIR) / "models" / "specula-byte-6m").encode(text);
     double margin = 0;
@@ -398,6 +480,15 @@ TEST_P(Architectures, MatchTheFloat64Reference) {
     max_abs = std::max(max_abs, std::fabs(want[i]));
   }
   EXPECT_LT(max_err, 1e-4 * std::max(1.0, max_abs)) << "max |logit| " << max_abs;
+  if (a.dca_threshold > 0) {
+    // The keys left out matter: the dense model's logits are far from these.
+    Arch dense = a;
+    dense.dca_threshold = 0;
+    const std::vector<double> dense_logits = reference_logits(m, dense, ids);
+    double moved = 0;
+    for (size_t i = 0; i < want.size(); ++i) moved = std::max(moved, std::fabs(dense_logits[i] - want[i]));
+    EXPECT_GT(moved, 100 * max_err + 1e-3);
+  }
 
   // Greedy decoding through the KV cache equals greedy decoding of the reference without one
   // (where the reference's top two logits are not within rounding of each other).
@@ -481,11 +572,16 @@ INSTANTIATE_TEST_SUITE_P(All, Architectures,
                                            Arch{"Qwen3MoeForCausalLM", false, true, -1, false, 0, false, 0, 6, 1, false},
                                            Arch{"MixtralForCausalLM", false, false, -1, false, 0, false, 0, 4, 2},
                                            Arch{"MixtralForCausalLM", false, false, 7, false, 0, false, 0, 4, 1},
-                                           Arch{"Qwen2ForCausalLM", true, false, -1, false, 0, false, 0, 0, 2, true, {}, 12, 4, 16}),
+                                           Arch{"Qwen2ForCausalLM", true, false, -1, false, 0, false, 0, 0, 2, true, {}, 12, 4, 16},
+                                           // Kept lines past the always-kept ones by score only in head 2
+                                           // (few near ties to redraw for); heads 0, 1, 3 keep fewer.
+                                           Arch{"Qwen2ForCausalLM", true, false, -1, false, 0, false, 0, 0, 2, true, {}, 64, 16, 16,
+                                                100, {10, 0, 33, 5}, {100, 50, 100, 1}}),
                          [](const auto& info) {
                            std::string n = info.param.name.substr(0, info.param.name.find("For"));
                            if (info.param.all_biases) n += "BiasesLinearRope";
                            if (info.param.dca_chunk > 0) n += "DualChunk" + std::to_string(info.param.dca_chunk);
+                           if (info.param.dca_threshold > 0) n += "Sparse";
                            if (info.param.experts > 0) {
                              n += "Experts" + std::to_string(info.param.experts) + "Top" + std::to_string(info.param.top_k);
                            }

@@ -152,6 +152,52 @@ TEST(ModelConfig, HostileValuesAreBoundedBeforeAnyAllocation) {
     "original_max_position_embeddings": 32, "sparse_attention_enabled": true}})");
   EXPECT_EQ(dca.dual_chunk.chunk_len(), 48);
   EXPECT_EQ(dca.dual_chunk.original_max_position_embeddings, 32);
+  EXPECT_FALSE(dca.dual_chunk.sparse_enabled);  // enabled without a pattern: dense, as vLLM reads it
+  EXPECT_EQ(dca.dual_chunk.plain_up_to(), 32);
+  // Qwen2.5-1M's sparse pattern: one object per layer, one entry per query head.
+  auto pattern = [](const std::string& layer0, const std::string& layer1, const std::string& extra = "") {
+    return R"(, "dual_chunk_attention_config": {"chunk_size": 64, "local_size": 16, "sparse_attention_config": [)" + layer0 +
+           ", " + layer1 + "]" + extra + "}}";
+  };
+  const std::string heads = R"({"0": ["vertical_and_slash", 30, 200, 0.9], "1": ["vertical_and_slash", 1000, 6096, 0.5],
+    "2": ["vertical_and_slash", 0, 1, null], "3": ["vertical_and_slash", 7, 9]})";
+  const ModelConfig sparse = parse_model_config(base + pattern(heads, heads, R"(, "sparse_attention_threshold": 40,
+    "sparse_attention_last_q": 8)"));
+  EXPECT_TRUE(sparse.dual_chunk.sparse_enabled);
+  EXPECT_EQ(sparse.dual_chunk.sparse_threshold, 40);
+  EXPECT_EQ(sparse.dual_chunk.sparse_last_q, 8);
+  EXPECT_EQ(sparse.dual_chunk.plain_up_to(), 40);
+  ASSERT_EQ(sparse.dual_chunk.sparse_vertical.size(), 2u);
+  EXPECT_EQ(sparse.dual_chunk.sparse_vertical[1], std::vector<int>({130, 1000, 0, 7}));  // 30 reads as 130
+  EXPECT_EQ(sparse.dual_chunk.sparse_slash[0], std::vector<int>({200, 6096, 1, 9}));
+  const ModelConfig defaults = parse_model_config(base + pattern(heads, heads));
+  EXPECT_EQ(defaults.dual_chunk.sparse_threshold, 32768);
+  EXPECT_EQ(defaults.dual_chunk.sparse_last_q, 64);
+  EXPECT_FALSE(parse_model_config(base + pattern(heads, heads, R"(, "sparse_attention_enabled": false)")).dual_chunk.sparse_enabled);
+  const std::pair<std::string, std::string> sparse_cases[] = {
+      {pattern(heads, "{}"),
+       "'dual_chunk_attention_config.sparse_attention_config[1]' must map each query head \"0\" to \"3\""},
+      {R"(, "dual_chunk_attention_config": {"sparse_attention_config": [)" + heads + "]}}",
+       "'dual_chunk_attention_config.sparse_attention_config' must be a list of one object per layer (2)"},
+      {pattern(heads, R"({"0": ["vertical_and_slash", 1, 1], "1": ["vertical_and_slash", 1, 1], "2": ["vertical_and_slash", 1, 1],
+        "4": ["vertical_and_slash", 1, 1]})"),
+       "'dual_chunk_attention_config.sparse_attention_config[1].3' is missing"},
+      {pattern(heads, R"({"0": ["block_sparse", 1, 1], "1": ["vertical_and_slash", 1, 1], "2": ["vertical_and_slash", 1, 1],
+        "3": ["vertical_and_slash", 1, 1]})"),
+       "'block_sparse' is not supported; supported: vertical_and_slash"},
+      {pattern(heads, R"({"0": ["vertical_and_slash", 1, 0], "1": ["vertical_and_slash", 1, 1], "2": ["vertical_and_slash", 1, 1],
+        "3": ["vertical_and_slash", 1, 1]})"),
+       "'dual_chunk_attention_config.sparse_attention_config[1].0[2]' = 0 is out of range [1, "},
+      {pattern(heads, R"({"0": ["vertical_and_slash", 1], "1": ["vertical_and_slash", 1, 1], "2": ["vertical_and_slash", 1, 1],
+        "3": ["vertical_and_slash", 1, 1]})"),
+       "must be [\"vertical_and_slash\", vertical, slash, ...]"},
+      {pattern(heads, heads, R"(, "sparse_attention_last_q": 0)"), "'dual_chunk_attention_config.sparse_attention_last_q' = 0 is out of range"},
+  };
+  for (const auto& [tail, message] : sparse_cases) {
+    const std::string text = base + tail;
+    const std::string error = error_of([&] { parse_model_config(text); });
+    EXPECT_NE(error.find(message), std::string::npos) << text << "\n -> " << error;
+  }
   const std::pair<std::string, std::string> cases[] = {
       {R"(, "head_dim": 1000000000})", "'head_dim' = 1000000000 is out of range [1, 1024]"},
       {R"(, "head_dim": 1e9})", "'head_dim' must be an integer"},

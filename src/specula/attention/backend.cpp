@@ -35,6 +35,24 @@ std::string common_layer_problem(const AttentionLayer& layer) {
   }
   if (!(layer.logit_cap >= 0.0f)) return fmt::format("logit_cap {} must be >= 0", layer.logit_cap);
   if (layer.dca_chunk_len < 0) return fmt::format("dca_chunk_len {} must be >= 0", layer.dca_chunk_len);
+  if (const DualChunkSparsePattern* s = layer.dca_sparse.get(); s != nullptr) {
+    if (layer.dca_chunk_len == 0) return "a sparse prefill pattern needs dual chunk attention (dca_chunk_len > 0)";
+    if (static_cast<int>(s->vertical.size()) != layer.num_q_heads || static_cast<int>(s->slash.size()) != layer.num_q_heads) {
+      return fmt::format("the sparse prefill pattern has {} vertical and {} slash sizes; expected one per query head ({})",
+                         s->vertical.size(), s->slash.size(), layer.num_q_heads);
+    }
+    if (s->threshold < 0 || s->last_q < 1 || s->forced_vertical < 0 || s->forced_slash < 1) {
+      return fmt::format("sparse prefill threshold {}, last_q {}, forced_vertical {}, forced_slash {}: expected >= 0, "
+                         ">= 1, >= 0, >= 1",
+                         s->threshold, s->last_q, s->forced_vertical, s->forced_slash);
+    }
+    for (int h = 0; h < layer.num_q_heads; ++h) {
+      if (s->vertical[static_cast<size_t>(h)] < 0 || s->slash[static_cast<size_t>(h)] < 1) {
+        return fmt::format("query head {} keeps {} vertical and {} slash lines; expected >= 0 and >= 1", h,
+                           s->vertical[static_cast<size_t>(h)], s->slash[static_cast<size_t>(h)]);
+      }
+    }
+  }
   return {};
 }
 

@@ -21,6 +21,19 @@ class MHAKVPool;
 class ThreadPool;
 struct DoubleSparsityConfig;
 
+// Dual chunk attention's sparse prefill (Qwen2.5-1M's sparse_attention_config, after MInference's
+// vertical-and-slash pattern; attention/cpu/dual_chunk_sparse.h): for a sequence of more than
+// `threshold` keys, the last `last_q` queries of each chunk's run of new tokens estimate, per query
+// head, which key columns (vertical) and which query-key distances (slash) carry the attention,
+// and every new token of that run attends only to those keys.
+struct DualChunkSparsePattern {
+  int threshold = 32768;
+  int last_q = 64;
+  int forced_vertical = 30;  // the first keys are always kept (MInference's attention sinks)
+  int forced_slash = 100;    // and so are the nearest distances (the local window)
+  std::vector<int32_t> vertical, slash;  // [num_q_heads]: columns and distances kept
+};
+
 enum class AttentionType : uint8_t {
   DECODER,       // causal
   ENCODER_ONLY,  // non-causal over the whole sequence (encoders, vision towers)
@@ -49,6 +62,11 @@ struct AttentionLayer {
   // dca_original_max_position > 0 scales a long request's logits.
   int dca_chunk_len = 0;
   int dca_original_max_position = 0;
+  // Set: prefill rows of long sequences attend sparsely, and q carries two more variants
+  // (successive and inter at their unclamped positions) that only estimate the pattern.
+  std::shared_ptr<const DualChunkSparsePattern> dca_sparse;
+  // How many rotary variants of each query head q holds.
+  int dca_q_variants() const { return dca_chunk_len == 0 ? 1 : dca_sparse ? 5 : 3; }
 
   int effective_v_head_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   float effective_scaling() const;

@@ -32,6 +32,40 @@ int require_int(const JsonReader& j, const char* key, int64_t min_value, int64_t
   return static_cast<int>(j.at(key).integer(min_value, max_value));
 }
 
+// dual_chunk_attention_config's sparse prefill: sparse_attention_config is one object per layer
+// mapping each query head ("0", "1", ...) to ["vertical_and_slash", vertical, slash, ...].
+void parse_dual_chunk_sparse(const JsonReader& dca, ModelConfig& c) {
+  DualChunkAttentionConfig& d = c.dual_chunk;
+  const auto layers = dca.find("sparse_attention_config");
+  d.sparse_enabled = dca.bool_or("sparse_attention_enabled", layers.has_value());
+  d.sparse_threshold = static_cast<int>(dca.int_or("sparse_attention_threshold", 32768, 0, kMaxPositions));
+  d.sparse_last_q = static_cast<int>(dca.int_or("sparse_attention_last_q", 64, 1, 1 << 16));
+  // Enabled without a pattern is dense prefill, as vLLM reads it ("sparse attention will not be
+  // enabled as sparse attention config is not provided").
+  if (!layers) d.sparse_enabled = false;
+  if (!d.sparse_enabled) return;
+  if (!layers->is_array() || static_cast<int>(layers->size()) != c.num_hidden_layers) {
+    layers->fail(fmt::format("must be a list of one object per layer ({})", c.num_hidden_layers));
+  }
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const JsonReader layer = (*layers)[static_cast<size_t>(l)];
+    if (!layer.is_object() || static_cast<int>(layer.raw().size()) != c.num_attention_heads) {
+      layer.fail(fmt::format("must map each query head \"0\" to \"{}\" to its pattern", c.num_attention_heads - 1));
+    }
+    std::vector<int>& vertical = d.sparse_vertical.emplace_back();
+    std::vector<int>& slash = d.sparse_slash.emplace_back();
+    for (int h = 0; h < c.num_attention_heads; ++h) {
+      const JsonReader head = layer.at(std::to_string(h));
+      if (!head.is_array() || head.size() < 3) head.fail("must be [\"vertical_and_slash\", vertical, slash, ...]");
+      const std::string type = head[0].string();
+      if (type != "vertical_and_slash") head[0].fail(fmt::format("'{}' is not supported; supported: vertical_and_slash", type));
+      const int v = static_cast<int>(head[1].integer(0, kMaxPositions));
+      vertical.push_back(v == 30 ? 130 : v);
+      slash.push_back(static_cast<int>(head[2].integer(1, kMaxPositions)));
+    }
+  }
+}
+
 // DeepSeek's mixture-of-experts fields (MoeConfig); none when n_routed_experts is absent or null.
 void parse_moe(const JsonReader& j, ModelConfig& c) {
   MoeConfig& e = c.moe;
@@ -266,6 +300,7 @@ ModelConfig parse_config_object(const JsonReader& j) {
                   "config.json: dual_chunk_attention_config local_size {} must be below chunk_size {}",
                   c.dual_chunk.local_size, c.dual_chunk.chunk_size);
     SPECULA_CHECK(!deepseek, "config.json: dual_chunk_attention_config is not supported for {}", c.architecture);
+    parse_dual_chunk_sparse(*dca, c);
   }
   SPECULA_CHECK(c.rope_theta > 0, "config.json: rope_theta {} must be positive", c.rope_theta);
   SPECULA_CHECK(c.rms_norm_eps >= 0, "config.json: rms_norm_eps {} must not be negative", c.rms_norm_eps);

@@ -3,6 +3,7 @@
 // error naming the field and what is allowed.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -10,20 +11,29 @@
 
 namespace specula {
 
-// Qwen2.5-1M's dual_chunk_attention_config (attention/cpu/dual_chunk.h). The sparse
-// vertical-and-slash prefill pattern it may also describe is not applied: prefill attends densely.
+// Qwen2.5-1M's dual_chunk_attention_config (attention/cpu/dual_chunk.h), with the sparse
+// vertical-and-slash prefill pattern it may describe (attention/cpu/dual_chunk_sparse.h).
 struct DualChunkAttentionConfig {
   int chunk_size = 0;  // 0: off
   int local_size = 0;
   int original_max_position_embeddings = 0;
+  // sparse_attention_config: per layer and query head, the vertical and slash lines kept (a
+  // published 30 vertical lines reads as 130, as vLLM reads these configs).
+  bool sparse_enabled = false;
+  int sparse_threshold = 32768;
+  int sparse_last_q = 64;
+  std::vector<std::vector<int>> sparse_vertical, sparse_slash;  // [layer][query head]
   bool enabled() const { return chunk_size > 0; }
   int chunk_len() const { return chunk_size - local_size; }
-  // Whether it changes anything for KV lengths up to max_kv_len: within one chunk and the
-  // original context it is ordinary attention (every key intra-chunk, no temperature).
-  bool active_up_to(int64_t max_kv_len) const {
-    return enabled() && (max_kv_len > chunk_len() ||
-                         (original_max_position_embeddings > 0 && max_kv_len > original_max_position_embeddings));
+  // The longest context that is ordinary attention: within one chunk and the original context
+  // every key is intra-chunk with no temperature, and below the threshold prefill is dense.
+  int64_t plain_up_to() const {
+    int64_t n = chunk_len();
+    if (original_max_position_embeddings > 0) n = std::min<int64_t>(n, original_max_position_embeddings);
+    if (sparse_enabled) n = std::min<int64_t>(n, sparse_threshold);
+    return n;
   }
+  bool active_up_to(int64_t max_kv_len) const { return enabled() && max_kv_len > plain_up_to(); }
 };
 
 struct RopeScaling {

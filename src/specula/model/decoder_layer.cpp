@@ -49,17 +49,22 @@ void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, 
     cpu_rms_norm(k.data_as<float>(), w.k_norm, k.data_as<float>(), n * Hkv, D, d.eps);
   }
   if (dual_chunk != nullptr) {
-    // Three copies of each query head side by side, each turned to its own positions.
-    Buffer& q3 = shaped(scratch.q3, n, Hq, 3 * D);
+    // Three (five) copies of each query head side by side, each turned to its own positions.
+    const int V = dual_chunk->successive_estimate != nullptr ? 5 : 3;
+    Buffer& q3 = shaped(scratch.q3, n, Hq, V * D);
     const float* src = q.data_as<float>();
     float* dst = q3.data_as<float>();
     for (int64_t r = 0; r < n * Hq; ++r) {
-      for (int variant = 0; variant < 3; ++variant) std::copy_n(src + r * D, D, dst + (r * 3 + variant) * D);
+      for (int variant = 0; variant < V; ++variant) std::copy_n(src + r * D, D, dst + (r * V + variant) * D);
     }
-    const int64_t token_stride = static_cast<int64_t>(Hq) * 3 * D;
-    dual_chunk->intra->apply(dst, Hq, token_stride, 3 * D, false);
-    dual_chunk->successive->apply(dst + D, Hq, token_stride, 3 * D, false);
-    dual_chunk->inter->apply(dst + 2 * D, Hq, token_stride, 3 * D, false);
+    const int64_t token_stride = static_cast<int64_t>(Hq) * V * D;
+    dual_chunk->intra->apply(dst, Hq, token_stride, V * D, false);
+    dual_chunk->successive->apply(dst + D, Hq, token_stride, V * D, false);
+    dual_chunk->inter->apply(dst + 2 * D, Hq, token_stride, V * D, false);
+    if (V == 5) {
+      dual_chunk->successive_estimate->apply(dst + 3 * D, Hq, token_stride, V * D, false);
+      dual_chunk->inter_estimate->apply(dst + 4 * D, Hq, token_stride, V * D, false);
+    }
     dual_chunk->key->apply(k.data_as<float>(), Hkv);
     if (dual_chunk->key_scale != nullptr) {
       float* kd = k.data_as<float>();

@@ -57,6 +57,10 @@ struct DualChunkRopes {
   const CpuRope* intra;
   const CpuRope* successive;
   const CpuRope* inter;
+  // Both set with a sparse prefill pattern: q gets two more variants, successive and inter at
+  // their unclamped positions (attention/cpu/dual_chunk_sparse.h); else both nullptr.
+  const CpuRope* successive_estimate;
+  const CpuRope* inter_estimate;
   // [n] or nullptr: each token's key is multiplied by this as it is written (the long-context
   // temperature of its request's length at that step, as vLLM's dual chunk attention does).
   const float* key_scale;

@@ -83,6 +83,14 @@ LlamaModel::LlamaModel(const ModelConfig& c, const WeightSource& ckpt, bool rout
     if (c.dual_chunk.enabled()) {
       a.dca_chunk_len = c.dual_chunk.chunk_len();
       a.dca_original_max_position = c.dual_chunk.original_max_position_embeddings;
+      if (c.dual_chunk.sparse_enabled) {
+        auto pattern = std::make_shared<DualChunkSparsePattern>();
+        pattern->threshold = c.dual_chunk.sparse_threshold;
+        pattern->last_q = c.dual_chunk.sparse_last_q;
+        pattern->vertical = c.dual_chunk.sparse_vertical[static_cast<size_t>(l)];
+        pattern->slash = c.dual_chunk.sparse_slash[static_cast<size_t>(l)];
+        a.dca_sparse = std::move(pattern);
+      }
     }
     attention_layers_.push_back(a);
   }
@@ -105,10 +113,12 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
   const CpuRope rope(batch.positions, inv_freq(), rope_attention_factor());
   // Dual chunk attention: keys at pos % chunk_len; queries at the same (intra), at
   // min(pos % chunk_len + chunk_len, chunk_size) (successive) and at min(2 chunk_len - 1,
-  // chunk_size) (inter), as Qwen2.5-1M's DualChunkRotaryEmbedding places them.
-  std::vector<int32_t> key_pos, succ_pos, inter_pos;
+  // chunk_size) (inter), as Qwen2.5-1M's DualChunkRotaryEmbedding places them; with a sparse
+  // prefill pattern also at pos % chunk_len + chunk_len and pos % chunk_len + chunk_size (the
+  // successive and inter positions unclamped, which only estimate the pattern).
+  std::vector<int32_t> key_pos, succ_pos, inter_pos, succ_est_pos, inter_est_pos;
   std::vector<float> key_scale;
-  std::optional<CpuRope> key_rope, succ_rope, inter_rope;
+  std::optional<CpuRope> key_rope, succ_rope, inter_rope, succ_est_rope, inter_est_rope;
   std::optional<DualChunkRopes> dual_chunk;
   if (c.dual_chunk.enabled()) {
     const int cl = c.dual_chunk.chunk_len(), cs = c.dual_chunk.chunk_size;
@@ -116,10 +126,16 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
       key_pos.push_back(p % cl);
       succ_pos.push_back(std::min(p % cl + cl, cs));
       inter_pos.push_back(std::min(2 * cl - 1, cs));
+      succ_est_pos.push_back(p % cl + cl);
+      inter_est_pos.push_back(p % cl + cs);
     }
     key_rope.emplace(key_pos, inv_freq(), rope_attention_factor());
     succ_rope.emplace(succ_pos, inv_freq(), rope_attention_factor());
     inter_rope.emplace(inter_pos, inv_freq(), rope_attention_factor());
+    if (c.dual_chunk.sparse_enabled) {
+      succ_est_rope.emplace(succ_est_pos, inv_freq(), rope_attention_factor());
+      inter_est_rope.emplace(inter_est_pos, inv_freq(), rope_attention_factor());
+    }
     // Keys carry the temperature of their request's length when written; the attention applies
     // the query's at each step.
     if (c.dual_chunk.original_max_position_embeddings > 0) {
@@ -128,7 +144,12 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
         key_scale.insert(key_scale.end(), static_cast<size_t>(batch.query_len(r)), static_cast<float>(f));
       }
     }
-    dual_chunk = DualChunkRopes{&*key_rope, &*key_rope, &*succ_rope, &*inter_rope,
+    dual_chunk = DualChunkRopes{&*key_rope,
+                                &*key_rope,
+                                &*succ_rope,
+                                &*inter_rope,
+                                succ_est_rope ? &*succ_est_rope : nullptr,
+                                inter_est_rope ? &*inter_est_rope : nullptr,
                                 key_scale.empty() ? nullptr : key_scale.data()};
   }
   const float eps = static_cast<float>(c.rms_norm_eps);

@@ -107,14 +107,8 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, const WeightSource&
   SPECULA_CHECK(!(config.dual_chunk.enabled() && options.device.is_cuda()),
                 "{}: dual_chunk_attention_config matters for contexts above {} tokens (here up to {}), and dual chunk "
                 "attention runs on the CPU only in this build; on a GPU use --max-context-len {} or less",
-                config.architecture,
-                config.dual_chunk.original_max_position_embeddings > 0
-                    ? std::min(config.dual_chunk.chunk_len(), config.dual_chunk.original_max_position_embeddings)
-                    : config.dual_chunk.chunk_len(),
-                options.max_kv_len,
-                config.dual_chunk.original_max_position_embeddings > 0
-                    ? std::min(config.dual_chunk.chunk_len(), config.dual_chunk.original_max_position_embeddings)
-                    : config.dual_chunk.chunk_len());
+                config.architecture, config.dual_chunk.plain_up_to(), options.max_kv_len,
+                config.dual_chunk.plain_up_to());
   if (config.fp8_weights()) {
     // fp8 block-scaled weights are dequantized as they are read (the models hold f32 or bf16).
     const Fp8BlockWeights dequantized(weights, config);

@@ -179,7 +179,7 @@ void CpuAttentionBackend::run(const TensorView& q, const TensorView& k, const Te
   const int64_t n = batch.num_tokens();
   const int Dv = layer.effective_v_head_dim();
   const bool dual_chunk = layer.dca_chunk_len > 0;
-  check_shape(q, {n, layer.num_q_heads, (dual_chunk ? 3 : 1) * layer.head_dim}, "q");
+  check_shape(q, {n, layer.num_q_heads, layer.dca_q_variants() * layer.head_dim}, "q");
   check_shape(out, {n, layer.num_q_heads, Dv}, "attention output");
   SPECULA_CHECK(q.stride(2) == 1 && out.stride(2) == 1, "q {} and output {} need contiguous head_dim", q.str(),
                 out.str());
@@ -237,7 +237,12 @@ void CpuAttentionBackend::run(const TensorView& q, const TensorView& k, const Te
   if (dual_chunk) {
     SPECULA_CHECK(!custom, "layer {}: dual chunk attention with a tree mask (speculative verify) is not supported",
                   layer.layer_id);
-    run_dual_chunk_attention(p, DualChunkShape{layer.dca_chunk_len, layer.dca_original_max_position}, seqs, *pool_);
+    // Decode rows attend densely, as vLLM's decode path does; the sparse pattern is prefill's.
+    const bool prefill = batch.forward_mode == ForwardMode::EXTEND || batch.forward_mode == ForwardMode::MIXED;
+    run_dual_chunk_attention(p,
+                             DualChunkShape{layer.dca_chunk_len, layer.dca_original_max_position,
+                                            layer.dca_sparse.get(), prefill},
+                             seqs, *pool_);
     return;
   }
   const auto it = metadata_.plans.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, local});

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "specula/attention/cpu/dual_chunk_sparse.h"
 #include "specula/core/thread_pool.h"
 
 namespace specula {
@@ -29,6 +30,30 @@ void run_dual_chunk_attention(const CpuAttentionParams& p, const DualChunkShape&
     }
   }
   const auto rows = static_cast<int64_t>(row_seq.size());
+  // Sparse runs (one per sequence and chunk its new tokens reach), each head's kept keys picked
+  // before any row attends; run_base[s] is sequence s's first run, or -1 when it attends densely.
+  std::vector<int32_t> run_base(seqs.size(), -1), run_seq, run_begin, run_end;
+  if (shape.sparse != nullptr && shape.sparse_rows) {
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const CpuAttentionSeq& seq = seqs[s];
+      if (seq.q_len < 2 || seq.kv_len <= shape.sparse->threshold) continue;
+      run_base[s] = static_cast<int32_t>(run_seq.size());
+      const int first = seq.q_kv_offset, last = seq.q_kv_offset + seq.q_len - 1;
+      for (int c = first / shape.chunk_len; c <= last / shape.chunk_len; ++c) {
+        run_seq.push_back(static_cast<int32_t>(s));
+        run_begin.push_back(std::max(first, c * shape.chunk_len));
+        run_end.push_back(std::min(last + 1, (c + 1) * shape.chunk_len));
+      }
+    }
+  }
+  std::vector<VerticalSlashKeep> keeps(run_seq.size() * static_cast<size_t>(Hq));
+  pool.parallel_for(static_cast<int64_t>(keeps.size()), [&](int64_t item, int) {
+    const auto r = static_cast<size_t>(item / Hq);
+    const CpuAttentionSeq& seq = seqs[static_cast<size_t>(run_seq[r])];
+    keeps[static_cast<size_t>(item)] =
+        select_vertical_slash(p, shape, *shape.sparse, seq, run_begin[r], run_end[r], static_cast<int>(item % Hq),
+                              dual_chunk_logit_scale(seq.kv_len, shape.original_max_position));
+  });
   // Per-thread rows: the query's variants, a K row, a V row (converted to f32), the accumulator.
   struct Scratch {
     std::vector<float> q, k, v, o;
@@ -57,14 +82,20 @@ void run_dual_chunk_attention(const CpuAttentionParams& p, const DualChunkShape&
     const int pos = seq.q_kv_offset + i;
     const int chunk = pos / shape.chunk_len;
     const double scale = p.scale * dual_chunk_logit_scale(seq.kv_len, shape.original_max_position);
+    const int32_t base = run_base[static_cast<size_t>(row_seq[r])];
+    const VerticalSlashKeep* keep =
+        base < 0 ? nullptr
+                 : &keeps[static_cast<size_t>(base + chunk - seq.q_kv_offset / shape.chunk_len) * static_cast<size_t>(Hq) +
+                          static_cast<size_t>(h)];
 
-    // The query's three variants, in f32.
+    // The query's three attending variants, in f32.
     const char* q_row = static_cast<const char*>(p.q) + (token * p.q_stride_token + h * p.q_stride_head) * q_elem;
     convert_to_float(q_row, p.q_dtype, q.data(), q.size());
     const int last = p.causal ? std::min(pos, seq.kv_len - 1) : seq.kv_len - 1;
     double top = -INFINITY, denom = 0.0;
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int j = 0; j <= last; ++j) {
+      if (keep != nullptr && !keep->keeps(pos, j)) continue;
       const int64_t slot = static_cast<int64_t>(seq.pages[j / p.page_size]) * p.page_size + j % p.page_size;
       convert_to_float(static_cast<const char*>(p.k_cache) + ((slot * Hkv + kh) * D) * kv_elem, p.kv_dtype, k.data(),
                        k.size());

@@ -17,6 +17,7 @@
 
 #include <span>
 
+#include "specula/attention/backend.h"
 #include "specula/attention/cpu/tile_kernel.h"
 
 namespace specula {
@@ -26,10 +27,16 @@ class ThreadPool;
 struct DualChunkShape {
   int chunk_len = 0;
   int original_max_position = 0;
+  // Set: q holds five variants per head, and runs of new tokens of sequences longer than its
+  // threshold attend sparsely (dual_chunk_sparse.h) when sparse_rows is also set (prefill and
+  // extend steps; decode rows always attend densely).
+  const DualChunkSparsePattern* sparse = nullptr;
+  bool sparse_rows = false;
 };
 
-// params.q points at variant 0 of [tokens, heads, 3 * head_dim] (q_stride_head = 3 * head_dim);
-// params.causal must be set, and window, custom mask and sinks unset.
+// params.q points at variant 0 of [tokens, heads, V * head_dim] (q_stride_head = V * head_dim,
+// V = 3, or 5 with a sparse pattern); params.causal must be set, and window, custom mask and
+// sinks unset.
 void run_dual_chunk_attention(const CpuAttentionParams& params, const DualChunkShape& shape,
                               std::span<const CpuAttentionSeq> seqs, ThreadPool& pool);
 

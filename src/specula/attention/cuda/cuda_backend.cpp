@@ -405,7 +405,7 @@ void CudaAttentionBackend::check_forward_args(const TensorView& q, const TensorV
                                               const MHAKVPool& pool, const ForwardOptions& options) const {
   check_layer(layer, q.dtype(), pool.dtype());
   const int64_t n = state_->num_tokens;
-  check_shape(q, {n, layer.num_q_heads, (layer.dca_chunk_len > 0 ? 3 : 1) * layer.head_dim}, "q");
+  check_shape(q, {n, layer.num_q_heads, layer.dca_q_variants() * layer.head_dim}, "q");
   check_shape(out, {n, layer.num_q_heads, layer.head_dim}, "attention output");
   check_dtype(out, q.dtype(), "attention output");
   for (const TensorView* t : {&q, &out}) {

@@ -1,0 +1,336 @@
+// Dual chunk attention's sparse prefill (the vertical-and-slash pattern) on the CPU backend
+// against a float64 reference that materialises the pattern from scratch: for each run of new
+// tokens in one chunk and each query head, the full probability matrix of the run's last
+// queries, its column and diagonal sums, the kept lines by a stable sort, and then the three
+// parts (inter, successive, intra) over the kept keys, each with its own softmax, merged by their
+// log-sum-exps.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <random>
+
+#include "specula/attention/backend.h"
+#include "specula/attention/cpu/dual_chunk_sparse.h"
+#include "specula/batch/forward_batch.h"
+#include "specula/core/error.h"
+#include "specula/kv/mha_kv_pool.h"
+#include "specula/kv/req_to_token_pool.h"
+
+namespace specula {
+namespace {
+
+struct SparseCase {
+  const char* name;
+  ForwardMode mode;
+  std::vector<std::pair<int, int>> requests;  // (cached prefix, new tokens)
+  int chunk_len, threshold, last_q, forced_vertical, forced_slash;
+  std::vector<int32_t> vertical, slash;  // per query head
+  int kv_heads = 2, head_dim = 64, page_size = 4, original_max = 0;
+  float logit_cap = 0.0f;
+  bool drops = true;  // whether some visible keys must be left out
+};
+
+void PrintTo(const SparseCase& c, std::ostream* os) { *os << c.name; }
+
+struct Request {
+  int prefix, len;
+  std::vector<float> keys, values;  // [len, kv_heads, head_dim]
+};
+
+class CpuDualChunkSparse : public ::testing::TestWithParam<SparseCase> {};
+
+TEST_P(CpuDualChunkSparse, MatchesThePatternMaterialisedInFloat64) {
+  const SparseCase& c = GetParam();
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const int Hq = static_cast<int>(c.vertical.size()), Hkv = c.kv_heads, D = c.head_dim, ps = c.page_size;
+  const int G = Hq / Hkv, V = 5;
+  const int n_req = static_cast<int>(c.requests.size());
+  int longest = 1;
+  int64_t pages = 0;
+  for (auto [prefix, extend] : c.requests) {
+    longest = std::max(longest, prefix + extend);
+    pages += (prefix + extend + ps - 1) / ps;
+  }
+  MHAKVPool pool(KVPoolConfig{(pages + 1) * ps, 1, Hkv, D, D, DType::f32, Device::cpu()});
+  ReqToTokenPool rows(n_req, longest);
+  auto pattern = std::make_shared<DualChunkSparsePattern>();
+  pattern->threshold = c.threshold;
+  pattern->last_q = c.last_q;
+  pattern->forced_vertical = c.forced_vertical;
+  pattern->forced_slash = c.forced_slash;
+  pattern->vertical = c.vertical;
+  pattern->slash = c.slash;
+  AttentionLayer layer;
+  layer.num_q_heads = Hq;
+  layer.num_kv_heads = Hkv;
+  layer.head_dim = D;
+  layer.logit_cap = c.logit_cap;
+  layer.dca_chunk_len = c.chunk_len;
+  layer.dca_original_max_position = c.original_max;
+  layer.dca_sparse = pattern;
+  ASSERT_EQ(layer.dca_q_variants(), 5);
+  AttentionBackendOptions options;
+  options.page_size = ps;
+  auto backend = make_attention_backend("cpu", options);
+  backend->check_layer(layer, DType::f32, DType::f32);
+
+  std::vector<int32_t> order(static_cast<size_t>(pages));
+  std::iota(order.begin(), order.end(), 1);
+  std::shuffle(order.begin(), order.end(), rng);
+  size_t next = 0;
+  ForwardBatch batch;
+  batch.forward_mode = c.mode;
+  batch.batch_size = n_req;
+  batch.req_to_token_pool = &rows;
+  batch.token_to_kv_pool = &pool;
+  std::vector<Request> reqs;
+  std::vector<float> q, k_new, v_new;
+  for (int r = 0; r < n_req; ++r) {
+    const auto [prefix, extend] = c.requests[static_cast<size_t>(r)];
+    Request& rq = reqs.emplace_back(Request{prefix, prefix + extend, {}, {}});
+    std::vector<int32_t> slots;
+    for (int t = 0; t < rq.len; ++t) {
+      if (t % ps == 0) ++next;
+      slots.push_back(order[next - 1] * ps + t % ps);
+    }
+    rows.write(r, 0, slots);
+    rq.keys.resize(static_cast<size_t>(rq.len) * Hkv * D);
+    rq.values.resize(rq.keys.size());
+    for (float& x : rq.keys) x = unit(rng);
+    for (float& x : rq.values) x = unit(rng);
+    if (prefix > 0) {
+      pool.set_kv_buffer(0, std::span<const int32_t>(slots.data(), static_cast<size_t>(prefix)),
+                         TensorView(rq.keys.data(), DType::f32, {prefix, Hkv, D}),
+                         TensorView(rq.values.data(), DType::f32, {prefix, Hkv, D}));
+    }
+    batch.req_pool_indices.push_back(r);
+    batch.seq_lens.push_back(rq.len);
+    if (c.mode != ForwardMode::DECODE) {
+      batch.extend_prefix_lens.push_back(prefix);
+      batch.extend_seq_lens.push_back(extend);
+    }
+    for (int t = prefix; t < rq.len; ++t) {
+      batch.out_cache_loc.push_back(slots[static_cast<size_t>(t)]);
+      batch.positions.push_back(t);
+      // Queries 2.5x the keys' scale: peaked rows, so the pattern decides something.
+      for (int i = 0; i < Hq * V * D; ++i) q.push_back(unit(rng) * 2.5f);
+      const auto at = static_cast<int64_t>(t) * Hkv * D;
+      k_new.insert(k_new.end(), rq.keys.begin() + at, rq.keys.begin() + at + Hkv * D);
+      v_new.insert(v_new.end(), rq.values.begin() + at, rq.values.begin() + at + Hkv * D);
+    }
+  }
+  const int64_t n = batch.num_tokens();
+  std::vector<float> out(static_cast<size_t>(n) * Hq * D), lse(static_cast<size_t>(n) * Hq);
+  ForwardOptions fo;
+  fo.lse = TensorView(lse.data(), DType::f32, {n, Hq});
+  backend->init_forward_metadata(batch);
+  backend->forward(TensorView(q.data(), DType::f32, {n, Hq, V * D}), TensorView(k_new.data(), DType::f32, {n, Hkv, D}),
+                   TensorView(v_new.data(), DType::f32, {n, Hkv, D}), TensorView(out.data(), DType::f32, {n, Hq, D}),
+                   layer, batch, fo);
+
+  const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(D));
+  double max_err = 0.0, max_lse_err = 0.0, min_gap = INFINITY;
+  int64_t visible = 0, kept = 0, row0 = 0;
+  int parts_kept[3] = {0, 0, 0};  // inter, successive, intra parts with a kept key
+  for (int r = 0; r < n_req; ++r) {
+    const Request& rq = reqs[static_cast<size_t>(r)];
+    const double temperature =
+        c.original_max > 0 ? std::max(1.0, 0.1 * std::log(static_cast<double>(rq.len) / c.original_max) + 1.0) : 1.0;
+    const bool sparse = c.mode != ForwardMode::DECODE && rq.len - rq.prefix > 1 && rq.len > c.threshold;
+    auto query = [&](int pos, int h, int variant) {
+      return q.data() + ((row0 + pos - rq.prefix) * Hq + h) * V * D + variant * D;
+    };
+    auto logit = [&](const float* qv, int j, int h) {
+      double dot = 0;
+      for (int d = 0; d < D; ++d) dot += static_cast<double>(qv[d]) * rq.keys[(static_cast<size_t>(j) * Hkv + h / G) * D + d];
+      double x = dot * inv_sqrt_d * temperature;
+      if (c.logit_cap > 0) x = c.logit_cap * std::tanh(x / c.logit_cap);
+      return x;
+    };
+    // Kept lines per (run's chunk, head): [chunk][head] -> (columns, distances).
+    std::vector<std::vector<std::pair<std::vector<bool>, std::vector<bool>>>> lines;
+    if (sparse) {
+      for (int cq = rq.prefix / c.chunk_len; cq <= (rq.len - 1) / c.chunk_len; ++cq) {
+        const int begin = std::max(rq.prefix, cq * c.chunk_len), end = std::min(rq.len, (cq + 1) * c.chunk_len);
+        const int nq = std::min(end - begin, c.last_q);
+        auto& per_head = lines.emplace_back();
+        for (int h = 0; h < Hq; ++h) {
+          // The full [nq, end] probability matrix, zero above the diagonal.
+          std::vector<std::vector<double>> prob(static_cast<size_t>(nq), std::vector<double>(static_cast<size_t>(end), 0.0));
+          for (int i = 0; i < nq; ++i) {
+            const int pos = end - nq + i;
+            std::vector<double> s(static_cast<size_t>(pos + 1));
+            for (int j = 0; j <= pos; ++j) {
+              const int kc = j / c.chunk_len;
+              s[static_cast<size_t>(j)] = logit(query(pos, h, kc == cq ? 0 : kc == cq - 1 ? 3 : 4), j, h);
+            }
+            const double m = *std::max_element(s.begin(), s.end());
+            double z = 0;
+            for (double x : s) z += std::exp(x - m);
+            for (int j = 0; j <= pos; ++j) prob[static_cast<size_t>(i)][static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - m) / z;
+          }
+          std::vector<double> column(static_cast<size_t>(end), 0.0), diagonal(static_cast<size_t>(end), 0.0);
+          for (int j = 0; j < end; ++j) {
+            for (int i = 0; i < nq; ++i) column[static_cast<size_t>(j)] += prob[static_cast<size_t>(i)][static_cast<size_t>(j)];
+          }
+          for (int o = 0; o < end; ++o) {
+            for (int i = 0; i < nq; ++i) {
+              const int j = end - nq + i - o;
+              if (j >= 0) diagonal[static_cast<size_t>(o)] += prob[static_cast<size_t>(i)][static_cast<size_t>(j)];
+            }
+          }
+          for (int j = 0; j < std::min(c.forced_vertical, end); ++j) column[static_cast<size_t>(j)] = INFINITY;
+          for (int o = 0; o < std::min(c.forced_slash, end); ++o) diagonal[static_cast<size_t>(o)] = INFINITY;
+          auto keep = [&](const std::vector<double>& score, int count) {
+            std::vector<int> idx(score.size());
+            std::iota(idx.begin(), idx.end(), 0);
+            std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)]; });
+            const size_t k = std::min(score.size(), static_cast<size_t>(count));
+            if (k > 0 && k < idx.size() && std::isfinite(score[static_cast<size_t>(idx[k - 1])])) {
+              min_gap = std::min(min_gap, score[static_cast<size_t>(idx[k - 1])] - score[static_cast<size_t>(idx[k])]);
+            }
+            std::vector<bool> mask(score.size(), false);
+            for (size_t i = 0; i < k; ++i) mask[static_cast<size_t>(idx[i])] = true;
+            return mask;
+          };
+          per_head.emplace_back(keep(column, c.vertical[static_cast<size_t>(h)]), keep(diagonal, c.slash[static_cast<size_t>(h)]));
+        }
+      }
+    }
+    for (int pos = rq.prefix; pos < rq.len; ++pos) {
+      const int cq = pos / c.chunk_len;
+      const int64_t row = row0 + pos - rq.prefix;
+      for (int h = 0; h < Hq; ++h) {
+        const auto* kept_lines = sparse ? &lines[static_cast<size_t>(cq - rq.prefix / c.chunk_len)][static_cast<size_t>(h)] : nullptr;
+        std::vector<double> part_lse, part_out;
+        for (int part = 0; part < 3; ++part) {  // inter, successive, intra
+          const int lo = part == 0 ? 0 : part == 1 ? std::max(0, (cq - 1) * c.chunk_len) : cq * c.chunk_len;
+          const int hi = part == 0 ? std::max(0, (cq - 1) * c.chunk_len) : part == 1 ? cq * c.chunk_len : pos + 1;
+          std::vector<int> keys;
+          for (int j = lo; j < hi; ++j) {
+            ++visible;
+            if (kept_lines == nullptr || kept_lines->first[static_cast<size_t>(j)] || kept_lines->second[static_cast<size_t>(pos - j)]) keys.push_back(j);
+          }
+          kept += static_cast<int64_t>(keys.size());
+          if (keys.empty()) continue;
+          ++parts_kept[part];
+          const float* qv = query(pos, h, 2 - part);
+          std::vector<double> s;
+          for (int j : keys) s.push_back(logit(qv, j, h));
+          const double m = *std::max_element(s.begin(), s.end());
+          double z = 0;
+          for (double x : s) z += std::exp(x - m);
+          part_lse.push_back(m + std::log(z));
+          std::vector<double> o(static_cast<size_t>(D), 0.0);
+          for (size_t i = 0; i < keys.size(); ++i) {
+            const double pj = std::exp(s[i] - m) / z;
+            for (int d = 0; d < D; ++d) o[static_cast<size_t>(d)] += pj * rq.values[(static_cast<size_t>(keys[i]) * Hkv + h / G) * D + d];
+          }
+          part_out.insert(part_out.end(), o.begin(), o.end());
+        }
+        const double m = *std::max_element(part_lse.begin(), part_lse.end());
+        double z = 0;
+        for (double l : part_lse) z += std::exp(l - m);
+        const double total = m + std::log(z);
+        for (int d = 0; d < D; ++d) {
+          double o = 0;
+          for (size_t pt = 0; pt < part_lse.size(); ++pt) o += std::exp(part_lse[pt] - total) * part_out[pt * D + static_cast<size_t>(d)];
+          max_err = std::max(max_err, std::abs(o - out[static_cast<size_t>((row * Hq + h) * D + d)]));
+        }
+        max_lse_err = std::max(max_lse_err, std::abs(total - lse[static_cast<size_t>(row * Hq + h)]));
+      }
+    }
+    row0 += rq.len - rq.prefix;
+  }
+  EXPECT_LE(max_err, 2e-5);
+  EXPECT_LE(max_lse_err, 2e-5);
+  // A kept line decided by a near tie could go either way between two summation orders.
+  EXPECT_GT(min_gap, 1e-12);
+  if (c.drops) {
+    EXPECT_LT(kept, visible * 9 / 10) << kept << " of " << visible << " visible keys kept";
+    EXPECT_GT(parts_kept[0], 0);  // kept keys in every part
+    EXPECT_GT(parts_kept[1], 0);
+  } else {
+    EXPECT_EQ(kept, visible);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Patterns, CpuDualChunkSparse,
+    ::testing::Values(
+        // Four chunks of one prompt; heads keep from no vertical line to many.
+        SparseCase{"prefill_four_chunks", ForwardMode::EXTEND, {{0, 150}}, 40, 100, 8, 3, 4, {5, 10, 0, 20}, {1, 6, 12, 3}},
+        // A cached prefix and a run crossing a chunk boundary, with the long-context temperature; a
+        // short request (below the threshold) and a one-token run stay dense.
+        SparseCase{"extend_mixed_lengths", ForwardMode::EXTEND, {{70, 60}, {0, 50}, {120, 1}}, 32, 100, 6, 2, 3,
+                   {4, 9, 2, 7}, {5, 2, 8, 3}, 2, 64, 8, 40},
+        // GQA groups of four, soft-capped, last_q longer than some runs, pages of one.
+        SparseCase{"gqa_capped", ForwardMode::MIXED, {{90, 45}, {0, 140}}, 48, 120, 64, 1, 2,
+                   {3, 6, 9, 12, 1, 30, 2, 4}, {2, 4, 6, 8, 10, 1, 3, 5}, 2, 80, 1, 0, 15.0f},
+        // Lines enough for every key: the dense result.
+        SparseCase{"everything_kept", ForwardMode::EXTEND, {{30, 100}}, 40, 50, 8, 3, 4, {200, 0, 5, 300}, {1, 200, 300, 130},
+                   2, 64, 4, 0, 0.0f, false},
+        // Decode rows attend densely even past the threshold.
+        SparseCase{"decode_dense", ForwardMode::DECODE, {{130, 1}, {170, 1}}, 40, 100, 8, 3, 4, {1, 1, 1, 1}, {1, 1, 1, 1},
+                   2, 128, 4, 0, 0.0f, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(CpuDualChunkSparse, TopScoresKeepsTheLargestAndTheLowerIndexOnTies) {
+  const std::vector<double> s = {0.5, INFINITY, 0.25, 0.5, INFINITY, 0.75};
+  auto kept = [&](int k) {
+    std::vector<int> out;
+    const std::vector<bool> m = top_scores(s, k);
+    for (size_t i = 0; i < m.size(); ++i) {
+      if (m[i]) out.push_back(static_cast<int>(i));
+    }
+    return out;
+  };
+  EXPECT_EQ(kept(1), std::vector<int>({1}));
+  EXPECT_EQ(kept(3), std::vector<int>({1, 4, 5}));
+  EXPECT_EQ(kept(4), std::vector<int>({0, 1, 4, 5}));
+  EXPECT_EQ(kept(0), std::vector<int>());
+  EXPECT_EQ(kept(99), std::vector<int>({0, 1, 2, 3, 4, 5}));
+}
+
+TEST(CpuDualChunkSparse, RefusesPatternsItCannotServe) {
+  auto backend = make_attention_backend("cpu", {});
+  AttentionLayer layer;
+  layer.num_q_heads = 4;
+  layer.num_kv_heads = 2;
+  layer.head_dim = 64;
+  auto refused = [&](const DualChunkSparsePattern& pattern, int chunk_len, const std::string& fragment) {
+    layer.dca_chunk_len = chunk_len;
+    layer.dca_sparse = std::make_shared<DualChunkSparsePattern>(pattern);
+    try {
+      backend->check_layer(layer, DType::f32, DType::f32);
+      ADD_FAILURE() << "accepted; expected '" << fragment << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  DualChunkSparsePattern ok;
+  ok.vertical = {1, 2, 3, 4};
+  ok.slash = {1, 2, 3, 4};
+  refused(ok, 0, "needs dual chunk attention");
+  DualChunkSparsePattern short_list = ok;
+  short_list.slash.pop_back();
+  refused(short_list, 16, "expected one per query head (4)");
+  DualChunkSparsePattern no_slash = ok;
+  no_slash.slash[2] = 0;
+  refused(no_slash, 16, "query head 2 keeps 3 vertical and 0 slash lines");
+  DualChunkSparsePattern no_last_q = ok;
+  no_last_q.last_q = 0;
+  refused(no_last_q, 16, "last_q 0");
+  layer.dca_sparse = std::make_shared<DualChunkSparsePattern>(ok);
+  layer.dca_chunk_len = 16;
+  EXPECT_NO_THROW(backend->check_layer(layer, DType::f32, DType::f32));
+}
+
+}  // namespace
+}  // namespace specula
