@@ -251,17 +251,27 @@ void decode_item_as(const CpuAttentionParams& p, const CpuAttentionSeq& seq, con
       }
     }
 
-    // out[g] += sum_t s[g][t] * V[t], sixteen output columns at a time for four heads.
-    for (int c = 0; c < Dv; c += 16) {
+    // out[g] += sum_t s[g][t] * V[t]: 64 output columns of four heads held in 16 registers, so
+    // each V piece is widened once and each probability broadcast once per 64 columns.
+    for (int c0 = 0; c0 < Dv; c0 += 64) {
+      const int cn = std::min(64, Dv - c0) / 16;
       for (int g0 = 0; g0 < G; g0 += 4) {
         const int gn = std::min(4, G - g0);
-        __m512 o[4];
-        for (int g = 0; g < gn; ++g) o[g] = _mm512_loadu_ps(out + (g0 + g) * Dv + c);
-        for (int t = 0; t < n; ++t) {
-          const __m512 v = widen16(vrow[t] + c);
-          for (int g = 0; g < gn; ++g) o[g] = _mm512_fmadd_ps(_mm512_set1_ps(s[(g0 + g) * kKeys + t]), v, o[g]);
+        __m512 o[4][4];
+        for (int g = 0; g < gn; ++g) {
+          for (int c = 0; c < cn; ++c) o[g][c] = _mm512_loadu_ps(out + (g0 + g) * Dv + c0 + 16 * c);
         }
-        for (int g = 0; g < gn; ++g) _mm512_storeu_ps(out + (g0 + g) * Dv + c, o[g]);
+        for (int t = 0; t < n; ++t) {
+          __m512 v[4];
+          for (int c = 0; c < cn; ++c) v[c] = widen16(vrow[t] + c0 + 16 * c);
+          for (int g = 0; g < gn; ++g) {
+            const __m512 w = _mm512_set1_ps(s[(g0 + g) * kKeys + t]);
+            for (int c = 0; c < cn; ++c) o[g][c] = _mm512_fmadd_ps(w, v[c], o[g][c]);
+          }
+        }
+        for (int g = 0; g < gn; ++g) {
+          for (int c = 0; c < cn; ++c) _mm512_storeu_ps(out + (g0 + g) * Dv + c0 + 16 * c, o[g][c]);
+        }
       }
     }
   }
