@@ -134,7 +134,9 @@ TEST_P(CpuDualChunkSparse, MatchesThePatternMaterialisedInFloat64) {
                    TensorView(v_new.data(), DType::f32, {n, Hkv, D}), TensorView(out.data(), DType::f32, {n, Hq, D}),
                    layer, batch, fo);
 
-  const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(D));
+  // The layer's scale as the backend takes it (a float), so that both sides pick lines from the
+  // same logits up to double rounding.
+  const double inv_sqrt_d = static_cast<double>(layer.effective_scaling());
   double max_err = 0.0, max_lse_err = 0.0, min_gap = INFINITY;
   int64_t visible = 0, kept = 0, row0 = 0;
   int parts_kept[3] = {0, 0, 0};  // inter, successive, intra parts with a kept key
@@ -264,8 +266,10 @@ TEST_P(CpuDualChunkSparse, MatchesThePatternMaterialisedInFloat64) {
 INSTANTIATE_TEST_SUITE_P(
     Patterns, CpuDualChunkSparse,
     ::testing::Values(
-        // Four chunks of one prompt; heads keep from no vertical line to many.
-        SparseCase{"prefill_four_chunks", ForwardMode::EXTEND, {{0, 150}}, 40, 100, 8, 3, 4, {5, 10, 0, 20}, {1, 6, 12, 3}},
+        // Four chunks of one prompt; heads keep from no vertical line to many. A prompt of exactly
+        // the threshold attends densely.
+        SparseCase{"prefill_four_chunks", ForwardMode::EXTEND, {{0, 150}, {0, 100}}, 40, 100, 8, 3, 4, {5, 10, 0, 20},
+                   {1, 6, 12, 3}},
         // A cached prefix and a run crossing a chunk boundary, with the long-context temperature; a
         // short request (below the threshold) and a one-token run stay dense.
         SparseCase{"extend_mixed_lengths", ForwardMode::EXTEND, {{70, 60}, {0, 50}, {120, 1}}, 32, 100, 6, 2, 3,

@@ -166,7 +166,7 @@ TEST(ModelConfig, HostileValuesAreBoundedBeforeAnyAllocation) {
   EXPECT_TRUE(sparse.dual_chunk.sparse_enabled);
   EXPECT_EQ(sparse.dual_chunk.sparse_threshold, 40);
   EXPECT_EQ(sparse.dual_chunk.sparse_last_q, 8);
-  EXPECT_EQ(sparse.dual_chunk.plain_up_to(), 40);
+  EXPECT_EQ(sparse.dual_chunk.plain_up_to(), 48);  // one chunk is plain attention, dense
   ASSERT_EQ(sparse.dual_chunk.sparse_vertical.size(), 2u);
   EXPECT_EQ(sparse.dual_chunk.sparse_vertical[1], std::vector<int>({130, 1000, 0, 7}));  // 30 reads as 130
   EXPECT_EQ(sparse.dual_chunk.sparse_slash[0], std::vector<int>({200, 6096, 1, 9}));
@@ -174,10 +174,16 @@ TEST(ModelConfig, HostileValuesAreBoundedBeforeAnyAllocation) {
   EXPECT_EQ(defaults.dual_chunk.sparse_threshold, 32768);
   EXPECT_EQ(defaults.dual_chunk.sparse_last_q, 64);
   EXPECT_FALSE(parse_model_config(base + pattern(heads, heads, R"(, "sparse_attention_enabled": false)")).dual_chunk.sparse_enabled);
+  // Without a pattern its other keys are not read (vLLM ignores them then).
+  EXPECT_FALSE(parse_model_config(base + R"(, "dual_chunk_attention_config": {"sparse_attention_last_q": 0}})")
+                   .dual_chunk.sparse_enabled);
   const std::pair<std::string, std::string> sparse_cases[] = {
       {pattern(heads, "{}"),
-       "'dual_chunk_attention_config.sparse_attention_config[1]' must map each query head \"0\" to \"3\""},
+       "'dual_chunk_attention_config.sparse_attention_config[1]' must map each query head \"0\" to \"3\" to its "
+       "pattern (0 entries found)"},
       {R"(, "dual_chunk_attention_config": {"sparse_attention_config": [)" + heads + "]}}",
+       "'dual_chunk_attention_config.sparse_attention_config' has 1 layers; expected one object per layer (2)"},
+      {R"(, "dual_chunk_attention_config": {"sparse_attention_config": {"0": {}}}})",
        "'dual_chunk_attention_config.sparse_attention_config' must be a list of one object per layer (2)"},
       {pattern(heads, R"({"0": ["vertical_and_slash", 1, 1], "1": ["vertical_and_slash", 1, 1], "2": ["vertical_and_slash", 1, 1],
         "4": ["vertical_and_slash", 1, 1]})"),

@@ -41,15 +41,16 @@ std::string common_layer_problem(const AttentionLayer& layer) {
       return fmt::format("the sparse prefill pattern has {} vertical and {} slash sizes; expected one per query head ({})",
                          s->vertical.size(), s->slash.size(), layer.num_q_heads);
     }
-    if (s->threshold < 0 || s->last_q < 1 || s->forced_vertical < 0 || s->forced_slash < 1) {
-      return fmt::format("sparse prefill threshold {}, last_q {}, forced_vertical {}, forced_slash {}: expected >= 0, "
-                         ">= 1, >= 0, >= 1",
-                         s->threshold, s->last_q, s->forced_vertical, s->forced_slash);
-    }
+    if (s->threshold < 0) return fmt::format("sparse prefill threshold {} must be >= 0", s->threshold);
+    if (s->last_q < 1) return fmt::format("sparse prefill last_q {} must be >= 1", s->last_q);
+    if (s->forced_vertical < 0) return fmt::format("sparse prefill forced_vertical {} must be >= 0", s->forced_vertical);
+    // Distance 0 ranks first, so every row keeps its own key and no softmax is empty.
+    if (s->forced_slash < 1) return fmt::format("sparse prefill forced_slash {} must be >= 1", s->forced_slash);
     for (int h = 0; h < layer.num_q_heads; ++h) {
       if (s->vertical[static_cast<size_t>(h)] < 0 || s->slash[static_cast<size_t>(h)] < 1) {
-        return fmt::format("query head {} keeps {} vertical and {} slash lines; expected >= 0 and >= 1", h,
-                           s->vertical[static_cast<size_t>(h)], s->slash[static_cast<size_t>(h)]);
+        return fmt::format("query head {} keeps {} vertical and {} slash lines; expected >= 0 and >= 1 (a row keeps "
+                           "at least its own key)",
+                           h, s->vertical[static_cast<size_t>(h)], s->slash[static_cast<size_t>(h)]);
       }
     }
   }

@@ -25,12 +25,13 @@ struct DoubleSparsityConfig;
 // vertical-and-slash pattern; attention/cpu/dual_chunk_sparse.h): for a sequence of more than
 // `threshold` keys, the last `last_q` queries of each chunk's run of new tokens estimate, per query
 // head, which key columns (vertical) and which query-key distances (slash) carry the attention,
-// and every new token of that run attends only to those keys.
+// and every new token of that run attends only to those keys. Prefill and extend steps only, and
+// runs of one token (a decode row in a mixed step) attend densely.
 struct DualChunkSparsePattern {
   int threshold = 32768;
   int last_q = 64;
-  int forced_vertical = 30;  // the first keys are always kept (MInference's attention sinks)
-  int forced_slash = 100;    // and so are the nearest distances (the local window)
+  int forced_vertical = 30;  // the first keys rank first among columns (MInference's sinks)
+  int forced_slash = 100;    // and the nearest distances among slashes (the local window)
   std::vector<int32_t> vertical, slash;  // [num_q_heads]: columns and distances kept
 };
 

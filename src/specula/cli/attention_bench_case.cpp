@@ -90,7 +90,7 @@ AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionB
   }
 
   const int64_t n = batch_.num_tokens();
-  q_ = Buffer(c.q_dtype, {n, c.num_q_heads, (c.dca_chunk_len > 0 ? 3 : 1) * c.head_dim}, device);
+  q_ = Buffer(c.q_dtype, {n, c.num_q_heads, layer_.dca_q_variants() * c.head_dim}, device);
   k_ = Buffer(c.q_dtype, {n, c.num_kv_heads, c.head_dim}, device);
   v_ = Buffer(c.q_dtype, {n, c.num_kv_heads, c.head_dim}, device);
   out_ = Buffer(c.q_dtype, {n, c.num_q_heads, c.head_dim}, device);

@@ -37,20 +37,21 @@ int require_int(const JsonReader& j, const char* key, int64_t min_value, int64_t
 void parse_dual_chunk_sparse(const JsonReader& dca, ModelConfig& c) {
   DualChunkAttentionConfig& d = c.dual_chunk;
   const auto layers = dca.find("sparse_attention_config");
-  d.sparse_enabled = dca.bool_or("sparse_attention_enabled", layers.has_value());
+  // Enabled without a pattern is dense prefill, as vLLM reads it ("sparse attention will not be
+  // enabled as sparse attention config is not provided"); the other keys matter only with one.
+  d.sparse_enabled = dca.bool_or("sparse_attention_enabled", layers.has_value()) && layers.has_value();
+  if (!d.sparse_enabled) return;
   d.sparse_threshold = static_cast<int>(dca.int_or("sparse_attention_threshold", 32768, 0, kMaxPositions));
   d.sparse_last_q = static_cast<int>(dca.int_or("sparse_attention_last_q", 64, 1, 1 << 16));
-  // Enabled without a pattern is dense prefill, as vLLM reads it ("sparse attention will not be
-  // enabled as sparse attention config is not provided").
-  if (!layers) d.sparse_enabled = false;
-  if (!d.sparse_enabled) return;
-  if (!layers->is_array() || static_cast<int>(layers->size()) != c.num_hidden_layers) {
-    layers->fail(fmt::format("must be a list of one object per layer ({})", c.num_hidden_layers));
+  if (!layers->is_array()) layers->fail(fmt::format("must be a list of one object per layer ({})", c.num_hidden_layers));
+  if (static_cast<int>(layers->size()) != c.num_hidden_layers) {
+    layers->fail(fmt::format("has {} layers; expected one object per layer ({})", layers->size(), c.num_hidden_layers));
   }
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const JsonReader layer = (*layers)[static_cast<size_t>(l)];
     if (!layer.is_object() || static_cast<int>(layer.raw().size()) != c.num_attention_heads) {
-      layer.fail(fmt::format("must map each query head \"0\" to \"{}\" to its pattern", c.num_attention_heads - 1));
+      layer.fail(fmt::format("must map each query head \"0\" to \"{}\" to its pattern ({} entries found)",
+                             c.num_attention_heads - 1, layer.is_object() ? layer.raw().size() : 0));
     }
     std::vector<int>& vertical = d.sparse_vertical.emplace_back();
     std::vector<int>& slash = d.sparse_slash.emplace_back();

@@ -26,11 +26,11 @@ struct DualChunkAttentionConfig {
   bool enabled() const { return chunk_size > 0; }
   int chunk_len() const { return chunk_size - local_size; }
   // The longest context that is ordinary attention: within one chunk and the original context
-  // every key is intra-chunk with no temperature, and below the threshold prefill is dense.
+  // every key is intra-chunk with no temperature. The model is then plain attention with dense
+  // prefill (the exact form the sparse pattern approximates), on any backend.
   int64_t plain_up_to() const {
     int64_t n = chunk_len();
     if (original_max_position_embeddings > 0) n = std::min<int64_t>(n, original_max_position_embeddings);
-    if (sparse_enabled) n = std::min<int64_t>(n, sparse_threshold);
     return n;
   }
   bool active_up_to(int64_t max_kv_len) const { return enabled() && max_kv_len > plain_up_to(); }

@@ -50,6 +50,7 @@ void cpu_decoder_layer(const DecoderLayerWeights& w, const DecoderLayerDims& d, 
   }
   if (dual_chunk != nullptr) {
     // Three (five) copies of each query head side by side, each turned to its own positions.
+    SPECULA_ASSERT((dual_chunk->successive_estimate == nullptr) == (dual_chunk->inter_estimate == nullptr));
     const int V = dual_chunk->successive_estimate != nullptr ? 5 : 3;
     Buffer& q3 = shaped(scratch.q3, n, Hq, V * D);
     const float* src = q.data_as<float>();

@@ -67,7 +67,7 @@ struct DualChunkRopes {
 };
 
 // q, k, v, out: f32 [n, heads, head_dim] views (q: [n, heads, 3 * head_dim] with dual chunk
-// attention); the hook writes K/V and attends.
+// attention, 5 * head_dim with its sparse prefill pattern); the hook writes K/V and attends.
 using CpuAttend = std::function<void(const TensorView& q, const TensorView& k, const TensorView& v,
                                      const TensorView& out)>;
 

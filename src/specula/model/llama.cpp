@@ -126,8 +126,10 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
       key_pos.push_back(p % cl);
       succ_pos.push_back(std::min(p % cl + cl, cs));
       inter_pos.push_back(std::min(2 * cl - 1, cs));
-      succ_est_pos.push_back(p % cl + cl);
-      inter_est_pos.push_back(p % cl + cs);
+      if (c.dual_chunk.sparse_enabled) {
+        succ_est_pos.push_back(p % cl + cl);
+        inter_est_pos.push_back(p % cl + cs);
+      }
     }
     key_rope.emplace(key_pos, inv_freq(), rope_attention_factor());
     succ_rope.emplace(succ_pos, inv_freq(), rope_attention_factor());

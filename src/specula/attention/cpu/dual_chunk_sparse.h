@@ -3,21 +3,25 @@
 // dual chunk backends apply it), the reference for a GPU version.
 //
 // A sparse run is one sequence's new tokens at KV positions [begin, end), all in one chunk, in a
-// call whose sequence holds more than pattern.threshold keys. For each query head, its last
+// prefill or extend step of at least two new tokens whose sequence then holds more than
+// pattern.threshold keys (vLLM compares the prompt's whole length, so the first chunks of a long
+// prompt prefilled in pieces attend densely here and sparsely there). For each query head, its last
 // n = min(end - begin, last_q) queries score every key j <= their position P in one softmax per
 // query (the key's chunk picks the variant: intra for its own chunk, and for earlier chunks the
 // successive and inter variants at their unclamped positions, variants 3 and 4, which exist only
 // to estimate). The probabilities summed per key column j give the vertical scores, summed per
 // distance P - j the slash scores; the first forced_vertical columns and the forced_slash
-// nearest distances score +inf. The head keeps its top vertical[h] columns and top slash[h]
-// distances (ties: the lower index), and each query of the run at position P attends to the keys
+// nearest distances score +inf (so they rank first: with fewer lines kept, the lowest of them).
+// The head keeps its top vertical[h] columns and top slash[h] distances (ties: the lower index),
+// and each query of the run at position P attends to the keys
 // j <= P with a kept column or a kept distance P - j, through its ordinary variants, in one
 // softmax.
 //
 // Where this differs from vLLM's backend, which applies the pattern through a block-sparse
 // kernel: the pattern here is exact per key, where vLLM's kernel widens each slash to the 64-key
 // blocks it crosses; distances are global (query position minus key position) in every part;
-// and a part left without kept keys stays empty rather than taking five evenly spaced columns.
+// and where vLLM adds five evenly spaced indices to a part that got no vertical line (or, in the
+// successive and inter parts, no slash line), nothing is added here.
 #pragma once
 
 #include <vector>
