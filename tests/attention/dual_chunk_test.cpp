@@ -1,6 +1,7 @@
 // Dual chunk attention on the CPU backend against a float64 reference that attends to the three
 // parts (intra-chunk, successive chunk, earlier chunks) apart, each with its own softmax, and
-// merges them by their log-sum-exps: prefill with a cached prefix and decode, GQA, paged.
+// merges them by their log-sum-exps: prefill with a cached prefix and decode, GQA, paged, f32 and
+// bf16 caches, through the backend's kernels (dual_chunk_parts.h) and the reference loop.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,7 +26,10 @@ struct DcaCase {
   int chunk_len, original_max, page_size;
   int q_heads = 4, kv_heads = 2, head_dim = 64;
   float logit_cap = 0.0f;
+  DType kv_dtype = DType::f32;  // bf16: the reference reads the rounded keys and values
 };
+
+void PrintTo(const DcaCase& c, std::ostream* os) { *os << c.name; }
 
 class CpuDualChunk : public ::testing::TestWithParam<DcaCase> {};
 
@@ -43,7 +47,7 @@ TEST_P(CpuDualChunk, MatchesThreePartsMergedByLse) {
     longest = std::max(longest, prefix + extend);
     pages += (prefix + extend + ps - 1) / ps;
   }
-  MHAKVPool pool(KVPoolConfig{(pages + 1) * ps, 1, Hkv, D, D, DType::f32, Device::cpu()});
+  MHAKVPool pool(KVPoolConfig{(pages + 1) * ps, 1, Hkv, D, D, c.kv_dtype, Device::cpu()});
   ReqToTokenPool rows(n_req, longest);
   AttentionLayer layer;
   layer.num_q_heads = Hq;
@@ -55,7 +59,10 @@ TEST_P(CpuDualChunk, MatchesThreePartsMergedByLse) {
   AttentionBackendOptions options;
   options.page_size = ps;
   auto backend = make_attention_backend("cpu", options);
-  backend->check_layer(layer, DType::f32, DType::f32);
+  backend->check_layer(layer, DType::f32, c.kv_dtype);
+  auto cached = [&](float x) {
+    return c.kv_dtype == DType::bf16 ? bf16_bits_to_float(float_to_bf16_bits(x)) : x;
+  };
 
   // Every token's K and V (the prefix written straight into the pool, the new ones by the step).
   std::vector<std::vector<int32_t>> slots(static_cast<size_t>(n_req));
@@ -83,8 +90,8 @@ TEST_P(CpuDualChunk, MatchesThreePartsMergedByLse) {
     auto& vr = values[static_cast<size_t>(r)];
     kr.resize(static_cast<size_t>(len) * Hkv * D);
     vr.resize(kr.size());
-    for (float& x : kr) x = unit(rng);
-    for (float& x : vr) x = unit(rng);
+    for (float& x : kr) x = cached(unit(rng));
+    for (float& x : vr) x = cached(unit(rng));
     if (prefix > 0) {
       pool.set_kv_buffer(0, std::span<const int32_t>(s.data(), static_cast<size_t>(prefix)),
                          TensorView(kr.data(), DType::f32, {prefix, Hkv, D}), TensorView(vr.data(), DType::f32, {prefix, Hkv, D}));
@@ -174,7 +181,14 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(DcaCase{"prefill", ForwardMode::EXTEND, {{0, 75}, {0, 20}}, 16, 0, 1},
                       DcaCase{"extend_paged_scaled", ForwardMode::EXTEND, {{37, 30}, {50, 3}}, 16, 20, 4},
                       DcaCase{"decode_capped", ForwardMode::DECODE, {{70, 1}, {15, 1}, {33, 1}}, 16, 0, 4, 8, 2, 64, 20.0f},
-                      DcaCase{"decode_mha_d128", ForwardMode::DECODE, {{100, 1}, {47, 1}}, 24, 30, 8, 2, 2, 128}),
+                      DcaCase{"decode_mha_d128", ForwardMode::DECODE, {{100, 1}, {47, 1}}, 24, 30, 8, 2, 2, 128},
+                      // Chunks not a whole number of pages: the reference loop instead of the kernels.
+                      DcaCase{"extend_pages_unaligned", ForwardMode::EXTEND, {{37, 30}, {50, 3}}, 20, 20, 8},
+                      // bf16 caches: the tile kernel, and the decode kernel for one-token rows.
+                      DcaCase{"prefill_bf16", ForwardMode::EXTEND, {{0, 90}, {40, 41}}, 32, 0, 4, 8, 2, 128, 0.0f,
+                              DType::bf16},
+                      DcaCase{"decode_bf16_long", ForwardMode::DECODE, {{300, 1}, {130, 1}, {20, 1}}, 32, 64, 16, 4, 2,
+                              128, 0.0f, DType::bf16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(CpuDualChunkErrors, RefusesWhatItCannotServe) {

@@ -66,6 +66,15 @@ std::vector<AttentionBenchCase> cpu_cases(DType kv_dtype) {
     c.kv_dtype = kv_dtype;
     return c;
   };
+  auto dca_decode = [&](bool dca) {
+    AttentionBenchCase c = decode(dca ? "dca decode B=1 L=524288 p16 qwen2.5-7b-1m" : "decode B=1 L=524288 p16 28q/4kv", 1,
+                                  524288, 16);
+    c.num_q_heads = 28;
+    c.num_kv_heads = 4;
+    c.dca_chunk_len = dca ? 262144 - 8192 : 0;
+    c.dca_original_max = dca ? 262144 : 0;
+    return c;
+  };
   return {
       decode("decode B=1 L=8192 p16", 1, 8192, 16),
       // The L=8192 pool (34 MB) mostly fits a 32 MB L3 across calls; this one (134 MB) does not.
@@ -77,6 +86,10 @@ std::vector<AttentionBenchCase> cpu_cases(DType kv_dtype) {
       prefill("prefill noncausal hd128 S=1024", 1, 0, 1024, 128, false),
       prefill("prefill causal hd64 S=2048", 1, 0, 2048, 64, true),
       prefill("extend prefix=4096 +512 hd128", 1, 4096, 512, 128, true),
+      // Dual chunk decode on Qwen2.5-7B-Instruct-1M's shape past two chunks (253,952 keys each),
+      // beside plain decode of the same keys.
+      dca_decode(true),
+      dca_decode(false),
   };
 }
 

@@ -239,10 +239,10 @@ void CpuAttentionBackend::run(const TensorView& q, const TensorView& k, const Te
                   layer.layer_id);
     // Decode rows attend densely, as vLLM's decode path does; the sparse pattern is prefill's.
     const bool prefill = batch.forward_mode == ForwardMode::EXTEND || batch.forward_mode == ForwardMode::MIXED;
-    run_dual_chunk_attention(p,
+    run_dual_chunk_attention(isa_, p,
                              DualChunkShape{layer.dca_chunk_len, layer.dca_original_max_position,
                                             layer.dca_sparse.get(), prefill},
-                             seqs, *pool_);
+                             seqs, scratch_, *pool_);
     return;
   }
   const auto it = metadata_.plans.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, local});

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "specula/attention/cpu/dual_chunk_parts.h"
 #include "specula/attention/cpu/dual_chunk_sparse.h"
 #include "specula/core/thread_pool.h"
 
@@ -14,8 +15,9 @@ double dual_chunk_logit_scale(int kv_len, int original_max_position) {
   return std::max(1.0, 0.1 * std::log(static_cast<double>(kv_len) / original_max_position) + 1.0);
 }
 
-void run_dual_chunk_attention(const CpuAttentionParams& p, const DualChunkShape& shape,
-                              std::span<const CpuAttentionSeq> seqs, ThreadPool& pool) {
+void run_dual_chunk_attention(CpuIsa isa, const CpuAttentionParams& p, const DualChunkShape& shape,
+                              std::span<const CpuAttentionSeq> seqs, std::vector<CpuAttentionScratch>& scratch,
+                              ThreadPool& pool) {
   const int D = p.head_dim, Dv = p.v_head_dim, Hq = p.num_q_heads, Hkv = p.num_kv_heads;
   const int group = Hq / Hkv;
   const int64_t q_elem = static_cast<int64_t>(dtype_size(p.q_dtype));
@@ -46,6 +48,10 @@ void run_dual_chunk_attention(const CpuAttentionParams& p, const DualChunkShape&
       }
     }
   }
+  if (run_seq.empty() && dual_chunk_parts_fit(p, shape)) {
+    run_dual_chunk_parts(isa, p, shape, seqs, scratch, pool);
+    return;
+  }
   std::vector<VerticalSlashKeep> keeps(run_seq.size() * static_cast<size_t>(Hq));
   pool.parallel_for(static_cast<int64_t>(keeps.size()), [&](int64_t item, int) {
     const auto r = static_cast<size_t>(item / Hq);
@@ -55,12 +61,12 @@ void run_dual_chunk_attention(const CpuAttentionParams& p, const DualChunkShape&
                               dual_chunk_logit_scale(seq.kv_len, shape.original_max_position));
   });
   // Per-thread rows: the query's variants, a K row, a V row (converted to f32), the accumulator.
-  struct Scratch {
+  struct RowScratch {
     std::vector<float> q, k, v, o;
     std::vector<double> acc;
   };
-  std::vector<Scratch> scratch(static_cast<size_t>(pool.num_threads()));
-  for (Scratch& s : scratch) {
+  std::vector<RowScratch> row_scratch(static_cast<size_t>(pool.num_threads()));
+  for (RowScratch& s : row_scratch) {
     s.q.resize(static_cast<size_t>(3 * D));
     s.k.resize(static_cast<size_t>(D));
     s.v.resize(static_cast<size_t>(Dv));
@@ -68,7 +74,7 @@ void run_dual_chunk_attention(const CpuAttentionParams& p, const DualChunkShape&
     s.acc.resize(static_cast<size_t>(Dv));
   }
   pool.parallel_for(rows * Hq, [&](int64_t item, int thread) {
-    Scratch& sc = scratch[static_cast<size_t>(thread)];
+    RowScratch& sc = row_scratch[static_cast<size_t>(thread)];
     std::vector<float>& q = sc.q;
     std::vector<float>& k = sc.k;
     std::vector<float>& v = sc.v;

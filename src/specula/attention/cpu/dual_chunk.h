@@ -1,5 +1,7 @@
 // Dual chunk attention (Qwen2.5-1M's dual_chunk_attention_config; SGLang's dual-chunk
-// FlashAttention backend) on the CPU, the reference implementation.
+// FlashAttention backend) on the CPU: through the backend's kernels in three passes merged by
+// log-sum-exp (dual_chunk_parts.h), or one reference loop over the keys where those cannot serve
+// (the sparse prefill pattern, chunks not a whole number of pages).
 //
 // Positions are split into chunks of chunk_len = chunk_size - local_size tokens. Keys carry the
 // rotary position pos % chunk_len; each query comes in three rotary variants (built by the model:
@@ -16,6 +18,7 @@
 #pragma once
 
 #include <span>
+#include <vector>
 
 #include "specula/attention/backend.h"
 #include "specula/attention/cpu/tile_kernel.h"
@@ -37,8 +40,11 @@ struct DualChunkShape {
 // params.q points at variant 0 of [tokens, heads, V * head_dim] (q_stride_head = V * head_dim,
 // V = 3, or 5 with a sparse pattern); params.causal must be set, and window, custom mask and
 // sinks unset.
-void run_dual_chunk_attention(const CpuAttentionParams& params, const DualChunkShape& shape,
-                              std::span<const CpuAttentionSeq> seqs, ThreadPool& pool);
+// Without sparse rows and with chunks a whole number of pages, through the backend's kernels
+// (dual_chunk_parts.h); otherwise one reference loop per (row, head) over the keys in double.
+void run_dual_chunk_attention(CpuIsa isa, const CpuAttentionParams& params, const DualChunkShape& shape,
+                              std::span<const CpuAttentionSeq> seqs, std::vector<CpuAttentionScratch>& scratch,
+                              ThreadPool& pool);
 
 // The logit multiplier of a request with kv_len keys (1 when original_max_position is 0).
 double dual_chunk_logit_scale(int kv_len, int original_max_position);

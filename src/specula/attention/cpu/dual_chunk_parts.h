@@ -1,0 +1,29 @@
+// Dual chunk attention through the CPU backend's own kernels (the tile kernel, and the bf16 decode
+// kernel for one-token rows): each run of a sequence's new tokens inside one chunk c attends in
+// three passes over three virtual sequences, then the passes merge by their log-sum-exps:
+//   intra: keys [c chunk_len, position], causal, q variant 0;
+//   successive (c >= 1): keys [(c - 1) chunk_len, c chunk_len), all of them, variant 1;
+//   inter (c >= 2): keys [0, (c - 1) chunk_len), all of them, variant 2.
+// A virtual sequence is the run's rows over a page-aligned slice of the sequence's page table,
+// so chunk_len must be a multiple of the page size (dual_chunk_parts_fit). The long-context
+// temperature of each sequence multiplies its queries (an f32 copy) before the passes.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "specula/attention/cpu/tile_kernel.h"
+
+namespace specula {
+
+class ThreadPool;
+struct DualChunkShape;
+
+bool dual_chunk_parts_fit(const CpuAttentionParams& params, const DualChunkShape& shape);
+
+// params as run_dual_chunk_attention takes them (q with 3 or 5 variants; only 0-2 are read).
+void run_dual_chunk_parts(CpuIsa isa, const CpuAttentionParams& params, const DualChunkShape& shape,
+                          std::span<const CpuAttentionSeq> seqs, std::vector<CpuAttentionScratch>& scratch,
+                          ThreadPool& pool);
+
+}  // namespace specula
