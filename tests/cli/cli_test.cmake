@@ -40,7 +40,7 @@ execute_process(COMMAND ${SPECULA} generate --prompt hi --temperature -1 ERROR_V
 if(rc EQUAL 0 OR NOT err MATCHES "temperature -1 is not valid")
   message(FATAL_ERROR "generate with a bad temperature: rc=${rc} stderr='${err}'")
 endif()
-execute_process(COMMAND ${SPECULA} bench attention --filter "decode B=1 " --min-seconds 0 OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+execute_process(COMMAND ${SPECULA} bench attention --filter "decode B=1 L=8192" --min-seconds 0 OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0 OR NOT out MATCHES "decode B=1 L=8192")
   message(FATAL_ERROR "bench attention: rc=${rc} output='${out}'")
 endif()
