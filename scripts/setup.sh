@@ -10,6 +10,7 @@ packages=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev libpcre2-dev libutf8proc-dev
   libcpp-httplib-dev  # `specula serve` (the HTTP layer llama-server also uses)
+  libtcmalloc-minimal4  # the specula binary's allocator (optional at configure time)
   clang libclang-rt-dev  # the fuzz preset: clang with libFuzzer (libclang_rt.fuzzer) and sanitizers
 )
 
