@@ -10,7 +10,8 @@
 # masks; e.g. "0 32": both); SKIP_PLAIN=1 leaves out the runs without a format of full length,
 # SKIP_TESTS=1 the tests. The grammar's vocabulary is the Llama-3 tokenizer
 # (TOKENIZER; setup installs it under tests/grammar/js, carry it; its pre-tokenizer regex needs
-# PCRE2: carry .deps/pcre2 from tools/device/bundle_pcre2.sh where the machine lacks the package).
+# PCRE2: carry .deps/pcre2 from tools/device/bundle_pcre2.sh where the machine lacks the package;
+# carry .deps/tcmalloc from tools/device/bundle_tcmalloc.sh for the allocator the VM's figures use).
 # Logs and JSON go to $OUT/grammar_logs.tgz (default /tmp/specula-out).
 set -uo pipefail
 final=${OUT:-/tmp/specula-out}
