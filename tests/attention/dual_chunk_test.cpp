@@ -184,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(
                       DcaCase{"decode_mha_d128", ForwardMode::DECODE, {{100, 1}, {47, 1}}, 24, 30, 8, 2, 2, 128},
                       // Chunks not a whole number of pages: the reference loop instead of the kernels.
                       DcaCase{"extend_pages_unaligned", ForwardMode::EXTEND, {{37, 30}, {50, 3}}, 20, 20, 8},
-                      // bf16 caches: the tile kernel, and the decode kernel for one-token rows.
+                      // bf16 caches: the tile kernel, and (AVX512-BF16 processors) the decode kernel for one-token rows.
                       DcaCase{"prefill_bf16", ForwardMode::EXTEND, {{0, 90}, {40, 41}}, 32, 0, 4, 8, 2, 128, 0.0f,
                               DType::bf16},
                       DcaCase{"decode_bf16_long", ForwardMode::DECODE, {{300, 1}, {130, 1}, {20, 1}}, 32, 64, 16, 4, 2,

@@ -23,15 +23,6 @@ void run_dual_chunk_attention(CpuIsa isa, const CpuAttentionParams& p, const Dua
   const int64_t q_elem = static_cast<int64_t>(dtype_size(p.q_dtype));
   const int64_t kv_elem = static_cast<int64_t>(dtype_size(p.kv_dtype));
   const int64_t out_elem = static_cast<int64_t>(dtype_size(p.out_dtype));
-  // Work items (query row, query head), rows numbered across the sequences.
-  std::vector<int32_t> row_seq, row_index;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    for (int32_t i = 0; i < seqs[s].q_len; ++i) {
-      row_seq.push_back(static_cast<int32_t>(s));
-      row_index.push_back(i);
-    }
-  }
-  const auto rows = static_cast<int64_t>(row_seq.size());
   // Sparse runs (one per sequence and chunk its new tokens reach), each head's kept keys picked
   // before any row attends; run_base[s] is sequence s's first run, or -1 when it attends densely.
   std::vector<int32_t> run_base(seqs.size(), -1), run_seq, run_begin, run_end;
@@ -48,10 +39,26 @@ void run_dual_chunk_attention(CpuIsa isa, const CpuAttentionParams& p, const Dua
       }
     }
   }
-  if (run_seq.empty() && dual_chunk_parts_fit(p, shape)) {
-    run_dual_chunk_parts(isa, p, shape, seqs, scratch, pool);
-    return;
+  // Dense sequences through the kernels where they fit; the loop below takes the rest.
+  const bool kernels = dual_chunk_parts_fit(p, shape);
+  if (kernels) {
+    std::vector<CpuAttentionSeq> dense;
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      if (run_base[s] < 0) dense.push_back(seqs[s]);
+    }
+    if (!dense.empty()) run_dual_chunk_parts(isa, p, shape, dense, scratch, pool);
+    if (run_seq.empty()) return;
   }
+  // The loop's work items (query row, query head), rows numbered across its sequences.
+  std::vector<int32_t> row_seq, row_index;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    if (kernels && run_base[s] < 0) continue;
+    for (int32_t i = 0; i < seqs[s].q_len; ++i) {
+      row_seq.push_back(static_cast<int32_t>(s));
+      row_index.push_back(i);
+    }
+  }
+  const auto rows = static_cast<int64_t>(row_seq.size());
   std::vector<VerticalSlashKeep> keeps(run_seq.size() * static_cast<size_t>(Hq));
   pool.parallel_for(static_cast<int64_t>(keeps.size()), [&](int64_t item, int) {
     const auto r = static_cast<size_t>(item / Hq);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "specula/attention/cpu/dual_chunk.h"
 #include "specula/core/thread_pool.h"
@@ -19,15 +20,27 @@ void run_dual_chunk_parts(CpuIsa isa, const CpuAttentionParams& p, const DualChu
   int64_t n = 0;
   for (const CpuAttentionSeq& s : seqs) n = std::max<int64_t>(n, s.q_start + s.q_len);
   const int64_t q_elem = static_cast<int64_t>(dtype_size(p.q_dtype));
-  const auto rows_of = [](const CpuAttentionSeq& v) { return std::pair<int64_t, int64_t>{v.q_start, v.q_start + v.q_len}; };
 
   // One pass's variant of the queries it reaches (times their sequence's temperature), its rows
-  // and log-sum-exps, and the passes merged so far (the intra pass reaches every row).
-  std::vector<float> q(static_cast<size_t>(n * Hq * D)), part_out(static_cast<size_t>(n * Hq * Dv));
-  std::vector<float> part_lse(static_cast<size_t>(n * Hq)), out(part_out.size()), lse(part_lse.size(), -INFINITY);
+  // and log-sum-exps, and the passes merged so far. Kept per calling thread from call to call and
+  // only grown (every layer of a step asks for the same sizes): each pass writes every row it
+  // reads, and the intra pass, which reaches every row, is copied rather than merged.
+  struct Buffers {
+    std::vector<float> q, part_out, part_lse, out, lse;
+  };
+  thread_local Buffers held;
+  auto grow = [](std::vector<float>& v, int64_t size) {
+    if (v.size() < static_cast<size_t>(size)) v.resize(static_cast<size_t>(size));
+    return v.data();
+  };
+  float* const q = grow(held.q, n * Hq * D);
+  float* const part_out = grow(held.part_out, n * Hq * Dv);
+  float* const part_lse = grow(held.part_lse, n * Hq);
+  float* const out = grow(held.out, n * Hq * Dv);
+  float* const lse = grow(held.lse, n * Hq);
   for (int part = 0; part < 3; ++part) {
     std::vector<CpuAttentionSeq> virt;
-    std::vector<float> temperature;
+    std::vector<std::pair<int64_t, float>> rows;  // (token row, its temperature)
     for (const CpuAttentionSeq& seq : seqs) {
       const int first = seq.q_kv_offset, last = seq.q_kv_offset + seq.q_len - 1;
       for (int c = std::max(first / cl, part); c <= last / cl; ++c) {
@@ -42,69 +55,69 @@ void run_dual_chunk_parts(CpuIsa isa, const CpuAttentionParams& p, const DualChu
         v.q_kv_offset = part == 0 ? begin - key_begin : v.kv_len;
         v.pages = seq.pages + key_begin / p.page_size;
         virt.push_back(v);
-        temperature.push_back(static_cast<float>(dual_chunk_logit_scale(seq.kv_len, shape.original_max_position)));
+        const auto f = static_cast<float>(dual_chunk_logit_scale(seq.kv_len, shape.original_max_position));
+        for (int64_t t = v.q_start; t < v.q_start + v.q_len; ++t) rows.emplace_back(t, f);
       }
     }
     if (virt.empty()) continue;
-    pool.parallel_for(static_cast<int64_t>(virt.size()), [&](int64_t i, int) {
-      const auto [row_begin, row_end] = rows_of(virt[static_cast<size_t>(i)]);
-      const float f = temperature[static_cast<size_t>(i)];
-      for (int64_t t = row_begin; t < row_end; ++t) {
-        for (int h = 0; h < Hq; ++h) {
-          float* dst = q.data() + (t * Hq + h) * D;
-          convert_to_float(static_cast<const char*>(p.q) + (t * p.q_stride_token + h * p.q_stride_head + part * D) * q_elem,
-                           p.q_dtype, dst, static_cast<size_t>(D));
-          if (f != 1.0f) {
-            for (int d = 0; d < D; ++d) dst[d] *= f;
-          }
+    pool.parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t i, int) {
+      const auto [t, f] = rows[static_cast<size_t>(i)];
+      for (int h = 0; h < Hq; ++h) {
+        float* dst = q + (t * Hq + h) * D;
+        convert_to_float(static_cast<const char*>(p.q) + (t * p.q_stride_token + h * p.q_stride_head + part * D) * q_elem,
+                         p.q_dtype, dst, static_cast<size_t>(D));
+        if (f != 1.0f) {
+          for (int d = 0; d < D; ++d) dst[d] *= f;
         }
       }
     });
     CpuAttentionParams pp = p;
-    pp.q = q.data();
+    pp.q = q;
     pp.q_dtype = DType::f32;
     pp.q_stride_token = static_cast<int64_t>(Hq) * D;
     pp.q_stride_head = D;
-    pp.out = part_out.data();
+    pp.out = part == 0 ? out : part_out;
     pp.out_dtype = DType::f32;
     pp.out_stride_token = static_cast<int64_t>(Hq) * Dv;
     pp.out_stride_head = Dv;
-    pp.lse = part_lse.data();
+    pp.lse = part == 0 ? lse : part_lse;
     pp.lse_stride_token = Hq;
     pp.causal = part == 0;
     const CpuAttentionPlan plan = plan_cpu_attention(virt, Hq, p.num_kv_heads);
     run_cpu_attention(isa, pp, virt, plan, scratch, pool);
+    if (part == 0) continue;  // the intra pass wrote the running result itself
     // Merge this pass into the running result, row by row.
-    pool.parallel_for(static_cast<int64_t>(virt.size()), [&](int64_t i, int) {
-      const auto [row_begin, row_end] = rows_of(virt[static_cast<size_t>(i)]);
-      for (int64_t at = row_begin * Hq; at < row_end * Hq; ++at) {
-        const float a = lse[static_cast<size_t>(at)], b = part_lse[static_cast<size_t>(at)];
-        float* o = out.data() + at * Dv;
-        const float* ob = part_out.data() + at * Dv;
+    pool.parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t i, int) {
+      const int64_t t = rows[static_cast<size_t>(i)].first;
+      for (int64_t at = t * Hq; at < (t + 1) * Hq; ++at) {
+        const float a = lse[at], b = part_lse[at];
+        float* o = out + at * Dv;
+        const float* ob = part_out + at * Dv;
         if (b == -INFINITY) continue;
         if (a == -INFINITY) {
           std::copy_n(ob, Dv, o);
-          lse[static_cast<size_t>(at)] = b;
+          lse[at] = b;
           continue;
         }
         const float m = std::max(a, b), wa = std::exp(a - m), wb = std::exp(b - m), total = wa + wb;
         for (int d = 0; d < Dv; ++d) o[d] = (wa * o[d] + wb * ob[d]) / total;
-        lse[static_cast<size_t>(at)] = m + std::log(total);
+        lse[at] = m + std::log(total);
       }
     });
   }
 
   const int64_t out_elem = static_cast<int64_t>(dtype_size(p.out_dtype));
-  pool.parallel_for(static_cast<int64_t>(seqs.size()), [&](int64_t s, int) {
-    const auto [row_begin, row_end] = rows_of(seqs[static_cast<size_t>(s)]);
-    for (int64_t t = row_begin; t < row_end; ++t) {
-      for (int h = 0; h < Hq; ++h) {
-        const int64_t at = t * Hq + h;
-        convert_from_float(out.data() + at * Dv,
-                           static_cast<char*>(p.out) + (t * p.out_stride_token + h * p.out_stride_head) * out_elem,
-                           p.out_dtype, static_cast<size_t>(Dv));
-        if (p.lse != nullptr) p.lse[t * p.lse_stride_token + h] = lse[static_cast<size_t>(at)];
-      }
+  std::vector<int64_t> all_rows;
+  for (const CpuAttentionSeq& seq : seqs) {
+    for (int64_t t = seq.q_start; t < seq.q_start + seq.q_len; ++t) all_rows.push_back(t);
+  }
+  pool.parallel_for(static_cast<int64_t>(all_rows.size()), [&](int64_t i, int) {
+    const int64_t t = all_rows[static_cast<size_t>(i)];
+    for (int h = 0; h < Hq; ++h) {
+      const int64_t at = t * Hq + h;
+      convert_from_float(out + at * Dv, static_cast<char*>(p.out) + (t * p.out_stride_token + h * p.out_stride_head) * out_elem,
+                         p.out_dtype, static_cast<size_t>(Dv));
+      if (p.lse != nullptr) p.lse[t * p.lse_stride_token + h] = lse[at];
     }
   });
 }
