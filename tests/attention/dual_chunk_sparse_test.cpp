@@ -12,12 +12,10 @@
 #include <numeric>
 #include <random>
 
+#include "dual_chunk_fixture.h"
 #include "specula/attention/backend.h"
 #include "specula/attention/cpu/dual_chunk_sparse.h"
-#include "specula/batch/forward_batch.h"
 #include "specula/core/error.h"
-#include "specula/kv/mha_kv_pool.h"
-#include "specula/kv/req_to_token_pool.h"
 
 namespace specula {
 namespace {
@@ -35,11 +33,6 @@ struct SparseCase {
 
 void PrintTo(const SparseCase& c, std::ostream* os) { *os << c.name; }
 
-struct Request {
-  int prefix, len;
-  std::vector<float> keys, values;  // [len, kv_heads, head_dim]
-};
-
 class CpuDualChunkSparse : public ::testing::TestWithParam<SparseCase> {};
 
 TEST_P(CpuDualChunkSparse, MatchesThePatternMaterialisedInFloat64) {
@@ -47,18 +40,8 @@ TEST_P(CpuDualChunkSparse, MatchesThePatternMaterialisedInFloat64) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  const int Hq = static_cast<int>(c.vertical.size()), Hkv = c.kv_heads, D = c.head_dim, ps = c.page_size;
+  const int Hq = static_cast<int>(c.vertical.size()), Hkv = c.kv_heads, D = c.head_dim;
   const int G = Hq / Hkv, V = 5;
-  const int n_req = static_cast<int>(c.requests.size());
-  int longest = 1;
-  int64_t pages = 0;
-  for (auto [prefix, extend] : c.requests) {
-    longest = std::max(longest, prefix + extend);
-    pages += (prefix + extend + ps - 1) / ps;
-  }
-  MHAKVPool pool(KVPoolConfig{(pages + 1) * ps, 1, Hkv, D, D, DType::f32, Device::cpu()});
-  ReqToTokenPool rows(n_req, longest);
   auto pattern = std::make_shared<DualChunkSparsePattern>();
   pattern->threshold = c.threshold;
   pattern->last_q = c.last_q;
@@ -75,78 +58,21 @@ TEST_P(CpuDualChunkSparse, MatchesThePatternMaterialisedInFloat64) {
   layer.dca_original_max_position = c.original_max;
   layer.dca_sparse = pattern;
   ASSERT_EQ(layer.dca_q_variants(), 5);
-  AttentionBackendOptions options;
-  options.page_size = ps;
-  auto backend = make_attention_backend("cpu", options);
-  backend->check_layer(layer, DType::f32, DType::f32);
-
-  std::vector<int32_t> order(static_cast<size_t>(pages));
-  std::iota(order.begin(), order.end(), 1);
-  std::shuffle(order.begin(), order.end(), rng);
-  size_t next = 0;
-  ForwardBatch batch;
-  batch.forward_mode = c.mode;
-  batch.batch_size = n_req;
-  batch.req_to_token_pool = &rows;
-  batch.token_to_kv_pool = &pool;
-  std::vector<Request> reqs;
-  std::vector<float> q, k_new, v_new;
-  for (int r = 0; r < n_req; ++r) {
-    const auto [prefix, extend] = c.requests[static_cast<size_t>(r)];
-    Request& rq = reqs.emplace_back(Request{prefix, prefix + extend, {}, {}});
-    std::vector<int32_t> slots;
-    for (int t = 0; t < rq.len; ++t) {
-      if (t % ps == 0) ++next;
-      slots.push_back(order[next - 1] * ps + t % ps);
-    }
-    rows.write(r, 0, slots);
-    rq.keys.resize(static_cast<size_t>(rq.len) * Hkv * D);
-    rq.values.resize(rq.keys.size());
-    for (float& x : rq.keys) x = unit(rng);
-    for (float& x : rq.values) x = unit(rng);
-    if (prefix > 0) {
-      pool.set_kv_buffer(0, std::span<const int32_t>(slots.data(), static_cast<size_t>(prefix)),
-                         TensorView(rq.keys.data(), DType::f32, {prefix, Hkv, D}),
-                         TensorView(rq.values.data(), DType::f32, {prefix, Hkv, D}));
-    }
-    batch.req_pool_indices.push_back(r);
-    batch.seq_lens.push_back(rq.len);
-    if (c.mode != ForwardMode::DECODE) {
-      batch.extend_prefix_lens.push_back(prefix);
-      batch.extend_seq_lens.push_back(extend);
-    }
-    for (int t = prefix; t < rq.len; ++t) {
-      batch.out_cache_loc.push_back(slots[static_cast<size_t>(t)]);
-      batch.positions.push_back(t);
-      // Queries 2.5x the keys' scale: peaked rows, so the pattern decides something.
-      for (int i = 0; i < Hq * V * D; ++i) q.push_back(unit(rng) * 2.5f);
-      const auto at = static_cast<int64_t>(t) * Hkv * D;
-      k_new.insert(k_new.end(), rq.keys.begin() + at, rq.keys.begin() + at + Hkv * D);
-      v_new.insert(v_new.end(), rq.values.begin() + at, rq.values.begin() + at + Hkv * D);
-    }
-  }
-  const int64_t n = batch.num_tokens();
-  std::vector<float> out(static_cast<size_t>(n) * Hq * D), lse(static_cast<size_t>(n) * Hq);
-  ForwardOptions fo;
-  fo.lse = TensorView(lse.data(), DType::f32, {n, Hq});
-  backend->init_forward_metadata(batch);
-  backend->forward(TensorView(q.data(), DType::f32, {n, Hq, V * D}), TensorView(k_new.data(), DType::f32, {n, Hkv, D}),
-                   TensorView(v_new.data(), DType::f32, {n, Hkv, D}), TensorView(out.data(), DType::f32, {n, Hq, D}),
-                   layer, batch, fo);
+  // Queries 2.5x the keys' scale: peaked rows, so the pattern decides something.
+  const test::DcaRun run = test::run_dual_chunk_layer(layer, c.mode, c.requests, c.page_size, DType::f32, 2.5f, rng);
 
   // The layer's scale as the backend takes it (a float), so that both sides pick lines from the
   // same logits up to double rounding.
   const double inv_sqrt_d = static_cast<double>(layer.effective_scaling());
   double max_err = 0.0, max_lse_err = 0.0, min_gap = INFINITY;
-  int64_t visible = 0, kept = 0, row0 = 0;
+  int64_t visible = 0, kept = 0;
   int parts_kept[3] = {0, 0, 0};  // inter, successive, intra parts with a kept key
-  for (int r = 0; r < n_req; ++r) {
-    const Request& rq = reqs[static_cast<size_t>(r)];
+  for (const test::DcaRequest& rq : run.requests) {
     const double temperature =
         c.original_max > 0 ? std::max(1.0, 0.1 * std::log(static_cast<double>(rq.len) / c.original_max) + 1.0) : 1.0;
     const bool sparse = c.mode != ForwardMode::DECODE && rq.len - rq.prefix > 1 && rq.len > c.threshold;
     auto query = [&](int pos, int h, int variant) {
-      return q.data() + ((row0 + pos - rq.prefix) * Hq + h) * V * D + variant * D;
+      return run.q.data() + ((rq.first_row + pos - rq.prefix) * Hq + h) * V * D + variant * D;
     };
     auto logit = [&](const float* qv, int j, int h) {
       double dot = 0;
@@ -207,10 +133,10 @@ TEST_P(CpuDualChunkSparse, MatchesThePatternMaterialisedInFloat64) {
     }
     for (int pos = rq.prefix; pos < rq.len; ++pos) {
       const int cq = pos / c.chunk_len;
-      const int64_t row = row0 + pos - rq.prefix;
+      const int64_t row = rq.first_row + pos - rq.prefix;
       for (int h = 0; h < Hq; ++h) {
         const auto* kept_lines = sparse ? &lines[static_cast<size_t>(cq - rq.prefix / c.chunk_len)][static_cast<size_t>(h)] : nullptr;
-        std::vector<double> part_lse, part_out;
+        std::vector<test::DcaPart> parts;
         for (int part = 0; part < 3; ++part) {  // inter, successive, intra
           const int lo = part == 0 ? 0 : part == 1 ? std::max(0, (cq - 1) * c.chunk_len) : cq * c.chunk_len;
           const int hi = part == 0 ? std::max(0, (cq - 1) * c.chunk_len) : part == 1 ? cq * c.chunk_len : pos + 1;
@@ -223,32 +149,17 @@ TEST_P(CpuDualChunkSparse, MatchesThePatternMaterialisedInFloat64) {
           if (keys.empty()) continue;
           ++parts_kept[part];
           const float* qv = query(pos, h, 2 - part);
-          std::vector<double> s;
-          for (int j : keys) s.push_back(logit(qv, j, h));
-          const double m = *std::max_element(s.begin(), s.end());
-          double z = 0;
-          for (double x : s) z += std::exp(x - m);
-          part_lse.push_back(m + std::log(z));
-          std::vector<double> o(static_cast<size_t>(D), 0.0);
-          for (size_t i = 0; i < keys.size(); ++i) {
-            const double pj = std::exp(s[i] - m) / z;
-            for (int d = 0; d < D; ++d) o[static_cast<size_t>(d)] += pj * rq.values[(static_cast<size_t>(keys[i]) * Hkv + h / G) * D + d];
-          }
-          part_out.insert(part_out.end(), o.begin(), o.end());
+          std::vector<double> logits;
+          for (int j : keys) logits.push_back(logit(qv, j, h));
+          parts.push_back(test::attend_keys(logits, keys, rq, h / G, Hkv, D));
         }
-        const double m = *std::max_element(part_lse.begin(), part_lse.end());
-        double z = 0;
-        for (double l : part_lse) z += std::exp(l - m);
-        const double total = m + std::log(z);
+        const test::DcaPart want = test::merge_parts(parts, D);
         for (int d = 0; d < D; ++d) {
-          double o = 0;
-          for (size_t pt = 0; pt < part_lse.size(); ++pt) o += std::exp(part_lse[pt] - total) * part_out[pt * D + static_cast<size_t>(d)];
-          max_err = std::max(max_err, std::abs(o - out[static_cast<size_t>((row * Hq + h) * D + d)]));
+          max_err = std::max(max_err, std::abs(want.out[static_cast<size_t>(d)] - run.out[static_cast<size_t>((row * Hq + h) * D + d)]));
         }
-        max_lse_err = std::max(max_lse_err, std::abs(total - lse[static_cast<size_t>(row * Hq + h)]));
+        max_lse_err = std::max(max_lse_err, std::abs(want.lse - run.lse[static_cast<size_t>(row * Hq + h)]));
       }
     }
-    row0 += rq.len - rq.prefix;
   }
   EXPECT_LE(max_err, 2e-5);
   EXPECT_LE(max_lse_err, 2e-5);

@@ -6,15 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <random>
 
+#include "dual_chunk_fixture.h"
 #include "specula/attention/backend.h"
 #include "specula/attention/cpu/dual_chunk.h"
-#include "specula/batch/forward_batch.h"
 #include "specula/core/error.h"
-#include "specula/kv/mha_kv_pool.h"
-#include "specula/kv/req_to_token_pool.h"
 
 namespace specula {
 namespace {
@@ -38,17 +35,7 @@ TEST_P(CpuDualChunk, MatchesThreePartsMergedByLse) {
   const uint32_t seed = std::random_device{}();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  const int D = c.head_dim, Hq = c.q_heads, Hkv = c.kv_heads, G = Hq / Hkv, ps = c.page_size;
-  const int n_req = static_cast<int>(c.requests.size());
-  int longest = 1;
-  int64_t pages = 0;
-  for (auto [prefix, extend] : c.requests) {
-    longest = std::max(longest, prefix + extend);
-    pages += (prefix + extend + ps - 1) / ps;
-  }
-  MHAKVPool pool(KVPoolConfig{(pages + 1) * ps, 1, Hkv, D, D, c.kv_dtype, Device::cpu()});
-  ReqToTokenPool rows(n_req, longest);
+  const int D = c.head_dim, Hq = c.q_heads, Hkv = c.kv_heads, G = Hq / Hkv;
   AttentionLayer layer;
   layer.num_q_heads = Hq;
   layer.num_kv_heads = Hkv;
@@ -56,124 +43,49 @@ TEST_P(CpuDualChunk, MatchesThreePartsMergedByLse) {
   layer.logit_cap = c.logit_cap;
   layer.dca_chunk_len = c.chunk_len;
   layer.dca_original_max_position = c.original_max;
-  AttentionBackendOptions options;
-  options.page_size = ps;
-  auto backend = make_attention_backend("cpu", options);
-  backend->check_layer(layer, DType::f32, c.kv_dtype);
-  auto cached = [&](float x) {
-    return c.kv_dtype == DType::bf16 ? bf16_bits_to_float(float_to_bf16_bits(x)) : x;
-  };
-
-  // Every token's K and V (the prefix written straight into the pool, the new ones by the step).
-  std::vector<std::vector<int32_t>> slots(static_cast<size_t>(n_req));
-  std::vector<std::vector<float>> keys(static_cast<size_t>(n_req)), values(static_cast<size_t>(n_req));
-  std::vector<int32_t> order(static_cast<size_t>(pages));
-  std::iota(order.begin(), order.end(), 1);
-  std::shuffle(order.begin(), order.end(), rng);
-  size_t next = 0;
-  ForwardBatch batch;
-  batch.forward_mode = c.mode;
-  batch.batch_size = n_req;
-  batch.req_to_token_pool = &rows;
-  batch.token_to_kv_pool = &pool;
-  std::vector<float> q, k_new, v_new;
-  for (int r = 0; r < n_req; ++r) {
-    const auto [prefix, extend] = c.requests[static_cast<size_t>(r)];
-    const int len = prefix + extend;
-    auto& s = slots[static_cast<size_t>(r)];
-    for (int t = 0; t < len; ++t) {
-      if (t % ps == 0) ++next;
-      s.push_back(order[next - 1] * ps + t % ps);
-    }
-    rows.write(r, 0, s);
-    auto& kr = keys[static_cast<size_t>(r)];
-    auto& vr = values[static_cast<size_t>(r)];
-    kr.resize(static_cast<size_t>(len) * Hkv * D);
-    vr.resize(kr.size());
-    for (float& x : kr) x = cached(unit(rng));
-    for (float& x : vr) x = cached(unit(rng));
-    if (prefix > 0) {
-      pool.set_kv_buffer(0, std::span<const int32_t>(s.data(), static_cast<size_t>(prefix)),
-                         TensorView(kr.data(), DType::f32, {prefix, Hkv, D}), TensorView(vr.data(), DType::f32, {prefix, Hkv, D}));
-    }
-    batch.req_pool_indices.push_back(r);
-    batch.seq_lens.push_back(len);
-    if (c.mode != ForwardMode::DECODE) {
-      batch.extend_prefix_lens.push_back(prefix);
-      batch.extend_seq_lens.push_back(extend);
-    }
-    for (int t = prefix; t < len; ++t) {
-      batch.out_cache_loc.push_back(s[static_cast<size_t>(t)]);
-      batch.positions.push_back(t);
-      for (int i = 0; i < Hq * 3 * D; ++i) q.push_back(unit(rng) * 2.0f);
-      k_new.insert(k_new.end(), kr.begin() + static_cast<int64_t>(t) * Hkv * D, kr.begin() + static_cast<int64_t>(t + 1) * Hkv * D);
-      v_new.insert(v_new.end(), vr.begin() + static_cast<int64_t>(t) * Hkv * D, vr.begin() + static_cast<int64_t>(t + 1) * Hkv * D);
-    }
-  }
-  const int64_t n = batch.num_tokens();
-  std::vector<float> out(static_cast<size_t>(n) * Hq * D), lse(static_cast<size_t>(n) * Hq);
-  ForwardOptions fo;
-  fo.lse = TensorView(lse.data(), DType::f32, {n, Hq});
-  backend->init_forward_metadata(batch);
-  backend->forward(TensorView(q.data(), DType::f32, {n, Hq, 3 * D}), TensorView(k_new.data(), DType::f32, {n, Hkv, D}),
-                   TensorView(v_new.data(), DType::f32, {n, Hkv, D}), TensorView(out.data(), DType::f32, {n, Hq, D}),
-                   layer, batch, fo);
+  const test::DcaRun run = test::run_dual_chunk_layer(layer, c.mode, c.requests, c.page_size, c.kv_dtype, 2.0f, rng);
 
   // The reference: three softmaxes per query, merged.
+  const double scale = layer.effective_scaling();
   double max_err = 0.0, max_lse_err = 0.0;
-  int64_t row = 0;
-  int parts_seen = 0;
-  for (int r = 0; r < n_req; ++r) {
-    const auto [prefix, extend] = c.requests[static_cast<size_t>(r)];
-    const int len = prefix + extend;
-    const double temperature = c.original_max > 0 ? std::max(1.0, 0.1 * std::log(static_cast<double>(len) / c.original_max) + 1.0) : 1.0;
-    for (int pos = prefix; pos < len; ++pos, ++row) {
+  int parts_seen = 0, rows = 0;
+  for (const test::DcaRequest& rq : run.requests) {
+    const double temperature =
+        c.original_max > 0 ? std::max(1.0, 0.1 * std::log(static_cast<double>(rq.len) / c.original_max) + 1.0) : 1.0;
+    for (int pos = rq.prefix; pos < rq.len; ++pos, ++rows) {
+      const int64_t row = rq.first_row + pos - rq.prefix;
       const int cq = pos / c.chunk_len;
-      const int bounds[4] = {0, std::max(0, (cq - 1) * c.chunk_len), cq * c.chunk_len, pos + 1};
       for (int h = 0; h < Hq; ++h) {
-        const int kh = h / G;
-        std::vector<double> part_lse, part_out;
+        std::vector<test::DcaPart> parts;
         for (int part = 0; part < 3; ++part) {  // inter, successive, intra
-          const int lo = bounds[part], hi = part == 0 ? std::max(0, (cq - 1) * c.chunk_len) : bounds[part + 1];
+          const int lo = part == 0 ? 0 : part == 1 ? std::max(0, (cq - 1) * c.chunk_len) : cq * c.chunk_len;
+          const int hi = part == 0 ? std::max(0, (cq - 1) * c.chunk_len) : part == 1 ? cq * c.chunk_len : pos + 1;
           if (lo >= hi) continue;
-          const int variant = 2 - part;
-          const float* qv = q.data() + ((row * Hq + h) * 3 + variant) * D;
-          std::vector<double> s;
+          const float* qv = run.q.data() + ((row * Hq + h) * 3 + (2 - part)) * D;
+          std::vector<int> keys;
+          std::vector<double> logits;
           for (int j = lo; j < hi; ++j) {
             double dot = 0;
-            for (int d = 0; d < D; ++d) dot += static_cast<double>(qv[d]) * keys[static_cast<size_t>(r)][(static_cast<size_t>(j) * Hkv + kh) * D + d];
-            double x = dot / std::sqrt(static_cast<double>(D)) * temperature;
+            for (int d = 0; d < D; ++d) dot += static_cast<double>(qv[d]) * rq.keys[(static_cast<size_t>(j) * Hkv + h / G) * D + d];
+            double x = dot * scale * temperature;
             if (c.logit_cap > 0) x = c.logit_cap * std::tanh(x / c.logit_cap);
-            s.push_back(x);
+            keys.push_back(j);
+            logits.push_back(x);
           }
-          const double m = *std::max_element(s.begin(), s.end());
-          double z = 0;
-          for (double x : s) z += std::exp(x - m);
-          part_lse.push_back(m + std::log(z));
-          std::vector<double> o(static_cast<size_t>(D), 0.0);
-          for (int j = lo; j < hi; ++j) {
-            const double pj = std::exp(s[static_cast<size_t>(j - lo)] - m) / z;
-            for (int d = 0; d < D; ++d) o[static_cast<size_t>(d)] += pj * values[static_cast<size_t>(r)][(static_cast<size_t>(j) * Hkv + kh) * D + d];
-          }
-          part_out.insert(part_out.end(), o.begin(), o.end());
-          ++parts_seen;
+          parts.push_back(test::attend_keys(logits, keys, rq, h / G, Hkv, D));
         }
-        const double m = *std::max_element(part_lse.begin(), part_lse.end());
-        double z = 0;
-        for (double l : part_lse) z += std::exp(l - m);
-        const double total = m + std::log(z);
+        parts_seen += static_cast<int>(parts.size());
+        const test::DcaPart want = test::merge_parts(parts, D);
         for (int d = 0; d < D; ++d) {
-          double o = 0;
-          for (size_t pt = 0; pt < part_lse.size(); ++pt) o += std::exp(part_lse[pt] - total) * part_out[pt * D + static_cast<size_t>(d)];
-          max_err = std::max(max_err, std::abs(o - out[static_cast<size_t>((row * Hq + h) * D + d)]));
+          max_err = std::max(max_err, std::abs(want.out[static_cast<size_t>(d)] - run.out[static_cast<size_t>((row * Hq + h) * D + d)]));
         }
-        max_lse_err = std::max(max_lse_err, std::abs(total - lse[static_cast<size_t>(row * Hq + h)]));
+        max_lse_err = std::max(max_lse_err, std::abs(want.lse - run.lse[static_cast<size_t>(row * Hq + h)]));
       }
     }
   }
   EXPECT_LE(max_err, 2e-5);
   EXPECT_LE(max_lse_err, 2e-5);
-  EXPECT_GT(parts_seen, static_cast<int>(n) * Hq);  // some queries see more than one part
+  EXPECT_GT(parts_seen, rows * Hq);  // some queries see more than one part
 }
 
 INSTANTIATE_TEST_SUITE_P(

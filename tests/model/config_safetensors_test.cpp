@@ -177,6 +177,11 @@ TEST(ModelConfig, HostileValuesAreBoundedBeforeAnyAllocation) {
   // Without a pattern its other keys are not read (vLLM ignores them then).
   EXPECT_FALSE(parse_model_config(base + R"(, "dual_chunk_attention_config": {"sparse_attention_last_q": 0}})")
                    .dual_chunk.sparse_enabled);
+  // A layer whose head 0 has this entry and heads 1-3 a valid one.
+  auto layer_with_head0 = [](const std::string& head0) {
+    return R"({"0": )" + head0 + R"(, "1": ["vertical_and_slash", 1, 1], "2": ["vertical_and_slash", 1, 1],
+      "3": ["vertical_and_slash", 1, 1]})";
+  };
   const std::pair<std::string, std::string> sparse_cases[] = {
       {pattern(heads, "{}"),
        "'dual_chunk_attention_config.sparse_attention_config[1]' must map each query head \"0\" to \"3\" to its "
@@ -188,22 +193,13 @@ TEST(ModelConfig, HostileValuesAreBoundedBeforeAnyAllocation) {
       {pattern(heads, R"({"0": ["vertical_and_slash", 1, 1], "1": ["vertical_and_slash", 1, 1], "2": ["vertical_and_slash", 1, 1],
         "4": ["vertical_and_slash", 1, 1]})"),
        "'dual_chunk_attention_config.sparse_attention_config[1].3' is missing"},
-      {pattern(heads, R"({"0": ["block_sparse", 1, 1], "1": ["vertical_and_slash", 1, 1], "2": ["vertical_and_slash", 1, 1],
-        "3": ["vertical_and_slash", 1, 1]})"),
-       "'block_sparse' is not supported; supported: vertical_and_slash"},
-      {pattern(heads, R"({"0": ["vertical_and_slash", 1, 0], "1": ["vertical_and_slash", 1, 1], "2": ["vertical_and_slash", 1, 1],
-        "3": ["vertical_and_slash", 1, 1]})"),
+      {pattern(heads, layer_with_head0(R"(["block_sparse", 1, 1])")), "'block_sparse' is not supported; supported: vertical_and_slash"},
+      {pattern(heads, layer_with_head0(R"(["vertical_and_slash", 1, 0])")),
        "'dual_chunk_attention_config.sparse_attention_config[1].0[2]' = 0 is out of range [1, "},
-      {pattern(heads, R"({"0": ["vertical_and_slash", 1], "1": ["vertical_and_slash", 1, 1], "2": ["vertical_and_slash", 1, 1],
-        "3": ["vertical_and_slash", 1, 1]})"),
+      {pattern(heads, layer_with_head0(R"(["vertical_and_slash", 1])")),
        "must be [\"vertical_and_slash\", vertical, slash, ...]"},
       {pattern(heads, heads, R"(, "sparse_attention_last_q": 0)"), "'dual_chunk_attention_config.sparse_attention_last_q' = 0 is out of range"},
   };
-  for (const auto& [tail, message] : sparse_cases) {
-    const std::string text = base + tail;
-    const std::string error = error_of([&] { parse_model_config(text); });
-    EXPECT_NE(error.find(message), std::string::npos) << text << "\n -> " << error;
-  }
   const std::pair<std::string, std::string> cases[] = {
       {R"(, "head_dim": 1000000000})", "'head_dim' = 1000000000 is out of range [1, 1024]"},
       {R"(, "head_dim": 1e9})", "'head_dim' must be an integer"},
@@ -219,7 +215,9 @@ TEST(ModelConfig, HostileValuesAreBoundedBeforeAnyAllocation) {
        "dual_chunk_attention_config local_size 4096 must be below chunk_size 4096"},
       {R"(, "dual_chunk_attention_config": {"chunk_size": 1}})", "'dual_chunk_attention_config.chunk_size' = 1 is out of range"},
   };
-  for (const auto& [tail, message] : cases) {
+  std::vector<std::pair<std::string, std::string>> all(std::begin(cases), std::end(cases));
+  all.insert(all.end(), std::begin(sparse_cases), std::end(sparse_cases));
+  for (const auto& [tail, message] : all) {
     const std::string text = base + tail;
     const std::string error = error_of([&] { parse_model_config(text); });
     EXPECT_NE(error.find(message), std::string::npos) << text << "\n -> " << error;
