@@ -242,7 +242,7 @@ void CpuAttentionBackend::run(const TensorView& q, const TensorView& k, const Te
     run_dual_chunk_attention(isa_, p,
                              DualChunkShape{layer.dca_chunk_len, layer.dca_original_max_position,
                                             layer.dca_sparse.get(), prefill},
-                             seqs, scratch_, *pool_);
+                             seqs, metadata_.dual_chunk_parts, scratch_, *pool_);
     return;
   }
   const auto it = metadata_.plans.find(HeadLayout{layer.num_q_heads, layer.num_kv_heads, local});

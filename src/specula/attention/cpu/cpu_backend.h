@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "specula/attention/backend.h"
+#include "specula/attention/cpu/dual_chunk_parts.h"
 #include "specula/attention/cpu/tile_kernel.h"
 #include "specula/attention/metadata.h"
 
@@ -60,6 +61,8 @@ class CpuAttentionBackend final : public AttentionBackend {
     // One plan per head layout (num_q_heads, num_kv_heads, local) that check_layer has seen,
     // built here once per step and shared by every layer with that layout.
     std::map<HeadLayout, CpuAttentionPlan> plans;
+    // Dual chunk layers' kernel passes, planned on the step's first such layer.
+    std::optional<DualChunkPassPlan> dual_chunk_parts;
   };
 
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <vector>
 
-#include "specula/attention/cpu/dual_chunk_parts.h"
 #include "specula/attention/cpu/dual_chunk_sparse.h"
 #include "specula/core/thread_pool.h"
 
@@ -16,8 +15,8 @@ double dual_chunk_logit_scale(int kv_len, int original_max_position) {
 }
 
 void run_dual_chunk_attention(CpuIsa isa, const CpuAttentionParams& p, const DualChunkShape& shape,
-                              std::span<const CpuAttentionSeq> seqs, std::vector<CpuAttentionScratch>& scratch,
-                              ThreadPool& pool) {
+                              std::span<const CpuAttentionSeq> seqs, std::optional<DualChunkPassPlan>& parts_plan,
+                              std::vector<CpuAttentionScratch>& scratch, ThreadPool& pool) {
   const int D = p.head_dim, Dv = p.v_head_dim, Hq = p.num_q_heads, Hkv = p.num_kv_heads;
   const int group = Hq / Hkv;
   const int64_t q_elem = static_cast<int64_t>(dtype_size(p.q_dtype));
@@ -42,11 +41,14 @@ void run_dual_chunk_attention(CpuIsa isa, const CpuAttentionParams& p, const Dua
   // Dense sequences through the kernels where they fit; the loop below takes the rest.
   const bool kernels = dual_chunk_parts_fit(p, shape);
   if (kernels) {
-    std::vector<CpuAttentionSeq> dense;
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      if (run_base[s] < 0) dense.push_back(seqs[s]);
+    if (!parts_plan || !parts_plan->built_for(shape)) {
+      std::vector<CpuAttentionSeq> dense;
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        if (run_base[s] < 0) dense.push_back(seqs[s]);
+      }
+      parts_plan = plan_dual_chunk_parts(p.page_size, Hq, Hkv, shape, dense);
     }
-    if (!dense.empty()) run_dual_chunk_parts(isa, p, shape, dense, scratch, pool);
+    if (!parts_plan->all_rows.empty()) run_dual_chunk_parts(isa, p, *parts_plan, scratch, pool);
     if (run_seq.empty()) return;
   }
   // The loop's work items (query row, query head), rows numbered across its sequences.

@@ -17,10 +17,12 @@
 // is written (as vLLM's dual chunk attention does), so a logit carries f(now) f(then).
 #pragma once
 
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "specula/attention/backend.h"
+#include "specula/attention/cpu/dual_chunk_parts.h"
 #include "specula/attention/cpu/tile_kernel.h"
 
 namespace specula {
@@ -42,9 +44,11 @@ struct DualChunkShape {
 // sinks unset.
 // Without sparse rows and with chunks a whole number of pages, through the backend's kernels
 // (dual_chunk_parts.h); otherwise one reference loop per (row, head) over the keys in double.
+// parts_plan: the step's plan of the kernel passes, built on the step's first dual chunk layer and
+// reused by the others (the backend resets it every step).
 void run_dual_chunk_attention(CpuIsa isa, const CpuAttentionParams& params, const DualChunkShape& shape,
-                              std::span<const CpuAttentionSeq> seqs, std::vector<CpuAttentionScratch>& scratch,
-                              ThreadPool& pool);
+                              std::span<const CpuAttentionSeq> seqs, std::optional<DualChunkPassPlan>& parts_plan,
+                              std::vector<CpuAttentionScratch>& scratch, ThreadPool& pool);
 
 // The logit multiplier of a request with kv_len keys (1 when original_max_position is 0).
 double dual_chunk_logit_scale(int kv_len, int original_max_position);

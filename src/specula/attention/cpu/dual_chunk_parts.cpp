@@ -13,12 +13,51 @@ bool dual_chunk_parts_fit(const CpuAttentionParams& p, const DualChunkShape& sha
   return shape.chunk_len % p.page_size == 0 && p.window_left < 0 && p.custom_mask == nullptr && p.sinks == nullptr;
 }
 
-void run_dual_chunk_parts(CpuIsa isa, const CpuAttentionParams& p, const DualChunkShape& shape,
-                          std::span<const CpuAttentionSeq> seqs, std::vector<CpuAttentionScratch>& scratch,
-                          ThreadPool& pool) {
-  const int D = p.head_dim, Dv = p.v_head_dim, Hq = p.num_q_heads, cl = shape.chunk_len;
-  int64_t n = 0;
-  for (const CpuAttentionSeq& s : seqs) n = std::max<int64_t>(n, s.q_start + s.q_len);
+bool DualChunkPassPlan::built_for(const DualChunkShape& shape) const {
+  return chunk_len == shape.chunk_len && original_max_position == shape.original_max_position &&
+         sparse_threshold == (shape.sparse != nullptr && shape.sparse_rows ? shape.sparse->threshold : -1);
+}
+
+DualChunkPassPlan plan_dual_chunk_parts(int page_size, int num_q_heads, int num_kv_heads, const DualChunkShape& shape,
+                                        std::span<const CpuAttentionSeq> seqs) {
+  DualChunkPassPlan plan;
+  const int cl = shape.chunk_len;
+  plan.chunk_len = cl;
+  plan.original_max_position = shape.original_max_position;
+  plan.sparse_threshold = shape.sparse != nullptr && shape.sparse_rows ? shape.sparse->threshold : -1;
+  for (const CpuAttentionSeq& s : seqs) {
+    plan.num_rows = std::max<int64_t>(plan.num_rows, s.q_start + s.q_len);
+    for (int64_t t = s.q_start; t < s.q_start + s.q_len; ++t) plan.all_rows.push_back(t);
+  }
+  for (int part = 0; part < 3; ++part) {
+    std::vector<CpuAttentionSeq>& virt = plan.virt[static_cast<size_t>(part)];
+    for (const CpuAttentionSeq& seq : seqs) {
+      const int first = seq.q_kv_offset, last = seq.q_kv_offset + seq.q_len - 1;
+      const auto f = static_cast<float>(dual_chunk_logit_scale(seq.kv_len, shape.original_max_position));
+      for (int c = std::max(first / cl, part); c <= last / cl; ++c) {
+        const int begin = std::max(first, c * cl), end = std::min(last + 1, (c + 1) * cl);
+        const int key_begin = part == 0 ? c * cl : part == 1 ? (c - 1) * cl : 0;
+        const int key_end = part == 0 ? end : part == 1 ? c * cl : (c - 1) * cl;
+        CpuAttentionSeq v{};
+        v.q_start = seq.q_start + (begin - seq.q_kv_offset);
+        v.q_len = end - begin;
+        v.kv_len = key_end - key_begin;
+        // Intra: the query at KV index begin - key_begin of its slice; the others see every key.
+        v.q_kv_offset = part == 0 ? begin - key_begin : v.kv_len;
+        v.pages = seq.pages + key_begin / page_size;
+        virt.push_back(v);
+        for (int64_t t = v.q_start; t < v.q_start + v.q_len; ++t) plan.rows[static_cast<size_t>(part)].emplace_back(t, f);
+      }
+    }
+    plan.plans[static_cast<size_t>(part)] = plan_cpu_attention(virt, num_q_heads, num_kv_heads);
+  }
+  return plan;
+}
+
+void run_dual_chunk_parts(CpuIsa isa, const CpuAttentionParams& p, const DualChunkPassPlan& plan,
+                          std::vector<CpuAttentionScratch>& scratch, ThreadPool& pool) {
+  const int D = p.head_dim, Dv = p.v_head_dim, Hq = p.num_q_heads;
+  const int64_t n = plan.num_rows;
   const int64_t q_elem = static_cast<int64_t>(dtype_size(p.q_dtype));
 
   // One pass's variant of the queries it reaches (times their sequence's temperature), its rows
@@ -39,26 +78,8 @@ void run_dual_chunk_parts(CpuIsa isa, const CpuAttentionParams& p, const DualChu
   float* const out = grow(held.out, n * Hq * Dv);
   float* const lse = grow(held.lse, n * Hq);
   for (int part = 0; part < 3; ++part) {
-    std::vector<CpuAttentionSeq> virt;
-    std::vector<std::pair<int64_t, float>> rows;  // (token row, its temperature)
-    for (const CpuAttentionSeq& seq : seqs) {
-      const int first = seq.q_kv_offset, last = seq.q_kv_offset + seq.q_len - 1;
-      for (int c = std::max(first / cl, part); c <= last / cl; ++c) {
-        const int begin = std::max(first, c * cl), end = std::min(last + 1, (c + 1) * cl);
-        const int key_begin = part == 0 ? c * cl : part == 1 ? (c - 1) * cl : 0;
-        const int key_end = part == 0 ? end : part == 1 ? c * cl : (c - 1) * cl;
-        CpuAttentionSeq v{};
-        v.q_start = seq.q_start + (begin - seq.q_kv_offset);
-        v.q_len = end - begin;
-        v.kv_len = key_end - key_begin;
-        // Intra: the query at KV index begin - key_begin of its slice; the others see every key.
-        v.q_kv_offset = part == 0 ? begin - key_begin : v.kv_len;
-        v.pages = seq.pages + key_begin / p.page_size;
-        virt.push_back(v);
-        const auto f = static_cast<float>(dual_chunk_logit_scale(seq.kv_len, shape.original_max_position));
-        for (int64_t t = v.q_start; t < v.q_start + v.q_len; ++t) rows.emplace_back(t, f);
-      }
-    }
+    const std::vector<CpuAttentionSeq>& virt = plan.virt[static_cast<size_t>(part)];
+    const std::vector<std::pair<int64_t, float>>& rows = plan.rows[static_cast<size_t>(part)];
     if (virt.empty()) continue;
     pool.parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t i, int) {
       const auto [t, f] = rows[static_cast<size_t>(i)];
@@ -83,8 +104,7 @@ void run_dual_chunk_parts(CpuIsa isa, const CpuAttentionParams& p, const DualChu
     pp.lse = part == 0 ? lse : part_lse;
     pp.lse_stride_token = Hq;
     pp.causal = part == 0;
-    const CpuAttentionPlan plan = plan_cpu_attention(virt, Hq, p.num_kv_heads);
-    run_cpu_attention(isa, pp, virt, plan, scratch, pool);
+    run_cpu_attention(isa, pp, virt, plan.plans[static_cast<size_t>(part)], scratch, pool);
     if (part == 0) continue;  // the intra pass wrote the running result itself
     // Merge this pass into the running result, row by row.
     pool.parallel_for(static_cast<int64_t>(rows.size()), [&](int64_t i, int) {
@@ -107,12 +127,8 @@ void run_dual_chunk_parts(CpuIsa isa, const CpuAttentionParams& p, const DualChu
   }
 
   const int64_t out_elem = static_cast<int64_t>(dtype_size(p.out_dtype));
-  std::vector<int64_t> all_rows;
-  for (const CpuAttentionSeq& seq : seqs) {
-    for (int64_t t = seq.q_start; t < seq.q_start + seq.q_len; ++t) all_rows.push_back(t);
-  }
-  pool.parallel_for(static_cast<int64_t>(all_rows.size()), [&](int64_t i, int) {
-    const int64_t t = all_rows[static_cast<size_t>(i)];
+  pool.parallel_for(static_cast<int64_t>(plan.all_rows.size()), [&](int64_t i, int) {
+    const int64_t t = plan.all_rows[static_cast<size_t>(i)];
     for (int h = 0; h < Hq; ++h) {
       const int64_t at = t * Hq + h;
       convert_from_float(out + at * Dv, static_cast<char*>(p.out) + (t * p.out_stride_token + h * p.out_stride_head) * out_elem,
