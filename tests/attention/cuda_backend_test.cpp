@@ -164,6 +164,45 @@ TEST_F(CudaAttention, DualChunkDecode) {
   }
 }
 
+// Dual chunk prefill, extend and mixed steps: each sequence's new tokens cut into runs at chunk
+// boundaries, each run attending in up to three passes of the prefill kernels (warpgroup MMA for
+// bf16 / f16 caches at head_dim 64 and 128, mma.sync for fp8 caches and head_dim 96) merged by
+// LSE; runs inside the first chunk (one pass, writing the output itself); prefixes ending on a
+// chunk boundary and mid-chunk, runs over several chunks, one-token rows; the temperature; GQA
+// groups of 4 and 7; pages of 1 and 16; random lengths besides.
+TEST_F(CudaAttention, DualChunkPrefill) {
+  for (const DType kv : {DType::bf16, DType::fp8_e4m3}) {
+    for (const int page : {1, 16}) {
+      HarnessConfig c = decode_config(8, 2, page, kv);
+      c.mode = ForwardMode::EXTEND;
+      c.head_dim = 128;
+      c.dca_chunk_len = 64;
+      c.dca_original_max = page == 16 ? 100 : 0;
+      c.requests = {{0, 300}, {37, 200}, {130, 1}, {64, 64}, {190, 2}, {0, 5}, {250, 140}};
+      check_cuda(c, kv == DType::fp8_e4m3 ? "dual chunk prefill, fp8" : "dual chunk prefill");
+      c.requests = {{0, 50}, {10, 20}, {3, 1}, {0, 64}};
+      check_cuda(c, "dual chunk prefill inside the first chunk");
+      c.mode = ForwardMode::MIXED;
+      c.requests = {{100, 1}, {0, 140}, {255, 1}, {60, 10}};
+      check_cuda(c, "dual chunk mixed step");
+    }
+  }
+  std::mt19937 rng = rng_for_shapes();
+  for (const int head_dim : {64, 96}) {
+    for (const DType io : {DType::bf16, DType::f16}) {
+      HarnessConfig c = decode_config(14, 2, 16, io);
+      c.q_dtype = io;
+      c.mode = ForwardMode::EXTEND;
+      c.head_dim = head_dim;
+      c.dca_chunk_len = 48;
+      c.dca_original_max = 80;
+      c.requests = random_requests(rng, 5, 300, 160, ForwardMode::EXTEND);
+      c.requests.push_back({47, 2});
+      check_cuda(c, io == DType::f16 ? "dual chunk prefill, GQA 7, f16" : "dual chunk prefill, GQA 7");
+    }
+  }
+}
+
 TEST_F(CudaAttention, Mqa) {
   auto rng = rng_for_shapes();
   for (ForwardMode mode : {ForwardMode::EXTEND, ForwardMode::DECODE}) {

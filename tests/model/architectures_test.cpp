@@ -561,6 +561,73 @@ TEST_P(Architectures, MixtureOfExpertsOnTheGpuMatchesTheReference) {
   std::filesystem::remove_all(dir);
 }
 
+// Dual chunk attention on the GPU (the model's q variants and key positions in the q/k/v
+// epilogue, prefill as the backend's three passes, decode in one kernel) against the float64
+// reference and the CPU path: prompt logits, then greedy tokens where the reference's top two are
+// clear of the bf16 error. Architectures whose chunk length fits the GPU (a multiple of 16 and of
+// the page) and that have no sparse pattern; skipped without a GPU.
+TEST_P(Architectures, DualChunkOnTheGpuMatchesTheReference) {
+  const Arch a = GetParam();
+  if (a.dca_chunk == 0 || a.dca_threshold > 0 || (a.dca_chunk - a.dca_local) % 16 != 0) {
+    GTEST_SKIP() << "no dual chunk attention the GPU serves";
+  }
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::string text = "Tiny models, real code paths: 123!";
+  text = text + " " + text + " " + text + " " + text + " " + text;
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << a.name << " seed=" << seed);
+  const TinyModel m = make_weights(a, seed);
+  const auto dir = std::filesystem::temp_directory_path() / ("specula_arch_dca_gpu_" + std::to_string(seed));
+  write_checkpoint(m, a, dir);
+  GeneratorOptions o;
+  o.page_size = 16;
+  o.device = Device::cuda(0);
+  Generator gpu(dir, o);
+  o.device = Device::cpu();
+  Generator cpu(dir, o);
+  const std::vector<int32_t> ids = gpu.tokenizer().encode(text);
+  ASSERT_GT(static_cast<int>(ids.size()), 3 * (a.dca_chunk - a.dca_local)) << "the prompt reaches three chunks";
+  const std::vector<float> got = gpu.prompt_logits(ids);
+  const std::vector<float> on_cpu = cpu.prompt_logits(ids);
+  const std::vector<double> want = reference_logits(m, a, ids);
+  ASSERT_EQ(got.size(), want.size());
+  double max_err = 0, max_abs = 0, cpu_diff = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << i;
+    max_err = std::max(max_err, std::fabs(got[i] - want[i]));
+    max_abs = std::max(max_abs, std::fabs(want[i]));
+    cpu_diff = std::max(cpu_diff, static_cast<double>(std::fabs(got[i] - on_cpu[i])));
+  }
+  EXPECT_GT(max_abs, 0.5);
+  const double tolerance = 4.5e-2 * std::max(1.0, max_abs);  // bf16 q/k/v, as the other GPU models
+  EXPECT_LT(max_err, tolerance) << "max |logit| " << max_abs;
+  EXPECT_LT(cpu_diff, tolerance);
+
+  GenerateRequest r;
+  r.prompt_ids = ids;
+  r.max_new_tokens = 16;
+  r.ignore_eos = true;
+  const auto out = gpu.generate(r).output_ids;
+  ASSERT_EQ(out.size(), 16u);
+  std::vector<int32_t> seq = ids;
+  int checked = 0;
+  for (int32_t token : out) {
+    const auto logits = reference_logits(m, a, seq, nullptr, nullptr, static_cast<int>(ids.size()));
+    const double* last = logits.data() + (seq.size() - 1) * static_cast<size_t>(m.vocab);
+    std::vector<double> row(last, last + m.vocab);
+    const auto best = std::max_element(row.begin(), row.end()) - row.begin();
+    std::vector<double> sorted = row;
+    std::sort(sorted.rbegin(), sorted.rend());
+    if (sorted[0] - sorted[1] > 2 * tolerance) {
+      EXPECT_EQ(token, best) << "step " << seq.size() - ids.size();
+      ++checked;
+    }
+    seq.push_back(token);
+  }
+  EXPECT_GT(checked, 0) << "no decode step was clear of ties";
+  std::filesystem::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, Architectures,
                          ::testing::Values(Arch{"LlamaForCausalLM"}, Arch{"MistralForCausalLM", false, false, 7},
                                            Arch{"Qwen2ForCausalLM", true, false, -1},
@@ -573,6 +640,8 @@ INSTANTIATE_TEST_SUITE_P(All, Architectures,
                                            Arch{"MixtralForCausalLM", false, false, -1, false, 0, false, 0, 4, 2},
                                            Arch{"MixtralForCausalLM", false, false, 7, false, 0, false, 0, 4, 1},
                                            Arch{"Qwen2ForCausalLM", true, false, -1, false, 0, false, 0, 0, 2, true, {}, 12, 4, 16},
+                                           // Chunks of 32: what the GPU serves (a multiple of 16 and of its pages).
+                                           Arch{"Qwen2ForCausalLM", true, false, -1, false, 0, false, 0, 0, 2, true, {}, 40, 8, 48},
                                            // Kept lines past the always-kept ones by score only in head 2
                                            // (few near ties to redraw for); heads 0, 1, 3 keep fewer.
                                            Arch{"Qwen2ForCausalLM", true, false, -1, false, 0, false, 0, 0, 2, true, {}, 64, 16, 16,

@@ -1,7 +1,8 @@
 // The q/k/v epilogue with the KV write folded in: K and V land in the paged cache exactly as the
 // separate path (epilogue into k / v, then set_kv_buffer) puts them there, bf16 and fp8 caches,
 // with per-head norms and RoPE, and the cache rows match a float64 reference; q is the same
-// either way; slots no token maps to are left alone.
+// either way; slots no token maps to are left alone. Dual chunk attention's q variants and key
+// positions against float64 rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -173,6 +174,77 @@ TEST_P(CudaQkvEpilogue, CacheWriteEqualsTheSeparateWrite) {
     for (size_t b = 0; b < row_bytes; ++b) {
       ASSERT_EQ(kf[static_cast<size_t>(s) * row_bytes + b], 0x3c) << "k slot " << s;
       ASSERT_EQ(vf[static_cast<size_t>(s) * row_bytes + b], 0x3c) << "v slot " << s;
+    }
+  }
+}
+
+// Dual chunk attention: each q head as its three (or five) rotary variants, keys at pos % chunk_len
+// times their temperature, against float64 rows at the positions Qwen2.5-1M's rotary places them.
+TEST(CudaQkvEpilogueDualChunk, VariantsAndKeysAtTheirPositions) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const uint64_t seed = testing::test_seed("cuda_model_test_dca");
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  const EpilogueCase c{23, 6, 2, 64, true, ck::kBF16, 1.0f, 1.0f};
+  const int D = c.head_dim, heads = c.num_q_heads + 2 * c.num_kv_heads, cl = 48, cs = 56;
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f), wdist(0.5f, 1.5f), sdist(1.0f, 1.6f);
+  std::vector<float> qkv(static_cast<size_t>(c.n) * heads * D), q_norm(static_cast<size_t>(D)), k_norm(q_norm.size()),
+      inv_freq(static_cast<size_t>(D / 2)), key_scale(static_cast<size_t>(c.n));
+  for (float& x : qkv) x = dist(rng);
+  for (float& x : q_norm) x = wdist(rng);
+  for (float& x : k_norm) x = wdist(rng);
+  for (float& x : key_scale) x = sdist(rng);
+  for (int i = 0; i < D / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / D);
+  std::vector<int32_t> positions(static_cast<size_t>(c.n));
+  std::uniform_int_distribution<int32_t> pos_dist(0, 400);
+  for (int32_t& p : positions) p = pos_dist(rng);
+  DeviceArray<float> d_qkv(qkv), d_qn(q_norm), d_kn(k_norm), d_freq(inv_freq), d_scale(key_scale);
+  DeviceArray<int32_t> d_pos(positions);
+  for (const int variants : {3, 5}) {
+    DeviceArray<uint16_t> q(static_cast<size_t>(c.n) * c.num_q_heads * variants * D),
+        k(static_cast<size_t>(c.n) * c.num_kv_heads * D), v(static_cast<size_t>(c.n) * c.num_kv_heads * D);
+    ck::QkvEpilogueParams e{};
+    e.qkv = d_qkv.get();
+    e.positions = d_pos.get();
+    e.inv_freq = d_freq.get();
+    e.rope_factor = 1.0f;
+    e.q_norm = d_qn.get();
+    e.k_norm = d_kn.get();
+    e.eps = 1e-6f;
+    e.q = q.get();
+    e.k = k.get();
+    e.v = v.get();
+    e.n = c.n;
+    e.num_q_heads = c.num_q_heads;
+    e.num_kv_heads = c.num_kv_heads;
+    e.head_dim = D;
+    e.dca_chunk_len = cl;
+    e.dca_chunk_size = cs;
+    e.q_variants = variants;
+    e.key_scale = d_scale.get();
+    ck::qkv_epilogue(e, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> qh = q.download(), kh = k.download();
+    auto near = [](double got, double want) { return std::abs(got - want) <= 0.008 * std::abs(want) + 2e-3; };
+    for (int t = 0; t < c.n; ++t) {
+      const int p = positions[static_cast<size_t>(t)], in_chunk = p % cl;
+      const int at[5] = {in_chunk, std::min(in_chunk + cl, cs), std::min(2 * cl - 1, cs), in_chunk + cl, in_chunk + cs};
+      for (int h = 0; h < c.num_q_heads; ++h) {
+        for (int var = 0; var < variants; ++var) {
+          const std::vector<double> want = reference_row(qkv, q_norm, t, h, c, at[var], inv_freq, true, true);
+          for (int i = 0; i < D; ++i) {
+            const double got = from_bf16(qh[((static_cast<size_t>(t) * c.num_q_heads + h) * variants + var) * D + i]);
+            ASSERT_TRUE(near(got, want[static_cast<size_t>(i)])) << "q token " << t << " head " << h << " variant " << var;
+          }
+        }
+      }
+      for (int g = 0; g < c.num_kv_heads; ++g) {
+        const std::vector<double> want = reference_row(qkv, k_norm, t, c.num_q_heads + g, c, in_chunk, inv_freq, true, true);
+        for (int i = 0; i < D; ++i) {
+          const double got = from_bf16(kh[(static_cast<size_t>(t) * c.num_kv_heads + g) * D + i]);
+          ASSERT_TRUE(near(got, want[static_cast<size_t>(i)] * key_scale[static_cast<size_t>(t)])) << "k token " << t << " head " << g;
+        }
+      }
     }
   }
 }

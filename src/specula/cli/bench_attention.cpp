@@ -151,6 +151,25 @@ std::vector<AttentionBenchCase> cuda_cases(DType kv_dtype) {
       cases.push_back(c);
     }
   }
+  // Dual chunk prefill on the same shape: a 131,072-token prompt (inside the first chunk: one
+  // pass) and an extend of 8,192 tokens past two chunks (three passes and their merge), each
+  // beside plain causal attention over the same keys.
+  for (bool dca : {true, false}) {
+    for (auto [prefix, extend] : {std::pair{0, 131072}, std::pair{516096, 8192}}) {
+      AttentionBenchCase c;
+      c.name = fmt::format("{} {} p16 qwen2.5-7b-1m", dca ? "dca" : "plain",
+                           prefix == 0 ? fmt::format("prefill S={}", extend) : fmt::format("extend {}+{}", prefix, extend));
+      c.mode = ForwardMode::EXTEND;
+      c.prefix_len = prefix;
+      c.extend_len = extend;
+      c.num_q_heads = 28;
+      c.num_kv_heads = 4;
+      c.kv_dtype = kv_dtype;
+      c.dca_chunk_len = dca ? 262144 - 8192 : 0;
+      c.dca_original_max = dca ? 262144 : 0;
+      cases.push_back(c);
+    }
+  }
   AttentionBenchCase e;
   e.name = "extend prefix=8192 +1024 B=2 p16";
   e.mode = ForwardMode::EXTEND;

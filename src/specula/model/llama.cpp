@@ -102,6 +102,16 @@ size_t LlamaModel::weight_bytes() const {
   return floats * sizeof(float);
 }
 
+std::vector<float> dual_chunk_key_scales(const DualChunkAttentionConfig& config, const ForwardBatch& batch) {
+  std::vector<float> scales;
+  if (!config.enabled() || config.original_max_position_embeddings <= 0) return scales;
+  for (int r = 0; r < batch.batch_size; ++r) {
+    const double f = dual_chunk_logit_scale(batch.kv_len(r), config.original_max_position_embeddings);
+    scales.insert(scales.end(), static_cast<size_t>(batch.query_len(r)), static_cast<float>(f));
+  }
+  return scales;
+}
+
 void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, std::vector<float>& logits, bool all_tokens,
                          HiddenCapture* capture) {
   const ModelConfig& c = config_;
@@ -140,12 +150,7 @@ void LlamaModel::forward(const ForwardBatch& batch, AttentionBackend& backend, s
     }
     // Keys carry the temperature of their request's length when written; the attention applies
     // the query's at each step.
-    if (c.dual_chunk.original_max_position_embeddings > 0) {
-      for (int r = 0; r < batch.batch_size; ++r) {
-        const double f = dual_chunk_logit_scale(batch.kv_len(r), c.dual_chunk.original_max_position_embeddings);
-        key_scale.insert(key_scale.end(), static_cast<size_t>(batch.query_len(r)), static_cast<float>(f));
-      }
-    }
+    key_scale = dual_chunk_key_scales(c.dual_chunk, batch);
     dual_chunk = DualChunkRopes{&*key_rope,
                                 &*key_rope,
                                 &*succ_rope,

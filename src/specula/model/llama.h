@@ -16,6 +16,10 @@
 
 namespace specula {
 
+// Dual chunk attention: each new token's key temperature (dual_chunk_logit_scale of its request's
+// length), which multiplies its key before the cache write; empty without an original length.
+std::vector<float> dual_chunk_key_scales(const DualChunkAttentionConfig& config, const ForwardBatch& batch);
+
 class LlamaModel : public CpuDecoder {
  public:
   // routed_experts false: mixture-of-experts layers hold all but their routed experts (a GPU

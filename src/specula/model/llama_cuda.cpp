@@ -60,6 +60,13 @@ size_t LlamaCudaModel::moe_unread_bytes() const {
   return bytes;
 }
 
+void LlamaCudaModel::upload_model_step(Workspace& ws, const ForwardBatch& batch) {
+  const std::vector<float> scales = dual_chunk_key_scales(model().config().dual_chunk, batch);
+  if (!scales.empty()) {
+    upload_f32_async(scratch(ws, kKeyScale, DType::f32, batch.num_tokens()), scales, static_cast<cudaStream_t>(stream_));
+  }
+}
+
 void LlamaCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) {
   const ModelConfig& c = model().config();
   AttentionBackend& backend = *backend_;
@@ -78,6 +85,13 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_
   st.inv_freq = ends_->inv_freq().data_as<const float>();
   st.rope_factor = model().rope_attention_factor();
   st.comm = tp_comm_;
+  if (c.dual_chunk.enabled()) {
+    st.dca_chunk_len = c.dual_chunk.chunk_len();
+    st.dca_chunk_size = c.dual_chunk.chunk_size;
+    if (c.dual_chunk.original_max_position_embeddings > 0) {
+      st.key_scale = scratch(ws, kKeyScale, DType::f32, n).data_as<const float>();
+    }
+  }
   // The q/k/v epilogue writes K and V straight into the cache (kCacheLoc holds out_cache_loc)
   // when the pool holds rows it can write; otherwise the backend writes them.
   MHAKVPool* kv_pool = batch.token_to_kv_pool;
@@ -131,6 +145,7 @@ void LlamaCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int64_
     st.end_copy = last ? nullptr : capture_dst(l + 1);
     st.end_copy_stride = static_cast<int64_t>(captured) * h;
     const AttentionLayer& layer = model().attention_layers()[l];
+    st.q_variants = layer.dca_q_variants();
     layers_[l].forward(
         st,
         [&](const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) {

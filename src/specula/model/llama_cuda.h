@@ -44,6 +44,9 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
                              const std::vector<int>& capture_layers) override;
 
  private:
+  // Dual chunk attention's key temperatures per token (dual_chunk_key_scales).
+  static constexpr size_t kKeyScale = kModelSlots;
+  void upload_model_step(Workspace& ws, const ForwardBatch& batch) override;
   void run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) override;
   size_t layer_bytes() const override;
   size_t moe_unread_bytes() const override;

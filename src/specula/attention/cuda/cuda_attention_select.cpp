@@ -123,10 +123,13 @@ CudaAttentionPlan select_cuda_extend(const AttentionLayer& layer, DType q_dtype,
   if (layer.use_local_attention && shape.custom_mask) {
     return unsupported("local attention with a tree mask is not supported");
   }
-  if (layer.dca_chunk_len > 0) {
-    return unsupported(
-        "dual chunk attention's prefill, extend and verify steps run on the cpu backend only in this build (its "
-        "decode runs here)");
+  if (layer.dca_chunk_len > 0 && shape.custom_mask) {
+    return unsupported("dual chunk attention with a tree mask (speculative verify) is not supported");
+  }
+  if (layer.dca_chunk_len > 0 && layer.dca_chunk_len % shape.page_size != 0) {
+    return unsupported(fmt::format(
+        "dual chunk attention's chunk length {} must be a multiple of page_size {} for the cuda backend's prefill",
+        layer.dca_chunk_len, shape.page_size));
   }
   CudaAttentionPlan plan;
   // Warpgroup MMA where it is built (ck::prefill_wgmma_supports, which its launch asserts): a cache
@@ -171,6 +174,7 @@ CudaAttentionPlan select_cuda_draft_tree(const AttentionLayer& layer, DType q_dt
 
 CudaAttentionPlan select_cuda_verify(const AttentionLayer& layer, DType q_dtype, DType kv_dtype,
                                      const CudaAttentionShape& shape) {
+  if (layer.dca_chunk_len > 0) return unsupported("dual chunk attention's speculative verify is not supported");
   if (shape.tree_staged) {
     CudaAttentionPlan tree = select_cuda_draft_tree(layer, q_dtype, kv_dtype, shape);
     if (tree.supported()) return tree;

@@ -5,6 +5,7 @@
 #include "specula/attention/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -14,7 +15,9 @@
 #include <vector>
 #include <cuda_runtime_api.h>
 
+#include "specula/attention/cuda/dual_chunk_plan.h"
 #include "specula/attention/cuda/kernels/attention_params.h"
+#include "specula/attention/cuda/kernels/dual_chunk_merge.h"
 #include "specula/attention/cuda/kernels/prefill_wgmma.h"
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/dtype_code.h"
@@ -65,6 +68,13 @@ struct CudaAttentionBackend::State {
   StepArrays graph;
   StepArrays* active = &eager;
   DeviceArray<int32_t> local_cu_q, local_kv_lens, local_pages, local_items;
+  // Dual chunk attention's extend-like steps (dual_chunk_plan.h): the plan's arrays, and the
+  // passes' f32 partial results when there is more than one.
+  CudaDualChunkPlan dca;
+  bool dca_staged = false;
+  DeviceArray<int32_t> dca_cu_q, dca_items;
+  std::array<DeviceArray<int32_t>, 3> dca_kv_lens, dca_pages;
+  DeviceArray<float> dca_temperature, dca_parts, dca_lse;
   // Sinks per layer id, uploaded once (and again only if the values change).
   std::map<int, std::pair<std::vector<float>, Buffer>> sinks;
 
@@ -121,14 +131,23 @@ CudaAttentionShape CudaAttentionBackend::decode_shape(int batch_size, int64_t nu
 
 void CudaAttentionBackend::check_layer(const AttentionLayer& layer, DType q_dtype, DType kv_dtype) const {
   // Every layer must serve both extend-like and decode steps; verify and draft steps fall back
-  // to the prefill kernels, or are refused when they run. Dual chunk attention layers are served
-  // for decode alone (their extend is refused when it runs; models refuse them on a GPU earlier).
+  // to the prefill kernels, or are refused when they run.
   const CudaAttentionShape shape = base_shape();
   const auto require = [&](const CudaAttentionPlan& plan) {
     SPECULA_CHECK(plan.supported(), "cuda attention backend cannot serve layer {}: {}", layer.layer_id,
                   plan.unsupported_reason);
   };
-  if (layer.dca_chunk_len == 0) require(select_cuda_extend(layer, q_dtype, kv_dtype, shape));
+  require(select_cuda_extend(layer, q_dtype, kv_dtype, shape));
+  if (layer.dca_chunk_len > 0) {
+    SPECULA_CHECK(dca_chunk_len_ == 0 || (dca_chunk_len_ == layer.dca_chunk_len &&
+                                          dca_original_max_ == layer.dca_original_max_position),
+                  "layer {}: dual chunk attention with chunk length {} and original length {}, where an earlier "
+                  "layer has {} and {}; the cuda backend serves one setting per model",
+                  layer.layer_id, layer.dca_chunk_len, layer.dca_original_max_position, dca_chunk_len_,
+                  dca_original_max_);
+    dca_chunk_len_ = layer.dca_chunk_len;
+    dca_original_max_ = layer.dca_original_max_position;
+  }
   require(select_cuda_decode(layer, q_dtype, kv_dtype, shape));
   const HeadLayout layout{layer.num_q_heads, layer.num_kv_heads, layer.head_dim, layer.use_local_attention};
   // Looked up first: forward checks every layer again, and copying it (sinks) each time would cost.
@@ -168,6 +187,7 @@ void CudaAttentionBackend::stage_metadata(const ForwardBatch& batch, bool graph)
   stage_prefill_items(seqs.q_lens);
   stage_tree_mask(batch, seqs, graph);
   if (options_.attention_chunk_size > 0) stage_local_batches(seqs);
+  if (dca_chunk_len_ > 0 && batch.forward_mode != ForwardMode::TARGET_VERIFY) stage_dual_chunk(seqs);
 }
 
 // Checks the step against graph mode and forgets the previous step's plan.
@@ -188,6 +208,7 @@ void CudaAttentionBackend::begin_step(const ForwardBatch& batch, bool graph) {
   st.local_num_seqs = 0;
   st.local_num_items = 0;
   st.has_custom_mask = false;
+  st.dca_staged = false;
   st.tree_path = false;
   st.decode_plans.clear();
 }
@@ -344,6 +365,21 @@ void CudaAttentionBackend::stage_local_batches(const Sequences& seqs) {
   st.local_items.upload(local_items, st.device, st.uploads);
 }
 
+// Dual chunk attention: the runs, passes and their page tables, for every dual chunk layer.
+void CudaAttentionBackend::stage_dual_chunk(const Sequences& seqs) {
+  State& st = *state_;
+  st.dca = plan_cuda_dual_chunk(dca_chunk_len_, dca_original_max_, options_.page_size, seqs.q_lens, seqs.kv_lens,
+                                seqs.table);
+  st.dca_cu_q.upload(st.dca.cu_q, st.device, st.uploads);
+  st.dca_items.upload(st.dca.items, st.device, st.uploads);
+  st.dca_temperature.upload(st.dca.temperature, st.device, st.uploads);
+  for (int part = 0; part < st.dca.num_parts; ++part) {
+    st.dca_kv_lens[static_cast<size_t>(part)].upload(st.dca.kv_lens[static_cast<size_t>(part)], st.device, st.uploads);
+    st.dca_pages[static_cast<size_t>(part)].upload(st.dca.pages[static_cast<size_t>(part)], st.device, st.uploads);
+  }
+  st.dca_staged = true;
+}
+
 void CudaAttentionBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                                           const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
                                           const ForwardOptions& options) {
@@ -385,6 +421,10 @@ void CudaAttentionBackend::run(const TensorView& q, const TensorView& k, const T
                                      ? select_cuda_verify(layer, q.dtype(), pool.dtype(), shape)
                                      : select_cuda_extend(layer, q.dtype(), pool.dtype(), shape);
   SPECULA_CHECK(plan.supported(), "layer {}: {}", layer.layer_id, plan.unsupported_reason);
+  if (layer.dca_chunk_len > 0) {
+    run_dual_chunk(q, out, layer, pool, options);
+    return;
+  }
   if (plan.kernel == CudaAttentionKernel::kTree) {
     DraftTreeView tree;
     tree.rows_per_seq = st.tree_rows_per_seq;
@@ -532,6 +572,73 @@ void CudaAttentionBackend::run_decode(const TensorView& q, const TensorView& out
   split.counters = splits ? st.active->split_counters.data() : nullptr;
   split.num_tokens = st.num_tokens;
   ck::launch_decode(p, split, st.stream);
+}
+
+// Dual chunk attention's passes through the prefill kernels (each its q variant, causal for the
+// intra pass alone, the temperature per run), then their merge; one pass writes the output itself.
+void CudaAttentionBackend::run_dual_chunk(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                                          const MHAKVPool& pool, const ForwardOptions& options) {
+  State& st = *state_;
+  const CudaDualChunkPlan& d = st.dca;
+  SPECULA_CHECK(st.dca_staged && d.chunk_len == layer.dca_chunk_len &&
+                    d.original_max_position == layer.dca_original_max_position,
+                "layer {}: dual chunk attention (chunk length {}) was not planned for this step; pass the layer to "
+                "check_layer before init_forward_metadata",
+                layer.layer_id, layer.dca_chunk_len);
+  SPECULA_CHECK(layer.dca_sparse == nullptr || d.max_prefill_kv_len <= layer.dca_sparse->threshold,
+                "layer {}: a prefill of {} keys passes the sparse attention threshold {}; the sparse prefill "
+                "pattern runs on the cpu backend only in this build",
+                layer.layer_id, d.max_prefill_kv_len, layer.dca_sparse->threshold);
+  const int64_t n = st.num_tokens, Hq = layer.num_q_heads, D = layer.head_dim;
+  const bool merged = d.num_parts > 1;
+  if (merged) {
+    st.dca_parts.reserve(d.num_parts * n * Hq * D, st.device);
+    st.dca_lse.reserve(d.num_parts * n * Hq, st.device);
+  }
+  CudaAttentionShape shape = base_shape();
+  for (int part = 0; part < d.num_parts; ++part) {
+    shape.kv_rows = d.kv_rows[static_cast<size_t>(part)];
+    const CudaAttentionPlan plan = select_cuda_extend(layer, q.dtype(), pool.dtype(), shape);
+    SPECULA_CHECK(plan.supported(), "layer {}: {}", layer.layer_id, plan.unsupported_reason);
+    ck::AttentionParams p = layer_params(q, out, layer, pool, options, options_.page_size);
+    p.q = static_cast<const char*>(q.data()) + part * D * static_cast<int64_t>(dtype_size(q.dtype()));
+    p.causal = part == 0 ? 1 : 0;
+    p.seq_score_scale = st.dca_temperature.data();
+    if (merged) {
+      p.out = st.dca_parts.data() + part * n * Hq * D;
+      p.out_stride_token = Hq * D;
+      p.out_stride_head = D;
+      p.out_f32 = 1;
+      p.lse = st.dca_lse.data() + part * n * Hq;
+      p.lse_stride_token = Hq;
+    }
+    p.num_seqs = d.num_runs;
+    p.cu_seqlens_q = st.dca_cu_q.data();
+    p.seq_lens_k = st.dca_kv_lens[static_cast<size_t>(part)].data();
+    p.page_table = st.dca_pages[static_cast<size_t>(part)].data();
+    p.page_table_stride = d.page_stride;
+    const ck::PrefillWork work{st.dca_items.data(), static_cast<int32_t>(d.items.size() / 2), plan.heads_per_group};
+    if (plan.kernel == CudaAttentionKernel::kPrefillWgmma) {
+      ck::launch_prefill_wgmma(p, work, st.stream);
+    } else {
+      ck::launch_prefill_mma(p, work, st.stream);
+    }
+  }
+  if (!merged) return;
+  ck::DualChunkMergeParams m{};
+  m.parts = st.dca_parts.data();
+  m.part_lse = st.dca_lse.data();
+  m.num_parts = d.num_parts;
+  m.out = out.data();
+  m.out_stride_token = out.stride(0);
+  m.out_stride_head = out.stride(1);
+  m.io_dtype = kernel_dtype_code(q.dtype());
+  m.lse = options.lse.defined() ? options.lse.data_as<float>() : nullptr;
+  m.lse_stride_token = options.lse.defined() ? options.lse.stride(0) : 0;
+  m.num_tokens = n;
+  m.num_heads = static_cast<int32_t>(Hq);
+  m.head_dim = static_cast<int32_t>(D);
+  ck::launch_dual_chunk_merge(m, st.stream);
 }
 
 void CudaAttentionBackend::run_prefill(const CudaAttentionPlan& plan, const TensorView& q, const TensorView& out,

@@ -1,6 +1,7 @@
 // CudaAttentionBackend: the AttentionBackend for NVIDIA Hopper GPUs. Same variants as the CPU
 // backend (its oracle), with q / output in bf16 or f16 and a bf16, f16 or fp8-e4m3 paged cache:
-// extend with cached prefix, decode (split-KV), causal and non-causal varlen, MHA/GQA/MQA,
+// extend with cached prefix, decode (split-KV), dual chunk attention (decode in one kernel, extend
+// as passes: dual_chunk_plan.h), causal and non-causal varlen, MHA/GQA/MQA,
 // head_dim 64/80/96/128/256, any power-of-two page size, sliding window, local chunked
 // attention, soft-cap, sinks, custom scale, TARGET_VERIFY tree masks, LSE output, fp8 descale;
 // and the CUDA-graph hooks for DECODE and TARGET_VERIFY. Verify steps whose mask promises a
@@ -73,6 +74,7 @@ class CudaAttentionBackend final : public AttentionBackend {
   void stage_tree_mask(const ForwardBatch& batch, const Sequences& seqs, bool graph);
   void stage_tree_rows(const ForwardBatch& batch, const Sequences& seqs, const std::vector<int64_t>& mask_offsets);
   void stage_local_batches(const Sequences& seqs);
+  void stage_dual_chunk(const Sequences& seqs);
 
   void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
            const AttentionLayer& layer, const ForwardBatch& batch, const ForwardOptions& options);
@@ -84,6 +86,8 @@ class CudaAttentionBackend final : public AttentionBackend {
                    const DraftTreeView& tree, const ForwardOptions& options);
   void run_decode(const TensorView& q, const TensorView& out, const AttentionLayer& layer, const MHAKVPool& pool,
                   const ForwardOptions& options);
+  void run_dual_chunk(const TensorView& q, const TensorView& out, const AttentionLayer& layer, const MHAKVPool& pool,
+                      const ForwardOptions& options);
   void run_prefill(const CudaAttentionPlan& plan, const TensorView& q, const TensorView& out,
                    const AttentionLayer& layer, const MHAKVPool& pool, const ForwardOptions& options);
 
@@ -92,6 +96,9 @@ class CudaAttentionBackend final : public AttentionBackend {
   int64_t l2_bytes_ = 0;
   mutable std::map<HeadLayout, CheckedLayer> layouts_;
   mutable bool all_layers_tree_ok_ = true;
+  // The dual chunk setting of the checked layers (0: none), planned for in extend-like steps.
+  mutable int dca_chunk_len_ = 0;
+  mutable int dca_original_max_ = 0;
   State* state_;
 };
 

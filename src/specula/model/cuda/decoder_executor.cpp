@@ -49,6 +49,7 @@ void CudaDecoderExecutor::upload_step(Workspace& ws, const ForwardBatch& batch, 
   upload_ids_async(scratch(ws, kIds, DType::i32, n), batch, requests, s);
   upload_i32_async(scratch(ws, kPositions, DType::i32, n), batch.positions, s);
   upload_i32_async(scratch(ws, kCacheLoc, DType::i32, n), batch.out_cache_loc, s);
+  upload_model_step(ws, batch);
 }
 
 float* CudaDecoderExecutor::run_head(Workspace& ws, const int32_t* row_ids, int64_t count) {

@@ -78,6 +78,8 @@ class CudaDecoderExecutor : public Model {
   // ids (with a verify's device tree tokens for its first `requests` requests), positions and
   // KV slots of the batch into ws.
   void upload_step(Workspace& ws, const ForwardBatch& batch, int requests);
+  // A model's own per-step inputs, uploaded with the executor's (graph captures and replays too).
+  virtual void upload_model_step(Workspace& /*ws*/, const ForwardBatch& /*batch*/) {}
   // Final norm and lm_head over `count` rows of kX (row ids in device memory, or the first
   // `count` rows when nullptr); returns the f32 logits (kLogits).
   float* run_head(Workspace& ws, const int32_t* row_ids, int64_t count);

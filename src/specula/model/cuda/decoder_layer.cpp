@@ -102,7 +102,8 @@ void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend
   CudaLayerScratch& ws = linear.scratch;
   const Device dev = linear.device;
   float* qkv = ws.get(kLayerQkv, DType::f32, n * qkv_width, dev).data_as<float>();
-  Buffer& qb = ws.get(kLayerQ, DType::bf16, n * Hq * D, dev);
+  const int V = st.q_variants;
+  Buffer& qb = ws.get(kLayerQ, DType::bf16, n * Hq * V * D, dev);
   Buffer& kb = ws.get(kLayerK, DType::bf16, n * Hkv * D, dev);
   Buffer& vb = ws.get(kLayerV, DType::bf16, n * Hkv * D, dev);
   Buffer& ab = ws.get(kLayerAttnBf16, DType::bf16, n * Hq * D, dev);
@@ -125,6 +126,10 @@ void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend
   e.num_q_heads = Hq;
   e.num_kv_heads = Hkv;
   e.head_dim = D;
+  e.dca_chunk_len = st.dca_chunk_len;
+  e.dca_chunk_size = st.dca_chunk_size;
+  e.q_variants = V;
+  e.key_scale = st.key_scale;
   if (st.kv.cache_loc != nullptr) {
     e.k_cache = st.kv.k_cache;
     e.v_cache = st.kv.v_cache;
@@ -134,7 +139,7 @@ void CudaDecoderLayer::forward(const CudaLayerStep& st, const CudaAttend& attend
     e.v_scale = st.kv.v_scale;
   }
   ck::qkv_epilogue(e, s);
-  attend(TensorView(qb.data(), DType::bf16, {n, Hq, D}, dev), TensorView(kb.data(), DType::bf16, {n, Hkv, D}, dev),
+  attend(TensorView(qb.data(), DType::bf16, {n, Hq, V * D}, dev), TensorView(kb.data(), DType::bf16, {n, Hkv, D}, dev),
          TensorView(vb.data(), DType::bf16, {n, Hkv, D}, dev), TensorView(ab.data(), DType::bf16, {n, Hq, D}, dev));
   linear.linear.product_bf16_x(ab.data(), wo_, bo_, o, n, Hq * D, h, attn);
   // Tensor parallelism: o holds this rank's partial sum. Without Gemma-2's output norm, the

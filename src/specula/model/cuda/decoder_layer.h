@@ -88,6 +88,13 @@ struct CudaLayerStep {
   const int32_t* positions = nullptr;  // [n] device
   const float* inv_freq = nullptr;     // [rotated dims / 2] device
   float rope_factor = 1.0f;
+  // Dual chunk attention (ck::QkvEpilogueParams): the chunk length (0: none), chunk size, q's
+  // rotary variants per head (the attention then takes q as [n, heads, q_variants * head_dim])
+  // and each token's key temperature ([n] device, or nullptr).
+  int dca_chunk_len = 0;
+  int dca_chunk_size = 0;
+  int q_variants = 1;
+  const float* key_scale = nullptr;
   CudaKvWrite kv;
   // Tensor parallelism: the layer holds a shard (its heads and intermediate columns), and the
   // partial sums of o_proj and down_proj are all-reduced over the ranks before anything else

@@ -62,16 +62,17 @@ __global__ void __launch_bounds__(kEpilogueWarps * 32) qkv_epilogue_kernel(QkvEp
   }
   const bool fp8 = to_cache && p.cache_dtype == kFp8E4m3;
   const float div = is_k ? p.k_scale : p.v_scale;
-  auto put = [&](int i, float value) {
+  auto put = [&](int64_t index, float value) {
     const __nv_bfloat16 b = __float2bfloat16_rn(value);
     if (fp8) {
-      static_cast<__nv_fp8_e4m3*>(dst_base)[row * D + i] = from_float<__nv_fp8_e4m3>(__bfloat162float(b) / div);
+      static_cast<__nv_fp8_e4m3*>(dst_base)[index] = from_float<__nv_fp8_e4m3>(__bfloat162float(b) / div);
     } else {
-      static_cast<__nv_bfloat16*>(dst_base)[row * D + i] = b;
+      static_cast<__nv_bfloat16*>(dst_base)[index] = b;
     }
   };
-  if (is_q || is_k) {
-    const float pos = static_cast<float>(p.positions[t]);
+  // Rotates x at `position` into row `at` (elements), times `mul`.
+  auto rotate = [&](int position, int64_t at, float mul) {
+    const float pos = static_cast<float>(position);
     for (int i = lane; i < half; i += 32) {
       // f32 angle, as the CPU path and Hugging Face compute it.
       float sn, cs;
@@ -79,11 +80,25 @@ __global__ void __launch_bounds__(kEpilogueWarps * 32) qkv_epilogue_kernel(QkvEp
       cs *= p.rope_factor;
       sn *= p.rope_factor;
       const float a = x[i], b = x[i + half];
-      put(i, a * cs - b * sn);
-      put(i + half, b * cs + a * sn);
+      put(at + i, (a * cs - b * sn) * mul);
+      put(at + i + half, (b * cs + a * sn) * mul);
     }
+  };
+  const int position = p.positions[t];
+  if (p.dca_chunk_len > 0 && (is_q || is_k)) {
+    const int cl = p.dca_chunk_len, cs = p.dca_chunk_size, in_chunk = position % cl;
+    if (is_k) {
+      rotate(in_chunk, row * D, p.key_scale != nullptr ? p.key_scale[t] : 1.0f);
+    } else {
+      const int at[5] = {in_chunk, min(in_chunk + cl, cs), min(2 * cl - 1, cs), in_chunk + cl, in_chunk + cs};
+      for (int variant = 0; variant < p.q_variants; ++variant) {
+        rotate(at[variant], (row * p.q_variants + variant) * D, 1.0f);
+      }
+    }
+  } else if (is_q || is_k) {
+    rotate(position, row * D, 1.0f);
   } else {
-    for (int i = lane; i < D; i += 32) put(i, x[i]);
+    for (int i = lane; i < D; i += 32) put(row * D + i, x[i]);
   }
 }
 
@@ -126,6 +141,9 @@ void qkv_epilogue(const QkvEpilogueParams& p, cudaStream_t s) {
                   "qkv_epilogue: head_dim " + std::to_string(p.head_dim) + " is not supported; it must be even and <= 256");
   SPECULA_REQUIRE(p.k_cache == nullptr || p.cache_dtype == kBF16 || p.cache_dtype == kFp8E4m3,
                   "qkv_epilogue: cache dtype code " + std::to_string(p.cache_dtype) + " is not supported; bf16 or fp8_e4m3");
+  SPECULA_REQUIRE(p.dca_chunk_len > 0 ? (p.q_variants == 3 || p.q_variants == 5) : p.q_variants == 1,
+                  "qkv_epilogue: " + std::to_string(p.q_variants) + " q variants with dual chunk length " +
+                      std::to_string(p.dca_chunk_len) + "; dual chunk attention takes 3 or 5, plain attention 1");
   const int64_t items = p.n * (p.num_q_heads + 2 * p.num_kv_heads);
   if (items == 0) return;
   launch_pdl(qkv_epilogue_kernel, static_cast<unsigned>((items + kEpilogueWarps - 1) / kEpilogueWarps),

@@ -32,6 +32,16 @@ struct QkvEpilogueParams {
   float k_scale, v_scale;    // fp8: the cache holds value / scale
   int64_t n;
   int num_q_heads, num_kv_heads, head_dim;  // head_dim even, at most 256
+  // Dual chunk attention (attention/cpu/dual_chunk.h) when dca_chunk_len > 0: keys rotate at
+  // pos % chunk_len and are multiplied by key_scale[t] (when set); each q head is written as
+  // q_variants rotary variants (rows of q_variants * head_dim): intra at pos % chunk_len,
+  // successive at min(pos % chunk_len + chunk_len, chunk_size), inter at min(2 chunk_len - 1,
+  // chunk_size), and with 5 the sparse pattern's estimates at pos % chunk_len + chunk_len and
+  // pos % chunk_len + chunk_size.
+  int dca_chunk_len = 0;
+  int dca_chunk_size = 0;
+  int q_variants = 1;
+  const float* key_scale = nullptr;  // [n] or nullptr
 };
 void qkv_epilogue(const QkvEpilogueParams& p, cudaStream_t s);
 

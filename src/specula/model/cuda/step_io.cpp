@@ -20,6 +20,10 @@ void upload_i32_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t
   CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
 }
 
+void upload_f32_async(Buffer& dst, const std::vector<float>& src, cudaStream_t s) {
+  CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+}
+
 void upload_ids_async(Buffer& dst, const ForwardBatch& batch, int requests, cudaStream_t s) {
   upload_i32_async(dst, batch.input_ids, s);
   const SpecInfo* info = batch.spec_info.get();

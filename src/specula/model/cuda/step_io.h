@@ -25,6 +25,7 @@ void* create_model_stream(Device device, bool nonblocking = false);
 // dst[0, src.size()) = src on stream s. From pageable memory the call returns once the data is
 // staged, so src may go away after.
 void upload_i32_async(Buffer& dst, const std::vector<int32_t>& src, cudaStream_t s);
+void upload_f32_async(Buffer& dst, const std::vector<float>& src, cudaStream_t s);
 // A step's token ids: batch.input_ids, then, for a TARGET_VERIFY batch whose tree tokens are on
 // the device (SpecInfo::device_tree_tokens), those of its first `requests` requests copied over
 // the placeholders on the device.

@@ -19,6 +19,7 @@ struct AttentionParams {
   float* lse;                // [num_tokens, num_q_heads] natural log, or nullptr
   int64_t lse_stride_token;
   int32_t io_dtype;          // DTypeCode of q and out: kBF16 or kF16
+  int32_t out_f32;           // prefill kernels: 1 stores out as f32 instead (partial results to merge)
 
   const void* k_cache;       // [num_slots, num_kv_heads, head_dim]
   const void* v_cache;       // [num_slots, num_kv_heads, v_head_dim]
@@ -33,11 +34,13 @@ struct AttentionParams {
   int32_t page_size;
 
   float scale;               // softmax scale on q.k
+  const float* seq_score_scale;  // prefill kernels: [num_seqs] multipliers of scale, or nullptr
   float logit_cap;           // > 0: cap * tanh(s / cap)
   int32_t window_left;       // -1: none; else keys j >= pos - window_left
   int32_t causal;            // 1: key j visible to the query at KV index pos iff j <= pos
   int32_t chunk_size;        // decode only: > 0 restricts keys to the query's local chunk
-  // Decode only: dual chunk attention (attention/cpu/dual_chunk.h) when > 0, a multiple of 16. q
+  // Decode only: dual chunk attention (attention/cpu/dual_chunk.h) when > 0, a multiple of 16 (the
+  // prefill kernels serve it as passes over virtual sequences: attention/cuda/dual_chunk_plan.h). q
   // then holds each head's intra, successive and inter rotary variants at q + variant * head_dim
   // (q_stride_head >= 3 * head_dim); dca_original_max_position > 0 multiplies a sequence's logits
   // by dual_chunk_logit_scale of its length.

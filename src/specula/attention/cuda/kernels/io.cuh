@@ -1,4 +1,4 @@
-// Stores of output elements, whose dtype (bf16 or f16) is a run-time code: a branch per element is
+// Stores of output elements, whose dtype (bf16, f16 or f32) is a run-time code: a branch per element is
 // far cheaper than doubling every kernel's instantiations for the output alone.
 #pragma once
 
@@ -14,6 +14,8 @@ namespace specula::cuda_kernels {
 __device__ __forceinline__ void store_io(void* base, int32_t dtype, int64_t index, float value) {
   if (dtype == kBF16) {
     static_cast<__nv_bfloat16*>(base)[index] = __float2bfloat16_rn(value);
+  } else if (dtype == kF32) {
+    static_cast<float*>(base)[index] = value;
   } else {
     static_cast<__half*>(base)[index] = __float2half_rn(value);
   }

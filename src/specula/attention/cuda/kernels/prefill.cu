@@ -137,7 +137,7 @@ struct Prefill {
     for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float m[2] = {kNegInf, kNegInf};
     float l[2] = {0.0f, 0.0f};
-    const float score_mul = p.scale * p.k_descale;
+    const float score_mul = p.scale * p.k_descale * (p.seq_score_scale != nullptr ? p.seq_score_scale[seq] : 1.0f);
     const bool capped = p.logit_cap > 0.0f;
     uint32_t q_frag[Tr::kQInRegisters ? D / 16 : 1][4];
     bool q_loaded = false;

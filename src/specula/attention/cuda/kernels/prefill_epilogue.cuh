@@ -19,6 +19,7 @@ __device__ __forceinline__ void store_prefill_rows(const AttentionParams& p, con
                                                    const float (&m)[2], const float (&l)[2], int row_base,
                                                    int rows_valid, int t, int head, int64_t first_token) {
   constexpr float kNegInf = -__builtin_huge_valf();
+  const int32_t out_dtype = p.out_f32 ? kF32 : p.io_dtype;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     float sum = l[rr];
@@ -35,8 +36,8 @@ __device__ __forceinline__ void store_prefill_rows(const AttentionParams& p, con
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) {
       const int col = nt * 8 + 2 * t;
-      store_io(p.out, p.io_dtype, base + col, o[nt][2 * rr] * factor);
-      store_io(p.out, p.io_dtype, base + col + 1, o[nt][2 * rr + 1] * factor);
+      store_io(p.out, out_dtype, base + col, o[nt][2 * rr] * factor);
+      store_io(p.out, out_dtype, base + col + 1, o[nt][2 * rr + 1] * factor);
     }
     if (p.lse != nullptr && t == 0) p.lse[token * p.lse_stride_token + head] = total;
   }

@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t pf[kKeys / 16][4];
   float m[2] = {kNegInf, kNegInf};
   float l[2] = {0.0f, 0.0f};
-  const float score_mul = p.scale * p.k_descale;
+  const float score_mul = p.scale * p.k_descale * (p.seq_score_scale != nullptr ? p.seq_score_scale[seq] : 1.0f);
   const bool capped = p.logit_cap > 0.0f;
   const float cap_mul = capped ? score_mul / p.logit_cap : 0.0f;
   const float cap_log2 = p.logit_cap * kLog2e;
