@@ -45,6 +45,7 @@ AttentionHarness::AttentionHarness(const HarnessConfig& config, uint64_t seed) :
   layer_.attn_type = c.causal ? AttentionType::DECODER : AttentionType::ENCODER_ONLY;
   layer_.dca_chunk_len = c.dca_chunk_len;
   layer_.dca_original_max_position = c.dca_original_max;
+  layer_.dca_sparse = c.dca_sparse;
   if (c.sinks) {
     std::normal_distribution<float> dist(0.5f, 1.5f);
     for (int h = 0; h < c.num_q_heads; ++h) layer_.sinks.push_back(dist(rng));
@@ -334,7 +335,8 @@ void AttentionHarness::dual_chunk_reference(ReferenceLayer rl, const std::vector
   for (int variant = 0; variant < 3; ++variant) {
     std::vector<double> qv(rows * D);
     for (size_t row = 0; row < rows; ++row) {
-      std::copy_n(q.begin() + static_cast<int64_t>((row * 3 + variant) * D), D, qv.begin() + static_cast<int64_t>(row * D));
+      const size_t variants = static_cast<size_t>(q_width() / c.head_dim);  // 3, or 5 with a sparse pattern
+      std::copy_n(q.begin() + static_cast<int64_t>((row * variants + variant) * D), D, qv.begin() + static_cast<int64_t>(row * D));
     }
     std::vector<uint8_t> part = mask;
     for (int i = 0; i < q_len; ++i) {

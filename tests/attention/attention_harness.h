@@ -45,6 +45,9 @@ struct HarnessConfig {
   // per head, and the reference attends to the three parts apart and merges them by their LSEs.
   int dca_chunk_len = 0;
   int dca_original_max = 0;
+  // With dca_chunk_len: the sparse prefill pattern (q then holds five variants). The reference
+  // does not model it: compare backends with each other (the CPU's is tested against float64).
+  std::shared_ptr<const DualChunkSparsePattern> dca_sparse;
 };
 
 struct AttentionResult {
@@ -75,7 +78,7 @@ class AttentionHarness {
  private:
   ForwardBatch make_batch(const std::vector<int>& requests) const;
   // Elements of one head's q: three rotary variants under dual chunk attention.
-  int q_width() const { return (config_.dca_chunk_len > 0 ? 3 : 1) * config_.head_dim; }
+  int q_width() const { return (config_.dca_chunk_len > 0 ? (config_.dca_sparse ? 5 : 3) : 1) * config_.head_dim; }
   template <typename T>
   void dual_chunk_reference(ReferenceLayer rl, const std::vector<double>& q, const std::vector<double>& k,
                             const std::vector<double>& v, const std::vector<uint8_t>& mask, const RequestSpec& spec,

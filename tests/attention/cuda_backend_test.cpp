@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "attention/attention_harness.h"
+#include "attention/cuda_check_support.h"
 #include "specula/attention/cpu/cpu_backend.h"
 #include "specula/attention/cuda/cuda_backend.h"
 #include "specula/attention/cuda/kernels/prefill_wgmma.h"
@@ -24,45 +25,8 @@ namespace {
 
 namespace ck = cuda_kernels;
 
-#define REQUIRE_GPU() \
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
 
-std::mt19937 rng_for_shapes() { return std::mt19937(static_cast<uint32_t>(fresh_seed())); }
 
-// CUDA output against the f64 truth, within 2x the error of a same-precision naive reference
-// (bf16 probabilities, output rounded to the io dtype) plus atol.
-void check_cuda(HarnessConfig c, const char* what) {
-  if (c.q_dtype == DType::f32) c.q_dtype = DType::bf16;
-  if (c.kv_dtype == DType::f32) c.kv_dtype = c.q_dtype;
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE(::testing::Message() << what << " seed=" << seed);
-  AttentionHarness h(c, seed);
-  AttentionBackendOptions o = h.backend_options();
-  o.device = Device::cuda(0);
-  CudaAttentionBackend backend(o);
-  const AttentionResult got = h.run_on_device(backend, Device::cuda(0));
-  expect_close_to_reference(got, h.reference<double>(), h.reference<float>({}, true), 2e-3, what);
-}
-
-// A decode step (requests added by the caller); fp8 caches get descales.
-HarnessConfig decode_config(int num_q_heads, int num_kv_heads, int page_size, DType kv_dtype) {
-  HarnessConfig c;
-  c.mode = ForwardMode::DECODE;
-  c.num_q_heads = num_q_heads;
-  c.num_kv_heads = num_kv_heads;
-  c.page_size = page_size;
-  c.kv_dtype = kv_dtype;
-  if (kv_dtype == DType::fp8_e4m3) {
-    c.k_scale = 0.027f;
-    c.v_scale = 0.41f;
-  }
-  return c;
-}
-
-class CudaAttention : public ::testing::Test {
- protected:
-  void SetUp() override { REQUIRE_GPU(); }
-};
 
 TEST_F(CudaAttention, DecodeGqaAndMha) {
   auto rng = rng_for_shapes();
@@ -119,86 +83,6 @@ TEST_F(CudaAttention, DecodeLongUnsplitRanges) {
       HarnessConfig c = decode_config(32, 8, ps, kv_dtype);
       for (int i = 0; i < bs; ++i) c.requests.push_back({len(rng), 1});
       check_cuda(c, "decode, long unsplit ranges");
-    }
-  }
-}
-
-// Dual chunk decode: each key's chunk picks the query's rotary variant inside the split-KV
-// kernel. Lengths inside the first chunk (intra only), the second (intra and successive) and
-// later ones (all three parts), a chunk boundary just before the query; split plans of wide
-// blocks (splits whose key ranges cross chunk boundaries), an unsplit plan and split 4-warp
-// blocks (a batch that half fills the GPU), GQA groups of 4 and 7 heads, pages of 1 and 16, the
-// long-context temperature, bf16 and fp8 caches.
-TEST_F(CudaAttention, DualChunkDecode) {
-  for (const DType kv : {DType::bf16, DType::fp8_e4m3}) {
-    for (const int page : {1, 16}) {
-      HarnessConfig c = decode_config(8, 2, page, kv);
-      c.head_dim = 128;
-      c.dca_chunk_len = 64;
-      c.dca_original_max = page == 16 ? 100 : 0;
-      c.requests = {{300, 1}, {100, 1}, {40, 1}, {127, 1}, {128, 1}, {191, 1}};
-      check_cuda(c, kv == DType::fp8_e4m3 ? "dual chunk decode, fp8" : "dual chunk decode");
-      c.num_q_heads = 28;
-      c.num_kv_heads = 4;
-      c.dca_chunk_len = 1024;
-      c.requests = {{5000, 1}};  // one sequence: many splits, wide blocks
-      check_cuda(c, "dual chunk decode, one long sequence");
-    }
-    int sms = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    HarnessConfig c = decode_config(8, 2, 16, kv);
-    c.head_dim = 128;
-    c.dca_chunk_len = 48;
-    c.requests = {{255, 1}, {100, 1}, {40, 1}, {95, 1}, {96, 1}, {143, 1}, {200, 1}};
-    ASSERT_EQ(choose_decode_plan(7, 2, 256, sms).splits, 1);
-    check_cuda(c, "dual chunk decode, unsplit 4-warp blocks");
-    // Blocks for between half and all of the multiprocessors: split 4-warp blocks.
-    const int seqs = (sms / 2 + 2) / 2 + 1;
-    std::mt19937 rng = rng_for_shapes();
-    c.requests.clear();
-    for (int i = 0; i < seqs; ++i) c.requests.push_back({300 + static_cast<int>(rng() % 400), 1});
-    const DecodePlan plan = choose_decode_plan(seqs, 2, 701, sms);
-    ASSERT_GT(plan.splits, 1);
-    ASSERT_EQ(plan.warps, 4);
-    check_cuda(c, "dual chunk decode, split 4-warp blocks");
-  }
-}
-
-// Dual chunk prefill, extend and mixed steps: each sequence's new tokens cut into runs at chunk
-// boundaries, each run attending in up to three passes of the prefill kernels (warpgroup MMA for
-// bf16 / f16 caches at head_dim 64 and 128, mma.sync for fp8 caches and head_dim 96) merged by
-// LSE; runs inside the first chunk (one pass, writing the output itself); prefixes ending on a
-// chunk boundary and mid-chunk, runs over several chunks, one-token rows; the temperature; GQA
-// groups of 4 and 7; pages of 1 and 16; random lengths besides.
-TEST_F(CudaAttention, DualChunkPrefill) {
-  for (const DType kv : {DType::bf16, DType::fp8_e4m3}) {
-    for (const int page : {1, 16}) {
-      HarnessConfig c = decode_config(8, 2, page, kv);
-      c.mode = ForwardMode::EXTEND;
-      c.head_dim = 128;
-      c.dca_chunk_len = 64;
-      c.dca_original_max = page == 16 ? 100 : 0;
-      c.requests = {{0, 300}, {37, 200}, {130, 1}, {64, 64}, {190, 2}, {0, 5}, {250, 140}};
-      check_cuda(c, kv == DType::fp8_e4m3 ? "dual chunk prefill, fp8" : "dual chunk prefill");
-      c.requests = {{0, 50}, {10, 20}, {3, 1}, {0, 64}};
-      check_cuda(c, "dual chunk prefill inside the first chunk");
-      c.mode = ForwardMode::MIXED;
-      c.requests = {{100, 1}, {0, 140}, {255, 1}, {60, 10}};
-      check_cuda(c, "dual chunk mixed step");
-    }
-  }
-  std::mt19937 rng = rng_for_shapes();
-  for (const int head_dim : {64, 96}) {
-    for (const DType io : {DType::bf16, DType::f16}) {
-      HarnessConfig c = decode_config(14, 2, 16, io);
-      c.q_dtype = io;
-      c.mode = ForwardMode::EXTEND;
-      c.head_dim = head_dim;
-      c.dca_chunk_len = 48;
-      c.dca_original_max = 80;
-      c.requests = random_requests(rng, 5, 300, 160, ForwardMode::EXTEND);
-      c.requests.push_back({47, 2});
-      check_cuda(c, io == DType::f16 ? "dual chunk prefill, GQA 7, f16" : "dual chunk prefill, GQA 7");
     }
   }
 }

@@ -49,6 +49,7 @@ AttentionBenchSetup::AttentionBenchSetup(const AttentionBenchCase& c, AttentionB
   layer_.attn_type = c.causal ? AttentionType::DECODER : AttentionType::ENCODER_ONLY;
   layer_.dca_chunk_len = c.dca_chunk_len;
   layer_.dca_original_max_position = c.dca_original_max;
+  layer_.dca_sparse = c.dca_sparse;
   backend_.check_layer(layer_, c.q_dtype, c.kv_dtype);
 
   PagedTokenAllocator allocator(static_cast<int64_t>(bs) * pages_per_req * c.page_size, c.page_size);

@@ -34,6 +34,7 @@ struct AttentionBenchCase {
   // > 0: a dual chunk attention layer (decode only on the GPU): q holds three rotary variants.
   int dca_chunk_len = 0;
   int dca_original_max = 0;
+  std::shared_ptr<const DualChunkSparsePattern> dca_sparse;  // the sparse prefill pattern, or none
 };
 
 class AttentionBenchSetup {

@@ -170,6 +170,24 @@ std::vector<AttentionBenchCase> cuda_cases(DType kv_dtype) {
       cases.push_back(c);
     }
   }
+  // The sparse prefill pattern on the 131,072-token prompt: 1,000 vertical and 6,096 slash lines
+  // per head (of the sizes Qwen2.5-1M's sparse_attention_config gives), threshold 32,768.
+  {
+    auto pattern = std::make_shared<DualChunkSparsePattern>();
+    pattern->vertical.assign(28, 1000);
+    pattern->slash.assign(28, 6096);
+    AttentionBenchCase c;
+    c.name = "dca sparse prefill S=131072 p16 qwen2.5-7b-1m";
+    c.mode = ForwardMode::EXTEND;
+    c.extend_len = 131072;
+    c.num_q_heads = 28;
+    c.num_kv_heads = 4;
+    c.kv_dtype = kv_dtype;
+    c.dca_chunk_len = 262144 - 8192;
+    c.dca_original_max = 262144;
+    c.dca_sparse = pattern;
+    cases.push_back(c);
+  }
   AttentionBenchCase e;
   e.name = "extend prefix=8192 +1024 B=2 p16";
   e.mode = ForwardMode::EXTEND;

@@ -104,12 +104,6 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, const WeightSource&
     plain.dual_chunk = {};
     return make_model(plain, weights, options);
   }
-  const DualChunkAttentionConfig& dc = config.dual_chunk;
-  SPECULA_CHECK(!(dc.enabled() && dc.sparse_enabled && options.device.is_cuda() && options.max_kv_len > dc.sparse_threshold),
-                "{}: the sparse prefill pattern of dual chunk attention (sparse_attention_config, for prompts above "
-                "sparse_attention_threshold {} tokens; here up to {}) runs on the CPU only in this build; on a GPU use "
-                "--max-context-len {} or less",
-                config.architecture, dc.sparse_threshold, options.max_kv_len, dc.sparse_threshold);
   if (config.fp8_weights()) {
     // fp8 block-scaled weights are dequantized as they are read (the models hold f32 or bf16).
     const Fp8BlockWeights dequantized(weights, config);

@@ -3,6 +3,7 @@
 // demand (and are frozen in CUDA-graph mode so captured kernels keep valid pointers), the KV
 // write, and the kernel launches.
 #include "specula/attention/cuda/cuda_backend.h"
+#include "specula/attention/cuda/cuda_backend_state.h"
 
 #include <algorithm>
 #include <array>
@@ -15,9 +16,7 @@
 #include <vector>
 #include <cuda_runtime_api.h>
 
-#include "specula/attention/cuda/dual_chunk_plan.h"
 #include "specula/attention/cuda/kernels/attention_params.h"
-#include "specula/attention/cuda/kernels/dual_chunk_merge.h"
 #include "specula/attention/cuda/kernels/prefill_wgmma.h"
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/dtype_code.h"
@@ -31,62 +30,6 @@
 namespace specula {
 
 namespace ck = cuda_kernels;
-
-struct CudaAttentionBackend::State {
-  Device device;
-  cudaStream_t stream = nullptr;
-  UploadBatch uploads{Device::cpu()};  // the step's metadata, flushed once per build_metadata
-
-  ForwardMode mode = ForwardMode::IDLE;
-  const ForwardBatch* batch = nullptr;
-  int64_t num_tokens = 0;
-  int num_seqs = 0;
-  int page_table_stride = 0;
-  int max_kv_len = 0;
-  int num_items = 0;
-  int local_num_seqs = 0;
-  int local_stride = 0;
-  int local_num_items = 0;
-  int64_t kv_rows = 0;        // K/V rows the step's sequences attend (the local batches' with chunking)
-  int64_t local_kv_rows = 0;
-  bool has_custom_mask = false;
-  bool tree_path = false;  // TARGET_VERIFY with a visible prefix: the tree kernel's arrays are set
-  int tree_rows_per_seq = 0;
-  std::map<HeadLayout, DecodePlan> decode_plans;
-
-  // Per-step arrays every mode uses: one set for eager steps (grows freely) and one for CUDA
-  // graphs (sized once, frozen, so captured kernels keep valid pointers).
-  struct StepArrays {
-    DeviceArray<int32_t> cu_q, kv_lens, pages, out_loc, items;
-    DeviceArray<int32_t> tree_slots, tree_lens, prefix_lens;  // TARGET_VERIFY through the tree kernel
-    DeviceArray<float> partial_out, partial_lse;
-    DeviceArray<uint32_t> split_counters;  // decode.cu's merge counts; zero between launches
-    DeviceArray<int64_t> mask_offsets;
-    DeviceArray<uint8_t> custom_mask;
-  };
-  StepArrays eager;
-  StepArrays graph;
-  StepArrays* active = &eager;
-  DeviceArray<int32_t> local_cu_q, local_kv_lens, local_pages, local_items;
-  // Dual chunk attention's extend-like steps (dual_chunk_plan.h): the plan's arrays, and the
-  // passes' f32 partial results when there is more than one.
-  CudaDualChunkPlan dca;
-  bool dca_staged = false;
-  DeviceArray<int32_t> dca_cu_q, dca_items;
-  std::array<DeviceArray<int32_t>, 3> dca_kv_lens, dca_pages;
-  DeviceArray<float> dca_temperature, dca_parts, dca_lse;
-  // Sinks per layer id, uploaded once (and again only if the values change).
-  std::map<int, std::pair<std::vector<float>, Buffer>> sinks;
-
-  bool graph_mode = false;
-  int graph_max_bs = 0;
-  int graph_pages_stride = 0;
-};
-
-struct CudaAttentionBackend::Sequences {
-  std::vector<int32_t> q_lens, kv_lens, cu_q;
-  PageTable table;
-};
 
 CudaAttentionBackend::CudaAttentionBackend(const AttentionBackendOptions& options)
     : options_(options), state_(new State) {
@@ -147,6 +90,7 @@ void CudaAttentionBackend::check_layer(const AttentionLayer& layer, DType q_dtyp
                   dca_original_max_);
     dca_chunk_len_ = layer.dca_chunk_len;
     dca_original_max_ = layer.dca_original_max_position;
+    if (layer.dca_sparse != nullptr && !dca_sparse_) dca_sparse_ = *layer.dca_sparse;
   }
   require(select_cuda_decode(layer, q_dtype, kv_dtype, shape));
   const HeadLayout layout{layer.num_q_heads, layer.num_kv_heads, layer.head_dim, layer.use_local_attention};
@@ -365,21 +309,6 @@ void CudaAttentionBackend::stage_local_batches(const Sequences& seqs) {
   st.local_items.upload(local_items, st.device, st.uploads);
 }
 
-// Dual chunk attention: the runs, passes and their page tables, for every dual chunk layer.
-void CudaAttentionBackend::stage_dual_chunk(const Sequences& seqs) {
-  State& st = *state_;
-  st.dca = plan_cuda_dual_chunk(dca_chunk_len_, dca_original_max_, options_.page_size, seqs.q_lens, seqs.kv_lens,
-                                seqs.table);
-  st.dca_cu_q.upload(st.dca.cu_q, st.device, st.uploads);
-  st.dca_items.upload(st.dca.items, st.device, st.uploads);
-  st.dca_temperature.upload(st.dca.temperature, st.device, st.uploads);
-  for (int part = 0; part < st.dca.num_parts; ++part) {
-    st.dca_kv_lens[static_cast<size_t>(part)].upload(st.dca.kv_lens[static_cast<size_t>(part)], st.device, st.uploads);
-    st.dca_pages[static_cast<size_t>(part)].upload(st.dca.pages[static_cast<size_t>(part)], st.device, st.uploads);
-  }
-  st.dca_staged = true;
-}
-
 void CudaAttentionBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                                           const TensorView& out, const AttentionLayer& layer, const ForwardBatch& batch,
                                           const ForwardOptions& options) {
@@ -493,8 +422,6 @@ void CudaAttentionBackend::launch_tree(const TensorView& q, const TensorView& ou
   ck::tree_attention(t, state_->stream);
 }
 
-namespace {
-
 // The Params fields every non-tree launch shares: q, out, the layer's cache and its facts.
 ck::AttentionParams layer_params(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
                                  const MHAKVPool& pool, const ForwardOptions& options, int page_size) {
@@ -525,8 +452,6 @@ ck::AttentionParams layer_params(const TensorView& q, const TensorView& out, con
   p.causal = layer.attn_type == AttentionType::DECODER ? 1 : 0;
   return p;
 }
-
-}  // namespace
 
 const float* CudaAttentionBackend::device_sinks(const AttentionLayer& layer) {
   if (layer.sinks.empty()) return nullptr;
@@ -572,73 +497,6 @@ void CudaAttentionBackend::run_decode(const TensorView& q, const TensorView& out
   split.counters = splits ? st.active->split_counters.data() : nullptr;
   split.num_tokens = st.num_tokens;
   ck::launch_decode(p, split, st.stream);
-}
-
-// Dual chunk attention's passes through the prefill kernels (each its q variant, causal for the
-// intra pass alone, the temperature per run), then their merge; one pass writes the output itself.
-void CudaAttentionBackend::run_dual_chunk(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
-                                          const MHAKVPool& pool, const ForwardOptions& options) {
-  State& st = *state_;
-  const CudaDualChunkPlan& d = st.dca;
-  SPECULA_CHECK(st.dca_staged && d.chunk_len == layer.dca_chunk_len &&
-                    d.original_max_position == layer.dca_original_max_position,
-                "layer {}: dual chunk attention (chunk length {}) was not planned for this step; pass the layer to "
-                "check_layer before init_forward_metadata",
-                layer.layer_id, layer.dca_chunk_len);
-  SPECULA_CHECK(layer.dca_sparse == nullptr || d.max_prefill_kv_len <= layer.dca_sparse->threshold,
-                "layer {}: a prefill of {} keys passes the sparse attention threshold {}; the sparse prefill "
-                "pattern runs on the cpu backend only in this build",
-                layer.layer_id, d.max_prefill_kv_len, layer.dca_sparse->threshold);
-  const int64_t n = st.num_tokens, Hq = layer.num_q_heads, D = layer.head_dim;
-  const bool merged = d.num_parts > 1;
-  if (merged) {
-    st.dca_parts.reserve(d.num_parts * n * Hq * D, st.device);
-    st.dca_lse.reserve(d.num_parts * n * Hq, st.device);
-  }
-  CudaAttentionShape shape = base_shape();
-  for (int part = 0; part < d.num_parts; ++part) {
-    shape.kv_rows = d.kv_rows[static_cast<size_t>(part)];
-    const CudaAttentionPlan plan = select_cuda_extend(layer, q.dtype(), pool.dtype(), shape);
-    SPECULA_CHECK(plan.supported(), "layer {}: {}", layer.layer_id, plan.unsupported_reason);
-    ck::AttentionParams p = layer_params(q, out, layer, pool, options, options_.page_size);
-    p.q = static_cast<const char*>(q.data()) + part * D * static_cast<int64_t>(dtype_size(q.dtype()));
-    p.causal = part == 0 ? 1 : 0;
-    p.seq_score_scale = st.dca_temperature.data();
-    if (merged) {
-      p.out = st.dca_parts.data() + part * n * Hq * D;
-      p.out_stride_token = Hq * D;
-      p.out_stride_head = D;
-      p.out_f32 = 1;
-      p.lse = st.dca_lse.data() + part * n * Hq;
-      p.lse_stride_token = Hq;
-    }
-    p.num_seqs = d.num_runs;
-    p.cu_seqlens_q = st.dca_cu_q.data();
-    p.seq_lens_k = st.dca_kv_lens[static_cast<size_t>(part)].data();
-    p.page_table = st.dca_pages[static_cast<size_t>(part)].data();
-    p.page_table_stride = d.page_stride;
-    const ck::PrefillWork work{st.dca_items.data(), static_cast<int32_t>(d.items.size() / 2), plan.heads_per_group};
-    if (plan.kernel == CudaAttentionKernel::kPrefillWgmma) {
-      ck::launch_prefill_wgmma(p, work, st.stream);
-    } else {
-      ck::launch_prefill_mma(p, work, st.stream);
-    }
-  }
-  if (!merged) return;
-  ck::DualChunkMergeParams m{};
-  m.parts = st.dca_parts.data();
-  m.part_lse = st.dca_lse.data();
-  m.num_parts = d.num_parts;
-  m.out = out.data();
-  m.out_stride_token = out.stride(0);
-  m.out_stride_head = out.stride(1);
-  m.io_dtype = kernel_dtype_code(q.dtype());
-  m.lse = options.lse.defined() ? options.lse.data_as<float>() : nullptr;
-  m.lse_stride_token = options.lse.defined() ? options.lse.stride(0) : 0;
-  m.num_tokens = n;
-  m.num_heads = static_cast<int32_t>(Hq);
-  m.head_dim = static_cast<int32_t>(D);
-  ck::launch_dual_chunk_merge(m, st.stream);
 }
 
 void CudaAttentionBackend::run_prefill(const CudaAttentionPlan& plan, const TensorView& q, const TensorView& out,

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -88,6 +89,7 @@ class CudaAttentionBackend final : public AttentionBackend {
                   const ForwardOptions& options);
   void run_dual_chunk(const TensorView& q, const TensorView& out, const AttentionLayer& layer, const MHAKVPool& pool,
                       const ForwardOptions& options);
+  void select_dual_chunk_keys(const TensorView& q, const AttentionLayer& layer, const MHAKVPool& pool);
   void run_prefill(const CudaAttentionPlan& plan, const TensorView& q, const TensorView& out,
                    const AttentionLayer& layer, const MHAKVPool& pool, const ForwardOptions& options);
 
@@ -99,6 +101,7 @@ class CudaAttentionBackend final : public AttentionBackend {
   // The dual chunk setting of the checked layers (0: none), planned for in extend-like steps.
   mutable int dca_chunk_len_ = 0;
   mutable int dca_original_max_ = 0;
+  mutable std::optional<DualChunkSparsePattern> dca_sparse_;  // its sparse pattern (thresholds), if any
   State* state_;
 };
 

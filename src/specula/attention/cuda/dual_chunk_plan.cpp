@@ -4,16 +4,20 @@
 
 #include "specula/attention/cpu/dual_chunk.h"
 #include "specula/attention/cuda/kernels/attention_params.h"
+#include "specula/attention/cuda/kernels/dual_chunk_sparse.h"
 #include "specula/core/error.h"
 
 namespace specula {
 
 CudaDualChunkPlan plan_cuda_dual_chunk(int chunk_len, int original_max_position, int page_size,
                                        std::span<const int32_t> q_lens, std::span<const int32_t> kv_lens,
-                                       const PageTable& table) {
+                                       const PageTable& table, const DualChunkSparsePattern* sparse) {
   SPECULA_CHECK(chunk_len > 0 && chunk_len % page_size == 0,
                 "dual chunk attention's chunk length {} must be a positive multiple of page_size {} on the cuda backend",
                 chunk_len, page_size);
+  SPECULA_CHECK(sparse == nullptr || (sparse->last_q >= 1 && sparse->last_q <= cuda_kernels::kMaxSparseEstimators),
+                "dual chunk attention's sparse_attention_last_q {} is not supported on the cuda backend; 1 to {}",
+                sparse != nullptr ? sparse->last_q : 0, cuda_kernels::kMaxSparseEstimators);
   CudaDualChunkPlan plan;
   const int cl = chunk_len;
   plan.chunk_len = cl;
@@ -25,7 +29,6 @@ CudaDualChunkPlan plan_cuda_dual_chunk(int chunk_len, int original_max_position,
   std::vector<Run> runs;
   for (size_t i = 0; i < q_lens.size(); ++i) {
     const int q_len = q_lens[i], kv_len = kv_lens[i];
-    if (q_len >= 2) plan.max_prefill_kv_len = std::max(plan.max_prefill_kv_len, kv_len);
     for (int begin = kv_len - q_len; begin < kv_len;) {
       const int c = begin / cl;
       const int end = std::min(kv_len, (c + 1) * cl);
@@ -43,6 +46,21 @@ CudaDualChunkPlan plan_cuda_dual_chunk(int chunk_len, int original_max_position,
       plan.items.push_back(v);
       plan.items.push_back(q);
     }
+  }
+  for (int v = 0; v < plan.num_runs; ++v) {
+    const Run& r = runs[static_cast<size_t>(v)];
+    const size_t seq = static_cast<size_t>(r.seq);
+    plan.q_base.push_back(r.begin);
+    const bool is_sparse = sparse != nullptr && q_lens[seq] >= 2 && kv_lens[seq] > sparse->threshold;
+    plan.keep_run.push_back(is_sparse ? plan.num_sparse : -1);
+    if (!is_sparse) continue;
+    const int count = std::min(r.end - r.begin, sparse->last_q);
+    const int32_t fields[cuda_kernels::kSparseRunFields] = {plan.cu_q[static_cast<size_t>(v)] + (r.end - count - r.begin),
+                                                            r.end - count, count, r.end, r.chunk, r.seq};
+    plan.sparse_runs.insert(plan.sparse_runs.end(), std::begin(fields), std::end(fields));
+    plan.sparse_temperature.push_back(static_cast<float>(dual_chunk_logit_scale(kv_lens[seq], original_max_position)));
+    plan.sparse_max_end = std::max(plan.sparse_max_end, r.end);
+    ++plan.num_sparse;
   }
   for (const Run& r : runs) {
     plan.temperature.push_back(
@@ -65,6 +83,7 @@ CudaDualChunkPlan plan_cuda_dual_chunk(int chunk_len, int original_max_position,
         key_end = (r.chunk - 1) * cl;
       }
       lens.push_back(key_end - key_begin);
+      plan.key_base[static_cast<size_t>(part)].push_back(key_begin);
       plan.kv_rows[static_cast<size_t>(part)] += key_end - key_begin;
       const int first = key_begin / page_size, count = (key_end - key_begin + page_size - 1) / page_size;
       std::copy(table.row(r.seq) + first, table.row(r.seq) + first + count,

@@ -10,6 +10,10 @@
 // virtual sequence's keys are a page-aligned slice of its sequence's page table, so chunk_len
 // must be a multiple of the page size. A step whose runs all lie in chunk 0 needs pass 0 alone,
 // which writes the output directly.
+//
+// With a sparse pattern (attention/cpu/dual_chunk_sparse.h), the runs of a sequence with two or
+// more new tokens and more keys than the pattern's threshold are sparse: kernels/dual_chunk_sparse
+// picks each one's kept keys per head, and the passes see only those (through the mma.sync kernel).
 #pragma once
 
 #include <array>
@@ -17,6 +21,7 @@
 #include <span>
 #include <vector>
 
+#include "specula/attention/backend.h"
 #include "specula/attention/metadata.h"
 
 namespace specula {
@@ -26,7 +31,6 @@ struct CudaDualChunkPlan {
   int original_max_position = 0;
   int num_runs = 0;
   int num_parts = 0;                  // 1 + the highest chunk index of a run, at most 3
-  int max_prefill_kv_len = 0;         // longest sequence with two or more new tokens (0: none)
   std::vector<int32_t> cu_q;          // [num_runs + 1] the runs' query rows
   std::vector<int32_t> items;         // (run, first row) per tile of kPrefillTileRows rows
   std::vector<float> temperature;     // [num_runs] dual_chunk_logit_scale of the run's sequence
@@ -34,11 +38,21 @@ struct CudaDualChunkPlan {
   std::array<std::vector<int32_t>, 3> kv_lens;  // per pass [num_runs]
   std::array<std::vector<int32_t>, 3> pages;    // per pass [num_runs, page_stride]
   std::array<int64_t, 3> kv_rows{};             // per pass: the keys its runs read
+  // Sparse runs: per run its index among them or -1, the absolute position of its first query,
+  // and per pass the absolute index of its first key; per sparse run its
+  // ck::kSparseRunFields fields and temperature; the longest sparse run's end.
+  int num_sparse = 0;
+  int sparse_max_end = 0;
+  std::vector<int32_t> keep_run, q_base;
+  std::array<std::vector<int32_t>, 3> key_base;
+  std::vector<int32_t> sparse_runs;
+  std::vector<float> sparse_temperature;
 };
 
-// q_lens / kv_lens per sequence (queries are each sequence's last rows); table its page table.
+// q_lens / kv_lens per sequence (queries are each sequence's last rows); table its page table;
+// sparse: the layers' pattern, or nullptr.
 CudaDualChunkPlan plan_cuda_dual_chunk(int chunk_len, int original_max_position, int page_size,
                                        std::span<const int32_t> q_lens, std::span<const int32_t> kv_lens,
-                                       const PageTable& table);
+                                       const PageTable& table, const DualChunkSparsePattern* sparse = nullptr);
 
 }  // namespace specula

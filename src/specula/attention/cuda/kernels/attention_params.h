@@ -61,6 +61,16 @@ struct AttentionParams {
   int64_t num_kv_rows;          // with kv_row_start: the rows k_cache / v_cache hold
   const int32_t* q_kv_offset;   // [num_seqs] or nullptr: the KV index of each sequence's first query
                                 // (may be negative); nullptr: seq_lens_k - q_len (queries last)
+  // Prefill on mma.sync only: dual chunk attention's sparse runs (kernels/dual_chunk_sparse.h). A
+  // sequence s with keep_run[s] >= 0 sees key j only where bit key_base[s] + j of its (run, head)
+  // column bitmap or bit (q_base[s] + row) - (key_base[s] + j) of its distance bitmap is set
+  // (keep_words words per bitmap); keep_run nullptr: no sparse sequences.
+  const int32_t* keep_run;
+  const int32_t* key_base;
+  const int32_t* q_base;
+  const uint32_t* keep_cols;
+  const uint32_t* keep_dists;
+  int64_t keep_words;
 };
 
 // Split-KV decode: every (sequence, KV head) is cut into num_splits key ranges computed in the

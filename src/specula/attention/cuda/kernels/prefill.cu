@@ -114,6 +114,11 @@ struct Prefill {
     const int tile_last = (kv_end + kKeys - 1) / kKeys;
     const int32_t* pages = p.page_table + static_cast<int64_t>(seq) * p.page_table_stride;
     const int64_t mask_offset = custom ? p.mask_offsets[seq] : 0;
+    const int keep_run = p.keep_run != nullptr ? p.keep_run[seq] : -1;
+    const bool sparse = keep_run >= 0;
+    const int64_t keep_at = sparse ? (static_cast<int64_t>(keep_run) * p.num_q_heads + head) * p.keep_words : 0;
+    const int key_base = sparse ? p.key_base[seq] : 0;
+    const int q_base = sparse ? p.q_base[seq] : 0;
 
     // Q tile; rows past the sequence are zero.
     const T* q = static_cast<const T*>(p.q);
@@ -187,8 +192,8 @@ struct Prefill {
 
       // Scale, soft-cap, masks; to log2 units.
       const int tile_start = tile * kKeys;
-      const bool need_mask = !(tile_start + kKeys <= kv_len && (!causal || tile_start + kKeys - 1 <= pos_min) &&
-                               (p.window_left < 0 || tile_start >= pos_max - p.window_left) && !custom);
+      const bool need_mask = sparse || !(tile_start + kKeys <= kv_len && (!causal || tile_start + kKeys - 1 <= pos_min) &&
+                                         (p.window_left < 0 || tile_start >= pos_max - p.window_left) && !custom);
 #pragma unroll
       for (int nt = 0; nt < kKeys / 8; ++nt) {
 #pragma unroll
@@ -203,6 +208,11 @@ struct Prefill {
             bool visible = j < kv_len && (!causal || j <= pos) && (p.window_left < 0 || j >= pos - p.window_left);
             if (custom && qi < q_len && j < kv_len) {
               visible = visible && p.custom_mask[mask_offset + static_cast<int64_t>(qi) * kv_len + j] != 0;
+            }
+            if (sparse && visible && qi < q_len) {
+              const int key = key_base + j, dist = q_base + qi - key;
+              visible = ((p.keep_cols[keep_at + key / 32] >> (key % 32)) & 1u) != 0 ||
+                        (dist >= 0 && ((p.keep_dists[keep_at + dist / 32] >> (dist % 32)) & 1u) != 0);
             }
             if (!visible) v = kNegInf;
           }

@@ -465,6 +465,7 @@ void launch_prefill_wgmma(const AttentionParams& p, const PrefillWork& work, cud
                   "prefill_wgmma: head_dim " + std::to_string(p.head_dim) + " / v_head_dim " +
                       std::to_string(p.v_head_dim) + ", query dtype code " + std::to_string(p.io_dtype) +
                       ", KV dtype code " + std::to_string(p.kv_dtype) + " is not a case it is built for");
+  SPECULA_REQUIRE(p.keep_run == nullptr, "prefill_wgmma: dual chunk sparse runs are served by the mma.sync kernel only");
   if (work.num_items == 0) return;  // an empty grid is not a valid launch
   if (p.head_dim == 192) {
     launch_typed<__nv_bfloat16, 192, 128>(p, work, stream);
