@@ -158,7 +158,7 @@ TEST_F(CudaAttention, DualChunkSparsePrefill) {
       if (vertical < 1000) {
         EXPECT_GT(moved, 0.1);
       } else {
-        EXPECT_LT(moved, 1e-3);
+        EXPECT_LT(moved, 2e-2);  // the two bf16 roundings may differ by an ulp (0.0078 from 1 to 2)
       }
     }
   }

@@ -67,8 +67,29 @@ __device__ __forceinline__ void score_key(const DualChunkSparseParams& p, const 
     __syncthreads();
     if (!active) continue;
     float k[kSlice];
+    if ((p.kv_dtype == kBF16 || p.kv_dtype == kF16) && d0 + kSlice <= D) {
+      // Four 16-byte loads (rows and slices are 16-byte aligned: head_dim is a multiple of 8).
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k_cache) + krow + d0);
 #pragma unroll
-    for (int d = 0; d < kSlice; ++d) k[d] = d0 + d < D ? load_elem(p.k_cache, p.kv_dtype, krow + d0 + d) : 0.0f;
+      for (int c = 0; c < kSlice / 8; ++c) {
+        const uint4 raw = src[c];
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const uint16_t lo = static_cast<uint16_t>(words[w] & 0xffffu), hi = static_cast<uint16_t>(words[w] >> 16);
+          if (p.kv_dtype == kBF16) {
+            k[c * 8 + 2 * w] = __bfloat162float(__ushort_as_bfloat16(lo));
+            k[c * 8 + 2 * w + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
+          } else {
+            k[c * 8 + 2 * w] = __half2float(__ushort_as_half(lo));
+            k[c * 8 + 2 * w + 1] = __half2float(__ushort_as_half(hi));
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int d = 0; d < kSlice; ++d) k[d] = d0 + d < D ? load_elem(p.k_cache, p.kv_dtype, krow + d0 + d) : 0.0f;
+    }
 #pragma unroll
     for (int e = 0; e < kMaxSparseEstimators; ++e) {
       if (e >= count) break;

@@ -30,6 +30,21 @@ constexpr float kNegInf = -__builtin_huge_valf();
 // 16 query rows per warp; kPrefillTileRows / 16 warps share each K/V tile.
 constexpr int kThreads = kPrefillTileRows * 2;
 
+// Bits [start, start + 64) of a bitmap of `words` words (bits outside it read as 0): the kept
+// columns or distances of a key tile of a dual chunk sparse run.
+__device__ __forceinline__ uint64_t bits64(const uint32_t* bitmap, int64_t words, int64_t start) {
+  const int64_t w0 = start >= 0 ? start / 32 : -((31 - start) / 32);
+  const int shift = static_cast<int>(start - w0 * 32);
+  uint32_t w[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const int64_t at = w0 + i;
+    w[i] = at >= 0 && at < words ? bitmap[at] : 0u;
+  }
+  const uint64_t lo = (static_cast<uint64_t>(w[1]) << 32) | w[0];
+  return shift == 0 ? lo : (lo >> shift) | (static_cast<uint64_t>(w[2]) << (64 - shift));
+}
+
 template <typename T, typename KV, int D>
 struct Traits {
   static constexpr int kRows = kPrefillTileRows;
@@ -158,6 +173,30 @@ struct Prefill {
         cp_async_wait<0>();
       }
       __syncthreads();
+      // Dual chunk sparse runs: the tile's kept columns, and per row of this thread the kept
+      // distances of its keys (bit 63 - jj for key jj of the tile); a tile that keeps no key for
+      // any row of the block is skipped (the same answer in every thread).
+      uint64_t keep_col = 0, keep_dist[2] = {0, 0};
+      if (sparse) {
+        const int64_t key0 = static_cast<int64_t>(key_base) + tile * kKeys;
+        keep_col = bits64(p.keep_cols + keep_at, p.keep_words, key0);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const int qi = q_tile + warp * 16 + g + 8 * rr;
+          keep_dist[rr] = bits64(p.keep_dists + keep_at, p.keep_words, q_base + qi - key0 - 63);
+        }
+        bool any = (keep_col & (kKeys == 64 ? ~uint64_t{0} : (uint64_t{1} << kKeys) - 1)) != 0;
+        const int64_t dist_lo = q_base + q_tile - key0 - (kKeys - 1), dist_hi = q_base + q_tile + rows_valid - 1 - key0;
+        for (int64_t d = dist_lo; d <= dist_hi && !any; d += 64) {
+          const int64_t span = dist_hi - d + 1;
+          const uint64_t b = bits64(p.keep_dists + keep_at, p.keep_words, d);
+          any = (span >= 64 ? b : b & ((uint64_t{1} << span) - 1)) != 0;
+        }
+        if (!any) {
+          __syncthreads();  // the buffer is refilled two tiles from now, as at the loop's end
+          continue;
+        }
+      }
       const T* k_tile = sK + buf * kKeys * kStride;
       const T* v_tile = sV + buf * kKeys * kStride;
       if constexpr (Tr::kQInRegisters) {
@@ -209,10 +248,9 @@ struct Prefill {
             if (custom && qi < q_len && j < kv_len) {
               visible = visible && p.custom_mask[mask_offset + static_cast<int64_t>(qi) * kv_len + j] != 0;
             }
-            if (sparse && visible && qi < q_len) {
-              const int key = key_base + j, dist = q_base + qi - key;
-              visible = ((p.keep_cols[keep_at + key / 32] >> (key % 32)) & 1u) != 0 ||
-                        (dist >= 0 && ((p.keep_dists[keep_at + dist / 32] >> (dist % 32)) & 1u) != 0);
+            if (sparse) {
+              const int jj = j - tile_start;
+              visible = visible && (((keep_col >> jj) & 1u) != 0 || ((keep_dist[i >= 2 ? 1 : 0] >> (63 - jj)) & 1u) != 0);
             }
             if (!visible) v = kNegInf;
           }
