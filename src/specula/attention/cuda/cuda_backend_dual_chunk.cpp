@@ -65,9 +65,8 @@ void CudaAttentionBackend::run_dual_chunk(const TensorView& q, const TensorView&
   CudaAttentionShape shape = base_shape();
   for (int part = 0; part < d.num_parts; ++part) {
     shape.kv_rows = d.kv_rows[static_cast<size_t>(part)];
-    CudaAttentionPlan plan = select_cuda_extend(layer, q.dtype(), pool.dtype(), shape);
+    const CudaAttentionPlan plan = select_cuda_extend(layer, q.dtype(), pool.dtype(), shape);
     SPECULA_CHECK(plan.supported(), "layer {}: {}", layer.layer_id, plan.unsupported_reason);
-    if (sparse) plan.kernel = CudaAttentionKernel::kPrefillMma;  // the kernel that applies the kept keys
     ck::AttentionParams p = layer_params(q, out, layer, pool, options, options_.page_size);
     p.q = static_cast<const char*>(q.data()) + part * D * static_cast<int64_t>(dtype_size(q.dtype()));
     if (sparse) {

@@ -13,7 +13,7 @@
 //
 // With a sparse pattern (attention/cpu/dual_chunk_sparse.h), the runs of a sequence with two or
 // more new tokens and more keys than the pattern's threshold are sparse: kernels/dual_chunk_sparse
-// picks each one's kept keys per head, and the passes see only those (through the mma.sync kernel).
+// picks each one's kept keys per head, and the passes see only those.
 #pragma once
 
 #include <array>

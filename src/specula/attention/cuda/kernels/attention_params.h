@@ -61,7 +61,8 @@ struct AttentionParams {
   int64_t num_kv_rows;          // with kv_row_start: the rows k_cache / v_cache hold
   const int32_t* q_kv_offset;   // [num_seqs] or nullptr: the KV index of each sequence's first query
                                 // (may be negative); nullptr: seq_lens_k - q_len (queries last)
-  // Prefill on mma.sync only: dual chunk attention's sparse runs (kernels/dual_chunk_sparse.h). A
+  // Prefill: dual chunk attention's sparse runs (kernels/dual_chunk_sparse.h); the mma.sync kernel
+  // also skips key tiles that keep nothing for its block. A
   // sequence s with keep_run[s] >= 0 sees key j only where bit key_base[s] + j of its (run, head)
   // column bitmap or bit (q_base[s] + row) - (key_base[s] + j) of its distance bitmap is set
   // (keep_words words per bitmap); keep_run nullptr: no sparse sequences.

@@ -5,7 +5,7 @@
 // probabilities summed per key column and per distance give the vertical and slash scores; the
 // first forced_vertical columns and the forced_slash nearest distances rank first; each head keeps
 // its top vertical[h] columns and slash[h] distances (ties: the lower index) as two bitmaps, which
-// the mma.sync prefill kernel then applies (AttentionParams::keep_*).
+// the prefill kernels then apply (AttentionParams::keep_*).
 //
 // Four launches: partial log-sum-exps per key block, their merge, the probabilities summed (slash
 // sums through float atomics, so their last bits depend on the order blocks finish), and an exact

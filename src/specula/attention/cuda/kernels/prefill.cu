@@ -15,6 +15,7 @@
 #include "specula/attention/cuda/kernels/attention_params.h"
 #include "specula/core/convert.cuh"
 #include "specula/attention/cuda/kernels/io.cuh"
+#include "specula/attention/cuda/kernels/keep_bits.cuh"
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/attention/cuda/kernels/prefill_epilogue.cuh"
@@ -29,21 +30,6 @@ namespace {
 constexpr float kNegInf = -__builtin_huge_valf();
 // 16 query rows per warp; kPrefillTileRows / 16 warps share each K/V tile.
 constexpr int kThreads = kPrefillTileRows * 2;
-
-// Bits [start, start + 64) of a bitmap of `words` words (bits outside it read as 0): the kept
-// columns or distances of a key tile of a dual chunk sparse run.
-__device__ __forceinline__ uint64_t bits64(const uint32_t* bitmap, int64_t words, int64_t start) {
-  const int64_t w0 = start >= 0 ? start / 32 : -((31 - start) / 32);
-  const int shift = static_cast<int>(start - w0 * 32);
-  uint32_t w[3];
-#pragma unroll
-  for (int i = 0; i < 3; ++i) {
-    const int64_t at = w0 + i;
-    w[i] = at >= 0 && at < words ? bitmap[at] : 0u;
-  }
-  const uint64_t lo = (static_cast<uint64_t>(w[1]) << 32) | w[0];
-  return shift == 0 ? lo : (lo >> shift) | (static_cast<uint64_t>(w[2]) << (64 - shift));
-}
 
 template <typename T, typename KV, int D>
 struct Traits {

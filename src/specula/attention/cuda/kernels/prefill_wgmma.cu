@@ -28,6 +28,7 @@
 #include "specula/attention/cuda/kernels/cluster.cuh"
 #include "specula/core/convert.cuh"
 #include "specula/attention/cuda/kernels/io.cuh"
+#include "specula/attention/cuda/kernels/keep_bits.cuh"
 #include "specula/attention/cuda/kernels/online_softmax.cuh"
 #include "specula/attention/cuda/kernels/prefill_epilogue.cuh"
 #include "specula/attention/cuda/kernels/tensor_map.h"
@@ -315,6 +316,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float cap_log2 = p.logit_cap * kLog2e;
   const float unit = capped ? 1.0f : score_mul * kLog2e;  // raw score -> log2 units
   const int64_t mask_offset = custom ? p.mask_offsets[seq] : 0;
+  const int keep_run = p.keep_run != nullptr ? p.keep_run[seq] : -1;
+  const bool sparse = keep_run >= 0;
+  const int64_t keep_at = sparse ? (static_cast<int64_t>(keep_run) * p.num_q_heads + head) * p.keep_words : 0;
+  const int key_base = sparse ? p.key_base[seq] : 0;
+  const int q_base = sparse ? p.q_base[seq] : 0;
   const uint32_t q_addr = smem_address(sQ) + wg * 64 * 128;
   const int row_base = wg * 64 + warp * 16 + g;  // this thread's rows: row_base and row_base + 8
 
@@ -361,8 +367,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     const int tile_start = (tile_first + i) * kKeys;
-    const bool need_mask = !(tile_start + kKeys <= kv_len && (!causal || tile_start + kKeys - 1 <= pos_min) &&
-                             (p.window_left < 0 || tile_start >= pos_max - p.window_left) && !custom);
+    const bool need_mask = sparse || !(tile_start + kKeys <= kv_len && (!causal || tile_start + kKeys - 1 <= pos_min) &&
+                                       (p.window_left < 0 || tile_start >= pos_max - p.window_left) && !custom);
+    // Dual chunk sparse runs: the tile's kept columns (bit jj of window jj / 64), and per row of
+    // this thread the kept distances of its keys (bit 127 - jj).
+    uint64_t keep_col[2] = {0, 0}, keep_dist[2][2] = {{0, 0}, {0, 0}};
+    if (sparse) {
+      const int64_t key0 = static_cast<int64_t>(key_base) + tile_start;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) keep_col[h] = bits64(p.keep_cols + keep_at, p.keep_words, key0 + 64 * h);
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int64_t first = q_base + q_tile + row_base + 8 * rr - key0 - (kKeys - 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) keep_dist[rr][h] = bits64(p.keep_dists + keep_at, p.keep_words, first + 64 * h);
+      }
+    }
     if (need_mask) {
 #pragma unroll
       for (int nt = 0; nt < kKeys / 8; ++nt) {
@@ -374,6 +394,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           bool visible = j < kv_len && (!causal || j <= pos) && (p.window_left < 0 || j >= pos - p.window_left);
           if (custom && qi < q_len && j < kv_len) {
             visible = visible && p.custom_mask[mask_offset + static_cast<int64_t>(qi) * kv_len + j] != 0;
+          }
+          if (sparse) {
+            const int jj = j - tile_start, back = kKeys - 1 - jj;
+            visible = visible && (((keep_col[jj >> 6] >> (jj & 63)) & 1u) != 0 ||
+                                  ((keep_dist[e >= 2 ? 1 : 0][back >> 6] >> (back & 63)) & 1u) != 0);
           }
           if (!visible) s[nt][e] = kNegInf;
         }
@@ -465,7 +490,6 @@ void launch_prefill_wgmma(const AttentionParams& p, const PrefillWork& work, cud
                   "prefill_wgmma: head_dim " + std::to_string(p.head_dim) + " / v_head_dim " +
                       std::to_string(p.v_head_dim) + ", query dtype code " + std::to_string(p.io_dtype) +
                       ", KV dtype code " + std::to_string(p.kv_dtype) + " is not a case it is built for");
-  SPECULA_REQUIRE(p.keep_run == nullptr, "prefill_wgmma: dual chunk sparse runs are served by the mma.sync kernel only");
   if (work.num_items == 0) return;  // an empty grid is not a valid launch
   if (p.head_dim == 192) {
     launch_typed<__nv_bfloat16, 192, 128>(p, work, stream);
