@@ -396,9 +396,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             visible = visible && p.custom_mask[mask_offset + static_cast<int64_t>(qi) * kv_len + j] != 0;
           }
           if (sparse) {
-            const int jj = j - tile_start, back = kKeys - 1 - jj;
-            visible = visible && (((keep_col[jj >> 6] >> (jj & 63)) & 1u) != 0 ||
-                                  ((keep_dist[e >= 2 ? 1 : 0][back >> 6] >> (back & 63)) & 1u) != 0);
+            // Window indices known at compile time (nt is unrolled; 2t + (e & 1) < 8), so the windows
+            // stay in registers: key jj = j - tile_start is in column window nt / 8 and distance
+            // window 1 - nt / 8.
+            const int half = nt / 8, bit = (j - tile_start) & 63;
+            visible = visible && (((keep_col[half] >> bit) & 1u) != 0 ||
+                                  ((keep_dist[e >= 2 ? 1 : 0][1 - half] >> (63 - bit)) & 1u) != 0);
           }
           if (!visible) s[nt][e] = kNegInf;
         }
