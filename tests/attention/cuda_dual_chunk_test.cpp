@@ -21,9 +21,13 @@
 #include "specula/attention/cpu/dual_chunk_sparse.h"
 #include "specula/attention/cuda/cuda_attention_select.h"
 #include "specula/attention/cuda/cuda_backend.h"
+#include "specula/attention/cuda/dual_chunk_plan.h"
+#include "specula/attention/cpu/dual_chunk.h"
+#include "specula/attention/cuda/kernels/attention_params.h"
 #include "specula/attention/cuda/kernels/dual_chunk_sparse.h"
 #include "specula/core/cuda_check.h"
 #include "specula/core/dtype_codes.h"
+#include "specula/core/error.h"
 
 namespace specula::testing {
 namespace {
@@ -285,6 +289,75 @@ TEST_F(CudaAttention, DualChunkSparseSelect) {
       }
     }
   }
+}
+
+// The step plan alone (host code; runs without a GPU): every query row lies in exactly one run, at
+// its position, inside one chunk; each pass's keys, first key and page slice follow from that
+// chunk; temperatures, work items and the sparse runs' fields from their definitions.
+TEST(CudaDualChunkPlan, RunsPassesAndSparseRuns) {
+  const int cl = 64, page = 16, orig = 100;
+  const std::vector<int32_t> q_lens = {300, 200, 1, 64, 5}, kv_lens = {300, 237, 131, 128, 70};
+  PageTable table;
+  table.max_pages = 19;
+  std::mt19937 rng(static_cast<uint32_t>(fresh_seed()));
+  for (size_t i = 0; i < q_lens.size() * static_cast<size_t>(table.max_pages); ++i) table.pages.push_back(static_cast<int32_t>(rng() % 5000));
+  DualChunkSparsePattern sparse;
+  sparse.threshold = 120;
+  sparse.last_q = 8;
+  const CudaDualChunkPlan d = plan_cuda_dual_chunk(cl, orig, page, q_lens, kv_lens, table, &sparse);
+  ASSERT_EQ(d.num_parts, 3);
+  ASSERT_EQ(d.cu_q.front(), 0);
+  int row = 0, sparse_seen = 0;
+  size_t v = 0, item = 0;
+  for (size_t seq = 0; seq < q_lens.size(); ++seq) {
+    for (int pos = kv_lens[seq] - q_lens[seq]; pos < kv_lens[seq]; ++pos, ++row) {
+      while (v + 1 < d.cu_q.size() && d.cu_q[v + 1] <= row) ++v;
+      ASSERT_LT(v, static_cast<size_t>(d.num_runs));
+      ASSERT_EQ(d.q_base[v] + (row - d.cu_q[v]), pos) << "row " << row;
+      const int c = pos / cl, first = d.q_base[v], last = d.q_base[v] + (d.cu_q[v + 1] - d.cu_q[v]) - 1;
+      ASSERT_EQ(first / cl, c);
+      ASSERT_EQ(last / cl, c);
+      if (row != d.cu_q[v]) continue;  // the run's own checks, once
+      ASSERT_TRUE(last + 1 == kv_lens[seq] || (last + 1) % cl == 0) << "runs end at the sequence's end or a chunk's";
+      const int key_begin[3] = {c * cl, std::max(c - 1, 0) * cl, 0};
+      const int keys[3] = {last + 1 - c * cl, c >= 1 ? cl : 0, c >= 2 ? (c - 1) * cl : 0};
+      for (int part = 0; part < 3; ++part) {
+        ASSERT_EQ(d.kv_lens[static_cast<size_t>(part)][v], keys[part]) << "run " << v << " part " << part;
+        if (keys[part] > 0) {
+          ASSERT_EQ(d.key_base[static_cast<size_t>(part)][v], key_begin[part]);
+        }
+        for (int i = 0; i * page < keys[part]; ++i) {
+          ASSERT_EQ(d.pages[static_cast<size_t>(part)][v * static_cast<size_t>(d.page_stride) + static_cast<size_t>(i)],
+                    table.row(static_cast<int>(seq))[key_begin[part] / page + i]);
+        }
+      }
+      EXPECT_FLOAT_EQ(d.temperature[v], static_cast<float>(dual_chunk_logit_scale(kv_lens[seq], orig)));
+      for (int q = 0; q < last - first + 1; q += ck::kPrefillTileRows, ++item) {
+        ASSERT_EQ(d.items[2 * item], static_cast<int32_t>(v));
+        ASSERT_EQ(d.items[2 * item + 1], q);
+      }
+      const bool is_sparse = q_lens[seq] >= 2 && kv_lens[seq] > sparse.threshold;
+      ASSERT_EQ(d.keep_run[v], is_sparse ? sparse_seen : -1) << "run " << v;
+      if (!is_sparse) continue;
+      const int32_t* f = d.sparse_runs.data() + static_cast<size_t>(sparse_seen) * ck::kSparseRunFields;
+      const int count = std::min(last + 1 - first, sparse.last_q);
+      EXPECT_EQ(f[ck::kRunToken], d.cu_q[v] + (last + 1 - count - first));
+      EXPECT_EQ(f[ck::kRunFirstPos], last + 1 - count);
+      EXPECT_EQ(f[ck::kRunCount], count);
+      EXPECT_EQ(f[ck::kRunEnd], last + 1);
+      EXPECT_EQ(f[ck::kRunChunk], c);
+      EXPECT_EQ(f[ck::kRunPageRow], static_cast<int32_t>(seq));
+      ++sparse_seen;
+    }
+  }
+  EXPECT_EQ(row, d.cu_q.back());
+  EXPECT_EQ(item, d.items.size() / 2);
+  EXPECT_EQ(sparse_seen, d.num_sparse);
+  EXPECT_EQ(d.sparse_max_end, 300);
+  // A chunk that is not a whole number of pages, and more estimating queries than the kernels hold.
+  EXPECT_THROW(plan_cuda_dual_chunk(40, orig, page, q_lens, kv_lens, table, nullptr), Error);
+  sparse.last_q = ck::kMaxSparseEstimators + 1;
+  EXPECT_THROW(plan_cuda_dual_chunk(cl, orig, page, q_lens, kv_lens, table, &sparse), Error);
 }
 
 }  // namespace
