@@ -25,9 +25,6 @@ namespace {
 
 namespace ck = cuda_kernels;
 
-
-
-
 TEST_F(CudaAttention, DecodeGqaAndMha) {
   auto rng = rng_for_shapes();
   for (auto [hq, hk] : {std::pair{8, 8}, std::pair{32, 8}, std::pair{12, 4}, std::pair{16, 2}, std::pair{6, 2}}) {

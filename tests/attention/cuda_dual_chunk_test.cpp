@@ -118,51 +118,55 @@ TEST_F(CudaAttention, DualChunkPrefill) {
 // lines kept only among the forced ones (the first columns and the nearest distances, which rank
 // first whatever the scores), fewer than those, and every line (dense), so that both keep the
 // same keys; sparse runs beside dense sequences (under the threshold, or one new token) in one
-// step, runs over several chunks, pages of 1 and 16, the temperature. The estimate and the
-// ranking by score are tested on their own below.
+// step, runs over several chunks, pages of 1 and 16, the temperature; through the warpgroup-MMA
+// kernel (bf16 cache, head_dim 128) and the mma.sync one with its tile skipping (fp8 cache,
+// head_dim 96). The estimate and the ranking by score are tested on their own below.
 TEST_F(CudaAttention, DualChunkSparsePrefill) {
-  for (const auto& [vertical, slash] : {std::pair{6, 24}, std::pair{2, 5}, std::pair{100000, 100000}}) {
-    for (const int page : {1, 16}) {
-      auto pattern = std::make_shared<DualChunkSparsePattern>();
-      pattern->threshold = 120;
-      pattern->last_q = 8;
-      pattern->forced_vertical = 6;
-      pattern->forced_slash = 24;
-      pattern->vertical.assign(8, vertical);
-      pattern->slash.assign(8, slash);
-      HarnessConfig c = decode_config(8, 2, page, DType::bf16);
-      c.q_dtype = DType::bf16;
-      c.mode = ForwardMode::EXTEND;
-      c.head_dim = 128;
-      c.dca_chunk_len = 64;
-      c.dca_original_max = 100;
-      c.dca_sparse = pattern;
-      c.requests = {{0, 300}, {37, 200}, {130, 1}, {64, 64}, {0, 100}, {250, 140}};
-      const uint64_t seed = fresh_seed();
-      SCOPED_TRACE(::testing::Message() << "vertical " << vertical << " slash " << slash << " page " << page
-                                        << " seed=" << seed);
-      AttentionHarness h(c, seed);
-      CpuAttentionBackend cpu(h.backend_options());
-      const AttentionResult want = h.run(cpu);
-      AttentionBackendOptions o = h.backend_options();
-      o.device = Device::cuda(0);
-      CudaAttentionBackend gpu(o);
-      const AttentionResult got = h.run_on_device(gpu, Device::cuda(0));
-      ASSERT_EQ(got.out.size(), want.out.size());
-      double err = 0, lse_err = 0;
-      for (size_t i = 0; i < want.out.size(); ++i) err = std::max(err, std::abs(got.out[i] - want.out[i]));
-      for (size_t i = 0; i < want.lse.size(); ++i) lse_err = std::max(lse_err, std::abs(got.lse[i] - want.lse[i]));
-      EXPECT_LT(err, 2e-2);
-      EXPECT_LT(lse_err, 1e-2);
-      // The pattern matters: dense attention of the same step (the harness's reference, which
-      // leaves the pattern out) gives other outputs, except with every line kept.
-      const AttentionResult dense_out = h.reference<double>();
-      double moved = 0;
-      for (size_t i = 0; i < want.out.size(); ++i) moved = std::max(moved, std::abs(dense_out.out[i] - want.out[i]));
-      if (vertical < 1000) {
-        EXPECT_GT(moved, 0.1);
-      } else {
-        EXPECT_LT(moved, 2e-2);  // the two bf16 roundings may differ by an ulp (0.0078 from 1 to 2)
+  for (const auto& [kv, head_dim] :
+       {std::pair{DType::bf16, 128}, std::pair{DType::fp8_e4m3, 128}, std::pair{DType::bf16, 96}}) {
+    for (const auto& [vertical, slash] : {std::pair{6, 24}, std::pair{2, 5}, std::pair{100000, 100000}}) {
+      for (const int page : {1, 16}) {
+        auto pattern = std::make_shared<DualChunkSparsePattern>();
+        pattern->threshold = 120;
+        pattern->last_q = 8;
+        pattern->forced_vertical = 6;
+        pattern->forced_slash = 24;
+        pattern->vertical.assign(8, vertical);
+        pattern->slash.assign(8, slash);
+        HarnessConfig c = decode_config(8, 2, page, kv);
+        c.q_dtype = DType::bf16;
+        c.mode = ForwardMode::EXTEND;
+        c.head_dim = head_dim;
+        c.dca_chunk_len = 64;
+        c.dca_original_max = 100;
+        c.dca_sparse = pattern;
+        c.requests = {{0, 300}, {37, 200}, {130, 1}, {64, 64}, {0, 100}, {250, 140}};
+        const uint64_t seed = fresh_seed();
+        SCOPED_TRACE(::testing::Message() << dtype_name(kv) << " head_dim " << head_dim << " vertical " << vertical
+                                          << " slash " << slash << " page " << page << " seed=" << seed);
+        AttentionHarness h(c, seed);
+        CpuAttentionBackend cpu(h.backend_options());
+        const AttentionResult want = h.run(cpu);
+        AttentionBackendOptions o = h.backend_options();
+        o.device = Device::cuda(0);
+        CudaAttentionBackend gpu(o);
+        const AttentionResult got = h.run_on_device(gpu, Device::cuda(0));
+        ASSERT_EQ(got.out.size(), want.out.size());
+        double err = 0, lse_err = 0;
+        for (size_t i = 0; i < want.out.size(); ++i) err = std::max(err, std::abs(got.out[i] - want.out[i]));
+        for (size_t i = 0; i < want.lse.size(); ++i) lse_err = std::max(lse_err, std::abs(got.lse[i] - want.lse[i]));
+        EXPECT_LT(err, 2e-2);
+        EXPECT_LT(lse_err, 1e-2);
+        // The pattern matters: dense attention of the same step (the harness's reference, which
+        // leaves the pattern out) gives other outputs, except with every line kept.
+        const AttentionResult dense_out = h.reference<double>();
+        double moved = 0;
+        for (size_t i = 0; i < want.out.size(); ++i) moved = std::max(moved, std::abs(dense_out.out[i] - want.out[i]));
+        if (vertical < 1000) {
+          EXPECT_GT(moved, 0.1);
+        } else {
+          EXPECT_LT(moved, 2e-2);  // the two bf16 roundings may differ by an ulp (0.0078 from 1 to 2)
+        }
       }
     }
   }

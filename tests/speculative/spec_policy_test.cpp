@@ -94,6 +94,54 @@ TEST(SpecPolicy, DepthAcceptanceLearnsTheRatesAndTheExpectedRun) {
   EXPECT_NEAR(poor.expected_tokens(5), a.expected_tokens(5), 1e-6);
 }
 
+// While short chains run, the depths past them move toward the chain's last depth, so that a dip
+// which made the policy shorten its chains does not keep the deeper estimates (and the policy)
+// low for good; a full-length chain leaves nothing to move.
+TEST(SpecPolicy, DepthsPastAShortChainFollowItsLastDepth) {
+  DepthAcceptance a;
+  for (int i = 0; i < 200; ++i) a.observe(6, 2);  // depths 1-2 accepted, depth 3 rejected
+  ASSERT_GT(a.rate(2), 0.99);
+  ASSERT_LT(a.rate(3), 0.01);
+  ASSERT_LT(a.expected_tokens(6), 3.05);
+  for (int i = 0; i < 40; ++i) a.observe(2, 2);  // chains of two, both accepted
+  // Depth 3 closed kAlpha of its gap to depth 2 at each cycle: 1 - 0.9^40 of it.
+  EXPECT_NEAR(a.rate(3), 1 - std::pow(1 - DepthAcceptance::kAlpha, 40), 0.02);
+  EXPECT_GT(a.expected_tokens(6), 6.0);
+  // A chain as long as every depth known moves nothing past it.
+  DepthAcceptance full;
+  for (int i = 0; i < 50; ++i) full.observe(4, 4);
+  const double r3 = full.rate(3), r1 = full.rate(1);
+  full.observe(4, 0);
+  EXPECT_EQ(full.rate(3), r3);
+  EXPECT_LT(full.rate(1), r1);
+}
+
+// Speculation turned back on first catches the draft up on the tokens its requests ran without
+// it: spread over kCatchUpCycles cycles, that cost lowers every drafting shape's rate, so a shape
+// that barely beats "off" does not switch on while the lag is long; with no lag it does.
+TEST(SpecPolicy, CatchUpCostDelaysTurningSpeculationBackOn) {
+  const SpecParams max{4, 1, 5};
+  SpecPolicy policy(SpecPolicyKind::AUTO, max);
+  DepthAcceptance a;
+  for (int i = 0; i < 300; ++i) a.observe(4, 4);
+  const std::vector<const DepthAcceptance*> batch(1, &a);
+  // Off: 1 token per ms; (4, 5): about 5 tokens per 3 ms; shorter chains slower per token.
+  for (const SpecShape& s : policy.shapes()) policy.costs().set_prior(1, s, s.off() ? 1e-3 : s.num_steps == 4 ? 3e-3 : 1e-2);
+  EXPECT_EQ(policy.choose(batch, 0).shape, (SpecShape{4, 5}));
+  policy.costs().observe_catch_up(1, 10, 10e-3);  // 1 ms per missed token
+  ASSERT_NEAR(*policy.costs().catch_up_per_token(1), 1e-3, 1e-12);
+  // 24 missed tokens: 24 ms over 8 cycles adds 3 ms a cycle: about 5 / 6 ms < 1 per ms.
+  SpecPolicy lagging(SpecPolicyKind::AUTO, max);
+  for (const SpecShape& s : lagging.shapes()) lagging.costs().set_prior(1, s, s.off() ? 1e-3 : s.num_steps == 4 ? 3e-3 : 1e-2);
+  lagging.costs().observe_catch_up(1, 10, 10e-3);
+  EXPECT_TRUE(lagging.choose(batch, 24).shape.off());
+  EXPECT_EQ(lagging.choose(batch, 2).shape, (SpecShape{4, 5}));  // 0.25 ms a cycle: still worth it
+  // The per-token estimate is an exponential average of what catch-ups measure.
+  lagging.costs().observe_catch_up(1, 4, 8e-3);
+  EXPECT_NEAR(*lagging.costs().catch_up_per_token(1), 1e-3 + SpecCostModel::kAlpha * (2e-3 - 1e-3), 1e-12);
+  EXPECT_FALSE(SpecPolicy(SpecPolicyKind::AUTO, max).costs().catch_up_per_token(1).has_value());
+}
+
 TEST(SpecPolicy, PicksTheMostTokensPerSecondIncludingOff) {
   std::mt19937 rng(std::random_device{}());
   const SpecParams max{6, 1, 7};

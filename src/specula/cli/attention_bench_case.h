@@ -31,7 +31,7 @@ struct AttentionBenchCase {
   // Layers whose calls run back to back in one timed step, each over its own cache (so no layer
   // finds another's KV in the L2); figures are per layer. 1: one isolated call.
   int layers = 1;
-  // > 0: a dual chunk attention layer (decode only on the GPU): q holds three rotary variants.
+  // > 0: a dual chunk attention layer: q holds three rotary variants (five with dca_sparse).
   int dca_chunk_len = 0;
   int dca_original_max = 0;
   std::shared_ptr<const DualChunkSparsePattern> dca_sparse;  // the sparse prefill pattern, or none

@@ -390,6 +390,11 @@ void run_offline(const Options& o) {
       report.extra_lines.emplace_back(fmt::format("policy {} at batch <= {}", spec_policy_name(eo.speculative->policy), bucket),
                                       fmt::format("{} ({} steps)", fmt::join(parts, ", "), steps));
     }
+    if (stats.spec_catch_ups > 0) {
+      report.extra_lines.emplace_back(
+          "draft catch-ups", fmt::format("{} ({} missed tokens, {:.3f} s)", stats.spec_catch_ups, stats.spec_catch_up_tokens,
+                                         stats.spec_catch_up_s));
+    }
     const SpecTiming& tm = engine->speculative_worker()->timing();
     const double per = tm.cycles > 0 ? 1e3 / static_cast<double>(tm.cycles) : 0.0;
     report.extra_lines.emplace_back("ms per cycle: draft steps",

@@ -24,7 +24,7 @@ void check_tensor_parallel(const ModelConfig& c, int tp_size) {
   SPECULA_CHECK(!c.has_moe() || c.moe.moe_intermediate_size % tp_size == 0,
                 "--tp-size {}: the experts' moe_intermediate_size {} does not split evenly; use a tp size that divides it",
                 tp_size, c.moe.moe_intermediate_size);
-  SPECULA_CHECK(!c.dual_chunk.enabled(), "--tp-size {}: dual chunk attention runs on the CPU only", tp_size);
+  SPECULA_CHECK(!c.dual_chunk.enabled(), "--tp-size {}: dual chunk attention is not supported with tensor parallelism; use --tp-size 1", tp_size);
   SPECULA_CHECK(c.num_attention_heads % tp_size == 0,
                 "--tp-size {}: the model's {} attention heads do not split evenly; use a tp size that divides {}",
                 tp_size, c.num_attention_heads, c.num_attention_heads);

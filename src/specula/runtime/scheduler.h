@@ -71,6 +71,11 @@ struct SchedulerStats {
   // The speculative policy's choices: cycles per (batch size bucket, shape: "off" or
   // "(steps, draft tokens)").
   std::map<int, std::map<std::string, int64_t>> spec_choices;
+  // Catch-ups of the draft after steps with speculation off: how many, their missed tokens (all
+  // requests) and seconds.
+  int64_t spec_catch_ups = 0;
+  int64_t spec_catch_up_tokens = 0;
+  double spec_catch_up_s = 0;
   int64_t kv_free_tokens = 0;   // free in the allocator
   int64_t kv_cached_tokens = 0; // held by the prefix cache
   int64_t kv_total_tokens = 0;

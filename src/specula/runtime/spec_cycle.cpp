@@ -208,15 +208,26 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan, std::chrono::st
   SpecPolicy& policy = spec_->policy();
   std::vector<const DepthAcceptance*> acceptance;
   for (const Planned& p : plan) acceptance.push_back(&p.req->acceptance);
-  SpecChoice choice = policy.choose(acceptance);
+  // Tokens the requests are ahead of their drafts (steps they ran with speculation off).
+  int64_t missed = 0;
+  for (const Planned& p : plan) missed += std::max(0, p.req->kv_len() - p.req->kv.draft_len);
+  SpecChoice choice = policy.choose(acceptance, missed);
   // The draft must know every pair before it drafts from a request's root. (Left out of the
   // step's cost: this is the deferred cost of the steps that ran with speculation off.) When it
   // cannot, the step runs without drafting; the requests' own KV is untouched either way.
   double catch_up_s = 0;
   if (!choice.shape.off()) {
     const auto t = Clock::now();
-    if (std::string failed = catch_up_drafts(plan); !failed.empty()) choice = {SpecShape{}, 0, false, std::move(failed)};
+    std::string failed = catch_up_drafts(plan);
     catch_up_s = since(t);
+    if (!failed.empty()) {
+      choice = {SpecShape{}, 0, false, std::move(failed)};
+    } else if (missed > 0) {
+      policy.costs().observe_catch_up(static_cast<int>(plan.size()), missed, catch_up_s);
+      ++stats_.spec_catch_ups;
+      stats_.spec_catch_up_tokens += missed;
+      stats_.spec_catch_up_s += catch_up_s;
+    }
   }
   // What the policy learns: the step's whole time (planning, the scratch pages, building and
   // running the cycle, the draft extend), less the per-token work, which costs the same per token

@@ -44,6 +44,9 @@ void DepthAcceptance::observe(int depth, int accepted) {
     double& r = rates_[static_cast<size_t>(d - 1)];
     r += kAlpha * ((d <= accepted ? 1.0 : 0.0) - r);
   }
+  if (depth < 1) return;
+  const double last = rate(depth);
+  for (size_t d = static_cast<size_t>(depth); d < rates_.size(); ++d) rates_[d] += kAlpha * (last - rates_[d]);
 }
 
 void DepthAcceptance::drift_to(const DepthAcceptance& to) {
@@ -114,6 +117,21 @@ int64_t SpecCostModel::measured(int batch_size, const SpecShape& shape) const {
   return e != nullptr ? e->measured : 0;
 }
 
+void SpecCostModel::observe_catch_up(int batch_size, int64_t tokens, double seconds) {
+  if (tokens <= 0 || !(seconds > 0)) return;
+  Entry& e = catch_up_[bucket(batch_size)];
+  const double per_token = seconds / static_cast<double>(tokens);
+  e.seconds = e.known ? e.seconds + kAlpha * (per_token - e.seconds) : per_token;
+  e.known = true;
+  ++e.measured;
+}
+
+std::optional<double> SpecCostModel::catch_up_per_token(int batch_size) const {
+  const auto it = catch_up_.find(bucket(batch_size));
+  if (it == catch_up_.end() || !it->second.known) return std::nullopt;
+  return it->second.seconds;
+}
+
 SpecPolicy::SpecPolicy(SpecPolicyKind kind, const SpecParams& max, std::vector<int> bucket_sizes)
     : kind_(kind), shapes_(policy_shapes(max, kind)), costs_(std::move(bucket_sizes)) {}
 
@@ -126,7 +144,7 @@ void SpecPolicy::force_sequence(std::vector<SpecShape> sequence) {
   forced_next_ = 0;
 }
 
-SpecChoice SpecPolicy::choose(const std::vector<const DepthAcceptance*>& requests) {
+SpecChoice SpecPolicy::choose(const std::vector<const DepthAcceptance*>& requests, int64_t missed) {
   SPECULA_ASSERT(!requests.empty());
   if (!forced_.empty()) {
     const SpecShape s = forced_[forced_next_++ % forced_.size()];
@@ -145,10 +163,12 @@ SpecChoice SpecPolicy::choose(const std::vector<const DepthAcceptance*>& request
     double rate;
   };
   std::vector<Rated> rated;
+  const double catch_up =
+      missed > 0 ? costs_.catch_up_per_token(bs).value_or(0.0) * static_cast<double>(missed) / kCatchUpCycles : 0.0;
   for (const SpecShape& s : shapes_) {
     double tokens = 0;
     for (const DepthAcceptance* a : requests) tokens += a->expected_tokens(s.num_steps);
-    rated.push_back({s, tokens / *costs_.seconds(bs, s)});
+    rated.push_back({s, tokens / (*costs_.seconds(bs, s) + (s.off() ? 0.0 : catch_up))});
   }
   // Best first; ties go to the shape listed first (off, then shorter drafts).
   std::stable_sort(rated.begin(), rated.end(), [](const Rated& a, const Rated& b) { return a.rate > b.rate; });

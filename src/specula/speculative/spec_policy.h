@@ -52,6 +52,9 @@ class DepthAcceptance {
 
   // A cycle of max depth `depth` that accepted `accepted` draft tokens (0..depth): depths
   // 1..accepted were accepted, depth accepted + 1 (if <= depth) was not; deeper ones say nothing.
+  // Depths past the chain (a shape shorter than the longest) move kAlpha of the way to the
+  // chain's last depth: they are not observed while short chains run, and left as they were, a
+  // dip that made the policy pick a short chain would keep it there for good.
   void observe(int depth, int accepted);
   // Starts from another's rates (a new request starts from the engine-wide average).
   void seed(const DepthAcceptance& from) { rates_ = from.rates_; }
@@ -85,6 +88,10 @@ class SpecCostModel {
   // The estimate, or nullopt when the bucket has neither a prior nor a measurement.
   std::optional<double> seconds(int batch_size, const SpecShape& shape) const;
   int64_t measured(int batch_size, const SpecShape& shape) const;
+  // Catching the draft up on the tokens it missed while speculation was off (a target extend over
+  // them and a draft extend): seconds per missed token, an exponential average per bucket.
+  void observe_catch_up(int batch_size, int64_t tokens, double seconds);
+  std::optional<double> catch_up_per_token(int batch_size) const;
 
  private:
   struct Entry {
@@ -94,6 +101,7 @@ class SpecCostModel {
   };
   std::vector<int> buckets_;
   std::map<std::pair<int, std::pair<int, int>>, Entry> entries_;
+  std::map<int, Entry> catch_up_;  // per bucket: seconds per missed token
   const Entry* find(int batch_size, const SpecShape& shape) const;
 };
 
@@ -115,6 +123,9 @@ class SpecPolicy {
   // noise, and each change costs (a cycle that pays the previous shape's tail, a catch-up of the
   // draft after speculation was off).
   static constexpr double kSwitchMargin = 0.05;
+  // Turning speculation back on first catches the draft up on the tokens it missed: that cost,
+  // spread over this many cycles, is added to each drafting shape's while requests lag.
+  static constexpr int kCatchUpCycles = 8;
 
   SpecPolicy(SpecPolicyKind kind, const SpecParams& max, std::vector<int> bucket_sizes = {});
 
@@ -129,7 +140,9 @@ class SpecPolicy {
   // batch's bucket are tried first (largest first), then the estimated best (the bucket's
   // current shape unless beaten by kSwitchMargin); every kExploreEvery choices of a bucket the
   // runner-up runs kExploreCycles cycles so that its estimate stays current.
-  SpecChoice choose(const std::vector<const DepthAcceptance*>& requests);
+  // missed: the tokens the batch's requests are ahead of their drafts, in all (steps they ran
+  // with speculation off), whose catch-up a drafting shape would pay first.
+  SpecChoice choose(const std::vector<const DepthAcceptance*>& requests, int64_t missed = 0);
   // Tests: from now on choose() cycles through `sequence` (each one of shapes()), whatever the
   // costs say, so that every transition between shapes is exercised; empty: back to the costs.
   void force_sequence(std::vector<SpecShape> sequence);

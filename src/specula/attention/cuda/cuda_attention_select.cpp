@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "specula/attention/cuda/kernels/attention_params.h"
+#include "specula/attention/cuda/kernels/dual_chunk_sparse.h"
 #include "specula/attention/cuda/kernels/prefill_wgmma.h"
 #include "specula/attention/cuda/kernels/tree_attention.h"
 #include "specula/core/error.h"
@@ -125,6 +126,11 @@ CudaAttentionPlan select_cuda_extend(const AttentionLayer& layer, DType q_dtype,
   }
   if (layer.dca_chunk_len > 0 && shape.custom_mask) {
     return unsupported("dual chunk attention with a tree mask (speculative verify) is not supported");
+  }
+  if (layer.dca_sparse != nullptr &&
+      (layer.dca_sparse->last_q < 1 || layer.dca_sparse->last_q > ck::kMaxSparseEstimators)) {
+    return unsupported(fmt::format("dual chunk attention's sparse_attention_last_q {} is not supported; 1 to {}",
+                                   layer.dca_sparse->last_q, ck::kMaxSparseEstimators));
   }
   if (layer.dca_chunk_len > 0 && layer.dca_chunk_len % shape.page_size != 0) {
     return unsupported(fmt::format(

@@ -90,7 +90,15 @@ void CudaAttentionBackend::check_layer(const AttentionLayer& layer, DType q_dtyp
                   dca_original_max_);
     dca_chunk_len_ = layer.dca_chunk_len;
     dca_original_max_ = layer.dca_original_max_position;
-    if (layer.dca_sparse != nullptr && !dca_sparse_) dca_sparse_ = *layer.dca_sparse;
+    if (layer.dca_sparse != nullptr) {
+      // The step plan takes the pattern's threshold and estimating queries from the first layer.
+      const DualChunkSparsePattern& s = *layer.dca_sparse;
+      if (!dca_sparse_) dca_sparse_ = s;
+      SPECULA_CHECK(s.threshold == dca_sparse_->threshold && s.last_q == dca_sparse_->last_q,
+                    "layer {}: sparse_attention_threshold {} and last_q {}, where an earlier layer has {} and {}; the "
+                    "cuda backend serves one setting per model",
+                    layer.layer_id, s.threshold, s.last_q, dca_sparse_->threshold, dca_sparse_->last_q);
+    }
   }
   require(select_cuda_decode(layer, q_dtype, kv_dtype, shape));
   const HeadLayout layout{layer.num_q_heads, layer.num_kv_heads, layer.head_dim, layer.use_local_attention};
@@ -423,7 +431,7 @@ void CudaAttentionBackend::launch_tree(const TensorView& q, const TensorView& ou
 }
 
 // The Params fields every non-tree launch shares: q, out, the layer's cache and its facts.
-ck::AttentionParams layer_params(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+ck::AttentionParams cuda_layer_params(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
                                  const MHAKVPool& pool, const ForwardOptions& options, int page_size) {
   const bool fp8 = pool.dtype() == DType::fp8_e4m3;
   ck::AttentionParams p{};
@@ -478,7 +486,7 @@ void CudaAttentionBackend::run_decode(const TensorView& q, const TensorView& out
                 "layer {} ({} query / {} KV heads of dim {}) was not passed to check_layer before "
                 "init_forward_metadata",
                 layer.layer_id, layer.num_q_heads, layer.num_kv_heads, layer.head_dim);
-  ck::AttentionParams p = layer_params(q, out, layer, pool, options, options_.page_size);
+  ck::AttentionParams p = cuda_layer_params(q, out, layer, pool, options, options_.page_size);
   p.chunk_size = local ? options_.attention_chunk_size : 0;
   p.dca_chunk_len = layer.dca_chunk_len;
   p.dca_original_max_position = layer.dca_original_max_position;
@@ -504,7 +512,7 @@ void CudaAttentionBackend::run_prefill(const CudaAttentionPlan& plan, const Tens
                                        const ForwardOptions& options) {
   State& st = *state_;
   const bool local = layer.use_local_attention;
-  ck::AttentionParams p = layer_params(q, out, layer, pool, options, options_.page_size);
+  ck::AttentionParams p = cuda_layer_params(q, out, layer, pool, options, options_.page_size);
   p.sinks = device_sinks(layer);
   p.custom_mask = st.has_custom_mask ? st.active->custom_mask.data() : nullptr;
   p.mask_offsets = st.has_custom_mask ? st.active->mask_offsets.data() : nullptr;

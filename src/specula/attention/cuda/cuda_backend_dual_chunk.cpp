@@ -21,8 +21,10 @@ namespace ck = cuda_kernels;
 // Dual chunk attention: the runs, passes and their page tables, for every dual chunk layer.
 void CudaAttentionBackend::stage_dual_chunk(const Sequences& seqs) {
   State& st = *state_;
+  // Sparse rows in prefill and extend steps only, as on the CPU backend.
+  const bool sparse_rows = st.mode == ForwardMode::EXTEND || st.mode == ForwardMode::MIXED;
   st.dca = plan_cuda_dual_chunk(dca_chunk_len_, dca_original_max_, options_.page_size, seqs.q_lens, seqs.kv_lens,
-                                seqs.table, dca_sparse_ ? &*dca_sparse_ : nullptr);
+                                seqs.table, dca_sparse_ && sparse_rows ? &*dca_sparse_ : nullptr);
   st.dca_cu_q.upload(st.dca.cu_q, st.device, st.uploads);
   st.dca_items.upload(st.dca.items, st.device, st.uploads);
   st.dca_temperature.upload(st.dca.temperature, st.device, st.uploads);
@@ -67,7 +69,7 @@ void CudaAttentionBackend::run_dual_chunk(const TensorView& q, const TensorView&
     shape.kv_rows = d.kv_rows[static_cast<size_t>(part)];
     const CudaAttentionPlan plan = select_cuda_extend(layer, q.dtype(), pool.dtype(), shape);
     SPECULA_CHECK(plan.supported(), "layer {}: {}", layer.layer_id, plan.unsupported_reason);
-    ck::AttentionParams p = layer_params(q, out, layer, pool, options, options_.page_size);
+    ck::AttentionParams p = cuda_layer_params(q, out, layer, pool, options, options_.page_size);
     p.q = static_cast<const char*>(q.data()) + part * D * static_cast<int64_t>(dtype_size(q.dtype()));
     if (sparse) {
       p.keep_run = st.dca_keep_run.data();
@@ -127,12 +129,13 @@ void CudaAttentionBackend::select_dual_chunk_keys(const TensorView& q, const Att
   SPECULA_CHECK(static_cast<int>(pattern.vertical.size()) == Hq && static_cast<int>(pattern.slash.size()) == Hq,
                 "layer {}: the sparse pattern has {} vertical and {} slash sizes for {} query heads", layer.layer_id,
                 pattern.vertical.size(), pattern.slash.size(), Hq);
-  Buffer& lines = st.dca_lines[layer.layer_id];
-  if (lines.data() == nullptr) {
-    std::vector<int32_t> host(pattern.vertical.begin(), pattern.vertical.end());
-    host.insert(host.end(), pattern.slash.begin(), pattern.slash.end());
+  std::vector<int32_t> host(pattern.vertical.begin(), pattern.vertical.end());
+  host.insert(host.end(), pattern.slash.begin(), pattern.slash.end());
+  auto& [values, lines] = st.dca_lines[layer.layer_id];
+  if (values != host) {  // uploaded once per layer and set of values
+    values = host;
     lines = Buffer(DType::i32, {2 * static_cast<int64_t>(Hq)}, options_.device);
-    copy(lines, TensorView(host.data(), DType::i32, {2 * static_cast<int64_t>(Hq)}));
+    copy(lines, TensorView(values.data(), DType::i32, {2 * static_cast<int64_t>(Hq)}));
   }
   int64_t partial = 0, lse = 0, scores = 0;
   ck::dual_chunk_sparse_workspace(d.num_sparse, Hq, d.sparse_max_end, partial, lse, scores);

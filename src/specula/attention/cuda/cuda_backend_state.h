@@ -70,7 +70,7 @@ struct CudaAttentionBackend::State {
   std::array<DeviceArray<int32_t>, 3> dca_key_base;
   DeviceArray<float> dca_sparse_temperature, dca_partial, dca_est_lse, dca_vertical, dca_slash;
   DeviceArray<uint32_t> dca_keep_cols, dca_keep_dists;
-  std::map<int, Buffer> dca_lines;
+  std::map<int, std::pair<std::vector<int32_t>, Buffer>> dca_lines;
   // Sinks per layer id, uploaded once (and again only if the values change).
   std::map<int, std::pair<std::vector<float>, Buffer>> sinks;
 
@@ -84,9 +84,9 @@ struct CudaAttentionBackend::Sequences {
   PageTable table;
 };
 
-// The params fields every non-tree launch shares: q, out, the layer's cache and its facts.
-// The Params fields every non-tree launch shares: q, out, the layer's cache and its facts.
-cuda_kernels::AttentionParams layer_params(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
-                                 const MHAKVPool& pool, const ForwardOptions& options, int page_size);
+// The params fields every non-tree launch of the CUDA backend shares: q, out, the layer's cache
+// and its facts.
+cuda_kernels::AttentionParams cuda_layer_params(const TensorView& q, const TensorView& out, const AttentionLayer& layer,
+                                                const MHAKVPool& pool, const ForwardOptions& options, int page_size);
 
 }  // namespace specula

@@ -12,7 +12,7 @@ namespace specula::cuda_kernels {
 struct DualChunkMergeParams {
   const float* parts;      // [num_parts][num_tokens, num_heads, head_dim], dense
   const float* part_lse;   // [num_parts][num_tokens, num_heads]
-  int32_t num_parts;       // 2 or 3
+  int32_t num_parts;       // 1 to 3
   void* out;               // [num_tokens, num_heads, head_dim] with the strides below, io dtype
   int64_t out_stride_token;
   int64_t out_stride_head;

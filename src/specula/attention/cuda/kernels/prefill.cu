@@ -62,6 +62,7 @@ struct Prefill {
   using Tr = Traits<T, KV, D>;
   static constexpr int kRows = Tr::kRows;
   static constexpr int kKeys = Tr::kKeys;
+  static_assert(kKeys <= 64, "the dual chunk keep windows (bits64) cover 64 keys of a tile");
   static constexpr int kStride = Tr::kStride;
 
   // Gathers keys [tile * kKeys, + kKeys) of one KV head into shared memory; rows past kv_len

@@ -46,6 +46,7 @@ constexpr float kNegInf = -__builtin_huge_valf();
 constexpr int kRows = kPrefillTileRows;
 static_assert(kRows == 128, "two warpgroups of 64 query rows");
 constexpr int kKeys = 128;
+static_assert(kKeys == 128, "the dual chunk keep windows are two of 64 keys per tile");
 constexpr int kConsumerThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
