@@ -213,8 +213,9 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan, std::chrono::st
   for (const Planned& p : plan) missed += std::max(0, p.req->kv_len() - p.req->kv.draft_len);
   SpecChoice choice = policy.choose(acceptance, missed);
   // The draft must know every pair before it drafts from a request's root. (Left out of the
-  // step's cost: this is the deferred cost of the steps that ran with speculation off.) When it
-  // cannot, the step runs without drafting; the requests' own KV is untouched either way.
+  // step's cost: this is the deferred cost of the steps that ran with speculation off, which the
+  // policy learns apart, per missed token.) When it cannot, the step runs without drafting; the
+  // requests' own KV is untouched either way.
   double catch_up_s = 0;
   if (!choice.shape.off()) {
     const auto t = Clock::now();
