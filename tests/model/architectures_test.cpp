@@ -514,6 +514,38 @@ TEST_P(Architectures, MatchTheFloat64Reference) {
   std::filesystem::remove_all(dir);
 }
 
+// A tiny checkpoint's prompt logits on the GPU (pages of 16) against the float64 reference and
+// the CPU path: the largest |logit| of the reference and the largest differences to each.
+struct GpuLogitErrors {
+  double max_abs = 0, to_reference = 0, to_cpu = 0;
+};
+GpuLogitErrors gpu_logit_errors(Generator& gpu, Generator& cpu, const TinyModel& m, const Arch& a,
+                                const std::vector<int32_t>& ids) {
+  const std::vector<float> got = gpu.prompt_logits(ids);
+  const std::vector<float> on_cpu = cpu.prompt_logits(ids);
+  const std::vector<double> want = reference_logits(m, a, ids);
+  GpuLogitErrors e;
+  EXPECT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    if (!std::isfinite(got[i])) {
+      ADD_FAILURE() << "logit " << i << " is " << got[i];
+      e.to_reference = INFINITY;
+      break;
+    }
+    e.to_reference = std::max(e.to_reference, std::fabs(got[i] - want[i]));
+    e.max_abs = std::max(e.max_abs, std::fabs(want[i]));
+    e.to_cpu = std::max(e.to_cpu, static_cast<double>(std::fabs(got[i] - on_cpu[i])));
+  }
+  return e;
+}
+
+GeneratorOptions pages_of_16_on(Device device) {
+  GeneratorOptions o;
+  o.page_size = 16;
+  o.device = device;
+  return o;
+}
+
 // The mixture-of-experts architectures on the GPU (CudaMoe inside the Llama-family layer, experts
 // read from the checkpoint): prompt logits against the float64 reference and the CPU path. The
 // GPU's bf16 attention and experts move the router's logits by ~1% of their scale, so a model
@@ -537,27 +569,13 @@ TEST_P(Architectures, MixtureOfExpertsOnTheGpuMatchesTheReference) {
   SCOPED_TRACE(::testing::Message() << a.name << " seed=" << seed - 1);
   const auto dir = std::filesystem::temp_directory_path() / ("specula_arch_gpu_" + std::to_string(seed));
   write_checkpoint(m, a, dir);
-  GeneratorOptions o;
-  o.page_size = 16;
-  o.device = Device::cuda(0);
-  Generator gpu(dir, o);
-  o.device = Device::cpu();
-  Generator cpu(dir, o);
-  const std::vector<float> got = gpu.prompt_logits(ids);
-  const std::vector<float> on_cpu = cpu.prompt_logits(ids);
-  const std::vector<double> want = reference_logits(m, a, ids);
-  ASSERT_EQ(got.size(), want.size());
-  double max_err = 0, max_abs = 0, cpu_diff = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << i;
-    max_err = std::max(max_err, std::fabs(got[i] - want[i]));
-    max_abs = std::max(max_abs, std::fabs(want[i]));
-    cpu_diff = std::max(cpu_diff, static_cast<double>(std::fabs(got[i] - on_cpu[i])));
-  }
-  EXPECT_GT(max_abs, 0.5);
+  Generator gpu(dir, pages_of_16_on(Device::cuda(0)));
+  Generator cpu(dir, pages_of_16_on(Device::cpu()));
+  const GpuLogitErrors e = gpu_logit_errors(gpu, cpu, m, a, ids);
+  EXPECT_GT(e.max_abs, 0.5);
   // bf16 q/k/v and experts (the checkpoint is f32): as the DeepSeek MoE models' GPU tolerance.
-  EXPECT_LT(max_err, 4.5e-2 * std::max(1.0, max_abs)) << "max |logit| " << max_abs;
-  EXPECT_LT(cpu_diff, 4.5e-2 * std::max(1.0, max_abs));
+  EXPECT_LT(e.to_reference, 4.5e-2 * std::max(1.0, e.max_abs)) << "max |logit| " << e.max_abs;
+  EXPECT_LT(e.to_cpu, 4.5e-2 * std::max(1.0, e.max_abs));
   std::filesystem::remove_all(dir);
 }
 
@@ -592,29 +610,15 @@ TEST_P(Architectures, DualChunkOnTheGpuMatchesTheReference) {
   SCOPED_TRACE(::testing::Message() << a.name << " seed=" << seed);
   const auto dir = std::filesystem::temp_directory_path() / ("specula_arch_dca_gpu_" + std::to_string(seed));
   write_checkpoint(m, a, dir);
-  GeneratorOptions o;
-  o.page_size = 16;
-  o.device = Device::cuda(0);
-  Generator gpu(dir, o);
-  o.device = Device::cpu();
-  Generator cpu(dir, o);
+  Generator gpu(dir, pages_of_16_on(Device::cuda(0)));
+  Generator cpu(dir, pages_of_16_on(Device::cpu()));
   const std::vector<int32_t> ids = gpu.tokenizer().encode(text);
   ASSERT_GT(static_cast<int>(ids.size()), 3 * (a.dca_chunk - a.dca_local)) << "the prompt reaches three chunks";
-  const std::vector<float> got = gpu.prompt_logits(ids);
-  const std::vector<float> on_cpu = cpu.prompt_logits(ids);
-  const std::vector<double> want = reference_logits(m, a, ids);
-  ASSERT_EQ(got.size(), want.size());
-  double max_err = 0, max_abs = 0, cpu_diff = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << i;
-    max_err = std::max(max_err, std::fabs(got[i] - want[i]));
-    max_abs = std::max(max_abs, std::fabs(want[i]));
-    cpu_diff = std::max(cpu_diff, static_cast<double>(std::fabs(got[i] - on_cpu[i])));
-  }
-  EXPECT_GT(max_abs, 0.5);
-  const double tolerance = 4.5e-2 * std::max(1.0, max_abs);  // bf16 q/k/v, as the other GPU models
-  EXPECT_LT(max_err, tolerance) << "max |logit| " << max_abs;
-  EXPECT_LT(cpu_diff, tolerance);
+  const GpuLogitErrors e = gpu_logit_errors(gpu, cpu, m, a, ids);
+  EXPECT_GT(e.max_abs, 0.5);
+  const double tolerance = 4.5e-2 * std::max(1.0, e.max_abs);  // bf16 q/k/v, as the other GPU models
+  EXPECT_LT(e.to_reference, tolerance) << "max |logit| " << e.max_abs;
+  EXPECT_LT(e.to_cpu, tolerance);
 
   GenerateRequest r;
   r.prompt_ids = ids;

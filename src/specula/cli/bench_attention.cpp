@@ -135,59 +135,44 @@ std::vector<AttentionBenchCase> cuda_cases(DType kv_dtype) {
       cases.push_back(c);
     }
   }
-  // Dual chunk decode on Qwen2.5-7B-Instruct-1M's shape (28 query / 4 KV heads, chunk_size 262144
-  // and local_size 8192: chunks of 253,952 keys), beside plain decode over the same keys.
+  // Qwen2.5-7B-Instruct-1M's shape (28 query / 4 KV heads, chunk_size 262144 and local_size 8192:
+  // chunks of 253,952 keys) with dual chunk attention, or plain attention over the same keys.
+  auto qwen_1m = [&](std::string name, ForwardMode mode, int prefix, int extend, bool dca) {
+    AttentionBenchCase c;
+    c.name = std::move(name) + " p16 qwen2.5-7b-1m";
+    c.mode = mode;
+    c.prefix_len = prefix;
+    c.extend_len = extend;
+    c.num_q_heads = 28;
+    c.num_kv_heads = 4;
+    c.kv_dtype = kv_dtype;
+    c.dca_chunk_len = dca ? 262144 - 8192 : 0;
+    c.dca_original_max = dca ? 262144 : 0;
+    return c;
+  };
   for (int len : {262144, 1048576}) {
     for (bool dca : {true, false}) {
-      AttentionBenchCase c;
-      c.name = fmt::format("{} B=1 L={} p16 qwen2.5-7b-1m", dca ? "dca decode" : "decode", len);
-      c.mode = ForwardMode::DECODE;
-      c.prefix_len = len - 1;
-      c.num_q_heads = 28;
-      c.num_kv_heads = 4;
-      c.kv_dtype = kv_dtype;
-      c.dca_chunk_len = dca ? 262144 - 8192 : 0;
-      c.dca_original_max = dca ? 262144 : 0;
-      cases.push_back(c);
+      cases.push_back(qwen_1m(fmt::format("{} B=1 L={}", dca ? "dca decode" : "decode", len), ForwardMode::DECODE,
+                              len - 1, 1, dca));
     }
   }
-  // Dual chunk prefill on the same shape: a 131,072-token prompt (inside the first chunk: one
-  // pass) and an extend of 8,192 tokens past two chunks (three passes and their merge), each
-  // beside plain causal attention over the same keys.
+  // Prefill: a 131,072-token prompt (inside the first chunk: one pass) and an extend of 8,192
+  // tokens past two chunks (three passes and their merge).
   for (bool dca : {true, false}) {
     for (auto [prefix, extend] : {std::pair{0, 131072}, std::pair{516096, 8192}}) {
-      AttentionBenchCase c;
-      c.name = fmt::format("{} {} p16 qwen2.5-7b-1m", dca ? "dca" : "plain",
-                           prefix == 0 ? fmt::format("prefill S={}", extend) : fmt::format("extend {}+{}", prefix, extend));
-      c.mode = ForwardMode::EXTEND;
-      c.prefix_len = prefix;
-      c.extend_len = extend;
-      c.num_q_heads = 28;
-      c.num_kv_heads = 4;
-      c.kv_dtype = kv_dtype;
-      c.dca_chunk_len = dca ? 262144 - 8192 : 0;
-      c.dca_original_max = dca ? 262144 : 0;
-      cases.push_back(c);
+      cases.push_back(qwen_1m(fmt::format("{} {}", dca ? "dca" : "plain",
+                                          prefix == 0 ? fmt::format("prefill S={}", extend)
+                                                      : fmt::format("extend {}+{}", prefix, extend)),
+                              ForwardMode::EXTEND, prefix, extend, dca));
     }
   }
   // The sparse prefill pattern on the 131,072-token prompt: 1,000 vertical and 6,096 slash lines
   // per head (of the sizes Qwen2.5-1M's sparse_attention_config gives), threshold 32,768.
-  {
-    auto pattern = std::make_shared<DualChunkSparsePattern>();
-    pattern->vertical.assign(28, 1000);
-    pattern->slash.assign(28, 6096);
-    AttentionBenchCase c;
-    c.name = "dca sparse prefill S=131072 p16 qwen2.5-7b-1m";
-    c.mode = ForwardMode::EXTEND;
-    c.extend_len = 131072;
-    c.num_q_heads = 28;
-    c.num_kv_heads = 4;
-    c.kv_dtype = kv_dtype;
-    c.dca_chunk_len = 262144 - 8192;
-    c.dca_original_max = 262144;
-    c.dca_sparse = pattern;
-    cases.push_back(c);
-  }
+  auto pattern = std::make_shared<DualChunkSparsePattern>();
+  pattern->vertical.assign(28, 1000);
+  pattern->slash.assign(28, 6096);
+  cases.push_back(qwen_1m("dca sparse prefill S=131072", ForwardMode::EXTEND, 0, 131072, true));
+  cases.back().dca_sparse = pattern;
   AttentionBenchCase e;
   e.name = "extend prefix=8192 +1024 B=2 p16";
   e.mode = ForwardMode::EXTEND;
