@@ -4,7 +4,8 @@
 # of the shipped model from calibration text (tools/ds_channel_config.py, PyTorch); and `bench
 # perplexity` on the validation text, dense and double sparse. Text: CALIB and VAL (default
 # .corpus/calib.txt and .corpus/val.txt, made from tools/corpus/build_corpus.py's output; carry
-# .corpus). SKIP_TESTS=1, SKIP_BENCH=1, SKIP_PPL=1 leave parts out. Logs to $OUT.
+# .corpus). SKIP_TESTS=1, SKIP_BENCH=1, SKIP_PPL=1 leave parts out; PROFILE=1 adds each sparse-decode
+# kernel's time under Nsight Compute. Logs to $OUT.
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
 mkdir -p "$out"
@@ -29,6 +30,17 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   timeout 300 "$build/bin/specula" bench attention --device cuda --double-sparsity --json "$out/bench_ds.json" \
     >"$out/bench_ds.log" 2>&1
   echo "bench attention --double-sparsity rc=$?"; cat "$out/bench_ds.log"
+fi
+if [ -n "${PROFILE:-}" ]; then
+  # Each sparse-decode kernel's time (Nsight Compute: base clocks, L2 flushed) at batch 1 and 32.
+  ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for filter in "B=1 L=32768 p16" "B=32"; do
+    timeout 120 "$ncu" --kernel-name regex:'select_kernel|sparse_attention_kernel' --launch-skip 9 --launch-count 4 \
+      --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread \
+      "$build/bin/specula" bench attention --device cuda --double-sparsity --filter "$filter" >"$out/ncu.log" 2>&1
+    echo "ncu ($filter):"
+    grep -E "select_kernel|sparse_attention_kernel|gpu__time|dram__|registers" "$out/ncu.log" | sed -E 's/\(SparseDecode.*//'
+  done
 fi
 [ "${SKIP_PPL:-0}" = 1 ] && exit 0
 calib=${CALIB:-.corpus/calib.txt}

@@ -1,4 +1,4 @@
-// Double sparsity on the GPU (label scores, radix top-k, split attention, merge) against the
+// Double sparsity on the GPU (label scores and the clustered top-k, split attention, merge) against the
 // float64 reference that redoes the choice from the raw inputs.
 #include <gtest/gtest.h>
 
@@ -51,10 +51,26 @@ INSTANTIATE_TEST_SUITE_P(
         CudaDsParam{"gqa7_d128_page1", DsCase{{3000, 2500}, 28, 4, 128, 1, DType::bf16, DType::bf16, 32, 256, 2048}},
         // MHA at head_dim 64 with soft-cap and sinks, f16.
         CudaDsParam{"mha_d64_f16_cap_sinks", DsCase{{4000, 1200}, 4, 4, 64, 4, DType::f16, DType::f16, 8, 128, 1024, 30.0f, true}},
-        // Longer than the keys a top-k block keeps in shared memory. 50,000 scores lie densely, so
-        // the choice's margin is set near the f32 sums' rounding (about 1e-6 of the largest).
-        CudaDsParam{"uncached_50k", DsCase{{50000}, 8, 8, 64, 64, DType::bf16, DType::bf16, 16, 2048, 4096, 0.0f, false,
-                                          false, false, 1e-5}},
+        // 50,000 scores lie densely, so the choice's margin is set near the f32 sums' rounding
+        // (about 1e-6 of the largest).
+        CudaDsParam{"dense_50k", DsCase{{50000}, 8, 8, 64, 64, DType::bf16, DType::bf16, 16, 2048, 4096, 0.0f, false,
+                                       false, false, 1e-5}},
+        // More keys than a cluster keeps in shared memory (8 blocks of 16,384): the scores go
+        // through global memory, beside a short dense request.
+        CudaDsParam{"uncached_140k", DsCase{{140000, 900}, 2, 2, 64, 16, DType::bf16, DType::bf16, 16, 4096, 2048,
+                                           0.0f, false, false, false, 1e-5}},
+        // More rows than clusters of 8 blocks fill the GPU twice (rows x 8 > 2 x 132): clusters
+        // of 4 (40 rows), then of 2 (136 rows, more than the multiprocessors: the attention
+        // takes one lane per key).
+        CudaDsParam{"clusters_of_4", DsCase{{3000, 2500, 3100, 2800, 2900}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16,
+                                            256, 1024, 0.0f, false, false, false, 1e-5}},
+        CudaDsParam{"clusters_of_2", DsCase{{1200, 1300, 1100, 1250, 1150, 1200, 1280, 1220, 1180, 1210, 1190, 1230, 1170, 1260,
+                                             1140, 1240, 1160},
+                                            16, 8, 64, 16,
+                                            DType::bf16, DType::bf16, 16, 64, 1024, 0.0f, false, false, false, 1e-5}},
+        // Keys in shared memory but not their cache rows (a block holds 12,512 positions).
+        CudaDsParam{"slots_uncached_100k", DsCase{{100000}, 2, 2, 64, 16, DType::bf16, DType::bf16, 16, 1024, 2048,
+                                                  0.0f, false, false, false, 1e-5}},
         // The caller writes the cache (save_kv_cache = false), as the GPU models do.
         CudaDsParam{"caller_writes_kv", DsCase{{5000, 700}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16, 512, 1024, 0.0f,
                                               false, false, true, 1e-5}},

@@ -104,10 +104,13 @@ void DoubleSparsityBackend::sparse_decode_cuda(const TensorView& q, const Tensor
   d.scores.reserve(ws.scores, d.device);
   d.selected.reserve(ws.selected, d.device);
   d.partial.reserve(ws.partial, d.device);
+  d.counters.reserve_zeroed(ws.counters, d.device, static_cast<cudaStream_t>(options_.cuda_stream));
   p.scores = d.scores.data();
   p.selected = d.selected.data();
   p.partial = d.partial.data();
+  p.counters = d.counters.data();
   p.splits = ws.splits;
+  p.num_sms = d.num_sms;
   ds_cuda::sparse_decode(p, options_.cuda_stream);
 }
 

@@ -34,7 +34,7 @@ struct DoubleSparsityBackend::DeviceState {
   std::map<int, DeviceArray<int32_t>> layer_channels;
   std::map<int, DeviceArray<float>> layer_sinks;
   DeviceArray<float> scores, partial;
-  DeviceArray<int32_t> selected;
+  DeviceArray<int32_t> selected, counters;
 };
 
 }  // namespace specula

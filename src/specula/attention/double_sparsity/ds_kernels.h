@@ -1,7 +1,8 @@
 // Double sparsity's GPU kernels (raw pointers, one stream, no sync): label writes, and the sparse
-// decode in four launches (label scores, an exact top-k per request and KV head, attention over
-// the chosen tokens in splits, the split merge). The semantics are DoubleSparsityBackend's (see
-// ds_backend.h); the CPU path there is the reference they are tested against.
+// decode in two launches (the choice: label scores and an exact top-k per request and KV head, in
+// thread-block clusters; attention over the chosen tokens in splits, merged by the row's last
+// split). The semantics are DoubleSparsityBackend's (see ds_backend.h); the CPU path there is the
+// reference they are tested against.
 #pragma once
 
 #include <cstdint>
@@ -36,15 +37,17 @@ struct SparseDecode {
   int heavy_token_num = 0, sparse_decode_threshold = 0;
   float scale = 1.0f, logit_cap = 0.0f;
   // Workspace (sparse_decode_workspace sizes it).
-  float* scores = nullptr;       // [batch * kv_heads, max_kv_len]
-  int32_t* selected = nullptr;   // [batch * kv_heads, heavy_token_num]
+  float* scores = nullptr;       // [batch * kv_heads, max_kv_len] when rows overflow shared memory
+  int32_t* selected = nullptr;   // [batch * kv_heads, heavy_token_num]: the chosen cache rows
   float* partial = nullptr;      // [batch * kv_heads, splits, group, head_dim + 2]
+  int32_t* counters = nullptr;   // [batch * kv_heads], zero before the first call (each call leaves them so)
   int splits = 1;
+  int num_sms = 1;
 };
 
 // What SparseDecode's workspace needs, in floats / int32s; splits is chosen here.
 struct SparseDecodeWorkspace {
-  int64_t scores = 0, selected = 0, partial = 0;
+  int64_t scores = 0, selected = 0, partial = 0, counters = 0;
   int splits = 1;
 };
 SparseDecodeWorkspace sparse_decode_workspace(int batch, int q_heads, int kv_heads, int head_dim, int max_kv_len,
