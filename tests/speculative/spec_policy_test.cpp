@@ -117,29 +117,66 @@ TEST(SpecPolicy, DepthsPastAShortChainFollowItsLastDepth) {
 }
 
 // Speculation turned back on first catches the draft up on the tokens its requests ran without
-// it: spread over kCatchUpCycles cycles, that cost lowers every drafting shape's rate, so a shape
-// that barely beats "off" does not switch on while the lag is long; with no lag it does.
-TEST(SpecPolicy, CatchUpCostDelaysTurningSpeculationBackOn) {
+// it. Once a catch-up has been measured, the policy prices it in: a drafting shape pays a lagging
+// request's catch-up spread over the cycles the request has left, and "off" pays the catch-up it
+// defers (one more missed pair per request with tokens left). So a request with many tokens left
+// turns speculation back on however long it lagged, a nearly finished one stays off, and a dip
+// in acceptance that barely favours "off" does not turn speculation off unless the request is on
+// its last token.
+TEST(SpecPolicy, CatchUpIsPricedIntoTheRates) {
   const SpecParams max{4, 1, 5};
-  SpecPolicy policy(SpecPolicyKind::AUTO, max);
-  DepthAcceptance a;
-  for (int i = 0; i < 300; ++i) a.observe(4, 4);
-  const std::vector<const DepthAcceptance*> batch(1, &a);
-  // Off: 1 token per ms; (4, 5): about 5 tokens per 3 ms; shorter chains slower per token.
-  for (const SpecShape& s : policy.shapes()) policy.costs().set_prior(1, s, s.off() ? 1e-3 : s.num_steps == 4 ? 3e-3 : 1e-2);
-  EXPECT_EQ(policy.choose(batch, 0).shape, (SpecShape{4, 5}));
-  policy.costs().observe_catch_up(1, 10, 10e-3);  // 1 ms per missed token
-  ASSERT_NEAR(*policy.costs().catch_up_per_token(1), 1e-3, 1e-12);
-  // 24 missed tokens: 24 ms over 8 cycles adds 3 ms a cycle: about 5 / 6 ms < 1 per ms.
-  SpecPolicy lagging(SpecPolicyKind::AUTO, max);
-  for (const SpecShape& s : lagging.shapes()) lagging.costs().set_prior(1, s, s.off() ? 1e-3 : s.num_steps == 4 ? 3e-3 : 1e-2);
-  lagging.costs().observe_catch_up(1, 10, 10e-3);
-  EXPECT_TRUE(lagging.choose(batch, 24).shape.off());
-  EXPECT_EQ(lagging.choose(batch, 2).shape, (SpecShape{4, 5}));  // 0.25 ms a cycle: still worth it
+  // Off: 1 token per ms; (4, 5): 3 ms a cycle; shorter chains 10 ms a cycle.
+  auto make = [&] {
+    SpecPolicy policy(SpecPolicyKind::AUTO, max);
+    for (const SpecShape& s : policy.shapes()) policy.costs().set_prior(1, s, s.off() ? 1e-3 : s.num_steps == 4 ? 3e-3 : 1e-2);
+    return policy;
+  };
+  DepthAcceptance full;  // every depth accepted: 5 tokens a (4, 5) cycle
+  for (int i = 0; i < 300; ++i) full.observe(4, 4);
+  ASSERT_NEAR(full.expected_tokens(4), 5.0, 1e-6);
+  DepthAcceptance dipped;  // depth 1 accepted, depth 2 not: 2 tokens a cycle, 0.67 per ms
+  for (int i = 0; i < 300; ++i) dipped.observe(4, 1);
+  ASSERT_NEAR(dipped.expected_tokens(4), 2.0, 1e-6);
+  const std::vector<const DepthAcceptance*> good(1, &full), poor(1, &dipped);
+
+  // No catch-up measured yet: lags change nothing, and the dip turns speculation off.
+  SpecPolicy unpriced = make();
+  EXPECT_EQ(unpriced.choose(good, {{24, 1000}}).shape, (SpecShape{4, 5}));
+  EXPECT_TRUE(make().choose(poor, {{0, 1000}}).shape.off());
+  ASSERT_FALSE(unpriced.costs().catch_up_per_token(1).has_value());
+
+  auto priced = [&] {
+    SpecPolicy policy = make();
+    policy.costs().observe_catch_up(1, 10, 10e-3);  // 1 ms per missed token
+    return policy;
+  };
+  ASSERT_NEAR(*priced().costs().catch_up_per_token(1), 1e-3, 1e-12);
+  // 24 missed, 1000 tokens left (200 cycles): 0.12 ms a cycle, 5 / 3.12 per ms beats off's
+  // 1 / (1 + 1).
+  EXPECT_EQ(priced().choose(good, {{24, 1000}}).shape, (SpecShape{4, 5}));
+  // 24 missed, 10 tokens left (2 cycles): 12 ms a cycle, 5 / 15 per ms loses to off's 0.5.
+  EXPECT_TRUE(priced().choose(good, {{24, 10}}).shape.off());
+  // The dip: 2 / 3 per ms against off's 1 / (1 + 1): speculation stays on; on the request's last
+  // token off defers nothing and wins.
+  EXPECT_EQ(priced().choose(poor, {{0, 1000}}).shape, (SpecShape{4, 5}));
+  EXPECT_TRUE(priced().choose(poor, {{0, 1}}).shape.off());
+  // Each request of a batch pays its own lag: a long lagging one beside one on time.
+  SpecPolicy pair = priced();
+  for (const SpecShape& s : pair.shapes()) pair.costs().set_prior(2, s, s.off() ? 1e-3 : s.num_steps == 4 ? 3e-3 : 1e-2);
+  pair.costs().observe_catch_up(2, 10, 10e-3);
+  const std::vector<const DepthAcceptance*> both{&full, &full};
+  // Off: 2 tokens / (1 + 2) ms; (4, 5): 10 tokens / (3 + 400 x 1 / max(1, 4 / 5)) ms.
+  EXPECT_TRUE(pair.choose(both, {{400, 4}, {0, 1000}}).shape.off());
   // The per-token estimate is an exponential average of what catch-ups measure.
-  lagging.costs().observe_catch_up(1, 4, 8e-3);
-  EXPECT_NEAR(*lagging.costs().catch_up_per_token(1), 1e-3 + SpecCostModel::kAlpha * (2e-3 - 1e-3), 1e-12);
-  EXPECT_FALSE(SpecPolicy(SpecPolicyKind::AUTO, max).costs().catch_up_per_token(1).has_value());
+  SpecPolicy averaged = priced();
+  averaged.costs().observe_catch_up(1, 4, 8e-3);
+  EXPECT_NEAR(*averaged.costs().catch_up_per_token(1), 1e-3 + SpecCostModel::kAlpha * (2e-3 - 1e-3), 1e-12);
+  try {
+    priced().choose(both, {{1, 1}});
+    FAIL() << "accepted one lag for two requests";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("1 lags for 2 requests"), std::string::npos) << e.what();
+  }
 }
 
 TEST(SpecPolicy, PicksTheMostTokensPerSecondIncludingOff) {

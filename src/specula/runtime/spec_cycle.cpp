@@ -210,8 +210,13 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan, std::chrono::st
   for (const Planned& p : plan) acceptance.push_back(&p.req->acceptance);
   // Tokens the requests are ahead of their drafts (steps they ran with speculation off).
   int64_t missed = 0;
-  for (const Planned& p : plan) missed += std::max(0, p.req->kv_len() - p.req->kv.draft_len);
-  SpecChoice choice = policy.choose(acceptance, missed);
+  std::vector<SpecLag> lags;
+  for (const Planned& p : plan) {
+    const int64_t lag = std::max(0, p.req->kv_len() - p.req->kv.draft_len);
+    missed += lag;
+    lags.push_back({lag, p.req->remaining_new_tokens()});
+  }
+  SpecChoice choice = policy.choose(acceptance, lags);
   // The draft must know every pair before it drafts from a request's root. (Left out of the
   // step's cost: this is the deferred cost of the steps that ran with speculation off, which the
   // policy learns apart, per missed token.) When it cannot, the step runs without drafting; the

@@ -144,8 +144,9 @@ void SpecPolicy::force_sequence(std::vector<SpecShape> sequence) {
   forced_next_ = 0;
 }
 
-SpecChoice SpecPolicy::choose(const std::vector<const DepthAcceptance*>& requests, int64_t missed) {
+SpecChoice SpecPolicy::choose(const std::vector<const DepthAcceptance*>& requests, const std::vector<SpecLag>& lags) {
   SPECULA_ASSERT(!requests.empty());
+  SPECULA_CHECK(lags.empty() || lags.size() == requests.size(), "{} lags for {} requests", lags.size(), requests.size());
   if (!forced_.empty()) {
     const SpecShape s = forced_[forced_next_++ % forced_.size()];
     return {s, 0, false, "forced"};
@@ -163,12 +164,22 @@ SpecChoice SpecPolicy::choose(const std::vector<const DepthAcceptance*>& request
     double rate;
   };
   std::vector<Rated> rated;
-  const double catch_up =
-      missed > 0 ? costs_.catch_up_per_token(bs).value_or(0.0) * static_cast<double>(missed) / kCatchUpCycles : 0.0;
+  const double per_missed = costs_.catch_up_per_token(bs).value_or(0.0);
   for (const SpecShape& s : shapes_) {
-    double tokens = 0;
-    for (const DepthAcceptance* a : requests) tokens += a->expected_tokens(s.num_steps);
-    rated.push_back({s, tokens / (*costs_.seconds(bs, s) + (s.off() ? 0.0 : catch_up))});
+    double tokens = 0, catch_up = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const double expected = requests[i]->expected_tokens(s.num_steps);
+      tokens += expected;
+      if (lags.empty() || per_missed == 0) continue;
+      const SpecLag& lag = lags[i];
+      if (s.off()) {
+        if (lag.remaining > 1) catch_up += per_missed;
+      } else if (lag.missed > 0) {
+        const double cycles_left = std::max(1.0, static_cast<double>(lag.remaining) / expected);
+        catch_up += per_missed * static_cast<double>(lag.missed) / cycles_left;
+      }
+    }
+    rated.push_back({s, tokens / (*costs_.seconds(bs, s) + catch_up)});
   }
   // Best first; ties go to the shape listed first (off, then shorter drafts).
   std::stable_sort(rated.begin(), rated.end(), [](const Rated& a, const Rated& b) { return a.rate > b.rate; });

@@ -105,6 +105,13 @@ class SpecCostModel {
   const Entry* find(int batch_size, const SpecShape& shape) const;
 };
 
+// A request's lag behind its draft: the tokens it ran with speculation off (whose pairs the draft
+// must catch up on before it drafts again), and the new tokens it may still produce.
+struct SpecLag {
+  int64_t missed = 0;
+  int64_t remaining = 0;
+};
+
 // Why a shape was chosen: each candidate's expected tokens and seconds.
 struct SpecChoice {
   SpecShape shape;
@@ -123,9 +130,6 @@ class SpecPolicy {
   // noise, and each change costs (a cycle that pays the previous shape's tail, a catch-up of the
   // draft after speculation was off).
   static constexpr double kSwitchMargin = 0.05;
-  // Turning speculation back on first catches the draft up on the tokens it missed: that cost,
-  // spread over this many cycles, is added to each drafting shape's while requests lag.
-  static constexpr int kCatchUpCycles = 8;
 
   SpecPolicy(SpecPolicyKind kind, const SpecParams& max, std::vector<int> bucket_sizes = {});
 
@@ -140,9 +144,14 @@ class SpecPolicy {
   // batch's bucket are tried first (largest first), then the estimated best (the bucket's
   // current shape unless beaten by kSwitchMargin); every kExploreEvery choices of a bucket the
   // runner-up runs kExploreCycles cycles so that its estimate stays current.
-  // missed: the tokens the batch's requests are ahead of their drafts, in all (steps they ran
-  // with speculation off), whose catch-up a drafting shape would pay first.
-  SpecChoice choose(const std::vector<const DepthAcceptance*>& requests, int64_t missed = 0);
+  // lags (one per request, or empty: none lags): once the bucket has a measured catch-up cost
+  // per missed token, the catch-up is priced into the rates. A drafting shape pays each lagging
+  // request's catch-up first, spread over the cycles that request has left (its remaining tokens
+  // at the shape's expected tokens per cycle: a long request amortises it, a nearly finished one
+  // does not). "Off" pays the catch-up it defers: each request that has tokens left after this
+  // step will have one more pair to catch up on, so a dip in acceptance must outweigh that to
+  // turn speculation off.
+  SpecChoice choose(const std::vector<const DepthAcceptance*>& requests, const std::vector<SpecLag>& lags = {});
   // Tests: from now on choose() cycles through `sequence` (each one of shapes()), whatever the
   // costs say, so that every transition between shapes is exercised; empty: back to the costs.
   void force_sequence(std::vector<SpecShape> sequence);
