@@ -328,6 +328,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < num_tiles; ++i) {
     const int stage = i % kStages;
     const int prev = (i + kStages - 1) % kStages;
+    const int tile_start = (tile_first + i) * kKeys;
+    // Dual chunk sparse runs: the tile's kept columns (bit jj of window jj / 64), and per row of
+    // this thread the kept distances of its keys (bit 127 - jj). Loaded before the tile's products
+    // are issued, so that their latency passes while the tensor cores work.
+    uint64_t keep_col[2] = {0, 0}, keep_dist[2][2] = {{0, 0}, {0, 0}};
+    if (sparse) {
+      const int64_t key0 = static_cast<int64_t>(key_base) + tile_start;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) keep_col[h] = bits64(p.keep_cols + keep_at, p.keep_words, key0 + 64 * h);
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int64_t first = q_base + q_tile + row_base + 8 * rr - key0 - (kKeys - 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) keep_dist[rr][h] = bits64(p.keep_dists + keep_at, p.keep_words, first + 64 * h);
+      }
+    }
     mbarrier_wait(&bar.full_k[stage], (i / kStages) & 1);
     if (i > 0) mbarrier_wait(&bar.full_v[prev], ((i - 1) / kStages) & 1);
     fence_proxy_async();
@@ -367,23 +383,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e) s[nt][e] = cap_log2 * tanhf(s[nt][e] * cap_mul);
       }
     }
-    const int tile_start = (tile_first + i) * kKeys;
-    const bool need_mask = sparse || !(tile_start + kKeys <= kv_len && (!causal || tile_start + kKeys - 1 <= pos_min) &&
-                                       (p.window_left < 0 || tile_start >= pos_max - p.window_left) && !custom);
-    // Dual chunk sparse runs: the tile's kept columns (bit jj of window jj / 64), and per row of
-    // this thread the kept distances of its keys (bit 127 - jj).
-    uint64_t keep_col[2] = {0, 0}, keep_dist[2][2] = {{0, 0}, {0, 0}};
-    if (sparse) {
-      const int64_t key0 = static_cast<int64_t>(key_base) + tile_start;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) keep_col[h] = bits64(p.keep_cols + keep_at, p.keep_words, key0 + 64 * h);
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int64_t first = q_base + q_tile + row_base + 8 * rr - key0 - (kKeys - 1);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) keep_dist[rr][h] = bits64(p.keep_dists + keep_at, p.keep_words, first + 64 * h);
-      }
-    }
+    const bool need_mask = !(tile_start + kKeys <= kv_len && (!causal || tile_start + kKeys - 1 <= pos_min) &&
+                             (p.window_left < 0 || tile_start >= pos_max - p.window_left) && !custom);
     if (need_mask) {
 #pragma unroll
       for (int nt = 0; nt < kKeys / 8; ++nt) {
@@ -405,6 +406,18 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   ((keep_dist[e >= 2 ? 1 : 0][1 - half] >> (63 - bit)) & 1u) != 0);
           }
           if (!visible) s[nt][e] = kNegInf;
+        }
+      }
+    } else if (sparse) {
+      // An interior tile of a sparse run: the kept-key bits alone.
+#pragma unroll
+      for (int nt = 0; nt < kKeys / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = nt / 8, bit = (nt * 8 + 2 * t + (e & 1)) & 63;
+          const bool kept = ((keep_col[half] >> bit) & 1u) != 0 ||
+                            ((keep_dist[e >= 2 ? 1 : 0][1 - half] >> (63 - bit)) & 1u) != 0;
+          if (!kept) s[nt][e] = kNegInf;
         }
       }
     }
