@@ -68,6 +68,12 @@ INSTANTIATE_TEST_SUITE_P(
                                              1140, 1240, 1160},
                                             16, 8, 64, 16,
                                             DType::bf16, DType::bf16, 16, 64, 1024, 0.0f, false, false, false, 1e-5}},
+        // More rows than multiprocessors at head_dim 128 and 256: the attention's one-lane-per-key
+        // form with Llama's group of 4 and with a whole 256-wide K row per lane.
+        CudaDsParam{"one_lane_per_key_d128", DsCase{std::vector<int>(17, 1200), 32, 8, 128, 16, DType::bf16, DType::bf16,
+                                                    16, 64, 1024, 0.0f, false, false, false, 1e-5}},
+        CudaDsParam{"one_lane_per_key_d256", DsCase{std::vector<int>(67, 1100), 4, 2, 256, 16, DType::bf16, DType::bf16,
+                                                    24, 64, 1024, 0.0f, false, false, false, 1e-5}},
         // Keys in shared memory but not their cache rows (a block holds 12,512 positions).
         CudaDsParam{"slots_uncached_100k", DsCase{{100000}, 2, 2, 64, 16, DType::bf16, DType::bf16, 16, 1024, 2048,
                                                   0.0f, false, false, false, 1e-5}},

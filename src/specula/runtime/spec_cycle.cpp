@@ -208,7 +208,8 @@ void Scheduler::run_spec_cycle(const std::vector<Planned>& plan, std::chrono::st
   SpecPolicy& policy = spec_->policy();
   std::vector<const DepthAcceptance*> acceptance;
   for (const Planned& p : plan) acceptance.push_back(&p.req->acceptance);
-  // Tokens the requests are ahead of their drafts (steps they ran with speculation off).
+  // Tokens the requests are ahead of their drafts (steps they ran with speculation off): per
+  // request for the policy, in all for the catch-up's cost per token.
   int64_t missed = 0;
   std::vector<SpecLag> lags;
   for (const Planned& p : plan) {

@@ -150,7 +150,9 @@ class SpecPolicy {
   // at the shape's expected tokens per cycle: a long request amortises it, a nearly finished one
   // does not). "Off" pays the catch-up it defers: each request that has tokens left after this
   // step will have one more pair to catch up on, so a dip in acceptance must outweigh that to
-  // turn speculation off.
+  // turn speculation off. Both lean toward drafting on purpose (a hysteresis against dips): off
+  // pays in full for a pair it may never catch up on, and remaining counts to max_new_tokens,
+  // which an end-of-sequence token may cut short.
   SpecChoice choose(const std::vector<const DepthAcceptance*>& requests, const std::vector<SpecLag>& lags = {});
   // Tests: from now on choose() cycles through `sequence` (each one of shapes()), whatever the
   // costs say, so that every transition between shapes is exercised; empty: back to the costs.

@@ -68,6 +68,9 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Lanes per key of the attention kernel: 4 while the rows are fewer than the multiprocessors.
+int lanes_per_key(int64_t rows, int num_sms) { return rows < num_sms ? 4 : 1; }
+
 // Attention over one split of a row's chosen keys (every key of a dense row) for the G query heads
 // of its KV head. A warp takes 32 / kLanesPerKey keys a step, kLanesPerKey lanes per key: each
 // lane scores its share of its key's K row against the G queries (in shared memory) and shuffles
@@ -79,9 +82,6 @@ __device__ __forceinline__ float warp_sum(float x) {
 // write the split's (output, max, sum). The row's last split to finish merges all of them into the
 // output and LSE (an arrival counter per row, which it resets for the next call), so a decode is
 // two launches.
-// Lanes per key of the attention kernel: 4 while the rows are fewer than the multiprocessors.
-int lanes_per_key(int64_t rows, int num_sms) { return rows < num_sms ? 4 : 1; }
-
 template <typename T, int kElems, int kGroup, int kLanesPerKey>
 __global__ void __launch_bounds__(kWarps * 32) sparse_attention_kernel(SparseDecode p) {
   constexpr int D = kElems * 32;
@@ -329,7 +329,8 @@ SparseDecodeWorkspace sparse_decode_workspace(int batch, int q_heads, int kv_hea
   // The most keys one row attends to: heavy_token_num when sparse, its whole length when shorter
   // than the threshold.
   const int longest = std::max(std::min(heavy_token_num, max_kv_len), std::min(max_kv_len, sparse_decode_threshold - 1));
-  // About two blocks (16 warps) per multiprocessor, each over 64 keys (a step of each warp) or more.
+  // About two blocks (16 warps) per multiprocessor, each over a step of each of its warps or more
+  // (64 keys at 4 lanes per key, 256 at 1).
   const int64_t want = (2 * static_cast<int64_t>(num_sms) + rows - 1) / rows;
   const int64_t block_keys = static_cast<int64_t>(kWarps) * 32 / lanes_per_key(rows, num_sms);
   w.splits = static_cast<int>(

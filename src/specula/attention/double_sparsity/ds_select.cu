@@ -2,8 +2,9 @@
 // and an exact top-k in one kernel. A row (request, KV head) is one cluster of kCluster blocks
 // (select_plan: 8 for small batches, so that one request still spreads over 8 x kv_heads
 // multiprocessors; 4 or 2 when rows are many). Block r scores its 1/kCluster of the row's positions
-// into its shared memory as ordered keys; the blocks then agree on the threshold through each
-// other's shared memory (distributed shared memory):
+// into its shared memory as ordered keys (into p.scores when they are more than kCachedKeys); the
+// blocks then agree on the threshold through each other's shared memory (distributed shared
+// memory):
 //  1. the row's least and greatest finite scores;
 //  2. a histogram of kBins bins linear between them, summed over the cluster, names the bin that
 //     holds the k-th largest score. Linear bins spread a row's scores; bins over a float's top bits
@@ -317,8 +318,8 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 2)
       }
     }
   } else {
-    // Radix passes over the key bits (11, 11, 10), the bin's keys only; the histograms alternate,
-    // so the one a pass fills was last read by the peers before this pass's cluster barrier.
+    // Radix passes over the key bits (11, 11, 10), the bin's keys only. The histograms alternate:
+    // after its barrier a pass zeroes the other one, which the peers last read before that barrier.
     uint32_t prefix = 0, mask = 0;
     int remaining = wanted, buffer = 1;
     constexpr int kShift[3] = {21, 10, 0};
@@ -442,7 +443,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 2)
 
 template <typename T, int kCluster>
 void launch_cluster(const SparseDecode& p, const SelectPlan& plan, cudaStream_t stream) {
-  raise_dynamic_smem(select_kernel<T, kCluster>, kCachedKeys * sizeof(uint32_t) + kCachedSlots * sizeof(int32_t));
+  // The most select_plan asks for: 16,384 keys alone, or 8,192 keys with their cache rows.
+  raise_dynamic_smem(select_kernel<T, kCluster>,
+                     std::max(kCachedKeys * sizeof(uint32_t), kCachedSlots * (sizeof(uint32_t) + sizeof(int32_t))));
   const auto blocks = static_cast<unsigned>(p.batch * p.kv_heads * kCluster);
   const size_t smem = static_cast<size_t>(plan.cached_keys) * (plan.cache_slots ? 8 : 4);
   select_kernel<T, kCluster><<<blocks, kThreads, smem, stream>>>(p, plan.cached_keys, plan.cache_slots);
