@@ -395,6 +395,29 @@ void run_offline(const Options& o) {
           "draft catch-ups", fmt::format("{} ({} missed tokens, {:.3f} s)", stats.spec_catch_ups, stats.spec_catch_up_tokens,
                                          stats.spec_catch_up_s));
     }
+    // What the auto policy's choices rested on at the end of the run: each shape's step cost per
+    // batch bucket (and how many steps measured it), the catch-up per missed token, and the
+    // engine-wide expected tokens of each shape.
+    SpecPolicy& policy = engine->speculative_worker()->policy();
+    if (policy.kind() == SpecPolicyKind::AUTO) {
+      for (const auto& entry : stats.spec_choices) {
+        const int bucket = entry.first;
+        std::vector<std::string> parts;
+        for (const SpecShape& s : policy.shapes()) {
+          const std::optional<double> seconds = policy.costs().seconds(bucket, s);
+          if (seconds) parts.push_back(fmt::format("{} {:.3f} ms x{}", s.str(), *seconds * 1e3, policy.costs().measured(bucket, s)));
+        }
+        if (const std::optional<double> c = policy.costs().catch_up_per_token(bucket)) {
+          parts.push_back(fmt::format("catch-up {:.3f} ms per missed token", *c * 1e3));
+        }
+        report.extra_lines.emplace_back(fmt::format("policy costs at batch <= {}", bucket), fmt::format("{}", fmt::join(parts, ", ")));
+      }
+      std::vector<std::string> expected;
+      for (const SpecShape& s : policy.shapes()) {
+        expected.push_back(fmt::format("{} {:.2f}", s.str(), policy.acceptance().expected_tokens(s.num_steps)));
+      }
+      report.extra_lines.emplace_back("policy expected tokens", fmt::format("{}", fmt::join(expected, ", ")));
+    }
     const SpecTiming& tm = engine->speculative_worker()->timing();
     const double per = tm.cycles > 0 ? 1e3 / static_cast<double>(tm.cycles) : 0.0;
     report.extra_lines.emplace_back("ms per cycle: draft steps",
