@@ -62,7 +62,7 @@ if [ "$phase" = serve ]; then
     local tps acc pol
     tps=$(grep -E '^output tokens/s' "$log" | awk '{print $NF}')
     acc=$(grep -E '^mean accept length' "$log" | awk '{print $NF}')
-    pol=$(grep -E '^policy ' "$log" | sed -E 's/^policy [a-z]+ at batch <= ([0-9]+) +/b\1: /' | tr '\n' ';' | tr -s ' ')
+    pol=$(grep -E '^policy (auto|fixed) at batch' "$log" | sed -E 's/^policy [a-z]+ at batch <= ([0-9]+) +/b\1: /' | tr '\n' ';' | tr -s ' ')
     printf "%-7s r%s bs=%-3s n=%-5s out_tok_s=%-10s accept=%-6s %s\n" "$name" "$round" "$bs" "$n" "$tps" "$acc" "$pol"
   }
   spec="--speculative-algorithm EAGLE3 --draft-model models/specula-byte-6m-eagle3 --speculative-num-steps 7 \
@@ -76,5 +76,10 @@ if [ "$phase" = serve ]; then
       bench auto "$round" "$bs" $spec --speculative-policy auto
     done
   done | tee "$logs/serve_table.txt"
+  # What the auto runs' last choices rested on (bench serve prints it at the end of each run).
+  for f in "$logs"/auto_bs*_r1.log; do
+    echo "== $(basename "$f" .log)"
+    grep -E '^policy (costs at batch <= (1|8|64) |expected)' "$f" | tr -s ' '
+  done
 fi
 tar -C "$out" -czf "$out/policy_${phase}.tgz" logs
