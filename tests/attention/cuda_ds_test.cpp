@@ -77,6 +77,15 @@ INSTANTIATE_TEST_SUITE_P(
         // Keys in shared memory but not their cache rows (a block holds 12,512 positions).
         CudaDsParam{"slots_uncached_100k", DsCase{{100000}, 2, 2, 64, 16, DType::bf16, DType::bf16, 16, 1024, 2048,
                                                   0.0f, false, false, false, 1e-5}},
+        // Label scores equal in groups, the count ending inside one: groups of about 150 (the
+        // threshold bin's keys ranked directly), of 3,000 (more than can be: the radix passes),
+        // and of 1,400 in 140,000 keys (the radix passes over keys in global memory).
+        CudaDsParam{"grouped_ties_ranked", DsCase{{3000, 2500}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16, 300, 1024,
+                                                  0.0f, false, false, false, 1e-4, 1, 20}},
+        CudaDsParam{"grouped_ties_radix", DsCase{{9000}, 8, 2, 64, 16, DType::bf16, DType::bf16, 16, 2500, 4096, 0.0f,
+                                                 false, false, false, 1e-4, 1, 3}},
+        CudaDsParam{"grouped_ties_uncached", DsCase{{140000}, 2, 2, 64, 16, DType::bf16, DType::bf16, 16, 1024, 2048, 0.0f,
+                                                    false, false, false, 1e-4, 1, 100}},
         // The caller writes the cache (save_kv_cache = false), as the GPU models do.
         CudaDsParam{"caller_writes_kv", DsCase{{5000, 700}, 32, 8, 128, 16, DType::bf16, DType::bf16, 16, 512, 1024, 0.0f,
                                               false, false, true, 1e-5}},

@@ -59,6 +59,10 @@ INSTANTIATE_TEST_SUITE_P(
                                                false, false, 1e-4, 5}},
         // Every label score equal: the lowest positions win.
         CpuDsParam{"tied_scores", DsCase{{600}, 4, 2, 64, 8, DType::f32, DType::f32, 8, 48, 256, 0.0f, false, true}},
+        // Label scores equal in groups (12 rows of labels), the count ending inside a group: the
+        // group's lower positions, after every higher group.
+        CpuDsParam{"grouped_ties", DsCase{{900, 700}, 8, 2, 64, 16, DType::f32, DType::f32, 16, 100, 256, 0.0f, false, false,
+                                          false, 1e-4, 1, 12}},
         // Over the threshold but with no more keys than heavy_token_num: every key.
         CpuDsParam{"short_rows_dense", DsCase{{100, 90}, 4, 1, 64, 4, DType::f32, DType::f32, 32, 128, 50}}),
     [](const auto& info) { return std::string(info.param.name); });

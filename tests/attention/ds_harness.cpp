@@ -92,6 +92,19 @@ DsHarness::DsHarness(const DsCase& c, uint64_t seed) : c_(c) {
         }
       }
     }
+    if (c.label_groups > 0) {
+      // Tokens 0 .. label_groups - 1 hold the groups' rows; every later token copies one.
+      std::vector<float>& k = k_.back();
+      for (int t = c.label_groups; t < len; ++t) {
+        for (int h = 0; h < H; ++h) {
+          const auto from = static_cast<size_t>(rng() % static_cast<uint64_t>(c.label_groups));
+          for (int i = 0; i < C; ++i) {
+            const auto d = static_cast<size_t>(channels[static_cast<size_t>(h * C + i)]);
+            k[(static_cast<size_t>(t) * H + h) * D + d] = k[(from * H + static_cast<size_t>(h)) * D + d];
+          }
+        }
+      }
+    }
     prefill_q_.push_back(rounded(static_cast<size_t>(len - 1) * c.num_q_heads * D, c.q_dtype, -1.0f, 1.0f, rng));
   }
   decode_q_ = rounded(c.lens.size() * static_cast<size_t>(c.num_q_heads) * D, c.q_dtype, -1.5f, 1.5f, rng);
@@ -148,7 +161,26 @@ double DsHarness::selection_margin() const {
       for (double x : s) top = std::max(top, std::abs(x));
       std::sort(s.begin(), s.end(), std::greater<>());
       const auto k = static_cast<size_t>(c_.heavy_token_num);
-      margin = std::min(margin, (s[k - 1] - s[k]) / std::max(top, 1e-30));
+      const double last = s[k - 1];
+      double gap = last - s[k];
+      if (gap == 0.0) {
+        // The count ends inside a group of equal scores: its distance to the nearest different
+        // score on either side.
+        gap = INFINITY;
+        for (size_t i = k - 1; i-- > 0;) {
+          if (s[i] != last) {
+            gap = s[i] - last;
+            break;
+          }
+        }
+        for (size_t i = k; i < s.size(); ++i) {
+          if (s[i] != last) {
+            gap = std::min(gap, last - s[i]);
+            break;
+          }
+        }
+      }
+      margin = std::min(margin, gap / std::max(top, 1e-30));
     }
   }
   return margin;

@@ -31,6 +31,10 @@ struct DsCase {
   // Decode steps after the prefill; the last one is checked (the ones before write K and labels
   // through the decode path, sparse or dense).
   int decode_steps = 1;
+  // > 0: each token's label channels (per KV head) copy one of this many rows, so label scores
+  // tie in groups and the heavy-token count usually ends inside a group (ties to the lower
+  // position there); the other channels stay random.
+  int label_groups = 0;
 };
 
 struct DsResult {
@@ -49,6 +53,8 @@ class DsHarness {
   DsResult reference(bool all_keys = false) const;
   // The smallest gap between the heavy_token_num-th and the next label score of any sparse row,
   // relative to that row's largest |score| (a choice closer than rounding can be either way).
+  // When the count ends inside a group of equal scores (label_groups), the gaps from that group
+  // to the nearest different scores above and below it.
   double selection_margin() const;
   bool any_sparse_row() const;
   const DoubleSparsityConfig& config() const { return *config_; }
