@@ -98,9 +98,12 @@ TensorView DoubleSparsityBackend::label_buffer(const AttentionLayer& layer, cons
   }
   Buffer& b = labels_[static_cast<size_t>(layer.layer_id)];
   if (b.data() == nullptr) {
-    // The host keeps labels in f32 (any pool dtype converts exactly); the GPU in the pool's dtype.
-    const DType dtype = pool.config().device.is_cpu() ? DType::f32 : pool.dtype();
-    b = Buffer(dtype, {pool.num_slots(), layer.num_kv_heads, config_->heavy_channel_num}, pool.config().device);
+    // The host keeps labels in f32 (any pool dtype converts exactly), slot-major; the GPU in the
+    // pool's dtype, head-major (ds_kernels.h says why).
+    const bool cpu = pool.config().device.is_cpu();
+    const int64_t slots = pool.num_slots(), heads = layer.num_kv_heads, C = config_->heavy_channel_num;
+    b = cpu ? Buffer(DType::f32, {slots, heads, C}, pool.config().device)
+            : Buffer(pool.dtype(), {heads, slots, C}, pool.config().device);
   }
   return b.view();
 }

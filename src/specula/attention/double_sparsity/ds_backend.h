@@ -60,7 +60,7 @@ class DoubleSparsityBackend final : public AttentionBackend {
   std::shared_ptr<const DoubleSparsityConfig> config_;
   AttentionBackendOptions options_;
   ThreadPool* threads_;
-  std::vector<Buffer> labels_;  // per layer, [slots, kv_heads, heavy_channel_num]
+  std::vector<Buffer> labels_;  // per layer: [slots, kv_heads, C] on the host, [kv_heads, slots, C] on the GPU
   const MHAKVPool* labels_pool_ = nullptr;
   PageTable page_table_;
   std::vector<int32_t> kv_lens_;

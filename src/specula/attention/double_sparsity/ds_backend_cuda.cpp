@@ -59,6 +59,7 @@ void DoubleSparsityBackend::DeviceState::write_labels(const AttentionLayer& laye
   p.slots = slot_view.data_as<int32_t>();
   p.channels = channels(config, layer.layer_id, stream);
   p.n = num_slots;
+  p.label_slots = pool.num_slots();
   p.kv_heads = layer.num_kv_heads;
   p.head_dim = layer.head_dim;
   p.channels_per_head = config.heavy_channel_num;
@@ -79,6 +80,7 @@ void DoubleSparsityBackend::sparse_decode_cuda(const TensorView& q, const Tensor
   p.k_cache = pool.k_buffer(layer.layer_id).data();
   p.v_cache = pool.v_buffer(layer.layer_id).data();
   p.labels = label_buffer(layer, pool).data();
+  p.label_slots = pool.num_slots();
   p.channels = d.channels(*config_, layer.layer_id, options_.cuda_stream);
   p.pages = d.pages.data();
   p.kv_lens = d.kv_lens.data();

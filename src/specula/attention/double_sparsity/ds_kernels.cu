@@ -38,7 +38,8 @@ __global__ void write_labels_kernel(LabelWrite p) {
   const int h = hc / p.channels_per_head;
   const int64_t slot = p.slots[i];
   const T* k = static_cast<const T*>(p.k_cache) + (slot * p.kv_heads + h) * p.head_dim;
-  static_cast<T*>(p.labels)[slot * per_slot + hc] = k[p.channels[hc]];
+  static_cast<T*>(p.labels)[(h * p.label_slots + slot) * p.channels_per_head + hc % p.channels_per_head] =
+      k[p.channels[hc]];
 }
 
 // One lane's kElems values of a V row, in one load where their width allows.

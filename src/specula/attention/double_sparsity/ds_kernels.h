@@ -9,13 +9,17 @@
 
 namespace specula::ds_cuda {
 
-// labels[slot, h, c] = k_cache[slot, h, channels[h * C + c]] for the n slots listed.
+// labels[h, slot, c] = k_cache[slot, h, channels[h * C + c]] for the n slots listed. The GPU keeps
+// labels head-major: a page's consecutive slots then have consecutive label rows for one head,
+// so the choice's warps read whole cache lines (slot-major rows of 32 bytes, 256 bytes apart at 8
+// KV heads, made every lane of a load its own line).
 struct LabelWrite {
   const void* k_cache = nullptr;  // [slots, kv_heads, head_dim], 16-bit
-  void* labels = nullptr;         // [slots, kv_heads, C], the cache's dtype
+  void* labels = nullptr;         // [kv_heads, label_slots, C], the cache's dtype
   const int32_t* slots = nullptr; // [n]
   const int32_t* channels = nullptr;
   int64_t n = 0;
+  int64_t label_slots = 0;
   int kv_heads = 0, head_dim = 0, channels_per_head = 0;
 };
 void write_labels(const LabelWrite& p, void* stream);
@@ -24,7 +28,8 @@ struct SparseDecode {
   const void* q = nullptr;                  // [batch, q_heads, head_dim]
   const void* k_cache = nullptr;            // [slots, kv_heads, head_dim]
   const void* v_cache = nullptr;
-  const void* labels = nullptr;             // [slots, kv_heads, C]
+  const void* labels = nullptr;             // [kv_heads, label_slots, C]
+  int64_t label_slots = 0;
   const int32_t* channels = nullptr;        // [kv_heads * C]
   const int32_t* pages = nullptr;           // [batch, max_pages]
   const int32_t* kv_lens = nullptr;         // [batch]

@@ -206,7 +206,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 2)
     for (int u = 0; u < kBatch; ++u) {
       const int i = min(i0 + u * kThreads, n - 1);  // past the end: a repeat, not stored
       slot[u] = slot_of(p, b, lo + i);
-      lab[u] = labels + (static_cast<int64_t>(slot[u]) * p.kv_heads + h) * C;
+      lab[u] = labels + (static_cast<int64_t>(h) * p.label_slots + slot[u]) * C;
     }
     float s[kBatch];
     label_scores<T, kBatch>(lab, sh.q_label, C, s);
