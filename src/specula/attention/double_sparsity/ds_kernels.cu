@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/attention/double_sparsity/ds_device.cuh"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_smem.h"
@@ -83,12 +84,26 @@ int lanes_per_key(int64_t rows, int num_sms) { return rows < num_sms ? 4 : 1; }
 // write the split's (output, max, sum). The row's last split to finish merges all of them into the
 // output and LSE (an arrival counter per row, which it resets for the next call), so a decode is
 // two launches.
+// One lane per key with small accumulators: two blocks a multiprocessor (128 registers a thread).
+// Left to itself the compiler holds a whole step's K pieces and V copies' addresses at once (170
+// registers, one block a multiprocessor: batch 32 then ran in four waves instead of two). Four
+// lanes per key take 80 registers unbounded (0: no bound); a bound of two blocks lets them take
+// 128, which costs batch 8 a second wave.
+template <int kElems, int kGroup, int kLanesPerKey>
+constexpr int attention_min_blocks() {
+  return kLanesPerKey == 1 && kElems * kGroup <= 16 ? 2 : 0;
+}
+
 template <typename T, int kElems, int kGroup, int kLanesPerKey>
-__global__ void __launch_bounds__(kWarps * 32) sparse_attention_kernel(SparseDecode p) {
+__global__ void __launch_bounds__(kWarps * 32, (attention_min_blocks<kElems, kGroup, kLanesPerKey>()))
+    sparse_attention_kernel(SparseDecode p) {
   constexpr int D = kElems * 32;
   constexpr int kKeysPerStep = 32 / kLanesPerKey;
   constexpr int kChunks = D / kLanesPerKey / 8;  // 16-byte pieces of K per lane
-  extern __shared__ float sm_acc[];              // [kWarps][kGroup][D]
+  constexpr int kRowPieces = D / 8;              // 16-byte pieces of a V row
+  static_assert(kKeysPerStep * kRowPieces % 32 == 0, "a step's V pieces are whole rounds of the warp");
+  // The loop stages each warp's step of V rows here; the warps' partials reuse it after the loop.
+  extern __shared__ __align__(16) float sm_acc[];  // [kWarps][kKeysPerStep][D] of T, then [kWarps][kGroup][D]
   const int row = blockIdx.x, split = blockIdx.y;
   const int b = row / p.kv_heads, h = row % p.kv_heads;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
@@ -119,12 +134,29 @@ __global__ void __launch_bounds__(kWarps * 32) sparse_attention_kernel(SparseDec
   const int32_t* chosen = p.selected + static_cast<int64_t>(row) * p.heavy_token_num;
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
-  for (int base = start + warp * kKeysPerStep; base < end; base += kWarps * kKeysPerStep) {
-    // Keys past the end repeat the last one (their scores are then masked), so that every load is
-    // unconditional and a lane's piece of K is requested before any of it is used.
+  T* v_stage = reinterpret_cast<T*>(sm_acc) + warp * kKeysPerStep * D;
+  // Keys past the end repeat the last one (their scores are then masked), so that every load is
+  // unconditional and a lane's piece of K is requested before any of it is used.
+  const auto slot_at = [&](int base) {
     const int i = min(base + key_lane, end - 1);
+    return sparse ? chosen[i] : slot_of(p, b, i);
+  };
+  constexpr int kStride = kWarps * kKeysPerStep;
+  int base = start + warp * kKeysPerStep;
+  int slot = base < end ? slot_at(base) : 0;
+  for (; base < end; base += kStride) {
     const bool valid = base + key_lane < end;
-    const int slot = sparse ? chosen[i] : slot_of(p, b, i);
+    // The step's V rows go to the warp's stage (cp.async) together with K's loads, and the next
+    // step's cache rows are requested before this step's scores: a step waits on one memory round
+    // trip, not on one per 8 V rows and one more for its rows' indices.
+#pragma unroll
+    for (int x = lane; x < kKeysPerStep * kRowPieces; x += 32) {
+      const int k = x / kRowPieces, piece = x % kRowPieces;
+      const int slot_k = __shfl_sync(0xffffffffu, slot, k * kLanesPerKey);
+      cuda_kernels::cp_async_16(v_stage + k * D + piece * 8,
+                                vc + (static_cast<int64_t>(slot_k) * p.kv_heads + h) * D + piece * 8, true);
+    }
+    cuda_kernels::cp_async_commit();
     // Piece c of a lane is the key's 16 bytes at (c * kLanesPerKey + part) * 16, so that a key's
     // lanes read whole sectors together.
     const T* krow = kc + (static_cast<int64_t>(slot) * p.kv_heads + h) * D;
@@ -133,6 +165,7 @@ __global__ void __launch_bounds__(kWarps * 32) sparse_attention_kernel(SparseDec
     for (int c = 0; c < kChunks; ++c) {
       raw[c] = *reinterpret_cast<const uint4*>(krow + (c * kLanesPerKey + part) * 8);
     }
+    const int next_slot = base + kStride < end ? slot_at(base + kStride) : 0;
     float s[kGroup];
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) s[g] = 0.0f;
@@ -172,32 +205,32 @@ __global__ void __launch_bounds__(kWarps * 32) sparse_attention_kernel(SparseDec
 #pragma unroll
       for (int e = 0; e < kElems; ++e) acc[g][e] *= corr;
     }
-    // The step's V rows, 8 at a time, all 8 requested before any is added. A repeated key past
-    // the end has weight 0 and a finite row (a real key's), so it adds nothing.
+    // The step's V rows from the stage. A repeated key past the end has weight 0 and a finite row
+    // (a real key's), so it adds nothing.
+    cuda_kernels::cp_async_wait<0>();
+    __syncwarp();
 #pragma unroll
-    for (int k0 = 0; k0 < kKeysPerStep; k0 += 8) {
-      float vf[8][kElems];
+    for (int k = 0; k < kKeysPerStep; ++k) {
+      float vf[kElems];
+      load_row<T, kElems>(v_stage + k * D + lane * kElems, vf);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const int slot_k = __shfl_sync(0xffffffffu, slot, (k0 + k) * kLanesPerKey);
-        load_row<T, kElems>(vc + (static_cast<int64_t>(slot_k) * p.kv_heads + h) * D + lane * kElems, vf[k]);
-      }
+      for (int g = 0; g < kGroup; ++g) {
+        const float wk = __shfl_sync(0xffffffffu, w[g], k * kLanesPerKey);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-#pragma unroll
-        for (int g = 0; g < kGroup; ++g) {
-          const float wk = __shfl_sync(0xffffffffu, w[g], (k0 + k) * kLanesPerKey);
-#pragma unroll
-          for (int e = 0; e < kElems; ++e) acc[g][e] += wk * vf[k][e];
-        }
+        for (int e = 0; e < kElems; ++e) acc[g][e] += wk * vf[e];
       }
     }
+    // Every lane has read the stage before the next step's copies overwrite it.
+    __syncwarp();
+    slot = next_slot;
   }
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) l[g] = warp_sum(l[g]);
 
-  // The block's warps merge through shared memory, into this split's partial.
+  // The block's warps merge through shared memory, into this split's partial; the stages are done
+  // with once every warp has left the loop.
   __shared__ float sm_ml[kWarps][kGroup][2];
+  __syncthreads();
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
     if (lane == 0) {
@@ -281,10 +314,12 @@ __global__ void __launch_bounds__(kWarps * 32) sparse_attention_kernel(SparseDec
 template <typename T, int kElems, int kGroup>
 void launch_group(const SparseDecode& p, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), static_cast<unsigned>(p.splits));
-  const size_t smem = static_cast<size_t>(kWarps) * kGroup * kElems * 32 * sizeof(float);
-  const auto kernel = lanes_per_key(p.batch * p.kv_heads, p.num_sms) == 1
-                          ? sparse_attention_kernel<T, kElems, kGroup, 1>
-                          : sparse_attention_kernel<T, kElems, kGroup, 4>;
+  const int lanes = lanes_per_key(p.batch * p.kv_heads, p.num_sms);
+  const size_t partials = static_cast<size_t>(kWarps) * kGroup * kElems * 32 * sizeof(float);
+  const size_t stages = static_cast<size_t>(kWarps) * (32 / lanes) * kElems * 32 * sizeof(T);
+  const size_t smem = std::max(partials, stages);
+  const auto kernel =
+      lanes == 1 ? sparse_attention_kernel<T, kElems, kGroup, 1> : sparse_attention_kernel<T, kElems, kGroup, 4>;
   raise_dynamic_smem(kernel, smem);
   kernel<<<grid, kWarps * 32, smem, s>>>(p);
 }
