@@ -145,9 +145,11 @@ TEST(SpecPolicy, CatchUpIsPricedIntoTheRates) {
   EXPECT_TRUE(make().choose(poor, {{0, 1000}}).shape.off());
   ASSERT_FALSE(unpriced.costs().catch_up_per_token(1).has_value());
 
+  // The engine as a whole accepts every depth: drafting is expected to resume after a dip.
   auto priced = [&] {
     SpecPolicy policy = make();
     policy.costs().observe_catch_up(1, 10, 10e-3);  // 1 ms per missed token
+    policy.acceptance() = full;
     return policy;
   };
   ASSERT_NEAR(*priced().costs().catch_up_per_token(1), 1e-3, 1e-12);
@@ -160,6 +162,14 @@ TEST(SpecPolicy, CatchUpIsPricedIntoTheRates) {
   // token off defers nothing and wins.
   EXPECT_EQ(priced().choose(poor, {{0, 1000}}).shape, (SpecShape{4, 5}));
   EXPECT_TRUE(priced().choose(poor, {{0, 1}}).shape.off());
+  // Where the engine as a whole accepts as poorly, off runs on fastest: drafting is not expected
+  // to resume, off defers nothing, and the request goes off (1 per ms against 2 / 3).
+  SpecPolicy poor_engine = priced();
+  poor_engine.acceptance() = dipped;
+  EXPECT_TRUE(poor_engine.choose(poor, {{0, 1000}}).shape.off());
+  // Its lag is still priced into drafting: back on only where the request's own estimate pays
+  // for the catch-up (24 missed over 200 cycles: 5 / 3.12 per ms).
+  EXPECT_EQ(poor_engine.choose(good, {{24, 1000}}).shape, (SpecShape{4, 5}));
   // Each request of a batch pays its own lag: a long lagging one beside one on time.
   SpecPolicy pair = priced();
   for (const SpecShape& s : pair.shapes()) pair.costs().set_prior(2, s, s.off() ? 1e-3 : s.num_steps == 4 ? 3e-3 : 1e-2);
@@ -167,10 +177,13 @@ TEST(SpecPolicy, CatchUpIsPricedIntoTheRates) {
   const std::vector<const DepthAcceptance*> both{&full, &full};
   // Off: 2 tokens / (1 + 2) ms; (4, 5): 10 tokens / (3 + 400 x 1 / max(1, 4 / 5)) ms.
   EXPECT_TRUE(pair.choose(both, {{400, 4}, {0, 1000}}).shape.off());
-  // The per-token estimate is an exponential average of what catch-ups measure.
+  // The per-token estimate is the ratio of exponential averages of the catch-ups' seconds and
+  // tokens: a small catch-up (mostly fixed cost) moves it by its share of the tokens, not by its
+  // own per-token figure.
   SpecPolicy averaged = priced();
   averaged.costs().observe_catch_up(1, 4, 8e-3);
-  EXPECT_NEAR(*averaged.costs().catch_up_per_token(1), 1e-3 + SpecCostModel::kAlpha * (2e-3 - 1e-3), 1e-12);
+  const double a = SpecCostModel::kAlpha;
+  EXPECT_NEAR(*averaged.costs().catch_up_per_token(1), (10e-3 + a * (8e-3 - 10e-3)) / (10 + a * (4 - 10)), 1e-12);
   try {
     priced().choose(both, {{1, 1}});
     FAIL() << "accepted one lag for two requests";
@@ -271,6 +284,37 @@ TEST(SpecPolicy, MeasuresEveryShapeFirstThenExploresTheRunnerUp) {
   costs.observe(6, {2, 3}, 2.0);
   EXPECT_DOUBLE_EQ(*costs.seconds(8, {2, 3}), 3.0);
   EXPECT_EQ(costs.measured(7, {2, 3}), 1);
+}
+
+// An off bucket explores its drafting runner-up only when the batch is caught up (at most a
+// missed token a request), since the exploration first catches the draft up on every missed
+// token; once due it waits, up to kExploreLate choices. A drafting bucket explores on time.
+TEST(SpecPolicy, ExploringFromOffWaitsForACaughtUpBatch) {
+  const SpecParams max{2, 1, 3};
+  SpecPolicy policy(SpecPolicyKind::AUTO, max, {2});
+  // Off 1 token per ms a request; (1, 2) and (2, 3) lose at the prior acceptance (0.7 a depth).
+  for (const SpecShape& s : policy.shapes()) policy.costs().set_prior(2, s, s.off() ? 1e-3 : 3e-3 * s.num_steps);
+  policy.costs().observe_catch_up(2, 10, 1e-3);
+  DepthAcceptance a;
+  const std::vector<const DepthAcceptance*> batch(2, &a);
+  const std::vector<SpecLag> lagging{{40, 500}, {3, 500}}, caught_up{{1, 500}, {0, 500}};
+  // Lagging: no exploration before kExploreLate choices, then one of two cycles.
+  int first = 0;
+  for (int i = 1; i <= SpecPolicy::kExploreLate; ++i) {
+    const SpecChoice c = policy.choose(batch, lagging);
+    if (c.explored) {
+      first = i;
+      break;
+    }
+    EXPECT_TRUE(c.shape.off()) << c.why;
+  }
+  EXPECT_EQ(first, SpecPolicy::kExploreLate);
+  EXPECT_FALSE(policy.choose(batch, lagging).shape.off());  // the exploration's second cycle
+  // Caught up: due kExploreEvery choices after the last, and taken then.
+  for (int i = 1; i < SpecPolicy::kExploreEvery; ++i) EXPECT_FALSE(policy.choose(batch, caught_up).explored) << i;
+  const SpecChoice due = policy.choose(batch, caught_up);
+  EXPECT_TRUE(due.explored);
+  EXPECT_FALSE(due.shape.off());
 }
 
 TEST(SpecPolicy, FixedAlwaysRunsTheConfiguredShapeAndForcedSequencesRotate) {
