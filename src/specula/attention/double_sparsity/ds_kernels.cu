@@ -73,6 +73,16 @@ __device__ __forceinline__ float warp_sum(float x) {
 // Lanes per key of the attention kernel: 4 while the rows are fewer than the multiprocessors.
 int lanes_per_key(int64_t rows, int num_sms) { return rows < num_sms ? 4 : 1; }
 
+// One lane per key with small accumulators: two blocks a multiprocessor (128 registers a thread).
+// Left to itself the compiler holds a whole step's K pieces and V copies' addresses at once (170
+// registers, one block a multiprocessor: batch 32 then ran in four waves instead of two). Four
+// lanes per key take 80 registers unbounded (0: no bound); a bound of two blocks lets them take
+// 128, which costs batch 8 a second wave.
+template <int kElems, int kGroup, int kLanesPerKey>
+constexpr int attention_min_blocks() {
+  return kLanesPerKey == 1 && kElems * kGroup <= 16 ? 2 : 0;
+}
+
 // Attention over one split of a row's chosen keys (every key of a dense row) for the G query heads
 // of its KV head. A warp takes 32 / kLanesPerKey keys a step, kLanesPerKey lanes per key: each
 // lane scores its share of its key's K row against the G queries (in shared memory) and shuffles
@@ -84,16 +94,6 @@ int lanes_per_key(int64_t rows, int num_sms) { return rows < num_sms ? 4 : 1; }
 // write the split's (output, max, sum). The row's last split to finish merges all of them into the
 // output and LSE (an arrival counter per row, which it resets for the next call), so a decode is
 // two launches.
-// One lane per key with small accumulators: two blocks a multiprocessor (128 registers a thread).
-// Left to itself the compiler holds a whole step's K pieces and V copies' addresses at once (170
-// registers, one block a multiprocessor: batch 32 then ran in four waves instead of two). Four
-// lanes per key take 80 registers unbounded (0: no bound); a bound of two blocks lets them take
-// 128, which costs batch 8 a second wave.
-template <int kElems, int kGroup, int kLanesPerKey>
-constexpr int attention_min_blocks() {
-  return kLanesPerKey == 1 && kElems * kGroup <= 16 ? 2 : 0;
-}
-
 template <typename T, int kElems, int kGroup, int kLanesPerKey>
 __global__ void __launch_bounds__(kWarps * 32, (attention_min_blocks<kElems, kGroup, kLanesPerKey>()))
     sparse_attention_kernel(SparseDecode p) {
