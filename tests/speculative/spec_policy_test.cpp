@@ -118,11 +118,12 @@ TEST(SpecPolicy, DepthsPastAShortChainFollowItsLastDepth) {
 
 // Speculation turned back on first catches the draft up on the tokens its requests ran without
 // it. Once a catch-up has been measured, the policy prices it in: a drafting shape pays a lagging
-// request's catch-up spread over the cycles the request has left, and "off" pays the catch-up it
+// request's catch-up spread over the cycles the request has left, and, where drafting is expected
+// to resume (the engine-wide acceptance favours a drafting shape), "off" pays the catch-up it
 // defers (one more missed pair per request with tokens left). So a request with many tokens left
 // turns speculation back on however long it lagged, a nearly finished one stays off, and a dip
-// in acceptance that barely favours "off" does not turn speculation off unless the request is on
-// its last token.
+// in one request's acceptance that barely favours "off" does not turn speculation off unless the
+// request is on its last token; where the whole engine accepts as poorly, off defers nothing.
 TEST(SpecPolicy, CatchUpIsPricedIntoTheRates) {
   const SpecParams max{4, 1, 5};
   // Off: 1 token per ms; (4, 5): 3 ms a cycle; shorter chains 10 ms a cycle.

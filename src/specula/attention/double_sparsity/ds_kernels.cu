@@ -73,14 +73,16 @@ __device__ __forceinline__ float warp_sum(float x) {
 // Lanes per key of the attention kernel: 4 while the rows are fewer than the multiprocessors.
 int lanes_per_key(int64_t rows, int num_sms) { return rows < num_sms ? 4 : 1; }
 
-// One lane per key with small accumulators: two blocks a multiprocessor (128 registers a thread).
-// Left to itself the compiler holds a whole step's K pieces and V copies' addresses at once (170
-// registers, one block a multiprocessor: batch 32 then ran in four waves instead of two). Four
-// lanes per key take 80 registers unbounded (0: no bound); a bound of two blocks lets them take
-// 128, which costs batch 8 a second wave.
+// The attention kernel's blocks per multiprocessor to compile for (0: no bound). One lane per key
+// with small accumulators and head_dim <= 128: two (128 registers a thread). Left to itself the
+// compiler holds a whole step's K pieces and V copies' addresses at once (170 registers, one
+// block a multiprocessor: batch 32 then ran in four waves instead of two). At head_dim 256 the V
+// stage (128 KiB) admits one block anyway, so a bound would only spill. Four lanes per key take
+// 80 registers unbounded, while a bound of two blocks let them take 128, three blocks no longer
+// fit, and batch 8 ran a second wave.
 template <int kElems, int kGroup, int kLanesPerKey>
 constexpr int attention_min_blocks() {
-  return kLanesPerKey == 1 && kElems * kGroup <= 16 ? 2 : 0;
+  return kLanesPerKey == 1 && kElems <= 4 && kElems * kGroup <= 16 ? 2 : 0;
 }
 
 // Attention over one split of a row's chosen keys (every key of a dense row) for the G query heads
