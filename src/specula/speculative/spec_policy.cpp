@@ -177,8 +177,9 @@ SpecChoice SpecPolicy::choose(const std::vector<const DepthAcceptance*>& request
   bool off_defers = false;
   const double off_rate = static_cast<double>(bs) / *costs_.seconds(bs, SpecShape{});
   for (const SpecShape& s : shapes_) {
+    if (s.off()) continue;
     const double tokens = static_cast<double>(bs) * acceptance_.expected_tokens(s.num_steps);
-    if (!s.off() && tokens / *costs_.seconds(bs, s) > off_rate) off_defers = true;
+    off_defers = off_defers || tokens / *costs_.seconds(bs, s) > off_rate;
   }
   std::vector<Rated> rated;
   const double per_missed = costs_.catch_up_per_token(bs).value_or(0.0);
