@@ -163,6 +163,43 @@ TEST(StructuredOutput, AGrammarThatHitsALimitEndsOnlyItsOwnRequest) {
   }
 }
 
+// The grammar vocabulary built on a background thread as the engine starts (the default) is the
+// one the first constrained request would build itself: the same requests, submitted at once
+// (while the build may still run) and after it, decode the same tokens, greedy and sampled.
+TEST(StructuredOutput, TheVocabularyBuiltAtStartUpMasksAsTheOneBuiltOnFirstUse) {
+  const OutputFormat f =
+      format(OutputFormat::Kind::kJsonSchema, R"({"type":"object","properties":{"n":{"type":"integer"},)"
+                                              R"("w":{"type":"string","maxLength":12}},"required":["n","w"]})");
+  const uint64_t seed = std::random_device{}();
+  const auto run = [&](bool prepare) {
+    EngineOptions o = options();
+    o.scheduler.prepare_grammar_vocabulary = prepare;
+    Engine engine(kModel, o);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (size_t t = 0; t < 4; ++t) {
+      EngineRequest r;
+      r.prompt = kTexts[t];
+      r.max_new_tokens = 60;
+      r.sampling.temperature = t % 2 == 0 ? 0.0f : 0.8f;
+      r.sampling.seed = seed + t;
+      r.format = f;
+      handles.push_back(engine.submit(std::move(r)));
+    }
+    engine.run_until_idle();
+    std::vector<std::vector<int32_t>> ids;
+    for (auto& h : handles) {
+      const RequestOutput out = h->wait();
+      EXPECT_TRUE(out.finish_reason == "stop" || out.finish_reason == "length") << out.finish_reason;
+      expect_fits(*f.automaton, out, "seed " + std::to_string(seed));
+      ids.push_back(out.output_ids);
+    }
+    return ids;
+  };
+  const auto built_at_start = run(true);
+  EXPECT_EQ(built_at_start, run(false)) << "seed " << seed;
+  for (const auto& ids : built_at_start) EXPECT_FALSE(ids.empty());
+}
+
 TEST(StructuredOutput, BadFormatsAreRefusedAtSubmit) {
   Engine engine(kModel, options());
   const auto refusal = [&](OutputFormat::Kind kind, const std::string& source) -> std::string {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <system_error>
 
 #include "specula/core/error.h"
 #include "specula/runtime/output_text.h"
@@ -51,6 +52,16 @@ Scheduler::Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const Sche
   if (runner_.options().deterministic) options_.enable_mixed_chunk = false;
   // A speculative cycle is a step of its own (draft, verify, draft extend).
   if (spec_ != nullptr) options_.enable_mixed_chunk = false;
+  if (tokenizer_ != nullptr && options_.prepare_grammar_vocabulary) {
+    const int vocab_size = runner_.config().vocab_size;
+    try {
+      vocabulary_build_ = std::async(std::launch::async, [tokenizer, vocab_size] {
+        return grammar_vocabulary(*tokenizer, vocab_size);
+      });
+    } catch (const std::system_error&) {
+      // No thread to spare: the first constrained request builds it instead.
+    }
+  }
 }
 
 Scheduler::~Scheduler() = default;
@@ -107,8 +118,19 @@ void Scheduler::submit(uint64_t id, EngineRequest request, StreamCallback on_chu
   waiting_.push_back(std::move(r));
 }
 
+const std::shared_ptr<const grammar::Vocabulary>& Scheduler::vocabulary() {
+  if (vocabulary_ == nullptr) {
+    // A build that failed (out of memory) rethrows here and fails only the request that asked.
+    if (vocabulary_build_.valid()) {
+      vocabulary_ = vocabulary_build_.get();
+    } else {
+      vocabulary_ = grammar_vocabulary(*tokenizer_, runner_.config().vocab_size);
+    }
+  }
+  return vocabulary_;
+}
+
 std::shared_ptr<grammar::TokenMasker> Scheduler::masker_for(const grammar::OutputFormat& format) {
-  if (vocabulary_ == nullptr) vocabulary_ = grammar_vocabulary(*tokenizer_, runner_.config().vocab_size);
   std::string key(grammar::kind_name(format.kind));
   key += '\n';
   key += format.source;
@@ -118,7 +140,7 @@ std::shared_ptr<grammar::TokenMasker> Scheduler::masker_for(const grammar::Outpu
       return maskers_.front().second;
     }
   }
-  maskers_.emplace_front(std::move(key), std::make_shared<grammar::TokenMasker>(format.automaton, vocabulary_));
+  maskers_.emplace_front(std::move(key), std::make_shared<grammar::TokenMasker>(format.automaton, vocabulary()));
   if (maskers_.size() > kMaxMaskers) maskers_.pop_back();
   if (options_.grammar_warm_up_s > 0) {
     if (warmer_ == nullptr) warmer_ = std::make_unique<grammar::MaskWarmer>(options_.grammar_warm_up_s);

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <list>
 #include <map>
 #include <memory>
@@ -53,6 +54,11 @@ struct SchedulerOptions {
   // this long (one thread; grammar/mask_warmer.h), so its first requests' steps find most masks
   // cached; 0: only on first use.
   double grammar_warm_up_s = 0.1;
+  // Build the tokenizer's grammar vocabulary (every token's bytes and their trie: about 0.1 s for
+  // a 128k vocabulary) on a background thread when the scheduler starts, so that the first
+  // constrained request does not wait for it (as xgrammar's tokenizer info is made at start-up);
+  // false: at the first constrained request.
+  bool prepare_grammar_vocabulary = true;
 };
 
 struct SchedulerStats {
@@ -164,9 +170,13 @@ class Scheduler {
 
   ModelRunner& runner_;
   const Tokenizer* tokenizer_;
-  // The tokenizer's token bytes for grammar masks, built at the first constrained request, and
-  // the maskers of the grammars seen lately (requests of one grammar share its cached masks).
+  // The tokenizer's token bytes for grammar masks (vocabulary()), and the maskers of the grammars
+  // seen lately (requests of one grammar share its cached masks).
   std::shared_ptr<const grammar::Vocabulary> vocabulary_;
+  // The vocabulary being built on a background thread (prepare_grammar_vocabulary); its
+  // destructor waits for the build, which reads only *tokenizer_.
+  std::future<std::shared_ptr<const grammar::Vocabulary>> vocabulary_build_;
+  const std::shared_ptr<const grammar::Vocabulary>& vocabulary();
   std::list<std::pair<std::string, std::shared_ptr<grammar::TokenMasker>>> maskers_;
   // A masker holds a vocabulary bitmask per cached frame sequence (16 KiB each for 128k tokens:
   // about 3 MB per schema on first use, about 11 MB once warmed up), so only the grammars of
