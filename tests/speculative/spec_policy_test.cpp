@@ -94,6 +94,39 @@ TEST(SpecPolicy, DepthAcceptanceLearnsTheRatesAndTheExpectedRun) {
   EXPECT_NEAR(poor.expected_tokens(5), a.expected_tokens(5), 1e-6);
 }
 
+// The engine-wide estimate (weight 0.01) stays near the true rates where a request's (weight 0.1)
+// wanders with the last few cycles: over the same random cycles, its largest distance from the
+// rate is a fraction of the request estimate's.
+TEST(SpecPolicy, EngineWideAcceptanceAveragesOverManyCycles) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<double> coin(0, 1);
+  const double p = std::uniform_real_distribution<double>(0.6, 0.9)(rng);
+  DepthAcceptance request, engine(DepthAcceptance::kEngineAlpha);
+  double worst_request = 0, worst_engine = 0;
+  for (int cycle = 0; cycle < 20000; ++cycle) {
+    int accepted = 0;
+    while (accepted < 4 && coin(rng) < p) ++accepted;
+    request.observe(4, accepted);
+    engine.observe(4, accepted);
+    if (cycle >= 2000) {
+      worst_request = std::max(worst_request, std::abs(request.rate(1) - p));
+      worst_engine = std::max(worst_engine, std::abs(engine.rate(1) - p));
+    }
+  }
+  // A 10-cycle average of Bernoulli(p) moves by about 0.3 at its extremes over 18,000 cycles; a
+  // 100-cycle one by about a third of that.
+  EXPECT_GT(worst_request, 0.15);
+  EXPECT_LT(worst_engine, 0.6 * worst_request);
+  EXPECT_LT(worst_engine, 0.18);
+  // A request seeded from the engine starts at its rates and keeps its own weight.
+  DepthAcceptance seeded;
+  seeded.seed(engine);
+  EXPECT_EQ(seeded.rate(2), engine.rate(2));
+  const double before = seeded.rate(1);
+  seeded.observe(4, 0);
+  EXPECT_NEAR(seeded.rate(1), before * (1 - DepthAcceptance::kAlpha), 1e-12);
+}
+
 // While short chains run, the depths past them move toward the chain's last depth, so that a dip
 // which made the policy shorten its chains does not keep the deeper estimates (and the policy)
 // low for good; a full-length chain leaves nothing to move.

@@ -42,11 +42,11 @@ void DepthAcceptance::observe(int depth, int accepted) {
   for (int d = 1; d <= seen; ++d) {
     if (static_cast<int>(rates_.size()) < d) rates_.push_back(rate(d));
     double& r = rates_[static_cast<size_t>(d - 1)];
-    r += kAlpha * ((d <= accepted ? 1.0 : 0.0) - r);
+    r += alpha_ * ((d <= accepted ? 1.0 : 0.0) - r);
   }
   if (depth < 1) return;
   const double last = rate(depth);
-  for (size_t d = static_cast<size_t>(depth); d < rates_.size(); ++d) rates_[d] += kAlpha * (last - rates_[d]);
+  for (size_t d = static_cast<size_t>(depth); d < rates_.size(); ++d) rates_[d] += alpha_ * (last - rates_[d]);
 }
 
 void DepthAcceptance::drift_to(const DepthAcceptance& to) {

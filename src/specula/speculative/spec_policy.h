@@ -48,15 +48,19 @@ std::vector<SpecShape> policy_shapes(const SpecParams& max, SpecPolicyKind kind)
 // token at depth d is accepted when its parent was (d = 1: the root's child).
 class DepthAcceptance {
  public:
-  static constexpr double kAlpha = 0.1;  // weight of the newest cycle
+  static constexpr double kAlpha = 0.1;         // weight of the newest cycle: a request's estimate
+  static constexpr double kEngineAlpha = 0.01;  // the engine-wide estimate's (about 100 cycles)
+
+  explicit DepthAcceptance(double alpha = kAlpha) : alpha_(alpha) {}
 
   // A cycle of max depth `depth` that accepted `accepted` draft tokens (0..depth): depths
   // 1..accepted were accepted, depth accepted + 1 (if <= depth) was not; deeper ones say nothing.
-  // Depths past the chain (a shape shorter than the longest) move kAlpha of the way to the
+  // Depths past the chain (a shape shorter than the longest) move the same weight of the way to the
   // chain's last depth: they are not observed while short chains run, and left as they were, a
   // dip that made the policy pick a short chain would keep it there for good.
   void observe(int depth, int accepted);
-  // Starts from another's rates (a new request starts from the engine-wide average).
+  // Starts from another's rates (a new request starts from the engine-wide average); keeps its own
+  // weight.
   void seed(const DepthAcceptance& from) { rates_ = from.rates_; }
   // Moves kAlpha of the way to another's rates: a request that is not drafting learns nothing of
   // its own, and its estimate must not keep it off speculation for good.
@@ -69,6 +73,7 @@ class DepthAcceptance {
   static constexpr double kPrior = 0.7;
 
  private:
+  double alpha_;
   std::vector<double> rates_;
 };
 
@@ -177,7 +182,11 @@ class SpecPolicy {
   SpecPolicyKind kind_;
   std::vector<SpecShape> shapes_;
   SpecCostModel costs_;
-  DepthAcceptance acceptance_;
+  // Averaged over about 100 cycles: the prior new requests start from and requests that are not
+  // drafting drift toward; with a request's 10-cycle weight it followed the last few cycles of
+  // whichever requests ran (on the VM its (7, 8) estimate read 7.61 tokens where the run's cycles
+  // averaged 5.03).
+  DepthAcceptance acceptance_{DepthAcceptance::kEngineAlpha};
   struct Bucket {
     int64_t since_explore = 0;  // choices since the bucket's last exploration
     SpecShape current{-1, -1};
