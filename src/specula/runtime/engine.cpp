@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <future>
+#include <system_error>
 
 #include "specula/core/error.h"
 #include "specula/model/safetensors.h"
@@ -70,7 +72,21 @@ void Engine::init(const ModelConfig& config, const WeightSource& weights) {
   SPECULA_CHECK(!options_.speculative || !config.is_mla(),
                 "speculative decoding (EAGLE) needs a Llama-family target; {} uses multi-head latent attention",
                 config.architecture);
+  // The grammar vocabulary builds on a core of its own while the weights load and the graphs are
+  // captured (seconds), so it is ready before the first constrained request. If this function
+  // throws, the future's destructor waits for the build, which reads only the tokenizer.
+  std::future<std::shared_ptr<const grammar::Vocabulary>> vocabulary;
+  if (tokenizer_ != nullptr && options_.scheduler.prepare_grammar_vocabulary) {
+    try {
+      vocabulary = std::async(std::launch::async, [tok = tokenizer_.get(), vocab_size = config.vocab_size] {
+        return grammar_vocabulary(*tok, vocab_size);
+      });
+    } catch (const std::system_error&) {
+      // No thread to spare: the first constrained request builds it.
+    }
+  }
   runner_ = std::make_unique<ModelRunner>(config, weights, options_.runner);
+  SPECULA_ASSERT(runner_->config().vocab_size == config.vocab_size);
   // The model's config says whether dual chunk attention is in force for the contexts admitted.
   SPECULA_CHECK(!options_.speculative || !runner_->config().dual_chunk.enabled(),
                 "speculative decoding with dual chunk attention is not supported; --max-context-len {} or less runs "
@@ -84,7 +100,8 @@ void Engine::init(const ModelConfig& config, const WeightSource& weights) {
       calibrate_policy(*spec_, *runner_, SpecTimingOptions{{}, std::min(256, runner_->max_context_len() / 2), 1, 2, 1});
     }
   }
-  scheduler_ = std::make_unique<Scheduler>(*runner_, tokenizer_.get(), options_.scheduler, spec_.get());
+  scheduler_ =
+      std::make_unique<Scheduler>(*runner_, tokenizer_.get(), options_.scheduler, spec_.get(), std::move(vocabulary));
   stats_ = scheduler_->stats();
   if (options_.background_thread) thread_ = std::thread([this] { loop(); });
 }

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
-#include <system_error>
 
 #include "specula/core/error.h"
 #include "specula/runtime/output_text.h"
@@ -33,8 +32,8 @@ constexpr double kNewTokenRatioDecaySteps = 600;
 }  // namespace
 
 Scheduler::Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const SchedulerOptions& options,
-                     EagleWorker* spec)
-    : runner_(runner), tokenizer_(tokenizer), spec_(spec), options_(options),
+                     EagleWorker* spec, std::future<std::shared_ptr<const grammar::Vocabulary>> vocabulary)
+    : runner_(runner), tokenizer_(tokenizer), vocabulary_build_(std::move(vocabulary)), spec_(spec), options_(options),
       kv_(runner, !options.disable_radix_cache, spec != nullptr) {
   SPECULA_CHECK(options_.max_queued_requests >= 1, "max_queued_requests {} is not valid; it must be >= 1",
                 options_.max_queued_requests);
@@ -52,16 +51,6 @@ Scheduler::Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const Sche
   if (runner_.options().deterministic) options_.enable_mixed_chunk = false;
   // A speculative cycle is a step of its own (draft, verify, draft extend).
   if (spec_ != nullptr) options_.enable_mixed_chunk = false;
-  if (tokenizer_ != nullptr && options_.prepare_grammar_vocabulary) {
-    const int vocab_size = runner_.config().vocab_size;
-    try {
-      vocabulary_build_ = std::async(std::launch::async, [tokenizer, vocab_size] {
-        return grammar_vocabulary(*tokenizer, vocab_size);
-      });
-    } catch (const std::system_error&) {
-      // No thread to spare: the first constrained request builds it instead.
-    }
-  }
 }
 
 Scheduler::~Scheduler() = default;

@@ -54,10 +54,10 @@ struct SchedulerOptions {
   // this long (one thread; grammar/mask_warmer.h), so its first requests' steps find most masks
   // cached; 0: only on first use.
   double grammar_warm_up_s = 0.1;
-  // Build the tokenizer's grammar vocabulary (every token's bytes and their trie: about 0.1 s for
-  // a 128k vocabulary) on a background thread when the scheduler starts, so that the first
-  // constrained request does not wait for it (as xgrammar's tokenizer info is made at start-up);
-  // false: at the first constrained request.
+  // The Engine builds the tokenizer's grammar vocabulary (every token's bytes and their trie:
+  // 0.1-0.2 s for a 128k vocabulary) on a background thread while the model loads, so that the
+  // first constrained request does not wait for it (as xgrammar's tokenizer info is made at
+  // start-up); false: at the first constrained request.
   bool prepare_grammar_vocabulary = true;
 };
 
@@ -89,9 +89,12 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // spec (optional, not owned): speculative decoding with this worker.
+  // spec (optional, not owned): speculative decoding with this worker. vocabulary (optional):
+  // the tokenizer's grammar vocabulary being built (the first constrained request waits for it);
+  // without it, that request builds it.
   Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const SchedulerOptions& options,
-            EagleWorker* spec = nullptr);
+            EagleWorker* spec = nullptr,
+            std::future<std::shared_ptr<const grammar::Vocabulary>> vocabulary = {});
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -173,8 +176,7 @@ class Scheduler {
   // The tokenizer's token bytes for grammar masks (vocabulary()), and the maskers of the grammars
   // seen lately (requests of one grammar share its cached masks).
   std::shared_ptr<const grammar::Vocabulary> vocabulary_;
-  // The vocabulary being built on a background thread (prepare_grammar_vocabulary); its
-  // destructor waits for the build, which reads only *tokenizer_.
+  // The vocabulary being built on a background thread (prepare_grammar_vocabulary).
   std::future<std::shared_ptr<const grammar::Vocabulary>> vocabulary_build_;
   const std::shared_ptr<const grammar::Vocabulary>& vocabulary();
   std::list<std::pair<std::string, std::shared_ptr<grammar::TokenMasker>>> maskers_;
