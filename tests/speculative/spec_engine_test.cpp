@@ -170,7 +170,9 @@ TEST(SpecEngine, MixtureOfExpertsTargetKeepsItsGreedyOutput) {
     std::vector<std::vector<int32_t>> out;
     for (auto& h : handles) {
       const RequestOutput o2 = h->wait();
-      if (speculate) EXPECT_GT(o2.spec_verify_cycles, 0);
+      if (speculate) {
+        EXPECT_GT(o2.spec_verify_cycles, 0);
+      }
       out.push_back(o2.output_ids);
     }
     return out;
