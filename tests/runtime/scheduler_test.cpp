@@ -5,14 +5,24 @@
 // KV each step read was the right one.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <future>
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <new>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/fake_model.h"
 #include "specula/core/error.h"
+#include "specula/grammar/output_format.h"
+#include "specula/model/tokenizer.h"
+#include "specula/runner/sampler.h"
 #include "specula/runtime/scheduler.h"
 
 namespace specula {
@@ -325,6 +335,63 @@ TEST(Scheduler, CancelFreesTheKv) {
     h.scheduler.flush_cache();
     EXPECT_EQ(h.scheduler.stats().kv_free_tokens, total);
     EXPECT_EQ(h.runner.req_pool().available_size(), h.runner.req_pool().size());
+  }
+}
+
+// The grammar vocabulary the Engine builds while the model loads reaches the scheduler as a future.
+// The first constrained request takes it, waiting while the build still runs; a build that failed
+// fails only the request that asked, and the next one builds the vocabulary itself. The shipped
+// byte tokenizer's ids 0..63 are bytes 0..63, the fake model's whole vocabulary, digits among them.
+TEST(Scheduler, TheFirstConstrainedRequestTakesTheVocabularyBeingBuilt) {
+  const Tokenizer tokenizer =
+      Tokenizer::from_folder(std::filesystem::path(SPECULA_SOURCE_DIR) / "models" / "specula-byte-6m");
+  ModelRunner runner(std::make_unique<FakeModel>(), Harness::runner_options(4, 128, 512, 8));
+  using Built = std::shared_ptr<const grammar::Vocabulary>;
+  std::map<uint64_t, RequestOutput> outputs;
+  const auto submit = [&](Scheduler& scheduler, uint64_t id) {
+    EngineRequest r;
+    r.prompt_ids = {7, 9, 11};
+    r.max_new_tokens = 10;
+    r.format.kind = grammar::OutputFormat::Kind::kRegex;
+    r.format.source = "[0-9]{3}";
+    scheduler.validate(r);
+    scheduler.submit(id, r, [&](const StreamChunk& c) {
+      if (c.finished) outputs[c.id] = *c.output;
+    });
+  };
+  const auto expect_digits = [&](Scheduler& scheduler, uint64_t id) {
+    while (scheduler.step()) {
+    }
+    const RequestOutput& out = outputs.at(id);
+    EXPECT_EQ(out.finish_reason, "stop") << out.text;
+    ASSERT_EQ(out.text.size(), 3u) << out.text;
+    for (char c : out.text) EXPECT_TRUE(c >= '0' && c <= '9') << out.text;
+  };
+  {
+    std::promise<Built> build;
+    Scheduler scheduler(runner, &tokenizer, scheduler_options(0, false), nullptr, build.get_future());
+    build.set_exception(std::make_exception_ptr(std::bad_alloc()));
+    EXPECT_THROW(submit(scheduler, 1), std::bad_alloc);
+    submit(scheduler, 2);
+    expect_digits(scheduler, 2);
+    EXPECT_EQ(outputs.count(1), 0u);
+  }
+  {
+    std::promise<Built> build;
+    Scheduler scheduler(runner, &tokenizer, scheduler_options(0, false), nullptr, build.get_future());
+    std::atomic<bool> handed_over{false};
+    std::thread builder([&] {
+      Built vocabulary = grammar_vocabulary(tokenizer, FakeModel::kVocab);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      handed_over = true;
+      build.set_value(std::move(vocabulary));
+    });
+    submit(scheduler, 3);
+    // The submit returned only once the build it was given had finished (a scheduler that built
+    // its own would return while the builder sleeps).
+    EXPECT_TRUE(handed_over.load());
+    builder.join();
+    expect_digits(scheduler, 3);
   }
 }
 

@@ -125,6 +125,11 @@ TEST(SpecPolicy, EngineWideAcceptanceAveragesOverManyCycles) {
   const double before = seeded.rate(1);
   seeded.observe(4, 0);
   EXPECT_NEAR(seeded.rate(1), before * (1 - DepthAcceptance::kAlpha), 1e-12);
+  // The policy's engine-wide estimate, which the scheduler feeds every cycle, takes the slow weight.
+  SpecPolicy policy(SpecPolicyKind::AUTO, SpecParams{4, 1, 5});
+  const double start = policy.acceptance().rate(1);
+  policy.acceptance().observe(4, 0);
+  EXPECT_NEAR(policy.acceptance().rate(1), start * (1 - DepthAcceptance::kEngineAlpha), 1e-12);
 }
 
 // While short chains run, the depths past them move toward the chain's last depth, so that a dip
@@ -183,7 +188,7 @@ TEST(SpecPolicy, CatchUpIsPricedIntoTheRates) {
   auto priced = [&] {
     SpecPolicy policy = make();
     policy.costs().observe_catch_up(1, 10, 10e-3);  // 1 ms per missed token
-    policy.acceptance() = full;
+    policy.acceptance().seed(full);
     return policy;
   };
   ASSERT_NEAR(*priced().costs().catch_up_per_token(1), 1e-3, 1e-12);
@@ -199,7 +204,7 @@ TEST(SpecPolicy, CatchUpIsPricedIntoTheRates) {
   // Where the engine as a whole accepts as poorly, off runs on fastest: drafting is not expected
   // to resume, off defers nothing, and the request goes off (1 per ms against 2 / 3).
   SpecPolicy poor_engine = priced();
-  poor_engine.acceptance() = dipped;
+  poor_engine.acceptance().seed(dipped);
   EXPECT_TRUE(poor_engine.choose(poor, {{0, 1000}}).shape.off());
   // Its lag is still priced into drafting: back on only where the request's own estimate pays
   // for the catch-up (24 missed over 200 cycles: 5 / 3.12 per ms).
