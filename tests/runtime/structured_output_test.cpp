@@ -163,9 +163,9 @@ TEST(StructuredOutput, AGrammarThatHitsALimitEndsOnlyItsOwnRequest) {
   }
 }
 
-// The grammar vocabulary built on a background thread as the engine starts (the default) is the
-// one the first constrained request would build itself: the same requests, submitted at once
-// (while the build may still run) and after it, decode the same tokens, greedy and sampled.
+// Through the Engine: with the grammar vocabulary built on a thread while the model loads (the
+// default) and without (the first constrained request builds it), the same requests decode the
+// same tokens, greedy and sampled. How the scheduler takes the build is Scheduler.TheFirst...'s.
 TEST(StructuredOutput, TheVocabularyBuiltAtStartUpMasksAsTheOneBuiltOnFirstUse) {
   const OutputFormat f =
       format(OutputFormat::Kind::kJsonSchema, R"({"type":"object","properties":{"n":{"type":"integer"},)"
