@@ -165,7 +165,8 @@ TEST(StructuredOutput, AGrammarThatHitsALimitEndsOnlyItsOwnRequest) {
 
 // Through the Engine: with the grammar vocabulary built on a thread while the model loads (the
 // default) and without (the first constrained request builds it), the same requests decode the
-// same tokens, greedy and sampled. How the scheduler takes the build is Scheduler.TheFirst...'s.
+// same tokens, greedy and sampled. How the scheduler takes the build: scheduler_test's
+// Scheduler.TheFirstConstrainedRequestTakesTheVocabularyBeingBuilt.
 TEST(StructuredOutput, TheVocabularyBuiltAtStartUpMasksAsTheOneBuiltOnFirstUse) {
   const OutputFormat f =
       format(OutputFormat::Kind::kJsonSchema, R"({"type":"object","properties":{"n":{"type":"integer"},)"
