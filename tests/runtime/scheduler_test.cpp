@@ -171,6 +171,8 @@ TEST(Scheduler, ChunkedPrefillRunsChunkSizedExtends) {
     EXPECT_EQ(h.outputs.at(7).output_ids, FakeModel::continuation(p, 3));
     EXPECT_EQ(h.scheduler.stats().prefill_tokens, 21);
     EXPECT_EQ(h.scheduler.stats().decode_tokens, 3);
+    EXPECT_EQ(h.scheduler.stats().prefill_only_steps, 3);  // the three chunks; decodes not counted
+    EXPECT_GT(h.scheduler.stats().prefill_only_s, 0.0);
   }
 }
 
@@ -193,6 +195,7 @@ TEST(Scheduler, MixedStepsCombineDecodesAndAChunk) {
   expect_decode(h.batch(4), {8, 21});  // B's second and last token (its first came from its prefill)
   expect_decode(h.batch(5), {9});
   EXPECT_EQ(h.model.batches().size(), 10u);  // A: 5 tokens so far, 5 more alone
+  EXPECT_EQ(h.scheduler.stats().prefill_only_steps, 1);  // A's prompt alone; B's chunks rode in MIXED steps
   EXPECT_EQ(h.outputs.at(1).output_ids, FakeModel::continuation(a, 10));
   EXPECT_EQ(h.outputs.at(2).output_ids, FakeModel::continuation(b, 2));
 }

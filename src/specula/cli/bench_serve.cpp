@@ -361,6 +361,11 @@ void run_offline(const Options& o) {
   report.hit_rate = static_cast<double>(cached) / static_cast<double>(report.in_tokens);
   report.prefill_tokens = stats.prefill_tokens - before.prefill_tokens;
   report.retractions = stats.retractions - before.retractions;
+  const int64_t prefill_steps = stats.prefill_only_steps - before.prefill_only_steps;
+  const double prefill_s = stats.prefill_only_s - before.prefill_only_s;
+  report.extra_lines.emplace_back("prefill-only steps (s)", fmt::format("{} ({:.3f})", prefill_steps, prefill_s));
+  report.extra_json["prefill_only_steps"] = prefill_steps;
+  report.extra_json["prefill_only_s"] = prefill_s;
   report.extra_json["device"] = o.engine.device;
   if (constrained) {
     report.extra_lines.emplace_back("format", std::string(grammar::kind_name(format.kind)));

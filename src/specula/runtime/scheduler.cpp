@@ -342,6 +342,10 @@ bool Scheduler::step() {
     run_spec_cycle(plan, start);
   } else if (!plan.empty()) {
     const bool ran = run_batch(plan, mode);
+    if (ran && mode == ForwardMode::EXTEND) {
+      ++stats_.prefill_only_steps;
+      stats_.prefill_only_s += std::chrono::duration<double>(Clock::now() - start).count();
+    }
     if (ran && (mode == ForwardMode::DECODE || mode == ForwardMode::MIXED)) {
       // Each decode step that ran lowers the share of future tokens reserved at admission.
       const double init = initial_new_token_ratio();

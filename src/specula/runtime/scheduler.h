@@ -71,6 +71,10 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0;    // prompt tokens of admitted requests (first admission)
   int64_t decode_tokens = 0;    // tokens generated
   int64_t retractions = 0;
+  // Steps that ran prompts alone (EXTEND: no decode rows in them) and their wall time. With
+  // speculation on every prefill is such a step (a cycle is a step of its own).
+  int64_t prefill_only_steps = 0;
+  double prefill_only_s = 0;
   int64_t spec_cycles = 0;           // speculative verify cycles that drafted (per request)
   int64_t spec_emitted_tokens = 0;   // sum of their accept lengths (accepted draft tokens + 1)
   std::vector<int64_t> spec_accept_histogram;  // [L] = cycles of accept length L

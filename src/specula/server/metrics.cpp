@@ -124,6 +124,10 @@ std::string Metrics::render(const SchedulerStats& s, const std::string& model_na
   header(out, "specula_spec_accept_length", "gauge", "Mean tokens per speculative verify cycle (accepted draft tokens + 1).");
   out += fmt::format("specula_spec_accept_length {}\n",
                      number(s.spec_cycles > 0 ? static_cast<double>(s.spec_emitted_tokens) / static_cast<double>(s.spec_cycles) : 0.0));
+  header(out, "specula_prefill_only_steps_total", "counter", "Steps that ran prompts alone (no decode rows).");
+  out += fmt::format("specula_prefill_only_steps_total {}\n", s.prefill_only_steps);
+  header(out, "specula_prefill_only_seconds_total", "counter", "Wall time of the steps that ran prompts alone.");
+  out += fmt::format("specula_prefill_only_seconds_total {}\n", number(s.prefill_only_s));
   header(out, "specula_model_info", "gauge", "The served model.");
   out += fmt::format("specula_model_info{{model=\"{}\"}} 1\n", label(model_name));
   return out;
