@@ -529,6 +529,13 @@ void run_remote(const Options& o) {
     server_json["itl_mean_s"] = *v;
   }
   if (const auto v = metric_diff(result, "specula_generation_tokens_total")) server_json["generation_tokens"] = *v;
+  const auto prefill_steps = metric_diff(result, "specula_prefill_only_steps_total");
+  const auto prefill_s = metric_diff(result, "specula_prefill_only_seconds_total");
+  if (prefill_steps && prefill_s) {
+    report.extra_lines.emplace_back("prefill-only steps (s)", fmt::format("{:.0f} ({:.3f})", *prefill_steps, *prefill_s));
+    report.extra_json["prefill_only_steps"] = static_cast<int64_t>(std::llround(*prefill_steps));
+    report.extra_json["prefill_only_s"] = *prefill_s;
+  }
   if (prompt) server_json["prompt_tokens"] = *prompt;
   if (cached) server_json["cached_prompt_tokens"] = *cached;
   // The accept length gauge is a running mean: emitted tokens = mean x cycles, before and after.
