@@ -9,6 +9,7 @@
 
 #include "specula/core/error.h"
 #include "specula/model/safetensors.h"
+#include "specula/runner/sampler.h"
 #include "specula/speculative/spec_calibration.h"
 
 namespace specula {

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "specula/core/error.h"
+#include "specula/runner/sampler.h"
 #include "specula/runtime/output_text.h"
 #include "specula/runtime/scheduled_request.h"
 
