@@ -6,6 +6,8 @@
 #   serve: `bench serve` on the shipped pair, plain decoding against EAGLE-3 with the fixed
 #          (7, 1, 8) shape and with the auto policy, at each batch of BATCHES, ROUNDS times,
 #          each run sized to last about 3 s or more of plain decoding; one table at the end.
+#          VARIANTS picks the runs (default "plain fixed auto"); fixed_gN / auto_gN add
+#          `--speculative-admission-group N` (1: admit as rows free; 0: measured groups).
 # Logs go to $OUT (default /tmp/specula-out), packed into one tar.
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
@@ -59,21 +61,30 @@ if [ "$phase" = serve ]; then
     "$bin" bench serve --device cuda --model models/specula-byte-6m --dataset text --num-requests "$n" \
       --max-running-requests "$bs" --input-len 128 --output-len 256 --max-context-len 1024 "$@" \
       --json "$logs/${name}_bs${bs}_r${round}.json" >"$log" 2>&1
-    local tps acc pol
+    local tps acc pol pre def
     tps=$(grep -E '^output tokens/s' "$log" | awk '{print $NF}')
     acc=$(grep -E '^mean accept length' "$log" | awk '{print $NF}')
+    pre=$(grep -E '^prefill-only steps' "$log" | awk '{print $(NF-1) $NF}')
+    def=$(grep -E '^admission deferred steps' "$log" | awk '{print $NF}')
     pol=$(grep -E '^policy (auto|fixed) at batch' "$log" | sed -E 's/^policy [a-z]+ at batch <= ([0-9]+) +/b\1: /' | tr '\n' ';' | tr -s ' ')
-    printf "%-7s r%s bs=%-3s n=%-5s out_tok_s=%-10s accept=%-6s %s\n" "$name" "$round" "$bs" "$n" "$tps" "$acc" "$pol"
+    printf "%-9s r%s bs=%-3s n=%-5s out_tok_s=%-10s accept=%-6s prefill=%-14s deferred=%-5s %s\n" "$name" "$round" \
+      "$bs" "$n" "$tps" "$acc" "$pre" "${def:-0}" "$pol"
   }
   spec="--speculative-algorithm EAGLE3 --draft-model models/specula-byte-6m-eagle3 --speculative-num-steps 7 \
 --speculative-eagle-topk 1 --speculative-num-draft-tokens 8"
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for bs in ${BATCHES:-1 2 4 8 16 32 64}; do
-      bench plain "$round" "$bs"
-      # shellcheck disable=SC2086
-      bench fixed "$round" "$bs" $spec --speculative-policy fixed
-      # shellcheck disable=SC2086
-      bench auto "$round" "$bs" $spec --speculative-policy auto
+      for v in ${VARIANTS:-plain fixed auto}; do
+        case $v in
+          plain) bench plain "$round" "$bs" ;;
+          # shellcheck disable=SC2086
+          fixed | auto) bench "$v" "$round" "$bs" $spec --speculative-policy "$v" ;;
+          # shellcheck disable=SC2086
+          fixed_g* | auto_g*) bench "$v" "$round" "$bs" $spec --speculative-policy "${v%_g*}" \
+            --speculative-admission-group "${v##*_g}" ;;
+          *) echo "VARIANTS: unknown run $v (plain, fixed, auto, fixed_gN, auto_gN)" >&2 ;;
+        esac
+      done
     done
   done | tee "$logs/serve_table.txt"
   # What the auto runs' last choices rested on (bench serve prints it at the end of each run).

@@ -115,8 +115,17 @@ test("a full queue answers 503 with Retry-After and keeps serving", async () => 
 
 test("SIGTERM: in-flight requests finish within the grace period; past it they are cancelled; exit 0", async () => {
   let server = await startServer(["--shutdown-grace-s", "30"]);
-  const short = post(server.url, "/v1/completions", { prompt: "Debian is", max_tokens: 16, temperature: 0 });
-  await new Promise((r) => setTimeout(r, 20));
+  let settled = false;
+  const short = post(server.url, "/v1/completions", { prompt: "Debian is", max_tokens: 16, temperature: 0 }).finally(
+    () => (settled = true),
+  );
+  // SIGTERM once the request is in the engine: a fixed delay raced a fresh machine's first fetch,
+  // which then found the server no longer listening.
+  while (!settled) {
+    const m = parseMetrics(await (await fetch(server.url + "/metrics")).text());
+    if (m.specula_num_requests_running + m.specula_num_requests_waiting >= 1) break;
+    await new Promise((r) => setTimeout(r, 2));
+  }
   const stopped = server.stop();
   const reply = await short;
   assert.equal(reply.status, 200, reply.text);

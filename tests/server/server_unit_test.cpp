@@ -126,6 +126,7 @@ TEST(Metrics, HistogramsAreCumulativeAndCountersAdd) {
   s.cached_tokens = 50;
   s.prefill_only_steps = 7;
   s.prefill_only_s = 0.375;
+  s.admission_deferred_steps = 11;
   const std::string text = m.render(s, "my \"model\"");
   const auto value = [&](const std::string& series) {
     const size_t at = text.find("\n" + series + " ");
@@ -141,6 +142,7 @@ TEST(Metrics, HistogramsAreCumulativeAndCountersAdd) {
   EXPECT_EQ(value("specula_num_requests_running"), 2);
   EXPECT_EQ(value("specula_prefill_only_steps_total"), 7);
   EXPECT_EQ(value("specula_prefill_only_seconds_total"), 0.375);
+  EXPECT_EQ(value("specula_admission_deferred_steps_total"), 11);
   const auto below = [&](double bound) { return std::count_if(ttfts.begin(), ttfts.end(), [&](double t) { return t <= bound; }); };
   EXPECT_EQ(value("specula_time_to_first_token_seconds_bucket{le=\"0.1\"}"), below(0.1));
   EXPECT_EQ(value("specula_time_to_first_token_seconds_bucket{le=\"1\"}"), below(1.0));

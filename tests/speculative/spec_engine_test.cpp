@@ -4,6 +4,7 @@
 // sampled output must follow the target's distribution.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <optional>
@@ -245,6 +246,44 @@ TEST(SpecEngine, EveryKvSlotReturnsAfterALongRunWithCancellations) {
   }
   engine.flush_cache();
   EXPECT_EQ(engine.runner().allocator().available_size(), free_at_start);
+}
+
+// Admission in groups while speculating (runtime/admission_groups.h): requests that finish one at
+// a time free rows one at a time; with groups of 2 or 3 the freed rows wait for a group, so fewer
+// prefill steps run, and every output stays the target's own greedy output; groups of 1 never
+// wait, and the measured size (here on the CPU, where a prefill step has no fixed part worth a
+// group) keeps the output too.
+TEST(SpecEngine, AdmissionInGroupsKeepsTheOutput) {
+  std::mt19937 rng(std::random_device{}());
+  std::vector<std::pair<std::string, int>> requests;
+  // Lengths 2 apart: with a (1, 2) chain, requests of the batch finish in different cycles.
+  std::vector<int> lens;
+  for (int i = 0; i < 14; ++i) lens.push_back(12 + 2 * i);
+  std::shuffle(lens.begin(), lens.end(), rng);
+  for (int i = 0; i < 14; ++i) requests.emplace_back(kTexts[rng() % kTexts.size()], lens[static_cast<size_t>(i)]);
+  std::map<int, SchedulerStats> stats;
+  for (int group : {1, 2, 3, 0}) {
+    EngineOptions o = options(16, 4);
+    o.speculative = eagle(EagleKind::EAGLE3, SpecParams{1, 1, 2});
+    o.scheduler.speculative_admission_group = group;
+    Engine engine(kModel, o);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const auto& [text, len] : requests) handles.push_back(engine.submit(greedy(text, len)));
+    engine.run_until_idle();
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const RequestOutput out = handles[i]->wait();
+      const std::vector<int32_t>& full = plain(requests[i].first);
+      ASSERT_EQ(out.output_ids.size(), static_cast<size_t>(requests[i].second)) << "group " << group;
+      EXPECT_TRUE(std::equal(out.output_ids.begin(), out.output_ids.end(), full.begin()))
+          << "group " << group << ": " << requests[i].first;
+    }
+    stats[group] = engine.stats();
+  }
+  EXPECT_EQ(stats[1].admission_deferred_steps, 0);
+  EXPECT_GT(stats[2].admission_deferred_steps, 0);
+  EXPECT_GT(stats[3].admission_deferred_steps, 0);
+  EXPECT_LT(stats[2].prefill_only_steps, stats[1].prefill_only_steps);
+  EXPECT_LE(stats[3].prefill_only_steps, stats[2].prefill_only_steps);
 }
 
 TEST(SpecEngine, StopTokensInsideAnAcceptedRunEndTheOutputThere) {

@@ -366,6 +366,9 @@ void run_offline(const Options& o) {
   report.extra_lines.emplace_back("prefill-only steps (s)", fmt::format("{} ({:.3f})", prefill_steps, prefill_s));
   report.extra_json["prefill_only_steps"] = prefill_steps;
   report.extra_json["prefill_only_s"] = prefill_s;
+  const int64_t deferred = stats.admission_deferred_steps - before.admission_deferred_steps;
+  if (deferred > 0) report.extra_lines.emplace_back("admission deferred steps", fmt::format("{}", deferred));
+  report.extra_json["admission_deferred_steps"] = deferred;
   report.extra_json["device"] = o.engine.device;
   if (constrained) {
     report.extra_lines.emplace_back("format", std::string(grammar::kind_name(format.kind)));
@@ -535,6 +538,10 @@ void run_remote(const Options& o) {
     report.extra_lines.emplace_back("prefill-only steps (s)", fmt::format("{:.0f} ({:.3f})", *prefill_steps, *prefill_s));
     report.extra_json["prefill_only_steps"] = static_cast<int64_t>(std::llround(*prefill_steps));
     report.extra_json["prefill_only_s"] = *prefill_s;
+  }
+  if (const auto deferred = metric_diff(result, "specula_admission_deferred_steps_total")) {
+    if (*deferred > 0) report.extra_lines.emplace_back("admission deferred steps", fmt::format("{:.0f}", *deferred));
+    report.extra_json["admission_deferred_steps"] = static_cast<int64_t>(std::llround(*deferred));
   }
   if (prompt) server_json["prompt_tokens"] = *prompt;
   if (cached) server_json["cached_prompt_tokens"] = *cached;

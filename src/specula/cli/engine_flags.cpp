@@ -87,6 +87,10 @@ void add_engine_flags(CLI::App& cmd, EngineFlags& f) {
                  "short, the configured tree, or no drafting at all) with the most expected tokens/s for the batch, "
                  "from costs measured by the engine and each request's acceptance")
       ->capture_default_str();
+  cmd.add_option("--speculative-admission-group", f.speculative_admission_group,
+                 "While speculating, admit waiting requests once this many rows are free (each admission is a "
+                 "prefill step in which no row decodes); 0 (default): sized from the measured prefill and cycle "
+                 "times; 1: as rows free");
 }
 
 EngineOptions engine_options(const EngineFlags& f) {
@@ -118,7 +122,7 @@ EngineOptions engine_options(const EngineFlags& f) {
   o.scheduler.schedule_conservativeness = f.schedule_conservativeness;
   const SpecPolicyKind policy = parse_spec_policy(f.speculative_policy);
   const bool spec_flags = !f.draft_model.empty() || f.speculative_num_steps || f.speculative_eagle_topk ||
-                          f.speculative_num_draft_tokens;
+                          f.speculative_num_draft_tokens || f.speculative_admission_group;
   SPECULA_CHECK(!spec_flags || !f.speculative_algorithm.empty(),
                 "--draft-model and --speculative-* need --speculative-algorithm EAGLE or EAGLE3");
   if (!f.speculative_algorithm.empty()) {
@@ -139,6 +143,13 @@ EngineOptions engine_options(const EngineFlags& f) {
     p.validate();
     e.policy = policy;
     o.speculative = e;
+    if (f.speculative_admission_group) {
+      SPECULA_CHECK(*f.speculative_admission_group >= 0,
+                    "--speculative-admission-group {} is not valid; it must be >= 1, or 0 to size groups from "
+                    "measured times",
+                    *f.speculative_admission_group);
+      o.scheduler.speculative_admission_group = *f.speculative_admission_group;
+    }
   }
   return o;
 }

@@ -46,6 +46,7 @@ struct EngineFlags {
   std::optional<int> speculative_eagle_topk;
   std::optional<int> speculative_num_draft_tokens;
   std::string speculative_policy = "auto";
+  std::optional<int> speculative_admission_group;
 };
 
 void add_engine_flags(CLI::App& cmd, EngineFlags& flags);

@@ -35,7 +35,8 @@ constexpr double kNewTokenRatioDecaySteps = 600;
 Scheduler::Scheduler(ModelRunner& runner, const Tokenizer* tokenizer, const SchedulerOptions& options,
                      EagleWorker* spec, std::future<std::shared_ptr<const grammar::Vocabulary>> vocabulary)
     : runner_(runner), tokenizer_(tokenizer), vocabulary_build_(std::move(vocabulary)), spec_(spec), options_(options),
-      kv_(runner, !options.disable_radix_cache, spec != nullptr) {
+      kv_(runner, !options.disable_radix_cache, spec != nullptr),
+      admission_groups_(options.speculative_admission_group) {
   SPECULA_CHECK(options_.max_queued_requests >= 1, "max_queued_requests {} is not valid; it must be >= 1",
                 options_.max_queued_requests);
   SPECULA_CHECK(options_.chunked_prefill_size >= 0,
@@ -242,6 +243,19 @@ bool Scheduler::waits_for_in_batch_prefix(const Req& r, const std::vector<const 
   return false;
 }
 
+bool Scheduler::defer_admission() {
+  if (running_.empty() || waiting_.empty() || admission_kv_limited_) return admission_groups_.defer(0, 0, 0);
+  // A prompt still being prefilled in chunks makes this step a prefill step anyway.
+  for (const auto& r : running_) {
+    if (r->pending() > 1) return admission_groups_.defer(0, 0, 0);
+  }
+  const int busy = static_cast<int>(running_.size());
+  const int free_rows = std::max(runner_.options().max_running_requests - busy, 0);
+  const bool wait = admission_groups_.defer(free_rows, static_cast<int64_t>(waiting_.size()), busy);
+  if (wait) ++stats_.admission_deferred_steps;
+  return wait;
+}
+
 std::vector<Scheduler::Planned> Scheduler::schedule_prefills(int budget, int decodes) {
   std::vector<Planned> plan;
   const bool chunking = options_.chunked_prefill_size > 0;
@@ -262,6 +276,7 @@ std::vector<Scheduler::Planned> Scheduler::schedule_prefills(int budget, int dec
   }
   const int max_running = runner_.options().max_running_requests;
   int64_t reserved = reserved_tokens();
+  admission_kv_limited_ = false;
   std::vector<const Req*> admitted;
   for (auto it = waiting_.begin(); it != waiting_.end() && budget > 0;) {
     if (static_cast<int>(running_.size()) >= max_running) break;
@@ -286,6 +301,7 @@ std::vector<Scheduler::Planned> Scheduler::schedule_prefills(int budget, int dec
     const bool engine_empty = running_.empty() && plan.empty() && decodes == 0;
     if (need > room && !engine_empty) {
       kv_.unlock_prefix(r.kv);
+      admission_kv_limited_ = true;
       break;
     }
     kv_.take_row(r.kv);
@@ -333,7 +349,7 @@ bool Scheduler::step() {
     // Prefill rows first, then decodes (the order SGLang's mixed batches use).
     plan.insert(plan.end(), decodes.begin(), decodes.end());
   } else {
-    plan = schedule_prefills(budget, 0);
+    if (spec_ == nullptr || !defer_admission()) plan = schedule_prefills(budget, 0);
     if (plan.empty()) {
       plan = schedule_decodes(spec_ != nullptr ? spec_->scratch_tokens() : 1);
       mode = ForwardMode::DECODE;
@@ -341,11 +357,20 @@ bool Scheduler::step() {
   }
   if (!plan.empty() && mode == ForwardMode::DECODE && spec_ != nullptr) {
     run_spec_cycle(plan, start);
+    const auto freed = std::count_if(running_.begin(), running_.end(), [](const auto& r) { return r->done; });
+    admission_groups_.observe_decode(std::chrono::duration<double>(Clock::now() - start).count(),
+                                     static_cast<int>(freed));
   } else if (!plan.empty()) {
     const bool ran = run_batch(plan, mode);
     if (ran && mode == ForwardMode::EXTEND) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       ++stats_.prefill_only_steps;
-      stats_.prefill_only_s += std::chrono::duration<double>(Clock::now() - start).count();
+      stats_.prefill_only_s += seconds;
+      if (spec_ != nullptr) {
+        int64_t tokens = 0;
+        for (const Planned& p : plan) tokens += p.extend;
+        admission_groups_.observe_prefill(tokens, seconds);
+      }
     }
     if (ran && (mode == ForwardMode::DECODE || mode == ForwardMode::MIXED)) {
       // Each decode step that ran lowers the share of future tokens reserved at admission.

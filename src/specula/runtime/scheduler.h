@@ -32,6 +32,7 @@
 #include "specula/kv/radix_cache.h"
 #include "specula/model/tokenizer.h"
 #include "specula/runner/model_runner.h"
+#include "specula/runtime/admission_groups.h"
 #include "specula/runtime/request.h"
 #include "specula/runtime/request_kv.h"
 #include "specula/speculative/eagle_worker.h"
@@ -59,6 +60,10 @@ struct SchedulerOptions {
   // first constrained request does not wait for it (as xgrammar's tokenizer info is made at
   // start-up); false: at the first constrained request.
   bool prepare_grammar_vocabulary = true;
+  // While speculating, waiting requests are admitted in groups once this many rows are free
+  // (runtime/admission_groups.h): 0 sizes the groups from measured step times; 1 admits as rows
+  // free.
+  int speculative_admission_group = 0;
 };
 
 struct SchedulerStats {
@@ -75,6 +80,8 @@ struct SchedulerStats {
   // speculation on every prefill is such a step (a cycle is a step of its own).
   int64_t prefill_only_steps = 0;
   double prefill_only_s = 0;
+  // Steps that ran without admitting while rows were free, waiting for a group (speculation).
+  int64_t admission_deferred_steps = 0;
   int64_t spec_cycles = 0;           // speculative verify cycles that drafted (per request)
   int64_t spec_emitted_tokens = 0;   // sum of their accept lengths (accepted draft tokens + 1)
   std::vector<int64_t> spec_accept_histogram;  // [L] = cycles of accept length L
@@ -140,6 +147,8 @@ class Scheduler {
   std::vector<Planned> schedule_prefills(int budget, int decodes);
   // Whether r should wait a step for a prefix that a request admitted this step will cache.
   bool waits_for_in_batch_prefix(const Req& r, const std::vector<const Req*>& admitted) const;
+  // Whether, while speculating, this step leaves free rows empty to admit a group later.
+  bool defer_admission();
   // KV tokens the running requests are expected to need still.
   int64_t reserved_tokens() const;
   // The running request a full KV cache pushes back out.
@@ -196,6 +205,9 @@ class Scheduler {
   std::deque<std::unique_ptr<Req>> waiting_;
   std::vector<std::unique_ptr<Req>> running_;
   double new_token_ratio_;
+  AdmissionGroups admission_groups_;
+  // The last admission stopped for KV room rather than rows (groups then are not waited for).
+  bool admission_kv_limited_ = false;
   SchedulerStats stats_;
   std::vector<float> logits_;
   std::vector<int32_t> greedy_ids_;  // a step's greedy tokens when every request picks the argmax

@@ -128,6 +128,9 @@ std::string Metrics::render(const SchedulerStats& s, const std::string& model_na
   out += fmt::format("specula_prefill_only_steps_total {}\n", s.prefill_only_steps);
   header(out, "specula_prefill_only_seconds_total", "counter", "Wall time of the steps that ran prompts alone.");
   out += fmt::format("specula_prefill_only_seconds_total {}\n", number(s.prefill_only_s));
+  header(out, "specula_admission_deferred_steps_total", "counter",
+         "Steps run without admitting while rows were free, waiting for a group (speculation).");
+  out += fmt::format("specula_admission_deferred_steps_total {}\n", s.admission_deferred_steps);
   header(out, "specula_model_info", "gauge", "The served model.");
   out += fmt::format("specula_model_info{{model=\"{}\"}} 1\n", label(model_name));
   return out;
