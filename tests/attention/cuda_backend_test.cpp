@@ -162,6 +162,27 @@ TEST_F(CudaAttention, LongPrefillEveryWgmmaShape) {
   }
 }
 
+// The wgmma prefill over pages smaller than, equal to and larger than its 128-key tiles (pages
+// of 256: a tile inside one page), both head dims, shuffled pages, prefixes that start tiles
+// mid-page, and a partial last tile.
+TEST_F(CudaAttention, PagedPrefillEveryPageSize) {
+  auto rng = rng_for_shapes();
+  std::uniform_int_distribution<int> jitter(0, 97);
+  for (int ps : {4, 8, 32, 128, 256}) {
+    for (int d : {64, 128}) {
+      HarnessConfig c;
+      c.requests = {{jitter(rng), 700 + jitter(rng)}, {300 + jitter(rng), 260 + jitter(rng)}, {0, 128}};
+      c.head_dim = d;
+      c.num_q_heads = 4;
+      c.num_kv_heads = 2;
+      c.page_size = ps;
+      c.causal = d == 128;
+      const std::string what = "paged prefill, page_size " + std::to_string(ps);
+      check_cuda(c, what.c_str());
+    }
+  }
+}
+
 TEST_F(CudaAttention, SlidingWindow) {
   auto rng = rng_for_shapes();
   for (int window : {0, 5, 64, 200}) {
