@@ -113,19 +113,24 @@ test("a full queue answers 503 with Retry-After and keeps serving", async () => 
   }
 });
 
+// Resolves once a request is in the engine (running or queued), or once done() says the request
+// ended already. A SIGTERM sent after a fixed delay raced a fresh machine's first fetch, which
+// then found the server no longer listening.
+async function untilInEngine(url, done) {
+  while (!done()) {
+    const m = parseMetrics(await (await fetch(url + "/metrics")).text());
+    if (m.specula_num_requests_running + m.specula_num_requests_waiting >= 1) return;
+    await new Promise((r) => setTimeout(r, 2));
+  }
+}
+
 test("SIGTERM: in-flight requests finish within the grace period; past it they are cancelled; exit 0", async () => {
   let server = await startServer(["--shutdown-grace-s", "30"]);
   let settled = false;
   const short = post(server.url, "/v1/completions", { prompt: "Debian is", max_tokens: 16, temperature: 0 }).finally(
     () => (settled = true),
   );
-  // SIGTERM once the request is in the engine: a fixed delay raced a fresh machine's first fetch,
-  // which then found the server no longer listening.
-  while (!settled) {
-    const m = parseMetrics(await (await fetch(server.url + "/metrics")).text());
-    if (m.specula_num_requests_running + m.specula_num_requests_waiting >= 1) break;
-    await new Promise((r) => setTimeout(r, 2));
-  }
+  await untilInEngine(server.url, () => settled);
   const stopped = server.stop();
   const reply = await short;
   assert.equal(reply.status, 200, reply.text);
@@ -134,8 +139,11 @@ test("SIGTERM: in-flight requests finish within the grace period; past it they a
 
   server = await startServer(["--shutdown-grace-s", "0.5", "--max-context-len", "1024"]);
   const started = Date.now();
-  const long = streamCompletion(server.url, "Debian is", false, { max_tokens: 1000, ignore_eos: true });
-  await new Promise((r) => setTimeout(r, 200));
+  let ended = false;
+  const long = streamCompletion(server.url, "Debian is", false, { max_tokens: 1000, ignore_eos: true }).finally(
+    () => (ended = true),
+  );
+  await untilInEngine(server.url, () => ended);
   const exit = await server.stop();
   const result = await long;
   assert.equal(exit.code, 0);

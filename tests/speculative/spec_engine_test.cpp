@@ -252,38 +252,62 @@ TEST(SpecEngine, EveryKvSlotReturnsAfterALongRunWithCancellations) {
 // a time free rows one at a time; with groups of 2 or 3 the freed rows wait for a group, so fewer
 // prefill steps run, and every output stays the target's own greedy output; groups of 1 never
 // wait, and the measured size (here on the CPU, where a prefill step has no fixed part worth a
-// group) keeps the output too.
+// group) keeps the output too. The scheduler's estimates come from the steps it ran. Then groups
+// of 3 under a KV cache so small that requests are retracted: admission does not wait on rows
+// the cache cannot fill, and every request ends with its own output.
 TEST(SpecEngine, AdmissionInGroupsKeepsTheOutput) {
-  std::mt19937 rng(std::random_device{}());
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  std::mt19937 rng(seed);
   std::vector<std::pair<std::string, int>> requests;
-  // Lengths 2 apart: with a (1, 2) chain, requests of the batch finish in different cycles.
+  // Lengths 2 apart: with a (1, 2) chain, requests of the batch finish in different cycles. The
+  // prefix cache is off, so that two requests of one prompt never wait on each other's prefix.
   std::vector<int> lens;
   for (int i = 0; i < 14; ++i) lens.push_back(12 + 2 * i);
   std::shuffle(lens.begin(), lens.end(), rng);
   for (int i = 0; i < 14; ++i) requests.emplace_back(kTexts[rng() % kTexts.size()], lens[static_cast<size_t>(i)]);
-  std::map<int, SchedulerStats> stats;
-  for (int group : {1, 2, 3, 0}) {
-    EngineOptions o = options(16, 4);
+  auto run = [&](int group, int64_t kv_cache_tokens, const std::vector<std::pair<std::string, int>>& batch) {
+    EngineOptions o = options(16, 4, 4096, /*radix=*/false);
+    o.runner.kv_cache_tokens = kv_cache_tokens;
+    // With a tight cache, admit eagerly (SGLang's --schedule-conservativeness) so that decoding
+    // runs out of pages and retracts.
+    if (kv_cache_tokens > 0) o.scheduler.schedule_conservativeness = 0.05;
     o.speculative = eagle(EagleKind::EAGLE3, SpecParams{1, 1, 2});
     o.scheduler.speculative_admission_group = group;
     Engine engine(kModel, o);
     std::vector<std::shared_ptr<RequestHandle>> handles;
-    for (const auto& [text, len] : requests) handles.push_back(engine.submit(greedy(text, len)));
+    for (const auto& [text, len] : batch) handles.push_back(engine.submit(greedy(text, len)));
     engine.run_until_idle();
-    for (size_t i = 0; i < requests.size(); ++i) {
+    for (size_t i = 0; i < batch.size(); ++i) {
       const RequestOutput out = handles[i]->wait();
-      const std::vector<int32_t>& full = plain(requests[i].first);
-      ASSERT_EQ(out.output_ids.size(), static_cast<size_t>(requests[i].second)) << "group " << group;
+      const std::vector<int32_t>& full = plain(batch[i].first);
+      EXPECT_EQ(out.finish_reason, "length") << "group " << group;
+      EXPECT_EQ(out.output_ids.size(), static_cast<size_t>(batch[i].second)) << "group " << group;
       EXPECT_TRUE(std::equal(out.output_ids.begin(), out.output_ids.end(), full.begin()))
-          << "group " << group << ": " << requests[i].first;
+          << "group " << group << ": " << batch[i].first;
     }
-    stats[group] = engine.stats();
-  }
+    return engine.stats();
+  };
+  std::map<int, SchedulerStats> stats;
+  for (int group : {1, 2, 3, 0}) stats[group] = run(group, 0, requests);
   EXPECT_EQ(stats[1].admission_deferred_steps, 0);
   EXPECT_GT(stats[2].admission_deferred_steps, 0);
   EXPECT_GT(stats[3].admission_deferred_steps, 0);
   EXPECT_LT(stats[2].prefill_only_steps, stats[1].prefill_only_steps);
-  EXPECT_LE(stats[3].prefill_only_steps, stats[2].prefill_only_steps);
+  EXPECT_LT(stats[3].prefill_only_steps, stats[1].prefill_only_steps);
+  for (int group : {2, 3}) EXPECT_EQ(stats[group].admission_group, group);
+  for (const auto& [group, s] : stats) {
+    // Rows free at most 4 a cycle here (the batch), and 14 requests finished over the cycles run.
+    EXPECT_GT(s.admission_rows_freed_per_cycle, 0.0) << "group " << group;
+    EXPECT_LE(s.admission_rows_freed_per_cycle, 4.0) << "group " << group;
+    EXPECT_GT(s.admission_cycle_s, 0.0) << "group " << group;
+  }
+  // The longest prompt (121 tokens) for every request: three fill the 384-token cache's pages
+  // at admission and outgrow them while decoding.
+  std::vector<std::pair<std::string, int>> long_requests;
+  for (int len : lens) long_requests.emplace_back(kTexts[8], len);
+  const SchedulerStats tight = run(3, 384, long_requests);
+  EXPECT_GT(tight.retractions, 0);
 }
 
 TEST(SpecEngine, StopTokensInsideAnAcceptedRunEndTheOutputThere) {

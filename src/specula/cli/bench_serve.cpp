@@ -364,10 +364,28 @@ void run_offline(const Options& o) {
   const int64_t prefill_steps = stats.prefill_only_steps - before.prefill_only_steps;
   const double prefill_s = stats.prefill_only_s - before.prefill_only_s;
   report.extra_lines.emplace_back("prefill-only steps (s)", fmt::format("{} ({:.3f})", prefill_steps, prefill_s));
+  if (prefill_steps > 0) {
+    // Where a prefill step's time goes: a tiny model's steps are mostly fixed cost.
+    const double per = 1e3 / static_cast<double>(prefill_steps);
+    const double forward = stats.prefill_only_forward_s - before.prefill_only_forward_s;
+    const double extend = stats.prefill_only_draft_extend_s - before.prefill_only_draft_extend_s;
+    report.extra_lines.emplace_back(
+        "ms per prefill-only step: forward",
+        fmt::format("{:.3f}  draft extend {:.3f}  other {:.3f}", forward * per, extend * per,
+                    (prefill_s - forward - extend) * per));
+  }
   report.extra_json["prefill_only_steps"] = prefill_steps;
   report.extra_json["prefill_only_s"] = prefill_s;
   const int64_t deferred = stats.admission_deferred_steps - before.admission_deferred_steps;
   if (deferred > 0) report.extra_lines.emplace_back("admission deferred steps", fmt::format("{}", deferred));
+  if (stats.admission_cycle_s > 0) {
+    // What the admission groups rested on at the end of the run.
+    report.extra_lines.emplace_back(
+        "admission group, from",
+        fmt::format("{}  fixed part {:.3f} ms  cycle {:.3f} ms  rows freed per cycle {:.2f}", stats.admission_group,
+                    stats.admission_fixed_s * 1e3, stats.admission_cycle_s * 1e3,
+                    stats.admission_rows_freed_per_cycle));
+  }
   report.extra_json["admission_deferred_steps"] = deferred;
   report.extra_json["device"] = o.engine.device;
   if (constrained) {

@@ -33,6 +33,7 @@ void AdmissionGroups::observe_prefill(int64_t tokens, double seconds) {
   sy_ = keep * sy_ + seconds;
   sxx_ = keep * sxx_ + x * x;
   sxy_ = keep * sxy_ + x * seconds;
+  if (const double a = fitted_intercept(); a > 0) identified_ = a;
 }
 
 void AdmissionGroups::observe_decode(double seconds, int rows_freed) {
@@ -47,6 +48,11 @@ void AdmissionGroups::observe_decode(double seconds, int rows_freed) {
 }
 
 double AdmissionGroups::fixed_seconds() const {
+  const double a = fitted_intercept();
+  return a > 0 ? a : identified_;
+}
+
+double AdmissionGroups::fitted_intercept() const {
   if (w_ <= 0) return 0;
   const double mean_x = sx_ / w_;
   const double var_x = sxx_ / w_ - mean_x * mean_x;
@@ -66,7 +72,7 @@ double AdmissionGroups::cost_per_request(int g, double fixed_s, double cycle_s, 
 int AdmissionGroups::best_group(double fixed_s, double cycle_s, double lambda, int rows) {
   if (!(fixed_s > 0) || !(cycle_s > 0) || !(lambda > 0) || rows <= 1) return 1;
   const double g = std::sqrt(2.0 * lambda * rows * fixed_s / cycle_s);
-  const int lo = std::clamp(static_cast<int>(std::floor(g)), 1, rows);
+  const int lo = static_cast<int>(std::clamp(std::floor(g), 1.0, static_cast<double>(rows)));
   const int hi = std::clamp(lo + 1, 1, rows);
   return cost_per_request(hi, fixed_s, cycle_s, lambda, rows) < cost_per_request(lo, fixed_s, cycle_s, lambda, rows)
              ? hi
@@ -88,6 +94,7 @@ int AdmissionGroups::max_deferred_steps(int want) const {
 bool AdmissionGroups::defer(int free_rows, int64_t waiting, int busy_rows) {
   const int rows = busy_rows + static_cast<int>(std::min<int64_t>(free_rows, waiting));
   const int want = std::min(group_size(rows), busy_rows + free_rows);
+  last_group_ = want;
   const bool wait = busy_rows > 0 && free_rows > 0 && waiting > free_rows && free_rows < want &&
                     deferred_ < max_deferred_steps(want);
   deferred_ = wait ? deferred_ + 1 : 0;

@@ -14,7 +14,19 @@
 // count; C and lambda are exponential averages over decode steps.
 //
 // Only rows are waited for: when the queue holds no more requests than there are free rows,
-// they are admitted at once (no request waits for requests that have not arrived).
+// they are admitted at once (no request waits for requests that have not arrived). The scheduler
+// also admits at once when the KV cache, not rows, limited the last admission, after a
+// retraction, and when the queue nears its limit (a full queue would refuse requests that free
+// rows could take).
+//
+// A step's wall time carries GPU work queued by the step before it that the host did not wait
+// for (a cycle's last draft extend); a prefill step after a cycle counts it, which moves a few
+// tenths of a millisecond from C to F at batch 64 on the H200.
+//
+// Each prefill step runs whole prompts and runs them once: the fit sees steps of one prompt when
+// rows free one at a time and of about g prompts once groups form, and sizes that spread too
+// little identify no intercept; the last one identified is kept until the sums identify another,
+// so that groups do not switch themselves off for want of spread.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +35,8 @@ namespace specula {
 
 class AdmissionGroups {
  public:
-  // fixed_group: 0 measures the group size; N >= 1 always waits for N free rows (1: admit as
-  // rows free, as without speculation).
+  // fixed_group: 0 measures the group size; N >= 1 waits for N free rows (capped at the batch
+  // and at max_deferred_steps; 1: admit as rows free, as without speculation).
   explicit AdmissionGroups(int fixed_group = 0);
 
   // A step that ran prompts alone: its prompt tokens and wall seconds.
@@ -36,18 +48,24 @@ class AdmissionGroups {
   // Whether this step should run without admitting: free_rows rows are free, waiting requests
   // wait, busy_rows rows decode. Counts the deferral; false resets the count.
   bool defer(int free_rows, int64_t waiting, int busy_rows);
+  // A step that admits without asking (the scheduler's own reasons): the count restarts.
+  void admit() { deferred_ = 0; }
 
   // The group size for a batch of `rows` rows, from the estimates so far (the fixed size when
   // one was given); at least 1.
   int group_size(int rows) const;
-  // The fitted fixed part of a prefill step in seconds; 0 until the fit separates one (prompt
-  // sizes that spread at least 10% and a positive per-token slope).
+  // The fitted fixed part of a prefill step in seconds: the intercept while the sums identify one
+  // (prompt sizes that spread at least 10%, a positive per-token slope and intercept), else the
+  // last one they identified; 0 before any.
   double fixed_seconds() const;
   double cycle_seconds() const { return cycle_s_; }
   double rows_freed_per_cycle() const { return lambda_; }
   // The most decode steps in a row that admission waits: twice the steps a group takes to free
-  // at the measured rate, at most kMaxDeferredSteps.
+  // at the measured rate, at most kMaxDeferredSteps (a fixed group before any row freed:
+  // kMaxDeferredSteps; a measured one then never waits).
   int max_deferred_steps(int want) const;
+  // The group size the last defer() asked for (0 before any).
+  int last_group() const { return last_group_; }
 
   // Cost per admitted request, in seconds, of groups of g (the model above), for tests and logs.
   static double cost_per_request(int g, double fixed_s, double cycle_s, double lambda, int rows);
@@ -60,10 +78,14 @@ class AdmissionGroups {
   int fixed_group_;
   // Exponentially weighted sums for the line seconds = a + b tokens.
   double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+  double identified_ = 0;  // the last intercept the sums identified
+  // The intercept the sums identify now, or 0.
+  double fitted_intercept() const;
   double cycle_s_ = 0;
   double lambda_ = 0;
   int64_t decode_steps_ = 0;
   int deferred_ = 0;
+  int last_group_ = 0;
 };
 
 }  // namespace specula

@@ -96,9 +96,13 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
       });
     };
   }
+  batch_forward_s_ = 0;
+  batch_draft_extend_s_ = 0;
+  const auto forward_start = std::chrono::steady_clock::now();
   try {
     runner_.forward(b, logits_, /*all_tokens=*/false, drafting ? &capture : nullptr, argmax_only ? &greedy_ids_ : nullptr,
                     fill_masks, premask);
+    batch_forward_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - forward_start).count();
   } catch (const std::exception& e) {
     // A failed step ends its requests with the reason rather than losing them silently; the KV
     // it was writing is not cached.
@@ -139,7 +143,11 @@ bool Scheduler::run_batch(const std::vector<Planned>& plan, ForwardMode mode) {
       if (!r.done) finish(r, std::string("error: ") + e.what(), /*cache_kv=*/false);
     }
   }
-  if (drafting) draft_after_prefill(plan, capture);
+  if (drafting) {
+    const auto extend_start = std::chrono::steady_clock::now();
+    draft_after_prefill(plan, capture);
+    batch_draft_extend_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - extend_start).count();
+  }
   return true;
 }
 

@@ -169,6 +169,7 @@ double Scheduler::initial_new_token_ratio() const {
 
 void Scheduler::retract(Req& r) {
   const int kv = r.kv_len();
+  admission_kv_limited_ = true;
   kv_.release(r.kv, r.fill(), /*cache_kv=*/true);
   ++r.out.retractions;
   ++stats_.retractions;
@@ -244,14 +245,26 @@ bool Scheduler::waits_for_in_batch_prefix(const Req& r, const std::vector<const 
 }
 
 bool Scheduler::defer_admission() {
-  if (running_.empty() || waiting_.empty() || admission_kv_limited_) return admission_groups_.defer(0, 0, 0);
+  const auto admit = [this] {
+    admission_groups_.admit();
+    return false;
+  };
+  // The KV cache, not rows, limits admission: free rows would wait for a group that cannot come.
+  if (running_.empty() || waiting_.empty() || admission_kv_limited_) return admit();
+  // A retracted request (its client may have seen tokens already) and one that needs no row go
+  // at once.
+  const Req& head = *waiting_.front();
+  if (head.out.retractions > 0 || head.max_new_tokens == 0) return admit();
   // A prompt still being prefilled in chunks makes this step a prefill step anyway.
   for (const auto& r : running_) {
-    if (r->pending() > 1) return admission_groups_.defer(0, 0, 0);
+    if (r->pending() > 1) return admit();
   }
   const int busy = static_cast<int>(running_.size());
   const int free_rows = std::max(runner_.options().max_running_requests - busy, 0);
-  const bool wait = admission_groups_.defer(free_rows, static_cast<int64_t>(waiting_.size()), busy);
+  const auto queued = static_cast<int64_t>(waiting_.size());
+  // Near a full queue: new requests would be refused while rows that could take some stay free.
+  if (queued + free_rows >= options_.max_queued_requests) return admit();
+  const bool wait = admission_groups_.defer(free_rows, queued, busy);
   if (wait) ++stats_.admission_deferred_steps;
   return wait;
 }
@@ -308,6 +321,7 @@ std::vector<Scheduler::Planned> Scheduler::schedule_prefills(int budget, int dec
     const int64_t allocated = kv_.new_pages(r.kv_len(), extend) * kv_.page_size();
     if (!kv_.alloc_extend(r.kv, extend)) {
       kv_.release(r.kv, r.fill(), /*cache_kv=*/true);
+      admission_kv_limited_ = true;
       break;
     }
     if (!r.admitted_once) {
@@ -357,7 +371,10 @@ bool Scheduler::step() {
   }
   if (!plan.empty() && mode == ForwardMode::DECODE && spec_ != nullptr) {
     run_spec_cycle(plan, start);
-    const auto freed = std::count_if(running_.begin(), running_.end(), [](const auto& r) { return r->done; });
+    // Rows a failed cycle ended are not the steady rate at which rows free.
+    const auto freed = std::count_if(running_.begin(), running_.end(), [](const auto& r) {
+      return r->done && !r->out.finish_reason.starts_with("error");
+    });
     admission_groups_.observe_decode(std::chrono::duration<double>(Clock::now() - start).count(),
                                      static_cast<int>(freed));
   } else if (!plan.empty()) {
@@ -366,6 +383,8 @@ bool Scheduler::step() {
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       ++stats_.prefill_only_steps;
       stats_.prefill_only_s += seconds;
+      stats_.prefill_only_forward_s += batch_forward_s_;
+      stats_.prefill_only_draft_extend_s += batch_draft_extend_s_;
       if (spec_ != nullptr) {
         int64_t tokens = 0;
         for (const Planned& p : plan) tokens += p.extend;
@@ -441,6 +460,10 @@ SchedulerStats Scheduler::stats() const {
   SchedulerStats s = stats_;
   s.running = static_cast<int>(running_.size());
   s.waiting = static_cast<int>(waiting_.size());
+  s.admission_group = admission_groups_.last_group();
+  s.admission_fixed_s = admission_groups_.fixed_seconds();
+  s.admission_cycle_s = admission_groups_.cycle_seconds();
+  s.admission_rows_freed_per_cycle = admission_groups_.rows_freed_per_cycle();
   s.kv_free_tokens = kv_.free_tokens();
   s.kv_cached_tokens = kv_.cached_tokens();
   s.kv_total_tokens = kv_.total_tokens();

@@ -80,8 +80,18 @@ struct SchedulerStats {
   // speculation on every prefill is such a step (a cycle is a step of its own).
   int64_t prefill_only_steps = 0;
   double prefill_only_s = 0;
+  // Of prefill_only_s: the model's forward (with sampling's device part) and, under speculation,
+  // the draft head's extend over the prompts; the rest is the step's host work.
+  double prefill_only_forward_s = 0;
+  double prefill_only_draft_extend_s = 0;
   // Steps that ran without admitting while rows were free, waiting for a group (speculation).
   int64_t admission_deferred_steps = 0;
+  // The admission groups' estimates now (runtime/admission_groups.h): the group size last asked
+  // for, a prefill step's fixed part, a decode step's seconds and the rows freed per decode step.
+  int admission_group = 0;
+  double admission_fixed_s = 0;
+  double admission_cycle_s = 0;
+  double admission_rows_freed_per_cycle = 0;
   int64_t spec_cycles = 0;           // speculative verify cycles that drafted (per request)
   int64_t spec_emitted_tokens = 0;   // sum of their accept lengths (accepted draft tokens + 1)
   std::vector<int64_t> spec_accept_histogram;  // [L] = cycles of accept length L
@@ -220,6 +230,9 @@ class Scheduler {
   void draw_rows(const std::vector<Planned>& plan, bool argmax_only, size_t vocab);
   // This step's seconds in process_token (the per-token work: emission, stop checks, streaming).
   double emit_s_ = 0;
+  // The last run_batch's seconds in the model's forward and in the draft's extend after it.
+  double batch_forward_s_ = 0;
+  double batch_draft_extend_s_ = 0;
   SpecShape last_shape_{-1, -1};     // the speculative policy's previous choice (for the log)
 };
 
