@@ -33,7 +33,6 @@ void AdmissionGroups::observe_prefill(int64_t tokens, double seconds) {
   sy_ = keep * sy_ + seconds;
   sxx_ = keep * sxx_ + x * x;
   sxy_ = keep * sxy_ + x * seconds;
-  if (const double a = fitted_intercept(); a > 0) identified_ = a;
 }
 
 void AdmissionGroups::observe_decode(double seconds, int rows_freed) {
@@ -48,11 +47,6 @@ void AdmissionGroups::observe_decode(double seconds, int rows_freed) {
 }
 
 double AdmissionGroups::fixed_seconds() const {
-  const double a = fitted_intercept();
-  return a > 0 ? a : identified_;
-}
-
-double AdmissionGroups::fitted_intercept() const {
   if (w_ <= 0) return 0;
   const double mean_x = sx_ / w_;
   const double var_x = sxx_ / w_ - mean_x * mean_x;

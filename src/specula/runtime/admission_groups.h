@@ -23,10 +23,12 @@
 // for (a cycle's last draft extend); a prefill step after a cycle counts it, which moves a few
 // tenths of a millisecond from C to F at batch 64 on the H200.
 //
-// Each prefill step runs whole prompts and runs them once: the fit sees steps of one prompt when
-// rows free one at a time and of about g prompts once groups form, and sizes that spread too
-// little identify no intercept; the last one identified is kept until the sums identify another,
-// so that groups do not switch themselves off for want of spread.
+// Sizes that spread too little identify no intercept, and the groups then fall back to 1 until
+// they spread again. Keeping the last identified intercept instead was measured worse on the
+// H200 (docs/performance-log.md, "admission groups"): it kept intercepts of 1.5-3 ms where the
+// steps' own line through their averages gave about 0.45 ms, formed groups of 11-18, and the
+// larger prefill steps cost more than the line says (batch 64: 4.0 ms for 6.5 prompts, 23 ms for
+// 18).
 #pragma once
 
 #include <cstdint>
@@ -54,9 +56,8 @@ class AdmissionGroups {
   // The group size for a batch of `rows` rows, from the estimates so far (the fixed size when
   // one was given); at least 1.
   int group_size(int rows) const;
-  // The fitted fixed part of a prefill step in seconds: the intercept while the sums identify one
-  // (prompt sizes that spread at least 10%, a positive per-token slope and intercept), else the
-  // last one they identified; 0 before any.
+  // The fitted fixed part of a prefill step in seconds; 0 unless the fit separates one (prompt
+  // sizes that spread at least 10% and a positive per-token slope).
   double fixed_seconds() const;
   double cycle_seconds() const { return cycle_s_; }
   double rows_freed_per_cycle() const { return lambda_; }
@@ -78,9 +79,6 @@ class AdmissionGroups {
   int fixed_group_;
   // Exponentially weighted sums for the line seconds = a + b tokens.
   double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
-  double identified_ = 0;  // the last intercept the sums identified
-  // The intercept the sums identify now, or 0.
-  double fitted_intercept() const;
   double cycle_s_ = 0;
   double lambda_ = 0;
   int64_t decode_steps_ = 0;
