@@ -20,7 +20,7 @@ constexpr double kMinRelativeSpread = 0.1;
 }  // namespace
 
 AdmissionGroups::AdmissionGroups(int fixed_group) : fixed_group_(fixed_group) {
-  SPECULA_CHECK(fixed_group >= 0, "--speculative-admission-group {} is not valid; it must be >= 1, or 0 to measure it",
+  SPECULA_CHECK(fixed_group >= 0, "speculative_admission_group {} is not valid; it must be >= 1, or 0 to measure it",
                 fixed_group);
 }
 
