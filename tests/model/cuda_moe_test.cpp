@@ -230,6 +230,54 @@ struct LayerCase {
 
 class CudaMoeLayer : public ::testing::TestWithParam<LayerCase> {};
 
+// The large tile's expert outputs (every row of the block list, padding included) from warpgroup
+// MMA, from mma.sync and from bf16 activations, over the routing the last forward left: the two
+// f32-accurate kernels within 1e-5 of each row's scale; bf16 activations (bench moe's peer-style
+// variant) within bf16's rounding, 2e-2.
+void expect_variants_agree(const CudaMoe& moe, int64_t n, int h, const CudaLayerScratch& scratch,
+                           cudaStream_t stream) {
+  using Variant = CudaMoe::GemmVariant;
+  const Buffer& y = scratch.ws.slots[kMoeY];
+  const int64_t rows = y.numel() / h;
+  auto run = [&](Variant v) {
+    moe.grouped_gemms(n, scratch, stream, v);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> out(static_cast<size_t>(rows * h));
+    copy(TensorView(out.data(), DType::f32, {rows * h}), y);
+    return out;
+  };
+  const std::vector<float> wgmma = run(Variant::automatic), mma = run(Variant::mma_sync),
+                           bf16 = run(Variant::bf16_activations);
+  double worst_mma = 0, worst_bf16 = 0, scale = 0;
+  int64_t compared = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double row_scale = 0, err_mma = 0, err_bf16 = 0;
+    for (int64_t i = r * h; i < (r + 1) * h; ++i) {
+      const auto at = static_cast<size_t>(i);
+      ASSERT_TRUE(std::isfinite(wgmma[at]) && std::isfinite(bf16[at])) << "row " << r;
+      row_scale = std::max(row_scale, std::fabs(double{mma[at]}));
+      err_mma = std::max(err_mma, std::fabs(double{wgmma[at]} - mma[at]));
+      err_bf16 = std::max(err_bf16, std::fabs(double{bf16[at]} - mma[at]));
+    }
+    if (row_scale == 0) {
+      EXPECT_EQ(err_mma + err_bf16, 0.0) << "padding row " << r;
+      continue;
+    }
+    ++compared;
+    scale = std::max(scale, row_scale);
+    worst_mma = std::max(worst_mma, err_mma / row_scale);
+    worst_bf16 = std::max(worst_bf16, err_bf16 / row_scale);
+    EXPECT_LT(err_mma, 1e-5 * row_scale) << "row " << r << " of " << rows;
+    EXPECT_LT(err_bf16, 2e-2 * row_scale) << "row " << r << " of " << rows;
+  }
+  EXPECT_GE(compared, n);
+  EXPECT_GT(scale, 0.05);
+  EXPECT_GT(worst_bf16, worst_mma);  // the lo term does matter
+  std::printf("  large tile, %lld rows (%lld not padding): warpgroup MMA vs mma.sync %.2e, bf16 activations %.2e of "
+              "the row's scale\n",
+              static_cast<long long>(rows), static_cast<long long>(compared), worst_mma, worst_bf16);
+}
+
 // The whole layer against cpu_moe on bf16 weights (the GPU holds experts in bf16): the GPU's
 // f32-accurate activations (hi/lo split) leave differences near 1e-5 of the output's scale.
 TEST_P(CudaMoeLayer, MatchesTheCpuLayer) {
@@ -303,6 +351,10 @@ TEST_P(CudaMoeLayer, MatchesTheCpuLayer) {
     EXPECT_GT(scale, 0.05);
     std::printf("%s, %lld tokens: %lld compared, worst row error %.2e of the row's scale\n", c.routing.name.c_str(),
                 static_cast<long long>(n), static_cast<long long>(compared), worst);
+    const int64_t pairs = n * (m.num_experts_per_tok + m.n_shared_experts);
+    if (cuda_kernels::moe_pick_tile(pairs, E + m.n_shared_experts) == cuda_kernels::MoeTile::kLarge) {
+      expect_variants_agree(moe, n, h, scratch, stream);
+    }
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
 }

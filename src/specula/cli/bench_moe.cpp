@@ -165,27 +165,50 @@ void run(const Options& o) {
     const double layer_s = cuda_median_seconds(
         [&] { layers[0]->forward(d_x.data_as<const float>(), d_out.data_as<float>(), n, step, nullptr); }, 10);
     const int bm = ck::moe_tile_rows(ck::moe_pick_tile(pairs, stacked));
-    const double gemm_s = cuda_median_seconds([&] { layers[0]->grouped_gemms(n, scratch, nullptr); }, 10);
-    // cuBLAS: [pairs, h] x [h, 2 inter] and [pairs, inter] x [inter, h], bf16 in and out.
-    Buffer a(DType::bf16, {pairs, std::max(h, inter)}, dev), b(DType::bf16, {2 * inter, h}, dev),
-        c(DType::bf16, {pairs, std::max(2 * inter, h)}, dev);
+    using Variant = CudaMoe::GemmVariant;
+    auto gemms = [&](Variant v) { return cuda_median_seconds([&] { layers[0]->grouped_gemms(n, scratch, nullptr, v); }, 10); };
+    const double gemm_s = gemms(Variant::automatic);
+    // The kernels the large tile compares with, in the same run: mma.sync (what warpgroup MMA
+    // replaced) and, with bf16 weights, bf16 activations (what peers multiply; not the engine's).
+    const double mma_sync_s = gemms(Variant::mma_sync);
+    const double bf16_s = o.fp8 ? 0.0 : gemms(Variant::bf16_activations);
+    Buffer a(DType::bf16, {2 * pairs, std::max(h, inter)}, dev), b(DType::bf16, {2 * inter, h}, dev),
+        c(DType::bf16, {2 * pairs, std::max(2 * inter, h)}, dev);
     CUDA_CHECK(cudaMemset(a.data(), 0x3c, a.nbytes()));
     CUDA_CHECK(cudaMemset(b.data(), 0x3c, b.nbytes()));
-    const double cublas_s = cuda_median_seconds(
-        [&] {
-          linear.batched_bf16({a.data(), h, 0}, {b.data(), h, 0}, c.data(), 2 * inter, 0, pairs, h, 2 * inter, 1);
-          linear.batched_bf16({a.data(), inter, 0}, {b.data(), inter, 0}, c.data(), h, 0, pairs, inter, h, 1);
-        },
-        10);
+    // cuBLAS over `rows` rows: pairs (the useful FLOPs) or 2 pairs (the hi and lo rows stacked, the
+    // tensor-core work of specula's f32-accurate products, as its dense layers run them).
+    auto cublas = [&](int64_t rows) {
+      return cuda_median_seconds(
+          [&] {
+            linear.batched_bf16({a.data(), h, 0}, {b.data(), h, 0}, c.data(), 2 * inter, 0, rows, h, 2 * inter, 1);
+            linear.batched_bf16({a.data(), inter, 0}, {b.data(), inter, 0}, c.data(), h, 0, rows, inter, h, 1);
+          },
+          10);
+    };
+    const double cublas_s = cublas(pairs), cublas_split_s = cublas(2 * pairs);
     const double flops = 2.0 * static_cast<double>(pairs) * h * 3.0 * inter;
-    fmt::print("prefill {} tokens ({} tile): layer {:.0f} us ({:.0f} TFLOP/s); grouped GEMMs {:.0f} us = {:.0f} TFLOP/s "
-               "({:.0f} on tensor cores, hi + lo); cuBLAS bf16 same FLOPs {:.0f} us = {:.0f} TFLOP/s; GEMMs / cuBLAS "
-               "{:.2f}\n",
-               n, bm, layer_s * 1e6, flops / layer_s / 1e12, gemm_s * 1e6, flops / gemm_s / 1e12,
-               2 * flops / gemm_s / 1e12, cublas_s * 1e6, flops / cublas_s / 1e12, cublas_s / gemm_s);
+    auto tflops = [&](double seconds) { return seconds > 0 ? flops / seconds / 1e12 : 0.0; };
+    fmt::print("prefill {} tokens ({} tile), useful TFLOP/s (tensor-core work is twice that with the hi + lo split):\n",
+               n, bm);
+    fmt::print("  layer                              {:>8.0f} us {:>6.0f} TFLOP/s\n", layer_s * 1e6, tflops(layer_s));
+    fmt::print("  grouped GEMMs, hi + lo             {:>8.0f} us {:>6.0f} TFLOP/s  {:.2f} of cuBLAS hi + lo, {:.2f} of "
+               "cuBLAS bf16\n",
+               gemm_s * 1e6, tflops(gemm_s), cublas_split_s / gemm_s, cublas_s / gemm_s);
+    fmt::print("  grouped GEMMs, mma.sync, hi + lo   {:>8.0f} us {:>6.0f} TFLOP/s  {:.2f} of cuBLAS hi + lo\n",
+               mma_sync_s * 1e6, tflops(mma_sync_s), cublas_split_s / mma_sync_s);
+    if (!o.fp8) {
+      fmt::print("  grouped GEMMs, bf16 activations    {:>8.0f} us {:>6.0f} TFLOP/s  {:.2f} of cuBLAS bf16\n", bf16_s * 1e6,
+                 tflops(bf16_s), cublas_s / bf16_s);
+    }
+    fmt::print("  cuBLAS bf16, same FLOPs            {:>8.0f} us {:>6.0f} TFLOP/s\n", cublas_s * 1e6, tflops(cublas_s));
+    fmt::print("  cuBLAS bf16 over hi + lo rows      {:>8.0f} us {:>6.0f} TFLOP/s useful ({:.0f} on tensor cores)\n",
+               cublas_split_s * 1e6, tflops(cublas_split_s), 2 * tflops(cublas_split_s));
     out.push_back({{"shape", shape}, {"prefill_tokens", n}, {"layer_us", layer_s * 1e6}, {"gemm_us", gemm_s * 1e6},
-                   {"cublas_us", cublas_s * 1e6}, {"gemm_tflops", flops / gemm_s / 1e12},
-                   {"cublas_tflops", flops / cublas_s / 1e12}, {"gemm_ceiling_tflops", ceilings.gemm_tflops}});
+                   {"gemm_mma_sync_us", mma_sync_s * 1e6}, {"gemm_bf16_activations_us", bf16_s * 1e6},
+                   {"cublas_us", cublas_s * 1e6}, {"cublas_hi_lo_us", cublas_split_s * 1e6},
+                   {"gemm_tflops", tflops(gemm_s)}, {"cublas_tflops", tflops(cublas_s)},
+                   {"gemm_ceiling_tflops", ceilings.gemm_tflops}});
   }
   if (!o.json_path.empty()) write_json_file(o.json_path, out);
 }

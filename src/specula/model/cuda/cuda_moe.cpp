@@ -290,7 +290,7 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   ck::moe_combine(c, s);
 }
 
-void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t s) const {
+void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t s, GemmVariant variant) const {
   const StepShape sh = step_shape(n);
   const int h = hidden_;
   auto slot = [&](CudaLayerSlot i) { return ws.ws.slots[i].data(); };
@@ -308,6 +308,9 @@ void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t 
   g.w = w_gate_up_.data();
   g.n = 2 * inter_padded_;
   g.k = h;
+  g.experts = sh.stacked;
+  g.mma_sync = variant == GemmVariant::mma_sync;
+  if (variant == GemmVariant::bf16_activations) g.a_lo = nullptr;
   g.gate_up = true;
   if (fp8_) {
     g.w_scale = scale_gate_up_.data_as<const float>();
@@ -319,7 +322,7 @@ void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t 
 
   ck::MoeGemmParams d = g;
   d.a_hi = act_hi;
-  d.a_lo = act_hi + sh.rows * inter_padded_;
+  d.a_lo = variant == GemmVariant::bf16_activations ? nullptr : act_hi + sh.rows * inter_padded_;
   d.gather = false;
   d.w = w_down_.data();
   d.n = h;

@@ -48,9 +48,14 @@ class CudaMoe {
   // out [n, hidden] = the layer's MLP output for xn [n, hidden] (normed). Scratch from
   // linear.scratch; runs on s.
   void forward(const float* xn, float* out, int64_t n, const CudaStepLinear& linear, cudaStream_t s) const;
+  // Which grouped GEMM kernels run: the engine's choice (automatic), or for bench moe's
+  // comparisons the large tile on mma.sync (the kernel warpgroup MMA replaced), or bf16
+  // activations (the hi term alone, as peers multiply; not f32-accurate, never the engine's).
+  enum class GemmVariant { automatic, mma_sync, bf16_activations };
   // The two grouped GEMMs of the forward of n tokens that last ran over `scratch`, again over the
   // routing and activations it left there (forward's middle; bench moe times it alone).
-  void grouped_gemms(int64_t n, const CudaLayerScratch& scratch, cudaStream_t s) const;
+  void grouped_gemms(int64_t n, const CudaLayerScratch& scratch, cudaStream_t s,
+                     GemmVariant variant = GemmVariant::automatic) const;
 
  private:
   // The sizes of a step of n tokens: rows per token, stacked experts, (token, expert) pairs, the

@@ -51,6 +51,7 @@ using MediumTile = Tile<64, 128, 32, 2, 4, 3, 2>;
 // (H200, DeepSeek-V2-Lite and Qwen3-30B-A3B at 4096 tokens: 128 x 256 tiles with 64 x 64 warp
 // tiles, and 64-deep k tiles at one block per SM, took 12-16% longer than this one.)
 using LargeTile = Tile<128, 128, 32, 2, 4, 3, 2>;
+static_assert(LargeTile::bm == 128, "moe_gemm_wgmma's blocks are the large tile's 128 rows");
 // fp8 weights, prefill: 64-deep k tiles (H200, 4096 tokens of DeepSeek-V2-Lite's shape: 5.6 ms
 // against 6.6 ms at 32). Decode keeps the bf16 tiles: twice as deep ones, which bring a bf16
 // stage's bytes, were slower (batch 1: 88 us of GEMMs against 76 us), the fragments' conversion
@@ -310,6 +311,10 @@ void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s) {
                 "moe_gemm: an [{}, {}] expert matrix (widths must be multiples of 8, gate|up rows of 64)", p.n, p.k);
   SPECULA_CHECK(p.w_scale == nullptr || (p.k % 16 == 0 && p.scale_k > 0 && p.scale_k % 16 == 0),
                 "moe_gemm: fp8 weights need k ({}) and the scale run ({}) in multiples of 16", p.k, p.scale_k);
+  const bool wgmma = tile == MoeTile::kLarge && p.w_scale == nullptr && p.experts > 0 && !p.mma_sync;
+  SPECULA_CHECK(p.a_lo != nullptr || wgmma,
+                "moe_gemm: activations without their lo term need the large tile on warpgroup MMA with bf16 weights");
+  if (wgmma) return moe_gemm_wgmma(p, s);
   switch (tile) {
     case MoeTile::kSmall:
       return launch<SmallTile, SmallTile>(p, s);

@@ -8,7 +8,8 @@
 //                  device so that a decode step can be captured in a CUDA graph;
 //   moe_gemm       the grouped GEMM over those blocks: a block of rows belongs to one expert and
 //                  reads only that expert's weights; bf16 tensor cores over the hi/lo bf16 split
-//                  of the f32 activations, f32 accumulation. The gate|up product ends in the SiLU
+//                  of the f32 activations, f32 accumulation (mma.sync; the large tile with bf16
+//                  weights on warpgroup MMA, moe_gemm_wgmma). The gate|up product ends in the SiLU
 //                  gate (act = silu(gate) * up, written as a hi/lo split for the down product);
 //                  the down product writes f32 rows;
 //   moe_combine    out[t] = sum_j w[t, j] y[pair (t, j)], one pass, no atomics.
@@ -79,6 +80,9 @@ struct MoeGemmParams {
   // B: bf16 [experts, n, k] (each expert's weights [out, in] row-major).
   const void* w = nullptr;
   int n = 0, k = 0;  // k a multiple of 8
+  int experts = 0;   // w's first extent (the large tile's tensor map needs it; 0: mma.sync)
+  // Benchmarks: the large tile on mma.sync, the kernel moe_gemm_wgmma replaced.
+  bool mma_sync = false;
   // fp8 weights: w holds e4m3 codes [experts, n, k] (k a multiple of 16) and w_scale f32
   // [experts, n, ceil(k / scale_k)], each row's scale per run of scale_k values (a multiple of
   // 16); the operand is bf16(code x scale), what a dequantization to bf16 on the host gives.
@@ -92,6 +96,10 @@ struct MoeGemmParams {
   float* out = nullptr;
 };
 void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s);
+// The large tile with bf16 weights on Hopper's warpgroup MMA (moe_gemm takes it there unless
+// mma_sync): 128 rows (the large tile's) by 256 columns; a_lo null multiplies a_hi alone (bf16
+// activations; act_lo, when given, still receives the lo term).
+void moe_gemm_wgmma(const MoeGemmParams& p, cudaStream_t s);
 
 // At most this many experts per token (top-k and shared) in moe_combine.
 constexpr int kMaxMoeTokenExperts = 32;
