@@ -231,7 +231,8 @@ struct LayerCase {
 class CudaMoeLayer : public ::testing::TestWithParam<LayerCase> {};
 
 // The large tile's expert outputs (every row of the block list, padding included) from warpgroup
-// MMA, from mma.sync and from bf16 activations, over the routing the last forward left: the two
+// MMA (with and without paired blocks), from mma.sync and from bf16 activations, over the routing
+// the last forward left: the two
 // f32-accurate kernels within 1e-5 of each row's scale; bf16 activations (bench moe's peer-style
 // variant) within bf16's rounding, 2e-2.
 void expect_variants_agree(const CudaMoe& moe, int64_t n, int h, const CudaLayerScratch& scratch,
@@ -247,7 +248,11 @@ void expect_variants_agree(const CudaMoe& moe, int64_t n, int h, const CudaLayer
     return out;
   };
   const std::vector<float> wgmma = run(Variant::automatic), mma = run(Variant::mma_sync),
-                           bf16 = run(Variant::bf16_activations);
+                           bf16 = run(Variant::bf16_activations), unpaired = run(Variant::unpaired);
+  // Sharing the rows' loads between paired blocks changes no arithmetic.
+  for (size_t i = 0; i < wgmma.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(wgmma[i]), std::bit_cast<uint32_t>(unpaired[i])) << "value " << i;
+  }
   double worst_mma = 0, worst_bf16 = 0, scale = 0;
   int64_t compared = 0;
   for (int64_t r = 0; r < rows; ++r) {

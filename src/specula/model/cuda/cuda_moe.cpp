@@ -215,6 +215,8 @@ size_t CudaMoe::unread_bytes() const {
   return static_cast<size_t>(config_.n_routed_experts - config_.num_experts_per_tok) * expert_bytes;
 }
 
+bool CudaMoe::in_block_order(const StepShape& sh) const { return sh.tile == ck::MoeTile::kLarge && !fp8_; }
+
 CudaMoe::StepShape CudaMoe::step_shape(int64_t n) const {
   StepShape sh;
   // Each token's rows: its top k and the shared experts (experts E .. E + shared - 1).
@@ -240,7 +242,10 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   auto* block_expert = ws.get(kMoeBlockExpert, DType::i32, sh.rows, dev).data_as<int32_t>();
   auto* slot = ws.get(kMoeSlot, DType::i32, sh.pairs, dev).data_as<int32_t>();
   auto* num_blocks = ws.get(kMoeBlocks, DType::i32, 1, dev).data_as<int32_t>();
-  auto* x_hi = static_cast<uint16_t*>(ws.get(kMoeX, DType::bf16, 2 * n * h, dev).data());
+  // Rows in block-list order for warpgroup MMA (moe_gather_split), else the tokens' rows.
+  const bool rows_in_blocks = in_block_order(sh);
+  const int64_t x_rows = rows_in_blocks ? sh.rows : n;
+  auto* x_hi = static_cast<uint16_t*>(ws.get(kMoeX, DType::bf16, 2 * x_rows * h, dev).data());
   ws.get(kMoeAct, DType::bf16, 2 * sh.rows * inter_padded_, dev);
   float* y = ws.get(kMoeY, DType::f32, sh.rows * h, dev).data_as<float>();
   if (n == 0) return;
@@ -275,7 +280,21 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   a.num_blocks = num_blocks;
   ck::moe_align(a, s);
 
-  ck::split_bf16(xn, x_hi, x_hi + n * h, n * h, s);
+  if (rows_in_blocks) {
+    ck::MoeGatherParams gp;
+    gp.x = xn;
+    gp.sorted = sorted;
+    gp.num_blocks = num_blocks;
+    gp.block_m = a.block_m;
+    gp.top_k = sh.per_token;
+    gp.h = h;
+    gp.max_rows = sh.blocks * a.block_m;
+    gp.hi = x_hi;
+    gp.lo = x_hi + x_rows * h;
+    ck::moe_gather_split(gp, s);
+  } else {
+    ck::split_bf16(xn, x_hi, x_hi + n * h, n * h, s);
+  }
   grouped_gemms(n, ws, s);
 
   ck::MoeCombineParams c;
@@ -296,10 +315,14 @@ void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t 
   auto slot = [&](CudaLayerSlot i) { return ws.ws.slots[i].data(); };
   auto* x_hi = static_cast<const uint16_t*>(slot(kMoeX));
   auto* act_hi = static_cast<uint16_t*>(slot(kMoeAct));
+  const bool rows_in_blocks = in_block_order(sh);
+  const int64_t x_rows = rows_in_blocks ? sh.rows : n;
   ck::MoeGemmParams g;
   g.a_hi = x_hi;
-  g.a_lo = x_hi + n * h;
-  g.gather = true;
+  g.a_lo = x_hi + x_rows * h;
+  g.gather = !rows_in_blocks;
+  g.a_rows = x_rows;
+  g.cluster = variant != GemmVariant::unpaired;
   g.top_k = sh.per_token;
   g.sorted = static_cast<const int32_t*>(slot(kMoeSorted));
   g.block_expert = static_cast<const int32_t*>(slot(kMoeBlockExpert));
@@ -324,6 +347,7 @@ void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t 
   d.a_hi = act_hi;
   d.a_lo = variant == GemmVariant::bf16_activations ? nullptr : act_hi + sh.rows * inter_padded_;
   d.gather = false;
+  d.a_rows = sh.rows;
   d.w = w_down_.data();
   d.n = h;
   d.k = inter_padded_;

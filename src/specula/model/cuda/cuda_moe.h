@@ -50,8 +50,9 @@ class CudaMoe {
   void forward(const float* xn, float* out, int64_t n, const CudaStepLinear& linear, cudaStream_t s) const;
   // Which grouped GEMM kernels run: the engine's choice (automatic), or for bench moe's
   // comparisons the large tile on mma.sync (the kernel warpgroup MMA replaced), or bf16
-  // activations (the hi term alone, as peers multiply; not f32-accurate, never the engine's).
-  enum class GemmVariant { automatic, mma_sync, bf16_activations };
+  // activations (the hi term alone, as peers multiply; not f32-accurate, never the engine's);
+  // unpaired: warpgroup MMA without the 2-block clusters that share the rows' loads.
+  enum class GemmVariant { automatic, mma_sync, bf16_activations, unpaired };
   // The two grouped GEMMs of the forward of n tokens that last ran over `scratch`, again over the
   // routing and activations it left there (forward's middle; bench moe times it alone).
   void grouped_gemms(int64_t n, const CudaLayerScratch& scratch, cudaStream_t s,
@@ -66,6 +67,9 @@ class CudaMoe {
     cuda_kernels::MoeTile tile{};
   };
   StepShape step_shape(int64_t n) const;
+  // Whether the gate|up rows are laid out in block-list order for warpgroup MMA (the large tile
+  // with bf16 experts) rather than gathered from the tokens' rows by the kernel.
+  bool in_block_order(const StepShape& sh) const;
   // Row r of gate (or, kInterleave rows further, of up) in the gate|up layout.
   static int64_t gate_row(int64_t r);
   // The routed and shared experts' codes and scales, when the checkpoint holds them in fp8 in

@@ -311,7 +311,7 @@ void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s) {
                 "moe_gemm: an [{}, {}] expert matrix (widths must be multiples of 8, gate|up rows of 64)", p.n, p.k);
   SPECULA_CHECK(p.w_scale == nullptr || (p.k % 16 == 0 && p.scale_k > 0 && p.scale_k % 16 == 0),
                 "moe_gemm: fp8 weights need k ({}) and the scale run ({}) in multiples of 16", p.k, p.scale_k);
-  const bool wgmma = tile == MoeTile::kLarge && p.w_scale == nullptr && p.experts > 0 && !p.mma_sync;
+  const bool wgmma = tile == MoeTile::kLarge && p.w_scale == nullptr && p.experts > 0 && !p.mma_sync && !p.gather;
   SPECULA_CHECK(p.a_lo != nullptr || wgmma,
                 "moe_gemm: activations without their lo term need the large tile on warpgroup MMA with bf16 weights");
   if (wgmma) return moe_gemm_wgmma(p, s);

@@ -1,18 +1,24 @@
 // moe_gemm_wgmma (moe_kernels.h): moe_gemm's large tile on Hopper's warpgroup MMA, for bf16
-// expert weights. This is the prefill case: hundreds of rows per expert, so the products are
-// compute-bound, and mma.sync (moe_gemm.cu) reached 0.39 of cuBLAS's tensor-core rate there.
+// expert weights, and moe_gather_split, which lays its gate|up rows out for it. This is the
+// prefill case: hundreds of rows per expert, so the products are compute-bound, and mma.sync
+// (moe_gemm.cu) reached 0.39 of cuBLAS's tensor-core rate there.
 //
 // A block owns 128 rows of one expert (moe_align's large blocks) and 256 output columns:
-// - a producer warpgroup fills a ring of three stages of 128-byte-swizzled tiles (wgmma.cuh): the
-//   expert's k tile of weights [256 x 64] by TMA from one thread (a 3-D map over [experts, n, k],
-//   so a tile never reads into the next expert and columns past n land as zeros), and the rows'
-//   hi and lo tiles [128 x 64] by cp.async (gate|up gathers each row from its token). A stage's
-//   `full` barrier counts the TMA bytes and one cp.async arrival per producer thread; its `empty`
+// - one producer thread fills a ring of three stages of 128-byte-swizzled tiles (wgmma.cuh) by
+//   TMA: the expert's k tile of weights [256 x 64] (a 3-D map over [experts, n, k], so a tile
+//   never reads into the next expert and columns past n land as zeros) and the rows' hi and lo
+//   tiles [128 x 64] (rows in block-list order: the gate|up rows gathered by moe_gather_split,
+//   the down rows as gate|up wrote them). A stage's `full` barrier counts its bytes; its `empty`
 //   barrier one arrival per consumer warp.
 // - two consumer warpgroups of 64 rows each hold their 64 x 256 f32 accumulators in registers;
 //   per k tile they issue 4 k16 steps of m64n256k16 products over the hi and the lo term (the
 //   same weights for both) and keep one tile's batch in flight, releasing a stage once the batch
 //   after it has been issued, so that the tensor cores do not wait on the ring.
+// - Where the column tiles pair up, two blocks of neighbouring columns (the same rows, so the
+//   same expert) run as a cluster: each loads half of the rows' tiles and multicasts it to both,
+//   so the rows are read from L2 once for two blocks. What limits the kernel is the L2's rate:
+//   unpaired, each block streams 64 KiB a k tile (A hi and lo, B) for 2048 tensor-core cycles.
+//   A stage is then refilled only once the consumers of both blocks have released it.
 // The epilogue: with gate and up rows interleaved in runs of 32, gate column c and up column
 // c + 32 sit in the same thread's fragments 4 apart, so act = silu(gate) * up is formed in
 // registers and written as hi / lo bf16; the down product writes f32 rows.
@@ -51,15 +57,16 @@ constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + 1024;
 
 // kLo: the activations are the hi and lo bf16 terms of f32 rows (specula's f32-accurate
 // products); otherwise hi alone (bf16 activations, as peers run them; bench moe times it).
-template <bool kLo>
+// kCluster: blocks of neighbouring column tiles sharing the rows' tiles (1 or 2).
+template <bool kLo, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
-    moe_gemm_wgmma_kernel(const MoeGemmParams p, const __grid_constant__ CUtensorMap w_map) {
+    moe_gemm_wgmma_kernel(const MoeGemmParams p, const __grid_constant__ CUtensorMap w_map,
+                          const __grid_constant__ CUtensorMap a_hi_map, const __grid_constant__ CUtensorMap a_lo_map) {
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages];
   __shared__ __align__(8) uint64_t empty[kStages];
-  __shared__ int row_src[kBm];
   const int block = blockIdx.y;
-  if (block >= *p.num_blocks) {
+  if (block >= *p.num_blocks) {  // the same for both blocks of a cluster (they share blockIdx.y)
     pdl_wait();
     pdl_trigger();
     return;
@@ -73,147 +80,239 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int n0 = blockIdx.x * kBn;
   const int k_tiles = (p.k + kBk - 1) / kBk;
   const int tid = threadIdx.x;
-  if (tid < kBm) {
-    const int64_t r = static_cast<int64_t>(block) * kBm + tid;
-    const int pair = p.sorted[r];
-    row_src[tid] = pair < 0 ? -1 : (p.gather ? pair / p.top_k : static_cast<int>(r));
-  }
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], kProducerThreads + 1);  // each producer thread's copies, and the TMA
-      mbarrier_init(&empty[s], kConsumerThreads / 32);
+      mbarrier_init(&full[s], 1);  // the producer's arrival with the stage's bytes
+      mbarrier_init(&empty[s], kCluster * kConsumerThreads / 32);
     }
     fence_mbarrier_init_cluster();
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) {
+    cluster_sync();  // the peer's barriers exist before this block multicasts into it
+  } else {
+    __syncthreads();
+  }
 
   if (tid >= kConsumerThreads) {
     setmaxnreg_dec<kProducerRegisters>();
-    const int pt = tid - kConsumerThreads, lane = pt & 31, warp = pt >> 5;
-    auto load_b = [&](int kt) {
-      const int s = kt % kStages;
-      mbarrier_arrive_expect_tx(&full[s], kBTileBytes);
-      tma_load_3d(b_tile(s), &w_map, kt * kBk, n0, expert, &full[s]);
-    };
-    // The weights do not depend on the previous kernel: the first stages' go out before the wait.
-    if (pt == 0) {
-      for (int kt = 0; kt < k_tiles && kt < kStages; ++kt) load_b(kt);
+    if (tid == kConsumerThreads) {
+      constexpr int kRowsEach = kBm / kCluster;  // rows of the A tiles this block loads for the cluster
+      constexpr uint32_t kStageTx = (kLo ? 2 : 1) * kATileBytes + kBTileBytes;
+      const int rank = kCluster > 1 ? static_cast<int>(cluster_rank()) : 0;
+      const int row0 = block * kBm + rank * kRowsEach;
+      auto load_a = [&](int kt) {
+        const int s = kt % kStages;
+        const int at = rank * kRowsEach * 128;  // bytes: whole 8-row swizzle atoms
+        if constexpr (kCluster > 1) {
+          constexpr uint16_t kAll = (1u << kCluster) - 1;
+          tma_load_2d_multicast(a_hi_tile(s) + at, &a_hi_map, kt * kBk, row0, &full[s], kAll);
+          if constexpr (kLo) tma_load_2d_multicast(a_lo_tile(s) + at, &a_lo_map, kt * kBk, row0, &full[s], kAll);
+        } else {
+          tma_load_2d(a_hi_tile(s) + at, &a_hi_map, kt * kBk, row0, &full[s]);
+          if constexpr (kLo) tma_load_2d(a_lo_tile(s) + at, &a_lo_map, kt * kBk, row0, &full[s]);
+        }
+      };
+      auto load_b = [&](int kt) {
+        const int s = kt % kStages;
+        mbarrier_arrive_expect_tx(&full[s], kStageTx);
+        tma_load_3d(b_tile(s), &w_map, kt * kBk, n0, expert, &full[s]);
+      };
+      // The weights do not depend on the previous kernel: the first stages' go out before the wait.
+      const int first = k_tiles < kStages ? k_tiles : kStages;
+      for (int kt = 0; kt < first; ++kt) load_b(kt);
+      pdl_wait();
+      pdl_trigger();
+      for (int kt = 0; kt < first; ++kt) load_a(kt);
+      for (int kt = kStages; kt < k_tiles; ++kt) {
+        mbarrier_wait(&empty[kt % kStages], ((kt / kStages) - 1) & 1);
+        load_b(kt);
+        load_a(kt);
+      }
+    } else {
+      pdl_trigger();
     }
-    pdl_wait();
+  } else {
+    setmaxnreg_inc<kConsumerRegisters>();
     pdl_trigger();
-    const auto* a_hi = static_cast<const __nv_bfloat16*>(p.a_hi);
-    const auto* a_lo = static_cast<const __nv_bfloat16*>(p.a_lo);
-    const int chunk = lane % 8;  // each warp instruction: 4 rows of 8 chunks (128 contiguous bytes each)
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      const int s = kt % kStages;
-      if (kt >= kStages) {
-        mbarrier_wait(&empty[s], ((kt / kStages) - 1) & 1);
-        if (pt == 0) load_b(kt);
+    const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid & 31;
+    float acc[kBn / 8][4];
+#pragma unroll
+    for (int j = 0; j < kBn / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    // An expert's run is padded to whole blocks, so its last block's second half is often padding
+    // alone (sorted: the valid rows first): that warpgroup issues no products, and the other one
+    // has the tensor cores to itself. Its zero accumulators still write the padding rows' zeros.
+    // (Broadcast from lane 0, so that the compiler sees a warp-uniform branch and keeps the
+    // products asynchronous.)
+    const bool idle = __shfl_sync(0xffffffffu, p.sorted[static_cast<int64_t>(block) * kBm + wg * 64], 0) < 0;
+    // Releases stage s here and (its rows multicast) in the peer block.
+    auto release = [&](int s) {
+      if (lane != 0) return;
+      if constexpr (kCluster > 1) {
+#pragma unroll
+        for (int c = 0; c < kCluster; ++c) mbarrier_arrive_cluster(cluster_map(&empty[s], c));
+      } else {
+        mbarrier_arrive(&empty[s]);
       }
-      const int kk = kt * kBk + chunk * 8;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = warp * 32 + i * 4 + lane / 8;
-        const int src = row_src[r];
-        const bool valid = src >= 0 && kk < p.k;
-        const int64_t off = valid ? static_cast<int64_t>(src) * p.k + kk : 0;
-        const int dst = swizzled_offset(kBm, r, chunk * 8);
-        cp_async_16(a_hi_tile(s) + dst, a_hi + off, valid);
-        if constexpr (kLo) cp_async_16(a_lo_tile(s) + dst, a_lo + off, valid);
+    };
+    if (idle) {
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        mbarrier_wait(&full[kt % kStages], (kt / kStages) & 1);
+        release(kt % kStages);
       }
-      mbarrier_arrive_cp_async(&full[s]);
+    } else {
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % kStages;
+        mbarrier_wait(&full[s], (kt / kStages) & 1);
+        const uint32_t a_hi_addr = smem_address(a_hi_tile(s)) + wg * 64 * 128;
+        const uint32_t a_lo_addr = smem_address(a_lo_tile(s)) + wg * 64 * 128;
+        const uint32_t b_addr = smem_address(b_tile(s));
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kBk / 16; ++ks) {
+          const uint64_t b = wgmma_desc(b_addr + ks * 32, 0);
+          wgmma_ss<kBn, __nv_bfloat16>(acc, wgmma_desc(a_hi_addr + ks * 32, 0), b, 1);
+          if constexpr (kLo) wgmma_ss<kBn, __nv_bfloat16>(acc, wgmma_desc(a_lo_addr + ks * 32, 0), b, 1);
+        }
+        wgmma_commit();
+        // The previous tile's batch has completed once at most this one is pending: its stage is free.
+        wgmma_wait<1>();
+        if (kt > 0) release((kt - 1) % kStages);
+      }
+      wgmma_wait<0>();
     }
-    cp_async_wait<0>();
-    return;
-  }
+    fence_operands(acc);
 
-  setmaxnreg_inc<kConsumerRegisters>();
-  pdl_trigger();
-  const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid & 31;
-  float acc[kBn / 8][4];
+    const int g = lane / 4, t4 = lane % 4;
+    const int64_t row = static_cast<int64_t>(block) * kBm + wg * 64 + warp * 16 + g;  // and row + 8
+    if (!p.gate_up) {
 #pragma unroll
-  for (int j = 0; j < kBn / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    const int s = kt % kStages;
-    mbarrier_wait(&full[s], (kt / kStages) & 1);
-    fence_proxy_async();  // the cp.async rows, written by the generic proxy, before wgmma reads them
-    const uint32_t a_hi_addr = smem_address(a_hi_tile(s)) + wg * 64 * 128;
-    const uint32_t a_lo_addr = smem_address(a_lo_tile(s)) + wg * 64 * 128;
-    const uint32_t b_addr = smem_address(b_tile(s));
-    wgmma_fence();
+      for (int j = 0; j < kBn / 8; ++j) {
+        const int col = n0 + 8 * j + 2 * t4;
+        if (col >= p.n) continue;
+        *reinterpret_cast<float2*>(p.out + row * p.n + col) = make_float2(acc[j][0], acc[j][1]);
+        *reinterpret_cast<float2*>(p.out + (row + 8) * p.n + col) = make_float2(acc[j][2], acc[j][3]);
+      }
+    } else {
+      const int inter = p.n / 2;
+      auto* act_hi = static_cast<__nv_bfloat16*>(p.act_hi);
+      auto* act_lo = static_cast<__nv_bfloat16*>(p.act_lo);
 #pragma unroll
-    for (int ks = 0; ks < kBk / 16; ++ks) {
-      const uint64_t b = wgmma_desc(b_addr + ks * 32, 0);
-      wgmma_ss<kBn, __nv_bfloat16>(acc, wgmma_desc(a_hi_addr + ks * 32, 0), b, 1);
-      if constexpr (kLo) wgmma_ss<kBn, __nv_bfloat16>(acc, wgmma_desc(a_lo_addr + ks * 32, 0), b, 1);
-    }
-    wgmma_commit();
-    // The previous tile's batch has completed once at most this one is pending: its stage is free.
-    wgmma_wait<1>();
-    if (kt > 0 && lane == 0) mbarrier_arrive(&empty[(kt - 1) % kStages]);
-  }
-  wgmma_wait<0>();
-  fence_operands(acc);
-
-  const int g = lane / 4, t4 = lane % 4;
-  const int64_t row = static_cast<int64_t>(block) * kBm + wg * 64 + warp * 16 + g;  // and row + 8
-  if (!p.gate_up) {
+      for (int group = 0; group < kBn / 64; ++group) {
 #pragma unroll
-    for (int j = 0; j < kBn / 8; ++j) {
-      const int col = n0 + 8 * j + 2 * t4;
-      if (col >= p.n) continue;
-      *reinterpret_cast<float2*>(p.out + row * p.n + col) = make_float2(acc[j][0], acc[j][1]);
-      *reinterpret_cast<float2*>(p.out + (row + 8) * p.n + col) = make_float2(acc[j][2], acc[j][3]);
-    }
-    return;
-  }
-  const int inter = p.n / 2;
-  auto* act_hi = static_cast<__nv_bfloat16*>(p.act_hi);
-  auto* act_lo = static_cast<__nv_bfloat16*>(p.act_lo);
+        for (int jj = 0; jj < 4; ++jj) {
+          const int j = 8 * group + jj;  // gate fragment; its up fragment is j + 4
+          const int col = n0 / 2 + 32 * group + 8 * jj + 2 * t4;
+          if (col >= inter) continue;
 #pragma unroll
-  for (int group = 0; group < kBn / 64; ++group) {
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const int j = 8 * group + jj;  // gate fragment; its up fragment is j + 4
-      const int col = n0 / 2 + 32 * group + 8 * jj + 2 * t4;
-      if (col >= inter) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float a0 = gate_activation(acc[j][2 * h], false) * acc[j + 4][2 * h];
-        const float a1 = gate_activation(acc[j][2 * h + 1], false) * acc[j + 4][2 * h + 1];
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(a0, a1);
-        const int64_t at = (row + 8 * h) * inter + col;
-        *reinterpret_cast<__nv_bfloat162*>(act_hi + at) = hi;
-        if (act_lo != nullptr) {
-          *reinterpret_cast<__nv_bfloat162*>(act_lo + at) =
-              __floats2bfloat162_rn(a0 - __low2float(hi), a1 - __high2float(hi));
+          for (int h = 0; h < 2; ++h) {
+            const float a0 = gate_activation(acc[j][2 * h], false) * acc[j + 4][2 * h];
+            const float a1 = gate_activation(acc[j][2 * h + 1], false) * acc[j + 4][2 * h + 1];
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(a0, a1);
+            const int64_t at = (row + 8 * h) * inter + col;
+            *reinterpret_cast<__nv_bfloat162*>(act_hi + at) = hi;
+            if (act_lo != nullptr) {
+              *reinterpret_cast<__nv_bfloat162*>(act_lo + at) =
+                  __floats2bfloat162_rn(a0 - __low2float(hi), a1 - __high2float(hi));
+            }
+          }
         }
       }
     }
   }
+  // No block leaves while its peer may still multicast into it or arrive on its barriers.
+  if constexpr (kCluster > 1) cluster_sync();
 }
 
-template <bool kLo>
+// Row r of the block list: the hi / lo split of its token's activations (pair sorted[r], token
+// pair / top_k), zeros for padding; a warp per row.
+__global__ void moe_gather_split_kernel(MoeGatherParams p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + warp;
+  pdl_wait();
+  pdl_trigger();
+  if (r >= static_cast<int64_t>(*p.num_blocks) * p.block_m) return;
+  const int pair = p.sorted[r];
+  const float* x = pair >= 0 ? p.x + static_cast<int64_t>(pair / p.top_k) * p.h : nullptr;
+  auto* hi = static_cast<__nv_bfloat16*>(p.hi) + r * p.h;
+  auto* lo = static_cast<__nv_bfloat16*>(p.lo) + r * p.h;
+  for (int c = lane * 4; c < p.h; c += 128) {
+    const float4 v = x != nullptr ? *reinterpret_cast<const float4*>(x + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const __nv_bfloat162 h01 = __floats2bfloat162_rn(v.x, v.y), h23 = __floats2bfloat162_rn(v.z, v.w);
+    const __nv_bfloat162 l01 = __floats2bfloat162_rn(v.x - __low2float(h01), v.y - __high2float(h01));
+    const __nv_bfloat162 l23 = __floats2bfloat162_rn(v.z - __low2float(h23), v.w - __high2float(h23));
+    *reinterpret_cast<uint2*>(hi + c) = make_uint2(*reinterpret_cast<const uint32_t*>(&h01),
+                                                   *reinterpret_cast<const uint32_t*>(&h23));
+    *reinterpret_cast<uint2*>(lo + c) = make_uint2(*reinterpret_cast<const uint32_t*>(&l01),
+                                                   *reinterpret_cast<const uint32_t*>(&l23));
+  }
+}
+
+template <bool kLo, int kCluster>
 void launch(const MoeGemmParams& p, cudaStream_t s) {
   const uint64_t dims[3] = {static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.experts)};
   const uint64_t strides[2] = {static_cast<uint64_t>(p.k) * 2, static_cast<uint64_t>(p.n) * p.k * 2};
   const uint32_t box[3] = {kBk, kBn, 1};
-  const CUtensorMap map = swizzled_tensor_map(p.w, true, 3, dims, strides, box, "the experts' weights");
-  raise_dynamic_smem(moe_gemm_wgmma_kernel<kLo>, kSmemBytes);
-  const dim3 grid(static_cast<unsigned>((p.n + kBn - 1) / kBn), static_cast<unsigned>(p.max_blocks));
-  launch_pdl(moe_gemm_wgmma_kernel<kLo>, grid, kThreads, kSmemBytes, s, p, map);
-  CUDA_CHECK(cudaGetLastError());
+  const CUtensorMap w_map = swizzled_tensor_map(p.w, true, 3, dims, strides, box, "the experts' weights");
+  // Each block of a cluster loads kBm / kCluster rows of a tile.
+  auto a_map = [&](const void* base, const char* what) {
+    const uint64_t a_dims[2] = {static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.a_rows)};
+    const uint64_t a_strides[1] = {static_cast<uint64_t>(p.k) * 2};
+    const uint32_t a_box[2] = {kBk, kBm / kCluster};
+    return swizzled_tensor_map(base, true, 2, a_dims, a_strides, a_box, what);
+  };
+  const CUtensorMap hi_map = a_map(p.a_hi, "the rows' hi terms");
+  const CUtensorMap lo_map = kLo ? a_map(p.a_lo, "the rows' lo terms") : hi_map;
+  auto* kernel = moe_gemm_wgmma_kernel<kLo, kCluster>;
+  raise_dynamic_smem(kernel, kSmemBytes);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>((p.n + kBn - 1) / kBn), static_cast<unsigned>(p.max_blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = s;
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = kCluster;
+  attrs[1].val.clusterDim.y = 1;
+  attrs[1].val.clusterDim.z = 1;
+  config.attrs = attrs;
+  config.numAttrs = kCluster > 1 ? 2 : 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, w_map, hi_map, lo_map));
+}
+
+template <bool kLo>
+void launch_paired(const MoeGemmParams& p, cudaStream_t s) {
+  const int n_tiles = (p.n + kBn - 1) / kBn;
+  if (n_tiles % 2 == 0 && p.cluster) return launch<kLo, 2>(p, s);
+  launch<kLo, 1>(p, s);
 }
 
 }  // namespace
 
 void moe_gemm_wgmma(const MoeGemmParams& p, cudaStream_t s) {
-  SPECULA_CHECK(p.experts > 0 && p.w_scale == nullptr && p.k % 8 == 0 && (!p.gate_up || p.n % 64 == 0),
-                "moe_gemm_wgmma: bf16 weights of {} experts [{}, {}] (k a multiple of 8, gate|up rows of 64)",
-                p.experts, p.n, p.k);
+  SPECULA_CHECK(p.experts > 0 && p.w_scale == nullptr && !p.gather && p.a_rows > 0 && p.k % 8 == 0 &&
+                    (!p.gate_up || p.n % 64 == 0),
+                "moe_gemm_wgmma: bf16 weights of {} experts [{}, {}] over {} rows in block-list order (k a multiple of "
+                "8, gate|up rows of 64)",
+                p.experts, p.n, p.k, p.a_rows);
   SPECULA_CHECK(p.max_blocks <= 65535, "moe_gemm: {} row blocks (at most 65535)", p.max_blocks);
-  if (p.a_lo != nullptr) return launch<true>(p, s);
-  launch<false>(p, s);
+  CUDA_CHECK(cudaGetLastError());
+  if (p.a_lo != nullptr) {
+    launch_paired<true>(p, s);
+  } else {
+    launch_paired<false>(p, s);
+  }
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_gather_split(const MoeGatherParams& p, cudaStream_t s) {
+  SPECULA_CHECK(p.h % 4 == 0, "moe_gather_split: rows of {} values (a multiple of 4)", p.h);
+  if (p.max_rows == 0) return;
+  constexpr int kRowsPerBlock = 8;
+  const int64_t blocks = (p.max_rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  launch_pdl(moe_gather_split_kernel, dim3(static_cast<unsigned>(blocks)), dim3(32 * kRowsPerBlock), 0, s, p);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace specula::cuda_kernels

@@ -83,6 +83,11 @@ struct MoeGemmParams {
   int experts = 0;   // w's first extent (the large tile's tensor map needs it; 0: mma.sync)
   // Benchmarks: the large tile on mma.sync, the kernel moe_gemm_wgmma replaced.
   bool mma_sync = false;
+  // moe_gemm_wgmma: A's extent (a_hi / a_lo hold [a_rows, k] in block-list order, gather false),
+  // and whether blocks of neighbouring column tiles may pair up to share their rows' loads
+  // (benchmarks turn it off to measure what it gains).
+  int64_t a_rows = 0;
+  bool cluster = true;
   // fp8 weights: w holds e4m3 codes [experts, n, k] (k a multiple of 16) and w_scale f32
   // [experts, n, ceil(k / scale_k)], each row's scale per run of scale_k values (a multiple of
   // 16); the operand is bf16(code x scale), what a dequantization to bf16 on the host gives.
@@ -97,9 +102,24 @@ struct MoeGemmParams {
 };
 void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s);
 // The large tile with bf16 weights on Hopper's warpgroup MMA (moe_gemm takes it there unless
-// mma_sync): 128 rows (the large tile's) by 256 columns; a_lo null multiplies a_hi alone (bf16
-// activations; act_lo, when given, still receives the lo term).
+// mma_sync or gather): 128 rows (the large tile's) by 256 columns, rows read in block-list order
+// (moe_gather_split lays out gate|up's); a_lo null multiplies a_hi alone (bf16 activations;
+// act_lo, when given, still receives the lo term).
 void moe_gemm_wgmma(const MoeGemmParams& p, cudaStream_t s);
+
+// Row r of the block list (r < *num_blocks x block_m) as the hi and lo bf16 terms of its token's
+// f32 activations (token sorted[r] / top_k), zeros for padding: the gate|up product's A in the
+// order moe_gemm_wgmma reads it.
+struct MoeGatherParams {
+  const float* x = nullptr;  // [n, h]
+  const int32_t* sorted = nullptr;
+  const int32_t* num_blocks = nullptr;
+  int block_m = 0, top_k = 1, h = 0;
+  int64_t max_rows = 0;  // rows the launch covers (max_blocks x block_m)
+  void* hi = nullptr;    // bf16 [max_rows, h]
+  void* lo = nullptr;
+};
+void moe_gather_split(const MoeGatherParams& p, cudaStream_t s);
 
 // At most this many experts per token (top-k and shared) in moe_combine.
 constexpr int kMaxMoeTokenExperts = 32;

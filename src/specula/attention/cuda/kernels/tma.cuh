@@ -21,6 +21,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       : "memory");
 }
 
+// The box at (x, y) of a 2-D map into the same shared-memory offset of every block of the cluster
+// in `mask` (bit i: rank i), each block's mbarrier at bar's offset counting the bytes it receives.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar,
+                                                      uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_address(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(smem_address(bar)), "h"(mask)
+      : "memory");
+}
+
 // The box at (x, y, z) of a 3-D map.
 __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int x, int y, int z, uint64_t* bar) {
   asm volatile(
