@@ -371,6 +371,9 @@ std::vector<LayerCase> layer_cases() {
   // that are not multiples of 32 (padded inter) or of the tile.
   cases.push_back(LayerCase{routings()[4], 136, 40, {1, 64, 700, 4096}});
   cases.push_back(LayerCase{routings()[0], 64, 1408 / 8, {5, 1024}});
+  // More units than the persistent large-tile kernel runs clusters (gate|up 144 paired units,
+  // down 72, over at most 66 clusters on an H200), so clusters take several in turn.
+  cases.push_back(LayerCase{routings()[4], 512, 512, {4096}});
   return cases;
 }
 
