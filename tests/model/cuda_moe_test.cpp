@@ -428,15 +428,17 @@ std::vector<float> add_fp8(MapSource& source, std::mt19937& rng, const std::stri
 class CudaMoeFp8 : public ::testing::TestWithParam<int> {};
 
 // Experts kept in fp8 on the device (codes and block scales, half the bytes) give bit for bit what
-// the same experts dequantized to bf16 on the host give, over every tile; the shared experts are
-// split along block edges.
+// the same experts dequantized to bf16 on the host give, over every tile (mma.sync's, and the
+// large one's on warpgroup MMA); the shared experts are split along block edges.
 TEST_P(CudaMoeFp8, EqualsTheLayerDequantizedOnTheHostBitForBit) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const int shared = GetParam();
   std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("cuda_model_test")) ^ 0xf8);
   Routing r = routings()[2];  // DeepSeek-V3's routing
   r.experts = 16, r.top_k = 4, r.groups = 4, r.top_groups = 2, r.shared = shared;
-  const int h = 128, inter = 96, block = 32;
+  // hidden 512: the down product's two column tiles pair up on warpgroup MMA (the large tile at
+  // 1500 tokens), whose producer turns the codes into bf16 tiles.
+  const int h = 512, inter = 96, block = 32;
   const MoeConfig m = moe_config(r, inter);
   const std::string prefix = "model.layers.3.";
   MapSource source;

@@ -215,7 +215,7 @@ size_t CudaMoe::unread_bytes() const {
   return static_cast<size_t>(config_.n_routed_experts - config_.num_experts_per_tok) * expert_bytes;
 }
 
-bool CudaMoe::in_block_order(const StepShape& sh) const { return sh.tile == ck::MoeTile::kLarge && !fp8_; }
+bool CudaMoe::in_block_order(const StepShape& sh) const { return sh.tile == ck::MoeTile::kLarge; }
 
 CudaMoe::StepShape CudaMoe::step_shape(int64_t n) const {
   StepShape sh;

@@ -67,8 +67,8 @@ class CudaMoe {
     cuda_kernels::MoeTile tile{};
   };
   StepShape step_shape(int64_t n) const;
-  // Whether the gate|up rows are laid out in block-list order for warpgroup MMA (the large tile
-  // with bf16 experts) rather than gathered from the tokens' rows by the kernel.
+  // Whether the gate|up rows are laid out in block-list order for warpgroup MMA (the large tile)
+  // rather than gathered from the tokens' rows by the kernel.
   bool in_block_order(const StepShape& sh) const;
   // Row r of gate (or, kInterleave rows further, of up) in the gate|up layout.
   static int64_t gate_row(int64_t r);

@@ -21,6 +21,7 @@
 #include "specula/core/cuda_smem.h"
 #include "specula/core/error.h"
 #include "specula/model/cuda/activation.cuh"
+#include "specula/model/cuda/fp8_operand.cuh"
 #include "specula/model/cuda/moe_kernels.h"
 
 namespace specula::cuda_kernels {
@@ -62,14 +63,6 @@ using LargeFp8Tile = Tile<128, 128, 64, 2, 4, 3, 1>;
 __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* global_src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem_dst)), "l"(global_src),
                "r"(valid ? 4 : 0));
-}
-
-// Two e4m3 codes (the lower byte first) times scale as a bf16 pair: the B fragment's register.
-__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t codes, float scale) {
-  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&raw));
-  const __nv_bfloat162 b = __floats2bfloat162_rn(__fmul_rn(f.x, scale), __fmul_rn(f.y, scale));
-  return *reinterpret_cast<const uint32_t*>(&b);
 }
 
 // kFp8: B tiles hold e4m3 codes (rows of bk bytes + 16 of padding) and, after them, each row's
@@ -311,9 +304,9 @@ void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s) {
                 "moe_gemm: an [{}, {}] expert matrix (widths must be multiples of 8, gate|up rows of 64)", p.n, p.k);
   SPECULA_CHECK(p.w_scale == nullptr || (p.k % 16 == 0 && p.scale_k > 0 && p.scale_k % 16 == 0),
                 "moe_gemm: fp8 weights need k ({}) and the scale run ({}) in multiples of 16", p.k, p.scale_k);
-  const bool wgmma = tile == MoeTile::kLarge && p.w_scale == nullptr && p.experts > 0 && !p.mma_sync && !p.gather;
+  const bool wgmma = tile == MoeTile::kLarge && p.experts > 0 && !p.mma_sync && !p.gather;
   SPECULA_CHECK(p.a_lo != nullptr || wgmma,
-                "moe_gemm: activations without their lo term need the large tile on warpgroup MMA with bf16 weights");
+                "moe_gemm: activations without their lo term need the large tile on warpgroup MMA");
   if (wgmma) return moe_gemm_wgmma(p, s);
   switch (tile) {
     case MoeTile::kSmall:

@@ -1,5 +1,5 @@
-// moe_gemm_wgmma (moe_kernels.h): moe_gemm's large tile on Hopper's warpgroup MMA, for bf16
-// expert weights, and moe_gather_split, which lays its gate|up rows out for it. This is the
+// moe_gemm_wgmma (moe_kernels.h): moe_gemm's large tile on Hopper's warpgroup MMA, for bf16 or
+// fp8 expert weights, and moe_gather_split, which lays its gate|up rows out for it. This is the
 // prefill case: hundreds of rows per expert, so the products are compute-bound, and mma.sync
 // (moe_gemm.cu) reached 0.39 of cuBLAS's tensor-core rate there.
 //
@@ -9,7 +9,8 @@
 //   never reads into the next expert and columns past n land as zeros) and the rows' hi and lo
 //   tiles [128 x 64] (rows in block-list order: the gate|up rows gathered by moe_gather_split,
 //   the down rows as gate|up wrote them). A stage's `full` barrier counts its bytes; its `empty`
-//   barrier one arrival per consumer warp.
+//   barrier one arrival per consumer warp. fp8 weights come through the whole producer
+//   warpgroup instead, which turns each k tile's codes into the bf16 tile (kFp8 below).
 // - two consumer warpgroups of 64 rows each hold their 64 x 256 f32 accumulators in registers;
 //   per k tile they issue 4 k16 steps of m64n256k16 products over the hi and the lo term (the
 //   same weights for both) and keep one tile's batch in flight, releasing a stage once the batch
@@ -37,6 +38,7 @@
 #include "specula/core/cuda_smem.h"
 #include "specula/core/error.h"
 #include "specula/model/cuda/activation.cuh"
+#include "specula/model/cuda/fp8_operand.cuh"
 #include "specula/model/cuda/moe_kernels.h"
 
 namespace specula::cuda_kernels {
@@ -45,20 +47,62 @@ namespace {
 
 constexpr int kBm = 128, kBn = 256, kBk = 64, kStages = 3;
 constexpr int kConsumerThreads = 256, kProducerThreads = 128, kThreads = kConsumerThreads + kProducerThreads;
-static_assert(kProducerThreads == kBm, "one producer thread per row (its source index)");
-// The producer needs few registers; each consumer thread holds 128 accumulators.
-constexpr int kProducerRegisters = 40;
-constexpr int kConsumerRegisters = 232;
-static_assert(kProducerThreads * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+// The producer needs few registers, or with fp8 weights a k tile's codes and scales in flight;
+// each consumer thread holds 128 accumulators.
+template <bool kFp8>
+constexpr int kProducerRegisters = kFp8 ? 120 : 40;
+template <bool kFp8>
+constexpr int kConsumerRegisters = kFp8 ? 192 : 232;
+static_assert(kProducerThreads * kProducerRegisters<true> + kConsumerThreads * kConsumerRegisters<true> <= 65536);
+static_assert(kProducerThreads * kProducerRegisters<false> + kConsumerThreads * kConsumerRegisters<false> <= 65536);
+// fp8 weights: each producer thread turns 8 runs of 16 codes of a [256 x 64] k tile into bf16.
+constexpr int kFp8Runs = kBn * kBk / 16 / kProducerThreads;
 constexpr int kATileBytes = kBm * kBk * 2;
 constexpr int kBTileBytes = kBn * kBk * 2;
 constexpr int kStageBytes = 2 * kATileBytes + kBTileBytes;
 constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + 1024;  // + the ring's alignment
 
+// Producer thread pt's runs first .. first + kRuns - 1 of fp8 k tile kt (codes and their scales,
+// zeros past the matrix): run i is row (pt + 128 i) / 4 of the tile, codes 16 ((pt + 128 i) % 4)
+// on. Then the same runs as bf16 into the swizzled tile.
+template <int kRuns>
+__device__ __forceinline__ void fetch_fp8_runs(const unsigned char* codes, const float* scales, int k_blocks,
+                                               const MoeGemmParams& p, int n0, int pt, int kt, int first,
+                                               uint4 (&v)[kRuns], float (&sc)[kRuns]) {
+#pragma unroll
+  for (int i = 0; i < kRuns; ++i) {
+    const int c = pt + kProducerThreads * (first + i), r = c / 4, kk = kt * kBk + (c % 4) * 16;
+    const bool valid = n0 + r < p.n && kk < p.k;
+    const int64_t row = n0 + r;
+    v[i] = valid ? __ldg(reinterpret_cast<const uint4*>(codes + row * p.k + kk)) : make_uint4(0, 0, 0, 0);
+    sc[i] = valid ? __ldg(scales + row * k_blocks + kk / p.scale_k) : 0.0f;
+  }
+}
+template <int kRuns>
+__device__ __forceinline__ void store_fp8_runs(unsigned char* tile, int pt, int first, const uint4 (&v)[kRuns],
+                                               const float (&sc)[kRuns]) {
+#pragma unroll
+  for (int i = 0; i < kRuns; ++i) {
+    const int c = pt + kProducerThreads * (first + i), r = c / 4, col = (c % 4) * 16;
+    const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+    uint32_t b[8];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      b[2 * q] = fp8x2_to_bf16x2(static_cast<uint16_t>(w[q] & 0xffffu), sc[i]);
+      b[2 * q + 1] = fp8x2_to_bf16x2(static_cast<uint16_t>(w[q] >> 16), sc[i]);
+    }
+    *reinterpret_cast<uint4*>(tile + swizzled_offset(kBn, r, col)) = make_uint4(b[0], b[1], b[2], b[3]);
+    *reinterpret_cast<uint4*>(tile + swizzled_offset(kBn, r, col + 8)) = make_uint4(b[4], b[5], b[6], b[7]);
+  }
+}
+
 // kLo: the activations are the hi and lo bf16 terms of f32 rows (specula's f32-accurate
 // products); otherwise hi alone (bf16 activations, as peers run them; bench moe times it).
 // kCluster: blocks of neighbouring column tiles sharing the rows' tiles (1 or 2).
-template <bool kLo, int kCluster>
+// kFp8: the weights are e4m3 codes with per-row scales (MoeGemmParams); the whole producer
+// warpgroup loads each k tile's codes, turns them into the bf16 tile (fp8_operand.cuh: the
+// values of the host's dequantization) and arrives on the stage's barrier after a proxy fence.
+template <bool kLo, int kCluster, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_gemm_wgmma_kernel(const MoeGemmParams p, const __grid_constant__ CUtensorMap w_map,
                           const __grid_constant__ CUtensorMap a_hi_map, const __grid_constant__ CUtensorMap a_lo_map) {
@@ -82,7 +126,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&full[s], 1);  // the producer's arrival with the stage's bytes
+      // The producer's arrival with the stage's TMA bytes, and with fp8 each converting thread's.
+      mbarrier_init(&full[s], kFp8 ? 1 + kProducerThreads : 1);
       mbarrier_init(&empty[s], kCluster * kConsumerThreads / 32);
     }
     fence_mbarrier_init_cluster();
@@ -94,45 +139,76 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   if (tid >= kConsumerThreads) {
-    setmaxnreg_dec<kProducerRegisters>();
-    if (tid == kConsumerThreads) {
-      constexpr int kRowsEach = kBm / kCluster;  // rows of the A tiles this block loads for the cluster
-      constexpr uint32_t kStageTx = (kLo ? 2 : 1) * kATileBytes + kBTileBytes;
-      const int rank = kCluster > 1 ? static_cast<int>(cluster_rank()) : 0;
-      const int row0 = block * kBm + rank * kRowsEach;
-      auto load_a = [&](int kt) {
-        const int s = kt % kStages;
-        const int at = rank * kRowsEach * 128;  // bytes: whole 8-row swizzle atoms
-        if constexpr (kCluster > 1) {
-          constexpr uint16_t kAll = (1u << kCluster) - 1;
-          tma_load_2d_multicast(a_hi_tile(s) + at, &a_hi_map, kt * kBk, row0, &full[s], kAll);
-          if constexpr (kLo) tma_load_2d_multicast(a_lo_tile(s) + at, &a_lo_map, kt * kBk, row0, &full[s], kAll);
-        } else {
-          tma_load_2d(a_hi_tile(s) + at, &a_hi_map, kt * kBk, row0, &full[s]);
-          if constexpr (kLo) tma_load_2d(a_lo_tile(s) + at, &a_lo_map, kt * kBk, row0, &full[s]);
+    setmaxnreg_dec<kProducerRegisters<kFp8>>();
+    constexpr int kRowsEach = kBm / kCluster;  // rows of the A tiles this block loads for the cluster
+    constexpr uint32_t kStageTx = (kLo ? 2 : 1) * kATileBytes + (kFp8 ? 0 : kBTileBytes);
+    const int rank = kCluster > 1 ? static_cast<int>(cluster_rank()) : 0;
+    const int row0 = block * kBm + rank * kRowsEach;
+    const bool issuer = tid == kConsumerThreads;
+    auto load_a = [&](int kt) {
+      const int s = kt % kStages;
+      const int at = rank * kRowsEach * 128;  // bytes: whole 8-row swizzle atoms
+      if constexpr (kCluster > 1) {
+        constexpr uint16_t kAll = (1u << kCluster) - 1;
+        tma_load_2d_multicast(a_hi_tile(s) + at, &a_hi_map, kt * kBk, row0, &full[s], kAll);
+        if constexpr (kLo) tma_load_2d_multicast(a_lo_tile(s) + at, &a_lo_map, kt * kBk, row0, &full[s], kAll);
+      } else {
+        tma_load_2d(a_hi_tile(s) + at, &a_hi_map, kt * kBk, row0, &full[s]);
+        if constexpr (kLo) tma_load_2d(a_lo_tile(s) + at, &a_lo_map, kt * kBk, row0, &full[s]);
+      }
+    };
+    if constexpr (!kFp8) {
+      if (issuer) {
+        auto load_b = [&](int kt) {
+          const int s = kt % kStages;
+          mbarrier_arrive_expect_tx(&full[s], kStageTx);
+          tma_load_3d(b_tile(s), &w_map, kt * kBk, n0, expert, &full[s]);
+        };
+        // The weights do not depend on the previous kernel: the first stages' go out before the wait.
+        const int first = k_tiles < kStages ? k_tiles : kStages;
+        for (int kt = 0; kt < first; ++kt) load_b(kt);
+        pdl_wait();
+        pdl_trigger();
+        for (int kt = 0; kt < first; ++kt) load_a(kt);
+        for (int kt = kStages; kt < k_tiles; ++kt) {
+          mbarrier_wait(&empty[kt % kStages], ((kt / kStages) - 1) & 1);
+          load_b(kt);
+          load_a(kt);
         }
-      };
-      auto load_b = [&](int kt) {
-        const int s = kt % kStages;
-        mbarrier_arrive_expect_tx(&full[s], kStageTx);
-        tma_load_3d(b_tile(s), &w_map, kt * kBk, n0, expert, &full[s]);
-      };
-      // The weights do not depend on the previous kernel: the first stages' go out before the wait.
-      const int first = k_tiles < kStages ? k_tiles : kStages;
-      for (int kt = 0; kt < first; ++kt) load_b(kt);
-      pdl_wait();
-      pdl_trigger();
-      for (int kt = 0; kt < first; ++kt) load_a(kt);
-      for (int kt = kStages; kt < k_tiles; ++kt) {
-        mbarrier_wait(&empty[kt % kStages], ((kt / kStages) - 1) & 1);
-        load_b(kt);
-        load_a(kt);
+      } else {
+        pdl_trigger();
       }
     } else {
+      const int pt = tid - kConsumerThreads;
+      const auto* codes = static_cast<const unsigned char*>(p.w) + static_cast<int64_t>(expert) * p.n * p.k;
+      const int k_blocks = (p.k + p.scale_k - 1) / p.scale_k;
+      const float* scales = p.w_scale + static_cast<int64_t>(expert) * p.n * k_blocks;
+      pdl_wait();
       pdl_trigger();
+      for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % kStages;
+        if (kt >= kStages) mbarrier_wait(&empty[s], ((kt / kStages) - 1) & 1);
+        if (issuer) {
+          mbarrier_arrive_expect_tx(&full[s], kStageTx);
+          load_a(kt);
+        }
+        // The stage's codes, requested once it is free (the ring keeps the producer up to three
+        // tiles ahead, which covers their latency), then stored as bf16; in two halves, which
+        // keeps the producer's registers within its share.
+        constexpr int kHalf = kFp8Runs / 2;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint4 v[kHalf];
+          float sc[kHalf];
+          fetch_fp8_runs<kHalf>(codes, scales, k_blocks, p, n0, pt, kt, h * kHalf, v, sc);
+          store_fp8_runs<kHalf>(b_tile(s), pt, h * kHalf, v, sc);
+        }
+        fence_proxy_async();  // the generic proxy's stores, before wgmma reads them
+        mbarrier_arrive(&full[s]);
+      }
     }
   } else {
-    setmaxnreg_inc<kConsumerRegisters>();
+    setmaxnreg_inc<kConsumerRegisters<kFp8>>();
     pdl_trigger();
     const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid & 31;
     float acc[kBn / 8][4];
@@ -247,12 +323,13 @@ __global__ void moe_gather_split_kernel(MoeGatherParams p) {
   }
 }
 
-template <bool kLo, int kCluster>
+template <bool kLo, int kCluster, bool kFp8>
 void launch(const MoeGemmParams& p, cudaStream_t s) {
   const uint64_t dims[3] = {static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.experts)};
   const uint64_t strides[2] = {static_cast<uint64_t>(p.k) * 2, static_cast<uint64_t>(p.n) * p.k * 2};
   const uint32_t box[3] = {kBk, kBn, 1};
-  const CUtensorMap w_map = swizzled_tensor_map(p.w, true, 3, dims, strides, box, "the experts' weights");
+  const CUtensorMap w_map =
+      kFp8 ? CUtensorMap{} : swizzled_tensor_map(p.w, true, 3, dims, strides, box, "the experts' weights");
   // Each block of a cluster loads kBm / kCluster rows of a tile.
   auto a_map = [&](const void* base, const char* what) {
     const uint64_t a_dims[2] = {static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.a_rows)};
@@ -262,7 +339,7 @@ void launch(const MoeGemmParams& p, cudaStream_t s) {
   };
   const CUtensorMap hi_map = a_map(p.a_hi, "the rows' hi terms");
   const CUtensorMap lo_map = kLo ? a_map(p.a_lo, "the rows' lo terms") : hi_map;
-  auto* kernel = moe_gemm_wgmma_kernel<kLo, kCluster>;
+  auto* kernel = moe_gemm_wgmma_kernel<kLo, kCluster, kFp8>;
   raise_dynamic_smem(kernel, kSmemBytes);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>((p.n + kBn - 1) / kBn), static_cast<unsigned>(p.max_blocks));
@@ -281,27 +358,29 @@ void launch(const MoeGemmParams& p, cudaStream_t s) {
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p, w_map, hi_map, lo_map));
 }
 
-template <bool kLo>
+template <bool kLo, bool kFp8>
 void launch_paired(const MoeGemmParams& p, cudaStream_t s) {
   const int n_tiles = (p.n + kBn - 1) / kBn;
-  if (n_tiles % 2 == 0 && p.cluster) return launch<kLo, 2>(p, s);
-  launch<kLo, 1>(p, s);
+  if (n_tiles % 2 == 0 && p.cluster) return launch<kLo, 2, kFp8>(p, s);
+  launch<kLo, 1, kFp8>(p, s);
 }
 
 }  // namespace
 
 void moe_gemm_wgmma(const MoeGemmParams& p, cudaStream_t s) {
-  SPECULA_CHECK(p.experts > 0 && p.w_scale == nullptr && !p.gather && p.a_rows > 0 && p.k % 8 == 0 &&
-                    (!p.gate_up || p.n % 64 == 0),
-                "moe_gemm_wgmma: bf16 weights of {} experts [{}, {}] over {} rows in block-list order (k a multiple of "
-                "8, gate|up rows of 64)",
+  SPECULA_CHECK(p.experts > 0 && !p.gather && p.a_rows > 0 && p.k % 8 == 0 && (!p.gate_up || p.n % 64 == 0),
+                "moe_gemm_wgmma: weights of {} experts [{}, {}] over {} rows in block-list order (k a multiple of 8, "
+                "gate|up rows of 64)",
                 p.experts, p.n, p.k, p.a_rows);
+  SPECULA_CHECK(p.w_scale == nullptr || (p.k % 16 == 0 && p.scale_k > 0 && p.scale_k % 16 == 0),
+                "moe_gemm_wgmma: fp8 weights need k ({}) and the scale run ({}) in multiples of 16", p.k, p.scale_k);
   SPECULA_CHECK(p.max_blocks <= 65535, "moe_gemm: {} row blocks (at most 65535)", p.max_blocks);
   CUDA_CHECK(cudaGetLastError());
+  const bool fp8 = p.w_scale != nullptr;
   if (p.a_lo != nullptr) {
-    launch_paired<true>(p, s);
+    fp8 ? launch_paired<true, true>(p, s) : launch_paired<true, false>(p, s);
   } else {
-    launch_paired<false>(p, s);
+    fp8 ? launch_paired<false, true>(p, s) : launch_paired<false, false>(p, s);
   }
   CUDA_CHECK(cudaGetLastError());
 }

@@ -8,8 +8,8 @@
 //                  device so that a decode step can be captured in a CUDA graph;
 //   moe_gemm       the grouped GEMM over those blocks: a block of rows belongs to one expert and
 //                  reads only that expert's weights; bf16 tensor cores over the hi/lo bf16 split
-//                  of the f32 activations, f32 accumulation (mma.sync; the large tile with bf16
-//                  weights on warpgroup MMA, moe_gemm_wgmma). The gate|up product ends in the SiLU
+//                  of the f32 activations, f32 accumulation (mma.sync; the large tile on
+//                  warpgroup MMA, moe_gemm_wgmma). The gate|up product ends in the SiLU
 //                  gate (act = silu(gate) * up, written as a hi/lo split for the down product);
 //                  the down product writes f32 rows;
 //   moe_combine    out[t] = sum_j w[t, j] y[pair (t, j)], one pass, no atomics.
@@ -101,7 +101,7 @@ struct MoeGemmParams {
   float* out = nullptr;
 };
 void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s);
-// The large tile with bf16 weights on Hopper's warpgroup MMA (moe_gemm takes it there unless
+// The large tile on Hopper's warpgroup MMA, bf16 or fp8 weights (moe_gemm takes it there unless
 // mma_sync or gather): 128 rows (the large tile's) by 256 columns, rows read in block-list order
 // (moe_gather_split lays out gate|up's); a_lo null multiplies a_hi alone (bf16 activations;
 // act_lo, when given, still receives the lo term).
