@@ -239,7 +239,11 @@ void expect_variants_agree(const CudaMoe& moe, int64_t n, int h, const CudaLayer
                            cudaStream_t stream) {
   using Variant = CudaMoe::GemmVariant;
   const Buffer& y = scratch.ws.slots[kMoeY];
-  const int64_t rows = y.numel() / h;
+  // The rows of the blocks in use (the slot may be larger, rows past them written by no variant).
+  int32_t blocks = 0;
+  CUDA_CHECK(cudaMemcpy(&blocks, scratch.ws.slots[kMoeBlocks].data(), sizeof(blocks), cudaMemcpyDeviceToHost));
+  const int64_t rows = static_cast<int64_t>(blocks) * cuda_kernels::moe_tile_rows(cuda_kernels::MoeTile::kLarge);
+  ASSERT_LE(rows * h, y.numel());
   auto run = [&](Variant v) {
     moe.grouped_gemms(n, scratch, stream, v);
     CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -371,8 +375,8 @@ std::vector<LayerCase> layer_cases() {
   // that are not multiples of 32 (padded inter) or of the tile.
   cases.push_back(LayerCase{routings()[4], 136, 40, {1, 64, 700, 4096}});
   cases.push_back(LayerCase{routings()[0], 64, 1408 / 8, {5, 1024}});
-  // More units than the persistent large-tile kernel runs clusters (gate|up 144 paired units,
-  // down 72, over at most 66 clusters on an H200), so clusters take several in turn.
+  // Several waves of paired large-tile blocks (gate|up 144 clusters of two, down 72, where an
+  // H200 runs at most 66 at once).
   cases.push_back(LayerCase{routings()[4], 512, 512, {4096}});
   return cases;
 }

@@ -169,10 +169,12 @@ void run(const Options& o) {
     auto gemms = [&](Variant v) { return cuda_median_seconds([&] { layers[0]->grouped_gemms(n, scratch, nullptr, v); }, 10); };
     const double gemm_s = gemms(Variant::automatic);
     // The kernels the large tile compares with, in the same run: mma.sync (what warpgroup MMA
-    // replaced) and, with bf16 weights, bf16 activations (what peers multiply; not the engine's).
-    const double mma_sync_s = gemms(Variant::mma_sync);
-    const double unpaired_s = o.fp8 ? 0.0 : gemms(Variant::unpaired);
-    const double bf16_s = o.fp8 ? 0.0 : gemms(Variant::bf16_activations);
+    // replaced), unpaired blocks and, with bf16 weights, bf16 activations (what peers multiply;
+    // not the engine's). Smaller tiles run mma.sync alone: nothing to compare.
+    const bool large = ck::moe_pick_tile(pairs, stacked) == ck::MoeTile::kLarge;
+    const double mma_sync_s = large ? gemms(Variant::mma_sync) : 0.0;
+    const double unpaired_s = large ? gemms(Variant::unpaired) : 0.0;
+    const double bf16_s = large && !o.fp8 ? gemms(Variant::bf16_activations) : 0.0;
     Buffer a(DType::bf16, {2 * pairs, std::max(h, inter)}, dev), b(DType::bf16, {2 * inter, h}, dev),
         c(DType::bf16, {2 * pairs, std::max(2 * inter, h)}, dev);
     CUDA_CHECK(cudaMemset(a.data(), 0x3c, a.nbytes()));
@@ -196,11 +198,13 @@ void run(const Options& o) {
     fmt::print("  grouped GEMMs, hi + lo             {:>8.0f} us {:>6.0f} TFLOP/s  {:.2f} of cuBLAS hi + lo, {:.2f} of "
                "cuBLAS bf16\n",
                gemm_s * 1e6, tflops(gemm_s), cublas_split_s / gemm_s, cublas_s / gemm_s);
-    fmt::print("  grouped GEMMs, mma.sync, hi + lo   {:>8.0f} us {:>6.0f} TFLOP/s  {:.2f} of cuBLAS hi + lo\n",
-               mma_sync_s * 1e6, tflops(mma_sync_s), cublas_split_s / mma_sync_s);
-    if (!o.fp8) {
+    if (large) {
+      fmt::print("  grouped GEMMs, mma.sync, hi + lo   {:>8.0f} us {:>6.0f} TFLOP/s  {:.2f} of cuBLAS hi + lo\n",
+                 mma_sync_s * 1e6, tflops(mma_sync_s), cublas_split_s / mma_sync_s);
       fmt::print("  grouped GEMMs, unpaired blocks     {:>8.0f} us {:>6.0f} TFLOP/s  {:.2f} of cuBLAS hi + lo\n",
                  unpaired_s * 1e6, tflops(unpaired_s), cublas_split_s / unpaired_s);
+    }
+    if (large && !o.fp8) {
       fmt::print("  grouped GEMMs, bf16 activations    {:>8.0f} us {:>6.0f} TFLOP/s  {:.2f} of cuBLAS bf16\n", bf16_s * 1e6,
                  tflops(bf16_s), cublas_s / bf16_s);
     }

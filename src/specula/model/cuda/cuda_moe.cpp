@@ -242,7 +242,10 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   auto* block_expert = ws.get(kMoeBlockExpert, DType::i32, sh.rows, dev).data_as<int32_t>();
   auto* slot = ws.get(kMoeSlot, DType::i32, sh.pairs, dev).data_as<int32_t>();
   auto* num_blocks = ws.get(kMoeBlocks, DType::i32, 1, dev).data_as<int32_t>();
-  // Rows in block-list order for warpgroup MMA (moe_gather_split), else the tokens' rows.
+  // Rows in block-list order for warpgroup MMA (moe_gather_split), else the tokens' rows. The
+  // block-list layout holds a row per (token, expert) pair and the blocks' padding: as large as
+  // y's rows (in bf16 hi + lo, the same bytes as y's f32), where the tokens' rows are top_k +
+  // shared times fewer (DeepSeek-V2-Lite at 4096 tokens: 302 MB against 34 MB).
   const bool rows_in_blocks = in_block_order(sh);
   const int64_t x_rows = rows_in_blocks ? sh.rows : n;
   auto* x_hi = static_cast<uint16_t*>(ws.get(kMoeX, DType::bf16, 2 * x_rows * h, dev).data());

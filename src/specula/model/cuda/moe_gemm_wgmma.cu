@@ -9,7 +9,7 @@
 //   never reads into the next expert and columns past n land as zeros) and the rows' hi and lo
 //   tiles [128 x 64] (rows in block-list order: the gate|up rows gathered by moe_gather_split,
 //   the down rows as gate|up wrote them). A stage's `full` barrier counts its bytes; its `empty`
-//   barrier one arrival per consumer warp. fp8 weights come through the whole producer
+//   barrier one arrival per consumer warp (of both blocks, paired). fp8 weights come through the whole producer
 //   warpgroup instead, which turns each k tile's codes into the bf16 tile (kFp8 below).
 // - two consumer warpgroups of 64 rows each hold their 64 x 256 f32 accumulators in registers;
 //   per k tile they issue 4 k16 steps of m64n256k16 products over the hi and the lo term (the
@@ -53,8 +53,12 @@ template <bool kFp8>
 constexpr int kProducerRegisters = kFp8 ? 120 : 40;
 template <bool kFp8>
 constexpr int kConsumerRegisters = kFp8 ? 192 : 232;
-static_assert(kProducerThreads * kProducerRegisters<true> + kConsumerThreads * kConsumerRegisters<true> <= 65536);
-static_assert(kProducerThreads * kProducerRegisters<false> + kConsumerThreads * kConsumerRegisters<false> <= 65536);
+// What the block is given: 65536 / kThreads per thread, rounded down to a multiple of 8 (168).
+constexpr int kBlockRegisters = kThreads * (65536 / kThreads / 8 * 8);
+static_assert(kProducerThreads * kProducerRegisters<true> + kConsumerThreads * kConsumerRegisters<true> <=
+              kBlockRegisters);
+static_assert(kProducerThreads * kProducerRegisters<false> + kConsumerThreads * kConsumerRegisters<false> <=
+              kBlockRegisters);
 // fp8 weights: each producer thread turns 8 runs of 16 codes of a [256 x 64] k tile into bf16.
 constexpr int kFp8Runs = kBn * kBk / 16 / kProducerThreads;
 constexpr int kATileBytes = kBm * kBk * 2;
@@ -175,8 +179,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           load_b(kt);
           load_a(kt);
         }
-      } else {
-        pdl_trigger();
       }
     } else {
       const int pt = tid - kConsumerThreads;
@@ -209,7 +211,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     setmaxnreg_inc<kConsumerRegisters<kFp8>>();
-    pdl_trigger();
+    // The consumers neither wait for the previous kernel nor signal the next one (the producer
+    // does both, in that order, as cuda_pdl.cuh requires): their outputs are written after the
+    // first k tile's rows arrived, which the producer loads only after its wait.
     const int wg = tid / 128, warp = (tid / 32) % 4, lane = tid & 31;
     float acc[kBn / 8][4];
 #pragma unroll
@@ -368,14 +372,15 @@ void launch_paired(const MoeGemmParams& p, cudaStream_t s) {
 }  // namespace
 
 void moe_gemm_wgmma(const MoeGemmParams& p, cudaStream_t s) {
-  SPECULA_CHECK(p.experts > 0 && !p.gather && p.a_rows > 0 && p.k % 8 == 0 && (!p.gate_up || p.n % 64 == 0),
-                "moe_gemm_wgmma: weights of {} experts [{}, {}] over {} rows in block-list order (k a multiple of 8, "
-                "gate|up rows of 64)",
-                p.experts, p.n, p.k, p.a_rows);
+  SPECULA_CHECK(p.experts > 0 && !p.gather && p.a_rows > 0 && p.n > 0 && p.k > 0 && p.k % 8 == 0 &&
+                    (!p.gate_up || p.n % 64 == 0),
+                "moe_gemm_wgmma: weights of {} experts [n {}, k {}] (k a positive multiple of 8; gate|up {}: n a "
+                "multiple of 64) over {} rows in block-list order (gather {})",
+                p.experts, p.n, p.k, p.gate_up, p.a_rows, p.gather);
   SPECULA_CHECK(p.w_scale == nullptr || (p.k % 16 == 0 && p.scale_k > 0 && p.scale_k % 16 == 0),
                 "moe_gemm_wgmma: fp8 weights need k ({}) and the scale run ({}) in multiples of 16", p.k, p.scale_k);
-  SPECULA_CHECK(p.max_blocks <= 65535, "moe_gemm: {} row blocks (at most 65535)", p.max_blocks);
-  CUDA_CHECK(cudaGetLastError());
+  SPECULA_CHECK(p.max_blocks > 0 && p.max_blocks <= 65535, "moe_gemm_wgmma: {} row blocks (1 to 65535)",
+                p.max_blocks);
   const bool fp8 = p.w_scale != nullptr;
   if (p.a_lo != nullptr) {
     fp8 ? launch_paired<true, true>(p, s) : launch_paired<true, false>(p, s);
