@@ -13,7 +13,6 @@
 // padding rows (pair -1) read zeros. Shared rows are padded by 8 bf16 (16 bytes), which keeps
 // ldmatrix free of bank conflicts for both tile widths.
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/core/cuda_check.h"
