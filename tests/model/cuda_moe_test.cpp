@@ -228,6 +228,26 @@ struct LayerCase {
   std::vector<int64_t> tokens;
 };
 
+// A layer's router, bias, routed and shared experts drawn at random (bf16 values).
+MoeWeights random_layer(std::mt19937& rng, const MoeConfig& m, int h) {
+  const int E = m.n_routed_experts;
+  MoeWeights w;
+  w.layer = true;
+  w.router = normal(rng, static_cast<size_t>(E) * h, 0.3f, true);
+  if (m.topk_method == MoeConfig::TopK::kNoAuxTc) w.correction_bias = normal(rng, static_cast<size_t>(E), 0.05f, false);
+  auto expert = [&](int inter, float scale) {
+    ExpertWeights e;
+    e.inter = inter;
+    e.w_gate = normal(rng, static_cast<size_t>(inter) * h, scale, true);
+    e.w_up = normal(rng, static_cast<size_t>(inter) * h, scale, true);
+    e.w_down = normal(rng, static_cast<size_t>(h) * inter, scale, true);
+    return e;
+  };
+  for (int e = 0; e < E; ++e) w.experts.push_back(expert(m.moe_intermediate_size, 0.15f));
+  if (m.n_shared_experts > 0) w.shared = expert(m.n_shared_experts * m.moe_intermediate_size, 0.1f);
+  return w;
+}
+
 class CudaMoeLayer : public ::testing::TestWithParam<LayerCase> {};
 
 // The large tile's expert outputs (every row of the block list, padding included) from warpgroup
@@ -296,20 +316,7 @@ TEST_P(CudaMoeLayer, MatchesTheCpuLayer) {
   std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("cuda_model_test")) ^ 0x5eed);
   const MoeConfig m = moe_config(c.routing, c.inter);
   const int h = c.hidden, E = m.n_routed_experts;
-  MoeWeights w;
-  w.layer = true;
-  w.router = normal(rng, static_cast<size_t>(E) * h, 0.3f, true);
-  if (m.topk_method == MoeConfig::TopK::kNoAuxTc) w.correction_bias = normal(rng, static_cast<size_t>(E), 0.05f, false);
-  auto expert = [&](int inter, float scale) {
-    ExpertWeights e;
-    e.inter = inter;
-    e.w_gate = normal(rng, static_cast<size_t>(inter) * h, scale, true);
-    e.w_up = normal(rng, static_cast<size_t>(inter) * h, scale, true);
-    e.w_down = normal(rng, static_cast<size_t>(h) * inter, scale, true);
-    return e;
-  };
-  for (int e = 0; e < E; ++e) w.experts.push_back(expert(c.inter, 0.15f));
-  if (m.n_shared_experts > 0) w.shared = expert(m.n_shared_experts * c.inter, 0.1f);
+  const MoeWeights w = random_layer(rng, m, h);
   const Device dev = Device::cuda(0);
   const CudaMoe moe(m, w, nullptr, "", h, dev);
   cudaStream_t stream = nullptr;
@@ -387,6 +394,55 @@ void PrintTo(const LayerCase& c, std::ostream* os) { *os << c.routing.name << "_
 INSTANTIATE_TEST_SUITE_P(All, CudaMoeLayer, ::testing::ValuesIn(layer_cases()), [](const auto& info) {
   return info.param.routing.name + "_h" + std::to_string(info.param.hidden) + "_i" + std::to_string(info.param.inter);
 });
+
+// Decode's launches (routing and alignment in one kernel, the combine at the end of the down
+// product, the small tile) give a token the bits it gets inside a prefill-sized batch (separate
+// routing, alignment and combine, the medium or large tile): each row's arithmetic is the same
+// whatever shares its step. The router's product is the GEMV at every row count (deterministic
+// mode), as it is batch invariant itself.
+TEST_P(CudaMoeLayer, DecodeRowsEqualTheirRowsInALargerBatch) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const LayerCase& c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("cuda_model_test")) ^ 0xdec0de);
+  const MoeConfig m = moe_config(c.routing, c.inter);
+  const int h = c.hidden;
+  const CudaMoe moe(m, random_layer(rng, m, h), nullptr, "", h, Device::cuda(0));
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  CudaLinear linear(Device::cuda(0), stream, true);
+  CudaLayerScratch scratch;
+  const CudaStepLinear step{linear, scratch, Device::cuda(0)};
+  auto forward = [&](const std::vector<float>& x, int64_t n) {
+    const Buffer d_x = upload_f32(std::vector<float>(x.begin(), x.begin() + n * h), Device::cuda(0));
+    Buffer d_out(DType::f32, {n * h}, Device::cuda(0));
+    moe.forward(d_x.data_as<const float>(), d_out.data_as<float>(), n, step, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> out(static_cast<size_t>(n * h));
+    copy(TensorView(out.data(), DType::f32, {n * h}), d_out);
+    return out;
+  };
+  // A batch on the large tile (warpgroup MMA), and one of 300 tokens (the medium tile here).
+  const int64_t per_token = m.num_experts_per_tok + m.n_shared_experts,
+                stacked = m.n_routed_experts + m.n_shared_experts;
+  const int64_t large = (97 * stacked + per_token - 1) / per_token;
+  ASSERT_EQ(cuda_kernels::moe_pick_tile(large * per_token, static_cast<int>(stacked)), cuda_kernels::MoeTile::kLarge);
+  const std::vector<float> x = normal(rng, static_cast<size_t>(large * h), 1.0f, false);
+  const std::vector<float> all = forward(x, large);
+  double scale = 0;
+  for (float v : all) scale = std::max(scale, std::fabs(double{v}));
+  EXPECT_GT(scale, 0.05);
+  // 16 twice: the fused combine's counters must be back at zero for the next launch.
+  for (int64_t n : {int64_t{300}, int64_t{1}, int64_t{3}, int64_t{16}, int64_t{16}, int64_t{17}, int64_t{64}}) {
+    SCOPED_TRACE(::testing::Message() << c.routing.name << " tokens=" << n);
+    const std::vector<float> got = forward(x, n);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(all[i]))
+          << "token " << i / static_cast<size_t>(h) << " column " << i % static_cast<size_t>(h) << ": " << got[i]
+          << " against " << all[i] << " (in " << large << " tokens)";
+    }
+  }
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
 
 // Tensors held in memory under checkpoint names.
 class MapSource final : public WeightSource {

@@ -4,12 +4,14 @@
 // not glibc's; after the rounding to f32 that can only split an exact tie differently.
 #include <cub/block/block_scan.cuh>
 
+#include <algorithm>
 #include <cmath>
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
 #include "specula/core/cuda_smem.h"
 #include "specula/core/error.h"
+#include "specula/model/cuda/moe_combine.cuh"
 #include "specula/model/cuda/moe_kernels.h"
 
 namespace specula::cuda_kernels {
@@ -54,16 +56,14 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// One warp per token. Shared memory: per warp, scores and choices [experts] and group values.
-__global__ void route_kernel(MoeRouteParams p) {
-  extern __shared__ float route_smem[];
-  pdl_wait();
-  pdl_trigger();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  if (t >= p.n) return;
+// Shared memory of one routing warp: scores and choices [experts] and group values.
+__host__ __device__ constexpr int route_warp_floats(int experts) { return 2 * experts + kMaxRouteGroups; }
+
+// Token t's routing by one warp; `score` is the warp's route_warp_floats(experts) of shared memory.
+__device__ void route_token(const MoeRouteParams& p, int64_t t, float* score, int lane) {
+  // A warp that routes several tokens reuses its shared memory: the last token's reads first.
+  __syncwarp();
   const int E = p.experts;
-  float* score = route_smem + warp * (2 * E + kMaxRouteGroups);
   float* choice = score + E;
   float* group = choice + E;
   const float* logits = p.logits + t * E;
@@ -114,10 +114,13 @@ __global__ void route_kernel(MoeRouteParams p) {
     }
     __syncwarp();
   }
-  // Lane l holds experts l, l + 32, ...: bit i of `taken` is expert l + 32 i.
+  // Lane l holds experts l, l + 32, ...: bit i of `taken` is expert l + 32 i. Lane r keeps the
+  // r-th pick (top_k <= kMaxMoeTokenExperts = 32), so the weights need no read-back of the ids.
   const int stride = p.top_k + p.shared;
   uint32_t taken = 0;
   double sum = 0;
+  int pick = -1;
+  float pick_score = 0.0f;
   for (int r = 0; r < p.top_k; ++r) {
     Best b{0.0f, -1};
     for (int e = lane, i = 0; e < E; e += 32, ++i) {
@@ -126,16 +129,19 @@ __global__ void route_kernel(MoeRouteParams p) {
     }
     b = warp_best(b);
     if (b.idx % 32 == lane) taken |= 1u << (b.idx / 32);
-    sum += score[b.idx];
-    if (lane == 0) p.ids[t * stride + r] = b.idx;
-  }
-  if (lane == 0) {
-    for (int r = 0; r < p.top_k; ++r) {
-      double w = score[p.ids[t * stride + r]];
-      if (p.normalise) w /= sum + 1e-20;
-      if (!p.normalise || p.scale) w *= p.scaling_factor;
-      p.weights[t * stride + r] = static_cast<float>(w);
+    const float s = score[b.idx];
+    sum += s;
+    if (lane == r) {
+      pick = b.idx;
+      pick_score = s;
     }
+  }
+  if (lane < p.top_k) {
+    double w = pick_score;
+    if (p.normalise) w /= sum + 1e-20;
+    if (!p.normalise || p.scale) w *= p.scaling_factor;
+    p.ids[t * stride + lane] = pick;
+    p.weights[t * stride + lane] = static_cast<float>(w);
   }
   for (int j = lane; j < p.shared; j += 32) {
     p.ids[t * stride + p.top_k + j] = E + j;
@@ -143,15 +149,25 @@ __global__ void route_kernel(MoeRouteParams p) {
   }
 }
 
+// One warp per token.
+__global__ void route_kernel(MoeRouteParams p) {
+  extern __shared__ float route_smem[];
+  pdl_wait();
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= p.n) return;
+  route_token(p, t, route_smem + warp * route_warp_floats(p.experts), lane);
+}
+
 constexpr int kAlignThreads = 1024;
 
-__global__ void __launch_bounds__(kAlignThreads) align_kernel(MoeAlignParams p) {
+// The block list of moe_align by one block of kAlignThreads threads.
+__device__ void align_pairs(const MoeAlignParams& p) {
   using Scan = cub::BlockScan<int, kAlignThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int counts[kMaxRouteExperts], first_block[kMaxRouteExperts], cursor[kMaxRouteExperts];
   __shared__ int total;
-  pdl_wait();
-  pdl_trigger();
   const int tid = threadIdx.x, E = p.experts;
   for (int e = tid; e < E; e += kAlignThreads) counts[e] = cursor[e] = 0;
   __syncthreads();
@@ -180,43 +196,68 @@ __global__ void __launch_bounds__(kAlignThreads) align_kernel(MoeAlignParams p) 
   }
 }
 
-__global__ void combine_kernel(MoeCombineParams p) {
+__global__ void __launch_bounds__(kAlignThreads) align_kernel(MoeAlignParams p) {
+  pdl_wait();
+  pdl_trigger();
+  align_pairs(p);
+}
+
+// moe_route and moe_align in one block for a few tokens (decode): route_warps warps route the
+// tokens in turn; after the barrier their picks are visible to the whole block, which aligns them.
+__global__ void __launch_bounds__(kAlignThreads) route_align_kernel(MoeRouteParams r, MoeAlignParams a, int route_warps) {
+  extern __shared__ float route_smem[];
+  pdl_wait();
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp < route_warps) {
+    for (int64_t t = warp; t < r.n; t += route_warps) {
+      route_token(r, t, route_smem + warp * route_warp_floats(r.experts), lane);
+    }
+  }
+  __syncthreads();
+  align_pairs(a);
+}
+
+// Block (t, y): token t's columns [256 y, 256 y + 256).
+constexpr int kCombineThreads = 256;
+
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(MoeCombineParams p) {
   __shared__ int order[kMaxMoeTokenExperts];
   pdl_wait();
   pdl_trigger();
   const int64_t t = blockIdx.x;
-  if (threadIdx.x == 0) {
-    // The token's experts by index, as the CPU adds its routed ones.
-    for (int j = 0; j < p.top_k; ++j) order[j] = j;
-    for (int a = 1; a < p.top_k; ++a) {
-      for (int b = a; b > 0 && p.ids[t * p.top_k + order[b]] < p.ids[t * p.top_k + order[b - 1]]; --b) {
-        const int tmp = order[b];
-        order[b] = order[b - 1];
-        order[b - 1] = tmp;
-      }
-    }
-  }
+  moe_combine_order(p, t, order, threadIdx.x);
   __syncthreads();
-  for (int c = threadIdx.x; c < p.hidden; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j < p.top_k; ++j) {
-      const int64_t pair = t * p.top_k + order[j];
-      acc = __fadd_rn(acc, __fmul_rn(p.weights[pair], p.y[static_cast<int64_t>(p.slot[pair]) * p.hidden + c]));
-    }
-    p.out[t * p.hidden + c] = acc;
-  }
+  const int c = blockIdx.y * kCombineThreads + threadIdx.x;
+  if (c < p.hidden) p.out[t * p.hidden + c] = moe_combine_column(p, t, c, order);
 }
 
 }  // namespace
 
-void moe_route(const MoeRouteParams& p, cudaStream_t s) {
-  if (p.n == 0) return;
+namespace {
+
+void check_route(const MoeRouteParams& p) {
+  SPECULA_CHECK(p.top_k + p.shared <= kMaxMoeTokenExperts,
+                "moe_route on the GPU: top {} and {} shared experts per token (at most {} in all)", p.top_k, p.shared,
+                kMaxMoeTokenExperts);
   SPECULA_CHECK(p.experts >= 1 && p.experts + p.shared <= kMaxRouteExperts && p.shared >= 0 && p.groups >= 1 &&
                     p.groups <= kMaxRouteGroups &&
                     p.experts % p.groups == 0 && p.top_k >= 1 && p.top_k <= p.experts && p.top_groups >= 1 &&
                     p.top_groups <= p.groups,
                 "moe_route on the GPU: {} experts in {} groups keeping {}, top {}: supported are up to {} experts and {} groups",
                 p.experts, p.groups, p.top_groups, p.top_k, kMaxRouteExperts, kMaxRouteGroups);
+}
+
+void check_align(const MoeAlignParams& p) {
+  SPECULA_CHECK(p.experts >= 1 && p.experts <= kMaxRouteExperts && p.block_m >= 1, "moe_align: {} experts (at most {})",
+                p.experts, kMaxRouteExperts);
+}
+
+}  // namespace
+
+void moe_route(const MoeRouteParams& p, cudaStream_t s) {
+  if (p.n == 0) return;
+  check_route(p);
   const auto blocks = static_cast<unsigned>((p.n + kRouteWarps - 1) / kRouteWarps);
   const size_t smem = sizeof(float) * kRouteWarps * (2 * p.experts + kMaxRouteGroups);
   raise_dynamic_smem(route_kernel, sizeof(float) * kRouteWarps * (2 * kMaxRouteExperts + kMaxRouteGroups));
@@ -225,16 +266,31 @@ void moe_route(const MoeRouteParams& p, cudaStream_t s) {
 }
 
 void moe_align(const MoeAlignParams& p, cudaStream_t s) {
-  SPECULA_CHECK(p.experts >= 1 && p.experts <= kMaxRouteExperts && p.block_m >= 1, "moe_align: {} experts (at most {})",
-                p.experts, kMaxRouteExperts);
+  check_align(p);
   launch_pdl(align_kernel, 1, kAlignThreads, 0, s, p);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_route_align(const MoeRouteParams& r, const MoeAlignParams& a, cudaStream_t s) {
+  SPECULA_CHECK(r.n >= 1 && r.n <= kMoeRouteAlignTokens && a.pairs == r.n * (r.top_k + r.shared),
+                "moe_route_align: {} tokens, {} pairs (1 to {} tokens, top_k + shared pairs each)", r.n, a.pairs,
+                kMoeRouteAlignTokens);
+  check_route(r);
+  check_align(a);
+  // As many routing warps as fit 96 KB of shared memory (all 32 up to 364 experts).
+  const int per_warp = static_cast<int>(sizeof(float)) * route_warp_floats(r.experts);
+  const int warps = std::min(kAlignThreads / 32, (96 << 10) / per_warp);
+  const size_t smem = static_cast<size_t>(per_warp) * warps;
+  raise_dynamic_smem(route_align_kernel, 96 << 10);
+  launch_pdl(route_align_kernel, 1, kAlignThreads, smem, s, r, a, warps);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void moe_combine(const MoeCombineParams& p, cudaStream_t s) {
   if (p.n == 0) return;
   SPECULA_CHECK(p.top_k >= 1 && p.top_k <= kMaxMoeTokenExperts, "moe_combine: top {} (at most {})", p.top_k, kMaxMoeTokenExperts);
-  launch_pdl(combine_kernel, static_cast<unsigned>(p.n), 256, 0, s, p);
+  const dim3 grid(static_cast<unsigned>(p.n), static_cast<unsigned>((p.hidden + kCombineThreads - 1) / kCombineThreads));
+  launch_pdl(combine_kernel, grid, kCombineThreads, 0, s, p);
   CUDA_CHECK(cudaGetLastError());
 }
 
