@@ -67,9 +67,10 @@ size_t DeepseekCudaModel::layer_bytes() const {
   return bytes;
 }
 
-size_t DeepseekCudaModel::moe_unread_bytes() const {
+size_t DeepseekCudaModel::decode_unread_bytes() const {
   size_t bytes = 0;
-  for (const Layer& l : layers_) bytes += l.moe != nullptr ? l.moe->unread_bytes() : 0;
+  // Decode's absorbed products read kv_b_proj's f32 copy; the bf16 one serves the expanded form.
+  for (const Layer& l : layers_) bytes += (l.moe != nullptr ? l.moe->unread_bytes() : 0) + l.wkv_b_bf16.nbytes();
   return bytes;
 }
 

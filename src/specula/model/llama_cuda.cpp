@@ -54,7 +54,7 @@ size_t LlamaCudaModel::layer_bytes() const {
   return bytes;
 }
 
-size_t LlamaCudaModel::moe_unread_bytes() const {
+size_t LlamaCudaModel::decode_unread_bytes() const {
   size_t bytes = 0;
   for (const CudaDecoderLayer& l : layers_) bytes += l.moe_unread_bytes();
   return bytes;

@@ -49,7 +49,7 @@ class LlamaCudaModel final : public CudaDecoderExecutor {
   void upload_model_step(Workspace& ws, const ForwardBatch& batch) override;
   void run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) override;
   size_t layer_bytes() const override;
-  size_t moe_unread_bytes() const override;
+  size_t decode_unread_bytes() const override;
   void init_metadata(const ForwardBatch& batch) override { backend_->init_forward_metadata(batch); }
   void init_capture_metadata(const ForwardBatch& batch) override {
     backend_->init_forward_metadata_capture_cuda_graph(batch);

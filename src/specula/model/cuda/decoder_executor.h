@@ -35,7 +35,7 @@ class CudaDecoderExecutor : public Model {
 
   const ModelConfig& config() const override { return host_.config(); }
   size_t weight_bytes() const override { return ends_->bytes() + layer_bytes(); }
-  size_t decode_weight_bytes() const override { return weight_bytes() - moe_unread_bytes(); }
+  size_t decode_weight_bytes() const override { return weight_bytes() - decode_unread_bytes(); }
   void* cuda_stream() const override { return stream_; }
   bool on_gpu() const override { return true; }
   std::vector<int> graph_batch_sizes() const override { return graphs_.batch_sizes(); }
@@ -64,8 +64,9 @@ class CudaDecoderExecutor : public Model {
   // step, a graph capture and a graph replay.
   virtual void run_layers(const ForwardBatch& batch, Workspace& ws, int64_t n, HiddenCapture* capture) = 0;
   virtual size_t layer_bytes() const = 0;
-  // Of which a single-token decode step does not read (experts it does not pick).
-  virtual size_t moe_unread_bytes() const { return 0; }
+  // Of which a single-token decode step does not read (experts it does not pick, copies of a
+  // weight that only other steps use).
+  virtual size_t decode_unread_bytes() const { return 0; }
   virtual void init_metadata(const ForwardBatch& batch) = 0;
   virtual void init_capture_metadata(const ForwardBatch& batch) = 0;
   virtual void init_replay_metadata(const ForwardBatch& batch) = 0;
