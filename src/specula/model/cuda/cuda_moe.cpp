@@ -251,11 +251,6 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   auto* x_hi = static_cast<uint16_t*>(ws.get(kMoeX, DType::bf16, 2 * x_rows * h, dev).data());
   ws.get(kMoeAct, DType::bf16, 2 * sh.rows * inter_padded_, dev);
   float* y = ws.get(kMoeY, DType::f32, sh.rows * h, dev).data_as<float>();
-  // The fused combine's counters start at zero and every launch leaves them so.
-  Buffer& done = ws.ws.slots[kMoeDone];
-  const void* held = done.data();
-  ws.get(kMoeDone, DType::i32, (h + ck::kMoeSmallTileColumns - 1) / ck::kMoeSmallTileColumns, dev);
-  if (done.data() != held) CUDA_CHECK(cudaMemsetAsync(done.data(), 0, done.nbytes(), s));
   if (n == 0) return;
 
   linear(xn, router_, Buffer{}, logits, n, h, E);
@@ -275,6 +270,7 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   r.shared = shared_;
   r.ids = ids;
   r.weights = weights;
+  ck::moe_route(r, s);
 
   ck::MoeAlignParams a;
   a.ids = ids;
@@ -285,12 +281,7 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   a.block_expert = block_expert;
   a.slot = slot;
   a.num_blocks = num_blocks;
-  if (n <= ck::kMoeRouteAlignTokens) {
-    ck::moe_route_align(r, a, s);
-  } else {
-    ck::moe_route(r, s);
-    ck::moe_align(a, s);
-  }
+  ck::moe_align(a, s);
 
   if (rows_in_blocks) {
     ck::MoeGatherParams gp;
@@ -307,6 +298,8 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   } else {
     ck::split_bf16(xn, x_hi, x_hi + n * h, n * h, s);
   }
+  grouped_gemms(n, ws, s);
+
   ck::MoeCombineParams c;
   c.y = y;
   c.slot = slot;
@@ -316,16 +309,10 @@ void CudaMoe::forward(const float* xn, float* out, int64_t n, const CudaStepLine
   c.n = n;
   c.hidden = h;
   c.top_k = sh.per_token;
-  if (sh.tile == ck::MoeTile::kSmall && n <= ck::kMoeFusedCombineTokens) {
-    grouped_gemms(n, ws, s, GemmVariant::automatic, &c);
-    return;
-  }
-  grouped_gemms(n, ws, s);
   ck::moe_combine(c, s);
 }
 
-void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t s, GemmVariant variant,
-                            const ck::MoeCombineParams* combine) const {
+void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t s, GemmVariant variant) const {
   const StepShape sh = step_shape(n);
   const int h = hidden_;
   auto slot = [&](CudaLayerSlot i) { return ws.ws.slots[i].data(); };
@@ -371,10 +358,6 @@ void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t 
   if (fp8_) d.w_scale = scale_down_.data_as<const float>();
   d.act_hi = d.act_lo = nullptr;
   d.out = static_cast<float*>(slot(kMoeY));
-  if (combine != nullptr) {
-    d.combine = *combine;
-    d.tile_done = static_cast<int32_t*>(slot(kMoeDone));
-  }
   ck::moe_gemm(d, sh.tile, s);
 }
 

@@ -55,10 +55,8 @@ class CudaMoe {
   enum class GemmVariant { automatic, mma_sync, bf16_activations, unpaired };
   // The two grouped GEMMs of the forward of n tokens that last ran over `scratch`, again over the
   // routing and activations it left there (forward's middle; bench moe times it alone).
-  // combine: the down product ends in it (the small tile, at most kMoeFusedCombineTokens tokens).
   void grouped_gemms(int64_t n, const CudaLayerScratch& scratch, cudaStream_t s,
-                     GemmVariant variant = GemmVariant::automatic,
-                     const cuda_kernels::MoeCombineParams* combine = nullptr) const;
+                     GemmVariant variant = GemmVariant::automatic) const;
 
  private:
   // The sizes of a step of n tokens: rows per token, stacked experts, (token, expert) pairs, the

@@ -29,7 +29,7 @@ enum CudaLayerSlot : size_t { kLayerQkv, kLayerQ, kLayerK, kLayerV, kLayerAttnBf
                               kLayerGateUp, kLayerAct, kLayerSplit, kLayerHalves,
                               // A mixture-of-experts layer's (CudaMoe).
                               kMoeLogits, kMoeIds, kMoeWeights, kMoeSorted, kMoeBlockExpert, kMoeSlot, kMoeBlocks,
-                              kMoeX, kMoeAct, kMoeY, kMoeDone, kNumLayerSlots };
+                              kMoeX, kMoeAct, kMoeY, kNumLayerSlots };
 
 struct CudaLayerScratch {
   CudaWorkspace<kNumLayerSlots> ws;

@@ -14,8 +14,6 @@
 // ldmatrix free of bank conflicts for both tile widths.
 #include <cuda_bf16.h>
 
-#include <type_traits>
-
 #include "specula/attention/cuda/kernels/mma.cuh"
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
@@ -23,7 +21,6 @@
 #include "specula/core/error.h"
 #include "specula/model/cuda/activation.cuh"
 #include "specula/model/cuda/fp8_operand.cuh"
-#include "specula/model/cuda/moe_combine.cuh"
 #include "specula/model/cuda/moe_kernels.h"
 
 namespace specula::cuda_kernels {
@@ -49,7 +46,7 @@ struct Tile {
 
 // Decode: 4 stages of 64-deep k tiles keep 32 KB of weights in flight per block. Prefill: 3
 // stages, so that two blocks (16 warps) share a multiprocessor.
-using SmallTile = Tile<16, kMoeSmallTileColumns, 64, 1, 4, 4, 2>;
+using SmallTile = Tile<16, 64, 64, 1, 4, 4, 2>;
 using MediumTile = Tile<64, 128, 32, 2, 4, 3, 2>;
 // (H200, DeepSeek-V2-Lite and Qwen3-30B-A3B at 4096 tokens: 128 x 256 tiles with 64 x 64 warp
 // tiles, and 64-deep k tiles at one block per SM, took 12-16% longer than this one.)
@@ -65,33 +62,6 @@ using LargeFp8Tile = Tile<128, 128, 64, 2, 4, 3, 1>;
 __device__ __forceinline__ void cp_async_4(void* smem_dst, const void* global_src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(smem_dst)), "l"(global_src),
                "r"(valid ? 4 : 0));
-}
-
-// The fused combine (MoeGemmParams::combine) at the end of a down product's block: its rows are
-// out; the block that finishes its column tile last (threadFenceReduction's counting) sums the
-// tile's columns of every token. The counter goes back to zero for the next launch.
-template <class T>
-__device__ void combine_tail(const MoeGemmParams& p) {
-  __shared__ int last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(p.tile_done + blockIdx.x, 1) == *p.num_blocks - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const MoeCombineParams& c = p.combine;
-  // The pipeline's shared memory is free (every cp.async group has landed and been read).
-  extern __shared__ __align__(16) unsigned char smem[];
-  auto* order = reinterpret_cast<int*>(smem);
-  for (int64_t t = 0; t < c.n; ++t) moe_combine_order(c, t, order + t * c.top_k, threadIdx.x);
-  __syncthreads();
-  const int n0 = blockIdx.x * T::bn;
-  for (int64_t i = threadIdx.x; i < c.n * T::bn; i += T::threads) {
-    const int64_t t = i / T::bn;
-    const int col = n0 + static_cast<int>(i % T::bn);
-    if (col < c.hidden) c.out[t * c.hidden + col] = moe_combine_column(c, t, col, order + t * c.top_k);
-  }
-  if (threadIdx.x == 0) p.tile_done[blockIdx.x] = 0;
 }
 
 // kFp8: B tiles hold e4m3 codes (rows of bk bytes + 16 of padding) and, after them, each row's
@@ -253,7 +223,6 @@ __global__ void __launch_bounds__(T::threads, kFp8 ? 1 : T::min_blocks) moe_gemm
         *reinterpret_cast<float2*>(p.out + (row0 + r + 8) * p.n + col) = make_float2(acc[m][n][2], acc[m][n][3]);
       }
     }
-    if (p.combine.out != nullptr) combine_tail<T>(p);
     return;
   }
   // gate|up: the tile through shared memory, so that each gate column meets its up column
@@ -291,12 +260,6 @@ __global__ void __launch_bounds__(T::threads, kFp8 ? 1 : T::min_blocks) moe_gemm
 
 template <class T, bool kFp8>
 void launch_as(const MoeGemmParams& p, cudaStream_t s) {
-  SPECULA_CHECK(p.combine.out == nullptr ||
-                    (std::is_same_v<T, SmallTile> && !p.gate_up && p.tile_done != nullptr && p.combine.y == p.out &&
-                     p.combine.hidden == p.n && p.combine.n <= kMoeFusedCombineTokens &&
-                     p.combine.n * p.combine.top_k * sizeof(int) <= T::smem_bytes),
-                "moe_gemm: the combine ends only the small tile's down product, for at most {} tokens ({} given)",
-                kMoeFusedCombineTokens, p.combine.n);
   raise_dynamic_smem(moe_gemm_kernel<T, kFp8>, T::smem_bytes);
   SPECULA_CHECK(p.max_blocks <= 65535, "moe_gemm: {} row blocks (at most 65535)", p.max_blocks);
   const dim3 grid(static_cast<unsigned>((p.n + T::bn - 1) / T::bn), static_cast<unsigned>(p.max_blocks));

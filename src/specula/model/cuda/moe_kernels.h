@@ -23,19 +23,6 @@
 
 namespace specula::cuda_kernels {
 
-// At most this many experts per token (top-k and shared) in moe_combine.
-constexpr int kMaxMoeTokenExperts = 32;
-
-struct MoeCombineParams {
-  const float* y = nullptr;       // [rows, hidden] the experts' outputs by row
-  const int32_t* slot = nullptr;  // [n * top_k]
-  const int32_t* ids = nullptr;   // [n * top_k] (the sum runs over a token's experts by index)
-  const float* weights = nullptr;  // [n * top_k]
-  float* out = nullptr;           // [n, hidden]
-  int64_t n = 0;
-  int hidden = 0, top_k = 0;
-};
-
 struct MoeRouteParams {
   const float* logits = nullptr;  // [n, experts] f32
   const float* bias = nullptr;    // [experts] (noaux_tc's e_score_correction_bias) or null
@@ -71,11 +58,6 @@ struct MoeAlignParams {
   int32_t* num_blocks = nullptr;    // [1]: blocks in use
 };
 void moe_align(const MoeAlignParams& p, cudaStream_t s);
-// moe_route then moe_align in one launch, for at most kMoeRouteAlignTokens tokens (decode: one
-// block routes them and aligns the pairs, where two launches would each be a few microseconds of
-// a dependent chain). The same picks, weights and block list as the two launches.
-constexpr int64_t kMoeRouteAlignTokens = 64;
-void moe_route_align(const MoeRouteParams& r, const MoeAlignParams& a, cudaStream_t s);
 
 // Tile shapes of moe_gemm: small blocks for decode (few rows per expert: what matters is
 // reading each selected expert's weights once, at full bandwidth) and large ones for prefill.
@@ -117,15 +99,7 @@ struct MoeGemmParams {
   void* act_hi = nullptr;
   void* act_lo = nullptr;
   float* out = nullptr;
-  // The small tile's down product may end in moe_combine (combine.out set, combine.y == out, at
-  // most kMoeFusedCombineTokens tokens): the last block to finish a column tile sums that tile's
-  // columns for every token, in moe_combine's order (the same bits, one launch fewer).
-  // tile_done: one counter per column tile, zero before the launch and left zero after it.
-  MoeCombineParams combine;
-  int32_t* tile_done = nullptr;
 };
-constexpr int64_t kMoeFusedCombineTokens = 16;
-constexpr int kMoeSmallTileColumns = 64;  // column tiles of the small tile (tile_done's count)
 void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s);
 // The large tile on Hopper's warpgroup MMA, bf16 or fp8 weights (moe_gemm takes it there unless
 // mma_sync or gather): 128 rows (the large tile's) by 256 columns, rows read in block-list order
@@ -147,6 +121,18 @@ struct MoeGatherParams {
 };
 void moe_gather_split(const MoeGatherParams& p, cudaStream_t s);
 
+// At most this many experts per token (top-k and shared) in moe_combine.
+constexpr int kMaxMoeTokenExperts = 32;
+
+struct MoeCombineParams {
+  const float* y = nullptr;       // [rows, hidden] the experts' outputs by row
+  const int32_t* slot = nullptr;  // [n * top_k]
+  const int32_t* ids = nullptr;   // [n * top_k] (the sum runs over a token's experts by index)
+  const float* weights = nullptr;  // [n * top_k]
+  float* out = nullptr;           // [n, hidden]
+  int64_t n = 0;
+  int hidden = 0, top_k = 0;
+};
 void moe_combine(const MoeCombineParams& p, cudaStream_t s);
 
 }  // namespace specula::cuda_kernels

@@ -4,14 +4,12 @@
 // not glibc's; after the rounding to f32 that can only split an exact tie differently.
 #include <cub/block/block_scan.cuh>
 
-#include <algorithm>
 #include <cmath>
 
 #include "specula/core/cuda_check.h"
 #include "specula/core/cuda_pdl.cuh"
 #include "specula/core/cuda_smem.h"
 #include "specula/core/error.h"
-#include "specula/model/cuda/moe_combine.cuh"
 #include "specula/model/cuda/moe_kernels.h"
 
 namespace specula::cuda_kernels {
@@ -56,14 +54,16 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Shared memory of one routing warp: scores and choices [experts] and group values.
-__host__ __device__ constexpr int route_warp_floats(int experts) { return 2 * experts + kMaxRouteGroups; }
-
-// Token t's routing by one warp; `score` is the warp's route_warp_floats(experts) of shared memory.
-__device__ void route_token(const MoeRouteParams& p, int64_t t, float* score, int lane) {
-  // A warp that routes several tokens reuses its shared memory: the last token's reads first.
-  __syncwarp();
+// One warp per token. Shared memory: per warp, scores and choices [experts] and group values.
+__global__ void route_kernel(MoeRouteParams p) {
+  extern __shared__ float route_smem[];
+  pdl_wait();
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= p.n) return;
   const int E = p.experts;
+  float* score = route_smem + warp * (2 * E + kMaxRouteGroups);
   float* choice = score + E;
   float* group = choice + E;
   const float* logits = p.logits + t * E;
@@ -149,25 +149,15 @@ __device__ void route_token(const MoeRouteParams& p, int64_t t, float* score, in
   }
 }
 
-// One warp per token.
-__global__ void route_kernel(MoeRouteParams p) {
-  extern __shared__ float route_smem[];
-  pdl_wait();
-  pdl_trigger();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  if (t >= p.n) return;
-  route_token(p, t, route_smem + warp * route_warp_floats(p.experts), lane);
-}
-
 constexpr int kAlignThreads = 1024;
 
-// The block list of moe_align by one block of kAlignThreads threads.
-__device__ void align_pairs(const MoeAlignParams& p) {
+__global__ void __launch_bounds__(kAlignThreads) align_kernel(MoeAlignParams p) {
   using Scan = cub::BlockScan<int, kAlignThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int counts[kMaxRouteExperts], first_block[kMaxRouteExperts], cursor[kMaxRouteExperts];
   __shared__ int total;
+  pdl_wait();
+  pdl_trigger();
   const int tid = threadIdx.x, E = p.experts;
   for (int e = tid; e < E; e += kAlignThreads) counts[e] = cursor[e] = 0;
   __syncthreads();
@@ -196,29 +186,9 @@ __device__ void align_pairs(const MoeAlignParams& p) {
   }
 }
 
-__global__ void __launch_bounds__(kAlignThreads) align_kernel(MoeAlignParams p) {
-  pdl_wait();
-  pdl_trigger();
-  align_pairs(p);
-}
-
-// moe_route and moe_align in one block for a few tokens (decode): route_warps warps route the
-// tokens in turn; after the barrier their picks are visible to the whole block, which aligns them.
-__global__ void __launch_bounds__(kAlignThreads) route_align_kernel(MoeRouteParams r, MoeAlignParams a, int route_warps) {
-  extern __shared__ float route_smem[];
-  pdl_wait();
-  pdl_trigger();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp < route_warps) {
-    for (int64_t t = warp; t < r.n; t += route_warps) {
-      route_token(r, t, route_smem + warp * route_warp_floats(r.experts), lane);
-    }
-  }
-  __syncthreads();
-  align_pairs(a);
-}
-
-// Block (t, y): token t's columns [256 y, 256 y + 256).
+// Block (t, y): token t's columns [256 y, 256 y + 256), one per thread. (One block per token,
+// its threads looping over the columns, took 13 us for one token of DeepSeek-V2-Lite's width on
+// an H200: a chain of dependent loads in a single block.)
 constexpr int kCombineThreads = 256;
 
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MoeCombineParams p) {
@@ -226,17 +196,30 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MoeCombinePara
   pdl_wait();
   pdl_trigger();
   const int64_t t = blockIdx.x;
-  moe_combine_order(p, t, order, threadIdx.x);
+  // order: the token's pairs by expert index (the order the CPU adds its experts in); each of
+  // the first top_k threads places its own pair by its rank.
+  if (threadIdx.x < p.top_k) {
+    const int32_t* ids = p.ids + t * p.top_k;
+    const int j = static_cast<int>(threadIdx.x);
+    int rank = 0;
+    for (int i = 0; i < p.top_k; ++i) rank += ids[i] < ids[j] || (ids[i] == ids[j] && i < j);
+    order[rank] = j;
+  }
   __syncthreads();
   const int c = blockIdx.y * kCombineThreads + threadIdx.x;
-  if (c < p.hidden) p.out[t * p.hidden + c] = moe_combine_column(p, t, c, order);
+  if (c >= p.hidden) return;
+  float acc = 0.0f;
+  for (int j = 0; j < p.top_k; ++j) {
+    const int64_t pair = t * p.top_k + order[j];
+    acc = __fadd_rn(acc, __fmul_rn(p.weights[pair], p.y[static_cast<int64_t>(p.slot[pair]) * p.hidden + c]));
+  }
+  p.out[t * p.hidden + c] = acc;
 }
 
 }  // namespace
 
-namespace {
-
-void check_route(const MoeRouteParams& p) {
+void moe_route(const MoeRouteParams& p, cudaStream_t s) {
+  if (p.n == 0) return;
   SPECULA_CHECK(p.top_k + p.shared <= kMaxMoeTokenExperts,
                 "moe_route on the GPU: top {} and {} shared experts per token (at most {} in all)", p.top_k, p.shared,
                 kMaxMoeTokenExperts);
@@ -246,18 +229,6 @@ void check_route(const MoeRouteParams& p) {
                     p.top_groups <= p.groups,
                 "moe_route on the GPU: {} experts in {} groups keeping {}, top {}: supported are up to {} experts and {} groups",
                 p.experts, p.groups, p.top_groups, p.top_k, kMaxRouteExperts, kMaxRouteGroups);
-}
-
-void check_align(const MoeAlignParams& p) {
-  SPECULA_CHECK(p.experts >= 1 && p.experts <= kMaxRouteExperts && p.block_m >= 1, "moe_align: {} experts (at most {})",
-                p.experts, kMaxRouteExperts);
-}
-
-}  // namespace
-
-void moe_route(const MoeRouteParams& p, cudaStream_t s) {
-  if (p.n == 0) return;
-  check_route(p);
   const auto blocks = static_cast<unsigned>((p.n + kRouteWarps - 1) / kRouteWarps);
   const size_t smem = sizeof(float) * kRouteWarps * (2 * p.experts + kMaxRouteGroups);
   raise_dynamic_smem(route_kernel, sizeof(float) * kRouteWarps * (2 * kMaxRouteExperts + kMaxRouteGroups));
@@ -266,23 +237,9 @@ void moe_route(const MoeRouteParams& p, cudaStream_t s) {
 }
 
 void moe_align(const MoeAlignParams& p, cudaStream_t s) {
-  check_align(p);
+  SPECULA_CHECK(p.experts >= 1 && p.experts <= kMaxRouteExperts && p.block_m >= 1, "moe_align: {} experts (at most {})",
+                p.experts, kMaxRouteExperts);
   launch_pdl(align_kernel, 1, kAlignThreads, 0, s, p);
-  CUDA_CHECK(cudaGetLastError());
-}
-
-void moe_route_align(const MoeRouteParams& r, const MoeAlignParams& a, cudaStream_t s) {
-  SPECULA_CHECK(r.n >= 1 && r.n <= kMoeRouteAlignTokens && a.pairs == r.n * (r.top_k + r.shared),
-                "moe_route_align: {} tokens, {} pairs (1 to {} tokens, top_k + shared pairs each)", r.n, a.pairs,
-                kMoeRouteAlignTokens);
-  check_route(r);
-  check_align(a);
-  // As many routing warps as fit 96 KB of shared memory (all 32 up to 364 experts).
-  const int per_warp = static_cast<int>(sizeof(float)) * route_warp_floats(r.experts);
-  const int warps = std::min(kAlignThreads / 32, (96 << 10) / per_warp);
-  const size_t smem = static_cast<size_t>(per_warp) * warps;
-  raise_dynamic_smem(route_align_kernel, 96 << 10);
-  launch_pdl(route_align_kernel, 1, kAlignThreads, smem, s, r, a, warps);
   CUDA_CHECK(cudaGetLastError());
 }
 
