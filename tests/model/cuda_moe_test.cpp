@@ -423,7 +423,7 @@ TEST_P(CudaMoeLayer, DecodeRowsEqualTheirRowsInALargerBatch) {
   // A batch on the large tile (warpgroup MMA), and one of 300 tokens (the medium tile here).
   const int64_t per_token = m.num_experts_per_tok + m.n_shared_experts,
                 stacked = m.n_routed_experts + m.n_shared_experts;
-  const int64_t large = (97 * stacked + per_token - 1) / per_token;
+  const int64_t large = std::max<int64_t>(300, (97 * stacked + per_token - 1) / per_token);
   ASSERT_EQ(cuda_kernels::moe_pick_tile(large * per_token, static_cast<int>(stacked)), cuda_kernels::MoeTile::kLarge);
   const std::vector<float> x = normal(rng, static_cast<size_t>(large * h), 1.0f, false);
   const std::vector<float> all = forward(x, large);
