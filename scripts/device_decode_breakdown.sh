@@ -17,8 +17,9 @@ if ! cmake --build "$build" -j "$(nproc)" --target specula_main -- -k 0 >"$out/b
   grep -E "error" -A4 "$out/build.log" | grep -v "^--$" | head -80; exit 1
 fi
 for shape in ${SHAPES:-deepseek-v2-lite}; do
-  # Three decode tokens: step 1 is a decode step whose kernels are all warm in the driver.
-  timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+  # Three decode tokens; step 1 is the first decode step after the prefill. KERNELS caps the
+  # kernels profiled (the graph captures' warm-ups come first).
+  timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base -c "${KERNELS:-3000}" \
     "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --prompt-len "${PROMPT:-16}" \
     --decode-len 3 >"$out/ncu_$shape.csv" 2>"$out/ncu_$shape.err"
   echo "ncu $shape rc=$?"

@@ -40,8 +40,12 @@ def load(path, metric):
 
 
 def short(name, width=70):
-    """A kernel's name without its parameter list, its tail kept (templates say the variant)."""
-    base = name.split("(")[0] if not name.startswith("void ") else name[5:].split("(")[0]
+    """A kernel's name without its return type and parameter list, its tail kept (templates say
+    the variant). Anonymous namespaces print as <unnamed> or (anonymous namespace)."""
+    name = name.replace("(anonymous namespace)", "<unnamed>")
+    if name.startswith("void "):
+        name = name[5:]
+    base = name.split("(")[0]
     return base if len(base) <= width else "..." + base[-(width - 3):]
 
 

@@ -432,6 +432,8 @@ TEST_P(CudaMoeLayer, DecodeRowsEqualTheirRowsInALargerBatch) {
   EXPECT_GT(scale, 0.05);
   for (int64_t n : {int64_t{300}, int64_t{1}, int64_t{3}, int64_t{16}, int64_t{64}}) {
     SCOPED_TRACE(::testing::Message() << c.routing.name << " tokens=" << n);
+    ASSERT_EQ(cuda_kernels::moe_pick_tile(n * per_token, static_cast<int>(stacked)),
+              n == 300 ? cuda_kernels::MoeTile::kMedium : cuda_kernels::MoeTile::kSmall);
     const std::vector<float> got = forward(x, n);
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(all[i]))

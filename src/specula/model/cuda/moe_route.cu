@@ -245,7 +245,8 @@ void moe_align(const MoeAlignParams& p, cudaStream_t s) {
 
 void moe_combine(const MoeCombineParams& p, cudaStream_t s) {
   if (p.n == 0) return;
-  SPECULA_CHECK(p.top_k >= 1 && p.top_k <= kMaxMoeTokenExperts, "moe_combine: top {} (at most {})", p.top_k, kMaxMoeTokenExperts);
+  SPECULA_CHECK(p.top_k >= 1 && p.top_k <= kMaxMoeTokenExperts && p.hidden >= 1,
+                "moe_combine: top {} (1 to {}) over {} columns (at least 1)", p.top_k, kMaxMoeTokenExperts, p.hidden);
   const dim3 grid(static_cast<unsigned>(p.n), static_cast<unsigned>((p.hidden + kCombineThreads - 1) / kCombineThreads));
   launch_pdl(combine_kernel, grid, kCombineThreads, 0, s, p);
   CUDA_CHECK(cudaGetLastError());
