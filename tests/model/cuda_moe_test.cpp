@@ -440,6 +440,25 @@ TEST_P(CudaMoeLayer, DecodeRowsEqualTheirRowsInALargerBatch) {
           << "token " << i / static_cast<size_t>(h) << " column " << i % static_cast<size_t>(h) << ": " << got[i]
           << " against " << all[i] << " (in " << large << " tokens)";
     }
+    // The padding rows of the blocks in use multiply zeros: their outputs are exactly zero.
+    const int bm = cuda_kernels::moe_tile_rows(cuda_kernels::moe_pick_tile(n * per_token, static_cast<int>(stacked)));
+    int32_t blocks = 0;
+    CUDA_CHECK(cudaMemcpy(&blocks, scratch.ws.slots[kMoeBlocks].data(), sizeof(blocks), cudaMemcpyDeviceToHost));
+    const int64_t rows = static_cast<int64_t>(blocks) * bm;
+    const Buffer& sorted_slot = scratch.ws.slots[kMoeSorted];
+    const Buffer& y_slot = scratch.ws.slots[kMoeY];
+    ASSERT_LE(rows * h, y_slot.numel());
+    std::vector<int32_t> sorted(static_cast<size_t>(sorted_slot.numel()));
+    copy(TensorView(sorted.data(), DType::i32, {sorted_slot.numel()}), sorted_slot);
+    std::vector<float> y(static_cast<size_t>(y_slot.numel()));
+    copy(TensorView(y.data(), DType::f32, {y_slot.numel()}), y_slot);
+    int64_t padding = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (sorted[static_cast<size_t>(r)] >= 0) continue;
+      ++padding;
+      for (int64_t i = r * h; i < (r + 1) * h; ++i) ASSERT_EQ(y[static_cast<size_t>(i)], 0.0f) << "padding row " << r;
+    }
+    EXPECT_GT(padding, 0);
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
