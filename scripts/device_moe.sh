@@ -4,7 +4,9 @@
 # every other GPU model test, since the decoder layers changed), then `bench moe` (decode
 # bandwidth and prefill GEMM rate of the layer), `bench generate` (batch 1 decode of the whole
 # model) and `bench serve` (batch 1 and 64) on the synthetic DeepSeek-V2-Lite and Qwen3-30B-A3B.
-# SKIP_TESTS=1 leaves out the tests, SKIP_SERVE=1 the serving runs, SHAPES picks the models. Logs to $OUT (default
+# SKIP_TESTS=1 leaves out the tests, SKIP_SERVE=1 the serving runs, SHAPES picks the models.
+# PROFILE=1 adds, per shape, one decode step's kernels by GPU time under Nsight Compute (each
+# kernel alone, cold L2; tools/kernel_breakdown.py). Logs to $OUT (default
 # /tmp/specula-out).
 set -uo pipefail
 out=${OUT:-/tmp/specula-out}
@@ -37,3 +39,13 @@ for shape in ${SHAPES:-deepseek-v2-lite qwen3-30b-a3b}; do
     printf "serve %-18s bs=%-3s rc=%s %s\n" "$shape" "$bs" "$?" "$(grep -E 'output tokens/s|decode tokens/s|ITL ms|error' "$out/serve_${shape}_bs$bs.log" | tr -s ' ' | tr '\n' ' ')"
   done
 done
+if [ "${PROFILE:-0}" = 1 ]; then
+  for shape in ${SHAPES:-deepseek-v2-lite qwen3-30b-a3b}; do
+    # A 16-token prompt and three decode tokens; step 1 is the first decode step after the prefill.
+    timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base -c 3000 \
+      "$build/bin/specula" bench generate --device cuda --synthetic "$shape" --prompt-len 16 --decode-len 3 \
+      >"$out/ncu_$shape.csv" 2>"$out/ncu_$shape.err"
+    echo "ncu $shape rc=$?"
+    python3 tools/kernel_breakdown.py "$out/ncu_$shape.csv" --step 1 --top 30
+  done
+fi
