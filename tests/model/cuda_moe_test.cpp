@@ -308,6 +308,34 @@ void expect_variants_agree(const CudaMoe& moe, int64_t n, int h, const CudaLayer
               static_cast<long long>(rows), static_cast<long long>(compared), worst_mma, worst_bf16);
 }
 
+// The small tile's two kernels (warpgroup MMA with the weights as the M side, and mma.sync) give
+// the same bits for every row of the blocks in use, padding rows included, over the routing the
+// last forward left.
+void expect_small_tile_kernels_agree(const CudaMoe& moe, int64_t n, int h, const CudaLayerScratch& scratch,
+                                     cudaStream_t stream) {
+  const Buffer& y = scratch.ws.slots[kMoeY];
+  int32_t blocks = 0;
+  CUDA_CHECK(cudaMemcpy(&blocks, scratch.ws.slots[kMoeBlocks].data(), sizeof(blocks), cudaMemcpyDeviceToHost));
+  const int64_t rows = static_cast<int64_t>(blocks) * cuda_kernels::moe_tile_rows(cuda_kernels::MoeTile::kSmall);
+  ASSERT_LE(rows * h, y.numel());
+  auto run = [&](CudaMoe::GemmVariant v) {
+    moe.grouped_gemms(n, scratch, stream, v);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> out(static_cast<size_t>(y.numel()));
+    copy(TensorView(out.data(), DType::f32, {y.numel()}), y);
+    return out;
+  };
+  const std::vector<float> wgmma = run(CudaMoe::GemmVariant::automatic), mma = run(CudaMoe::GemmVariant::mma_sync);
+  double scale = 0;
+  for (int64_t i = 0; i < rows * h; ++i) {
+    const auto at = static_cast<size_t>(i);
+    ASSERT_EQ(std::bit_cast<uint32_t>(wgmma[at]), std::bit_cast<uint32_t>(mma[at]))
+        << "row " << i / h << " column " << i % h << ": " << wgmma[at] << " against " << mma[at];
+    scale = std::max(scale, std::fabs(double{mma[at]}));
+  }
+  EXPECT_GT(scale, 0.05);
+}
+
 // The whole layer against cpu_moe on bf16 weights (the GPU holds experts in bf16): the GPU's
 // f32-accurate activations (hi/lo split) leave differences near 1e-5 of the output's scale.
 TEST_P(CudaMoeLayer, MatchesTheCpuLayer) {
@@ -369,9 +397,9 @@ TEST_P(CudaMoeLayer, MatchesTheCpuLayer) {
     std::printf("%s, %lld tokens: %lld compared, worst row error %.2e of the row's scale\n", c.routing.name.c_str(),
                 static_cast<long long>(n), static_cast<long long>(compared), worst);
     const int64_t pairs = n * (m.num_experts_per_tok + m.n_shared_experts);
-    if (cuda_kernels::moe_pick_tile(pairs, E + m.n_shared_experts) == cuda_kernels::MoeTile::kLarge) {
-      expect_variants_agree(moe, n, h, scratch, stream);
-    }
+    const cuda_kernels::MoeTile tile = cuda_kernels::moe_pick_tile(pairs, E + m.n_shared_experts);
+    if (tile == cuda_kernels::MoeTile::kLarge) expect_variants_agree(moe, n, h, scratch, stream);
+    if (tile == cuda_kernels::MoeTile::kSmall) expect_small_tile_kernels_agree(moe, n, h, scratch, stream);
   }
   CUDA_CHECK(cudaStreamDestroy(stream));
 }

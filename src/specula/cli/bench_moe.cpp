@@ -120,8 +120,8 @@ void run(const Options& o) {
     std::normal_distribution<float> normal(0.0f, 1.0f);
     fmt::print("\n{}: {} experts (top {}, {} shared) of {} x {}, {}\n", shape, E, k, m.n_shared_experts, h, inter,
                o.fp8 ? "fp8 e4m3 with 128 x 128 block scales" : "bf16");
-    fmt::print("{:>7} {:>10} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>10}\n", "tokens", "us/layer", "experts", "MB read",
-               "TB/s", "ceiling", "frac", "GEMMs us", "GEMMs TB/s");
+    fmt::print("{:>7} {:>10} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>10} {:>10}\n", "tokens", "us/layer", "experts", "MB read",
+               "TB/s", "ceiling", "frac", "GEMMs us", "GEMMs TB/s", "mma.sync us");
     // An expert's weights (and, in fp8, its scales: one f32 per row per 128 values of k).
     const double expert_bytes = o.fp8 ? 3.0 * h * inter + 4.0 * (2.0 * inter * ((h + 127) / 128) + h * ((inter + 127) / 128))
                                       : 3.0 * h * inter * 2;
@@ -148,10 +148,18 @@ void run(const Options& o) {
       const CudaMoe& last = *layers[(next - 1) % layers.size()];
       const double gemm_s = cuda_median_seconds([&] { last.grouped_gemms(n, scratch, nullptr); }, 30);
       const double gemm_tbps = static_cast<double>(distinct) * expert_bytes / gemm_s / 1e12;
-      fmt::print("{:>7} {:>10.1f} {:>9} {:>9.1f} {:>10.2f} {:>10.2f} {:>7.2f} {:>10.1f} {:>10.2f}\n", n, seconds * 1e6,
-                 distinct, bytes / 1e6, tbps, ceiling, tbps / ceiling, gemm_s * 1e6, gemm_tbps);
+      // The small tile on mma.sync too (what its warpgroup-MMA kernel replaced), in the same run.
+      const bool small = ck::moe_pick_tile(static_cast<int64_t>(n) * per_token, stacked) == ck::MoeTile::kSmall;
+      const double mma_s =
+          small && !o.fp8
+              ? cuda_median_seconds([&] { last.grouped_gemms(n, scratch, nullptr, CudaMoe::GemmVariant::mma_sync); }, 30)
+              : 0.0;
+      fmt::print("{:>7} {:>10.1f} {:>9} {:>9.1f} {:>10.2f} {:>10.2f} {:>7.2f} {:>10.1f} {:>10.2f} {:>10}\n", n,
+                 seconds * 1e6, distinct, bytes / 1e6, tbps, ceiling, tbps / ceiling, gemm_s * 1e6, gemm_tbps,
+                 mma_s > 0 ? fmt::format("{:.1f}", mma_s * 1e6) : std::string("-"));
       out.push_back({{"shape", shape}, {"tokens", n}, {"us", seconds * 1e6}, {"experts_read", distinct},
-                     {"fp8", o.fp8}, {"bytes", bytes}, {"tbps", tbps}, {"ceiling_tbps", ceiling}, {"gemm_us", gemm_s * 1e6}});
+                     {"fp8", o.fp8}, {"bytes", bytes}, {"tbps", tbps}, {"ceiling_tbps", ceiling}, {"gemm_us", gemm_s * 1e6},
+                     {"mma_sync_gemm_us", mma_s * 1e6}});
     }
 
     // Prefill: the whole layer, then its two grouped GEMMs alone (over the routing the layer's

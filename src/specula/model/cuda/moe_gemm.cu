@@ -318,6 +318,9 @@ void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s) {
   SPECULA_CHECK(p.a_lo != nullptr || wgmma,
                 "moe_gemm: activations without their lo term need the large tile on warpgroup MMA");
   if (wgmma) return moe_gemm_wgmma(p, s);
+  if (tile == MoeTile::kSmall && p.experts > 0 && !p.mma_sync && p.w_scale == nullptr && p.a_lo != nullptr) {
+    return moe_gemm_decode(p, s);
+  }
   switch (tile) {
     case MoeTile::kSmall:
       return launch<SmallTile, SmallTile>(p, s);

@@ -8,10 +8,11 @@
 //                  device so that a decode step can be captured in a CUDA graph;
 //   moe_gemm       the grouped GEMM over those blocks: a block of rows belongs to one expert and
 //                  reads only that expert's weights; bf16 tensor cores over the hi/lo bf16 split
-//                  of the f32 activations, f32 accumulation (mma.sync; the large tile on
-//                  warpgroup MMA, moe_gemm_wgmma). The gate|up product ends in the SiLU
-//                  gate (act = silu(gate) * up, written as a hi/lo split for the down product);
-//                  the down product writes f32 rows;
+//                  of the f32 activations, f32 accumulation (the medium tile on mma.sync; the
+//                  large one on warpgroup MMA, moe_gemm_wgmma, and the small one too with the
+//                  weights as the M side, moe_gemm_decode). The gate|up product ends in the
+//                  SiLU gate (act = silu(gate) * up, written as a hi/lo split for the down
+//                  product); the down product writes f32 rows;
 //   moe_combine    out[t] = sum_j w[t, j] y[pair (t, j)], one pass, no atomics.
 // Shared experts run as routed ones that every token picks with weight 1 (moe_route appends them).
 // Everything is deterministic: a row's arithmetic does not depend on which rows share its block.
@@ -81,7 +82,8 @@ struct MoeGemmParams {
   const void* w = nullptr;
   int n = 0, k = 0;  // k a multiple of 8
   int experts = 0;   // w's first extent (the large tile's tensor map needs it; 0: mma.sync)
-  // Benchmarks: the large tile on mma.sync, the kernel moe_gemm_wgmma replaced.
+  // Benchmarks: the large and small tiles on mma.sync, the kernels moe_gemm_wgmma and
+  // moe_gemm_decode replaced.
   bool mma_sync = false;
   // moe_gemm_wgmma: A's extent (a_hi / a_lo hold [a_rows, k] in block-list order, gather false),
   // and whether blocks of neighbouring column tiles may pair up to share their rows' loads
@@ -106,6 +108,9 @@ void moe_gemm(const MoeGemmParams& p, MoeTile tile, cudaStream_t s);
 // (moe_gather_split lays out gate|up's); a_lo null multiplies a_hi alone (bf16 activations;
 // act_lo, when given, still receives the lo term).
 void moe_gemm_wgmma(const MoeGemmParams& p, cudaStream_t s);
+// The small tile on warpgroup MMA with the weights as the M side (64 columns x 16 rows a block),
+// bf16 weights and hi / lo activations (moe_gemm takes it there unless mma_sync or fp8).
+void moe_gemm_decode(const MoeGemmParams& p, cudaStream_t s);
 
 // Row r of the block list (r < *num_blocks x block_m) as the hi and lo bf16 terms of its token's
 // f32 activations (token sorted[r] / top_k), zeros for padding: the gate|up product's A in the
