@@ -308,9 +308,9 @@ void expect_variants_agree(const CudaMoe& moe, int64_t n, int h, const CudaLayer
               static_cast<long long>(rows), static_cast<long long>(compared), worst_mma, worst_bf16);
 }
 
-// The small tile's two kernels (warpgroup MMA with the weights as the M side, and mma.sync) give
-// the same bits for every row of the blocks in use, padding rows included, over the routing the
-// last forward left.
+// The small tile's kernels (warpgroup MMA with the weights as the M side, at both pipeline depths,
+// and mma.sync) give the same bits for every row of the blocks in use, padding rows included, over
+// the routing the last forward left.
 void expect_small_tile_kernels_agree(const CudaMoe& moe, int64_t n, int h, const CudaLayerScratch& scratch,
                                      cudaStream_t stream) {
   const Buffer& y = scratch.ws.slots[kMoeY];
@@ -325,15 +325,19 @@ void expect_small_tile_kernels_agree(const CudaMoe& moe, int64_t n, int h, const
     copy(TensorView(out.data(), DType::f32, {y.numel()}), y);
     return out;
   };
-  const std::vector<float> wgmma = run(CudaMoe::GemmVariant::automatic), mma = run(CudaMoe::GemmVariant::mma_sync);
-  double scale = 0;
-  for (int64_t i = 0; i < rows * h; ++i) {
-    const auto at = static_cast<size_t>(i);
-    ASSERT_EQ(std::bit_cast<uint32_t>(wgmma[at]), std::bit_cast<uint32_t>(mma[at]))
-        << "row " << i / h << " column " << i % h << ": " << wgmma[at] << " against " << mma[at];
-    scale = std::max(scale, std::fabs(double{mma[at]}));
+  const std::vector<float> mma = run(CudaMoe::GemmVariant::mma_sync);
+  for (CudaMoe::GemmVariant v : {CudaMoe::GemmVariant::decode_shallow, CudaMoe::GemmVariant::decode_deep}) {
+    SCOPED_TRACE(v == CudaMoe::GemmVariant::decode_shallow ? "3 stages" : "5 stages");
+    const std::vector<float> wgmma = run(v);
+    double scale = 0;
+    for (int64_t i = 0; i < rows * h; ++i) {
+      const auto at = static_cast<size_t>(i);
+      ASSERT_EQ(std::bit_cast<uint32_t>(wgmma[at]), std::bit_cast<uint32_t>(mma[at]))
+          << "row " << i / h << " column " << i % h << ": " << wgmma[at] << " against " << mma[at];
+      scale = std::max(scale, std::fabs(double{mma[at]}));
+    }
+    EXPECT_GT(scale, 0.05);
   }
-  EXPECT_GT(scale, 0.05);
 }
 
 // The whole layer against cpu_moe on bf16 weights (the GPU holds experts in bf16): the GPU's

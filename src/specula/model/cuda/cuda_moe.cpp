@@ -326,6 +326,7 @@ void CudaMoe::grouped_gemms(int64_t n, const CudaLayerScratch& ws, cudaStream_t 
   g.gather = !rows_in_blocks;
   g.a_rows = x_rows;
   g.cluster = variant != GemmVariant::unpaired;
+  g.decode_stages = variant == GemmVariant::decode_shallow ? 3 : variant == GemmVariant::decode_deep ? 5 : 0;
   g.top_k = sh.per_token;
   g.sorted = static_cast<const int32_t*>(slot(kMoeSorted));
   g.block_expert = static_cast<const int32_t*>(slot(kMoeBlockExpert));

@@ -51,8 +51,10 @@ class CudaMoe {
   // Which grouped GEMM kernels run: the engine's choice (automatic), or for bench moe's
   // comparisons the large tile on mma.sync (the kernel warpgroup MMA replaced), or bf16
   // activations (the hi term alone, as peers multiply; not f32-accurate, never the engine's);
-  // unpaired: warpgroup MMA without the 2-block clusters that share the rows' loads.
-  enum class GemmVariant { automatic, mma_sync, bf16_activations, unpaired };
+  // unpaired: warpgroup MMA without the 2-block clusters that share the rows' loads;
+  // decode_shallow / decode_deep: the small tile's warpgroup-MMA kernel at 3 or 5 stages
+  // whatever its grid (tests cover both).
+  enum class GemmVariant { automatic, mma_sync, bf16_activations, unpaired, decode_shallow, decode_deep };
   // The two grouped GEMMs of the forward of n tokens that last ran over `scratch`, again over the
   // routing and activations it left there (forward's middle; bench moe times it alone).
   void grouped_gemms(int64_t n, const CudaLayerScratch& scratch, cudaStream_t s,

@@ -9,7 +9,7 @@
 // one m64n16k16 wgmma multiplies 64 columns x 16 of k (2 KiB) by all 16 rows.
 //
 // A block owns 16 rows of one expert (moe_align's small blocks) and 64 output columns:
-// - a producer warp fills a ring of kStages stages: the expert's [64 x 64] k tile of weights by
+// - a producer warp fills a ring of stages (5 or 3, below): the expert's [64 x 64] k tile of weights by
 //   TMA (128-byte swizzle, a 3-D map over [experts, n, k], so columns past n and k past its end
 //   land as zeros) and the rows' hi and lo [16 x 64] tiles by cp.async, valid rows only (the
 //   padding rows' zeros are written into every stage once, at the start). A stage's `full`
@@ -43,18 +43,24 @@ namespace specula::cuda_kernels {
 namespace {
 
 constexpr int kRows = 16, kCols = 64, kBk = 64;
-// 5 stages: 4 k tiles (32 KiB of weights) in flight per block, and three blocks (66 KiB each) fit
-// a multiprocessor, so DeepSeek-V2-Lite's 352 gate|up blocks at batch 1 are resident at once.
-constexpr int kStages = 5;
+// Stages per block, by the grid: when its blocks fit three a multiprocessor (batch 1), 5 stages
+// keep 4 k tiles (32 KiB of weights) in flight per block and three blocks of 66 KiB still fit;
+// when they do not (several waves), 3 stages (41 KiB) let five blocks share a multiprocessor.
+// (H200, grouped GEMMs us at 1 / 8 tokens, DeepSeek-V2-Lite and Qwen3-30B-A3B: 3 stages 48.2 /
+// 174.6 and 34.4 / 135.0; 4: 45.8 / 185.8 and 32.0 / 144.6; 5: 45.6 / 192.1 and 31.4 / 151.7;
+// 6 and 8, two blocks a multiprocessor: 53.3 / 199.8 and 28.8 / 156.4.)
+constexpr int kDeepStages = 5, kShallowStages = 3, kDeepBlocksPerSm = 3;
 constexpr int kConsumerThreads = 128, kThreads = kConsumerThreads + 32;
 constexpr int kWTileBytes = kCols * kBk * 2;
 constexpr int kXTileBytes = kRows * kBk * 2;
 constexpr int kStageBytes = kWTileBytes + 2 * kXTileBytes;
 constexpr int kLdc = kCols + 4;  // floats per row of the epilogue's tile
+template <int kStages>
 constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * kStageBytes + sizeof(float) * kRows * kLdc + 1024;
 static_assert(kStageBytes % 1024 == 0, "every tile starts on a swizzle period");
 
-__global__ void __launch_bounds__(kThreads, 3)
+template <int kStages>
+__global__ void __launch_bounds__(kThreads, kStages == kDeepStages ? kDeepBlocksPerSm : 5)
     moe_gemm_decode_kernel(const MoeGemmParams p, const __grid_constant__ CUtensorMap w_map) {
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full[kStages];
@@ -208,13 +214,30 @@ void moe_gemm_decode(const MoeGemmParams& p, cudaStream_t s) {
                 "64) and activations with their lo term",
                 p.experts, p.n, p.k, p.gate_up);
   SPECULA_CHECK(p.max_blocks > 0 && p.max_blocks <= 65535, "moe_gemm_decode: {} row blocks (1 to 65535)", p.max_blocks);
+  SPECULA_CHECK(p.decode_stages == 0 || p.decode_stages == kDeepStages || p.decode_stages == kShallowStages,
+                "moe_gemm_decode: {} stages (0: by the grid, {} or {})", p.decode_stages, kDeepStages, kShallowStages);
   const uint64_t dims[3] = {static_cast<uint64_t>(p.k), static_cast<uint64_t>(p.n), static_cast<uint64_t>(p.experts)};
   const uint64_t strides[2] = {static_cast<uint64_t>(p.k) * 2, static_cast<uint64_t>(p.n) * p.k * 2};
   const uint32_t box[3] = {kBk, kCols, 1};
   const CUtensorMap w_map = swizzled_tensor_map(p.w, true, 3, dims, strides, box, "the experts' weights");
-  raise_dynamic_smem(moe_gemm_decode_kernel, kSmemBytes);
   const dim3 grid(static_cast<unsigned>((p.n + kCols - 1) / kCols), static_cast<unsigned>(p.max_blocks));
-  launch_pdl(moe_gemm_decode_kernel, grid, dim3(kThreads), kSmemBytes, s, p, w_map);
+  static const int64_t deep_blocks = [] {
+    int device = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return static_cast<int64_t>(kDeepBlocksPerSm) * sms;
+  }();
+  const bool deep = p.decode_stages != 0 ? p.decode_stages == kDeepStages
+                                          : static_cast<int64_t>(grid.x) * grid.y <= deep_blocks;
+  auto go = [&](auto kernel, size_t smem) {
+    raise_dynamic_smem(kernel, smem);
+    launch_pdl(kernel, grid, dim3(kThreads), smem, s, p, w_map);
+  };
+  if (deep) {
+    go(moe_gemm_decode_kernel<kDeepStages>, kSmemBytes<kDeepStages>);
+  } else {
+    go(moe_gemm_decode_kernel<kShallowStages>, kSmemBytes<kShallowStages>);
+  }
   CUDA_CHECK(cudaGetLastError());
 }
 

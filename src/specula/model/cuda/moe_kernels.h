@@ -90,6 +90,8 @@ struct MoeGemmParams {
   // (benchmarks turn it off to measure what it gains).
   int64_t a_rows = 0;
   bool cluster = true;
+  // moe_gemm_decode's pipeline depth: 0 chooses by the grid; tests pin 3 or 5 to cover both.
+  int decode_stages = 0;
   // fp8 weights: w holds e4m3 codes [experts, n, k] (k a multiple of 16) and w_scale f32
   // [experts, n, ceil(k / scale_k)], each row's scale per run of scale_k values (a multiple of
   // 16); the operand is bf16(code x scale), what a dequantization to bf16 on the host gives.
