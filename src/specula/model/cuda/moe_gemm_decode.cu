@@ -48,7 +48,9 @@ constexpr int kRows = 16, kCols = 64, kBk = 64;
 // when they do not (several waves), 3 stages (41 KiB) let five blocks share a multiprocessor.
 // (H200, grouped GEMMs us at 1 / 8 tokens, DeepSeek-V2-Lite and Qwen3-30B-A3B: 3 stages 48.2 /
 // 174.6 and 34.4 / 135.0; 4: 45.8 / 185.8 and 32.0 / 144.6; 5: 45.6 / 192.1 and 31.4 / 151.7;
-// 6 and 8, two blocks a multiprocessor: 53.3 / 199.8 and 28.8 / 156.4.)
+// 6, two blocks a multiprocessor: 53.3 / 199.8 and 28.8 / 156.4, and 8 the same within 0.5 us.
+// Qwen3's 216 gate|up blocks at batch 1 fit two a multiprocessor and gain from 6 stages, but
+// V2-Lite's 352 then run in two waves: 5 is the depth at which neither loses much.)
 constexpr int kDeepStages = 5, kShallowStages = 3, kDeepBlocksPerSm = 3;
 constexpr int kConsumerThreads = 128, kThreads = kConsumerThreads + 32;
 constexpr int kWTileBytes = kCols * kBk * 2;
@@ -81,7 +83,8 @@ __global__ void __launch_bounds__(kThreads, kStages == kDeepStages ? kDeepBlocks
   const int n0 = blockIdx.x * kCols;
   const int k_tiles = (p.k + kBk - 1) / kBk;
   const int tid = threadIdx.x, lane = tid & 31;
-  // The block list is moe_align's, two launches back: complete when this kernel starts (cuda_pdl.cuh).
+  // The block list is moe_align's, two or more launches back: complete when this kernel starts
+  // (cuda_pdl.cuh).
   if (tid < kRows) {
     const int64_t r = static_cast<int64_t>(block) * kRows + tid;
     const int pair = p.sorted[r];
@@ -143,7 +146,9 @@ __global__ void __launch_bounds__(kThreads, kStages == kDeepStages ? kDeepBlocks
       if (lane == 0) load_w(kt);
       load_x(kt);
     }
-    cp_async_wait<0>();  // no copy may be in flight when this thread exits
+    // No copy may be in flight when this thread exits (wait_group waits for committed groups only).
+    cp_async_commit();
+    cp_async_wait<0>();
     return;
   }
 
@@ -221,12 +226,11 @@ void moe_gemm_decode(const MoeGemmParams& p, cudaStream_t s) {
   const uint32_t box[3] = {kBk, kCols, 1};
   const CUtensorMap w_map = swizzled_tensor_map(p.w, true, 3, dims, strides, box, "the experts' weights");
   const dim3 grid(static_cast<unsigned>((p.n + kCols - 1) / kCols), static_cast<unsigned>(p.max_blocks));
-  static const int64_t deep_blocks = [] {
-    int device = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return static_cast<int64_t>(kDeepBlocksPerSm) * sms;
-  }();
+  // The current device's (under tensor parallelism each rank's thread drives its own GPU).
+  int device = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t deep_blocks = static_cast<int64_t>(kDeepBlocksPerSm) * sms;
   const bool deep = p.decode_stages != 0 ? p.decode_stages == kDeepStages
                                           : static_cast<int64_t>(grid.x) * grid.y <= deep_blocks;
   auto go = [&](auto kernel, size_t smem) {

@@ -8,9 +8,10 @@
 //                  device so that a decode step can be captured in a CUDA graph;
 //   moe_gemm       the grouped GEMM over those blocks: a block of rows belongs to one expert and
 //                  reads only that expert's weights; bf16 tensor cores over the hi/lo bf16 split
-//                  of the f32 activations, f32 accumulation (the medium tile on mma.sync; the
-//                  large one on warpgroup MMA, moe_gemm_wgmma, and the small one too with the
-//                  weights as the M side, moe_gemm_decode). The gate|up product ends in the
+//                  of the f32 activations, f32 accumulation (the medium tile, and the small one
+//                  with fp8 weights, on mma.sync; the large one on warpgroup MMA,
+//                  moe_gemm_wgmma, and the small one with bf16 weights too, the weights as the
+//                  M side, moe_gemm_decode). The gate|up product ends in the
 //                  SiLU gate (act = silu(gate) * up, written as a hi/lo split for the down
 //                  product); the down product writes f32 rows;
 //   moe_combine    out[t] = sum_j w[t, j] y[pair (t, j)], one pass, no atomics.
@@ -81,7 +82,7 @@ struct MoeGemmParams {
   // B: bf16 [experts, n, k] (each expert's weights [out, in] row-major).
   const void* w = nullptr;
   int n = 0, k = 0;  // k a multiple of 8
-  int experts = 0;   // w's first extent (the large tile's tensor map needs it; 0: mma.sync)
+  int experts = 0;   // w's first extent (the large and small tiles' tensor maps need it; 0: mma.sync)
   // Benchmarks: the large and small tiles on mma.sync, the kernels moe_gemm_wgmma and
   // moe_gemm_decode replaced.
   bool mma_sync = false;
