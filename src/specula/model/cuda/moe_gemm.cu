@@ -96,9 +96,9 @@ __global__ void __launch_bounds__(T::threads, kFp8 ? 1 : T::min_blocks) moe_gemm
     row_src[i] = pair < 0 ? -1 : (p.gather ? pair / p.top_k : static_cast<int>(r));
   }
   __syncthreads();
-  // Padding rows are zero in every stage, written once: load_a issues no copy for them. (A
-  // zero-filling cp.async still sends its request to L2; at decode, 15 of the small tile's 16
-  // rows are padding, and ncu counted a third of the kernel's L2 sectors as excess, L2 hits.)
+  // Padding rows are zero in every stage, written once: load_a issues no copy for them (a
+  // zero-filling cp.async is still an instruction and a request; at decode 15 of the small tile's
+  // 16 rows are padding). H200, 1 token of DeepSeek-V2-Lite: grouped GEMMs 55.3 -> 54.3 us.
   for (int c = tid; c < T::stages * T::bm * (T::bk / 8); c += T::threads) {
     const int r = (c / (T::bk / 8)) % T::bm;
     if (row_src[r] >= 0) continue;
