@@ -37,6 +37,7 @@
 #include "specula/core/error.h"
 #include "specula/model/cuda/activation.cuh"
 #include "specula/model/cuda/moe_kernels.h"
+#include "specula/model/cuda/stage_ring.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -133,19 +134,12 @@ __global__ void __launch_bounds__(kThreads, kStages == kDeepStages ? kDeepBlocks
       }
       mbarrier_arrive_cp_async(&full[s]);
     };
-    // The weights do not depend on the previous kernel: the first stages' go out before the wait.
-    const int first = k_tiles < kStages ? k_tiles : kStages;
-    if (lane == 0) {
-      for (int kt = 0; kt < first; ++kt) load_w(kt);
-    }
-    pdl_wait();
-    pdl_trigger();
-    for (int kt = 0; kt < first; ++kt) load_x(kt);
-    for (int kt = kStages; kt < k_tiles; ++kt) {
-      mbarrier_wait(&empty[kt % kStages], ((kt / kStages) - 1) & 1);
-      if (lane == 0) load_w(kt);
-      load_x(kt);
-    }
+    fill_stage_ring<kStages>(
+        k_tiles, empty,
+        [&](int kt) {
+          if (lane == 0) load_w(kt);
+        },
+        load_x);
     // No copy may be in flight when this thread exits (wait_group waits for committed groups only).
     cp_async_commit();
     cp_async_wait<0>();

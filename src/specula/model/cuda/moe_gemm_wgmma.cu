@@ -40,6 +40,7 @@
 #include "specula/model/cuda/activation.cuh"
 #include "specula/model/cuda/fp8_operand.cuh"
 #include "specula/model/cuda/moe_kernels.h"
+#include "specula/model/cuda/stage_ring.cuh"
 
 namespace specula::cuda_kernels {
 
@@ -168,17 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbarrier_arrive_expect_tx(&full[s], kStageTx);
           tma_load_3d(b_tile(s), &w_map, kt * kBk, n0, expert, &full[s]);
         };
-        // The weights do not depend on the previous kernel: the first stages' go out before the wait.
-        const int first = k_tiles < kStages ? k_tiles : kStages;
-        for (int kt = 0; kt < first; ++kt) load_b(kt);
-        pdl_wait();
-        pdl_trigger();
-        for (int kt = 0; kt < first; ++kt) load_a(kt);
-        for (int kt = kStages; kt < k_tiles; ++kt) {
-          mbarrier_wait(&empty[kt % kStages], ((kt / kStages) - 1) & 1);
-          load_b(kt);
-          load_a(kt);
-        }
+        fill_stage_ring<kStages>(k_tiles, empty, load_b, load_a);
       }
     } else {
       const int pt = tid - kConsumerThreads;
