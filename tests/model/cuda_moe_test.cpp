@@ -549,20 +549,26 @@ std::vector<float> add_fp8(MapSource& source, std::mt19937& rng, const std::stri
   return dequantized;
 }
 
-class CudaMoeFp8 : public ::testing::TestWithParam<int> {};
+struct Fp8Case {
+  int shared, h, inter, block;
+};
+
+class CudaMoeFp8 : public ::testing::TestWithParam<Fp8Case> {};
 
 // Experts kept in fp8 on the device (codes and block scales, half the bytes) give bit for bit what
 // the same experts dequantized to bf16 on the host give, over every tile (mma.sync's, and the
-// large one's on warpgroup MMA); the shared experts are split along block edges.
+// large one's on warpgroup MMA); the shared experts are split along block edges. Hidden 720 leaves
+// a partial column tile (down's 720 rows) and a partial k tile, and its 128-wide blocks (the
+// checkpoints') end inside a k tile.
 TEST_P(CudaMoeFp8, EqualsTheLayerDequantizedOnTheHostBitForBit) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const int shared = GetParam();
+  const int shared = GetParam().shared;
   std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("cuda_model_test")) ^ 0xf8);
   Routing r = routings()[2];  // DeepSeek-V3's routing
   r.experts = 16, r.top_k = 4, r.groups = 4, r.top_groups = 2, r.shared = shared;
-  // hidden 512: the down product's two column tiles pair up on warpgroup MMA (the large tile at
+  // Hidden 512: the down product's two column tiles pair up on warpgroup MMA (the large tile at
   // 1500 tokens), whose producer turns the codes into bf16 tiles.
-  const int h = 512, inter = 96, block = 32;
+  const int h = GetParam().h, inter = GetParam().inter, block = GetParam().block;
   const MoeConfig m = moe_config(r, inter);
   const std::string prefix = "model.layers.3.";
   MapSource source;
@@ -618,7 +624,13 @@ TEST_P(CudaMoeFp8, EqualsTheLayerDequantizedOnTheHostBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shared, CudaMoeFp8, ::testing::Values(1, 2));
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeFp8,
+                         ::testing::Values(Fp8Case{1, 512, 96, 32}, Fp8Case{2, 512, 96, 32}, Fp8Case{1, 720, 160, 128}),
+                         [](const auto& info) {
+                           const Fp8Case& c = info.param;
+                           return "shared" + std::to_string(c.shared) + "_h" + std::to_string(c.h) + "_i" +
+                                  std::to_string(c.inter) + "_block" + std::to_string(c.block);
+                         });
 
 }  // namespace
 }  // namespace specula
