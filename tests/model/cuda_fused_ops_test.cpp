@@ -2,10 +2,11 @@
 // separate path (epilogue into k / v, then set_kv_buffer) puts them there, bf16 and fp8 caches,
 // with per-head norms and RoPE, and the cache rows match a float64 reference; q is the same
 // either way; slots no token maps to are left alone. Dual chunk attention's q variants and key
-// positions against float64 rows.
+// positions against float64 rows. add_rms_norm_rows against float64.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -245,6 +246,63 @@ TEST(CudaQkvEpilogueDualChunk, VariantsAndKeysAtTheirPositions) {
           ASSERT_TRUE(near(got, want[static_cast<size_t>(i)] * key_scale[static_cast<size_t>(t)])) << "k token " << t << " head " << g;
         }
       }
+    }
+  }
+}
+
+// add_rms_norm_rows against float64: x += o, y = w * x / rms(x), the new x also copied out, over
+// widths of each path (a float4 a thread; two; four; and the general loop: a width that is not a
+// multiple of 4, and one past four float4s a thread), each row's result independent of how many
+// rows share the launch (bit for bit).
+TEST(CudaAddRmsNorm, MatchesFloat64AtEveryWidth) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("cuda_fused_ops_test")) ^ 0xadd);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int width : {64, 2048, 4096, 7168, 8192, 12288, 2050, 20480}) {
+    SCOPED_TRACE(::testing::Message() << "width " << width);
+    const int64_t rows = 5, copy_stride = width + 4;
+    std::vector<float> x(static_cast<size_t>(rows * width)), o(x.size()), w(static_cast<size_t>(width));
+    for (float& v : x) v = normal(rng);
+    for (float& v : o) v = 0.5f * normal(rng);
+    for (float& v : w) v = 1.0f + 0.1f * normal(rng);
+    auto run = [&](int64_t n, std::vector<float>& x_out, std::vector<float>& y_out, std::vector<float>& c_out) {
+      DeviceArray<float> dx(std::vector<float>(x.begin(), x.begin() + n * width)),
+          dout(std::vector<float>(o.begin(), o.begin() + n * width)), dw(w), dy(static_cast<size_t>(n * width)),
+          dc(static_cast<size_t>(n * copy_stride));
+      dy.fill_bytes(0xff);
+      dc.fill_bytes(0xff);
+      ck::add_rms_norm_rows(dx.get(), dout.get(), dw.get(), dy.get(), n, width, 1e-6f, nullptr, dc.get(), copy_stride);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      x_out = dx.download();
+      y_out = dy.download();
+      c_out = dc.download();
+    };
+    std::vector<float> gx, gy, gc, one_x, one_y, one_c;
+    run(rows, gx, gy, gc);
+    run(1, one_x, one_y, one_c);
+    double worst = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      std::vector<double> v(static_cast<size_t>(width));
+      for (int i = 0; i < width; ++i) {
+        const size_t at = static_cast<size_t>(r * width + i);
+        v[static_cast<size_t>(i)] = static_cast<double>(x[at]) + o[at];
+        ss += v[static_cast<size_t>(i)] * v[static_cast<size_t>(i)];
+        ASSERT_EQ(gx[at], static_cast<float>(x[at] + o[at])) << "x row " << r << " column " << i;
+        ASSERT_EQ(gc[static_cast<size_t>(r * copy_stride + i)], gx[at]) << "copy row " << r << " column " << i;
+      }
+      const double inv = 1.0 / std::sqrt(ss / width + 1e-6);
+      for (int i = 0; i < width; ++i) {
+        const size_t at = static_cast<size_t>(r * width + i);
+        const double want = w[static_cast<size_t>(i)] * v[static_cast<size_t>(i)] * inv;
+        worst = std::max(worst, std::fabs(gy[at] - want));
+        ASSERT_NEAR(gy[at], want, 1e-5 * (1.0 + std::fabs(want))) << "y row " << r << " column " << i;
+      }
+    }
+    EXPECT_GT(worst, 0.0);  // f32 arithmetic, not a copy of the reference
+    for (int i = 0; i < width; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(one_y[static_cast<size_t>(i)]), std::bit_cast<uint32_t>(gy[static_cast<size_t>(i)]))
+          << "row 0 alone, column " << i;
     }
   }
 }
