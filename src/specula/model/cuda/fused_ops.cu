@@ -142,7 +142,7 @@ __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restri
 // tail), and x + o is read once, kept, and read back from registers, not memory: one memory round
 // trip after the wait instead of three.
 template <int kVecs>
-__global__ void add_rms_norm_vec_kernel(float4* __restrict__ x, const float4* __restrict__ o,
+__global__ void __launch_bounds__(1024) add_rms_norm_vec_kernel(float4* __restrict__ x, const float4* __restrict__ o,
                                         const float4* __restrict__ w, float4* __restrict__ y, int width4, float eps,
                                         float4* __restrict__ copy, int64_t copy_stride4) {
   const int64_t row = blockIdx.x;
