@@ -2,10 +2,11 @@
 // separate path (epilogue into k / v, then set_kv_buffer) puts them there, bf16 and fp8 caches,
 // with per-head norms and RoPE, and the cache rows match a float64 reference; q is the same
 // either way; slots no token maps to are left alone. Dual chunk attention's q variants and key
-// positions against float64 rows.
+// positions against float64 rows. add_rms_norm_rows against float64.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -246,6 +247,75 @@ TEST(CudaQkvEpilogueDualChunk, VariantsAndKeysAtTheirPositions) {
         }
       }
     }
+  }
+}
+
+// add_rms_norm_rows against float64: x += o, y = w * x / rms(x), the new x also copied out (or
+// not), over widths of each path (one float4 a thread up to 4096; two; three and four in the
+// four-slot kernel) and of the general loop (a width that is not a multiple of 4, one past four
+// float4s a thread, and rows that are not 16-byte aligned).
+TEST(CudaAddRmsNorm, MatchesFloat64AtEveryWidth) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("cuda_fused_ops_test")) ^ 0xadd);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct Case {
+    int width;
+    bool copy;
+    int offset;  // floats the rows start past an aligned allocation
+  };
+  for (const Case& c : {Case{64, true, 0}, Case{2048, false, 0}, Case{4096, true, 0}, Case{7168, false, 0},
+                        Case{8192, true, 0}, Case{12288, true, 0}, Case{16384, false, 0}, Case{2050, true, 0},
+                        Case{20480, false, 0}, Case{4096, true, 1}}) {
+    const int width = c.width;
+    SCOPED_TRACE(::testing::Message() << "width " << width << (c.copy ? ", copied" : "") << ", offset " << c.offset);
+    const int64_t rows = 5, copy_stride = width + 4;
+    std::vector<float> x(static_cast<size_t>(rows * width)), o(x.size()), w(static_cast<size_t>(width));
+    for (float& v : x) v = normal(rng);
+    for (float& v : o) v = 0.5f * normal(rng);
+    for (float& v : w) v = 1.0f + 0.1f * normal(rng);
+    // Each array starts c.offset floats into its allocation.
+    auto padded = [&](const std::vector<float>& v) {
+      std::vector<float> p(static_cast<size_t>(c.offset), 0.0f);
+      p.insert(p.end(), v.begin(), v.end());
+      return p;
+    };
+    DeviceArray<float> dx(padded(x)), dout(padded(o)), dw(padded(w)), dy(static_cast<size_t>(c.offset + rows * width)),
+        dc(static_cast<size_t>(rows * copy_stride));
+    dy.fill_bytes(0xff);
+    dc.fill_bytes(0xff);
+    ck::add_rms_norm_rows(dx.get() + c.offset, dout.get() + c.offset, dw.get() + c.offset, dy.get() + c.offset, rows,
+                          width, 1e-6f, nullptr, c.copy ? dc.get() : nullptr, copy_stride);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const auto unpadded = [&](const DeviceArray<float>& d) {
+      const std::vector<float> all = d.download();
+      return std::vector<float>(all.begin() + c.offset, all.end());
+    };
+    const std::vector<float> gx = unpadded(dx), gy = unpadded(dy), gc = dc.download();
+    double worst = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      std::vector<double> v(static_cast<size_t>(width));
+      for (int i = 0; i < width; ++i) {
+        const size_t at = static_cast<size_t>(r * width + i);
+        v[static_cast<size_t>(i)] = static_cast<double>(x[at]) + o[at];
+        ss += v[static_cast<size_t>(i)] * v[static_cast<size_t>(i)];
+        ASSERT_EQ(gx[at], static_cast<float>(x[at] + o[at])) << "x row " << r << " column " << i;
+        if (c.copy) {
+          ASSERT_EQ(gc[static_cast<size_t>(r * copy_stride + i)], gx[at]) << "copy row " << r << " column " << i;
+        } else {
+          ASSERT_EQ(std::bit_cast<uint32_t>(gc[static_cast<size_t>(r * copy_stride + i)]), 0xffffffffu)
+              << "no copy asked, yet row " << r << " column " << i << " was written";
+        }
+      }
+      const double inv = 1.0 / std::sqrt(ss / width + 1e-6);
+      for (int i = 0; i < width; ++i) {
+        const size_t at = static_cast<size_t>(r * width + i);
+        const double want = w[static_cast<size_t>(i)] * v[static_cast<size_t>(i)] * inv;
+        worst = std::max(worst, std::fabs(gy[at] - want));
+        ASSERT_NEAR(gy[at], want, 1e-5 * (1.0 + std::fabs(want))) << "y row " << r << " column " << i;
+      }
+    }
+    EXPECT_GT(worst, 0.0);  // f32 arithmetic, not a copy of the reference
   }
 }
 

@@ -50,7 +50,8 @@ void gated_activation_fused(const float* gate_up, float* out, int64_t n, int int
 
 // x[r, :] += o[r, :]; y[r, :] = w * x[r, :] / sqrt(mean(x[r, :]^2) + eps). When copy is set, the
 // new x[r, :] also goes to copy[r * copy_stride + i] for i < width (a captured hidden state,
-// without a copy node of its own).
+// without a copy node of its own). w is read before the programmatic-dependent-launch wait: it
+// must not be written by the kernels before this one (norm weights are written at load time).
 void add_rms_norm_rows(float* x, const float* o, const float* w, float* y, int64_t rows, int width, float eps,
                        cudaStream_t s, float* copy = nullptr, int64_t copy_stride = 0);
 
