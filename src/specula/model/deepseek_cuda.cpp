@@ -12,6 +12,7 @@
 #include "specula/core/error.h"
 #include "specula/model/cuda/cuda_linear.h"
 #include "specula/model/cuda/fused_ops.h"
+#include "specula/model/cuda/mla_absorb.h"
 #include "specula/model/cuda/mla_expand.h"
 #include "specula/model/cuda/mla_ops.h"
 #include "specula/model/cuda/model_ops.h"
@@ -131,7 +132,12 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
     }
     const float* wkv_b = w.wkv_b.data_as<const float>();
     const int64_t head_rows = static_cast<int64_t>(nope + vd) * R;  // kv_b_proj floats per head
-    if (n > 0 && !expanded) {
+    // A few tokens: the products in kernels of their own (mla_absorb.h), the second reading the
+    // attention's bf16 output; more: cuBLAS's batched GEMM.
+    const bool absorb_kernels = n > 0 && !expanded && ck::mla_absorb_fits(n, nope, vd, R);
+    if (absorb_kernels) {
+      ck::mla_absorb_uk(q, q_stride, qk, wkv_b, q_latent, n, H, nope, vd, R, s);
+    } else if (n > 0 && !expanded) {
       // Absorption: q_latent[:, h] = q_nope[:, h] W_UK[h].
       linear_->batched({q, q_stride, qk}, {wkv_b, R, head_rows}, false, q_latent, static_cast<int64_t>(H) * R, R, n,
                        nope, R, H);
@@ -168,9 +174,11 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
       ck::bf16_to_f32(out.data(), values, n * H * vd, s);
     } else {
       backend.forward(q_view, kv_c_view, k_pe_view, out_view, model().mla_layers()[l], batch, MlaForwardOptions{});
-      ck::bf16_to_f32(out.data(), out_f32, n * H * R, s);
+      if (!absorb_kernels) ck::bf16_to_f32(out.data(), out_f32, n * H * R, s);
     }
-    if (n > 0 && !expanded) {
+    if (absorb_kernels) {
+      ck::mla_absorb_uv(out.data(), wkv_b, values, n, H, nope, vd, R, s);
+    } else if (n > 0 && !expanded) {
       // values[:, h] = o[:, h] W_UV[h]^T.
       linear_->batched({out_f32, static_cast<int64_t>(H) * R, R}, {wkv_b + static_cast<int64_t>(nope) * R, R, head_rows},
                        true, values, static_cast<int64_t>(H) * vd, vd, n, R, vd, H);
