@@ -99,13 +99,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaMlaAbsorb,
                          });
 
 TEST(CudaMlaAbsorbShapes, RefusesWhatTheKernelsDoNotTake) {
-  EXPECT_TRUE(ck::mla_absorb_fits(1, 128, 128, 512));
-  EXPECT_TRUE(ck::mla_absorb_fits(ck::kMlaAbsorbMaxTokens, 128, 128, 512));
-  EXPECT_FALSE(ck::mla_absorb_fits(ck::kMlaAbsorbMaxTokens + 1, 128, 128, 512));
-  EXPECT_FALSE(ck::mla_absorb_fits(0, 128, 128, 512));
-  EXPECT_FALSE(ck::mla_absorb_fits(1, 129, 128, 512));
-  EXPECT_FALSE(ck::mla_absorb_fits(1, 128, 128, 516));
-  EXPECT_FALSE(ck::mla_absorb_fits(1, 128, 128, 510));
+  EXPECT_TRUE(ck::mla_absorb_fits(1, 16, 128, 128, 512));
+  EXPECT_TRUE(ck::mla_absorb_fits(ck::kMlaAbsorbMaxTokens, 16, 128, 128, 512));
+  EXPECT_FALSE(ck::mla_absorb_fits(ck::kMlaAbsorbMaxTokens + 1, 16, 128, 128, 512));
+  EXPECT_FALSE(ck::mla_absorb_fits(0, 16, 128, 128, 512));
+  EXPECT_FALSE(ck::mla_absorb_fits(1, 0, 128, 128, 512));
+  EXPECT_FALSE(ck::mla_absorb_fits(1, 65536, 128, 128, 512));
+  EXPECT_FALSE(ck::mla_absorb_fits(1, 16, 129, 128, 512));
+  EXPECT_FALSE(ck::mla_absorb_fits(1, 16, 128, 128, 516));
+  EXPECT_FALSE(ck::mla_absorb_fits(1, 16, 128, 128, 510));
   // Refused before any launch, so no device is needed.
   EXPECT_THROW(ck::mla_absorb_uk(nullptr, 0, 192, nullptr, nullptr, 5, 16, 128, 128, 512, nullptr), std::exception);
   EXPECT_THROW(ck::mla_absorb_uv(nullptr, nullptr, nullptr, 1, 16, 128, 128, 514, nullptr), std::exception);

@@ -558,16 +558,16 @@ class CudaMoeFp8 : public ::testing::TestWithParam<Fp8Case> {};
 // Experts kept in fp8 on the device (codes and block scales, half the bytes) give bit for bit what
 // the same experts dequantized to bf16 on the host give, over every tile (mma.sync's, and the
 // large one's on warpgroup MMA); the shared experts are split along block edges. Hidden 720 leaves
-// a partial column tile (down's 720 rows) and a partial k tile, and its 128-wide blocks (the
-// checkpoints') end inside a k tile.
+// a partial column tile (down's 720 rows) and a partial k tile, and the last of its 128-wide
+// blocks (the checkpoints' width) ends inside a k tile.
 TEST_P(CudaMoeFp8, EqualsTheLayerDequantizedOnTheHostBitForBit) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const int shared = GetParam().shared;
   std::mt19937 rng(static_cast<uint32_t>(testing::test_seed("cuda_model_test")) ^ 0xf8);
   Routing r = routings()[2];  // DeepSeek-V3's routing
   r.experts = 16, r.top_k = 4, r.groups = 4, r.top_groups = 2, r.shared = shared;
-  // Hidden 512: the down product's two column tiles pair up on warpgroup MMA (the large tile at
-  // 1500 tokens), whose producer turns the codes into bf16 tiles.
+  // At hidden 512 the down product's two column tiles pair up as a cluster on warpgroup MMA (the
+  // large tile at 1500 tokens), whose producer turns the codes into bf16 tiles; 720's three do not.
   const int h = GetParam().h, inter = GetParam().inter, block = GetParam().block;
   const MoeConfig m = moe_config(r, inter);
   const std::string prefix = "model.layers.3.";

@@ -134,7 +134,7 @@ void DeepseekCudaModel::run_layers(const ForwardBatch& batch, Workspace& ws, int
     const int64_t head_rows = static_cast<int64_t>(nope + vd) * R;  // kv_b_proj floats per head
     // A few tokens: the products in kernels of their own (mla_absorb.h), the second reading the
     // attention's bf16 output; more: cuBLAS's batched GEMM.
-    const bool absorb_kernels = n > 0 && !expanded && ck::mla_absorb_fits(n, nope, vd, R);
+    const bool absorb_kernels = n > 0 && !expanded && ck::mla_absorb_fits(n, H, nope, vd, R);
     if (absorb_kernels) {
       ck::mla_absorb_uk(q, q_stride, qk, wkv_b, q_latent, n, H, nope, vd, R, s);
     } else if (n > 0 && !expanded) {

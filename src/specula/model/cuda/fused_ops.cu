@@ -140,7 +140,9 @@ __global__ void add_rms_norm_kernel(float* __restrict__ x, const float* __restri
 // The same for rows of width4 float4s held in registers, kVecs a thread: the norm's weights are
 // read before the wait (they do not depend on the previous kernel, so their latency overlaps its
 // tail), and x + o is read once, kept, and read back from registers, not memory: one memory round
-// trip after the wait instead of three.
+// trip after the wait instead of three. Its sums run in another order than the general loop's, so
+// a row's bits depend on which kernel takes it; that choice depends only on the width and the
+// buffers' alignment, which are fixed for a model, so a model's output does not change with it.
 template <int kVecs>
 __global__ void __launch_bounds__(1024) add_rms_norm_vec_kernel(float4* __restrict__ x, const float4* __restrict__ o,
                                         const float4* __restrict__ w, float4* __restrict__ y, int width4, float eps,

@@ -14,8 +14,9 @@ namespace specula::cuda_kernels {
 // Tokens these kernels take in one launch (the weights are held in registers across them).
 constexpr int kMlaAbsorbMaxTokens = 4;
 
-// Whether the kernels serve n tokens of heads of kv_b_proj rows [nope + vd][R] (R = kv_lora_rank).
-bool mla_absorb_fits(int64_t n, int nope, int vd, int kv_lora_rank);
+// Whether the kernels serve n tokens of `heads` heads of kv_b_proj rows [nope + vd][R]
+// (R = kv_lora_rank); the model falls back to cuBLAS otherwise.
+bool mla_absorb_fits(int64_t n, int heads, int nope, int vd, int kv_lora_rank);
 
 // q_latent[t, h, :] (f32 [n, heads, R]) = sum_d q[t * q_stride + h * qk_head_dim + d] * W_UK[h][d, :],
 // d < nope, where W_UK[h][d, :] is row h * (nope + vd) + d of wkv_b (f32 [heads * (nope + vd), R]).
