@@ -106,15 +106,25 @@ __global__ void __launch_bounds__(kUvWarps * 32) mla_absorb_uv_kernel(const __nv
 
 bool mla_absorb_fits(int64_t n, int heads, int nope, int vd, int kv_lora_rank) {
   return n >= 1 && n <= kMlaAbsorbMaxTokens && heads >= 1 && heads <= 65535 && nope >= 1 &&
-         nope <= kUkGroups * kUkMaxRowSteps && vd >= 1 && kv_lora_rank >= 4 && kv_lora_rank % 4 == 0 && kv_lora_rank <= 4 * 32 * kUvMaxChunks;
+         nope <= kUkGroups * kUkMaxRowSteps && vd >= 1 && kv_lora_rank >= 4 && kv_lora_rank % 4 == 0 &&
+         kv_lora_rank <= 4 * 32 * kUvMaxChunks;
 }
+
+namespace {
+
+void check_fits(const char* kernel, int64_t n, int heads, int nope, int vd, int kv_lora_rank) {
+  SPECULA_CHECK(mla_absorb_fits(n, heads, nope, vd, kv_lora_rank),
+                "{}: {} tokens of {} heads, nope {}, v {}, kv_lora_rank {} (at most {} tokens, 65535 heads and {} nope "
+                "rows; the rank a multiple of 4 up to {})",
+                kernel, n, heads, nope, vd, kv_lora_rank, kMlaAbsorbMaxTokens, kUkGroups * kUkMaxRowSteps,
+                4 * 32 * kUvMaxChunks);
+}
+
+}  // namespace
 
 void mla_absorb_uk(const float* q, int64_t q_stride, int qk_head_dim, const float* wkv_b, float* q_latent, int64_t n,
                    int heads, int nope, int vd, int kv_lora_rank, cudaStream_t s) {
-  SPECULA_CHECK(mla_absorb_fits(n, heads, nope, vd, kv_lora_rank),
-                "mla_absorb_uk: {} tokens of {} heads, nope {}, v {}, kv_lora_rank {} (at most {} tokens, 65535 heads "
-                "and {} nope rows; the rank a multiple of 4 up to {})",
-                n, heads, nope, vd, kv_lora_rank, kMlaAbsorbMaxTokens, kUkGroups * kUkMaxRowSteps, 4 * 32 * kUvMaxChunks);
+  check_fits("mla_absorb_uk", n, heads, nope, vd, kv_lora_rank);
   const dim3 grid(static_cast<unsigned>((kv_lora_rank + kUkCols - 1) / kUkCols), static_cast<unsigned>(heads));
   launch_pdl(mla_absorb_uk_kernel, grid, kUkThreads, 0, s, q, q_stride, qk_head_dim, wkv_b, q_latent,
              static_cast<int>(n), heads, nope, vd, kv_lora_rank);
@@ -122,10 +132,7 @@ void mla_absorb_uk(const float* q, int64_t q_stride, int qk_head_dim, const floa
 
 void mla_absorb_uv(const void* o, const float* wkv_b, float* values, int64_t n, int heads, int nope, int vd,
                    int kv_lora_rank, cudaStream_t s) {
-  SPECULA_CHECK(mla_absorb_fits(n, heads, nope, vd, kv_lora_rank),
-                "mla_absorb_uv: {} tokens of {} heads, nope {}, v {}, kv_lora_rank {} (at most {} tokens, 65535 heads "
-                "and {} nope rows; the rank a multiple of 4 up to {})",
-                n, heads, nope, vd, kv_lora_rank, kMlaAbsorbMaxTokens, kUkGroups * kUkMaxRowSteps, 4 * 32 * kUvMaxChunks);
+  check_fits("mla_absorb_uv", n, heads, nope, vd, kv_lora_rank);
   const int64_t rows = static_cast<int64_t>(heads) * vd;
   launch_pdl(mla_absorb_uv_kernel, static_cast<unsigned>((rows + kUvWarps - 1) / kUvWarps), kUvWarps * 32, 0, s,
              static_cast<const __nv_bfloat16*>(o), wkv_b, values, static_cast<int>(n), heads, nope, vd, kv_lora_rank);
